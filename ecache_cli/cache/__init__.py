@@ -1,0 +1,46 @@
+"""Cache policies, one small file each, registered by name.
+
+A policy decides which positions the next forward computes and when to refresh everything; it
+never computes or stores (``cache/base.py``). ``make_policy(name, **params)`` builds one, keeping
+only the parameters it declares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import UsageError
+from .base import CachePolicy, ForwardPlan
+from .entropy import EntropyCache
+from .fastdllm import DualCache, PrefixCache
+from .none import NoCache
+
+POLICIES: dict[str, type[CachePolicy]] = {
+    "none": NoCache,
+    "prefix": PrefixCache,
+    "dual": DualCache,
+    "entropy": EntropyCache,
+}
+
+
+def policy_params(name: str) -> set[str]:
+    """Names of the hyperparameters policy ``name`` accepts."""
+    return {f.name for f in dataclasses.fields(POLICIES[name])}
+
+
+def make_policy(name: str, strict: bool = False, **params) -> CachePolicy:
+    """Build policy ``name``; params it does not declare are ignored (``strict`` rejects them).
+
+    Raises UsageError for an unknown name (listing the valid ones) or, with ``strict``, an unknown
+    parameter.
+    """
+    if name not in POLICIES:
+        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}")
+    known = policy_params(name)
+    unknown = sorted(k for k in params if k not in known)
+    if strict and unknown:
+        raise UsageError(f"policy {name!r} has no parameter {unknown[0]!r}; it takes {', '.join(sorted(known)) or 'none'}")
+    return POLICIES[name](**{k: v for k, v in params.items() if k in known and v is not None})
+
+
+__all__ = ["CachePolicy", "ForwardPlan", "POLICIES", "make_policy", "policy_params"]

@@ -1,0 +1,74 @@
+"""The cache-policy interface: a policy decides which positions the next forward computes.
+
+A policy never computes, never stores and never knows the model family. Before every forward the
+engine calls ``plan(state)``; after the step's commits it calls ``observe(state, record)``. The plan
+is per row: rows that refresh recompute every position (and so rewrite their whole KV store);
+the other rows compute only ``compute`` and read everything else from the store. The positions
+whose logits the step needs (the current block's masked positions, moved by the model's logit
+shift: ``state.sources``) must be in ``compute``; ``targets_and_sources`` gives them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from ..engine.state import DecodeState, StepRecord
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """refresh: (B,) bool rows that run a full forward. compute: (B, T) bool positions to compute
+    for the other rows (ignored for refreshing rows; may be None when every row refreshes)."""
+
+    refresh: torch.Tensor
+    compute: torch.Tensor | None = None
+
+    @classmethod
+    def full(cls, state: DecodeState) -> "ForwardPlan":
+        return cls(refresh=torch.ones(state.batch, dtype=torch.bool, device=state.tokens.device))
+
+
+class CachePolicy:
+    """Base class. Subclasses set ``name`` and override ``plan`` (and ``observe`` if they learn).
+
+    Per-row bookkeeping kept as tensor attributes with the batch as first dimension is dropped for
+    finished rows by ``select_rows`` automatically.
+    """
+
+    name = "base"
+
+    def reset(self, state: DecodeState) -> None:
+        """Called once per request before the first step."""
+
+    def plan(self, state: DecodeState) -> ForwardPlan:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def observe(self, state: DecodeState, record: StepRecord) -> None:
+        """Called after the step's tokens are committed."""
+
+    def select_rows(self, keep: torch.Tensor, batch: int) -> None:
+        """Keep rows ``keep`` (K,) of every per-row tensor attribute (first dim == ``batch``)."""
+        for k, v in vars(self).items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch:
+                setattr(self, k, v[keep])
+
+    @staticmethod
+    def targets_and_sources(state: DecodeState) -> torch.Tensor:
+        """(B, T) bool: the current block's masked positions and the positions whose logits predict them."""
+        t = state.block_masked()
+        return t | state.sources(t)
+
+    @staticmethod
+    def span(state: DecodeState, start: int, end: int) -> torch.Tensor:
+        """(B, T) bool, True on canvas positions [start, end)."""
+        m = torch.zeros_like(state.masked)
+        m[:, max(start, 0):end] = True
+        return m
+
+    def params(self) -> dict:
+        """The policy's hyperparameters (for records and manifests)."""
+        if hasattr(self, "__dataclass_fields__"):
+            return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {}

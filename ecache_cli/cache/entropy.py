@@ -1,0 +1,65 @@
+"""``entropy``: EntropyCache (Cheong et al., arXiv 2603.18489, 2026; spec/method.md §2).
+
+After each step, the signal E is the maximum entropy (nats) of the distributions that produced the
+tokens committed at that step. If E > tau the next step is a full forward that refreshes every
+cached K/V; otherwise it computes only the current block's masked positions plus the ``recent_k``
+most recently committed positions (ranked by commit order, not by position) and reads everything
+else from the store. The decision is O(V) per committed token, independent of length and depth.
+
+Our choices where the paper is silent (each an option): ``signal`` max-entropy (default),
+sum-entropy or max-confidence (1 - min probability); entropy of softmax(raw logits) in nats;
+``block_refresh`` off by default (forced refresh at each block start); decisions are per row, so a
+batch decodes each row exactly as it would alone. The first step always refreshes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.state import SIGNALS, DecodeState, StepRecord
+from .base import CachePolicy, ForwardPlan
+
+DEFAULT_TAU = 1.0  # nats; overridden by a calibrated profile (ecache calibrate)
+DEFAULT_RECENT_K = 64  # spec/method.md §2 (k = 64, medium confidence)
+
+
+@dataclass
+class EntropyCache(CachePolicy):
+    """EntropyCache; see the module docstring. tau in nats (same unit as the signal)."""
+
+    tau: float = DEFAULT_TAU
+    recent_k: int = DEFAULT_RECENT_K
+    signal: str = "max-entropy"
+    block_refresh: bool = False
+    name = "entropy"
+
+    def __post_init__(self):
+        if self.signal not in SIGNALS:
+            from ..errors import UsageError
+
+            raise UsageError(f"--signal {self.signal!r} is not known; use one of {', '.join(SIGNALS)}")
+        if self.recent_k < 0:
+            from ..errors import UsageError
+
+            raise UsageError(f"--recent-k {self.recent_k} must be ≥ 0")
+        self.refresh_next: torch.Tensor | None = None
+
+    def reset(self, state: DecodeState) -> None:
+        self.refresh_next = torch.ones(state.batch, dtype=torch.bool, device=state.tokens.device)
+
+    def recent(self, state: DecodeState) -> torch.Tensor:
+        """(B, T) bool: the ``recent_k`` most recently committed positions of each row."""
+        cutoff = (state.n_committed - self.recent_k)[:, None]  # (B, 1)
+        return (state.commit_order >= 0) & (state.commit_order >= cutoff)
+
+    def plan(self, state: DecodeState) -> ForwardPlan:
+        refresh = self.refresh_next
+        if self.block_refresh and state.step_in_block == 0:
+            refresh = torch.ones_like(refresh)
+        compute = self.targets_and_sources(state) | self.recent(state)
+        return ForwardPlan(refresh=refresh, compute=compute)
+
+    def observe(self, state: DecodeState, record: StepRecord) -> None:
+        self.refresh_next = record.signal(self.signal) > self.tau  # (B,) bool

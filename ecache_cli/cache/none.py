@@ -1,0 +1,18 @@
+"""``none``: a full forward every step. The reference every other policy is tested against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.state import DecodeState
+from .base import CachePolicy, ForwardPlan
+
+
+@dataclass
+class NoCache(CachePolicy):
+    """Plain masked-diffusion decoding (LLaDA generate.py): recompute every position every step."""
+
+    name = "none"
+
+    def plan(self, state: DecodeState) -> ForwardPlan:
+        return ForwardPlan.full(state)

@@ -1,0 +1,1 @@
+"""One module per subcommand; importing it registers the command on ``ecache_cli.cli.app``."""

@@ -1,0 +1,56 @@
+"""``ecache generate``: cached generation (the main job)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from .. import options as o
+from ..cli import app, handle_errors
+
+
+@app.command()
+@handle_errors
+def generate(
+    prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = read stdin (one per line) or --input.")] = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
+    input_file: o.InputFile = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template [default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
+    gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
+    temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
+    threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
+    early_exit: o.EarlyExit = None,
+    cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
+    block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
+    task: Annotated[Optional[str], typer.Option(help="Use the calibrated profile profiles/<model>/<task>.yaml.", rich_help_panel=o.C)] = None,
+    jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per prompt (text, token ids, stats) on stdout.", rich_help_panel=o.O)] = False,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=o.D)] = 1,
+    seed: o.Seed = 0,
+    stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr.", rich_help_panel=o.O)] = False,
+    quiet: o.Quiet = False,
+):
+    """Generate text with a cached denoising loop. Results go to stdout, progress to stderr.
+
+    Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/] ·
+    [cyan]ecache generate --model llada-8b --cache entropy --tau 0.8 "..."[/]
+    """
+    from ..console import err
+    from ..errors import UsageError
+    from ..models.loader import load_model
+    from ..runs.common import resolve_settings
+    from ..runs.generate import GenerateOptions, run
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
+    settings = resolve_settings(
+        model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
+                              ban_eos, low_eos_confidence, early_exit),
+        o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every), profile=profile, task=task)
+    if input_file is not None and not input_file.is_file():
+        raise UsageError(f"--input {input_file}: no such file")
+    lm = load_model(model, device, dtype)
+    opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
+                           batch_size=batch_size, seed=seed, stream=stream, quiet=quiet)
+    run(lm, settings, opts, sys.stdout, err)

@@ -1,0 +1,26 @@
+"""Pure tensor functions the engine calls once per denoising step: sampling, commit rules, schedules."""
+
+from ecache_cli.decoding.remasking import (
+    REMASKING,
+    confidence_scores,
+    select_factor,
+    select_threshold,
+    select_topk,
+    validate_remasking,
+)
+from ecache_cli.decoding.sampling import Sampled, sample
+from ecache_cli.decoding.schedule import BlockPlan, num_transfer_tokens, plan_blocks
+
+__all__ = [
+    "REMASKING",
+    "BlockPlan",
+    "Sampled",
+    "confidence_scores",
+    "num_transfer_tokens",
+    "plan_blocks",
+    "sample",
+    "select_factor",
+    "select_threshold",
+    "select_topk",
+    "validate_remasking",
+]

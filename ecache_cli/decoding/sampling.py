@@ -1,0 +1,142 @@
+"""Turn one step's logits into a proposed token per candidate position, plus its confidence signals.
+
+Everything is computed in float64 from log-probabilities, batched over (B, N), with no device sync:
+- selection: argmax at temperature 0, else Gumbel-max in float64 (LLaDA's add_gumbel_noise; low
+  precision Gumbel noise hurts generation quality, arXiv 2409.02908);
+- filtering: banned ids, then Dream's nucleus (top_p) and top_k rules (Dream generation_utils
+  sample_tokens);
+- signals: probability of the chosen token under the filtered distribution at temperature 1 (the
+  Fast-dLLM / LLaDA app.py confidence), top-1 minus top-2 probability (Dream topk_margin), and the
+  entropy of softmax(raw logits) in nats (the EntropyCache signal, spec method.md §2).
+
+Memory: at most two float64 (B, N, V) buffers are alive at once (three with top_p, whose sort also
+returns int64 indices); for V = 126464 one buffer is ~1 MB per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ecache_cli.errors import UsageError
+
+_F64_MIN = torch.finfo(torch.float64).min
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One step's proposals for N candidate rows per batch row; every field is (B, N) on the logits' device.
+
+    x0: long, the chosen token id.
+    prob: float64, softmax probability of x0 under the filtered logits at temperature 1.
+    entropy: float64 nats, entropy of softmax(raw logits) (before banned ids, top_k/top_p, temperature).
+    margin: float64, top-1 minus top-2 probability under the same distribution as prob.
+    neg_entropy: float64, −entropy (higher = more certain; Dream's 'entropy' confidence).
+    """
+
+    x0: torch.Tensor
+    prob: torch.Tensor
+    entropy: torch.Tensor
+    margin: torch.Tensor
+    neg_entropy: torch.Tensor
+
+
+def sample(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+    banned_ids: torch.Tensor | None,
+) -> Sampled:
+    """Choose a token for every candidate row and compute its confidence signals.
+
+    Args:
+        logits: (B, N, V), any float dtype (bf16 from the model is fine); not modified. Every row must
+            keep at least one finite logit outside banned_ids, or the outputs are NaN.
+        temperature: ≥ 0. 0 → argmax (first index on ties). > 0 → argmax(log p + T·g) with g standard
+            Gumbel noise drawn in float64, which is argmax(logits/T + g), i.e. a draw from
+            softmax(logits/T); it is the log of LLaDA's exp(logits) / (−log U)^T (generate.py
+            add_gumbel_noise), kept in log space so large logits or temperatures cannot overflow.
+            float64 because low-precision Gumbel noise degrades generation (arXiv 2409.02908).
+        top_k: None, or ≥ 1: keep the logits ≥ the k-th largest (ties at the k-th kept; Dream
+            top_k_logits). Applied after top_p, as in Dream.
+        top_p: None, or in (0, 1]; < 1 applies Dream's nucleus rule: sort by probability under
+            softmax(logits/T) (T = 1 when temperature is 0), keep every token before the cumulative
+            probability first exceeds top_p and that first exceeding token. Ties with the last kept
+            token are also kept (Dream's tie order is backend-defined).
+        generator: torch.Generator on the logits' device, for the Gumbel noise (None = global RNG).
+        banned_ids: None, or a 1-D LongTensor of ids in [0, V) set to −inf before anything else
+            (e.g. the mask id and padded vocab rows ≥ the tokenizer's size): never chosen, in any mode.
+    Returns:
+        Sampled, all fields (B, N); see its docstring. entropy ignores every filter; prob and margin
+        use the filtered distribution at temperature 1 (Fast-dLLM / LLaDA app.py float64 convention;
+        Dream instead scores with temperature-scaled probabilities).
+    Raises:
+        UsageError: temperature < 0, top_k < 1, or top_p outside (0, 1].
+    """
+    if not temperature >= 0:  # also rejects NaN
+        raise UsageError(f"--temperature {temperature} must be ≥ 0 (0 = greedy argmax)")
+    if top_k is not None and top_k < 1:
+        raise UsageError(f"--top-k {top_k} must be ≥ 1 (leave it unset to keep every token)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UsageError(f"--top-p {top_p} must be in (0, 1] (1 or unset keeps every token)")
+    assert logits.dim() == 3 and logits.is_floating_point(), (
+        f"logits must be float (B, N, V), got {logits.dtype} {tuple(logits.shape)}"
+    )
+    vocab = logits.shape[-1]
+
+    # --- entropy of the raw distribution, and the float64 working buffer of log-probabilities
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)  # (B, N, V) f64; the f64 copy is freed here
+    # −inf → most negative finite value: exp() still gives exactly 0, and 0·logp stays 0 (not NaN) below.
+    logp.clamp_(min=_F64_MIN)
+    p = logp.exp()  # (B, N, V)
+    # (B, N) nats; einsum runs as a batched matmul, so the product p·logp is never materialised
+    entropy = torch.einsum("bnv,bnv->bn", p, logp).neg_().clamp_(min=0.0)
+    del p
+
+    # --- filters: set excluded logits to −inf (log-probs stay unnormalised; renormalised at the end)
+    if banned_ids is not None and banned_ids.numel() > 0:
+        logp.index_fill_(-1, banned_ids.to(device=logp.device, dtype=torch.long).reshape(-1), float("-inf"))
+    if top_p is not None and top_p < 1:
+        _apply_top_p(logp, top_p, temperature if temperature > 0 else 1.0)
+    if top_k is not None and top_k < vocab:
+        kth = logp.topk(top_k, dim=-1).values[..., -1:]  # (B, N, 1)
+        logp.masked_fill_(logp < kth, float("-inf"))
+
+    # --- selection
+    if temperature == 0:
+        x0 = logp.argmax(dim=-1)  # (B, N)
+    else:
+        g = torch.rand(logp.shape, dtype=torch.float64, device=logp.device, generator=generator)  # U[0, 1)
+        g.log_().neg_().log_().neg_()  # Gumbel(0, 1) = −log(−log U); U = 0 gives −inf (never chosen)
+        g.mul_(temperature).add_(logp)  # log p + T·g: same argmax as log p / T + g
+        x0 = g.argmax(dim=-1)  # (B, N)
+        del g
+
+    # --- signals under the filtered distribution at temperature 1
+    lse = torch.logsumexp(logp, dim=-1, keepdim=True)  # (B, N, 1)
+    prob = (logp.gather(-1, x0[..., None]) - lse).exp_().squeeze(-1)  # (B, N)
+    top2 = (logp.topk(min(2, vocab), dim=-1).values - lse).exp_()  # (B, N, ≤2)
+    margin = top2[..., 0] - top2[..., 1] if vocab > 1 else top2[..., 0]  # (B, N)
+    return Sampled(x0=x0, prob=prob, entropy=entropy, margin=margin, neg_entropy=-entropy)
+
+
+def _apply_top_p(logp: torch.Tensor, top_p: float, temperature: float) -> None:
+    """Dream's nucleus filter, in place on logp (B, N, V): −inf outside the nucleus of softmax(logp / T)."""
+    sorted_lp, order = logp.sort(dim=-1, descending=True)  # (B, N, V) f64, (B, N, V) long
+    # softmax(sorted / T) in place: the row max is the first column
+    sorted_lp.sub_(sorted_lp[..., :1].clone()).div_(temperature).exp_()
+    sorted_lp.div_(sorted_lp.sum(dim=-1, keepdim=True)).cumsum_(dim=-1)  # cumulative probability
+    # rank r is kept iff r == 0 or cum[r-1] ≤ top_p (Dream: remove cum > top_p, shifted right by one), so
+    # n_keep = 1 + #{r : cum[r] ≤ top_p}, capped at V. cum is non-decreasing: a binary search counts
+    # without a (B, N, V) comparison mask (whose sum would materialise an int64 copy).
+    p_bound = torch.full((*logp.shape[:-1], 1), top_p, dtype=torch.float64, device=logp.device)  # (B, N, 1)
+    n_keep = (1 + torch.searchsorted(sorted_lp, p_bound, right=True)).clamp_(max=logp.shape[-1])  # (B, N, 1)
+    del sorted_lp
+    last_kept = order.gather(-1, n_keep - 1)  # (B, N, 1) token id of the last kept rank
+    del order
+    cutoff = logp.gather(-1, last_kept)  # (B, N, 1)
+    logp.masked_fill_(logp < cutoff, float("-inf"))

@@ -1,0 +1,107 @@
+"""Block plan and per-step commit counts for semi-autoregressive masked-diffusion decoding.
+
+The generated span (gen_length positions) is split into equal blocks decoded left to right; each block
+gets the same number of denoising steps, and the block's masks are spread evenly over those steps.
+Rules follow LLaDA's generate.py (spec models.md B1.2-3). In Fast-dLLM threshold/factor mode
+(B3.1-B3.2) a block runs until it has no masks instead, so the step count may be left unset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ecache_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """How the generated span is cut into blocks and how many steps each block gets.
+
+    steps_per_block is None only in threshold/factor mode without --steps: each block then runs until it
+    has no masks. Every threshold/factor step commits at least one token, so a block needs at most
+    block_length forwards. In threshold/factor mode with --steps given, the count is checked as
+    Fast-dLLM checks it and recorded here, but it does not drive a schedule.
+    """
+
+    num_blocks: int
+    block_length: int
+    steps_per_block: int | None
+
+    @property
+    def gen_length(self) -> int:
+        return self.num_blocks * self.block_length
+
+
+def plan_blocks(gen_length: int, block_length: int, steps: int | None, threshold_mode: bool) -> BlockPlan:
+    """Check the gen-length / block-length / steps combination and return the block plan.
+
+    Rules (LLaDA generate.py, spec B1.2): gen_length ≥ 1, block_length ≥ 1,
+    gen_length % block_length == 0 (num_blocks = gen_length / block_length), steps ≥ num_blocks and
+    steps % num_blocks == 0 (steps_per_block = steps / num_blocks ≥ 1). In threshold/factor mode
+    (Fast-dLLM, B3.1) steps may be None. steps_per_block may exceed block_length: as in LLaDA, the
+    extra steps then commit 0 tokens.
+
+    Raises:
+        UsageError: one line that names the bad value and the fix (and the resulting steps per block).
+    """
+    if gen_length < 1:
+        raise UsageError(f"--gen-length {gen_length} must be ≥ 1: it is the number of tokens to generate")
+    if block_length < 1:
+        raise UsageError(
+            f"--block-length {block_length} must be ≥ 1: use a divisor of --gen-length {gen_length} "
+            f"(e.g. 32, or {gen_length} for a single block)"
+        )
+    if gen_length % block_length != 0:
+        lower = gen_length // block_length * block_length
+        hint = f"{lower} or {lower + block_length}" if lower > 0 else f"{block_length}"
+        raise UsageError(
+            f"--gen-length {gen_length} is not a multiple of --block-length {block_length}: use a "
+            f"gen-length that is (e.g. {hint}) or a block length that divides {gen_length}"
+        )
+    num_blocks = gen_length // block_length
+    where = f"(gen-length {gen_length} / block-length {block_length})"
+
+    if steps is None:
+        if threshold_mode:
+            return BlockPlan(num_blocks=num_blocks, block_length=block_length, steps_per_block=None)
+        raise UsageError(
+            f"--steps is required without threshold or factor decoding: use a multiple of the {num_blocks} "
+            f"blocks {where}, e.g. --steps {gen_length} (each block then gets {block_length} steps)"
+        )
+    if steps < 1:
+        raise UsageError(f"--steps {steps} must be ≥ 1: use a multiple of the {num_blocks} blocks {where}")
+    if steps < num_blocks:
+        raise UsageError(
+            f"--steps {steps} is fewer than the {num_blocks} blocks {where}: use --steps ≥ {num_blocks}, "
+            f"a multiple of {num_blocks} (each block then gets steps/{num_blocks} steps)"
+        )
+    if steps % num_blocks != 0:
+        lower = steps // num_blocks * num_blocks
+        raise UsageError(
+            f"--steps {steps} is not a multiple of the {num_blocks} blocks {where}: use --steps {lower} or "
+            f"{lower + num_blocks} (each block then gets {lower // num_blocks} or {lower // num_blocks + 1} steps)"
+        )
+    return BlockPlan(num_blocks=num_blocks, block_length=block_length, steps_per_block=steps // num_blocks)
+
+
+def num_transfer_tokens(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
+    """How many masks each row commits at each step of a block (LLaDA get_num_transfer_tokens).
+
+    Linear noise schedule: base = n // steps per step, and the remainder n % steps adds one token to
+    each of the earliest steps, e.g. 10 masks over 4 steps -> [3, 3, 2, 2]. Rows sum to mask_count.
+
+    Args:
+        mask_count: LongTensor (B,), masks in the current block per row (≥ 0; not checked, to avoid a
+            device sync).
+        steps: steps of this block, ≥ 1.
+    Returns:
+        LongTensor (B, steps) on mask_count's device.
+    """
+    assert steps >= 1, f"steps must be ≥ 1, got {steps}"
+    n = mask_count.to(torch.long)  # (B,)
+    base = torch.div(n, steps, rounding_mode="floor")[:, None]  # (B, 1)
+    remainder = (n % steps)[:, None]  # (B, 1)
+    step_idx = torch.arange(steps, device=n.device)[None, :]  # (1, steps)
+    return base + (step_idx < remainder).long()  # (B, steps)

@@ -1,0 +1,109 @@
+"""KVStore: K and V of every layer for every canvas position, plus the per-request position facts.
+
+The store only stores. The model writes the K/V of the positions it computes (``write``) and reads the
+full tensors back for attention; cache policies never touch it. K is stored *after* RoPE: canvas
+positions never move during a request, so rotating once at write time is exact and saves the
+re-rotation of the whole key sequence that Fast-dLLM does on every call (spec/models.md D.10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class KVStore:
+    """Per-request key/value store.
+
+    Attributes:
+        k, v: one tensor per layer, (B, H_kv, T, D), model dtype, K after RoPE.
+        key_mask: (B, T) bool, True for real tokens, False for left padding (masked as keys).
+        positions: (B, T) long RoPE position ids, ``cumsum(key_mask) - 1`` with pads at 0, so a row's
+            real tokens get the same positions alone or left-padded inside a batch.
+        attn_mask: (B, 1, 1, T) bool for SDPA, or None when the batch has no padding (faster kernel).
+        rope: (cos, sin) tables filled by the model on first use, each (B, 1, T, D).
+    """
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    key_mask: torch.Tensor
+    positions: torch.Tensor
+    attn_mask: torch.Tensor | None
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    hidden: list[torch.Tensor] | None = field(default=None)  # optional per-layer inputs (B, T, d)
+
+    @classmethod
+    def allocate(
+        cls,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        key_mask: torch.Tensor,
+        dtype: torch.dtype,
+        keep_hidden: int | None = None,
+    ) -> "KVStore":
+        """Allocate an empty store for a (B, T) canvas whose padding is given by ``key_mask`` (B, T) bool.
+
+        ``keep_hidden`` = d_model to also keep every layer's input hidden states (for layer-selective
+        recomputation); None keeps none. Memory: 2 * layers * B * H_kv * T * D elements.
+        """
+        B, T = key_mask.shape
+        dev = key_mask.device
+        k = [torch.zeros(B, n_kv_heads, T, head_dim, dtype=dtype, device=dev) for _ in range(n_layers)]
+        v = [torch.zeros_like(t) for t in k]
+        positions = (key_mask.long().cumsum(1) - 1).clamp_min(0)  # (B, T)
+        attn_mask = None if bool(key_mask.all()) else key_mask[:, None, None, :]  # (B, 1, 1, T)
+        hidden = None
+        if keep_hidden:
+            hidden = [torch.zeros(B, T, keep_hidden, dtype=dtype, device=dev) for _ in range(n_layers)]
+        return cls(k=k, v=v, key_mask=key_mask, positions=positions, attn_mask=attn_mask, hidden=hidden)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
+
+    def write(self, layer: int, idx: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K/V of the computed positions of one layer.
+
+        Args:
+            idx: (B, S) long canvas positions, or None when every position was computed (full forward).
+            k, v: (B, H_kv, S, D). Duplicate positions in a row must carry identical values.
+        """
+        if idx is None:
+            self.k[layer].copy_(k)
+            self.v[layer].copy_(v)
+            return
+        H, D = k.shape[1], k.shape[3]
+        index = idx[:, None, :, None].expand(-1, H, -1, D)  # (B, H_kv, S, D)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+
+    def write_hidden(self, layer: int, idx: torch.Tensor | None, h: torch.Tensor) -> None:
+        """Keep the input hidden states (B, S, d) of ``layer`` at positions ``idx`` (B, S) or all."""
+        if self.hidden is None:
+            return
+        if idx is None:
+            self.hidden[layer].copy_(h)
+        else:
+            self.hidden[layer].scatter_(1, idx[:, :, None].expand(-1, -1, h.shape[-1]), h)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only batch rows ``keep`` (K,) long (finished rows stop costing memory and compute)."""
+        self.k = [t[keep] for t in self.k]
+        self.v = [t[keep] for t in self.v]
+        self.key_mask, self.positions = self.key_mask[keep], self.positions[keep]
+        self.attn_mask = None if self.attn_mask is None else self.attn_mask[keep]
+        if self.rope is not None:
+            self.rope = (self.rope[0][keep], self.rope[1][keep])
+        if self.hidden is not None:
+            self.hidden = [t[keep] for t in self.hidden]
+
+    def clone(self) -> "KVStore":
+        """A deep copy (used by measurement code that must not disturb the live store)."""
+        return KVStore(
+            k=[t.clone() for t in self.k], v=[t.clone() for t in self.v], key_mask=self.key_mask,
+            positions=self.positions, attn_mask=self.attn_mask, rope=self.rope,
+            hidden=None if self.hidden is None else [t.clone() for t in self.hidden],
+        )

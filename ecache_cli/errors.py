@@ -1,0 +1,29 @@
+"""User-facing errors. ``cli.py`` catches :class:`EcacheError` once and prints its message on one line.
+
+Exit codes: 2 for usage and configuration errors (bad flag values, unknown names, impossible settings),
+1 for runtime errors (a missing model or dataset, an unreadable file, a failed load).
+"""
+
+
+class EcacheError(Exception):
+    """Base of every error meant for the user; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageError(EcacheError):
+    """A flag, argument or setting that cannot work (exit code 2)."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A bad profile or configuration key/value (exit code 2)."""
+
+
+class ModelLoadError(EcacheError):
+    """A model that cannot be found or loaded (exit code 1)."""
+
+
+class DataError(EcacheError):
+    """An input file or dataset that is missing, unreadable or malformed (exit code 1)."""

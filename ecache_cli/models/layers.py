@@ -1,0 +1,87 @@
+"""Layers shared by the LLaDA and Dream models: RMSNorm, RoPE, attention over the KV store, SwiGLU.
+
+Numerics follow the official modeling files (spec/models.md A1.3, A1.4, A2.3, A2.4):
+- RMSNorm normalises in float32, casts back to the activation dtype, *then* multiplies by the weight.
+- RoPE is half-rotation (NeoX / HF-Llama style). LLaDA rotates q/k in float32
+  (``rope_full_precision``); Dream casts cos/sin to the activation dtype and rotates in it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a weight vector and no bias; x: (..., d) -> (..., d), same dtype."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return h.to(dtype) * self.weight
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for RoPE.
+
+    Args:
+        positions: (B, T) long position ids.
+    Returns:
+        (cos, sin), each (B, 1, T, head_dim) float32; inv_freq = theta^(-2j/head_dim) in float32.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
+    return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def _rotate_half(t: torch.Tensor) -> torch.Tensor:
+    h = t.shape[-1] // 2
+    return torch.cat((-t[..., h:], t[..., :h]), dim=-1)
+
+
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
+    """Rotate t (B, H, S, D) with cos/sin (B, 1, S, D) float32; returns t's dtype."""
+    if full_precision:  # LLaDA: fp32 rotation, cast back
+        tf = t.float()
+        return (tf * cos + _rotate_half(tf) * sin).to(t.dtype)
+    cos, sin = cos.to(t.dtype), sin.to(t.dtype)  # Dream: tables cast to activation dtype
+    return t * cos + _rotate_half(t) * sin
+
+
+def gather_rows(x: torch.Tensor, idx: torch.Tensor | None, dim: int) -> torch.Tensor:
+    """Select positions ``idx`` (B, S) along ``dim`` of x (B, ..., T, ...); None returns x."""
+    if idx is None:
+        return x
+    shape = [1] * x.dim()
+    shape[0], shape[dim] = idx.shape
+    index = idx.view(shape).expand(*[s if i != dim else idx.shape[1] for i, s in enumerate(x.shape)])
+    return x.gather(dim, index)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """Bidirectional attention of the computed queries over every canvas position.
+
+    Args:
+        q: (B, H, S, D); k, v: (B, H_kv, T, D) from the store; attn_mask: (B, 1, 1, T) bool (True =
+        attend) or None. Pad keys are masked, pad queries are not (their outputs are never used), so
+        no row is fully masked (spec/models.md A1.5).
+    Returns:
+        (B, S, H*D).
+    """
+    gqa = k.shape[1] != q.shape[1]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)  # (B, H, S, D)
+    B, H, S, D = o.shape
+    return o.transpose(1, 2).reshape(B, S, H * D)
+
+
+def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); x: (B, S, d) -> (B, S, d)."""
+    return down(F.silu(gate(x)) * up(x))

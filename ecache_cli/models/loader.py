@@ -1,0 +1,245 @@
+"""Resolve a model name or directory and load it: config.json, safetensors (single or sharded), tokenizer.
+
+An official Hugging Face checkpoint directory loads with no conversion. Weights are read tensor by
+tensor from memory-mapped safetensors into a model built on the ``meta`` device and assigned in place
+(``load_state_dict(assign=True)``), so an 8B checkpoint is never materialised twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelLoadError, UsageError
+from .base import DiffusionLM
+from .dream import Dream
+from .llada import LLaDA
+from .spec import ModelSpec, read_spec
+
+#: Aliases of the supported public checkpoints (Hugging Face repository ids).
+ALIASES: dict[str, str] = {
+    "llada-8b": "GSAI-ML/LLaDA-8B-Instruct",
+    "llada-8b-instruct": "GSAI-ML/LLaDA-8B-Instruct",
+    "llada-8b-base": "GSAI-ML/LLaDA-8B-Base",
+    "llada-1.5": "GSAI-ML/LLaDA-1.5",
+    "dream-7b": "Dream-org/Dream-v0-Instruct-7B",
+    "dream-7b-instruct": "Dream-org/Dream-v0-Instruct-7B",
+    "dream-7b-base": "Dream-org/Dream-v0-Base-7B",
+}
+#: Names of the embedded default model shipped inside the package.
+EMBEDDED = ("tiny", "llada-tiny")
+DEFAULT_MODEL = "tiny"
+FAMILIES = {"llada": LLaDA, "dream": Dream}
+_EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A loaded checkpoint: the model, its tokenizer and the facts the engine needs.
+
+    ``config_hash`` is the SHA-256 of config.json (for reproducibility manifests); ``chat`` tells
+    whether the tokenizer carries a chat template (instruct checkpoints).
+    """
+
+    model: DiffusionLM
+    tokenizer: object
+    spec: ModelSpec
+    path: Path
+    name: str
+    config_hash: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def chat(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def embedded_dir() -> Path:
+    """Directory of the embedded default model (package data)."""
+    return Path(__file__).resolve().parent.parent / "data" / "tiny"
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA and float32 on CPU unless asked otherwise; raises UsageError for unknown names."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise UsageError(f"--dtype {dtype!r} is not known; use one of auto, float32, bfloat16, float16")
+    return _DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """CUDA when available, else CPU; raises UsageError for an unusable device string."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device} asked for CUDA but torch sees no GPU; use --device cpu")
+    return dev
+
+
+def resolve_path(name_or_path: str | os.PathLike | None) -> tuple[Path, str]:
+    """Map an alias, the embedded name or a directory to a local checkpoint directory.
+
+    Aliases are looked up in the Hugging Face hub cache (``huggingface_hub.snapshot_download`` with
+    ``local_files_only``), then, unless ``HF_HUB_OFFLINE`` is set, downloaded. Raises
+    :class:`ModelLoadError` (one line naming the repository and how to get it) when neither works.
+    """
+    name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    if name in EMBEDDED:
+        path = embedded_dir()
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"the embedded model is missing from {path}; reinstall ecache or pass --model DIR")
+        return path, name
+    if name in ALIASES:
+        return _from_hub(ALIASES[name], name), name
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path, name
+    if "/" in name and not path.exists() and name.count("/") == 1 and not name.startswith((".", "/")):
+        return _from_hub(name, name), name
+    valid = ", ".join([*EMBEDDED, *ALIASES])
+    raise ModelLoadError(f"--model {name!r} is neither a known model ({valid}) nor a checkpoint directory")
+
+
+def _from_hub(repo: str, name: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "*.jinja"]
+    try:
+        return Path(snapshot_download(repo, local_files_only=True, allow_patterns=patterns))
+    except Exception:  # noqa: BLE001 - any miss falls through to the download attempt
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        try:
+            return Path(snapshot_download(repo, allow_patterns=patterns))
+        except Exception as e:  # noqa: BLE001 - network errors come in many types
+            reason = f"the hub cannot be reached ({type(e).__name__})"
+    raise ModelLoadError(
+        f"model {name!r} needs {repo}, which is not in the Hugging Face cache and {reason}: "
+        f"run `huggingface-cli download {repo}` on a connected machine (or copy the folder) and pass --model DIR"
+    )
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file holding it (sharded index or single file)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index}: unreadable shard index ({e})") from None
+        files = {k: path / f for k, f in wm.items()}
+        for f in set(files.values()):
+            if not f.exists():
+                raise ModelLoadError(f"{path}: shard {f.name} listed in model.safetensors.index.json is missing")
+        return files
+    single = path / "model.safetensors"
+    if single.exists():
+        from safetensors import safe_open
+
+        with safe_open(single, framework="pt") as f:
+            return {k: single for k in f.keys()}
+    raise ModelLoadError(f"{path}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints load)")
+
+
+def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: torch.dtype) -> None:
+    """Read every expected tensor, check its shape, convert and assign it into the meta-built model.
+
+    Raises ModelLoadError naming a missing or mis-shaped tensor. Unexpected extra tensors are ignored
+    with a warning (official checkpoints carry none).
+    """
+    from safetensors import safe_open
+
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    files = _weight_files(path)
+    missing = [k for k in expected if k not in files]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"{path}: tensor {missing[0]} is missing from the checkpoint{more}")
+    extra = sorted(set(files) - set(expected))
+    if extra:
+        warnings.warn(f"{path}: ignoring {len(extra)} unexpected tensors, e.g. {extra[0]}", stacklevel=2)
+    by_file: dict[Path, list[str]] = {}
+    for k in expected:
+        by_file.setdefault(files[k], []).append(k)
+    state: dict[str, torch.Tensor] = {}
+    for f, keys in by_file.items():
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            for k in keys:
+                t = sf.get_tensor(k)
+                if tuple(t.shape) != expected[k]:
+                    raise ModelLoadError(
+                        f"{path}: tensor {k} has shape {tuple(t.shape)} but config.json implies {expected[k]}"
+                    )
+                state[k] = t.to(device=device, dtype=dtype)
+                del t
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def load_tokenizer(path: Path):
+    """AutoTokenizer from the checkpoint directory, without trust_remote_code.
+
+    Dream's official tokenizer is a remote-code Qwen2 BPE (vocab.json + merges.txt); when AutoTokenizer
+    cannot build it, the same files load as ``Qwen2TokenizerFast``.
+    """
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()  # config.json's model_type is unknown to transformers
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as first:  # noqa: BLE001
+        if (path / "vocab.json").exists() and (path / "merges.txt").exists():
+            try:
+                return transformers.Qwen2TokenizerFast.from_pretrained(str(path))
+            except Exception:  # noqa: BLE001
+                pass
+        raise ModelLoadError(f"{path}: cannot load the tokenizer ({type(first).__name__}: {str(first).splitlines()[0]})") from None
+
+
+def load_model(
+    name_or_path: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> LoadedModel:
+    """Load a model by alias (``llada-8b``, ``dream-7b``, ...), the embedded ``tiny``, or a directory.
+
+    Args:
+        device: "auto" / None (CUDA when available, else CPU), "cpu", "cuda", "cuda:N".
+        dtype: "auto" / None (bfloat16 on CUDA, float32 on CPU), or a dtype name.
+    Raises:
+        ModelLoadError: missing model, config, shard or tensor, or an unsupported architecture.
+        UsageError: a bad device or dtype.
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    path, name = resolve_path(name_or_path)
+    spec, _ = read_spec(path)
+    tok = load_tokenizer(path)
+    eot = tok.convert_tokens_to_ids(_EOT_TOKENS[spec.family]) if _EOT_TOKENS[spec.family] in tok.get_vocab() else None
+    spec = replace(spec, eot_id=eot)
+    if spec.mask_id == spec.pad_id:
+        raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); the canvas needs distinct ids")
+    with torch.device("meta"):
+        model = FAMILIES[spec.family](spec)
+    load_weights(model, path, dev, dt)
+    model.eval()
+    config_hash = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
+    return LoadedModel(model=model, tokenizer=tok, spec=spec, path=path, name=name,
+                       config_hash=config_hash, device=dev, dtype=dt)
