@@ -1,0 +1,209 @@
+"""Model loading and the forward API (issue: engine foundation).
+
+Checkpoints are tiny random ones written in exactly the official on-disk formats.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ecache_cli.errors import ModelLoadError
+from ecache_cli.models.loader import load_model, resolve_path
+from ecache_cli.models.spec import spec_from_config
+from ecache_cli.models.synthetic import write_random_checkpoint
+
+FAMILIES = ["llada", "dream"]
+
+
+@pytest.fixture(scope="module", params=[("llada", 1), ("llada", 3), ("dream", 1), ("dream", 2)],
+                ids=["llada-single", "llada-sharded", "dream-single", "dream-sharded"])
+def ckpt(request, tmp_path_factory):
+    fam, shards = request.param
+    d = write_random_checkpoint(tmp_path_factory.mktemp(f"{fam}{shards}"), fam, shards=shards, seed=3)
+    return fam, d, load_model(d, device="cpu", dtype="float32")
+
+
+def _stored_tensors(d):
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            out.update({k: sf.get_tensor(k) for k in sf.keys()})
+    return out
+
+
+def test_loading_round_trips_every_tensor(ckpt):
+    fam, d, lm = ckpt
+    stored = _stored_tensors(d)
+    state = lm.model.state_dict()
+    assert set(stored) == set(state)
+    for k, t in stored.items():
+        assert torch.equal(state[k], t), k
+    if fam == "llada":
+        assert "model.transformer.blocks.0.ff_proj.weight" in state and "model.transformer.ff_out.weight" in state
+    else:
+        assert "model.layers.0.self_attn.q_proj.bias" in state and "lm_head.weight" in state
+
+
+def test_sharded_index_is_official_layout(tmp_path):
+    d = write_random_checkpoint(tmp_path, "llada", shards=3)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+
+
+def test_missing_tensor_is_named(tmp_path):
+    d = write_random_checkpoint(tmp_path, "llada")
+    state = _stored_tensors(d)
+    del state["model.transformer.blocks.1.up_proj.weight"]
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"model\.transformer\.blocks\.1\.up_proj\.weight is missing"):
+        load_model(d, device="cpu")
+
+
+def test_misshaped_tensor_is_named(tmp_path):
+    d = write_random_checkpoint(tmp_path, "dream")
+    state = _stored_tensors(d)
+    state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(5, 64)
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"k_proj\.weight has shape \(5, 64\)"):
+        load_model(d, device="cpu")
+
+
+def test_missing_shard_and_config_errors(tmp_path):
+    d = write_random_checkpoint(tmp_path / "a", "llada", shards=2)
+    (d / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="model-00002-of-00002.safetensors"):
+        load_model(d, device="cpu")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(tmp_path / "empty", device="cpu")
+
+
+def test_alias_missing_from_cache_names_repo(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelLoadError, match="GSAI-ML/LLaDA-8B-Instruct") as e:
+        resolve_path("llada-8b")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelLoadError, match="Dream-org/Dream-v0-Instruct-7B"):
+        resolve_path("dream-7b")
+
+
+def test_official_configs_give_official_sizes():
+    llada = {"model_type": "llada", "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32,
+             "mlp_hidden_size": 12288, "vocab_size": 126464, "embedding_size": 126464, "rms_norm_eps": 1e-5,
+             "rope_theta": 500000.0, "rope_full_precision": True, "include_bias": False, "weight_tying": False,
+             "mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081}
+    s = spec_from_config(llada)
+    assert (s.head_dim, s.n_params, s.mask_id, s.logit_shift) == (128, 8_015_581_184, 126336, 0)
+    dream = {"model_type": "Dream", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+             "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "rms_norm_eps": 1e-6,
+             "rope_theta": 1e6, "tie_word_embeddings": False, "mask_token_id": 151666, "pad_token_id": 151643,
+             "eos_token_id": 151643}
+    s = spec_from_config(dream)
+    assert (s.head_dim, s.n_kv_heads, s.n_params, s.logit_shift) == (128, 4, 7_615_616_512, 1)
+    with pytest.raises(ModelLoadError, match="model_type 'gpt2'"):
+        spec_from_config({"model_type": "gpt2"})
+
+
+def _canvas(lm, B=2, T=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, 90, (B, T), generator=g)
+
+
+def test_partial_over_all_positions_equals_full(ckpt):
+    _, _, lm = ckpt
+    m, ids = lm.model, _canvas(lm)
+    with torch.inference_mode():
+        full = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
+        allpos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+        part = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)), query_pos=allpos)
+    assert full.shape == (2, 24, lm.spec.vocab_size)
+    assert (part - full).abs().max() <= 1e-5
+
+
+def test_partial_after_full_matches_full_rows(ckpt):
+    _, _, lm = ckpt
+    m, ids = lm.model, _canvas(lm)
+    store = m.new_store(torch.ones_like(ids, dtype=torch.bool))
+    with torch.inference_mode():
+        full = m(ids, store)
+        for qp in ([[0, 5, 23], [2, 3, 4]], [[7], [19]], [[1, 1, 9, 11], [12, 13, 14, 14]]):
+            qp = torch.tensor(qp)
+            part = m(ids, store, query_pos=qp)
+            ref = full.gather(1, qp[:, :, None].expand(-1, -1, full.shape[-1]))
+            assert (part - ref).abs().max() <= 1e-5
+            sub = m(ids, store, query_pos=qp, logits_pos=qp[:, -1:])
+            assert (sub - ref[:, -1:]).abs().max() <= 1e-5
+
+
+def test_cached_kv_is_used_for_positions_not_computed(ckpt):
+    """A partial forward reads stale K/V from the store: changing a token it does not compute must
+    not change its output until that position is recomputed."""
+    _, _, lm = ckpt
+    m, ids = lm.model, _canvas(lm, B=1)
+    store = m.new_store(torch.ones_like(ids, dtype=torch.bool))
+    with torch.inference_mode():
+        m(ids, store)
+        qp = torch.tensor([[3, 4]])
+        before = m(ids, store, query_pos=qp)
+        changed = ids.clone()
+        changed[0, 10] = (changed[0, 10] + 1) % 90 + 6
+        stale = m(changed, store, query_pos=qp)
+        assert torch.equal(before, stale)
+        m(changed, store, query_pos=torch.tensor([[10]]))  # refresh position 10 only
+        fresh = m(changed, store, query_pos=qp)
+    assert (fresh - before).abs().max() > 1e-4
+
+
+def test_left_padded_row_matches_row_alone(ckpt):
+    _, _, lm = ckpt
+    m = lm.model
+    row = _canvas(lm, B=1, T=15, seed=1)
+    other = _canvas(lm, B=1, T=20, seed=2)
+    pad = lm.spec.pad_id
+    batch = torch.cat([torch.cat([torch.full((1, 5), pad), row], 1), other])  # (2, 20), row 0 left padded
+    key_mask = batch != -1
+    key_mask[0, :5] = False
+    with torch.inference_mode():
+        alone = m(row, m.new_store(torch.ones_like(row, dtype=torch.bool)))
+        padded = m(batch, m.new_store(key_mask))
+        other_alone = m(other, m.new_store(torch.ones_like(other, dtype=torch.bool)))
+    assert (padded[0, 5:] - alone[0]).abs().max() <= 1e-5
+    assert (padded[1] - other_alone[0]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logit_shift_sources(family, tmp_path):
+    """Dream: the logits that predict position i come from hidden state i-1; LLaDA: from i."""
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig, Engine
+
+    lm = load_model(write_random_checkpoint(tmp_path, family), device="cpu")
+    seen = []
+    model = lm.model
+    orig = model.forward
+
+    def spy(tokens, store, query_pos=None, logits_pos=None):
+        seen.append((tokens.clone(), logits_pos.clone()))
+        return orig(tokens, store, query_pos=query_pos, logits_pos=logits_pos)
+
+    model.forward = spy
+    eng = Engine.from_loaded(lm)
+    run = eng.start([[10, 11, 12]], DecodeConfig(gen_length=8, block_length=8, steps=8, early_exit=False), make_policy("none"))
+    next(iter(run))
+    tokens, logits_pos = seen[0]
+    targets = (tokens[0] == lm.spec.mask_id).nonzero().squeeze(1)
+    assert torch.equal(logits_pos[0], targets - (1 if family == "dream" else 0))
+    # and the shifted row really is the hidden state at i-1: compare with a direct full forward
+    with torch.inference_mode():
+        direct = orig(tokens, model.new_store(torch.ones_like(tokens, dtype=torch.bool)))
+    first = targets[0].item()
+    src = first - (1 if family == "dream" else 0)
+    with torch.inference_mode():
+        got = orig(tokens, model.new_store(torch.ones_like(tokens, dtype=torch.bool)), logits_pos=torch.tensor([[src]]))
+    assert torch.allclose(got[0, 0], direct[0, src], atol=1e-6)
