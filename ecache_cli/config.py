@@ -85,7 +85,10 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
     for k in data:
         if k not in SECTIONS:
             raise ConfigError(f"{path}: unknown key {k!r}; allowed: {', '.join(sorted(SECTIONS))}")
-    for section, allowed in (("decode", DECODE_KEYS), ("cache", CACHE_KEYS)):
+    from .cache import POLICIES, policy_params  # every registered policy's parameters are cache keys
+
+    cache_keys = CACHE_KEYS.union(*(policy_params(n) for n in POLICIES))
+    for section, allowed in (("decode", DECODE_KEYS), ("cache", cache_keys)):
         sec = data.get(section) or {}
         if not isinstance(sec, dict):
             raise ConfigError(f"{path}: '{section}' must be a mapping")

@@ -11,6 +11,10 @@ import dataclasses
 
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
+from .d2cache import D2Cache
+from .dkv import DKVCache
+from .dllm_cache import DLLMCache
+from .elastic import ElasticCache
 from .entropy import EntropyCache
 from .fastdllm import DualCache, PrefixCache
 from .none import NoCache
@@ -20,6 +24,10 @@ POLICIES: dict[str, type[CachePolicy]] = {
     "prefix": PrefixCache,
     "dual": DualCache,
     "entropy": EntropyCache,
+    "dllm-cache": DLLMCache,
+    "dkv": DKVCache,
+    "d2cache": D2Cache,
+    "elastic": ElasticCache,
 }
 
 

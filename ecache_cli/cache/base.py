@@ -6,6 +6,13 @@ is per row: rows that refresh recompute every position (and so rewrite their who
 the other rows compute only ``compute`` and read everything else from the store. The positions
 whose logits the step needs (the current block's masked positions, moved by the model's logit
 shift: ``state.sources``) must be in ``compute``; ``targets_and_sources`` gives them.
+
+Capabilities: a policy that needs more than logits declares it with class attributes, and the engine
+asks the model for it (the model never inspects the policy): ``needs_values`` (layer-0 value vectors
+of the canvas beside the cached ones, in ``state.value_probe`` before ``plan``), ``needs_attention``
+(head-averaged attention rows of the positions ``ForwardPlan.attn_rows`` marks, in
+``record.attention``), ``needs_hidden`` (the store keeps every layer's input hidden states, for
+``ForwardPlan.start_layer``). The engine counts the time of these extras as decision time.
 """
 
 from __future__ import annotations
@@ -20,10 +27,16 @@ from ..engine.state import DecodeState, StepRecord
 @dataclass(frozen=True)
 class ForwardPlan:
     """refresh: (B,) bool rows that run a full forward. compute: (B, T) bool positions to compute
-    for the other rows (ignored for refreshing rows; may be None when every row refreshes)."""
+    for the other rows (ignored for refreshing rows; may be None when every row refreshes).
+    start_layer: (B,) long or None; a non-refreshing row computes every position from that layer on
+    (layer-selective recomputation; ≥ n_layers = never; needs ``needs_hidden``). attn_rows: (B, T) bool
+    or None; computed positions whose attention rows the policy wants in ``record.attention`` (needs
+    ``needs_attention``)."""
 
     refresh: torch.Tensor
     compute: torch.Tensor | None = None
+    start_layer: torch.Tensor | None = None
+    attn_rows: torch.Tensor | None = None
 
     @classmethod
     def full(cls, state: DecodeState) -> "ForwardPlan":
@@ -38,6 +51,9 @@ class CachePolicy:
     """
 
     name = "base"
+    needs_values = False  # engine fills state.value_probe before plan
+    needs_attention = False  # engine fills record.attention for plan.attn_rows
+    needs_hidden = False  # store keeps per-layer input hidden states (for plan.start_layer)
 
     def reset(self, state: DecodeState) -> None:
         """Called once per request before the first step."""

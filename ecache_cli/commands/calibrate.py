@@ -1,14 +1,111 @@
-"""`ecache calibrate`: not implemented yet (tracked in the project's issues)."""
+"""``ecache calibrate``: search τ per task domain, score it against ``none``, write it to a profile."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import options as o
 from ..cli import app, handle_errors
+
+K = "Calibration"
+
+
+def _taus(value: Optional[str]) -> Optional[list[float]]:
+    if value is None:
+        return None
+    from ..errors import UsageError
+
+    try:
+        return [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--taus {value!r}: give numbers separated by commas, e.g. 0.1,0.5,1") from None
 
 
 @app.command("calibrate")
 @handle_errors
-def calibrate_cmd():
-    """Not implemented yet."""
-    from ..errors import EcacheError
+def calibrate_cmd(
+    task: Annotated[str, typer.Option("--task", "-t", help="Task domain: arith, code, list (synthetic) or gsm8k, math500, humaneval, mbpp (--data).", rich_help_panel=K)],
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
+    data: Annotated[Optional[str], typer.Option("--data", help="Dataset file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
+    shots: Annotated[Optional[int], typer.Option("--shots", help="Solved examples in each prompt \\[default: the task's].", rich_help_panel=K)] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: when the checkpoint has one].", rich_help_panel=K)] = None,
+    metric: Annotated[str, typer.Option("--metric", help="task: the task's score (labels); fidelity: token agreement with none (no labels).", rich_help_panel=K)] = "task",
+    max_drop: Annotated[float, typer.Option("--max-drop", help="Allowed score drop below none, in points (1 = 0.01 of a 0–1 score).", rich_help_panel=K)] = 1.0,
+    min_fidelity: Annotated[Optional[float], typer.Option("--min-fidelity", help="Also require token agreement with none ≥ this percent.", rich_help_panel=K)] = None,
+    grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of the none run's signal).", rich_help_panel=K)] = 8,
+    refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
+    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated (replaces the coarse grid).", rich_help_panel=K)] = None,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code in the sandbox to score it.", rich_help_panel=K)] = False,
+    gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
+    temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
+    threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
+    early_exit: o.EarlyExit = None,
+    recent_k: o.RecentK = None, signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (flags override; its τ is ignored).", rich_help_panel=o.C)] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together (wall-clock then mixes rows; the cost proxy does not).", rich_help_panel=o.D)] = 1,
+    seed: o.Seed = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write \\[default: profiles/<model>/<task>.yaml].", rich_help_panel=o.O)] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every point, the frontier, the choice and the manifest as JSON.", rich_help_panel=o.O)] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the score-vs-speedup frontier as a PNG.", rich_help_panel=o.O)] = None,
+    run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: profiles/<model>/.<task>.calib.jsonl].", rich_help_panel=o.O)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required).", rich_help_panel=o.O)] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report, write no file (no profile, run file, JSON or plot).", rich_help_panel=o.O)] = False,
+    quiet: o.Quiet = False,
+):
+    """Search EntropyCache's τ for one task domain and write it to [bold]profiles/<model>/<task>.yaml[/].
 
-    raise EcacheError("ecache calibrate is not implemented yet")
+    Decodes --limit examples with [bold]none[/] once, then with [bold]entropy[/] over a τ grid built from the
+    none run's signal distribution plus refinement; picks the fastest τ (cost proxy) whose score drop is
+    ≤ --max-drop points (ties → lower τ). Exit 1 when no τ qualifies (no profile written).
+
+    Examples: [cyan]ecache calibrate --task list --limit 50[/] ·
+    [cyan]ecache calibrate --model llada-8b --task gsm8k --data ../shared/data/gsm8k/test.jsonl --plot f.png[/] ·
+    [cyan]ecache calibrate --task mbpp --data mbpp.jsonl --allow-code-execution[/]
+    """
+    from ..console import err
+    from ..console import out as out_console
+    from ..errors import EcacheError
+    from ..models.loader import load_model
+    from ..runs.calib_report import frontier_table, json_document, plot_frontier, sweep_table, write_json
+    from ..runs.calibrate import CalibrateOptions, calibrate, preflight
+    from ..runs.common import manifest, resolve_settings
+    from ..tasks import get_task
+
+    opts = CalibrateOptions(task=task, data=data, limit=limit, seed=seed, shots=shots, chat=chat, metric=metric,
+                            max_drop=max_drop, min_fidelity=min_fidelity, grid=grid, refine=refine, taus=_taus(taus),
+                            batch_size=batch_size, allow_code_execution=allow_code_execution, out=out,
+                            json_path=json_path, plot_path=plot, run_file=run_file, resume=resume, dry_run=dry_run,
+                            quiet=quiet)
+    task_obj = get_task(task, data, allow_code_execution=allow_code_execution)
+    preflight(task_obj, opts)  # exit 2 before loading anything
+    settings = resolve_settings(
+        model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
+                              ban_eos, low_eos_confidence, early_exit),
+        o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
+    task_obj.examples("test", limit, seed)  # a missing dataset fails here, before the model loads
+    lm = load_model(model, device, dtype)
+    outcome = calibrate(lm, settings, task_obj, opts, err)
+    max_frac = max_drop / 100
+    min_frac = None if min_fidelity is None else min_fidelity / 100
+    if not out_console.is_terminal:  # a pipe or file gets the whole table, not rich's 80 columns
+        import sys
+
+        from rich.console import Console
+
+        out_console = Console(file=sys.stdout, width=160, soft_wrap=True)
+    out_console.print(sweep_table(outcome, metric, max_frac, min_frac))
+    out_console.print(frontier_table(outcome, metric))
+    if not dry_run:
+        if json_path is not None:
+            write_json(json_document(outcome, manifest(lm, settings, seed, {"command": "calibrate"}), opts), json_path)
+        if plot is not None:
+            plot_frontier(outcome, metric, max_frac, plot)
+    choice = outcome.choice
+    if choice.point is None:
+        raise EcacheError(f"{choice.reason}; no profile written (raise --max-drop, lower --min-fidelity or add --taus)")
+    where = "dry run: no profile written" if dry_run else f"wrote {outcome.profile}"
+    out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)

@@ -37,7 +37,7 @@ def generate(
     [cyan]ecache generate --model llada-8b --cache entropy --tau 0.8 "..."[/]
     """
     from ..console import err
-    from ..errors import UsageError
+    from ..errors import DataError, UsageError
     from ..models.loader import load_model
     from ..runs.common import resolve_settings
     from ..runs.generate import GenerateOptions, run
@@ -48,8 +48,8 @@ def generate(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit),
         o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every), profile=profile, task=task)
-    if input_file is not None and not input_file.is_file():
-        raise UsageError(f"--input {input_file}: no such file")
+    if input_file is not None and not input_file.is_file():  # exit 1, as for an unreadable file (errors.py)
+        raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
     lm = load_model(model, device, dtype)
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
                            batch_size=batch_size, seed=seed, stream=stream, quiet=quiet)

@@ -1,14 +1,147 @@
-"""`ecache profile`: not implemented yet (tracked in the project's issues)."""
+"""``ecache profile``: cache policies side by side on the same prompts (speed, work, fidelity, traces)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import options as o
 from ..cli import app, handle_errors
+
+T = "Task"
 
 
 @app.command("profile")
 @handle_errors
-def profile_cmd():
-    """Not implemented yet."""
-    from ..errors import EcacheError
+def profile_cmd(
+    prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
+    input_file: o.InputFile = None,
+    task: Annotated[Optional[str], typer.Option(help="Profile on a task's test examples (arith, code, list, gsm8k, math500, humaneval, mbpp) and report its score.", rich_help_panel=T)] = None,
+    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (e.g. ../shared/data/gsm8k/test.jsonl).", rich_help_panel=T)] = None,
+    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question [default: the task's, e.g. 8 for gsm8k].", rich_help_panel=T)] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Number of task examples (or at most this many prompts) [default: 8 with --task].", rich_help_panel=T)] = None,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it (best-effort sandbox).", rich_help_panel=T)] = False,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template [default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
+    gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
+    temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
+    threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
+    early_exit: o.EarlyExit = None,
+    policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated cache policies to compare [default: all registered]; include none for speedup and fidelity.", rich_help_panel=o.C)] = None,
+    tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
+    block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up runs per policy (on the first batch).", rich_help_panel=o.O)] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed passes over all prompts (policy order rotates).", rich_help_panel=o.O)] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=o.D)] = 1,
+    seed: o.Seed = 0,
+    trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces (TensorBoard + Chrome JSON) of one request per policy here.", rich_help_panel=o.O)] = None,
+    trace_steps: Annotated[int, typer.Option("--trace-steps", help="Denoising steps recorded per traced request (traces grow ~0.4 MB a step).", rich_help_panel=o.O)] = 32,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write every number and a reproducibility manifest as JSON to FILE, or '-' for one last line on stdout.", rich_help_panel=o.O)] = None,
+    quiet: o.Quiet = False,
+):
+    """Compare cache policies on the same prompts in one process: generated tokens/s, latency
+    (mean/p50/p95), speedup over [bold]none[/], NFE, full/partial forwards, share of work computed,
+    decision overhead, peak memory and fidelity against [bold]none[/] (and the task score).
 
-    raise EcacheError("ecache profile is not implemented yet")
+    Examples: [cyan]ecache profile --task arith --limit 8[/] ·
+    [cyan]ecache profile --task gsm8k --data ../shared/data/gsm8k/test.jsonl --limit 8 --trace-dir runs_out/trace[/] ·
+    [cyan]ecache profile --policies none,entropy --json - "Sort: 9 3 7 1"[/]
+    """
+    from rich.console import Console
+
+    from ..runs.profile import ProfileOptions, json_line, measure, prompt_requests, render_table, task_requests
+    from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
+    from ..console import err, out
+    from ..errors import DataError, UsageError
+    from ..models.loader import load_model
+    from ..runs.common import manifest, resolve_settings
+
+    names = [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
+    opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
+                          chat=chat, trace_dir=trace_dir, trace_steps=trace_steps)
+    opts.validate()
+    if task is not None and (prompts or input_file is not None):
+        raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
+    if task is None and (data is not None or shots is not None):
+        raise UsageError("--data and --shots go with --task NAME")
+    if input_file is not None and not input_file.is_file():
+        raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+    settings = resolve_settings(
+        model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
+                              ban_eos, low_eos_confidence, early_exit),
+        o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every), profile=profile, task=task)
+
+    task_obj, task_info = None, None
+    if task is not None:
+        from ..tasks import get_task
+
+        task_obj = get_task(task, data=data, allow_code_execution=allow_code_execution)
+        n_shots = task_obj.default_shots if shots is None else shots
+        requests = task_requests(task_obj, 8 if limit is None else limit, n_shots, seed)
+        task_info = {"name": task, "data": data, "shots": n_shots, "limit": len(requests), "split": "test",
+                     "scored": not task_obj.needs_code_execution or allow_code_execution}
+        if not task_info["scored"]:
+            err.print(f"note: task {task} is not scored without --allow-code-execution (its scorer runs the code)",
+                      markup=False, highlight=False)
+    else:
+        stdin = sys.stdin if not prompts and input_file is None and not sys.stdin.isatty() else None
+        requests = prompt_requests(list(prompts or []), input_file, stdin, limit)
+    if "none" not in names:
+        err.print("note: --policies has no 'none': speedup, work share and fidelity vs none are not measured",
+                  markup=False, highlight=False)
+
+    lm = load_model(model, device, dtype)
+    from ..engine.core import Engine
+
+    engine = Engine.from_loaded(lm)
+    use_chat = lm.chat if chat is None else (chat and lm.chat)
+    report = measure(engine, settings, requests, opts, chat=use_chat, on_run=_progress(err, opts, len(requests), quiet))
+    report.extra["task"] = task_info
+
+    to_stdout = json_out == "-"
+    table_console = err if to_stdout else out
+    if not table_console.is_terminal:  # a file or pipe: wide enough that no column wraps
+        table_console = Console(file=table_console.file, width=240, soft_wrap=True)
+    title = f"ecache profile · {lm.name} · {len(requests)} prompts · {lm.device} {str(lm.dtype).replace('torch.', '')}"
+    table_console.print(render_table(report, title))
+    if report.trace:
+        err.print(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
+                  f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing", markup=False, highlight=False)
+    if json_out is not None:
+        extra = {"command": "profile", "policies": names, "warmup": warmup, "repeats": repeats, "batch_size": batch_size,
+                 "chat": use_chat, "trace_dir": str(trace_dir) if trace_dir else None, "trace_steps": trace_steps,
+                 "task": task_info, "prompts": len(requests), "memory_kind": report.memory_kind,
+                 "policy_params": {p: report.summaries[p]["params"] for p in names}}
+        doc = report.to_dict(manifest(lm, settings, seed, extra))
+        if to_stdout:
+            sys.stdout.write(json_line(doc) + "\n")
+            sys.stdout.flush()
+        else:
+            try:
+                Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+                Path(json_out).write_text(json_line(doc) + "\n")
+            except OSError as e:
+                raise DataError(f"--json {json_out}: cannot write ({e.strerror})") from None
+
+
+def _progress(console, opts, n_requests: int, quiet: bool):
+    """An ``on_run`` callback printing a one-line status per run on stderr (terminal only).
+
+    No live display thread: it would compete with the timed runs for CPU.
+    """
+    if quiet or not console.is_terminal:
+        return None
+    batches = -(-n_requests // opts.batch_size)
+    total = len(opts.policies) * (opts.warmup + opts.repeats * batches + (1 if opts.trace_dir else 0))
+    done = [0]
+
+    def on_run(kind: str, policy: str) -> None:
+        done[0] += 1
+        console.print(f"\r[{done[0]}/{total}] {kind} {policy}      ", end="", markup=False, highlight=False)
+        if done[0] == total:
+            console.print()
+
+    return on_run

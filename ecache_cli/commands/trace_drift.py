@@ -1,14 +1,115 @@
-"""`ecache trace-drift`: not implemented yet (tracked in the project's issues)."""
+"""``ecache trace-drift``: per-step entropy signal beside the KV cosine drift it is meant to track."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import options as o
 from ..cli import app, handle_errors
 
 
 @app.command("trace-drift")
 @handle_errors
-def trace_drift_cmd():
-    """Not implemented yet."""
-    from ..errors import EcacheError
+def trace_drift_cmd(
+    prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
+    input_file: o.InputFile = None,
+    task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split (gsm8k, arith, ...); also selects profiles/<model>/<task>.yaml.", rich_help_panel=o.O)] = None,
+    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task (e.g. gsm8k/test.jsonl).", rich_help_panel=o.O)] = None,
+    limit: Annotated[int, typer.Option(help="Number of --task examples.", rich_help_panel=o.O)] = 4,
+    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each --task question [default: the task's].", rich_help_panel=o.O)] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template [default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
+    gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
+    temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
+    threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
+    early_exit: o.EarlyExit = None,
+    cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
+    block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=o.D)] = 1,
+    seed: o.Seed = 0,
+    jsonl: Annotated[Optional[Path], typer.Option("--jsonl", help="Write one JSON record per step and prompt to FILE ('-' = stdout).", rich_help_panel=o.O)] = None,
+    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars and histograms under DIR (one run per prompt).", rich_help_panel=o.O)] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG: signal and drift over steps, signal vs next-step drift, volatility.", rich_help_panel=o.O)] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write the summary (correlations, volatility, settings, manifest) as one JSON document to FILE ('-' = stdout).", rich_help_panel=o.O)] = None,
+    rows: Annotated[int, typer.Option("--rows", help="About this many table rows per prompt (every Nth step plus every refresh step); 0 = every step.", rich_help_panel=o.O)] = 24,
+    volatility_level: Annotated[float, typer.Option("--volatility-level", help="Report the steps after commit from which a token's mean K change (1 − cos) per step stays below this.", rich_help_panel=o.O)] = 1e-3,
+    quiet: o.Quiet = False,
+):
+    """Trace the cache: per step, the EntropyCache signal, the cosine drift of cached K/V against a shadow
+    full forward, the fidelity of the cached logits, and how long committed tokens' features keep moving.
 
-    raise EcacheError("ecache trace-drift is not implemented yet")
+    The shadow forward only measures: the generated tokens are exactly those of [cyan]ecache generate[/]
+    with the same settings. Tables go to stderr. Examples:
+    [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] ·
+    [cyan]ecache trace-drift --task gsm8k --data gsm8k/test.jsonl --limit 4 --shots 0 --jsonl steps.jsonl --tensorboard runs/[/]
+    """
+    from ..console import err
+    from ..engine.state import SIGNALS
+    from ..errors import UsageError
+    from ..models.loader import load_model
+    from ..runs import drift_report as rep
+    from ..runs.common import resolve_settings
+    from ..runs.trace_drift import TraceOptions, summary_document, trace
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
+    if limit < 1:
+        raise UsageError(f"--limit {limit} must be ≥ 1")
+    if signal is not None and signal not in SIGNALS:
+        raise UsageError(f"--signal {signal!r} is not known; use one of {', '.join(SIGNALS)}")
+    if input_file is not None and not input_file.is_file():
+        raise UsageError(f"--input {input_file}: no such file")
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot}: give a .png file name")
+    if volatility_level <= 0:
+        raise UsageError(f"--volatility-level {volatility_level} must be > 0 (e.g. 1e-3)")
+    if data is not None and task is None:
+        raise UsageError("--data needs --task (which benchmark the file holds)")
+    settings = resolve_settings(
+        model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
+                              ban_eos, low_eos_confidence, early_exit),
+        o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every), profile=profile, task=task)
+    for path in (jsonl, plot, Path(json_out) if json_out not in (None, "-") else None):
+        if path is not None and str(path) != "-" and not path.parent.exists():
+            raise UsageError(f"{path}: folder {path.parent} does not exist")
+    kind = signal or settings.cache_params.get("signal", "max-entropy")
+    opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
+                        chat=chat, batch_size=batch_size, seed=seed, signal=kind, volatility_level=volatility_level,
+                        quiet=quiet)
+    lm = load_model(model, device, dtype)
+    settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
+    sinks = []
+    if jsonl is not None:
+        sinks.append(rep.JsonlSink(jsonl))
+    if tensorboard is not None:
+        sinks.append(rep.TensorBoardSink(tensorboard, settings_text))
+    title = (f"ecache trace-drift · {lm.name} · --cache {settings.cache} "
+             + " ".join(f"{k}={v}" for k, v in settings.cache_params.items())
+             + f" · gen {settings.decode.gen_length}, block {settings.decode.block_length}")
+    if quiet or not err.is_terminal:
+        report = trace(lm, settings, opts, sinks)
+    else:
+        with err.status("trace-drift: starting") as status:
+            report = trace(lm, settings, opts, sinks,
+                           progress=lambda r, s: status.update(f"trace-drift: prompts {r} · step {s}"))
+    rep.render_steps(err, report, rows)
+    rep.render_summary(err, report)
+    if plot is not None:
+        tau_line = settings.cache_params.get("tau") if settings.cache == "entropy" else None
+        rep.plot(report, plot, title, tau=tau_line)
+    if json_out is not None:
+        doc = json.dumps(summary_document(lm, settings, opts, report), ensure_ascii=False)
+        if json_out == "-":
+            sys.stdout.write(doc + "\n")
+            sys.stdout.flush()
+        else:
+            Path(json_out).write_text(doc + "\n", encoding="utf-8")
+    written = [f"{label} {p}" for label, p in (("JSONL", jsonl), ("TensorBoard", tensorboard), ("plot", plot),
+                                                ("summary", json_out)) if p is not None and str(p) != "-"]
+    if written:
+        err.print("wrote " + ", ".join(written), style="dim", highlight=False)

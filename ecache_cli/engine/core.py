@@ -15,18 +15,23 @@ position.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from ..cache.base import CachePolicy
 from ..decoding.remasking import confidence_scores, select_factor, select_threshold, select_topk, validate_remasking
 from ..decoding.sampling import sample
 from ..decoding.schedule import num_transfer_tokens, plan_blocks
 from ..errors import UsageError
 from .state import DecodeConfig, DecodeState, StepRecord
+
+if TYPE_CHECKING:  # annotations only: importing cache here would cycle (cache.base -> engine.state)
+    from ..cache.base import CachePolicy
+
+_NO_RANGE = contextlib.nullcontext()  # reusable: what ``Run._range`` returns when ranges are off
 
 
 @dataclass
@@ -157,6 +162,16 @@ class Run:
         self.steps_done = 0
         self.t_forward = self.t_decision = self.t_sampling = 0.0
         self.wall_s = 0.0
+        self.ranges = False  # True: name each step section for torch.profiler (runs/tracing.py); off costs nothing
+        # Optional measurement hook, called as on_forward(run, plan, query_pos, logits_pos, logits) right after
+        # each model call, before sampling/commit (``run.state.tokens`` is the canvas the forward saw,
+        # ``run.store`` holds what it served). It must only look (trace-drift captures, then measures
+        # after the step is yielded); its time counts in sampling_s. None costs nothing.
+        self.on_forward = None
+
+    def _range(self, name: str):
+        """A torch.profiler range named ``name`` when ``self.ranges`` is on, else a shared no-op context."""
+        return torch.profiler.record_function(name) if self.ranges else _NO_RANGE
 
     def _now(self) -> float:
         if self.engine.device.type == "cuda":
@@ -188,6 +203,7 @@ class Run:
                 if not bool(st.masked[:, st.block_start:st.block_end].any()):
                     break
                 rec = self._step(schedule)
+                self._mark_finished(rec)  # rec.finished is set before the consumer sees the record
                 yield rec
                 keep = self._finish_rows(rec)
                 if keep is not None and schedule is not None:
@@ -201,10 +217,16 @@ class Run:
     def _step(self, schedule: torch.Tensor | None) -> StepRecord:
         st, cfg, eng = self.state, self.cfg, self.engine
         t0 = self._now()
-        plan = self.policy.plan(st)
+        with self._range("ecache.decision.plan"):
+            if self.policy.needs_values:  # dLLM-Cache's similarity probe (layer-0 V): decision time
+                st.value_probe = (eng.model.probe_values(st.tokens), self.store.v[0].transpose(1, 2).flatten(2))
+            plan = self.policy.plan(st)
         t1 = self._now()
         # targets: masked positions of the current block; sources: the rows whose logits predict them
         targets, valid = padded_index(st.block_masked())  # (B, R)
+        # a row with no masks left in this block (threshold decoding, ragged rows) pads with position 0,
+        # whose Dream source would be -1: pad it with the block start instead (never committed: ~valid)
+        targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start)
         sources = targets - st.logit_shift
         refresh = plan.refresh
         if bool(refresh.all()):
@@ -216,23 +238,36 @@ class Run:
             assert bool(ok), f"policy {self.policy.name} did not plan the positions whose logits this step needs"
             query, _ = padded_index(compute)  # (B, S)
             computed, width = compute.sum(1), query.shape[1]
-        logits = eng.model(st.tokens, self.store, query_pos=query, logits_pos=sources)  # (B, R, V)
+        extra = self._plan_extras(plan, query)  # policy capabilities: start layer, attention rows
+        if "expand_from_layer" in extra:  # layer-averaged positions: S below the start layer, T from it on
+            L = st.n_layers
+            sl = plan.start_layer.clamp(0, L)
+            computed = (computed * sl + st.length * (L - sl)) // L
+        with self._range("ecache.forward.full" if query is None else "ecache.forward.partial"):
+            logits = eng.model(st.tokens, self.store, query_pos=query, logits_pos=sources, **extra)  # (B, R, V)
         t2 = self._now()
-        sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                         generator=self.generator, banned_ids=self._banned())
-        conf = confidence_scores(cfg.remasking, sampled, self.generator)  # (B, R) float64
-        if cfg.low_eos_confidence:  # LLaDA confidence_eos_eot_inf: probability 0, still selectable
-            conf = torch.where(torch.isin(sampled.x0, eng.end_ids), torch.zeros_like(conf), conf)
-        conf = conf.masked_fill(~valid, float("-inf"))
-        if cfg.threshold is not None:
-            commit = select_threshold(conf, cfg.threshold)
-        elif cfg.factor is not None:
-            commit = select_factor(conf, cfg.factor)
-        else:
-            commit = select_topk(conf, schedule[:, st.step_in_block])
-        commit &= valid
-        self._apply(targets, commit, sampled.x0)
-        t3 = self._now()
+        attention, t_extra = None, 0.0
+        if "attn_pos" in extra:  # weights the fused attention does not return: decision time
+            with self._range("ecache.decision.attention"):
+                attention = (extra["attn_pos"], eng.model.attention_rows(self.store))
+            t_extra = self._now() - t2
+        if self.on_forward is not None:
+            self.on_forward(self, plan, query, sources, logits)
+        with self._range("ecache.sampling_commit"):
+            sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                             generator=self.generator, banned_ids=self._banned())
+            conf = confidence_scores(cfg.remasking, sampled, self.generator)  # (B, R) float64
+            if cfg.low_eos_confidence:  # LLaDA confidence_eos_eot_inf: probability 0, still selectable
+                conf = torch.where(torch.isin(sampled.x0, eng.end_ids), torch.zeros_like(conf), conf)
+            conf = conf.masked_fill(~valid, float("-inf"))
+            if cfg.threshold is not None:
+                commit = select_threshold(conf, cfg.threshold)
+            elif cfg.factor is not None:
+                commit = select_factor(conf, cfg.factor)
+            else:
+                commit = select_topk(conf, schedule[:, st.step_in_block])
+            commit &= valid
+            self._apply(targets, commit, sampled.x0)
         rows = st.rows
         self.nfe[rows] += 1
         self.n_full[rows] += refresh.long()
@@ -240,15 +275,34 @@ class Run:
         self.computed[rows] += computed
         rec = StepRecord(step=st.step, block=st.block, step_in_block=st.step_in_block, rows=rows, refresh=refresh,
                          computed=computed, query_width=width, targets=targets, valid=valid, committed=commit,
-                         x0=sampled.x0, prob=sampled.prob, entropy=sampled.entropy)
-        self.policy.observe(st, rec)
+                         x0=sampled.x0, prob=sampled.prob, entropy=sampled.entropy, attention=attention)
+        t3 = self._now()  # after the engine's own bookkeeping: decision_s is the policy's time alone
+        with self._range("ecache.decision.observe"):
+            self.policy.observe(st, rec)
         t4 = self._now()
-        rec.forward_s, rec.sampling_s, rec.decision_s = t2 - t1, t3 - t2, (t1 - t0) + (t4 - t3)
+        rec.forward_s, rec.sampling_s, rec.decision_s = t2 - t1, t3 - t2 - t_extra, (t1 - t0) + (t4 - t3) + t_extra
         self.t_forward += rec.forward_s
         self.t_sampling += rec.sampling_s
         self.t_decision += rec.decision_s
         self.steps_done += 1
         return rec
+
+    def _plan_extras(self, plan, query: torch.Tensor | None) -> dict:
+        """Model-call keywords for the plan's capability fields (empty for plain policies).
+
+        ``expand_from_layer`` from ``plan.start_layer`` (partial forwards only); ``attn_pos`` (B, A), the
+        padded index of ``plan.attn_rows``, which must be computed positions of every row.
+        """
+        extra = {}
+        if plan.start_layer is not None and query is not None:
+            extra["expand_from_layer"] = plan.start_layer
+        if plan.attn_rows is not None:
+            rows = plan.attn_rows
+            if query is not None:
+                outside = rows & ~(plan.compute | plan.refresh[:, None])
+                assert not bool(outside.any()), f"policy {self.policy.name} asked attention rows it does not compute"
+            extra["attn_pos"], _ = padded_index(rows)  # (B, A)
+        return extra
 
     def _banned(self) -> torch.Tensor:
         if self.cfg.ban_eos:
@@ -267,8 +321,8 @@ class Run:
         st.commit_step = torch.where(hit, torch.full_like(rank, st.step), st.commit_step)
         st.n_committed = st.n_committed + hit.sum(1)
 
-    def _finish_rows(self, rec: StepRecord) -> torch.Tensor | None:
-        """Retire rows whose answer ended (early exit); return the kept row indices, or None."""
+    def _mark_finished(self, rec: StepRecord) -> None:
+        """Set ``rec.finished`` (B,) bool: rows fully decoded, or (early exit) whose answer has ended."""
         st = self.state
         gen_tok, gen_mask = st.tokens[:, self.P:], st.masked[:, self.P:]  # (B, G)
         idx = torch.arange(self.G, device=gen_tok.device)
@@ -279,6 +333,11 @@ class Run:
         if self.cfg.early_exit:
             done = done | ((end_pos < self.G) & ~open_before)
         rec.finished = done
+
+    def _finish_rows(self, rec: StepRecord) -> torch.Tensor | None:
+        """Retire the rows ``rec.finished`` marks (early exit); return the kept row indices, or None."""
+        st = self.state
+        done = rec.finished
         if not bool(done.any()):
             return None
         fin = done.nonzero().squeeze(1)

@@ -51,6 +51,8 @@ class DecodeState:
     block_start / block_end: absolute canvas positions of the current block [start, end).
     step: global step index; step_in_block: index within the current block (0 = first step).
     rows: (B,) long original batch indices of the rows still decoding (finished rows are dropped).
+    value_probe: (fresh, cached), each (B, T, H_kv*D): layer-0 value vectors of the current canvas and
+    those in the KV store; filled by the engine before ``plan`` only for policies with ``needs_values``.
     """
 
     tokens: torch.Tensor
@@ -70,6 +72,7 @@ class DecodeState:
     block_end: int = 0
     step: int = 0
     step_in_block: int = 0
+    value_probe: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def batch(self) -> int:
@@ -113,6 +116,9 @@ class StepRecord:
     chosen tokens; prob (B, R) float64 probability of x0; entropy (B, R) float64 nats of softmax(raw
     logits). Times in seconds: forward_s (model), decision_s (policy plan + observe), sampling_s
     (sampling, remasking, commit). full: True when every row refreshed (one full forward).
+    attention: (pos (B, A) long, [per layer (B, A, T) float32]) head-averaged attention rows of the
+    positions the plan's ``attn_rows`` marked (padded like ``targets``: repeats of the row's first), or
+    None; only for policies with ``needs_attention``.
     """
 
     step: int
@@ -132,6 +138,7 @@ class StepRecord:
     decision_s: float = 0.0
     sampling_s: float = 0.0
     finished: torch.Tensor | None = None  # (B,) bool rows that ended at this step
+    attention: tuple[torch.Tensor, list[torch.Tensor]] | None = None
     extra: dict = field(default_factory=dict)
 
     @property

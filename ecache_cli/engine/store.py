@@ -24,6 +24,10 @@ class KVStore:
             real tokens get the same positions alone or left-padded inside a batch.
         attn_mask: (B, 1, 1, T) bool for SDPA, or None when the batch has no padding (faster kernel).
         rope: (cos, sin) tables filled by the model on first use, each (B, 1, T, D).
+        hidden: optional per-layer *input* hidden states (B, T, d) of every position as last computed
+            (``keep_hidden``), read by layer-selective recomputation (``expand_from_layer``).
+        queries: per-layer post-RoPE queries (B, H, R, D) of the rows a forward was asked to keep
+            (``attn_pos``), or None; overwritten by every forward, read by ``model.attention_rows``.
     """
 
     k: list[torch.Tensor]
@@ -33,6 +37,7 @@ class KVStore:
     attn_mask: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     hidden: list[torch.Tensor] | None = field(default=None)  # optional per-layer inputs (B, T, d)
+    queries: list[torch.Tensor] | None = field(default=None)  # per-layer (B, H, R, D) of the last forward
 
     @classmethod
     def allocate(
@@ -99,6 +104,7 @@ class KVStore:
             self.rope = (self.rope[0][keep], self.rope[1][keep])
         if self.hidden is not None:
             self.hidden = [t[keep] for t in self.hidden]
+        self.queries = None  # belong to the last forward's batch
 
     def clone(self) -> "KVStore":
         """A deep copy (used by measurement code that must not disturb the live store)."""

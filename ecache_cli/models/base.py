@@ -62,6 +62,8 @@ class DiffusionLM(nn.Module):
         store: KVStore,
         query_pos: torch.Tensor | None = None,
         logits_pos: torch.Tensor | None = None,
+        expand_from_layer: int | list[int] | torch.Tensor | None = None,
+        attn_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Compute ``query_pos`` at every layer against the store; return logits for ``logits_pos``.
 
@@ -71,7 +73,14 @@ class DiffusionLM(nn.Module):
             query_pos: (B, S) long absolute positions to compute, or None for all T (full forward).
                 Duplicates within a row are allowed (they write identical K/V).
             logits_pos: (B, R) long absolute positions whose hidden states produce logits; each must be
-                among the row's ``query_pos``. None = every query position.
+                among the row's ``query_pos``. None = every query position, in ``query_pos`` order.
+            expand_from_layer: layer-selective recomputation (Elastic-Cache): an int for every row, or
+                (B,) per row; from that layer on the row computes *every* position, taking the layer
+                inputs of the positions outside ``query_pos`` from ``store.hidden`` (the store must keep
+                hidden states; layer 0 re-embeds the canvas instead). Values ≥ n_layers (or None) mean
+                no expansion; 0 equals a full forward for that row.
+            attn_pos: (B, A) long positions (computed at every layer) whose post-RoPE queries are kept
+                in ``store.queries`` for :meth:`attention_rows`; None keeps nothing.
         Gradients flow when called outside ``torch.inference_mode`` (training uses a full forward with a
         fresh store); the engine calls it under inference mode.
 
@@ -81,26 +90,106 @@ class DiffusionLM(nn.Module):
             ``logits_pos + 1``, otherwise token ``logits_pos`` itself.
         """
         s = self.spec
+        T = tokens.shape[1]
         if store.rope is None:
             store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)  # (B, 1, T, D) x2
-        cos, sin = (gather_rows(t, query_pos, 2) for t in store.rope)  # (B, 1, S, D)
-        x = self.embed(gather_rows(tokens, query_pos, 1))  # (B, S, d)
-        B, S, _ = x.shape
+        starts = self._starts(expand_from_layer, tokens.shape[0]) if query_pos is not None else None
+        idx = query_pos  # (B, S) positions computed at the current layer, None = all
+        cos, sin = (gather_rows(t, idx, 2) for t in store.rope)  # (B, 1, S, D)
+        x = self.embed(gather_rows(tokens, idx, 1))  # (B, S, d)
+        store.queries = [] if attn_pos is not None else None
         for i in range(s.n_layers):
+            if starts is not None and idx is not None and i in starts:
+                x, idx = self._expand(tokens, store, i, x, idx, [st <= i for st in starts])  # (B, T|S', d)
+                cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
+            B, S, _ = x.shape
             p = self.parts(i)
-            store.write_hidden(i, query_pos, x)
+            store.write_hidden(i, idx, x)
             h = p.attn_norm(x)
             q = p.q(h).view(B, S, s.n_heads, s.head_dim).transpose(1, 2)  # (B, H, S, D)
             k = p.k(h).view(B, S, s.n_kv_heads, s.head_dim).transpose(1, 2)  # (B, H_kv, S, D)
             v = p.v(h).view(B, S, s.n_kv_heads, s.head_dim).transpose(1, 2)
             q = apply_rope(q, cos, sin, s.rope_full_precision)
             k = apply_rope(k, cos, sin, s.rope_full_precision)
-            store.write(i, query_pos, k, v)
+            store.write(i, idx, k, v)
+            if attn_pos is not None:
+                store.queries.append(gather_rows(q, self._rows_of(attn_pos, idx, T), 2))  # (B, H, A, D)
             x = x + p.o(attend(q, store.k[i], store.v[i], store.attn_mask))  # (B, S, d)
             x = x + swiglu(p.mlp_norm(x), p.gate, p.up, p.down)
+        if logits_pos is None and idx is not query_pos:  # expanded: still the logits of query_pos
+            logits_pos = query_pos
         if logits_pos is not None:
-            x = gather_rows(x, self._rows_of(logits_pos, query_pos, tokens.shape[1]), 1)  # (B, R, d)
+            x = gather_rows(x, self._rows_of(logits_pos, idx, T), 1)  # (B, R, d)
         return self.head(self.final_norm(x))  # (B, R, V)
+
+    def _starts(self, expand_from_layer, B: int) -> list[int] | None:
+        """Per-row start layers as a Python list (one sync for a tensor), or None when no row expands."""
+        if expand_from_layer is None:
+            return None
+        if isinstance(expand_from_layer, int):
+            starts = [expand_from_layer] * B
+        elif isinstance(expand_from_layer, torch.Tensor):
+            starts = expand_from_layer.tolist()
+        else:
+            starts = list(expand_from_layer)
+        starts = [max(int(st), 0) for st in starts]
+        return starts if min(starts) < self.spec.n_layers else None
+
+    def _expand(self, tokens: torch.Tensor, store: KVStore, i: int, x: torch.Tensor, idx: torch.Tensor,
+                grow: list[bool]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Switch rows ``grow`` to computing every position from layer ``i`` on.
+
+        The layer-``i`` input of every position is the cached one (``store.hidden[i]``; at layer 0 the
+        embedding of the current canvas) overwritten by this forward's ``x`` at ``idx``. Rows that do not
+        grow keep their positions, padded to T by repeating their first one. Returns (x, idx): (B, T, d)
+        and (B, T) long, or idx None when every row grows.
+        """
+        B, S, d = x.shape
+        T = tokens.shape[1]
+        if i == 0:
+            full = self.embed(tokens)  # (B, T, d)
+        else:
+            if store.hidden is None:
+                raise ValueError("expand_from_layer > 0 needs a store with hidden states: new_store(keep_hidden=True)")
+            full = store.hidden[i].clone()  # (B, T, d) cached layer inputs
+        full.scatter_(1, idx[:, :, None].expand(-1, -1, d), x)  # this forward's positions are fresh
+        if all(grow):
+            return full, None
+        rows = torch.tensor(grow, device=x.device)[:, None]  # (B, 1)
+        pad = torch.cat([idx, idx[:, :1].expand(B, T - S)], 1)  # (B, T)
+        new_idx = torch.where(rows, torch.arange(T, device=x.device).expand(B, T), pad)
+        return full.gather(1, new_idx[:, :, None].expand(-1, -1, d)), new_idx
+
+    def probe_values(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Layer-0 value vectors of the canvas: v_proj(attn_norm(embed(tokens))), (B, T, H_kv*D).
+
+        One norm and one matmul over all positions (dLLM-Cache's similarity probe); compare with the
+        cached ``store.v[0]`` (B, H_kv, T, D) transposed to the same layout. Writes nothing.
+        """
+        p = self.parts(0)
+        return p.v(p.attn_norm(self.embed(tokens)))  # (B, T, H_kv*D)
+
+    def attention_rows(self, store: KVStore) -> list[torch.Tensor]:
+        """Attention probabilities of the rows the last forward kept (``attn_pos``), one tensor per layer.
+
+        softmax(q·Kᵀ/√D) over every canvas position with padding keys masked, computed in float32 apart
+        from the fused attention (which never returns weights), averaged over heads: (B, A, T) float32,
+        each row summing to 1. K is the store's, as the forward's attention read it.
+        """
+        if store.queries is None:
+            raise ValueError("attention_rows needs a forward called with attn_pos")
+        s = self.spec
+        out = []
+        for i, q in enumerate(store.queries):
+            B, H, A, D = q.shape
+            k = store.k[i]  # (B, H_kv, T, D)
+            Hk = k.shape[1]
+            qg = q.float().view(B, Hk, H // Hk, A, D)  # GQA: query heads grouped per KV head
+            scores = qg @ k.float()[:, :, None].transpose(-1, -2) / s.head_dim ** 0.5  # (B, H_kv, g, A, T)
+            if store.attn_mask is not None:
+                scores = scores.masked_fill(~store.attn_mask[:, :, None], float("-inf"))
+            out.append(scores.softmax(-1).mean((1, 2)))  # (B, A, T)
+        return out
 
     @staticmethod
     def _rows_of(logits_pos: torch.Tensor, query_pos: torch.Tensor | None, T: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import json
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -22,17 +22,26 @@ from ..errors import DataError, UsageError
 
 @dataclass
 class Settings:
-    """Resolved settings of a run: decoding config, cache policy name and its parameters."""
+    """Resolved settings of a run: decoding config, cache policy name and its parameters.
+
+    ``all_cache_params``: every resolved cache setting (defaults < profile < flags) whatever policy it
+    belongs to, so a run over several policies (``ecache profile``) gives each the ones it declares.
+    """
 
     decode: DecodeConfig
     cache: str
     cache_params: dict
     profile: str | None = None
+    all_cache_params: dict = field(default_factory=dict)
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
         name = name or self.cache
-        params = {**self.cache_params, **override} if name == self.cache else dict(override)
+        if name == self.cache:
+            params = {**self.cache_params, **override}
+        else:
+            known = policy_params_or_all(name)
+            params = {**{k: v for k, v in self.all_cache_params.items() if k in known}, **override}
         if name == "entropy" and "tau" not in params:
             params["tau"] = self.cache_params.get("tau", DEFAULT_TAU)
         return make_policy(name, **params)
@@ -62,7 +71,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     validate_decode(decode)
     make_policy(name, **params)  # validates name and values early
     return Settings(decode=DecodeConfig(**decode), cache=name, cache_params=params,
-                    profile=(prof or {}).get("_path"))
+                    profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None})
 
 
 def policy_params_or_all(name: str) -> set[str]:
@@ -92,11 +101,15 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
         return
     if input_file is not None:
         try:
-            fh = open(input_file, encoding="utf-8")
+            fh = open(input_file, "rb")  # decoded line by line: a bad byte fails at its line, after earlier ones
         except OSError as e:
             raise DataError(f"--input {input_file}: cannot read ({e.strerror})") from None
         with fh:
-            for n, line in enumerate(fh, 1):
+            for n, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise DataError(f"{input_file}:{n}: not UTF-8 text; save the file as UTF-8 JSONL") from None
                 if not line.strip():
                     continue
                 try:
@@ -106,10 +119,13 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
                 yield _prompt_of(rec, f"{input_file}:{n}"), rec
         return
     if stdin is not None:
-        for line in stdin:
-            line = line.rstrip("\n")
-            if line.strip():
-                yield line, {"prompt": line}
+        try:
+            for line in stdin:
+                line = line.rstrip("\n")
+                if line.strip():
+                    yield line, {"prompt": line}
+        except UnicodeDecodeError:
+            raise DataError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
         return
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) or use --input FILE.jsonl")
 

@@ -1,0 +1,220 @@
+"""Speed benchmark: EntropyCache vs no cache and Fast-dLLM's caches on the embedded model (CPU targets).
+
+Workloads (``--model tiny`` by default, float32 on CPU unless ``--device``/``--dtype`` say otherwise):
+- ``domains``: few-shot prompts of the embedded model's own task domains (arith, code, list), each
+  question given as many solved examples as bring its chat-templated prompt to 600-1000 tokens;
+- ``gsm8k``: real GSM8K test questions (``--data``), few-shot the same way: the out-of-distribution
+  stress case (the tiny model never saw GSM8K's wording).
+Each workload runs with one token committed per step (``steps = gen_length``, no parallel decoding) and
+with Fast-dLLM threshold decoding (``--threshold``, 0.9), gen length 256, block 32. All measurements
+go through ``ecache_cli.runs.profile.measure`` (the code behind ``ecache profile``: warm-up excluded,
+rotated policy order, CUDA synced before clock reads); this script only builds prompts, checks the
+targets and prints. Targets (ratios within this one process):
+- entropy >= 8x tokens/s over none without parallel decoding;
+- entropy with threshold decoding >= 20x over plain none (no cache, no parallel decoding);
+- entropy faster than dual at equal or better fidelity (token agreement with none);
+- entropy's decision overhead <= 0.5 % of run time.
+Prints one table per (workload, mode), the target checks, and a last stdout line of JSON.
+
+    OMP_NUM_THREADS=2 python bench/speed.py                      # the trained embedded model
+    python bench/speed.py --model random-tiny --n 1 --gsm8k-n 1   # random weights of the same shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_GSM8K = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+TARGETS = {"plain_speedup": 8.0, "threshold_speedup": 20.0, "decision_overhead_pct": 0.5}
+
+
+def random_tiny(out: Path) -> Path:
+    """A random-weight checkpoint with the embedded model's shape and tokenizer (for development)."""
+    import shutil
+
+    from ecache_cli.models.synthetic import write_random_checkpoint
+
+    cfg = json.loads((REPO / "ecache_cli/data/tiny/config.json").read_text()) if (
+        REPO / "ecache_cli/data/tiny/config.json").exists() else {}
+    write_random_checkpoint(out, "llada", d_model=cfg.get("d_model", 192), n_layers=cfg.get("n_layers", 6),
+                            n_heads=cfg.get("n_heads", 4), mlp_hidden=cfg.get("mlp_hidden_size", 576),
+                            vocab_size=cfg.get("vocab_size", 1472))
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (REPO / "ecache_cli/data/tiny" / f).exists():
+            shutil.copyfile(REPO / "ecache_cli/data/tiny" / f, out / f)
+    return out
+
+
+def fewshot_requests(engine, task, n: int, lo: int, hi: int, seed: int, chat: bool, max_shots: int = 16) -> list:
+    """``n`` test questions of ``task``, each with the fewest shots that make its prompt ``lo``..``hi``
+    tokens (questions that cannot land in the range are skipped)."""
+    from ecache_cli.runs.profile import Request
+
+    out = []
+    for ex in task.examples("test", 20 * n + 20, seed):
+        if len(out) == n:
+            break
+        for shots in range(1, max_shots + 1):
+            prompt = task.prompt(ex, shots, seed)
+            length = len(engine.encode([prompt], chat)[0])
+            if length > hi:
+                break
+            if length >= lo:
+                out.append(Request(prompt, ex, task))
+                break
+    return out
+
+
+def checks(results: dict) -> list[dict]:
+    """Target checks from the summaries of each (workload, mode)."""
+    rows = []
+    for wl in sorted({k[0] for k in results}):
+        plain, thr = results.get((wl, "plain")), results.get((wl, "threshold"))
+        if plain and "entropy" in plain and "none" in plain:
+            e, d = plain["entropy"], plain.get("dual")
+            rows.append(dict(workload=wl, target="entropy tok/s over none, no parallel decoding",
+                             want=f">= {TARGETS['plain_speedup']}x", got=e["speedup_vs_none"],
+                             ok=(e["speedup_vs_none"] or 0) >= TARGETS["plain_speedup"]))
+            if d:
+                rows.append(_vs_dual(wl, "plain", e, d))
+        if thr and plain and "entropy" in thr and "none" in plain:
+            e = thr["entropy"]
+            x = e["tokens_per_s"] / plain["none"]["tokens_per_s"]
+            rows.append(dict(workload=wl, target="entropy + threshold tok/s over plain none",
+                             want=f">= {TARGETS['threshold_speedup']}x", got=x, ok=x >= TARGETS["threshold_speedup"],
+                             note=f"{e['speedup_vs_none']:.2f}x over none with the same threshold decoding"))
+            if thr.get("dual"):
+                rows.append(_vs_dual(wl, "threshold", e, thr["dual"]))
+        for mode, summ in (("plain", plain), ("threshold", thr)):
+            if summ and "entropy" in summ:
+                v = summ["entropy"]["decision_overhead_pct"]
+                rows.append(dict(workload=wl, target=f"entropy decision overhead ({mode})",
+                                 want=f"<= {TARGETS['decision_overhead_pct']}%", got=v,
+                                 ok=v <= TARGETS["decision_overhead_pct"]))
+    return rows
+
+
+def _vs_dual(wl: str, mode: str, e: dict, d: dict) -> dict:
+    fe, fd = e["fidelity_token_agreement"], d["fidelity_token_agreement"]
+    x = e["tokens_per_s"] / d["tokens_per_s"]
+    return dict(workload=wl, target=f"entropy vs dual ({mode}): faster at >= fidelity", want="> 1x, agree >= dual",
+                got=x, ok=x > 1 and fe is not None and fd is not None and fe >= fd,
+                note=f"token agreement with none: entropy {100 * fe:.1f}% vs dual {100 * fd:.1f}%")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="tiny (embedded), random-tiny (random weights, same shape) or a directory")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads [default: OMP_NUM_THREADS or torch's]")
+    ap.add_argument("--n", type=int, default=2, help="prompts per task domain (arith, code, list)")
+    ap.add_argument("--gsm8k-n", type=int, default=3, help="GSM8K questions (0 skips the workload)")
+    ap.add_argument("--data", default=str(DEFAULT_GSM8K), help="GSM8K test.jsonl")
+    ap.add_argument("--min-prompt", type=int, default=600)
+    ap.add_argument("--max-prompt", type=int, default=1000)
+    ap.add_argument("--gen-length", type=int, default=256)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--modes", default="plain,threshold")
+    ap.add_argument("--policies", default="none,prefix,dual,entropy")
+    ap.add_argument("--tau", type=float, default=None, help="EntropyCache tau [default: the model's profile, else 1.0]")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trace-dir", type=Path, default=None, help="also write torch.profiler traces per workload/mode")
+    ap.add_argument("--json", type=Path, default=None, help="also write the JSON document to this file")
+    args = ap.parse_args(argv)
+
+    import torch
+    from rich.console import Console
+
+    from ecache_cli.engine.core import Engine
+    from ecache_cli.models.loader import load_model
+    from ecache_cli.runs.common import manifest, resolve_settings
+    from ecache_cli.runs.profile import ProfileOptions, json_line, measure, render_table
+    from ecache_cli.tasks import get_task
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    con = Console(file=sys.stdout, width=240)
+    log = Console(stderr=True)
+    model_label = args.model
+    if args.model == "random-tiny":
+        path = random_tiny(Path(tempfile.mkdtemp(prefix="ecache-random-tiny-")))
+        lm = load_model(path, args.device, args.dtype)
+        model_label = "random-tiny (RANDOM WEIGHTS: speed only, outputs meaningless)"
+    else:
+        lm = load_model(args.model, args.device, args.dtype)
+    engine = Engine.from_loaded(lm)
+    chat = lm.chat
+    workloads = {"domains": [], "gsm8k": []}
+    for name in ("arith", "code", "list"):
+        workloads["domains"] += fewshot_requests(engine, get_task(name), args.n, args.min_prompt, args.max_prompt,
+                                                 args.seed, chat)
+    if args.gsm8k_n > 0:
+        workloads["gsm8k"] = fewshot_requests(engine, get_task("gsm8k", data=args.data), args.gsm8k_n,
+                                              args.min_prompt, args.max_prompt, args.seed, chat)
+    workloads = {k: v for k, v in workloads.items() if v}
+    lengths = {k: [len(x) for x in engine.encode([r.prompt for r in v], chat)] for k, v in workloads.items()}
+    log.print(f"model {model_label} · {lm.device} {lm.dtype} · threads {torch.get_num_threads()} · prompt tokens {lengths}")
+
+    policies = args.policies.split(",")
+    results, docs = {}, {}
+    t_all = time.perf_counter()
+    for wl, reqs in workloads.items():
+        for mode in args.modes.split(","):
+            flags = dict(gen_length=args.gen_length, block_length=args.block_length,
+                         threshold=args.threshold if mode == "threshold" else None)
+            settings = resolve_settings(args.model if args.model != "random-tiny" else "random-tiny", flags,
+                                        {"tau": args.tau})
+            opts = ProfileOptions(policies=policies, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
+                                  trace_dir=args.trace_dir / f"{wl}-{mode}" if args.trace_dir else None)
+            t0 = time.perf_counter()
+            rep = measure(engine, settings, reqs, opts, chat=chat,
+                          on_run=lambda kind, p, wl=wl, mode=mode: log.print(f"{wl}/{mode}: {kind} {p}", highlight=False))
+            log.print(f"{wl}/{mode} took {time.perf_counter() - t0:.0f} s")
+            con.print(render_table(rep, f"{wl} · {mode} · {len(reqs)} prompts ({min(lengths[wl])}-{max(lengths[wl])} tokens)"
+                                        f" · gen {args.gen_length} block {args.block_length}"
+                                        + (f" threshold {args.threshold}" if mode == "threshold" else "")))
+            results[(wl, mode)] = rep.summaries
+            docs[f"{wl}/{mode}"] = rep.to_dict(None)
+            if rep.trace:
+                for p, info in rep.trace["policies"].items():
+                    log.print(f"{wl}/{mode} {p} traced forwards (ms): {json.dumps(info['forward_breakdown'])}",
+                              highlight=False, markup=False)
+    total_s = time.perf_counter() - t_all
+
+    from rich.table import Table
+
+    rows = checks(results)
+    t = Table(title=f"targets · {model_label}")
+    for c in ("workload", "target", "want", "got", "ok", "note"):
+        t.add_column(c)
+    for r in rows:
+        got = f"{r['got']:.2f}" + ("%" if "overhead" in r["target"] else "x") if r["got"] is not None else "–"
+        t.add_row(r["workload"], r["target"], r["want"], got, "yes" if r["ok"] else "NO", r.get("note", ""))
+    con.print(t)
+    doc = {"command": "bench/speed.py", "date": datetime.date.today().isoformat(), "model_label": model_label,
+           "total_s": total_s, "prompt_tokens": lengths, "targets": TARGETS, "checks": rows,
+           "args": {k: str(v) for k, v in vars(args).items()},
+           "manifest": manifest(lm, None, args.seed, {"omp_num_threads": os.environ.get("OMP_NUM_THREADS")}),
+           "workloads": docs}
+    line = json_line(doc)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(line + "\n")
+    sys.stdout.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""What ``ecache calibrate`` shows and writes: the sweep and frontier tables, the frontier plot, the
+JSON document and the profile's content. Scores are 0–1 fractions inside, percent on screen."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from ..engine.state import DecodeConfig
+from .tau_search import Point, qualifies
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | None):
+    """A rich Table: one row per setting (``none`` first, then ascending τ). Marks: ★ chosen,
+    ◆ on the Pareto frontier, ✓ qualifies. ``max_drop``/``min_fidelity`` are 0–1 fractions."""
+    from rich.table import Table
+
+    base, chosen = outcome.base, outcome.choice.point
+    front = {id(p) for p in outcome.frontier}
+    unit = "fidelity-scored" if metric == "fidelity" else "task-scored"
+    t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it)", title_justify="left")
+    for name, just in (("τ", "right"), ("score %", "right"), ("Δ pts [95% CI]", "right"), ("lost/gained", "right"),
+                       ("fidelity %", "right"), ("identical %", "right"), ("speedup", "right"), ("wall ×", "right"),
+                       ("tok/s", "right"), ("refresh %", "right"), ("NFE", "right"), ("", "left")):
+        t.add_column(name, justify=just, no_wrap=True)
+    for p in [base, *outcome.points]:
+        mark = ("★" if p is chosen else "") + ("◆" if id(p) in front else "")
+        if p.tau is not None and p is not chosen and qualifies(p, base, metric, max_drop, min_fidelity):
+            mark += "✓"
+        if p.tau is None or p.delta_ci is None or p.score is None or base.score is None:
+            delta = ""
+        else:
+            lo, hi = p.delta_ci
+            delta = f"{100 * (p.score - base.score):+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
+        t.add_row("none" if p.tau is None else f"{p.tau:g}", _pct(p.score), delta, lg, _pct(p.fidelity),
+                  _pct(p.identical), f"{p.speedup:.2f}×", f"{p.speedup_wall:.2f}×", f"{p.tokens_per_s:.1f}",
+                  f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", mark)
+    return t
+
+
+def frontier_table(outcome, metric: str):
+    """A rich Table of the Pareto frontier (score vs speedup), fastest last."""
+    from rich.table import Table
+
+    t = Table(title=f"Pareto frontier ({'fidelity' if metric == 'fidelity' else 'task score'} vs speedup)",
+              title_justify="left")
+    for name in ("τ", "speedup", "score %", "fidelity %"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for p in outcome.frontier:
+        t.add_row("none" if p.tau is None else f"{p.tau:g}", f"{p.speedup:.2f}×", _pct(p.metric_score(metric)),
+                  _pct(p.fidelity))
+    return t
+
+
+def plot_frontier(outcome, metric: str, max_drop: float, path: Path) -> None:
+    """Write a PNG (matplotlib Agg): every setting's score vs speedup, the frontier as a line, the
+    allowed score floor as a dashed line, the choice starred. ``max_drop`` is a 0–1 fraction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = outcome.base
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)
+    pts = [p for p in outcome.points if p.metric_score(metric) is not None]
+    ax.scatter([p.speedup for p in pts], [100 * p.metric_score(metric) for p in pts], color="tab:blue", label="τ")
+    for p in pts:
+        ax.annotate(f"{p.tau:g}", (p.speedup, 100 * p.metric_score(metric)), textcoords="offset points",
+                    xytext=(4, 3), fontsize=7)
+    s0 = base.metric_score(metric)
+    if s0 is not None:
+        ax.scatter([1.0], [100 * s0], color="black", marker="s", label="none")
+        ax.axhline(100 * (s0 - max_drop), color="tab:red", ls="--", lw=1, label=f"none − {100 * max_drop:g} pts")
+    fr = outcome.frontier
+    if fr:
+        ax.plot([p.speedup for p in fr], [100 * p.metric_score(metric) for p in fr], color="tab:orange",
+                lw=1.5, label="Pareto frontier")
+    c = outcome.choice.point
+    if c is not None:
+        ax.scatter([c.speedup], [100 * c.metric_score(metric)], marker="*", s=220, color="tab:green",
+                   zorder=5, label=f"chosen τ={c.tau:g}")
+    ax.set_xlabel("speedup over none (cost proxy: computed positions)")
+    ax.set_ylabel("fidelity to none (%)" if metric == "fidelity" else "task score (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def json_document(outcome, manifest: dict, opts) -> dict:
+    """Everything measured: manifest, options, signal summary, ``none``, every τ point, frontier, choice."""
+    c = outcome.choice
+    return {
+        "manifest": manifest,
+        "calibrate": {"task": opts.task, "data": opts.data, "limit": opts.limit, "seed": opts.seed,
+                      "metric": opts.metric, "max_drop_points": opts.max_drop, "min_fidelity_pct": opts.min_fidelity,
+                      "grid": opts.grid, "refine": opts.refine, "taus": opts.taus, "batch_size": opts.batch_size,
+                      "run_file": str(outcome.run_file), "speedup_basis": "cost proxy (computed positions)"},
+        "signal": outcome.signal_summary,
+        "none": outcome.base.as_dict(),
+        "points": [p.as_dict() for p in outcome.points],
+        "frontier": [p.tau for p in outcome.frontier],
+        "choice": None if c.point is None else c.point.as_dict(),
+        "reason": c.reason,
+        "profile": None if outcome.profile is None else str(outcome.profile),
+        "profile_data": outcome.profile_data,
+    }
+
+
+def write_json(doc: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: Path) -> dict:
+    """The profile written for the choice (config.py's sections). decode: gen/block length, steps
+    (effective), threshold, plus every other decode setting that differs from the defaults; cache:
+    entropy with τ, recent_k, signal (block_refresh when on); measured: informational (0–1 scores)."""
+    d = settings.decode.as_dict()
+    defaults = DecodeConfig().as_dict()
+    steps = d["steps"]
+    if steps is None and d["threshold"] is None and d["factor"] is None:
+        steps = d["gen_length"]
+    decode = {"gen_length": d["gen_length"], "block_length": d["block_length"], "steps": steps,
+              "threshold": d["threshold"]}
+    decode.update({k: v for k, v in d.items() if k not in decode and v != defaults[k]})
+    params = settings.cache_params
+    cache = {"policy": "entropy", "tau": chosen.tau, "recent_k": params.get("recent_k", 64),
+             "signal": params.get("signal", "max-entropy")}
+    if params.get("block_refresh"):
+        cache["block_refresh"] = True
+    r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
+    measured = {"metric": opts.metric, "score": r4(chosen.score), "score_none": r4(base.score),
+                "speedup": r4(chosen.speedup), "speedup_wall": r4(chosen.speedup_wall), "fidelity": r4(chosen.fidelity),
+                "identical": r4(chosen.identical), "refresh_rate": r4(chosen.refresh_rate),
+                "max_drop_points": opts.max_drop, "date": datetime.date.today().isoformat(), "n": chosen.n,
+                "seed": opts.seed, "shots": shots, "run_file": str(run_file)}
+    if opts.min_fidelity is not None:
+        measured["min_fidelity_pct"] = opts.min_fidelity
+    return {"model": model, "task": opts.task, "decode": decode, "cache": cache, "measured": measured,
+            "note": "written by ecache calibrate; measured.* is informational (scores are 0-1 fractions)"}

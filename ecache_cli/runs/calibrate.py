@@ -1,0 +1,341 @@
+"""``ecache calibrate``: search EntropyCache's τ for one model and task domain, score every candidate
+against ``none`` on the same examples, and write the chosen settings to a profile.
+
+Procedure (the rules themselves live in ``runs/tau_search.py``):
+
+1. ``--limit`` examples of the task's test split, chosen by ``--seed`` (synthetic domains draw them
+   from the seed; file benchmarks take a seeded subset in file order), prompted with ``--shots``.
+2. ``none`` decodes every example once; its StepRecords give the signal distribution (the per-step
+   signal of the committed tokens, ``rec.signal(kind)``).
+3. A coarse τ grid over that distribution (or ``--taus``), then ``--refine`` bisection steps on the
+   bracket around the choice.
+4. Each τ decodes the same examples; score, fidelity to ``none``, cost proxy, wall-clock, refresh rate
+   and NFE are aggregated per τ, and the choice rule picks one (or none).
+
+Every (τ, example) record is appended to the run file (``runs/calib_store.py``) as soon as its batch
+finishes; ``--resume`` reuses them. Batches are fixed chunks of the sample, re-run whole if any of
+their records is missing, so a resumed run decodes exactly what an uninterrupted one would; the choice
+depends only on records and the deterministic cost proxy, so it is the same.
+
+Measurement: fidelity, tokens/s and ratios come from ``ecache_cli/metrics`` (shared with ``ecache
+profile``); ``profile``'s ``measure`` protocol (warm-up, rotated policy order) is not reused because
+calibrate evaluates settings one after another and resumably. The cost proxy is per row here
+(``Evaluator``): positions computed, a full forward counting the row's own prompt + gen length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import canonical_model_name, profile_path
+from ..engine.core import Engine
+from ..errors import ConfigError, EcacheError, UsageError
+from .calib_store import RunFile
+from .common import Settings
+from .tau_search import Choice, Point, aggregate, choose, coarse_grid, pareto_frontier, refine_next
+
+METRICS = ("task", "fidelity")
+
+
+@dataclass
+class CalibrateOptions:
+    """Non-decoding options of ``ecache calibrate`` (units: max_drop in points = 1/100 of a 0–1 score,
+    min_fidelity in percent)."""
+
+    task: str
+    data: str | None = None
+    limit: int = 50
+    seed: int = 0
+    shots: int | None = None
+    chat: bool | None = None
+    metric: str = "task"
+    max_drop: float = 1.0
+    min_fidelity: float | None = None
+    grid: int = 8
+    refine: int = 3
+    taus: list[float] | None = None
+    batch_size: int = 1
+    allow_code_execution: bool = False
+    out: Path | None = None
+    json_path: Path | None = None
+    plot_path: Path | None = None
+    run_file: Path | None = None
+    resume: bool = False
+    dry_run: bool = False
+    quiet: bool = False
+
+
+@dataclass
+class Outcome:
+    """What a calibration found: the ``none`` point, every τ point (ascending τ), the frontier, the
+    choice, the profile path written (None when dry-run or nothing qualified) and the run file."""
+
+    base: Point
+    points: list[Point]
+    frontier: list[Point]
+    choice: Choice
+    signal_summary: dict
+    profile: Path | None
+    profile_data: dict | None
+    run_file: Path
+    resumed_records: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def validate(opts: CalibrateOptions) -> None:
+    """Range checks of the calibrate options (one-line UsageErrors)."""
+    if opts.metric not in METRICS:
+        raise UsageError(f"--metric {opts.metric!r} is not known; use task or fidelity")
+    if opts.limit < 1:
+        raise UsageError(f"--limit {opts.limit} must be ≥ 1")
+    if not 0 <= opts.max_drop <= 100:
+        raise UsageError(f"--max-drop {opts.max_drop} must be in [0, 100] points (1 point = 0.01 of a 0–1 score)")
+    if opts.min_fidelity is not None and not 0 <= opts.min_fidelity <= 100:
+        raise UsageError(f"--min-fidelity {opts.min_fidelity} must be in [0, 100] percent")
+    if opts.grid < 1:
+        raise UsageError(f"--grid {opts.grid} must be ≥ 1")
+    if opts.refine < 0:
+        raise UsageError(f"--refine {opts.refine} must be ≥ 0")
+    if opts.batch_size < 1:
+        raise UsageError(f"--batch-size {opts.batch_size} must be ≥ 1")
+    if opts.taus is not None and (not opts.taus or any(not math.isfinite(t) for t in opts.taus)):
+        raise UsageError("--taus needs finite numbers separated by commas, e.g. 0.1,0.5,1")
+
+
+def preflight(task, opts: CalibrateOptions) -> None:
+    """Checks that need no model: option ranges, and consent before any model-written code would run
+    (a code task scored with ``--metric task`` needs ``--allow-code-execution``; UsageError, exit 2)."""
+    validate(opts)
+    if opts.metric == "task" and task.needs_code_execution:
+        task.require_consent()
+
+
+def default_run_file(model: str, task: str, out: Path | None) -> Path:
+    """``profiles/<model>/.<task>.calib.jsonl``, or ``.<stem>.calib.jsonl`` beside ``--out``."""
+    target = out if out is not None else profile_path(model, task)
+    return target.with_name(f".{target.stem}.calib.jsonl")
+
+
+def check_profile_target(path: Path, model: str, task: str) -> None:
+    """Fail early (before any decoding) when ``path`` holds another model's or task's profile; the same
+    rule ``config.write_profile`` enforces when writing."""
+    import yaml
+
+    if not path.exists():
+        return
+    try:
+        old = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        old = {}
+    if not isinstance(old, dict) or old.get("model") != model or old.get("task") != task:
+        got = (old.get("model"), old.get("task")) if isinstance(old, dict) else (None, None)
+        raise ConfigError(f"{path} already holds a profile for model {got[0]!r} task {got[1]!r}; "
+                          "move it away or choose another --out")
+
+
+def weights_fingerprint(path: Path) -> str:
+    """A cheap identity of a checkpoint's weights: SHA-256 over each ``*.safetensors`` file's name,
+    size, first and last 64 KiB (so a retrained model never reuses stale run-file records)."""
+    h, chunk = hashlib.sha256(), 1 << 16
+    for f in sorted(Path(path).glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(chunk))
+            if size > 2 * chunk:
+                fh.seek(size - chunk)
+                h.update(fh.read(chunk))
+    return h.hexdigest()[:16]
+
+
+class Evaluator:
+    """Decodes the sample under one setting and returns its per-example records (run file first).
+
+    A record: tau, index, id, chunk, text, token_ids (gen_length ids), answer_len, ended, score (0–1 or
+    None), nfe, full_forwards, partial_forwards, cost (computed positions; a full forward counts the
+    row's own prompt + gen length, so the number does not depend on batch padding), generated_tokens,
+    wall_s (the batch's wall seconds / its rows); ``none`` records also carry signals (per step with
+    commits, the signal of this row, in the signal's unit).
+    """
+
+    def __init__(self, engine: Engine, task, examples: list, prompt_ids: list[list[int]], settings: Settings,
+                 opts: CalibrateOptions, store: RunFile, can_score: bool, progress=None):
+        self.engine, self.task, self.examples, self.prompt_ids = engine, task, examples, prompt_ids
+        self.settings, self.opts, self.store, self.can_score = settings, opts, store, can_score
+        self.signal = settings.cache_params.get("signal", "max-entropy")
+        self.progress = progress
+        n, bs = len(examples), opts.batch_size
+        order = sorted(range(n), key=lambda i: (len(prompt_ids[i]), i)) if bs > 1 else list(range(n))
+        self.chunks = [order[s:s + bs] for s in range(0, n, bs)]  # fixed: a resumed run re-runs the same batches
+
+    def records(self, tau: float | None) -> list[dict]:
+        """Records of every example under ``tau`` (None = ``none``), decoding only missing batches."""
+        for c, idx in enumerate(self.chunks):
+            missing = [i for i in idx if self.store.get(tau, i) is None]
+            if missing:
+                for rec in self._run_chunk(tau, c, idx):
+                    if rec["index"] in missing:
+                        self.store.add(rec)
+            if self.progress is not None:
+                self.progress(tau, len(idx))
+        out = [self.store.get(tau, i) for i in range(len(self.examples))]
+        for rec in out:
+            if rec.get("score") is None and self.can_score:  # e.g. decoded earlier under --metric fidelity
+                rec["score"] = float(self.task.score(self.examples[rec["index"]], rec["text"]))
+        return out
+
+    def _run_chunk(self, tau: float | None, c: int, idx: list[int]) -> list[dict]:
+        policy = self.settings.policy("none") if tau is None else self.settings.policy("entropy", tau=tau)
+        run = self.engine.start([self.prompt_ids[i] for i in idx], self.settings.decode, policy, seed=self.opts.seed + c)
+        signals: list[list[float]] = [[] for _ in idx]
+        for step in run:
+            if tau is None:
+                sig = step.signal(self.signal).tolist()  # (B,) this step's signal per active row
+                hit = step.committed.any(1).tolist()
+                for j, r in enumerate(step.rows.tolist()):
+                    if hit[j] and math.isfinite(sig[j]):
+                        signals[r].append(round(sig[j], 6))
+        out = []
+        for j, (i, res) in enumerate(zip(idx, run.results())):
+            st, pad = res.stats, run.P - len(self.prompt_ids[i])  # left padding of this row in the batch
+            rec = {"tau": tau, "index": i, "id": self.examples[i].id, "chunk": c, "text": res.text,
+                   "token_ids": res.token_ids, "answer_len": len(res.answer_ids), "ended": res.ended,
+                   "score": float(self.task.score(self.examples[i], res.text)) if self.can_score else None,
+                   "nfe": st["nfe"], "full_forwards": st["full_forwards"], "partial_forwards": st["partial_forwards"],
+                   "cost": st["tokens_computed"] - st["full_forwards"] * pad,
+                   "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
+                   "wall_s": run.wall_s / len(idx)}
+            if tau is None:
+                rec["signals"] = signals[j]
+            out.append(rec)
+        return out
+
+
+def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: list[list[int]], shots: int, chat: bool) -> dict:
+    """Everything that changes what a run-file record holds (compared on --resume)."""
+    data_sha = None
+    if getattr(task, "synthetic", False) is False and hasattr(task, "data_path"):
+        p = task.data_path()
+        data_sha = hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.is_file() else None
+    prompts_sha = hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16]
+    params = settings.cache_params
+    return {"model": canonical_model_name(lm.name), "task": opts.task, "data_sha256": data_sha, "limit": opts.limit,
+            "seed": opts.seed, "shots": shots, "chat": chat, "decode": settings.decode.as_dict(),
+            "signal": params.get("signal", "max-entropy"), "recent_k": params.get("recent_k"),
+            "block_refresh": params.get("block_refresh", False), "batch_size": opts.batch_size,
+            "dtype": str(lm.dtype).replace("torch.", ""), "device": lm.device.type,
+            "config_sha256": lm.config_hash[:16], "weights": weights_fingerprint(lm.path),
+            "prompts_sha256": prompts_sha}  # checked in this order: the flags a user sets come first
+
+
+def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=None) -> Outcome:
+    """Run the whole search (see the module docstring) and write the profile unless ``dry_run``.
+
+    ``err_console``: a rich Console for progress lines (None or ``opts.quiet``: silent).
+    Returns an :class:`Outcome` (its ``profile`` is None when nothing qualified or with dry-run).
+    Raises EcacheError subclasses (bad data, settings mismatch with the run file, ...).
+    """
+    from .calib_report import profile_data
+
+    preflight(task, opts)
+    model = canonical_model_name(lm.name)
+    target = opts.out if opts.out is not None else profile_path(model, opts.task)
+    if not opts.dry_run:
+        check_profile_target(target, model, opts.task)
+    examples = task.examples("test", opts.limit, opts.seed)  # DataError for a missing file, before decoding
+    if not examples:
+        raise UsageError(f"task {opts.task} has no test examples to calibrate on")
+    shots = task.default_shots if opts.shots is None else opts.shots
+    chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
+    engine = Engine.from_loaded(lm)
+    prompt_ids = engine.encode([task.prompt(ex, shots, opts.seed) for ex in examples], chat)
+    can_score = not task.needs_code_execution or task.allow_code_execution
+    run_path = opts.run_file or default_run_file(model, opts.task, opts.out)
+    store = RunFile(run_path, run_key(lm, settings, task, opts, prompt_ids, shots, chat), resume=opts.resume,
+                    dry_run=opts.dry_run)
+    say = (lambda *a, **k: None) if opts.quiet or err_console is None else err_console.print
+    if store.loaded:
+        say(f"resuming from {run_path}: {store.loaded} records" + (" (a torn last line was dropped)" if store.dropped_partial else ""))
+    try:
+        with _progress(err_console, opts.quiet, len(examples)) as progress:
+            ev = Evaluator(engine, task, examples, prompt_ids, settings, opts, store, can_score, progress)
+            base_recs = ev.records(None)
+            base = aggregate(None, base_recs, base_recs)
+            say(f"none: {_summary(base, opts.metric)}")
+            signals = sorted(s for r in base_recs for s in r["signals"])
+            if not signals:
+                raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")
+            taus = sorted(set(opts.taus)) if opts.taus else coarse_grid(signals, opts.grid)
+            points: dict[float, Point] = {}
+            for tau in taus:
+                points[tau] = aggregate(tau, ev.records(tau), base_recs)
+                say(f"τ={tau:g}: {_summary(points[tau], opts.metric)}")
+            max_drop, min_fid = opts.max_drop / 100, None if opts.min_fidelity is None else opts.min_fidelity / 100
+            for _ in range(opts.refine):
+                tau = refine_next(list(points.values()), base, signals[0], opts.metric, max_drop, min_fid)
+                if tau is None:
+                    break
+                points[tau] = aggregate(tau, ev.records(tau), base_recs)
+                say(f"τ={tau:g} (refine): {_summary(points[tau], opts.metric)}")
+    except KeyboardInterrupt:
+        if not opts.dry_run and err_console is not None:
+            err_console.print(f"calibrate: records so far are in {run_path}; rerun with --resume to continue")
+        raise
+    finally:
+        store.close()
+    pts = [points[t] for t in sorted(points)]
+    choice = choose(pts, base, opts.metric, max_drop, min_fid)
+    summary = {"kind": ev.signal, "n_steps": len(signals), "min": signals[0], "max": signals[-1],
+               "median": signals[len(signals) // 2]}
+    outcome = Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], opts.metric), choice=choice,
+                      signal_summary=summary, profile=None, profile_data=None, run_file=run_path,
+                      resumed_records=store.loaded)
+    if choice.point is not None:
+        outcome.profile_data = profile_data(model, settings, opts, choice.point, base, shots, run_path)
+        if not opts.dry_run:
+            from ..config import write_profile
+
+            write_profile(target, outcome.profile_data)
+            outcome.profile = target
+    return outcome
+
+
+def _summary(p: Point, metric: str) -> str:
+    score = "n/a" if p.score is None else f"{100 * p.score:.1f}%"
+    return (f"score {score}, fidelity {100 * p.fidelity:.1f}%, {p.speedup:.2f}× (cost proxy), "
+            f"{p.speedup_wall:.2f}× (wall), refresh {100 * p.refresh_rate:.0f}%, NFE {p.nfe:.1f}")
+
+
+class _progress:
+    """A transient rich progress bar on a terminal (examples of the current setting); else nothing."""
+
+    def __init__(self, console, quiet: bool, n: int):
+        self.console, self.on, self.n = console, console is not None and not quiet and console.is_terminal, n
+        self.bar = self.task = self.tau = None
+
+    def __enter__(self):
+        if not self.on:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=self.console, transient=True)
+        self.bar.__enter__()
+        return self.advance
+
+    def advance(self, tau, k: int) -> None:
+        if self.task is None or tau != self.tau:
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.tau = tau
+            self.task = self.bar.add_task("none" if tau is None else f"τ={tau:g}", total=self.n)
+        self.bar.advance(self.task, k)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False

@@ -1,0 +1,286 @@
+"""Outputs of ``ecache trace-drift``: JSONL and TensorBoard sinks, the rich tables, and the PNG figure.
+
+Sinks receive every (prompt, step) record as it is measured (``step``) and the finished report
+(``close``), so a JSONL file or an event file is complete up to the last step even after Ctrl-C.
+TensorBoard gets one run per prompt (``DIR/prompt-0000``, ...; overlay them in the UI) plus
+``DIR/all-prompts`` with the volatility curve over every prompt. The figure uses matplotlib's Agg
+backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..metrics.drift import next_step_pairs
+from .trace_drift import TraceReport  # first: it imports the engine before runs.common does
+from .common import write_jsonl  # noqa: I001
+
+
+class JsonlSink:
+    """One JSON record per (prompt, step), written and flushed as it is measured; ``-`` = stdout."""
+
+    def __init__(self, path: str | Path):
+        import sys
+
+        self.fh = sys.stdout if str(path) == "-" else open(path, "w", encoding="utf-8")
+
+    def step(self, record: dict, hist) -> None:
+        write_jsonl(self.fh, record)
+
+    def close(self, report: TraceReport) -> None:
+        if self.fh.name != "<stdout>":
+            self.fh.close()
+
+
+class TensorBoardSink:
+    """Scalars and histograms with ``torch.utils.tensorboard.SummaryWriter``; global step = denoising step.
+
+    Tags: ``signal/<kind>`` (of the tokens committed at the previous step), ``cache/refresh`` (0/1),
+    ``cache/positions_computed``, ``cache/positions_served``, ``drift_k_mean/layer_NN``,
+    ``drift_k_max/layer_NN``, ``drift_v_mean/layer_NN``, ``drift_v_max/layer_NN``,
+    ``drift/k_mean_over_layers``, ``drift/v_mean_over_layers``, ``fidelity/mismatched_tokens``,
+    ``fidelity/kl_nats``, histogram ``drift_k_positions`` (per-position K drift, mean over layers, of
+    the served positions), and ``volatility/k_change`` (global step = steps since commit).
+    """
+
+    def __init__(self, logdir: str | Path, settings_text: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.SummaryWriter = SummaryWriter
+        self.logdir, self.settings_text = Path(logdir), settings_text
+        self.writers: dict[int, object] = {}
+
+    def _writer(self, prompt: int):
+        if prompt not in self.writers:
+            w = self.SummaryWriter(log_dir=str(self.logdir / f"prompt-{prompt:04d}"))
+            w.add_text("settings", self.settings_text, 0)
+            self.writers[prompt] = w
+        return self.writers[prompt]
+
+    def step(self, r: dict, hist) -> None:
+        w, t = self._writer(r["prompt"]), r["step"]
+        for kind, v in (r["signal"] or {}).items():
+            if v is not None:
+                w.add_scalar(f"signal/{kind}", v, t)
+        w.add_scalar("cache/refresh", float(r["refresh"]), t)
+        w.add_scalar("cache/positions_computed", r["computed"], t)
+        w.add_scalar("cache/positions_served", r["served"], t)
+        for name in ("k", "v"):
+            for stat in ("mean", "max"):
+                for layer, v in enumerate(r[f"drift_{name}_{stat}"]):
+                    w.add_scalar(f"drift_{name}_{stat}/layer_{layer:02d}", v, t)
+        w.add_scalar("drift/k_mean_over_layers", r["drift_k"], t)
+        w.add_scalar("drift/v_mean_over_layers", r["drift_v"], t)
+        w.add_scalar("fidelity/mismatched_tokens", r["fidelity_mismatch"], t)
+        w.add_scalar("fidelity/kl_nats", r["fidelity_kl"], t)
+        if hist is not None and hist.numel() > 0:
+            w.add_histogram("drift_k_positions", hist.numpy(), t)
+
+    def close(self, report: TraceReport) -> None:
+        for prompt, w in self.writers.items():
+            for point in report.per_prompt.get(prompt, report.volatility).curve():
+                w.add_scalar("volatility/k_change", point["mean"], point["n"])
+            w.close()
+        w = self.SummaryWriter(log_dir=str(self.logdir / "all-prompts"))
+        for point in report.volatility.curve():
+            w.add_scalar("volatility/k_change", point["mean"], point["n"])
+        w.add_text("settings", self.settings_text, 0)
+        w.add_text("summary", "```\n" + json.dumps(report.summary(), indent=1) + "\n```", 0)
+        w.close()
+
+
+# --- rich tables ----------------------------------------------------------------------------------------
+
+
+def sci(x: float | None) -> str:
+    """Compact number for tables: '0', '3.2e-4', or '–' for None."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    if x == 0:
+        return "0"
+    mant, exp = f"{x:.1e}".split("e")
+    return f"{mant}e{int(exp)}"
+
+
+def shown_records(records: list[dict], rows: int) -> tuple[list[dict], int]:
+    """Condense per prompt: every ⌈steps/rows⌉-th step, every refresh step that follows a partial step
+    (the first of a run of refreshes) and the last step (rows ≤ 0: all). Returns (records, stride)."""
+    if rows <= 0:
+        return records, 1
+    by_prompt: dict[int, list[dict]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt"], []).append(r)
+    stride = max(1, max(-(-len(v) // rows) for v in by_prompt.values()) if by_prompt else 1)
+    keep = []
+    for rs in by_prompt.values():
+        keep += [r for i, r in enumerate(rs) if i % stride == 0 or i == len(rs) - 1
+                 or (r["refresh"] and i > 0 and not rs[i - 1]["refresh"])]
+    return keep, stride
+
+
+def render_steps(console, report: TraceReport, rows: int) -> None:
+    """Per-step table on ``console`` (stderr)."""
+    from rich import box
+    from rich.table import Table
+
+    shown, stride = shown_records(report.records, rows)
+    multi = len({r["prompt"] for r in report.records}) > 1
+    sig = report.signal
+    caption = (f"{len(shown)} of {len(report.records)} steps shown (every {stride}th step, the first refresh "
+               f"after partial steps, the last); all steps in --jsonl" if stride > 1 else None)
+    t = Table(title="trace-drift: per-step signal, KV drift and fidelity", caption=caption, header_style="bold",
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
+    if multi:
+        t.add_column("#", justify="right")
+    for col in ("step", "blk", "fwd", "comp", "srv", "E(t−1)", "K drift", "K max", "V drift", "worst",
+                "fid.", "ms"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for i, r in enumerate(shown):
+        if multi and i > 0 and r["prompt"] != shown[i - 1]["prompt"]:
+            t.add_section()
+        partial = r["served"] > 0
+        worst = max(range(len(r["drift_k_mean"])), key=lambda i: r["drift_k_mean"][i]) if partial else None
+        cells = [str(r["step"]), str(r["block"]), "[bold yellow]full[/]" if r["refresh"] else "part",
+                 str(r["computed"]), str(r["served"]), _fmt_signal((r["signal"] or {}).get(sig)),
+                 sci(r["drift_k"]) if partial else "–", sci(max(r["drift_k_max"])) if partial else "–",
+                 sci(r["drift_v"]) if partial else "–", "–" if worst is None else str(worst),
+                 f"{r['fidelity_mismatch']}/{r['committed']}", f"{r['forward_ms']:.1f}"]
+        t.add_row(*([str(r["prompt"])] if multi else []), *cells)
+    console.print(t)
+    console.print(f"fwd: full refresh or partial forward; comp / srv: positions computed / served from the cache; "
+                  f"E(t−1): {sig} of the previous step's commits (decides this step's refresh); drift: "
+                  "1 − cos(cached, fresh) of K/V (all KV heads of a layer) over the served positions, mean over "
+                  "layers (K max: over layers and positions); worst layer: largest mean K drift; fid.: committed "
+                  "tokens whose greedy choice differs under a fresh full forward / committed; ms: live forward "
+                  "only (the shadow forward is timed apart).", style="dim", highlight=False)
+
+
+def _fmt_signal(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def render_summary(console, report: TraceReport) -> None:
+    """Correlations and the volatility curve on ``console`` (stderr)."""
+    from rich.table import Table
+
+    corr = report.correlation()
+    console.print("\n[bold]Signal vs next-step drift[/] (scipy.stats, two-sided p-values)", highlight=False)
+    for key, c in corr.items():
+        console.print(f"  x = {c['x']}\n  y = {c['y']}", highlight=False, style="dim")
+        if c["pearson_r"] is None:
+            console.print(f"  n = {c['n']} pairs: undefined (fewer than 3 pairs or a constant series)", highlight=False)
+        else:
+            console.print(f"  n = {c['n']}  Pearson r = {c['pearson_r']:+.3f} (p = {c['pearson_p']:.2g})  "
+                          f"Spearman ρ = {c['spearman_rho']:+.3f} (p = {c['spearman_p']:.2g})", highlight=False)
+    if report.records and all(r["refresh"] for r in report.records):
+        console.print("  (every step was a full refresh: nothing is served from the cache, so there is no drift)")
+    curve = report.volatility.curve()
+    settle = report.volatility.settle_steps(report.level)
+    t = Table(title="Volatility of committed tokens' K (fresh features, mean over layers)", header_style="bold")
+    for col in ("steps since commit n", "mean change (1 − cos)", "tokens measured"):
+        t.add_column(col, justify="right")
+    for p in _condense_curve(curve):
+        mark = " ←" if settle is not None and p["n"] == settle else ""
+        t.add_row(str(p["n"]), sci(p["mean"]) + mark, str(p["count"]))
+    console.print(t)
+    tps = report.tokens_per_step()
+    if not curve:
+        console.print("volatility: no token stayed on the canvas for 2 steps after its commit; nothing to bin")
+    elif settle is None:
+        console.print(f"volatility: the mean K change never stays below the level {report.level:g} "
+                      f"(--volatility-level); the last bin (n = {curve[-1]['n']}) is {curve[-1]['mean']:.1e}", highlight=False)
+    else:
+        console.print(f"volatility: from n = {settle} steps after its commit on, a token's mean K change per step is "
+                      f"below {report.level:g} (--volatility-level); at {tps:.2f} tokens committed per step that is "
+                      f"≈ {settle * tps:.0f} tokens, a guide for EntropyCache's --recent-k", highlight=False)
+    console.print(f"time: live steps {report.live_s:.2f} s, shadow forwards {report.shadow_s:.2f} s (excluded from the live times)",
+                  style="dim", highlight=False)
+
+
+def _condense_curve(curve: list[dict], head: int = 12) -> list[dict]:
+    """The first ``head`` bins, then bins at powers of two and the last one."""
+    out = []
+    for i, p in enumerate(curve):
+        if i < head or (p["n"] & (p["n"] - 1)) == 0 or i == len(curve) - 1:
+            out.append(p)
+    return out
+
+
+# --- figure -------------------------------------------------------------------------------------------
+
+
+def plot(report: TraceReport, path: str | Path, title: str, tau: float | None = None) -> None:
+    """Write a 2×2 PNG: signal over steps with refreshes (prompt 0), drift over steps, signal vs
+    next-step drift (all prompts), and the volatility curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in report.records if r["prompt"] == (report.records[0]["prompt"] if report.records else 0)]
+    sig = report.signal
+    unit = "nats" if "entropy" in sig else "1 − p"
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), constrained_layout=True)
+    (a1, a2), (a3, a4) = axes
+    steps = [r["step"] for r in recs]
+    refresh = [r["step"] for r in recs if r["refresh"]]
+
+    def mark_refresh(ax):
+        for i, s in enumerate(refresh):
+            ax.axvline(s, color="tab:orange", alpha=0.25, lw=1.2, label="full refresh" if i == 0 else None)
+
+    xs = [(r["step"], r["signal"][sig]) for r in recs if r["signal"] and r["signal"].get(sig) is not None]
+    mark_refresh(a1)
+    if xs:
+        a1.plot(*zip(*xs), "-o", ms=2.5, lw=1, color="tab:blue", label=f"E(t−1) = {sig} of step t−1's commits")
+    if tau is not None and "entropy" in sig:
+        a1.axhline(tau, color="tab:red", ls="--", lw=1, label=f"τ = {tau:g} {unit}")
+    a1.set(title=f"Signal that decides each step's refresh (prompt {recs[0]['prompt'] if recs else 0})",
+           xlabel="denoising step t", ylabel=f"signal E ({unit})")
+    a1.legend(loc="upper right", fontsize=8)
+
+    mark_refresh(a2)
+    for key, color, label in (("drift_k", "tab:green", "K"), ("drift_v", "tab:purple", "V")):
+        pts = [(r["step"], r[key]) for r in recs if r["served"] > 0 and r[key] > 0]
+        if pts:
+            a2.plot(*zip(*pts), "-o", ms=2.5, lw=1, color=color, label=f"{label} drift, mean over layers")
+    kmax = [(r["step"], max(r["drift_k_max"])) for r in recs if r["served"] > 0 and max(r["drift_k_max"]) > 0]
+    if kmax:
+        a2.plot(*zip(*kmax), ":", lw=1, color="tab:green", label="K drift, max over layers and positions")
+    a2.set_yscale("log")
+    a2.set(title="KV drift of the cache-served positions (partial steps)", xlabel="denoising step t",
+           ylabel="drift 1 − cos(cached, fresh)")
+    a2.legend(loc="lower right", fontsize=8)
+    if steps:
+        a1.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+        a2.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+
+    x, y = next_step_pairs(report.records, sig)
+    c = report.correlation()["next_step_drift"]
+    pos = [(a, b) for a, b in zip(x, y) if b > 0]
+    if pos:
+        a3.scatter(*zip(*pos), s=10, alpha=0.6, color="tab:green")
+        a3.set_yscale("log")
+    stat = ("undefined" if c["pearson_r"] is None else
+            f"Pearson r = {c['pearson_r']:+.2f} (p={c['pearson_p']:.1g}), Spearman ρ = {c['spearman_rho']:+.2f} "
+            f"(p={c['spearman_p']:.1g}), n = {c['n']}")
+    a3.set(title=f"Signal at step t vs K drift at step t+1 (partial steps t+1, all prompts)\n{stat}",
+           xlabel=f"E_t: {sig} of step t's commits ({unit})", ylabel="K drift at t+1 (1 − cos, mean over layers)")
+
+    curve = report.volatility.curve()
+    pts = [(p["n"], p["mean"]) for p in curve if p["mean"] > 0]
+    if pts:
+        a4.plot(*zip(*pts), "-o", ms=3, color="tab:blue", label="mean K change per step")
+        a4.set_yscale("log")
+    a4.axhline(report.level, color="tab:red", ls="--", lw=1, label=f"level {report.level:g}")
+    settle = report.volatility.settle_steps(report.level)
+    if settle is not None:
+        a4.axvline(settle, color="tab:gray", ls=":", lw=1.2, label=f"below the level from n = {settle}")
+    a4.set(title="Volatility of committed tokens' K (fresh features, all prompts)",
+           xlabel="steps since the token was committed n", ylabel="1 − cos(K at step n−1, K at step n)")
+    a4.legend(loc="upper right", fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,245 @@
+"""``ecache profile``: the same requests through several cache policies in one process, timed fairly.
+
+Measurement protocol (``measure``):
+- every policy decodes the same token ids with the same decoding settings and seed per batch;
+- ``warmup`` runs per policy on the first batch come first and are excluded;
+- then, for each repeat and each batch, every policy runs once, in an order rotated by one per batch
+  and per repeat, so no policy always runs first (right after another policy's memory traffic) and
+  slow drifts of the machine (thermal, other jobs) spread over all policies;
+- nothing runs between engine steps except three float additions (``StepTotals.add``); memory probes,
+  scoring and progress updates happen between runs, outside the engine's clock; the engine syncs CUDA
+  before every clock read (``Run._now``).
+Numbers are computed by ``ecache_cli.metrics`` (throughput, fidelity, memory). With ``trace_dir``
+each policy then decodes the first batch once more under torch.profiler (``runs/tracing.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..engine.core import Engine
+from ..engine.state import DecodeConfig
+from ..errors import UsageError
+from ..metrics.fidelity import fidelity
+from ..metrics.memory import MemoryProbe
+from ..metrics.throughput import RowMeasure, RunMeasure, StepTotals, row_record, summarize
+from .common import Settings, batched, read_prompts
+
+BASELINE = "none"
+
+
+@dataclass
+class Request:
+    """One prompt to profile; with a task, ``example`` is what its completion is scored against."""
+
+    prompt: str | list
+    example: object | None = None
+    task: object | None = None
+
+
+@dataclass
+class ProfileOptions:
+    """Options of a profile run (besides model and decoding settings)."""
+
+    policies: list[str]
+    warmup: int = 1
+    repeats: int = 1
+    batch_size: int = 1
+    seed: int = 0
+    chat: bool | None = None
+    trace_dir: Path | None = None
+    trace_steps: int | None = 32
+
+    def validate(self) -> None:
+        from ..cache import POLICIES
+
+        if not self.policies:
+            raise UsageError("--policies is empty; name at least one of " + ", ".join(POLICIES))
+        for p in self.policies:
+            if p not in POLICIES:
+                raise UsageError(f"--policies: {p!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+        if len(set(self.policies)) != len(self.policies):
+            raise UsageError(f"--policies {','.join(self.policies)} names a policy twice")
+        for flag, v, lo in (("--warmup", self.warmup, 0), ("--repeats", self.repeats, 1), ("--batch-size", self.batch_size, 1)):
+            if v < lo:
+                raise UsageError(f"{flag} {v} must be ≥ {lo}")
+        if self.trace_steps is not None and self.trace_steps < 1:
+            raise UsageError(f"--trace-steps {self.trace_steps} must be ≥ 1")
+
+
+@dataclass
+class ProfileReport:
+    """Everything a profile run measured: per-policy summaries (``metrics.throughput.summarize`` plus
+    fidelity against ``none`` and the policy's parameters), the runs, and the trace files."""
+
+    policies: list[str]
+    summaries: dict[str, dict]
+    runs: dict[str, list[RunMeasure]]
+    memory_kind: str
+    decode: DecodeConfig
+    trace: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self, manifest: dict | None = None) -> dict:
+        """JSON-ready: manifest, per-policy numbers, and one record per measured request."""
+        requests = [row_record(p, row) for p in self.policies for run in self.runs[p] for row in run.rows]
+        return {"command": "profile", "manifest": manifest, "memory_kind": self.memory_kind,
+                "decode": self.decode.as_dict(), "policies": self.summaries, **self.extra,
+                "trace": self.trace, "requests": requests}
+
+
+def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") -> list[Request]:
+    """``limit`` examples of ``task`` as requests (``shots`` solved examples before each question)."""
+    if limit < 1:
+        raise UsageError(f"--limit {limit} must be ≥ 1")
+    if shots < 0:
+        raise UsageError(f"--shots {shots} must be ≥ 0")
+    examples = task.examples(split, limit, seed)
+    return [Request(task.prompt(ex, shots, seed), ex, task) for ex in examples]
+
+
+def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
+    """Requests from arguments, a JSONL file or stdin (``runs.common.read_prompts``), at most ``limit``."""
+    out = []
+    for prompt, _ in read_prompts(args, input_file, stdin):
+        out.append(Request(prompt))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opts: ProfileOptions,
+            chat: bool = True, on_run: Callable[[str, str], None] | None = None) -> ProfileReport:
+    """Decode ``requests`` under every policy of ``opts`` (protocol in the module docstring).
+
+    ``on_run(kind, policy)`` is called before each run (kind: "warmup", "measure", "trace"), outside
+    the timed region (progress display). Returns the report; raises EcacheError subclasses.
+    """
+    opts.validate()
+    if not requests:
+        raise UsageError("no prompts to profile")
+    ids = engine.encode([r.prompt for r in requests], chat)
+    batches = list(batched(range(len(requests)), opts.batch_size))  # lists of request indices
+    cfg, names = settings.decode, opts.policies
+    probe = MemoryProbe(engine.device)
+    runs: dict[str, list[RunMeasure]] = {p: [] for p in names}
+
+    def one(policy: str, b: int, repeat: int) -> RunMeasure:
+        idx = batches[b]
+        probe.reset()
+        run = engine.start([ids[i] for i in idx], cfg, settings.policy(policy), seed=opts.seed + b)
+        totals = StepTotals()
+        for rec in run:
+            totals.add(rec)
+        peak = probe.peak_bytes()
+        rows = []
+        for res in run.results():
+            req, s = requests[idx[res.index]], res.stats
+            score = None
+            if req.task is not None and (not getattr(req.task, "needs_code_execution", False)
+                                         or getattr(req.task, "allow_code_execution", False)):
+                score = float(req.task.score(req.example, res.text))
+            rows.append(RowMeasure(prompt=idx[res.index], repeat=repeat, generated_tokens=s["generated_tokens"],
+                                   latency_s=s["wall_s"], nfe=s["nfe"], full_forwards=s["full_forwards"],
+                                   partial_forwards=s["partial_forwards"], tokens_computed=s["tokens_computed"],
+                                   canvas=run.P + run.G, token_ids=res.token_ids, answer_ids=res.answer_ids,
+                                   text=res.text, score=score))
+        return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=totals.forward_s, decision_s=totals.decision_s,
+                          sampling_s=totals.sampling_s, steps=totals.steps, rows=rows, peak_memory_bytes=peak)
+
+    for _ in range(opts.warmup):
+        for p in names:
+            if on_run:
+                on_run("warmup", p)
+            one(p, 0, -1)
+    for repeat in range(opts.repeats):
+        for b in range(len(batches)):
+            k = (b + repeat) % len(names)
+            for p in names[k:] + names[:k]:  # rotated order: each policy takes its turn first
+                if on_run:
+                    on_run("measure", p)
+                runs[p].append(one(p, b, repeat))
+
+    summaries = {}
+    base = runs.get(BASELINE)
+    base_rows = [r for run in base for r in run.rows] if base else []
+    for p in names:
+        s = summarize(runs[p], base)
+        rows = [r for run in runs[p] for r in run.rows]
+        s.update({f"fidelity_{k}": v for k, v in fidelity(rows, base_rows).items()} if base else
+                 {"fidelity_identical_share": None, "fidelity_token_agreement": None, "fidelity_pairs": 0})
+        s["params"] = settings.policy(p).params()
+        summaries[p] = s
+
+    trace = None
+    if opts.trace_dir is not None:
+        from .tracing import trace_run
+
+        trace = {"dir": str(opts.trace_dir), "steps": opts.trace_steps, "policies": {}}
+        for p in names:
+            if on_run:
+                on_run("trace", p)
+            run = engine.start([ids[i] for i in batches[0]], cfg, settings.policy(p), seed=opts.seed)
+            trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p, opts.trace_steps)
+    return ProfileReport(policies=names, summaries=summaries, runs=runs, memory_kind=probe.kind, decode=cfg,
+                         trace=trace)
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+COLUMNS = [  # (header, summary key, format)
+    ("policy", None, None),
+    ("tok/s\n(generated)", "tokens_per_s", "{:.1f}"),
+    ("speedup\nvs none", "speedup_vs_none", "{:.2f}×"),
+    ("latency ms\nmean", "mean_ms", "{:.0f}"),
+    ("p50", "p50_ms", "{:.0f}"),
+    ("p95", "p95_ms", "{:.0f}"),
+    ("NFE\n/req", "nfe_per_request", "{:.1f}"),
+    ("full\n/req", "full_forwards_per_request", "{:.1f}"),
+    ("partial\n/req", "partial_forwards_per_request", "{:.1f}"),
+    ("work %\nof none", "work_share_vs_none", "pct"),
+    ("work %\n/forward", "work_share_per_forward", "pct"),
+    ("decision\n% time", "decision_overhead_pct", "{:.2f}"),
+    ("peak mem\nMiB", "peak_memory_bytes", "mib"),
+    ("identical\n% vs none", "fidelity_identical_share", "pct"),
+    ("token agree\n% vs none", "fidelity_token_agreement", "pct"),
+    ("score", "score", "{:.3f}"),
+]
+
+
+def cell(value, fmt: str | None) -> str:
+    """Format one table cell; None (not measured / no baseline) shows as an en dash."""
+    if value is None:
+        return "–"
+    if fmt == "pct":
+        return f"{100 * value:.1f}"
+    if fmt == "mib":
+        return f"{value / 2**20:.0f}"
+    return fmt.format(value)
+
+
+def render_table(report: ProfileReport, title: str | None = None):
+    """A rich Table, one row per policy, with the columns of ``COLUMNS`` (score only with a task)."""
+    from rich.table import Table
+
+    has_score = any(report.summaries[p].get("score") is not None for p in report.policies)
+    cols = [c for c in COLUMNS if c[1] != "score" or has_score]
+    mem = {"cuda_peak_allocated": "CUDA peak allocated", "peak_rss": "peak RSS", "rss_after_run": "RSS after run"}
+    cap = (f"work %: positions x layers computed, over none's (NFE_none x canvas) / over own NFE x canvas. "
+           f"decision: policy plan+observe time over wall time. peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
+           f"identical/token agree: outputs vs none (same prompts, same seed).")
+    t = Table(title=title, caption=cap, caption_justify="left")
+    for header, key, _ in cols:
+        t.add_column(header, justify="left" if key is None else "right", no_wrap=True)
+    for p in report.policies:
+        s = report.summaries[p]
+        t.add_row(p, *[cell(s.get(key), fmt) for _, key, fmt in cols[1:]])
+    return t
+
+
+def json_line(data: dict) -> str:
+    """One compact JSON line (the last stdout line with ``--json -``)."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)

@@ -1,0 +1,267 @@
+"""The pure side of ``ecache calibrate``: fidelity to ``none``, per-τ aggregates, the τ grid, the
+refinement step, the Pareto frontier and the choice rule. No torch, no model: plain numbers in, plain
+numbers out, so every rule here is unit-tested on hand-made sweeps.
+
+Definitions (each one is ours; spec/method.md leaves τ to calibration):
+
+- score: the task's 0–1 score (mean over the sample; ``metric="task"``), or, with
+  ``metric="fidelity"``, the token agreement with ``none`` (no labels needed; ``none`` scores 1).
+- fidelity: token agreement with ``none`` as ``ecache profile`` measures it (``metrics/fidelity.py``):
+  over the generated positions of each pair (the longer answer plus its end marker, capped at the
+  gen length), the share holding the same token, pooled over examples. ``identical``: the share of
+  examples whose answer ids equal ``none``'s.
+- cost: the deterministic cost proxy, canvas positions computed summed over every forward of every
+  example (a full forward counts the row's own prompt + gen length; a partial one its computed
+  positions). Every layer computes the same positions, so this is token-layer computations / depth.
+  ``speedup = cost(none) / cost(τ)`` over the same examples drives the choice (exact, so a resumed
+  run reaches the same answer); ``speedup_wall = wall(none) / wall(τ)`` is reported beside it.
+- choice: among the τ with ``speedup > 1`` whose score drop ``score(none) − score(τ)`` is at most
+  ``max_drop`` (a 0–1 fraction; the CLI takes points, 1 point = 0.01) and, optionally, whose
+  fidelity is at least ``min_fidelity``, the one with the highest speedup; equal speedups go to the
+  lower (safer) τ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from ..metrics.fidelity import fidelity
+from ..metrics.throughput import RowMeasure, ratio, tokens_per_s
+
+EPS = 1e-9  # slack of the drop / fidelity comparisons (scores are k/n fractions)
+REL_TIE = 1e-9  # speedups within this relative difference are a tie (lower τ wins)
+
+
+@dataclass
+class Point:
+    """One policy setting measured over the sample (``tau=None`` is the ``none`` baseline).
+
+    Fractions are 0–1. score: mean task score (None when the task is not scored). fidelity,
+    identical: agreement with ``none`` (see module docstring). speedup: cost proxy ratio;
+    speedup_wall: wall-clock ratio. tokens_per_s: generated tokens / wall seconds. refresh_rate:
+    full forwards / NFE. nfe: mean forwards per example. cost: Σ computed positions. wall_s: Σ
+    seconds. lost / gained: examples scoring lower than under ``none`` / higher (None when unscored).
+    delta_ci: 95% normal interval of the paired per-example score difference (τ − none), or None.
+    """
+
+    tau: float | None
+    n: int
+    score: float | None
+    fidelity: float
+    identical: float
+    speedup: float
+    speedup_wall: float
+    tokens_per_s: float
+    refresh_rate: float
+    nfe: float
+    cost: int
+    wall_s: float
+    lost: int | None = None
+    gained: int | None = None
+    delta_ci: tuple[float, float] | None = None
+
+    def metric_score(self, metric: str) -> float | None:
+        """The number the choice constrains: the task score, or the fidelity."""
+        return self.fidelity if metric == "fidelity" else self.score
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Choice:
+    """The outcome of :func:`choose`: ``point`` (None when no τ qualifies) and a one-line ``reason``."""
+
+    point: Point | None
+    reason: str
+    qualifying: list[float]
+
+
+# --- per-example comparison with none ----------------------------------------------------------------
+
+
+def row_measure(rec: dict) -> RowMeasure:
+    """A run-file record as the :class:`RowMeasure` that ``metrics/`` (shared with ``ecache profile``)
+    works on; ``cost`` stands in for tokens_computed (padding excluded), the example index for the prompt."""
+    ids = rec["token_ids"]
+    return RowMeasure(prompt=rec["index"], repeat=0, generated_tokens=rec["generated_tokens"], latency_s=rec["wall_s"],
+                      nfe=rec["nfe"], full_forwards=rec["full_forwards"], partial_forwards=rec["partial_forwards"],
+                      tokens_computed=rec["cost"], canvas=rec.get("prompt_tokens", 0) + len(ids), token_ids=ids,
+                      answer_ids=ids[:rec["answer_len"]], text=rec.get("text", ""), score=rec.get("score"))
+
+
+def aggregate(tau: float | None, recs: Sequence[dict], base: Sequence[dict]) -> Point:
+    """Aggregate per-example records of one setting against the ``none`` records ``base`` (same order).
+
+    A record has: index, token_ids (list, gen_length ids), answer_len, score (float or None), nfe,
+    full_forwards, partial_forwards, cost, generated_tokens, wall_s. Records pair by index. Raises
+    ValueError when the two lists differ in length or are empty.
+    """
+    if len(recs) != len(base) or not recs:
+        raise ValueError(f"{len(recs)} records against {len(base)} baseline records")
+    n = len(recs)
+    fid = fidelity([row_measure(r) for r in recs], [row_measure(b) for b in base])
+    scored = all(r.get("score") is not None for r in recs) and all(b.get("score") is not None for b in base)
+    score = lost = gained = None
+    ci = None
+    if scored:
+        score = sum(r["score"] for r in recs) / n
+        diffs = [r["score"] - b["score"] for r, b in zip(recs, base)]
+        lost = sum(1 for d in diffs if d < 0)
+        gained = sum(1 for d in diffs if d > 0)
+        ci = mean_ci(diffs)
+    cost, base_cost = sum(r["cost"] for r in recs), sum(b["cost"] for b in base)
+    wall, base_wall = sum(r["wall_s"] for r in recs), sum(b["wall_s"] for b in base)
+    nfe = sum(r["nfe"] for r in recs)
+    return Point(
+        tau=tau, n=n, score=score, fidelity=fid["token_agreement"], identical=fid["identical_share"],
+        speedup=ratio(base_cost, cost) or 0.0, speedup_wall=ratio(base_wall, wall) or 0.0,
+        tokens_per_s=tokens_per_s(sum(r["generated_tokens"] for r in recs), wall),
+        refresh_rate=sum(r["full_forwards"] for r in recs) / nfe if nfe else 0.0, nfe=nfe / n, cost=cost,
+        wall_s=wall, lost=lost, gained=gained, delta_ci=ci)
+
+
+def mean_ci(diffs: Sequence[float]) -> tuple[float, float]:
+    """95% normal-approximation interval (mean ± 1.96 · sd / √n) of paired differences; (0, 0) for n < 2."""
+    n = len(diffs)
+    if n < 2:
+        return (0.0, 0.0)
+    m = sum(diffs) / n
+    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1))
+    half = 1.96 * sd / math.sqrt(n)
+    return (m - half, m + half)
+
+
+# --- the τ grid ---------------------------------------------------------------------------------------
+
+
+def round_sig(x: float, digits: int = 3, up: bool = False) -> float:
+    """``x`` rounded to ``digits`` significant digits (``up``: towards +inf, so the result is ≥ x)."""
+    if x == 0 or not math.isfinite(x):
+        return float(x)
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(abs(x))))
+    v = (math.ceil(x * scale) if up else round(x * scale)) / scale
+    return float(f"{v:.{digits}g}")
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of an ascending list, q in [0, 1]."""
+    n = len(sorted_values)
+    pos = q * (n - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+def coarse_grid(signals: Sequence[float], n: int = 8, r_max: float = 0.5, r_min: float = 0.02) -> list[float]:
+    """The coarse τ grid over the observed signal distribution (the ``none`` run's per-step signals).
+
+    A τ at the (1 − r) quantile refreshes about a share r of the steps (on ``none``'s trajectory).
+    The grid takes ``n − 1`` refresh-rate targets r spaced geometrically from ``r_max`` down to
+    ``r_min`` plus the maximum signal (rounded up: no step of ``none`` would refresh), each rounded to
+    3 significant digits; duplicates are dropped. Returns ascending τs (same unit as the signal, nats
+    for the entropy signals). Raises ValueError without finite signals or for n < 1.
+    """
+    vals = sorted(v for v in signals if math.isfinite(v))
+    if not vals:
+        raise ValueError("no finite signal values to build a grid from")
+    if n < 1:
+        raise ValueError(f"grid size must be >= 1, got {n}")
+    taus = {round_sig(vals[-1], up=True)}
+    k = n - 1
+    for i in range(k):
+        r = r_max if k == 1 else r_max * (r_min / r_max) ** (i / (k - 1))
+        taus.add(round_sig(quantile(vals, 1.0 - r)))
+    return sorted(taus)
+
+
+def refine_next(points: Sequence[Point], base: Point, floor: float, metric: str, max_drop: float,
+                min_fidelity: float | None = None) -> float | None:
+    """The next τ to evaluate around the frontier, or None when the search cannot narrow further.
+
+    The bracket is (chosen τ, the smallest evaluated τ above it): the boundary between qualifying and
+    failing lies inside. With no qualifying τ it is (``floor``, the smallest evaluated τ), ``floor``
+    being the smallest observed signal (below it, τ behaves exactly like ``none``). The next τ is
+    the bracket's geometric midpoint (arithmetic when the lower end is ≤ 0) at 3, else 4, significant
+    digits; None when it would repeat an evaluated τ or the bracket has no upper end.
+    """
+    taus = sorted(p.tau for p in points)
+    if not taus:
+        return None
+    choice = choose(points, base, metric, max_drop, min_fidelity)
+    lo = choice.point.tau if choice.point is not None else floor
+    above = [t for t in taus if t > lo]
+    if not above:
+        return None
+    hi = above[0]
+    mid = math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2
+    for digits in (3, 4):
+        t = round_sig(mid, digits)
+        if lo < t < hi and t not in taus:
+            return t
+    return None
+
+
+# --- frontier and choice ------------------------------------------------------------------------------
+
+
+def pareto_frontier(points: Sequence[Point], metric: str) -> list[Point]:
+    """Points not dominated in (speedup, score): no other point is at least as fast and as good and
+    better in one. Points without a score are left out. Sorted by speedup ascending."""
+    scored = [p for p in points if p.metric_score(metric) is not None]
+    front = []
+    for p in scored:
+        s = p.metric_score(metric)
+        dominated = any(
+            q is not p and q.speedup >= p.speedup and q.metric_score(metric) >= s
+            and (q.speedup > p.speedup or q.metric_score(metric) > s) for q in scored)
+        if not dominated:
+            front.append(p)
+    return sorted(front, key=lambda p: (p.speedup, p.tau if p.tau is not None else -math.inf))
+
+
+def qualifies(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None = None) -> bool:
+    """True when ``p`` is faster than ``none`` (proxy speedup > 1), drops at most ``max_drop`` (0–1)
+    of the metric's score, and, with ``min_fidelity`` (0–1), agrees with ``none`` at least that much."""
+    s, s0 = p.metric_score(metric), base.metric_score(metric)
+    if s is None or s0 is None or p.speedup <= 1.0:
+        return False
+    if s0 - s > max_drop + EPS:
+        return False
+    return min_fidelity is None or p.fidelity >= min_fidelity - EPS
+
+
+def choose(points: Sequence[Point], base: Point, metric: str, max_drop: float,
+           min_fidelity: float | None = None) -> Choice:
+    """The τ with the highest speedup among the qualifying ones (:func:`qualifies`); ties → lower τ.
+
+    ``base`` is the ``none`` point (its metric score is the reference). Returns a :class:`Choice`;
+    ``point`` is None when nothing qualifies, with a reason naming the closest candidate.
+    """
+    ok = [p for p in points if p.tau is not None and qualifies(p, base, metric, max_drop, min_fidelity)]
+    if not ok:
+        return Choice(None, _why_none(points, base, metric, max_drop, min_fidelity), [])
+    best = ok[0]
+    for p in ok[1:]:
+        tie = abs(p.speedup - best.speedup) <= REL_TIE * max(abs(best.speedup), 1.0)
+        if (tie and p.tau < best.tau) or (not tie and p.speedup > best.speedup):
+            best = p
+    s, s0 = best.metric_score(metric), base.metric_score(metric)
+    reason = (f"τ={best.tau:g}: {best.speedup:.2f}× (cost proxy), {metric} score {100 * s:.1f}% vs "
+              f"{100 * s0:.1f}% for none (drop {100 * (s0 - s):.1f} ≤ {100 * max_drop:g} points)")
+    return Choice(best, reason, sorted(p.tau for p in ok))
+
+
+def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
+    s0 = base.metric_score(metric)
+    cands = [p for p in points if p.tau is not None and p.metric_score(metric) is not None]
+    if s0 is None or not cands:
+        return f"no τ has a {metric} score to compare"
+    best = max(cands, key=lambda p: (p.metric_score(metric), -p.tau))
+    msg = (f"no τ keeps the {metric} score within {100 * max_drop:g} points of none ({100 * s0:.1f}%)"
+           f"{f' with fidelity ≥ {100 * min_fidelity:g}%' if min_fidelity is not None else ''} and runs faster; "
+           f"closest: τ={best.tau:g} at {100 * best.metric_score(metric):.1f}%, "
+           f"fidelity {100 * best.fidelity:.1f}%, {best.speedup:.2f}×")
+    return msg

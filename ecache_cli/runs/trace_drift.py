@@ -1,0 +1,326 @@
+"""``ecache trace-drift``: per-step EntropyCache signal beside the KV drift of the cache it governs.
+
+The chosen policy decodes as usual (``Engine.start``); the run's ``on_forward`` hook captures the
+canvas, the query positions and the logits of every live forward. After each step is yielded (the
+live store still holds exactly what that forward served) a *shadow* full forward on the same canvas
+with a fresh store gives the reference K/V and logits. The shadow never writes into the live store,
+the canvas or the RNG, so the generated tokens are those of ``ecache generate`` with the same settings;
+its time is measured apart and never enters the live timings.
+
+Per step and prompt (one record each): the signal of the tokens committed at the previous step (the
+value that decided this step's refresh), whether the row refreshed, positions computed / served from
+the cache, per-layer K and V drift over the served positions (``metrics/drift.py``), and fidelity of
+the cached logits (committed tokens whose greedy choice differs under the fresh logits). Across steps:
+the volatility curve of committed tokens' fresh K, and the correlation of signal vs next-step drift.
+Memory: the shadow store plus the previous step's fresh K (two stores' worth next to the live one).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..engine.core import Engine, GenerationResult, Run
+from ..engine.state import SIGNALS, StepRecord
+from ..errors import UsageError
+from ..metrics.drift import VolatilityBins, correlation, layer_drift, layer_mean_change, next_step_pairs
+from .common import Settings, batched, manifest, read_prompts, write_jsonl
+
+X_LABEL = "signal E_t = {kind} of the tokens committed at step t"
+Y_LABEL = "drift_{t+1} = mean over layers of the mean K drift (1 - cos) at step t+1, over positions served from the cache (partial steps only)"
+Y_INC_LABEL = "drift_{t+1} - drift_t (both partial steps)"
+
+
+@dataclass
+class TraceOptions:
+    """Non-decoding options of ``ecache trace-drift`` (see the command's help)."""
+
+    prompts: list[str]
+    input_file: Path | None = None
+    task: str | None = None
+    data: str | None = None
+    limit: int = 4
+    shots: int | None = None
+    chat: bool | None = None
+    batch_size: int = 1
+    seed: int = 0
+    signal: str = "max-entropy"
+    volatility_level: float = 1e-3
+    quiet: bool = False
+
+
+@dataclass
+class TraceReport:
+    """What a trace produced. records: one dict per (prompt, step), see ``DriftTracer.measure``.
+    volatility: bins over all prompts; per_prompt: the same per prompt index. results: the generated
+    outputs (identical to ``ecache generate``). live_s / shadow_s: seconds in the live steps (forward +
+    decision + sampling) and in the shadow forwards."""
+
+    records: list[dict] = field(default_factory=list)
+    volatility: VolatilityBins = field(default_factory=VolatilityBins)
+    per_prompt: dict[int, VolatilityBins] = field(default_factory=dict)
+    results: list[GenerationResult] = field(default_factory=list)
+    signal: str = "max-entropy"
+    level: float = 1e-3
+    n_layers: int = 0
+    live_s: float = 0.0
+    shadow_s: float = 0.0
+    committed: int = 0
+
+    def correlation(self) -> dict:
+        """Pearson/Spearman of E_t vs drift_{t+1} (labels say exactly which), plus the increment variant."""
+        xs, ys = next_step_pairs(self.records, self.signal)
+        main = {**correlation(xs, ys), "x": X_LABEL.format(kind=self.signal), "y": Y_LABEL}
+        xi, yi = increment_pairs(self.records, self.signal)
+        inc = {**correlation(xi, yi), "x": X_LABEL.format(kind=self.signal), "y": Y_INC_LABEL}
+        return {"next_step_drift": main, "next_step_increment": inc}
+
+    def tokens_per_step(self) -> float:
+        return self.committed / max(len(self.records), 1)
+
+    def summary(self) -> dict:
+        """A JSON-able summary (the ``--json`` document)."""
+        partial = [r for r in self.records if r["served"] > 0]
+        L = self.n_layers
+        by_layer = lambda key: [sum(r[key][i] for r in partial) / len(partial) for i in range(L)] if partial else None  # noqa: E731
+        settle = self.volatility.settle_steps(self.level)
+        return {
+            "prompts": len(self.results), "records": len(self.records), "partial_steps": len(partial),
+            "refresh_steps": sum(r["refresh"] for r in self.records), "signal": self.signal,
+            "correlation": self.correlation(),
+            "drift_k_mean_by_layer": by_layer("drift_k_mean"), "drift_v_mean_by_layer": by_layer("drift_v_mean"),
+            "fidelity": {"committed": self.committed, "mismatched": sum(r["fidelity_mismatch"] for r in self.records)},
+            "volatility": {"level": self.level, "settle_steps": settle, "tokens_per_step": self.tokens_per_step(),
+                           "curve": self.volatility.curve()},
+            "time_s": {"live": self.live_s, "shadow": self.shadow_s},
+        }
+
+
+def increment_pairs(records: list[dict], signal: str) -> tuple[list, list]:
+    """(E_t, drift_{t+1} − drift_t) for consecutive partial steps of the same prompt."""
+    last: dict[int, dict] = {}
+    xs, ys = [], []
+    for r in records:
+        prev = last.get(r["prompt"])
+        last[r["prompt"]] = r
+        s = (r.get("signal") or {}).get(signal)
+        if prev is None or prev["step"] != r["step"] - 1 or s is None or not math.isfinite(s):
+            continue
+        if r["served"] > 0 and prev["served"] > 0:
+            xs.append(s)
+            ys.append(r["drift_k"] - prev["drift_k"])
+    return xs, ys
+
+
+class DriftTracer:
+    """Measures one :class:`Run` beside its steps. Install with ``run.on_forward = tracer.capture``, then
+    call ``measure(rec)`` on every yielded record (before the next step starts).
+
+    ``offset`` is added to row indices to give global prompt numbers across batches.
+    """
+
+    def __init__(self, run: Run, offset: int = 0):
+        self.run, self.offset = run, offset
+        self.model = run.engine.model
+        eng = run.engine
+        self.banned = torch.cat([eng.banned, eng.end_ids]) if run.cfg.ban_eos else eng.banned
+        self.prev_k: list[torch.Tensor] | None = None  # fresh K of the previous step, one (B', H, T, D) per layer
+        self.prev_rows: torch.Tensor | None = None
+        self.last_signal: dict[int, dict] = {}
+        self.bins: dict[int, VolatilityBins] = {}
+        self.shadow_s = 0.0
+        self.committed = 0
+        self._cap = None
+
+    def capture(self, run: Run, plan, query: torch.Tensor | None, sources: torch.Tensor, logits: torch.Tensor) -> None:
+        """The engine hook: remember what the live forward saw (no computation)."""
+        start = plan.start_layer if query is not None else None  # layer-selective forwards (Elastic-Cache)
+        self._cap = (run.state.tokens.clone(), query, sources, logits, start)
+
+    def computed_mask(self, query: torch.Tensor | None, shape) -> torch.Tensor:
+        """(B, T) bool positions the live forward computed (all for a full forward)."""
+        dev = self.run.state.tokens.device
+        if query is None:
+            return torch.ones(shape, dtype=torch.bool, device=dev)
+        return torch.zeros(shape, dtype=torch.bool, device=dev).scatter_(1, query, True)
+
+    @torch.inference_mode()
+    def shadow(self, tokens: torch.Tensor, sources: torch.Tensor):
+        """Shadow full forward on ``tokens`` (B, T) with a fresh store; returns (store, logits (B, R, V),
+        seconds). Timed with a device sync on CUDA; the time is kept apart from the live timings."""
+        store = self.model.new_store(self.run.store.key_mask)
+        t0 = _clock(tokens.device)
+        logits = self.model(tokens, store, query_pos=None, logits_pos=sources)
+        seconds = _clock(tokens.device) - t0
+        self.shadow_s += seconds
+        return store, logits, seconds
+
+    @torch.inference_mode()
+    def per_position(self, rec: StepRecord):
+        """Shadow forward plus per-position facts of the step just yielded.
+
+        Returns (store, fresh_logits, computed (B, T) bool, served, shadow seconds); ``served`` is one
+        (B, T) bool per layer: real positions the live forward did not compute at that layer (a row
+        that a layer-selective plan expands from layer ℓ computes everything from ℓ on). Used by
+        ``measure`` and by tests that check per-position drift.
+        """
+        assert self._cap is not None, "DriftTracer.capture was not installed as run.on_forward"
+        tokens, query, sources, _, start = self._cap
+        store, fresh, seconds = self.shadow(tokens, sources)
+        computed = self.computed_mask(query, tokens.shape)
+        base = self.run.store.key_mask & ~computed  # (B, T)
+        L = len(store.k)
+        if start is None:
+            served = [base] * L
+        else:
+            served = [base & (start > layer)[:, None] for layer in range(L)]
+        return store, fresh, computed, served, seconds
+
+    @torch.inference_mode()
+    def measure(self, rec: StepRecord) -> list[tuple[dict, torch.Tensor]]:
+        """Measure the step ``rec`` (just yielded: the live store is still as its forward left it).
+
+        Returns one (record, hist) pair per active row: ``record`` is JSON-able (keys: prompt, step,
+        block, step_in_block, refresh, computed, served, signal {kind: float | None, of the tokens
+        committed at the previous step}, committed, fidelity_mismatch, fidelity_kl (nats, mean over
+        committed tokens of KL(fresh ‖ cached)), drift_k_mean / drift_k_max / drift_v_mean /
+        drift_v_max (lists of n_layers floats, 0 for a layer that served nothing), drift_k / drift_v
+        (mean of the per-layer means over the layers that served something: every layer, unless a
+        layer-selective plan recomputed the upper ones), start_layer (the plan's layer-selective start,
+        or None), forward_ms (live forward of the batch), shadow_ms). ``served`` counts the positions
+        served at layer 0. ``hist`` is the per-position K drift (mean over the layers that served it) of
+        the served positions, a 1-D float32 CPU tensor.
+        """
+        live = self.run.store
+        shadow, fresh_logits, computed, served, seconds = self.per_position(rec)
+        d = layer_drift(live.k, live.v, shadow.k, shadow.v, served)  # (B, L) each; k_pos (B, T)
+        layer_served = torch.stack([s.any(1) for s in served], 1)  # (B, L) bool
+        mismatch, kl = self._fidelity(rec, fresh_logits)
+        self._volatility(rec, shadow.k)
+        rows = (rec.rows + self.offset).tolist()
+        signals = {kind: rec.signal(kind).tolist() for kind in SIGNALS}
+        lists = {key: d[key].tolist() for key in ("k_mean", "k_max", "v_mean", "v_max")}
+        refresh, comp_n = rec.refresh.tolist(), computed.sum(1).tolist()
+        served_n, n_commit = served[0].sum(1).tolist(), rec.n_committed.tolist()
+        n_served_layers = layer_served.sum(1).tolist()
+        start = self._cap[4].tolist() if self._cap[4] is not None else None
+        out = []
+        for b, prompt in enumerate(rows):
+            rec_d = {
+                "prompt": prompt, "step": rec.step, "block": rec.block, "step_in_block": rec.step_in_block,
+                "refresh": bool(refresh[b]), "computed": int(comp_n[b]), "served": int(served_n[b]),
+                "signal": self.last_signal.get(prompt), "committed": int(n_commit[b]),
+                "fidelity_mismatch": int(mismatch[b]), "fidelity_kl": float(kl[b]),
+                "drift_k_mean": lists["k_mean"][b], "drift_k_max": lists["k_max"][b],
+                "drift_v_mean": lists["v_mean"][b], "drift_v_max": lists["v_max"][b],
+                "drift_k": sum(lists["k_mean"][b]) / max(n_served_layers[b], 1),
+                "drift_v": sum(lists["v_mean"][b]) / max(n_served_layers[b], 1),
+                "start_layer": None if start is None else int(start[b]),
+                "forward_ms": 1e3 * rec.forward_s, "shadow_ms": 1e3 * seconds,
+            }
+            self.last_signal[prompt] = {k: (v[b] if math.isfinite(v[b]) else None) for k, v in signals.items()}
+            out.append((rec_d, d["k_pos"][b][served[0][b]].cpu()))
+            self.committed += int(n_commit[b])
+        self._cap = None
+        return out
+
+    def _fidelity(self, rec: StepRecord, fresh: torch.Tensor) -> tuple[list, list]:
+        """Per row: committed tokens whose greedy choice differs between cached and fresh logits, and the
+        mean KL(fresh ‖ cached) in nats over committed tokens. Both logits are rows of the same
+        ``logits_pos``, so for Dream they predict the same (shifted) tokens. At temperature 0 the cached
+        greedy choice is the committed token itself, so the count is exact."""
+        cached = self._cap[3]
+        commit = rec.committed & rec.valid  # (B, R)
+        greedy = lambda x: x.float().index_fill(-1, self.banned, float("-inf")).argmax(-1)  # noqa: E731  (B, R)
+        differ = (greedy(cached) != greedy(fresh)) & commit
+        lp_f = torch.log_softmax(fresh[commit].float(), -1)  # (N, V)
+        lp_c = torch.log_softmax(cached[commit].float(), -1)
+        kl_tok = (lp_f.exp() * (lp_f - lp_c)).sum(-1).clamp_min(0.0)  # (N,)
+        kl = torch.zeros(commit.shape, dtype=torch.float32, device=commit.device)
+        kl[commit] = kl_tok
+        kl_row = kl.sum(1) / commit.sum(1).clamp_min(1)
+        return differ.sum(1).tolist(), kl_row.tolist()
+
+    def _volatility(self, rec: StepRecord, fresh_k: list[torch.Tensor]) -> None:
+        """Bin the fresh-K change since the previous step of every committed token by steps since commit."""
+        st = self.run.state
+        if self.prev_k is not None:
+            idx = torch.searchsorted(self.prev_rows, rec.rows)  # rows only ever drop, order kept
+            change = layer_mean_change([k[idx] for k in self.prev_k], fresh_k)  # (B, T)
+            age = rec.step - st.commit_step  # (B, T); commits of this step have age 0
+            ok = (st.commit_step >= 0) & (age >= 2) & st.key_mask  # both canvases hold the token
+            for b, prompt in enumerate((rec.rows + self.offset).tolist()):
+                self.bins.setdefault(prompt, VolatilityBins()).add(age[b], change[b], ok[b])
+        self.prev_k, self.prev_rows = fresh_k, rec.rows.clone()
+
+
+def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
+    """Prompts from arguments, ``--input`` JSONL, stdin, or ``--task`` (test split, ``--limit``, ``--shots``)."""
+    if opts.task:
+        if opts.prompts or opts.input_file:
+            raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
+        from ..tasks import get_task
+
+        task = get_task(opts.task, opts.data)
+        shots = task.default_shots if opts.shots is None else opts.shots
+        return [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
+    stdin = sys.stdin if not opts.prompts and opts.input_file is None and not sys.stdin.isatty() else None
+    return [p for p, _ in read_prompts(opts.prompts, opts.input_file, stdin)]
+
+
+def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -> TraceReport:
+    """Decode every prompt with the settings' policy and measure each step beside it.
+
+    ``sinks``: objects with ``step(record, hist)`` (called per record, in order) and ``close(report)``.
+    ``progress``: optional callable(prompt_range, step) for a status line. Returns the TraceReport.
+    """
+    if opts.volatility_level <= 0:
+        raise UsageError(f"--volatility-level {opts.volatility_level} must be > 0 (e.g. 1e-3)")
+    engine = Engine.from_loaded(lm)
+    chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
+    report = TraceReport(signal=opts.signal, level=opts.volatility_level, n_layers=lm.spec.n_layers)
+    done = 0
+    for prompts in batched(load_prompts(lm, opts), opts.batch_size):
+        run_ = engine.start(engine.encode(prompts, chat), settings.decode, settings.policy(), seed=opts.seed + done)
+        tracer = DriftTracer(run_, offset=done)
+        run_.on_forward = tracer.capture
+        for rec in run_:
+            report.live_s += rec.forward_s + rec.decision_s + rec.sampling_s
+            for record, hist in tracer.measure(rec):
+                report.records.append(record)
+                for s in sinks:
+                    s.step(record, hist)
+            if progress is not None:
+                progress(f"{done + 1}-{done + len(prompts)}", rec.step + 1)
+        report.shadow_s += tracer.shadow_s
+        report.committed += tracer.committed
+        for prompt, bins in tracer.bins.items():
+            report.per_prompt[prompt] = bins
+            report.volatility.merge(bins)
+        report.results.extend(_renumber(run_.results(), done))
+        done += len(prompts)
+    for s in sinks:
+        s.close(report)
+    return report
+
+
+def _renumber(results: list[GenerationResult], offset: int) -> list[GenerationResult]:
+    for r in results:
+        r.index += offset
+    return results
+
+
+def summary_document(lm, settings: Settings, opts: TraceOptions, report: TraceReport) -> dict:
+    """The ``--json`` document: the summary, the settings and the reproducibility manifest."""
+    return {**report.summary(), "manifest": manifest(lm, settings, opts.seed, {"command": "trace-drift"})}
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -1,0 +1,156 @@
+"""``ecache generate`` end to end through typer's CliRunner (stdout and stderr are captured apart)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ecache_cli.cache import make_policy
+from ecache_cli.cli import app
+from ecache_cli.engine import DecodeConfig, Engine
+
+SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
+STAT_KEYS = {"nfe", "full_forwards", "partial_forwards", "tokens_computed", "generated_tokens", "tokens_per_s",
+             "wall_s", "prompt_tokens"}
+
+
+@pytest.fixture
+def cli(profiles_dir):
+    """Invoke ``ecache`` in-process with no project profiles; returns click's Result."""
+    runner = CliRunner()
+
+    def invoke(*args, input=None):
+        return runner.invoke(app, [str(a) for a in args], input=input)
+
+    return invoke
+
+
+def records(result) -> list[dict]:
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def one_line_error(result, code: int, *needles: str) -> str:
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def test_help_lists_the_four_subcommands(cli):
+    res = cli("--help")
+    assert res.exit_code == 0
+    for cmd in ("generate", "profile", "calibrate", "trace-drift"):
+        assert cmd in res.stdout
+
+
+def test_generate_prints_the_engines_text(cli, llada_dir, llada_lm):
+    res = cli("generate", "Sort: 9 3 7 1", "--model", llada_dir, *SMALL, "--cache", "none")
+    assert res.exit_code == 0, res.stderr
+    eng = Engine.from_loaded(llada_lm)
+    (want,) = eng.generate(["Sort: 9 3 7 1"], DecodeConfig(gen_length=16, block_length=8), make_policy("none"),
+                           chat=False)
+    assert want.text.strip()  # the comparison is not between two empty strings
+    assert res.stdout == want.text + "\n"
+
+
+def test_jsonl_records_carry_stats(cli, dream_dir):
+    res = cli("generate", "abc", "Reverse: 4 5 6", "--model", dream_dir, *SMALL, "--jsonl", "--seed", 3, "-b", 2)
+    assert res.exit_code == 0, res.stderr
+    recs = records(res)
+    assert [r["index"] for r in recs] == [0, 1] and [r["prompt"] for r in recs] == ["abc", "Reverse: 4 5 6"]
+    for r in recs:
+        s = r["stats"]
+        assert STAT_KEYS <= set(s)
+        assert s["nfe"] == s["full_forwards"] + s["partial_forwards"] >= 1
+        assert 1 <= s["generated_tokens"] <= 16 and s["wall_s"] > 0 and s["tokens_per_s"] > 0
+        assert r["seed"] == 3 and r["settings"]["cache"] == "entropy"
+        assert r["settings"]["decode"]["gen_length"] == 16 and r["settings"]["decode"]["block_length"] == 8
+        assert isinstance(r["text"], str) and len(r["token_ids"]) <= 16
+
+
+def test_stdin_pipeline_gives_one_record_per_line(cli, llada_dir):
+    res = cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input="a\n\nb\n")
+    assert res.exit_code == 0, res.stderr
+    assert [(r["index"], r["prompt"]) for r in records(res)] == [(0, "a"), (1, "b")]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--cache", "lru"], ["'lru'", "cache"]),
+    (["--block-length", "0"], ["--block-length 0"]),
+    (["--steps", "1"], ["--steps 1", "2 blocks"]),
+    (["--gen-length", "12"], ["--gen-length 12", "--block-length 8"]),
+    (["--temperature", "-1"], ["--temperature -1"]),
+    (["--signal", "mean"], ["--signal 'mean'"]),
+    (["-b", "0"], ["--batch-size 0"]),
+])
+def test_bad_settings_exit_2(cli, llada_dir, args, needles):
+    res = cli("generate", "hi", "--model", llada_dir, *SMALL, *args)
+    one_line_error(res, 2, *needles)
+    assert res.stdout == ""
+
+
+def test_missing_model_dir_exits_1(cli, tmp_path):
+    one_line_error(cli("generate", "hi", "--model", tmp_path / "nope", *SMALL), 1, "nope")
+
+
+def test_unreadable_input_exits_1(cli, llada_dir, tmp_path):
+    one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--input", tmp_path / "none.jsonl"), 1, "none.jsonl")
+    one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--input", tmp_path), 1, "--input")  # a folder
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    res = cli("generate", "--model", llada_dir, *SMALL, "--input", bad, "--jsonl")
+    one_line_error(res, 1, "latin1.jsonl:2", "UTF-8")
+    assert [r["prompt"] for r in records(res)] == ["a"]
+
+
+@pytest.mark.parametrize("batch", ["1", "4"])
+def test_malformed_jsonl_line_keeps_earlier_records(cli, llada_dir, tmp_path, batch):
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "one"}\n{"messages": [{"role": "user", "content": "two"}], "id": 7}\n{"prompt": \n'
+                 '{"prompt": "four"}\n')
+    res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--jsonl", "-b", batch)
+    one_line_error(res, 1, "in.jsonl:3", "JSON")
+    recs = records(res)
+    assert [r["index"] for r in recs] == [0, 1]
+    assert recs[0]["prompt"] == "one" and recs[1]["id"] == 7 and "messages" in recs[1]
+
+
+def test_record_without_prompt_exits_1(cli, llada_dir, tmp_path):
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"question": "x"}\n')
+    one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--input", f), 1, "in.jsonl:1", "'prompt'")
+
+
+def test_profile_unknown_key_exits_2(cli, llada_dir, tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump({"decode": {"gen_lenght": 8}}))
+    one_line_error(cli("generate", "hi", "--model", llada_dir, "--profile", p, "-q"), 2, "decode.gen_lenght")
+    p.write_text(yaml.safe_dump({"cache": {"policy": "dual"}, "speed": 3}))
+    one_line_error(cli("generate", "hi", "--model", llada_dir, "--profile", p, "-q"), 2, "'speed'")
+    one_line_error(cli("generate", "hi", "--model", llada_dir, "--profile", tmp_path / "gone.yaml", "-q"), 2, "gone.yaml")
+
+
+def test_profile_values_are_used_and_flags_override(cli, llada_dir, tmp_path):
+    p = tmp_path / "prof.yaml"
+    p.write_text(yaml.safe_dump({"decode": {"gen_length": 8, "block_length": 4, "steps": 4, "ban_eos": True},
+                                 "cache": {"policy": "dual", "refresh_every": 1}}))
+    res = cli("generate", "hi", "--model", llada_dir, "--profile", p, "--no-chat", "-q", "--jsonl")
+    assert res.exit_code == 0, res.stderr
+    (r,) = records(res)
+    dec = r["settings"]["decode"]
+    assert (dec["gen_length"], dec["block_length"], dec["steps"]) == (8, 4, 4)
+    assert r["settings"]["cache"] == "dual" and r["settings"]["cache_params"] == {"refresh_every": 1}
+    assert r["settings"]["profile"] == str(p)
+    assert len(r["token_ids"]) == 8 and r["stats"]["nfe"] == 4 == r["stats"]["full_forwards"]  # refresh_every 1
+    res = cli("generate", "hi", "--model", llada_dir, "--profile", p, "--no-chat", "-q", "--jsonl",
+              "--gen-length", "16", "--cache", "none", "--allow-eos")
+    assert res.exit_code == 0, res.stderr
+    (r,) = records(res)
+    dec = r["settings"]["decode"]
+    assert (dec["gen_length"], dec["block_length"], dec["steps"], dec["ban_eos"]) == (16, 4, 4, False)
+    assert r["settings"]["cache"] == "none" and r["stats"]["nfe"] <= 4

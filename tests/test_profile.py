@@ -1,0 +1,162 @@
+"""``ecache profile``: the measurement loop, traces, manifest and the CLI, on tiny random checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ecache_cli.engine import DecodeConfig, Engine
+from ecache_cli.engine.core import _NO_RANGE
+from ecache_cli.cli import app
+from ecache_cli.runs.common import Settings, manifest
+from ecache_cli.runs.profile import ProfileOptions, Request, measure, render_table
+
+CFG = DecodeConfig(gen_length=16, block_length=8)
+PROMPTS = ["Sort: 9 3 7 1", "Reverse: 4 5 6 7 8", "Add 12 and 30"]
+
+
+def settings(cfg=CFG, **cache) -> Settings:
+    return Settings(decode=cfg, cache="entropy", cache_params={"tau": 1.0}, all_cache_params={"tau": 1.0, **cache})
+
+
+@pytest.fixture(scope="module")
+def report_and_calls(request):
+    lm = request.getfixturevalue("llada_lm")
+    calls = []
+    opts = ProfileOptions(policies=["none", "entropy", "dual"], warmup=1, repeats=2)
+    rep = measure(Engine.from_loaded(lm), settings(), [Request(p) for p in PROMPTS], opts, chat=False,
+                  on_run=lambda kind, p: calls.append((kind, p)))
+    return rep, calls
+
+
+def test_measure_reports_every_number(report_and_calls):
+    rep, _ = report_and_calls
+    assert rep.policies == ["none", "entropy", "dual"]
+    none, ent = rep.summaries["none"], rep.summaries["entropy"]
+    assert none["requests"] == len(PROMPTS) * 2 and none["runs"] == len(PROMPTS) * 2
+    assert none["speedup_vs_none"] == pytest.approx(1.0)
+    assert none["work_share_vs_none"] == pytest.approx(1.0) and none["work_share_per_forward"] == pytest.approx(1.0)
+    assert none["fidelity_identical_share"] == 1.0 and none["fidelity_token_agreement"] == 1.0
+    assert none["full_forwards_per_request"] == none["nfe_per_request"] and none["partial_forwards_per_request"] == 0
+    # dual refreshes once per block it visits (2 blocks of 8, fewer after an early end), partial otherwise
+    for run in rep.runs["dual"]:
+        for r in run.rows:
+            assert 1 <= r.full_forwards <= 2 and r.partial_forwards == r.nfe - r.full_forwards > 0
+    assert rep.summaries["dual"]["work_share_vs_none"] < 1.0
+    for s in rep.summaries.values():
+        assert s["tokens_per_s"] > 0 and s["p95_ms"] >= s["p50_ms"] > 0
+        assert 0 <= s["decision_overhead_pct"] < 100
+        assert s["peak_memory_bytes"] > 0
+    assert ent["params"]["tau"] == 1.0 and ent["params"]["recent_k"] == 64
+
+
+def test_tokens_per_s_is_generated_tokens_over_wall(report_and_calls):
+    rep, _ = report_and_calls
+    for p in rep.policies:
+        rows = [r for run in rep.runs[p] for r in run.rows]
+        gen = sum(len(r.answer_ids) + (1 if len(r.answer_ids) < CFG.gen_length else 0) for r in rows)
+        wall = sum(run.wall_s for run in rep.runs[p])
+        assert rep.summaries[p]["generated_tokens"] == gen
+        assert rep.summaries[p]["tokens_per_s"] == pytest.approx(gen / wall)
+
+
+def test_warmup_first_then_policy_order_rotates(report_and_calls):
+    _, calls = report_and_calls
+    assert calls[:3] == [("warmup", "none"), ("warmup", "entropy"), ("warmup", "dual")]
+    measured = [p for kind, p in calls if kind == "measure"]
+    firsts = measured[::3]  # the first policy of each (repeat, prompt) round
+    assert firsts == ["none", "entropy", "dual", "entropy", "dual", "none"]
+    assert sorted(measured) == sorted(["none", "entropy", "dual"] * 6)
+
+
+def test_table_has_one_row_per_policy(report_and_calls):
+    from rich.console import Console
+
+    rep, _ = report_and_calls
+    con = Console(width=300, record=True)
+    con.print(render_table(rep))
+    text = con.export_text()
+    for p in rep.policies:
+        assert f"│ {p} " in text
+    for header in ("tok/s", "speedup", "p95", "NFE", "partial", "work %", "decision", "peak mem", "identical"):
+        assert header in text
+
+
+def test_trace_holds_the_named_ranges(llada_lm, tmp_path):
+    eng = Engine.from_loaded(llada_lm)
+    opts = ProfileOptions(policies=["none", "entropy"], warmup=0, trace_dir=tmp_path / "tr", trace_steps=6)
+    rep = measure(eng, settings(tau=1e9), [Request(PROMPTS[0])], opts, chat=False)  # tau huge: partial steps
+    for p in ("none", "entropy"):
+        info = rep.trace["policies"][p]
+        assert info["steps"] == 6
+        tb = info["files"]["tensorboard"]
+        assert len(tb) == 1 and tb[0].endswith(".pt.trace.json") and f"/{p}/" in tb[0]
+        names = {e.get("name") for e in json.loads(open(info["files"]["chrome_trace"]).read())["traceEvents"]}
+        expected = {"ecache.decision.plan", "ecache.forward.full", "ecache.sampling_commit", "ecache.decision.observe",
+                    "ecache.layer00.attention", "ecache.layer00.mlp", "ecache.layer01.mlp", f"ecache.request.{p}"}
+        assert expected <= names, expected - names
+        assert ("ecache.forward.partial" in names) == (p == "entropy")
+        assert info["ranges"]["ecache.layer00.attention"]["count"] == 6
+    # after tracing: no hooks left on the model, and runs have ranges off (a shared no-op context)
+    model = llada_lm.model
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    run = eng.start(eng.encode(["x"], False), CFG, settings().policy("none"))
+    assert run.ranges is False and run._range("ecache.any") is _NO_RANGE
+
+
+def test_manifest_holds_reproducibility_fields(llada_lm):
+    m = manifest(llada_lm, settings(), 7, {"policies": ["none"]})
+    for key in ("ecache_version", "git_commit", "python", "torch", "transformers", "device", "device_name", "dtype",
+                "threads", "seed", "settings", "model_path", "config_sha256"):
+        assert key in m, key
+    assert m["seed"] == 7 and m["dtype"] == "float32" and m["threads"] >= 1
+    assert len(m["config_sha256"]) == 64 and m["settings"]["decode"]["gen_length"] == 16
+    assert m["policies"] == ["none"]
+
+
+@pytest.fixture
+def cli(profiles_dir):
+    runner = CliRunner()
+    return lambda *args, input=None: runner.invoke(app, [str(a) for a in args], input=input)
+
+
+SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q", "--warmup", "0"]
+
+
+def test_cli_profile_json_last_line(cli, llada_dir, tmp_path):
+    r = cli("profile", "--model", llada_dir, "--policies", "none,entropy", *SMALL, "--json", "-", "Sort: 3 1 2", "Hi")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(doc["policies"]) == {"none", "entropy"}
+    assert doc["policies"]["none"]["speedup_vs_none"] == pytest.approx(1.0)
+    assert doc["manifest"]["model_path"] == str(llada_dir) and doc["manifest"]["policies"] == ["none", "entropy"]
+    assert len(doc["requests"]) == 4
+    assert "tok/s" in r.stderr  # with --json - the table goes to stderr, stdout holds only the JSON line
+    out = tmp_path / "p.json"
+    r2 = cli("profile", "--model", llada_dir, "--policies", "dual", *SMALL, "--json", out, "Sort: 3 1 2")
+    assert r2.exit_code == 0, r2.stderr
+    assert "tok/s" in r2.stdout and json.loads(out.read_text())["policies"]["dual"]["speedup_vs_none"] is None
+
+
+def test_cli_profile_task_prompts_and_score(cli, llada_dir):
+    r = cli("profile", "--model", llada_dir, "--policies", "none,dual", "--task", "arith", "--limit", "2", *SMALL,
+            "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert doc["task"]["name"] == "arith" and doc["task"]["limit"] == 2
+    assert doc["policies"]["none"]["score"] in (0.0, 0.5, 1.0)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--policies", "none,bogus", "x"], "bogus"),
+    (["--policies", "none,none", "x"], "twice"),
+    (["--repeats", "0", "x"], "--repeats"),
+    (["--task", "arith", "x"], "--task"),
+    (["--shots", "2", "x"], "--shots"),
+])
+def test_cli_profile_usage_errors(cli, llada_dir, args, needle):
+    r = cli("profile", "--model", llada_dir, *SMALL, *args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr and r.stderr.count("\n") == 1
