@@ -422,6 +422,8 @@ def parse_args(argv=None):
     ap.add_argument("--final-eval-n", type=int, default=24, help="held-out examples per (domain, shots) at the end")
     args = ap.parse_args(argv)
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
+    words = sys.argv[1:] if argv is None else list(argv)
+    args.given = {k for k in asdict(d) if any(w.split("=")[0] == "--" + k.replace("_", "-") for w in words)}
     return args, cfg
 
 
@@ -446,9 +448,15 @@ def main(argv=None) -> None:
     state = None
     if args.resume or args.export_only:
         state = torch.load(state_path, map_location="cpu", weights_only=False)
-        cfg = TrainConfig(**{**state["cfg"], "steps": cfg.steps if args.resume else state["cfg"]["steps"],
-                             "eval_every": cfg.eval_every, "eval_n": cfg.eval_n, "threads": cfg.threads})
-        cfg.domains, cfg.eval_shots, cfg.betas = tuple(cfg.domains), tuple(cfg.eval_shots), tuple(cfg.betas)
+        # the saved run's settings, except flags given now (a resumed run may change its schedule,
+        # data mix or bookkeeping from the resumed step on; the model shape must not change)
+        override = {k: getattr(cfg, k) for k in args.given}
+        for k in ("d_model", "n_layers", "n_heads", "mlp_hidden"):
+            assert k not in override or override[k] == state["cfg"][k], f"--{k} cannot change on resume"
+        saved = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
+        cfg = TrainConfig(**{**asdict(TrainConfig()), **saved, **override})
+        if override:
+            log(f"resume overrides from step {state['step']}: {json.dumps(override)}")
     mcfg = model_config(cfg, tok)
     model = build_model(mcfg, cfg.seed)
     n_params = sum(p.numel() for p in model.parameters())
@@ -485,7 +493,7 @@ def train(model, opt, tok, tasks, cfg: TrainConfig, step: int, stats: dict, stat
     metrics = open(ckpt / "metrics.jsonl", "a")
     model.train()
     last_save = time.time()
-    win_loss, win_tok, win_t0 = 0.0, 0, time.time()
+    win_loss, win_tok, win_steps, win_t0 = 0.0, 0, 0, time.time()
     while step < cfg.steps:
         items = stream.next()
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -505,17 +513,18 @@ def train(model, opt, tok, tasks, cfg: TrainConfig, step: int, stats: dict, stat
         ntok = int(key_mask.sum())
         win_loss += loss.item()
         win_tok += ntok
+        win_steps += 1
         stats["tokens"] += ntok
         if step % cfg.log_every == 0 or step == cfg.steps:
             dt = time.time() - win_t0
             stats["train_seconds"] += dt
-            rec = {"step": step, "loss": win_loss / cfg.log_every, "lr": lr, "gnorm": float(gnorm),
+            rec = {"step": step, "loss": win_loss / win_steps, "lr": lr, "gnorm": float(gnorm),
                    "tok_s": win_tok / dt, "tokens": stats["tokens"], "train_s": round(stats["train_seconds"])}
             log(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()))
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
             stats["last_loss"] = rec["loss"]
-            win_loss, win_tok, win_t0 = 0.0, 0, time.time()
+            win_loss, win_tok, win_steps, win_t0 = 0.0, 0, 0, time.time()
         if cfg.eval_every > 0 and cfg.eval_n > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
             t0 = time.time()
             acc = evaluate(model, tok, tasks, cfg.eval_n, cfg.eval_shots)

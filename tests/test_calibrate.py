@@ -17,8 +17,9 @@ from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_store import RunFile
 from ecache_cli.runs.calibrate import CalibrateOptions, calibrate
 from ecache_cli.runs.common import resolve_settings
+from ecache_cli.engine import Engine
 from ecache_cli.runs.tau_search import (Point, aggregate, choose, coarse_grid, pareto_frontier, refine_next,
-                                        round_sig)
+                                        round_sig, same_decisions)
 from ecache_cli.tasks import get_task
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
@@ -181,16 +182,20 @@ def test_resume_after_interruption_reaches_the_same_answer(llada_lm, tmp_path, m
     assert len({p.fidelity for p in full.points}) > 1  # the random model's τs really differ
     (tmp_path / "p.yaml").unlink()
 
-    calls = {"n": 0}
+    calls = {"n": 0, "fail_at": None}
     real = calib_mod.Evaluator._run_chunk
 
-    def flaky(self, tau, c, idx):  # the 5th batch dies, as a crash or Ctrl-C would
+    def flaky(self, tau, c, idx):  # counts decoded batches; the fail_at-th one dies, as a crash or Ctrl-C would
         calls["n"] += 1
-        if calls["n"] == 5:
+        if calls["n"] == calls["fail_at"]:
             raise KeyboardInterrupt
         return real(self, tau, c, idx)
 
     monkeypatch.setattr(calib_mod.Evaluator, "_run_chunk", flaky)
+    run_calibrate(llada_lm, tmp_path, "count.jsonl", batch_size=batch_size)
+    decoded = calls["n"]  # batches an uninterrupted run decodes (some τ batches are copied, not decoded)
+    (tmp_path / "p.yaml").unlink()
+    calls.update(n=0, fail_at=5)
     with pytest.raises(KeyboardInterrupt):
         run_calibrate(llada_lm, tmp_path, "cut.jsonl", batch_size=batch_size)
     assert not (tmp_path / "p.yaml").exists()
@@ -200,8 +205,7 @@ def test_resume_after_interruption_reaches_the_same_answer(llada_lm, tmp_path, m
     resumed = run_calibrate(llada_lm, tmp_path, "cut.jsonl", batch_size=batch_size, resume=True)
     assert resumed.resumed_records == (4 if batch_size == 1 else 8)  # 4 batches of 1 row / 2 of (3, 1) rows
     assert comparable(resumed) == comparable(full)
-    chunks = 4 if batch_size == 1 else 2
-    assert calls["n"] - before == (1 + len(full.points)) * chunks - 4  # only the batches not yet written ran
+    assert calls["n"] - before == decoded - 4  # only the batches not yet written ran
 
     # a run file cut after k records (and a torn line): same answer; a complete one decodes nothing
     lines = (tmp_path / "full.jsonl").read_text().splitlines(keepends=True)
@@ -211,6 +215,33 @@ def test_resume_after_interruption_reaches_the_same_answer(llada_lm, tmp_path, m
     before = calls["n"]
     done = run_calibrate(llada_lm, tmp_path, "full.jsonl", batch_size=batch_size, resume=True)
     assert calls["n"] == before and comparable(done) == comparable(full)
+
+
+def test_same_decisions():
+    assert same_decisions([0.1, 0.5, 2.0], 0.6, 1.9)  # no signal in (0.6, 1.9]
+    assert not same_decisions([0.1, 0.5, 2.0], 0.4, 0.6)  # 0.5 refreshes under 0.4, not under 0.6
+    assert not same_decisions([0.6], 0.6, 0.5) and same_decisions([0.6], 0.6, 0.7)  # the decision is s > τ
+    assert same_decisions([None, 0.1], -5.0, 0.05)  # None: -inf, a step that committed nothing
+
+
+def test_copied_batches_equal_decoded_ones(llada_lm, tmp_path, profiles_dir):
+    out = run_calibrate(llada_lm, tmp_path, grid=6, refine=3)
+    recs = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()[1:]]
+    copied = [r for r in recs if "reused_from" in r]
+    assert copied, "the grid should contain τs whose decisions coincide on some example"
+    eng = Engine.from_loaded(llada_lm)
+    settings = resolve_settings(str(llada_lm.path), {"gen_length": 16, "block_length": 8}, {"policy": "entropy"})
+    task = get_task("list")
+    for r in copied:
+        ex = task.examples("test", 4, 0)[r["index"]]
+        ids = eng.encode([task.prompt(ex, 0, 0)], chat=False)
+        run = eng.start(ids, settings.decode, settings.policy("entropy", tau=r["tau"]), seed=r["chunk"])
+        for _ in run:
+            pass
+        (res,) = run.results()
+        assert res.token_ids == r["token_ids"] and res.stats["nfe"] == r["nfe"]
+        assert res.stats["full_forwards"] == r["full_forwards"] and res.stats["tokens_computed"] == r["cost"]
+    assert out.choice.point is not None
 
 
 def test_resume_with_other_settings_is_an_error(llada_lm, tmp_path, profiles_dir):
@@ -253,6 +284,8 @@ def test_calibrate_writes_a_profile_that_generate_uses(cli, llada_dir, profiles_
     settings = json.loads(gen.stdout)["settings"]
     assert settings["cache"] == "entropy" and settings["cache_params"]["tau"] == prof["cache"]["tau"]
     assert settings["decode"]["gen_length"] == 16
+    gen = cli("generate", "--model", llada_dir, "--profile", "list", "--jsonl", "--no-chat", "-q", "Sort: 3 1 2")
+    assert gen.exit_code == 0 and json.loads(gen.stdout)["settings"]["cache_params"]["tau"] == prof["cache"]["tau"]
 
     # the same target for another task is refused before any decoding; so is another model's file
     other = profiles_dir / "llada-rand" / "arith.yaml"

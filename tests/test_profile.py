@@ -106,6 +106,15 @@ def test_trace_holds_the_named_ranges(llada_lm, tmp_path):
     assert run.ranges is False and run._range("ecache.any") is _NO_RANGE
 
 
+def test_policy_variants_get_their_own_parameters(llada_lm):
+    opts = ProfileOptions(policies=["none", "entropy", "entropy:tau=1e9:recent_k=2"], warmup=0)
+    rep = measure(Engine.from_loaded(llada_lm), settings(), [Request(PROMPTS[0])], opts, chat=False)
+    assert rep.summaries["entropy"]["params"]["recent_k"] == 64
+    variant = rep.summaries["entropy:tau=1e9:recent_k=2"]
+    assert variant["params"]["tau"] == 1e9 and variant["params"]["recent_k"] == 2
+    assert variant["full_forwards_per_request"] == 1  # tau 1e9: only the first step refreshes
+
+
 def test_manifest_holds_reproducibility_fields(llada_lm):
     m = manifest(llada_lm, settings(), 7, {"policies": ["none"]})
     for key in ("ecache_version", "git_commit", "python", "torch", "transformers", "device", "device_name", "dtype",
@@ -155,6 +164,8 @@ def test_cli_profile_task_prompts_and_score(cli, llada_dir):
     (["--repeats", "0", "x"], "--repeats"),
     (["--task", "arith", "x"], "--task"),
     (["--shots", "2", "x"], "--shots"),
+    (["--policies", "none,entropy:bogus=1", "x"], "bogus"),
+    (["--policies", "entropy:tau", "x"], "key=value"),
 ])
 def test_cli_profile_usage_errors(cli, llada_dir, args, needle):
     r = cli("profile", "--model", llada_dir, *SMALL, *args)

@@ -75,13 +75,14 @@ def test_volatility_bins_mean_count_and_settle():
     curve = bins.curve()
     assert [p["n"] for p in curve] == [2, 3, 5]
     assert curve[0]["mean"] == pytest.approx(2e-2) and curve[0]["count"] == 2
-    assert bins.settle_steps(1e-3) == 3
-    assert bins.settle_steps(1e-6) is None
+    assert bins.settle_steps(1e-3, min_count=1) == 3
+    assert bins.settle_steps(1e-6, min_count=1) is None
+    assert bins.settle_steps(1e-3, min_count=2) is None  # only bin 2 (2 tokens, 2e-2) is counted
     other = VolatilityBins()
     other.add(torch.tensor([[7]]), torch.tensor([[5e-2]]), torch.tensor([[True]]))
     bins.merge(other)
     assert bins.curve()[-1] == {"n": 7, "mean": pytest.approx(5e-2), "count": 1}
-    assert bins.settle_steps(1e-3) is None  # the last bin is above the level again
+    assert bins.settle_steps(1e-3, min_count=1) is None  # the last bin is above the level again
 
 
 def test_correlation_undefined_cases():
@@ -215,6 +216,19 @@ def test_shadow_forward_does_not_change_the_generated_tokens(lm, cache):
         pass
     assert [r.token_ids for r in report.results] == [r.token_ids for r in plain.results()]
     assert len(report.records) == int(plain.nfe.sum())  # one record per forward of every row
+
+
+def test_layer_selective_forwards_serve_only_the_layers_below_the_start(llada_lm):
+    """Elastic-Cache recomputes every position from ``start_layer`` on: those layers serve nothing, so
+    their drift is 0 and the step's drift averages the layers below."""
+    report = run_trace(llada_lm, "elastic", gen_length=32, block_length=16)
+    expanded = [r for r in report.records if r["start_layer"] is not None and r["start_layer"] < llada_lm.spec.n_layers]
+    assert expanded, "elastic never expanded: pick a setting where its attention drift exceeds gamma"
+    for r in expanded:
+        start = r["start_layer"]
+        assert all(v == 0.0 for v in r["drift_k_mean"][start:] + r["drift_v_max"][start:])
+        if start > 0 and r["served"]:
+            assert r["drift_k"] == pytest.approx(sum(r["drift_k_mean"][:start]) / start)
 
 
 def test_sampling_rng_is_untouched_by_the_shadow(llada_lm):
@@ -364,6 +378,7 @@ def test_cli_reads_task_prompts(cli, llada_dir, tmp_path):
     (["--signal", "loudness"], "--signal"),
     (["--volatility-level", "0"], "--volatility-level"),
     (["--data", "x.jsonl"], "--task"),
+    (["--jsonl", "-", "--json", "-"], "stdout"),
 ])
 def test_cli_usage_errors_exit_2(cli, llada_dir, args, needle):
     res = cli("trace-drift", "--model", llada_dir, "hi", *SMALL, *args)

@@ -38,7 +38,7 @@ def calibrate_cmd(
     min_fidelity: Annotated[Optional[float], typer.Option("--min-fidelity", help="Also require token agreement with none ≥ this percent.", rich_help_panel=K)] = None,
     grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of the none run's signal).", rich_help_panel=K)] = 8,
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
-    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated (replaces the coarse grid).", rich_help_panel=K)] = None,
+    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated, in the signal's unit (replaces the coarse grid; --refine 0 to evaluate only these).", rich_help_panel=K)] = None,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code in the sandbox to score it.", rich_help_panel=K)] = False,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,

@@ -22,7 +22,7 @@ def trace_drift_cmd(
     task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split (gsm8k, arith, ...); also selects profiles/<model>/<task>.yaml.", rich_help_panel=o.O)] = None,
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task (e.g. gsm8k/test.jsonl).", rich_help_panel=o.O)] = None,
     limit: Annotated[int, typer.Option(help="Number of --task examples.", rich_help_panel=o.O)] = 4,
-    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each --task question [default: the task's].", rich_help_panel=o.O)] = None,
+    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each --task question (default: the task's own, 8 for gsm8k).", rich_help_panel=o.O)] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template [default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
@@ -36,7 +36,7 @@ def trace_drift_cmd(
     tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars and histograms under DIR (one run per prompt).", rich_help_panel=o.O)] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG: signal and drift over steps, signal vs next-step drift, volatility.", rich_help_panel=o.O)] = None,
     json_out: Annotated[Optional[str], typer.Option("--json", help="Write the summary (correlations, volatility, settings, manifest) as one JSON document to FILE ('-' = stdout).", rich_help_panel=o.O)] = None,
-    rows: Annotated[int, typer.Option("--rows", help="About this many table rows per prompt (every Nth step plus every refresh step); 0 = every step.", rich_help_panel=o.O)] = 24,
+    rows: Annotated[int, typer.Option("--rows", help="About this many table rows per prompt (every Nth step, the first refresh after partial steps, the last); 0 = every step.", rich_help_panel=o.O)] = 24,
     volatility_level: Annotated[float, typer.Option("--volatility-level", help="Report the steps after commit from which a token's mean K change (1 − cos) per step stays below this.", rich_help_panel=o.O)] = 1e-3,
     quiet: o.Quiet = False,
 ):
@@ -66,6 +66,8 @@ def trace_drift_cmd(
         raise UsageError(f"--input {input_file}: no such file")
     if plot is not None and plot.suffix.lower() != ".png":
         raise UsageError(f"--plot {plot}: give a .png file name")
+    if jsonl is not None and str(jsonl) == "-" and json_out == "-":
+        raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
     if volatility_level <= 0:
         raise UsageError(f"--volatility-level {volatility_level} must be > 0 (e.g. 1e-3)")
     if data is not None and task is None:
@@ -79,8 +81,7 @@ def trace_drift_cmd(
             raise UsageError(f"{path}: folder {path.parent} does not exist")
     kind = signal or settings.cache_params.get("signal", "max-entropy")
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
-                        chat=chat, batch_size=batch_size, seed=seed, signal=kind, volatility_level=volatility_level,
-                        quiet=quiet)
+                        chat=chat, batch_size=batch_size, seed=seed, signal=kind, volatility_level=volatility_level)
     lm = load_model(model, device, dtype)
     settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
     sinks = []

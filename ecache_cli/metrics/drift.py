@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+SETTLE_MIN_COUNT = 5  # volatility bins with fewer tokens are too noisy to decide where the curve settles
+
 
 def cosine_drift(cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
     """Per-position cosine drift 1 − cos between two K (or V) tensors of one layer.
@@ -137,10 +139,11 @@ class VolatilityBins:
         return [{"n": int(n), "mean": float(self.sums[n] / self.counts[n]), "count": int(self.counts[n])}
                 for n in range(len(self.counts)) if self.counts[n] > 0]
 
-    def settle_steps(self, level: float) -> int | None:
-        """Smallest n whose mean change and every later bin's mean change is below ``level``; None if the
-        last bin is not below it (or there is no data)."""
-        curve = self.curve()
+    def settle_steps(self, level: float, min_count: int = SETTLE_MIN_COUNT) -> int | None:
+        """Smallest n whose mean change and every later bin's mean change is below ``level``, over the bins
+        holding at least ``min_count`` tokens (the last bins of a run hold few and are noisy); None if the
+        last such bin is not below it (or there is none)."""
+        curve = [p for p in self.curve() if p["count"] >= min_count]
         settle = None
         for point in reversed(curve):
             if point["mean"] >= level:
@@ -185,6 +188,24 @@ def next_step_pairs(records: list[dict], signal: str, drift_key: str = "drift_k"
             continue
         xs.append(float(s))
         ys.append(float(r[drift_key]))
+    return xs, ys
+
+
+def increment_pairs(records: list[dict], signal: str) -> tuple[list, list]:
+    """(E_t, drift_{t+1} − drift_t) over consecutive steps of the same prompt that both served something
+    from the cache; ``records`` in step order per prompt, as ``next_step_pairs`` takes them. Removes the
+    slow growth of drift since the last refresh, which a plain next-step correlation also sees."""
+    last: dict[int, dict] = {}
+    xs, ys = [], []
+    for r in records:
+        prev = last.get(r["prompt"])
+        last[r["prompt"]] = r
+        s = (r.get("signal") or {}).get(signal)
+        if prev is None or prev["step"] != r["step"] - 1 or s is None or not math.isfinite(s):
+            continue
+        if r["served"] > 0 and prev["served"] > 0:
+            xs.append(float(s))
+            ys.append(float(r["drift_k"] - prev["drift_k"]))
     return xs, ys
 
 

@@ -9,8 +9,9 @@ Procedure (the rules themselves live in ``runs/tau_search.py``):
    signal of the committed tokens, ``rec.signal(kind)``).
 3. A coarse τ grid over that distribution (or ``--taus``), then ``--refine`` bisection steps on the
    bracket around the choice.
-4. Each τ decodes the same examples; score, fidelity to ``none``, cost proxy, wall-clock, refresh rate
-   and NFE are aggregated per τ, and the choice rule picks one (or none).
+4. Each τ decodes the same examples (a batch on which its refresh decisions provably equal those of
+   an evaluated τ is copied from it, not decoded: ``Evaluator``); score, fidelity to ``none``, cost
+   proxy, wall-clock, refresh rate and NFE are aggregated per τ, and the choice rule picks one (or none).
 
 Every (τ, example) record is appended to the run file (``runs/calib_store.py``) as soon as its batch
 finishes; ``--resume`` reuses them. Batches are fixed chunks of the sample, re-run whole if any of
@@ -28,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import canonical_model_name, profile_path
@@ -36,7 +37,7 @@ from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import RunFile
 from .common import Settings
-from .tau_search import Choice, Point, aggregate, choose, coarse_grid, pareto_frontier, refine_next
+from .tau_search import Choice, Point, aggregate, choose, coarse_grid, pareto_frontier, refine_next, same_decisions
 
 METRICS = ("task", "fidelity")
 
@@ -83,7 +84,6 @@ class Outcome:
     profile_data: dict | None
     run_file: Path
     resumed_records: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def validate(opts: CalibrateOptions) -> None:
@@ -158,8 +158,15 @@ class Evaluator:
     A record: tau, index, id, chunk, text, token_ids (gen_length ids), answer_len, ended, score (0–1 or
     None), nfe, full_forwards, partial_forwards, cost (computed positions; a full forward counts the
     row's own prompt + gen length, so the number does not depend on batch padding), generated_tokens,
-    wall_s (the batch's wall seconds / its rows); ``none`` records also carry signals (per step with
-    commits, the signal of this row, in the signal's unit).
+    wall_s (the batch's wall seconds / its rows), signals (per step of this row, the signal the policy
+    compares with τ, in the signal's unit, full precision; None for -inf, a step that committed
+    nothing), and ``reused_from`` when copied from another τ's record.
+
+    Reuse (exact, no decoding): a τ decision is ``signal > τ``, so a run at τ' makes the same decision
+    as one at τ at every step whose signal lies outside (min(τ, τ'), max(τ, τ')]; same decisions mean
+    the same forwards, hence the same tokens and signals (by induction over the steps). A batch whose
+    rows' recorded signals under an evaluated τ' all avoid that interval is copied from τ' (its wall
+    time too) instead of decoded (``tau_search.same_decisions``).
     """
 
     def __init__(self, engine: Engine, task, examples: list, prompt_ids: list[list[int]], settings: Settings,
@@ -177,7 +184,12 @@ class Evaluator:
         for c, idx in enumerate(self.chunks):
             missing = [i for i in idx if self.store.get(tau, i) is None]
             if missing:
-                for rec in self._run_chunk(tau, c, idx):
+                src = None if tau is None else self._reusable(tau, idx)
+                if src is not None:
+                    recs = [{**self.store.get(src, i), "tau": tau, "reused_from": src} for i in idx]
+                else:
+                    recs = self._run_chunk(tau, c, idx)
+                for rec in recs:
                     if rec["index"] in missing:
                         self.store.add(rec)
             if self.progress is not None:
@@ -188,17 +200,23 @@ class Evaluator:
                 rec["score"] = float(self.task.score(self.examples[rec["index"]], rec["text"]))
         return out
 
+    def _reusable(self, tau: float, idx: list[int]) -> float | None:
+        """An evaluated τ' whose records of the batch ``idx`` provably equal τ's (nearest first), or None."""
+        taus = sorted({t for t, _ in self.store.records if t is not None and t != tau}, key=lambda t: (abs(t - tau), t))
+        for t in taus:
+            recs = [self.store.get(t, i) for i in idx]
+            if all(r is not None and "signals" in r and same_decisions(r["signals"], t, tau) for r in recs):
+                return t
+        return None
+
     def _run_chunk(self, tau: float | None, c: int, idx: list[int]) -> list[dict]:
         policy = self.settings.policy("none") if tau is None else self.settings.policy("entropy", tau=tau)
         run = self.engine.start([self.prompt_ids[i] for i in idx], self.settings.decode, policy, seed=self.opts.seed + c)
         signals: list[list[float]] = [[] for _ in idx]
         for step in run:
-            if tau is None:
-                sig = step.signal(self.signal).tolist()  # (B,) this step's signal per active row
-                hit = step.committed.any(1).tolist()
-                for j, r in enumerate(step.rows.tolist()):
-                    if hit[j] and math.isfinite(sig[j]):
-                        signals[r].append(round(sig[j], 6))
+            sig = step.signal(self.signal).tolist()  # (B,) what the policy compares with τ, per active row
+            for j, r in enumerate(step.rows.tolist()):
+                signals[r].append(sig[j] if math.isfinite(sig[j]) else None)  # -inf: nothing committed
         out = []
         for j, (i, res) in enumerate(zip(idx, run.results())):
             st, pad = res.stats, run.P - len(self.prompt_ids[i])  # left padding of this row in the batch
@@ -208,9 +226,7 @@ class Evaluator:
                    "nfe": st["nfe"], "full_forwards": st["full_forwards"], "partial_forwards": st["partial_forwards"],
                    "cost": st["tokens_computed"] - st["full_forwards"] * pad,
                    "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
-                   "wall_s": run.wall_s / len(idx)}
-            if tau is None:
-                rec["signals"] = signals[j]
+                   "wall_s": run.wall_s / len(idx), "signals": signals[j]}
             out.append(rec)
         return out
 
@@ -261,26 +277,26 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     if store.loaded:
         say(f"resuming from {run_path}: {store.loaded} records" + (" (a torn last line was dropped)" if store.dropped_partial else ""))
     try:
-        with _progress(err_console, opts.quiet, len(examples)) as progress:
+        with _Progress(err_console, opts.quiet, len(examples)) as progress:
             ev = Evaluator(engine, task, examples, prompt_ids, settings, opts, store, can_score, progress)
             base_recs = ev.records(None)
             base = aggregate(None, base_recs, base_recs)
-            say(f"none: {_summary(base, opts.metric)}")
-            signals = sorted(s for r in base_recs for s in r["signals"])
+            say(f"none: {_summary(base)}")
+            signals = sorted(s for r in base_recs for s in r["signals"] if s is not None)
             if not signals:
                 raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")
             taus = sorted(set(opts.taus)) if opts.taus else coarse_grid(signals, opts.grid)
             points: dict[float, Point] = {}
             for tau in taus:
                 points[tau] = aggregate(tau, ev.records(tau), base_recs)
-                say(f"τ={tau:g}: {_summary(points[tau], opts.metric)}")
+                say(f"τ={tau:g}: {_summary(points[tau])}")
             max_drop, min_fid = opts.max_drop / 100, None if opts.min_fidelity is None else opts.min_fidelity / 100
             for _ in range(opts.refine):
                 tau = refine_next(list(points.values()), base, signals[0], opts.metric, max_drop, min_fid)
                 if tau is None:
                     break
                 points[tau] = aggregate(tau, ev.records(tau), base_recs)
-                say(f"τ={tau:g} (refine): {_summary(points[tau], opts.metric)}")
+                say(f"τ={tau:g} (refine): {_summary(points[tau])}")
     except KeyboardInterrupt:
         if not opts.dry_run and err_console is not None:
             err_console.print(f"calibrate: records so far are in {run_path}; rerun with --resume to continue")
@@ -304,13 +320,13 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     return outcome
 
 
-def _summary(p: Point, metric: str) -> str:
+def _summary(p: Point) -> str:
     score = "n/a" if p.score is None else f"{100 * p.score:.1f}%"
     return (f"score {score}, fidelity {100 * p.fidelity:.1f}%, {p.speedup:.2f}× (cost proxy), "
             f"{p.speedup_wall:.2f}× (wall), refresh {100 * p.refresh_rate:.0f}%, NFE {p.nfe:.1f}")
 
 
-class _progress:
+class _Progress:
     """A transient rich progress bar on a terminal (examples of the current setting); else nothing."""
 
     def __init__(self, console, quiet: bool, n: int):

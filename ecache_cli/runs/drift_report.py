@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from ..metrics.drift import next_step_pairs
+from ..metrics.drift import SETTLE_MIN_COUNT, next_step_pairs
 from .trace_drift import TraceReport  # first: it imports the engine before runs.common does
 from .common import write_jsonl  # noqa: I001
 
@@ -190,10 +190,10 @@ def render_summary(console, report: TraceReport) -> None:
         console.print("volatility: no token stayed on the canvas for 2 steps after its commit; nothing to bin")
     elif settle is None:
         console.print(f"volatility: the mean K change never stays below the level {report.level:g} "
-                      f"(--volatility-level); the last bin (n = {curve[-1]['n']}) is {curve[-1]['mean']:.1e}", highlight=False)
+                      f"(--volatility-level) in the bins of ≥ {SETTLE_MIN_COUNT} tokens", highlight=False)
     else:
         console.print(f"volatility: from n = {settle} steps after its commit on, a token's mean K change per step is "
-                      f"below {report.level:g} (--volatility-level); at {tps:.2f} tokens committed per step that is "
+                      f"below {report.level:g} (--volatility-level; bins of ≥ {SETTLE_MIN_COUNT} tokens); at {tps:.2f} tokens committed per step that is "
                       f"≈ {settle * tps:.0f} tokens, a guide for EntropyCache's --recent-k", highlight=False)
     console.print(f"time: live steps {report.live_s:.2f} s, shadow forwards {report.shadow_s:.2f} s (excluded from the live times)",
                   style="dim", highlight=False)
@@ -239,20 +239,21 @@ def plot(report: TraceReport, path: str | Path, title: str, tau: float | None = 
         a1.axhline(tau, color="tab:red", ls="--", lw=1, label=f"τ = {tau:g} {unit}")
     a1.set(title=f"Signal that decides each step's refresh (prompt {recs[0]['prompt'] if recs else 0})",
            xlabel="denoising step t", ylabel=f"signal E ({unit})")
-    a1.legend(loc="upper right", fontsize=8)
+    a1.legend(loc="best", fontsize=8, framealpha=0.9)
 
     mark_refresh(a2)
-    for key, color, label in (("drift_k", "tab:green", "K"), ("drift_v", "tab:purple", "V")):
-        pts = [(r["step"], r[key]) for r in recs if r["served"] > 0 and r[key] > 0]
-        if pts:
-            a2.plot(*zip(*pts), "-o", ms=2.5, lw=1, color=color, label=f"{label} drift, mean over layers")
-    kmax = [(r["step"], max(r["drift_k_max"])) for r in recs if r["served"] > 0 and max(r["drift_k_max"]) > 0]
-    if kmax:
-        a2.plot(*zip(*kmax), ":", lw=1, color="tab:green", label="K drift, max over layers and positions")
+    nan = float("nan")  # breaks the line at refresh steps (nothing served, no drift)
+    series = (("K drift, mean over layers", "-o", "tab:green", lambda r: r["drift_k"]),
+              ("V drift, mean over layers", "-o", "tab:purple", lambda r: r["drift_v"]),
+              ("K drift, max over layers and positions", ":", "tab:green", lambda r: max(r["drift_k_max"])))
+    for label, style, color, get in series:
+        ys = [get(r) if r["served"] > 0 and get(r) > 0 else nan for r in recs]
+        if any(y == y for y in ys):
+            a2.plot(steps, ys, style, ms=2.5, lw=1, color=color, label=label)
     a2.set_yscale("log")
     a2.set(title="KV drift of the cache-served positions (partial steps)", xlabel="denoising step t",
            ylabel="drift 1 − cos(cached, fresh)")
-    a2.legend(loc="lower right", fontsize=8)
+    a2.legend(loc="best", fontsize=8, framealpha=0.9)
     if steps:
         a1.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
         a2.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
@@ -268,11 +269,19 @@ def plot(report: TraceReport, path: str | Path, title: str, tau: float | None = 
             f"(p={c['spearman_p']:.1g}), n = {c['n']}")
     a3.set(title=f"Signal at step t vs K drift at step t+1 (partial steps t+1, all prompts)\n{stat}",
            xlabel=f"E_t: {sig} of step t's commits ({unit})", ylabel="K drift at t+1 (1 − cos, mean over layers)")
+    if tau is not None:  # the entropy policy only serves from the cache after E_t ≤ τ
+        a3.axvline(tau, color="tab:red", ls="--", lw=1)
+        a3.text(0.02, 0.02, "entropy policy: partial steps follow E_t ≤ τ only;\nfor the full range run --cache dual or a large --tau",
+                transform=a3.transAxes, fontsize=8, color="dimgray", va="bottom")
 
     curve = report.volatility.curve()
-    pts = [(p["n"], p["mean"]) for p in curve if p["mean"] > 0]
+    pts = [(p["n"], p["mean"]) for p in curve if p["mean"] > 0 and p["count"] >= SETTLE_MIN_COUNT]
+    few = [(p["n"], p["mean"]) for p in curve if p["mean"] > 0 and p["count"] < SETTLE_MIN_COUNT]
     if pts:
         a4.plot(*zip(*pts), "-o", ms=3, color="tab:blue", label="mean K change per step")
+    if few:
+        a4.plot(*zip(*few), "o", ms=3, color="tab:blue", alpha=0.3, label=f"bins of < {SETTLE_MIN_COUNT} tokens")
+    if pts or few:
         a4.set_yscale("log")
     a4.axhline(report.level, color="tab:red", ls="--", lw=1, label=f"level {report.level:g}")
     settle = report.volatility.settle_steps(report.level)

@@ -59,8 +59,7 @@ class ProfileOptions:
         if not self.policies:
             raise UsageError("--policies is empty; name at least one of " + ", ".join(POLICIES))
         for p in self.policies:
-            if p not in POLICIES:
-                raise UsageError(f"--policies: {p!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+            parse_policy_spec(p)
         if len(set(self.policies)) != len(self.policies):
             raise UsageError(f"--policies {','.join(self.policies)} names a policy twice")
         for flag, v, lo in (("--warmup", self.warmup, 0), ("--repeats", self.repeats, 1), ("--batch-size", self.batch_size, 1)):
@@ -68,6 +67,37 @@ class ProfileOptions:
                 raise UsageError(f"{flag} {v} must be ≥ {lo}")
         if self.trace_steps is not None and self.trace_steps < 1:
             raise UsageError(f"--trace-steps {self.trace_steps} must be ≥ 1")
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict]:
+    """``name`` or ``name:key=value:key=value`` (e.g. ``entropy:tau=2.5:recent_k=16``) -> (name, params).
+
+    Values are read as int, float, true/false, else kept as strings. A spec's parameters override the
+    resolved cache settings for that entry only, so one run can compare variants of one policy.
+    Raises UsageError for an unknown policy or parameter, or a malformed ``key=value``.
+    """
+    from ..cache import POLICIES, make_policy
+
+    name, *pairs = spec.split(":")
+    if name not in POLICIES:
+        raise UsageError(f"--policies: {name!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+    params = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--policies: {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
+        params[key.replace("-", "_")] = _scalar(value)
+    make_policy(name, strict=True, **params)  # unknown parameter or bad value -> UsageError
+    return name, params
+
+
+def _scalar(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 @dataclass
@@ -127,10 +157,14 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
     probe = MemoryProbe(engine.device)
     runs: dict[str, list[RunMeasure]] = {p: [] for p in names}
 
+    def make(spec: str):
+        name, params = parse_policy_spec(spec)
+        return settings.policy(name, **params)
+
     def one(policy: str, b: int, repeat: int) -> RunMeasure:
         idx = batches[b]
         probe.reset()
-        run = engine.start([ids[i] for i in idx], cfg, settings.policy(policy), seed=opts.seed + b)
+        run = engine.start([ids[i] for i in idx], cfg, make(policy), seed=opts.seed + b)
         totals = StepTotals()
         for rec in run:
             totals.add(rec)
@@ -171,7 +205,7 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
         rows = [r for run in runs[p] for r in run.rows]
         s.update({f"fidelity_{k}": v for k, v in fidelity(rows, base_rows).items()} if base else
                  {"fidelity_identical_share": None, "fidelity_token_agreement": None, "fidelity_pairs": 0})
-        s["params"] = settings.policy(p).params()
+        s["params"] = make(p).params()
         summaries[p] = s
 
     trace = None
@@ -182,8 +216,9 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
         for p in names:
             if on_run:
                 on_run("trace", p)
-            run = engine.start([ids[i] for i in batches[0]], cfg, settings.policy(p), seed=opts.seed)
-            trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p, opts.trace_steps)
+            run = engine.start([ids[i] for i in batches[0]], cfg, make(p), seed=opts.seed)
+            trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p.replace(":", "_").replace("=", "-"),
+                                             opts.trace_steps)
     return ProfileReport(policies=names, summaries=summaries, runs=runs, memory_kind=probe.kind, decode=cfg,
                          trace=trace)
 
@@ -194,6 +229,7 @@ COLUMNS = [  # (header, summary key, format)
     ("policy", None, None),
     ("tok/s\n(generated)", "tokens_per_s", "{:.1f}"),
     ("speedup\nvs none", "speedup_vs_none", "{:.2f}×"),
+    ("latency\nspeedup", "latency_speedup_vs_none", "{:.2f}×"),
     ("latency ms\nmean", "mean_ms", "{:.0f}"),
     ("p50", "p50_ms", "{:.0f}"),
     ("p95", "p95_ms", "{:.0f}"),
@@ -228,7 +264,8 @@ def render_table(report: ProfileReport, title: str | None = None):
     has_score = any(report.summaries[p].get("score") is not None for p in report.policies)
     cols = [c for c in COLUMNS if c[1] != "score" or has_score]
     mem = {"cuda_peak_allocated": "CUDA peak allocated", "peak_rss": "peak RSS", "rss_after_run": "RSS after run"}
-    cap = (f"work %: positions x layers computed, over none's (NFE_none x canvas) / over own NFE x canvas. "
+    cap = (f"speedup: tok/s over none's; latency speedup: none's mean latency over this one's. "
+           f"work %: positions x layers computed, over none's (NFE_none x canvas) / over own NFE x canvas. "
            f"decision: policy plan+observe time over wall time. peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
            f"identical/token agree: outputs vs none (same prompts, same seed).")
     t = Table(title=title, caption=cap, caption_justify="left")

@@ -204,6 +204,14 @@ def refine_next(points: Sequence[Point], base: Point, floor: float, metric: str,
     return None
 
 
+def same_decisions(signals: Sequence[float | None], tau_a: float, tau_b: float) -> bool:
+    """True when EntropyCache at ``tau_a`` and at ``tau_b`` decide alike on every step of a run whose
+    per-step signals are ``signals`` (None = -inf, never a refresh): the decision is ``signal > τ``
+    (cache/entropy.py), so they differ exactly for a signal in (min(τa, τb), max(τa, τb)]."""
+    lo, hi = min(tau_a, tau_b), max(tau_a, tau_b)
+    return not any(s is not None and lo < s <= hi for s in signals)
+
+
 # --- frontier and choice ------------------------------------------------------------------------------
 
 

@@ -28,8 +28,9 @@ import torch
 from ..engine.core import Engine, GenerationResult, Run
 from ..engine.state import SIGNALS, StepRecord
 from ..errors import UsageError
-from ..metrics.drift import VolatilityBins, correlation, layer_drift, layer_mean_change, next_step_pairs
-from .common import Settings, batched, manifest, read_prompts, write_jsonl
+from ..metrics.drift import (VolatilityBins, correlation, increment_pairs, layer_drift, layer_mean_change,
+                             next_step_pairs)
+from .common import Settings, batched, manifest, read_prompts
 
 X_LABEL = "signal E_t = {kind} of the tokens committed at step t"
 Y_LABEL = "drift_{t+1} = mean over layers of the mean K drift (1 - cos) at step t+1, over positions served from the cache (partial steps only)"
@@ -51,7 +52,6 @@ class TraceOptions:
     seed: int = 0
     signal: str = "max-entropy"
     volatility_level: float = 1e-3
-    quiet: bool = False
 
 
 @dataclass
@@ -99,22 +99,6 @@ class TraceReport:
                            "curve": self.volatility.curve()},
             "time_s": {"live": self.live_s, "shadow": self.shadow_s},
         }
-
-
-def increment_pairs(records: list[dict], signal: str) -> tuple[list, list]:
-    """(E_t, drift_{t+1} − drift_t) for consecutive partial steps of the same prompt."""
-    last: dict[int, dict] = {}
-    xs, ys = [], []
-    for r in records:
-        prev = last.get(r["prompt"])
-        last[r["prompt"]] = r
-        s = (r.get("signal") or {}).get(signal)
-        if prev is None or prev["step"] != r["step"] - 1 or s is None or not math.isfinite(s):
-            continue
-        if r["served"] > 0 and prev["served"] > 0:
-            xs.append(s)
-            ys.append(r["drift_k"] - prev["drift_k"])
-    return xs, ys
 
 
 class DriftTracer:

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One prepared GPU check for a CUDA machine (about 3-5 minutes on one H100/H200; budgeted < 8 min):
+#   1. the equivalence checks on CUDA in bfloat16 (bench/gpu_equivalence.py: every policy forced to
+#      refresh at every step == none, token for token; LLaDA and Dream; schedule and threshold decoding),
+#      plus any tests marked `gpu` (pytest -m gpu);
+#   2. the speed comparison on a ~1B-parameter random-weight LLaDA-shaped model, prompt 1024, gen 256,
+#      block 32, with and without threshold decoding (bench/gpu_speed.py -> ecache profile's measure()).
+# Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
+#   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log.
+# Dry run of the CPU-runnable parts with a tiny model:
+#   ECACHE_GPU_CHECK_SIZE=tiny ECACHE_GPU_CHECK_DEVICE=cpu ECACHE_GPU_CHECK_DTYPE=float32 bash bench/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SIZE=${ECACHE_GPU_CHECK_SIZE:-1b}
+DEVICE=${ECACHE_GPU_CHECK_DEVICE:-cuda}
+DTYPE=${ECACHE_GPU_CHECK_DTYPE:-bfloat16}
+DEST=${ECACHE_GPU_OUT:-${OUT:-runs_out/gpu}}
+PY=${PYTHON:-python3}
+mkdir -p "$DEST"
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+
+"$PY" - "$DEVICE" <<'EOF' || exit 1
+import sys, torch, ecache_cli
+dev = sys.argv[1]
+if dev.startswith("cuda") and not torch.cuda.is_available():
+    sys.exit(f"gpu_check: torch {torch.__version__} sees no CUDA device; set ECACHE_GPU_CHECK_DEVICE=cpu for a dry run")
+name = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "cpu"
+print(f"gpu_check: ecache {ecache_cli.__version__}, torch {torch.__version__}, device {name}")
+EOF
+
+rc=0
+echo "== 1. equivalence on $DEVICE in $DTYPE"
+timeout 180 "$PY" bench/gpu_equivalence.py --device "$DEVICE" --dtype "$DTYPE" --out "$DEST/equivalence.json" \
+    2>&1 | tee "$DEST/equivalence.log" || rc=1
+if [ "$DEVICE" != cpu ]; then
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$DEST/pytest_gpu.log"
+    prc=${PIPESTATUS[0]}
+    [ "$prc" = 0 ] || [ "$prc" = 5 ] || rc=1   # 5: no test is marked gpu yet
+fi
+
+echo "== 2. speed: $SIZE random LLaDA on $DEVICE $DTYPE"
+timeout 300 "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$DEST" \
+    2>&1 | tee "$DEST/speed.log" || rc=1
+
+echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
+exit $rc
