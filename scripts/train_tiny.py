@@ -57,6 +57,7 @@ class TrainConfig:
     n_layers: int = 6
     n_heads: int = 4
     mlp_hidden: int = 576
+    rope_theta: float = 500000.0  # LLaDA's value
     # optimisation
     steps: int = 3000
     lr: float = 1e-3
@@ -98,7 +99,7 @@ class Tok:
     def __init__(self, path: Path):
         from transformers import AutoTokenizer
 
-        self.hf = AutoTokenizer.from_pretrained(str(path))
+        self.hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         ids = self.hf.convert_tokens_to_ids
         self.bos, self.eos, self.mask = ids("<|startoftext|>"), ids("<|endoftext|>"), ids("<|mdm_mask|>")
         self.eot = ids("<|eot_id|>")
@@ -256,6 +257,7 @@ def model_config(cfg: TrainConfig, tok: Tok) -> dict:
     rows = -(-tok.vocab // 64) * 64
     c = tiny_config("llada", vocab_size=rows, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                     mlp_hidden=cfg.mlp_hidden, mask=tok.mask, eos=tok.eos)
+    c["rope_theta"] = cfg.rope_theta
     c.update({
         "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
                      "AutoModel": "modeling_llada.LLaDAModelLM",
@@ -393,6 +395,7 @@ def export(model, mcfg: dict, tok_dir: Path, out: Path, dtype: torch.dtype) -> N
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(out / "model.safetensors", 0o644)  # package data: readable by everyone
     for f in TOKENIZER_FILES:
         src = tok_dir / f
         if src.exists() and src.resolve() != (out / f).resolve():
@@ -451,7 +454,7 @@ def main(argv=None) -> None:
         # the saved run's settings, except flags given now (a resumed run may change its schedule,
         # data mix or bookkeeping from the resumed step on; the model shape must not change)
         override = {k: getattr(cfg, k) for k in args.given}
-        for k in ("d_model", "n_layers", "n_heads", "mlp_hidden"):
+        for k in ("d_model", "n_layers", "n_heads", "mlp_hidden", "rope_theta"):
             assert k not in override or override[k] == state["cfg"][k], f"--{k} cannot change on resume"
         saved = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
         cfg = TrainConfig(**{**asdict(TrainConfig()), **saved, **override})

@@ -241,7 +241,7 @@ def test_copied_batches_equal_decoded_ones(llada_lm, tmp_path, profiles_dir):
         (res,) = run.results()
         assert res.token_ids == r["token_ids"] and res.stats["nfe"] == r["nfe"]
         assert res.stats["full_forwards"] == r["full_forwards"] and res.stats["tokens_computed"] == r["cost"]
-    assert out.choice.point is not None
+    assert out.choice.point is not None and sum(p.copied for p in out.points) == len(copied)
 
 
 def test_resume_with_other_settings_is_an_error(llada_lm, tmp_path, profiles_dir):

@@ -149,6 +149,17 @@ def test_cli_profile_json_last_line(cli, llada_dir, tmp_path):
     assert "tok/s" in r2.stdout and json.loads(out.read_text())["policies"]["dual"]["speedup_vs_none"] is None
 
 
+def test_cli_profile_reads_stdin_and_input(cli, llada_dir, tmp_path):
+    r = cli("profile", "--model", llada_dir, "--policies", "none", *SMALL, "--json", "-", input="Sort: 3 1 2\n\nabc\n")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["policies"]["none"]["requests"] == 2
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "a b c"}\n{"prompt": "d e"}\n{"prompt": "f"}\n')
+    r = cli("profile", "--model", llada_dir, "--policies", "none", *SMALL, "--input", f, "--limit", "2", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["policies"]["none"]["requests"] == 2
+
+
 def test_cli_profile_task_prompts_and_score(cli, llada_dir):
     r = cli("profile", "--model", llada_dir, "--policies", "none,dual", "--task", "arith", "--limit", "2", *SMALL,
             "--json", "-")
@@ -171,3 +182,22 @@ def test_cli_profile_usage_errors(cli, llada_dir, args, needle):
     r = cli("profile", "--model", llada_dir, *SMALL, *args)
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert needle in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_forward_breakdown_splits_matrix_other_and_python(tmp_path):
+    from ecache_cli.runs.tracing import forward_breakdown
+
+    def ev(name, ts, dur, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+    events = [ev("ecache.forward.partial", 0, 100, "user_annotation"), ev("aten::linear", 10, 30), ev("aten::mm", 12, 26),
+              ev("aten::mul", 50, 10), ev("aten::add", 200, 5),  # outside the range
+              ev("ecache.forward.partial", 300, 50, "user_annotation"), ev("aten::scaled_dot_product_attention", 310, 20)]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"traceEvents": events}))
+    got = forward_breakdown(f)["partial"]
+    assert got["count"] == 2
+    assert got["mean_ms"] == pytest.approx(75 / 1e3)
+    assert got["matrix_ms"] == pytest.approx((30 + 20) / 2 / 1e3)  # the nested aten::mm is not counted twice
+    assert got["other_ops_ms"] == pytest.approx(10 / 2 / 1e3)
+    assert got["python_ms"] == pytest.approx((150 - 50 - 10) / 2 / 1e3)

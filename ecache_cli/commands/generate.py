@@ -17,7 +17,7 @@ def generate(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = read stdin (one per line) or --input.")] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
     input_file: o.InputFile = None,
-    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template [default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,

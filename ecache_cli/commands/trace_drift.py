@@ -23,7 +23,7 @@ def trace_drift_cmd(
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task (e.g. gsm8k/test.jsonl).", rich_help_panel=o.O)] = None,
     limit: Annotated[int, typer.Option(help="Number of --task examples.", rich_help_panel=o.O)] = 4,
     shots: Annotated[Optional[int], typer.Option(help="Solved examples before each --task question (default: the task's own, 8 for gsm8k).", rich_help_panel=o.O)] = None,
-    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template [default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: when the checkpoint has one].", rich_help_panel=o.D)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,

@@ -17,7 +17,8 @@ def _pct(x: float | None) -> str:
 
 def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | None):
     """A rich Table: one row per setting (``none`` first, then ascending τ). Marks: ★ chosen,
-    ◆ on the Pareto frontier, ✓ qualifies. ``max_drop``/``min_fidelity`` are 0–1 fractions."""
+    ◆ on the Pareto frontier, ✓ qualifies; ᶜ after the wall speedup: some examples were copied from a
+    τ with the same decisions (wall time included). ``max_drop``/``min_fidelity`` are 0–1 fractions."""
     from rich.table import Table
 
     base, chosen = outcome.base, outcome.choice.point
@@ -38,8 +39,9 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
             lo, hi = p.delta_ci
             delta = f"{100 * (p.score - base.score):+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
+        wall = f"{p.speedup_wall:.2f}×" + ("ᶜ" if p.copied else "")  # ᶜ: some rows copied (their wall time too)
         t.add_row("none" if p.tau is None else f"{p.tau:g}", _pct(p.score), delta, lg, _pct(p.fidelity),
-                  _pct(p.identical), f"{p.speedup:.2f}×", f"{p.speedup_wall:.2f}×", f"{p.tokens_per_s:.1f}",
+                  _pct(p.identical), f"{p.speedup:.2f}×", wall, f"{p.tokens_per_s:.1f}",
                   f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", mark)
     return t
 
@@ -120,10 +122,11 @@ def write_json(doc: dict, path: Path) -> None:
     path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: Path) -> dict:
+def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: str) -> dict:
     """The profile written for the choice (config.py's sections). decode: gen/block length, steps
     (effective), threshold, plus every other decode setting that differs from the defaults; cache:
-    entropy with τ, recent_k, signal (block_refresh when on); measured: informational (0–1 scores)."""
+    entropy with τ, recent_k, signal (block_refresh when on); measured: informational (0–1 scores;
+    ``run_file`` as a bare name when it sits beside the profile)."""
     d = settings.decode.as_dict()
     defaults = DecodeConfig().as_dict()
     steps = d["steps"]
@@ -142,7 +145,7 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
                 "speedup": r4(chosen.speedup), "speedup_wall": r4(chosen.speedup_wall), "fidelity": r4(chosen.fidelity),
                 "identical": r4(chosen.identical), "refresh_rate": r4(chosen.refresh_rate),
                 "max_drop_points": opts.max_drop, "date": datetime.date.today().isoformat(), "n": chosen.n,
-                "seed": opts.seed, "shots": shots, "run_file": str(run_file)}
+                "seed": opts.seed, "shots": shots, "run_file": run_file}
     if opts.min_fidelity is not None:
         measured["min_fidelity_pct"] = opts.min_fidelity
     return {"model": model, "task": opts.task, "decode": decode, "cache": cache, "measured": measured,

@@ -282,6 +282,9 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
             base_recs = ev.records(None)
             base = aggregate(None, base_recs, base_recs)
             say(f"none: {_summary(base)}")
+            if opts.metric == "task" and base.score == 0 and err_console is not None:
+                err_console.print(f"warning: none scores 0% on these {base.n} examples, so the task score cannot "
+                                  "tell τs apart; add --min-fidelity or use --metric fidelity", markup=False)
             signals = sorted(s for r in base_recs for s in r["signals"] if s is not None)
             if not signals:
                 raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")
@@ -311,7 +314,8 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
                       signal_summary=summary, profile=None, profile_data=None, run_file=run_path,
                       resumed_records=store.loaded)
     if choice.point is not None:
-        outcome.profile_data = profile_data(model, settings, opts, choice.point, base, shots, run_path)
+        shown = run_path.name if run_path.parent.resolve() == target.parent.resolve() else str(run_path)  # beside the profile
+        outcome.profile_data = profile_data(model, settings, opts, choice.point, base, shots, shown)
         if not opts.dry_run:
             from ..config import write_profile
 

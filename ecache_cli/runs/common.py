@@ -168,7 +168,7 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
     import transformers
 
     dev = lm.device
-    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
+    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
     return {
         "ecache_version": __version__, "git_commit": _git_commit(), "python": sys.version.split()[0],
         "torch": torch.__version__, "transformers": transformers.__version__, "platform": platform.platform(),
@@ -177,6 +177,17 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
         "model_family": lm.spec.family, "config_sha256": lm.config_hash,
         "settings": settings.as_dict() if settings else None, **(extra or {}),
     }
+
+
+def _cpu_name() -> str:
+    """The CPU model ("AMD EPYC ..."): /proc/cpuinfo on Linux, else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _git_commit() -> str | None:

@@ -128,7 +128,7 @@ def render_steps(console, report: TraceReport, rows: int) -> None:
     shown, stride = shown_records(report.records, rows)
     multi = len({r["prompt"] for r in report.records}) > 1
     sig = report.signal
-    caption = (f"{len(shown)} of {len(report.records)} steps shown (every {stride}th step, the first refresh "
+    caption = (f"{len(shown)} of {len(report.records)} steps shown (every {stride} steps, the first refresh "
                f"after partial steps, the last); all steps in --jsonl" if stride > 1 else None)
     t = Table(title="trace-drift: per-step signal, KV drift and fidelity", caption=caption, header_style="bold",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))

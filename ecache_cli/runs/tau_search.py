@@ -44,6 +44,8 @@ class Point:
     full forwards / NFE. nfe: mean forwards per example. cost: Σ computed positions. wall_s: Σ
     seconds. lost / gained: examples scoring lower than under ``none`` / higher (None when unscored).
     delta_ci: 95% normal interval of the paired per-example score difference (τ − none), or None.
+    copied: examples whose record was copied from another τ with provably the same decisions (their
+    wall time is that τ's measurement).
     """
 
     tau: float | None
@@ -61,6 +63,7 @@ class Point:
     lost: int | None = None
     gained: int | None = None
     delta_ci: tuple[float, float] | None = None
+    copied: int = 0
 
     def metric_score(self, metric: str) -> float | None:
         """The number the choice constrains: the task score, or the fidelity."""
@@ -120,7 +123,7 @@ def aggregate(tau: float | None, recs: Sequence[dict], base: Sequence[dict]) -> 
         speedup=ratio(base_cost, cost) or 0.0, speedup_wall=ratio(base_wall, wall) or 0.0,
         tokens_per_s=tokens_per_s(sum(r["generated_tokens"] for r in recs), wall),
         refresh_rate=sum(r["full_forwards"] for r in recs) / nfe if nfe else 0.0, nfe=nfe / n, cost=cost,
-        wall_s=wall, lost=lost, gained=gained, delta_ci=ci)
+        wall_s=wall, lost=lost, gained=gained, delta_ci=ci, copied=sum(1 for r in recs if "reused_from" in r))
 
 
 def mean_ci(diffs: Sequence[float]) -> tuple[float, float]:
