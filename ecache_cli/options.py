@@ -26,7 +26,7 @@ BanEos = Annotated[Optional[bool], typer.Option("--ban-eos/--allow-eos", help="N
 LowEos = Annotated[Optional[bool], typer.Option("--low-eos-confidence/--no-low-eos-confidence", help="Give EOS/EOT confidence 0 (LLaDA confidence_eos_eot_inf).", rich_help_panel=D)]
 EarlyExit = Annotated[Optional[bool], typer.Option("--early-exit/--no-early-exit", help="Stop a row once its answer has ended \\[default: on].", rich_help_panel=D)]
 
-Cache = Annotated[Optional[str], typer.Option("--cache", help="Cache policy: none, prefix, dual, entropy, ... \\[default: entropy].", rich_help_panel=C)]
+Cache = Annotated[Optional[str], typer.Option("--cache", help="Cache policy: none, prefix, dual, entropy, dllm-cache, dkv, d2cache, elastic \\[default: entropy].", rich_help_panel=C)]
 Tau = Annotated[Optional[float], typer.Option(help="EntropyCache threshold τ in nats: refresh when the signal exceeds it \\[default: profile, else 1.0].", rich_help_panel=C)]
 RecentK = Annotated[Optional[int], typer.Option("--recent-k", help="EntropyCache: recompute the k most recently committed tokens \\[default: 64].", rich_help_panel=C)]
 Signal = Annotated[Optional[str], typer.Option(help="EntropyCache signal: max-entropy, sum-entropy, max-confidence.", rich_help_panel=C)]

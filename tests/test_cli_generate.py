@@ -79,8 +79,12 @@ def test_stdin_pipeline_gives_one_record_per_line(cli, llada_dir):
     assert [(r["index"], r["prompt"]) for r in records(res)] == [(0, "a"), (1, "b")]
 
 
+def test_empty_stdin_is_a_usage_error(cli, llada_dir):
+    one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input=""), 2, "stdin was empty")
+
+
 @pytest.mark.parametrize("args,needles", [
-    (["--cache", "lru"], ["'lru'", "cache"]),
+    (["--cache", "lru"], ["'lru'", "cache", "entropy, dllm-cache"]),
     (["--block-length", "0"], ["--block-length 0"]),
     (["--steps", "1"], ["--steps 1", "2 blocks"]),
     (["--gen-length", "12"], ["--gen-length 12", "--block-length 8"]),

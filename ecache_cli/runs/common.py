@@ -78,7 +78,9 @@ def policy_params_or_all(name: str) -> set[str]:
     try:
         return policy_params(name)
     except KeyError:
-        raise UsageError(f"--cache {name!r} is not a cache policy; see `ecache generate --help`") from None
+        from ..cache import POLICIES
+
+        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}") from None
 
 
 def validate_decode(d: dict) -> None:

@@ -52,6 +52,10 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console) -> 
                 out.write(res.text + "\n")
                 out.flush()
         done += len(prompts)
+    if done == 0:
+        from ..errors import UsageError
+
+        raise UsageError("no prompt given: stdin was empty; pipe prompts one per line, pass them as arguments or use --input FILE.jsonl")
     return done
 
 
