@@ -14,8 +14,13 @@ predicts the same token at ~4.7 nats, so cached and uncached decoding could not 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ecache_cli.models.loader import load_model
+
+# The test models are tiny: one thread is faster than two (no OpenMP hand-offs) and keeps the suite
+# from stalling when the 2-core machine is shared.
+torch.set_num_threads(1)
 from ecache_cli.models.synthetic import write_random_checkpoint
 
 SYNTH_SCALE = 4.0
