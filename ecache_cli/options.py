@@ -34,6 +34,8 @@ BlockRefresh = Annotated[Optional[bool], typer.Option("--block-refresh/--no-bloc
 RefreshEvery = Annotated[Optional[int], typer.Option("--refresh-every", help="prefix/dual: also refresh every N steps inside a block (1 = always).", rich_help_panel=C)]
 Profile = Annotated[Optional[str], typer.Option("--profile", help="Settings from a profile: NAME in profiles/ or a YAML file (flags override).", rich_help_panel=C)]
 
+Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: when the checkpoint has one].", rich_help_panel=D)]
+BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=D)]
 Seed = Annotated[int, typer.Option(help="Random seed (sampling and remasking).", rich_help_panel=D)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.", rich_help_panel=O)]
 InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL file with a 'prompt' (or 'messages') field per line.", rich_help_panel=O)]
