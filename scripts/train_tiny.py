@@ -10,11 +10,20 @@ with LLaDA's SFT objective (GUIDELINES.md, paper eq. 5) on the synthetic domains
   padding up to the canvas length;
 - t ~ U(t_min, 1) per example; each answer-region token is replaced by ``<|mdm_mask|>`` with
   probability t; the prompt is never masked;
-- loss = sum over masked tokens of CE / t, divided by the answer-region length, averaged over the batch.
+- loss = sum over masked tokens of CE / t, divided by the answer-region length, averaged over the batch
+  (``--loss-norm t``, LLaDA eq. 5); or, with ``--loss-norm masked``, divided by the number of masked
+  tokens instead (t * length in expectation, so the same objective up to that estimate) with at least one
+  token masked per example: the 1/t weights of the first form make a batch's gradient hinge on the few
+  examples drawn with small t, which at batch sizes of ~50 examples kept the model from learning to read
+  the prompt (see the model card).
 
 A fraction of examples (``--block-mask-frac``) uses a block-structured mask instead, the pattern seen in
 semi-autoregressive decoding (earlier blocks clean, the current block masked with probability t, later
 blocks all masks); its loss is the mean CE over masked tokens (same expectation as 1/t weighting).
+
+A fraction ``--prefix-mask-frac`` uses a left-to-right mask instead: the answer up to a uniform cut
+is clean, everything after it masked (the order confidence-based remasking tends to decode in), so the
+next answer token can be found from the previous one and the prompt.
 
 Canvas lengths are sampled: ``--full-canvas-frac`` of the examples use the evaluation canvas (256),
 the rest answer + eot + 1..``--extra-eos`` EOS, which saves the compute spent on EOS padding. Batches
@@ -79,7 +88,9 @@ class TrainConfig:
     extra_eos: int = 48
     block: int = 32  # evaluation block length (for block-structured masks)
     block_mask_frac: float = 0.2
+    prefix_mask_frac: float = 0.0  # examples with a left-to-right mask: answer[:c] clean, answer[c:] masked
     t_min: float = 1e-3
+    loss_norm: str = "t"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
     pool_batches: int = 16  # batches built per length-sorted pool
     # bookkeeping
     log_every: int = 20
@@ -229,7 +240,13 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
     t = torch.rand(B, generator=gen) * (1 - cfg.t_min) + cfg.t_min  # (B,)
     u = torch.rand(B, T, generator=gen)
     masked = region & (u < t[:, None])
-    weights = masked.float() / (t[:, None] * region.sum(1, keepdim=True).float())
+    if cfg.loss_norm == "masked":
+        # every example masks at least one answer-region token: its lowest-u one
+        first = torch.where(region, u, torch.full_like(u, 2.0)).argmin(1)  # (B,)
+        masked[torch.arange(B), first] = True
+        weights = masked.float() / masked.sum(1, keepdim=True).float()
+    else:
+        weights = masked.float() / (t[:, None] * region.sum(1, keepdim=True).float())
     blocky = torch.rand(B, generator=gen) < cfg.block_mask_frac
     for b in torch.nonzero(blocky).flatten().tolist():
         start, n = T - items[b].canvas, items[b].canvas
@@ -241,6 +258,16 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
         m[hi:] = True
         if not m.any():
             m[hi - 1] = True
+        masked[b] = m
+        weights[b] = m.float() / m.sum()
+    prefix = (torch.rand(B, generator=gen) < cfg.prefix_mask_frac) & ~blocky
+    for b in torch.nonzero(prefix).flatten().tolist():
+        # left-to-right order (what confidence-ordered decoding approaches): a clean answer prefix,
+        # everything after the cut masked; the cut is uniform over the answer and its eot
+        start, n = T - items[b].canvas, len(items[b].answer)
+        c = start + int(torch.randint(0, n, (1,), generator=gen))
+        m = torch.zeros(T, dtype=torch.bool)
+        m[c:] = True
         masked[b] = m
         weights[b] = m.float() / m.sum()
     noisy = torch.where(masked, torch.full_like(clean, tok.mask), clean)

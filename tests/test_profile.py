@@ -11,7 +11,7 @@ from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.engine.core import _NO_RANGE
 from ecache_cli.cli import app
 from ecache_cli.runs.common import Settings, manifest
-from ecache_cli.runs.profile import ProfileOptions, Request, measure, render_table
+from ecache_cli.runs.profile import ProfileOptions, ProfileReport, Request, measure, render_table, timing_warnings
 
 CFG = DecodeConfig(gen_length=16, block_length=8)
 PROMPTS = ["Sort: 9 3 7 1", "Reverse: 4 5 6 7 8", "Add 12 and 30"]
@@ -177,6 +177,7 @@ def test_cli_profile_task_prompts_and_score(cli, llada_dir):
     (["--shots", "2", "x"], "--shots"),
     (["--policies", "none,entropy:bogus=1", "x"], "bogus"),
     (["--policies", "entropy:tau", "x"], "key=value"),
+    (["--threads", "0", "x"], "--threads"),
 ])
 def test_cli_profile_usage_errors(cli, llada_dir, args, needle):
     r = cli("profile", "--model", llada_dir, *SMALL, *args)
@@ -201,3 +202,18 @@ def test_forward_breakdown_splits_matrix_other_and_python(tmp_path):
     assert got["matrix_ms"] == pytest.approx((30 + 20) / 2 / 1e3)  # the nested aten::mm is not counted twice
     assert got["other_ops_ms"] == pytest.approx(10 / 2 / 1e3)
     assert got["python_ms"] == pytest.approx((150 - 50 - 10) / 2 / 1e3)
+
+
+def test_timing_warnings_flag_speedups_the_work_cannot_explain():
+    def rep(**pols):
+        summaries = {"none": {"speedup_vs_none": 1.0, "work_share_vs_none": 1.0}}
+        summaries.update({p: {"speedup_vs_none": sp, "work_share_vs_none": w} for p, (sp, w) in pols.items()})
+        return ProfileReport(policies=list(summaries), summaries=summaries, runs={}, memory_kind="peak_rss",
+                             decode=CFG)
+
+    # 10x faster with 65% of the work: impossible, flagged with both numbers
+    (line,) = timing_warnings(rep(entropy=(10.0, 0.65), dual=(1.4, 0.6)))
+    assert line.startswith("warning: entropy") and "10.00x" in line and "65%" in line and "1.54x" in line
+    # slower than none while skipping work: flagged; within the bound or without none's numbers: not
+    assert len(timing_warnings(rep(entropy=(0.5, 0.3)))) == 1
+    assert timing_warnings(rep(entropy=(2.9, 0.3), prefix=(None, None))) == []

@@ -71,7 +71,7 @@ def calibrate_cmd(
     from ..errors import EcacheError
     from ..models.loader import load_model
     from ..runs.calib_report import frontier_table, json_document, plot_frontier, sweep_table, write_json
-    from ..runs.calibrate import CalibrateOptions, calibrate, preflight
+    from ..runs.calibrate import CalibrateOptions, calibrate, preflight, validate
     from ..runs.common import manifest, resolve_settings
     from ..tasks import get_task
 
@@ -81,12 +81,13 @@ def calibrate_cmd(
                             json_path=json_path, plot_path=plot, run_file=run_file, resume=resume, dry_run=dry_run,
                             quiet=quiet)
     task_obj = get_task(task, data, allow_code_execution=allow_code_execution)
-    preflight(task_obj, opts)  # exit 2 before loading anything
+    validate(opts)  # option ranges: exit 2 before anything is read
+    task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
+    preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
-    task_obj.examples("test", limit, seed)  # a missing dataset fails here, before the model loads
     lm = load_model(model, device, dtype)
     outcome = calibrate(lm, settings, task_obj, opts, err)
     max_frac = max_drop / 100

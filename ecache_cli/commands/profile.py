@@ -40,6 +40,7 @@ def profile_cmd(
     trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces (TensorBoard + Chrome JSON) of one request per policy here.", rich_help_panel=o.O)] = None,
     trace_steps: Annotated[int, typer.Option("--trace-steps", help="Denoising steps recorded per traced request (traces grow ~0.4 MB a step).", rich_help_panel=o.O)] = 32,
     json_out: Annotated[Optional[str], typer.Option("--json", help="Write every number and a reproducibility manifest as JSON to FILE, or '-' for one last line on stdout.", rich_help_panel=o.O)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (intra-op) \\[default: torch's choice]; pin it for stable timings on a shared machine.", rich_help_panel=o.O)] = None,
     quiet: o.Quiet = False,
 ):
     """Compare cache policies on the same prompts in one process: generated tokens/s, latency
@@ -52,7 +53,8 @@ def profile_cmd(
     """
     from rich.console import Console
 
-    from ..runs.profile import ProfileOptions, json_line, measure, prompt_requests, render_table, task_requests
+    from ..runs.profile import (ProfileOptions, json_line, measure, prompt_requests, render_table, task_requests,
+                                timing_warnings)
     from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
     from ..console import err, out
     from ..errors import DataError, UsageError
@@ -63,6 +65,12 @@ def profile_cmd(
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
                           chat=chat, trace_dir=trace_dir, trace_steps=trace_steps)
     opts.validate()
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads {threads} must be ≥ 1 (e.g. --threads 2)")
+        import torch
+
+        torch.set_num_threads(threads)
     if task is not None and (prompts or input_file is not None):
         raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
     if task is None and (data is not None or shots is not None):
@@ -107,6 +115,8 @@ def profile_cmd(
         table_console = Console(file=table_console.file, width=240, soft_wrap=True)
     title = f"ecache profile · {lm.name} · {len(requests)} prompts · {lm.device} {str(lm.dtype).replace('torch.', '')}"
     table_console.print(render_table(report, title))
+    for line in timing_warnings(report):
+        err.print(line, markup=False, highlight=False)
     if report.trace:
         err.print(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
                   f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing", markup=False, highlight=False)

@@ -91,6 +91,17 @@ def validate_decode(d: dict) -> None:
         raise UsageError(f"--threshold {d['threshold']} must be > 0 (Fast-dLLM uses 0.9)")
     if d.get("factor") is not None and d["factor"] <= 0:
         raise UsageError(f"--factor {d['factor']} must be > 0 (Fast-dLLM uses 1.0)")
+    # the block schedule and remasking rule, checked here so that a bad flag fails before the model loads
+    # (the engine checks them again for library callers)
+    from ..decoding.remasking import validate_remasking
+    from ..decoding.schedule import plan_blocks
+
+    parallel = d.get("threshold") is not None or d.get("factor") is not None
+    if d.get("gen_length") is not None and d.get("block_length") is not None:
+        steps = d.get("steps") if d.get("steps") is not None or parallel else d["gen_length"]
+        plan_blocks(d["gen_length"], d["block_length"], steps, parallel)
+    if d.get("remasking") is not None:
+        validate_remasking(d["remasking"], parallel=parallel)
 
 
 def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None) -> Iterator[tuple[str | list, dict]]:

@@ -277,6 +277,28 @@ def render_table(report: ProfileReport, title: str | None = None):
     return t
 
 
+def timing_warnings(report: ProfileReport, slack: float = 1.5) -> list[str]:
+    """One line per policy whose measured speedup disagrees with the work it skipped.
+
+    A policy that computes a share w of none's positions x layers cannot honestly run more than about
+    1/w times faster (the decision adds work, it never removes any); a speedup above ``slack`` / w, or
+    a slowdown below 1 / ``slack`` with w < 1, means the timings were disturbed (other load on the
+    machine, CPU frequency changes, too few repeats). Policies without none's numbers are skipped.
+    """
+    out = []
+    for p in report.policies:
+        s = report.summaries[p]
+        sp, w = s.get("speedup_vs_none"), s.get("work_share_vs_none")
+        if p == "none" or sp is None or not w:
+            continue
+        bound = 1 / w
+        if sp > slack * bound or (w < 1 and sp < 1 / slack):
+            out.append(f"warning: {p} measured {sp:.2f}x faster than none with {w:.0%} of its work (expected at most "
+                       f"~{bound:.2f}x): the timings look disturbed; rerun with --repeats 3 on an idle machine, "
+                       f"or pin --threads")
+    return out
+
+
 def json_line(data: dict) -> str:
     """One compact JSON line (the last stdout line with ``--json -``)."""
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
