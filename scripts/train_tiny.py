@@ -33,9 +33,11 @@ Everything random derives from ``--seed`` and the step (data, masks), so a resum
 same data stream. Checkpoints (model, optimizer, step, RNG states) go to ``--ckpt`` every
 ``--save-every-min`` minutes; ``--resume`` continues, ``--export-only`` writes the model directory.
 
-    python scripts/train_tiny.py --steps 3000            # train, then export to ecache_cli/data/tiny
-    python scripts/train_tiny.py --steps 3000 --resume   # continue after an interruption
-    python scripts/train_tiny.py --export-only --eval-n 24
+    # the shipped weights (defaults = that run's settings; ~35 min at ~13k tokens/s on 2 CPU cores):
+    python scripts/train_tiny.py --ckpt scripts/_train_state_v3            # stopped at step 9214, then
+    python scripts/train_tiny.py --ckpt scripts/_train_state_v3 --resume --steps 13000 --eval-every 0
+    python scripts/train_tiny.py --ckpt DIR --resume    # continue after an interruption
+    python scripts/train_tiny.py --ckpt DIR --export-only --final-eval-n 24
 """
 
 from __future__ import annotations
@@ -55,49 +57,48 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
-DOMAINS = ("arith", "code", "list")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @dataclass
 class TrainConfig:
     # model (LLaDA architecture; vocab rows = tokenizer vocab rounded up to a multiple of 64)
-    d_model: int = 192
-    n_layers: int = 6
+    d_model: int = 128
+    n_layers: int = 4
     n_heads: int = 4
-    mlp_hidden: int = 576
+    mlp_hidden: int = 384
     rope_theta: float = 500000.0  # LLaDA's value
     # optimisation
-    steps: int = 3000
-    lr: float = 1e-3
+    steps: int = 20000
+    lr: float = 2e-3
     min_lr_frac: float = 0.1  # cosine decays to lr * min_lr_frac
-    warmup: int = 150
+    warmup: int = 200
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float = 1.0
-    batch_tokens: int = 4096  # padded tokens per step (prompt + canvas)
+    batch_tokens: int = 2048  # padded tokens per step (prompt + canvas)
     # data
     seed: int = 0
-    domains: tuple[str, ...] = DOMAINS
-    domain_weights: tuple[float, ...] = (2.0, 1.5, 1.0)  # arith is the hardest: more of it
-    fewshot_frac: float = 0.25  # examples with a 1..max_shots few-shot prompt (long prompts, costly)
-    max_shots: int = 8
+    domains: tuple[str, ...] = ("list", "code", "arith")
+    domain_weights: tuple[float, ...] = (3.0, 2.0, 1.5)
+    fewshot_frac: float = 0.08  # examples with a 1..max_shots few-shot prompt (long prompts, costly)
+    max_shots: int = 4
     max_prompt_tokens: int = 1024
     canvas: int = 256  # evaluation gen length
-    full_canvas_frac: float = 0.15
-    extra_eos: int = 48
+    full_canvas_frac: float = 0.05
+    extra_eos: int = 16
     block: int = 32  # evaluation block length (for block-structured masks)
-    block_mask_frac: float = 0.2
-    prefix_mask_frac: float = 0.0  # examples with a left-to-right mask: answer[:c] clean, answer[c:] masked
+    block_mask_frac: float = 0.15
+    prefix_mask_frac: float = 0.2  # examples with a left-to-right mask: answer[:c] clean, answer[c:] masked
     t_min: float = 1e-3
-    loss_norm: str = "t"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
+    loss_norm: str = "masked"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
     pool_batches: int = 16  # batches built per length-sorted pool
     # bookkeeping
     log_every: int = 20
-    eval_every: int = 750
+    eval_every: int = 2500
     eval_n: int = 8  # held-out examples per domain per shot setting
-    eval_shots: tuple[int, ...] = (0, 4)
-    save_every_min: float = 5.0
+    eval_shots: tuple[int, ...] = (0,)
+    save_every_min: float = 3.0
     threads: int = 2
 
 
