@@ -33,9 +33,11 @@ Everything random derives from ``--seed`` and the step (data, masks), so a resum
 same data stream. Checkpoints (model, optimizer, step, RNG states) go to ``--ckpt`` every
 ``--save-every-min`` minutes; ``--resume`` continues, ``--export-only`` writes the model directory.
 
-    # the shipped weights (defaults = that run's settings; ~35 min at ~13k tokens/s on 2 CPU cores):
+    # the shipped weights (defaults = that run's settings; ~61 min at ~13k tokens/s on 2 CPU cores):
     python scripts/train_tiny.py --ckpt scripts/_train_state_v3            # stopped at step 9214, then
     python scripts/train_tiny.py --ckpt scripts/_train_state_v3 --resume --steps 13000 --eval-every 0
+    python scripts/train_tiny.py --ckpt scripts/_train_state_v3 --resume --steps 22500 --domain-weights 4,2,1.5 \
+        --eval-every 0
     python scripts/train_tiny.py --ckpt DIR --resume    # continue after an interruption
     python scripts/train_tiny.py --ckpt DIR --export-only --final-eval-n 24
 """
