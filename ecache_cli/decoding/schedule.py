@@ -34,6 +34,12 @@ class BlockPlan:
         return self.num_blocks * self.block_length
 
 
+def default_steps(gen_length: int, steps: int | None, threshold_mode: bool) -> int | None:
+    """Denoising steps when none are given: one token per step (LLaDA's steps = gen_length), except in
+    threshold/factor mode, where the step count is not fixed (None)."""
+    return steps if steps is not None or threshold_mode else gen_length
+
+
 def plan_blocks(gen_length: int, block_length: int, steps: int | None, threshold_mode: bool) -> BlockPlan:
     """Check the gen-length / block-length / steps combination and return the block plan.
 

@@ -24,7 +24,7 @@ import torch
 
 from ..decoding.remasking import confidence_scores, select_factor, select_threshold, select_topk, validate_remasking
 from ..decoding.sampling import sample
-from ..decoding.schedule import num_transfer_tokens, plan_blocks
+from ..decoding.schedule import default_steps, num_transfer_tokens, plan_blocks
 from ..errors import UsageError
 from .state import DecodeConfig, DecodeState, StepRecord
 
@@ -129,8 +129,8 @@ class Run:
         validate_remasking(cfg.remasking, parallel=threshold_mode)
         if cfg.threshold is not None and cfg.factor is not None:
             raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
-        steps = cfg.steps if cfg.steps is not None or threshold_mode else cfg.gen_length
-        self.plan = plan_blocks(cfg.gen_length, cfg.block_length, steps, threshold_mode)
+        self.plan = plan_blocks(cfg.gen_length, cfg.block_length, default_steps(cfg.gen_length, cfg.steps, threshold_mode),
+                                threshold_mode)
         self.engine, self.cfg, self.policy, self.prompts = engine, cfg, policy, prompts
         self.threshold_mode = threshold_mode
         spec, dev = engine.spec, engine.device

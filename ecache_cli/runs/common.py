@@ -94,12 +94,11 @@ def validate_decode(d: dict) -> None:
     # the block schedule and remasking rule, checked here so that a bad flag fails before the model loads
     # (the engine checks them again for library callers)
     from ..decoding.remasking import validate_remasking
-    from ..decoding.schedule import plan_blocks
+    from ..decoding.schedule import default_steps, plan_blocks
 
     parallel = d.get("threshold") is not None or d.get("factor") is not None
     if d.get("gen_length") is not None and d.get("block_length") is not None:
-        steps = d.get("steps") if d.get("steps") is not None or parallel else d["gen_length"]
-        plan_blocks(d["gen_length"], d["block_length"], steps, parallel)
+        plan_blocks(d["gen_length"], d["block_length"], default_steps(d["gen_length"], d.get("steps"), parallel), parallel)
     if d.get("remasking") is not None:
         validate_remasking(d["remasking"], parallel=parallel)
 
