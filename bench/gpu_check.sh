@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# One prepared GPU check for a CUDA machine (about 3-5 minutes on one H100/H200; budgeted < 8 min):
+# One prepared GPU check for a CUDA machine (about 4-7 minutes on one H100/H200; budgeted < 10 min):
 #   1. the equivalence checks on CUDA in bfloat16 (bench/gpu_equivalence.py: every policy forced to
 #      refresh at every step == none, token for token; LLaDA and Dream; schedule and threshold decoding),
 #      plus any tests marked `gpu` (pytest -m gpu);
 #   2. the speed comparison on a ~1B-parameter random-weight LLaDA-shaped model, prompt 1024, gen 256,
-#      block 32, with and without threshold decoding (bench/gpu_speed.py -> ecache profile's measure()).
+#      block 32, with and without threshold decoding (bench/gpu_speed.py -> ecache profile's measure());
+#   3. batch sizes 1/8/16 on the same checkpoint shape: tokens/s and speedup over none at the same batch
+#      size for none/dual/entropy, mean latency, and the share of wall time spent outside forwards
+#      (16 prompts x 512 tokens, gen 128; batch/gpu_speed_table.txt, batch/gpu_speed.json).
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
-#   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log.
+#   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
+#   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log.
 # Dry run of the CPU-runnable parts with a tiny model:
 #   ECACHE_GPU_CHECK_SIZE=tiny ECACHE_GPU_CHECK_DEVICE=cpu ECACHE_GPU_CHECK_DTYPE=float32 bash bench/gpu_check.sh
 set -uo pipefail
@@ -42,6 +46,11 @@ fi
 echo "== 2. speed: $SIZE random LLaDA on $DEVICE $DTYPE"
 timeout 300 "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$DEST" \
     2>&1 | tee "$DEST/speed.log" || rc=1
+
+echo "== 3. batch sizes 1/8/16: $SIZE random LLaDA on $DEVICE $DTYPE"
+timeout 240 "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --modes plain \
+    --batch-sizes 1,8,16 --prompts 16 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 128 \
+    --policies none,dual,entropy --out "$DEST/batch" 2>&1 | tee "$DEST/batch.log" || rc=1
 
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

@@ -36,6 +36,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--policy", default="none", help="cache policy (default none: the reference)")
     ap.add_argument("--device", default=None, help="auto | cpu | cuda (default auto)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default torch's)")
+    ap.add_argument("--lengths", default="64,128,512",
+                    help="gen lengths whose answers must equal the --gen-length answer (steps = length; '' skips)")
+    ap.add_argument("--length-limit", type=int, default=50,
+                    help="held-out 0-shot prompts per domain for the length check (default 50)")
     return ap.parse_args(argv)
 
 
@@ -58,6 +62,7 @@ def main(argv=None) -> None:
     err.print(f"model {lm.name} ({lm.spec.n_params / 1e6:.2f}M params) on {lm.device}; {cfg.as_dict()}")
 
     results: dict[str, dict] = {}
+    answers: dict[str, tuple[list[str], list[str]]] = {}  # key -> (prompts, completions at --gen-length)
     t_all = time.perf_counter()
     for d in domains:
         task = get_task(d, allow_code_execution=True)
@@ -69,12 +74,14 @@ def main(argv=None) -> None:
             texts: list[str] = [""] * len(prompts)
             for s in range(0, len(order), args.batch):
                 idx = order[s:s + args.batch]
-                res = engine.generate([prompts[i] for i in idx], cfg, policy=args.policy, chat=lm.chat, seed=args.seed)
+                res = engine.generate([prompts[i] for i in idx], cfg, policy=args.policy, chat=lm.chat, seed=args.seed,
+                                      row_ids=idx)
                 for i, r in zip(idx, res):
                     texts[i] = r.text
                 err.print(f"  {d} {shots}-shot: {min(s + args.batch, len(order))}/{len(order)}", end="\r")
             scores = [task.score(ex, text) for ex, text in zip(examples, texts)]
             key = f"{d}/{shots}shot"
+            answers[key] = (prompts, texts)
             results[key] = {"accuracy": sum(scores) / max(1, len(scores)), "n": len(scores),
                             "seconds": round(time.perf_counter() - t0, 1)}
             err.print(f"  {key}: {results[key]['accuracy']:.3f} ({results[key]['seconds']}s)          ")
@@ -87,10 +94,56 @@ def main(argv=None) -> None:
     for d in domains:
         table.add_row(d, *[f"{results[f'{d}/{s}shot']['accuracy']:.1%}" for s in shots_list])
     out.print(table)
+    lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    agreement = length_agreement(engine, lm, args, answers, domains, lengths, cfg) if lengths else {}
+    if agreement:
+        lt = Table(title=f"answer equals the gen-{cfg.gen_length} answer (0-shot, {args.length_limit} per domain)")
+        lt.add_column("gen length", justify="right")
+        for d in domains:
+            lt.add_column(d, justify="right")
+        lt.add_column("all", justify="right")
+        lt.add_column("target", justify="right")
+        for L, row in agreement.items():
+            lt.add_row(str(L), *[f"{row[d]:.1%}" for d in domains], f"{row['all']:.1%}", "95%")
+        out.print(lt)
     doc = {"model": lm.name, "params": lm.spec.n_params, "policy": args.policy, "limit": args.limit,
            "seed": args.seed, "decode": cfg.as_dict(), "seconds": round(time.perf_counter() - t_all, 1),
-           "accuracy": {k: round(v["accuracy"], 4) for k, v in results.items()}}
+           "accuracy": {k: round(v["accuracy"], 4) for k, v in results.items()},
+           "length_agreement": {str(L): {k: round(v, 4) for k, v in row.items()} for L, row in agreement.items()}}
     print(json.dumps(doc, separators=(",", ":")), flush=True)
+
+
+def length_agreement(engine, lm, args, answers, domains, lengths, cfg) -> dict[int, dict[str, float]]:
+    """Share of held-out 0-shot prompts whose completion at each gen length equals the one at
+    ``cfg.gen_length`` (block ``cfg.block_length``, one token per step: steps = gen length).
+
+    Answers must not depend on how much canvas is appended; an answer longer than a short canvas
+    cannot fit and counts as a disagreement. Returns {length: {domain: share, "all": share}}.
+    """
+    from dataclasses import replace
+
+    from ecache_cli.console import err
+
+    out: dict[int, dict[str, float]] = {}
+    for L in lengths:
+        c = replace(cfg, gen_length=L, steps=L)
+        row, hits, total = {}, 0, 0
+        for d in domains:
+            key = f"{d}/0shot"
+            if key not in answers:
+                continue
+            prompts, ref = (x[:args.length_limit] for x in answers[key])
+            got: list[str] = []
+            for s in range(0, len(prompts), args.batch):
+                res = engine.generate(prompts[s:s + args.batch], c, policy=args.policy, chat=lm.chat, seed=args.seed)
+                got += [r.text for r in res]
+            same = sum(a == b for a, b in zip(got, ref))
+            row[d] = same / max(1, len(ref))
+            hits, total = hits + same, total + len(ref)
+            err.print(f"  length {L} {d}: {same}/{len(ref)} equal to gen {cfg.gen_length}")
+        row["all"] = hits / max(1, total)
+        out[L] = row
+    return out
 
 
 if __name__ == "__main__":

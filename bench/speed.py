@@ -13,11 +13,17 @@ targets and prints. Targets (ratios within this one process):
 - entropy >= 8x tokens/s over none without parallel decoding;
 - entropy with threshold decoding >= 20x over plain none (no cache, no parallel decoding);
 - entropy faster than dual at equal or better fidelity (token agreement with none);
-- entropy's decision overhead <= 0.5 % of run time.
-Prints one table per (workload, mode), the target checks, and a last stdout line of JSON.
+- entropy's decision overhead <= 0.5 % of run time;
+- with ``--batch-sizes`` including 1 and 8: each entropy entry's speedup over none at batch 8 >= 90 % of
+  its speedup at batch 1 (each speedup over none at the same batch size, on the same prompts).
+Prints one table per (workload, mode, batch size), a batch-size table, the target checks, and a last
+stdout line of JSON (``batch``: per workload/mode and batch size, each policy's tokens/s, speedup,
+latency and work).
 
     OMP_NUM_THREADS=2 python bench/speed.py                      # the trained embedded model
     python bench/speed.py --model random-tiny --n 1 --gsm8k-n 1   # random weights of the same shape
+    OMP_NUM_THREADS=1 python bench/speed.py --threads 1 --domains list --n 16 --gsm8k-n 0 --modes plain \
+        --batch-sizes 1,8,16 --policies none,dual,entropy,entropy:tau=2.1   # the batch-size table
 """
 
 from __future__ import annotations
@@ -120,6 +126,72 @@ def _vs_dual(wl: str, mode: str, e: dict, d: dict) -> dict:
                 note=f"latency ratio {lat:.2f}x; token agreement with none: entropy {100 * fe:.1f}% vs dual {100 * fd:.1f}%")
 
 
+BATCH_TARGET = 0.9  # entropy's speedup over none at batch 8 >= 90 % of its speedup at batch 1 (issue 13)
+BATCH_COLUMNS = [("tok/s", "tokens_per_s", "{:.1f}"), ("speedup vs none", "speedup_vs_none", "{:.2f}x"),
+                 ("latency mean ms", "mean_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"),
+                 ("full/req", "full_forwards_per_request", "{:.1f}"), ("work % of none", "work_share_vs_none", "pct"),
+                 ("planned work %", "planned_work_share_vs_none", "pct"),
+                 ("token agree %", "fidelity_token_agreement", "pct")]
+
+
+def batch_checks(by_batch: dict) -> list[dict]:
+    """For each entropy entry: its speedup over none at batch 8 against its speedup at batch 1."""
+    rows = []
+    for wl, mode, bs in sorted(by_batch):
+        if bs != 8 or (wl, mode, 1) not in by_batch:
+            continue
+        one, eight = by_batch[(wl, mode, 1)], by_batch[(wl, mode, 8)]
+        for p, s in eight.items():
+            if not p.startswith("entropy") or p not in one:
+                continue
+            a, b = one[p]["speedup_vs_none"], s["speedup_vs_none"]
+            if a is None or b is None:
+                continue
+            rows.append(dict(workload=f"{wl}/{mode}", target=f"{p} speedup at batch 8 over its speedup at batch 1",
+                             want=f">= {BATCH_TARGET:.2f}", got=b / a, ok=b / a >= BATCH_TARGET,
+                             note=f"{b:.2f}x at batch 8 vs {a:.2f}x at batch 1 over none at the same batch size"))
+    return rows
+
+
+def batch_summary(by_batch: dict) -> dict:
+    """JSON: {"workload/mode": {batch size: {policy: {tokens_per_s, speedup_vs_none, mean_ms, ...}}}}."""
+    out: dict = {}
+    for (wl, mode, bs), summ in sorted(by_batch.items()):
+        out.setdefault(f"{wl}/{mode}", {})[str(bs)] = {p: {k: s.get(k) for _, k, _ in BATCH_COLUMNS} for p, s in summ.items()}
+    return out
+
+
+def batch_table(by_batch: dict, title: str):
+    """A rich Table: one row per (workload/mode, batch size, policy)."""
+    from rich.table import Table
+
+    from ecache_cli.runs.profile import cell
+
+    t = Table(title=title)
+    for c in ["workload", "batch", "policy"] + [c[0] for c in BATCH_COLUMNS]:
+        t.add_column(c, justify="left" if c in ("workload", "policy") else "right")
+    for (wl, mode, bs), summ in sorted(by_batch.items()):
+        for p, s in summ.items():
+            t.add_row(f"{wl}/{mode}", str(bs), p, *[cell(s.get(k), f) for _, k, f in BATCH_COLUMNS])
+    return t
+
+
+def batch_markdown(summary: dict) -> list[str]:
+    """The batch-size table (``batch_summary``'s dict) as Markdown lines (none with a single batch size)."""
+    from ecache_cli.runs.profile import cell
+
+    if all(len(by_bs) < 2 for by_bs in summary.values()):
+        return []
+    lines = ["| workload | batch | policy | " + " | ".join(c[0] for c in BATCH_COLUMNS) + " |",
+             "|---|---:|---|" + "---:|" * len(BATCH_COLUMNS)]
+    for wl, by_bs in summary.items():
+        for bs, summ in sorted(by_bs.items(), key=lambda kv: int(kv[0])):
+            for p, s in summ.items():
+                lines.append(f"| {wl} | {bs} | {p} | " + " | ".join(cell(s.get(k), f) for _, k, f in BATCH_COLUMNS)
+                             + " |")
+    return lines + [""]
+
+
 MD_COLUMNS = [("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup_vs_none", "{:.2f}x"),
               ("latency speedup", "latency_speedup_vs_none", "{:.2f}x"), ("latency mean ms", "mean_ms", "{:.0f}"),
               ("p95 ms", "p95_ms", "{:.0f}"), ("NFE/req", "nfe_per_request", "{:.1f}"),
@@ -141,6 +213,7 @@ def markdown(doc: dict) -> str:
         for p, s in wl["policies"].items():
             lines.append(f"| {p} | " + " | ".join(cell(s.get(k), f) for _, k, f in MD_COLUMNS) + " |")
         lines.append("")
+    lines += batch_markdown(doc.get("batch", {}))
     lines += ["| workload | target | want | got | met | note |", "|---|---|---|---|---|---|"]
     for r in doc["checks"]:
         got = "–" if r["got"] is None else f"{r['got']:.2f}" + ("%" if "overhead" in r["target"] else "x")
@@ -156,6 +229,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=None, help="torch threads [default: OMP_NUM_THREADS or torch's]")
     ap.add_argument("--n", type=int, default=2, help="prompts per task domain (arith, code, list)")
+    ap.add_argument("--domains", default="arith,code,list", help="task domains of the domains workload")
+    ap.add_argument("--batch-sizes", default="1", help="comma list: measure every workload at each batch size "
+                                                         "(e.g. 1,8,16; speedups are over none at the same size)")
     ap.add_argument("--gsm8k-n", type=int, default=3, help="GSM8K questions (0 skips the workload)")
     ap.add_argument("--data", default=str(DEFAULT_GSM8K), help="GSM8K test.jsonl")
     ap.add_argument("--min-prompt", type=int, default=600)
@@ -197,7 +273,7 @@ def main(argv=None) -> int:
     engine = Engine.from_loaded(lm)
     chat = lm.chat
     workloads = {"domains": [], "gsm8k": []}
-    for name in ("arith", "code", "list"):
+    for name in args.domains.split(","):
         workloads["domains"] += fewshot_requests(engine, get_task(name), args.n, args.min_prompt, args.max_prompt,
                                                  args.seed, chat)
     if args.gsm8k_n > 0:
@@ -210,32 +286,42 @@ def main(argv=None) -> int:
     policies = args.policies.split(",")
     results, docs = {}, {}
     t_all = time.perf_counter()
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    by_batch: dict[tuple, dict] = {}  # (workload, mode, batch size) -> summaries
     for wl, reqs in workloads.items():
         for mode in args.modes.split(","):
             flags = dict(gen_length=args.gen_length, block_length=args.block_length,
                          threshold=args.threshold if mode == "threshold" else None)
             settings = resolve_settings(args.model if args.model != "random-tiny" else "random-tiny", flags,
                                         {"tau": args.tau})
-            opts = ProfileOptions(policies=policies, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
-                                  trace_dir=args.trace_dir / f"{wl}-{mode}" if args.trace_dir else None)
-            t0 = time.perf_counter()
-            rep = measure(engine, settings, reqs, opts, chat=chat,
-                          on_run=lambda kind, p, wl=wl, mode=mode: log.print(f"{wl}/{mode}: {kind} {p}", highlight=False))
-            log.print(f"{wl}/{mode} took {time.perf_counter() - t0:.0f} s")
-            con.print(render_table(rep, f"{wl} · {mode} · {len(reqs)} prompts ({min(lengths[wl])}-{max(lengths[wl])} tokens)"
-                                        f" · gen {args.gen_length} block {args.block_length}"
-                                        + (f" threshold {args.threshold}" if mode == "threshold" else "")))
-            results[(wl, mode)] = rep.summaries
-            docs[f"{wl}/{mode}"] = rep.to_dict(None)
-            if rep.trace:
-                for p, info in rep.trace["policies"].items():
-                    log.print(f"{wl}/{mode} {p} traced forwards (ms): {json.dumps(info['forward_breakdown'])}",
-                              highlight=False, markup=False)
+            for bs in batch_sizes:
+                name = f"{wl}/{mode}" + (f"/batch{bs}" if bs != 1 else "")
+                opts = ProfileOptions(policies=policies, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
+                                      batch_size=bs, trace_dir=args.trace_dir / name.replace("/", "-")
+                                      if args.trace_dir and bs == batch_sizes[0] else None)
+                t0 = time.perf_counter()
+                rep = measure(engine, settings, reqs, opts, chat=chat,
+                              on_run=lambda kind, p, name=name: log.print(f"{name}: {kind} {p}", highlight=False))
+                log.print(f"{name} took {time.perf_counter() - t0:.0f} s")
+                con.print(render_table(rep, f"{wl} · {mode} · batch {bs} · {len(reqs)} prompts "
+                                            f"({min(lengths[wl])}-{max(lengths[wl])} tokens) · gen {args.gen_length} "
+                                            f"block {args.block_length}"
+                                            + (f" threshold {args.threshold}" if mode == "threshold" else "")))
+                if bs == batch_sizes[0]:
+                    results[(wl, mode)] = rep.summaries
+                by_batch[(wl, mode, bs)] = rep.summaries
+                docs[name] = rep.to_dict(None)
+                if rep.trace:
+                    for p, info in rep.trace["policies"].items():
+                        log.print(f"{name} {p} traced forwards (ms): {json.dumps(info['forward_breakdown'])}",
+                                  highlight=False, markup=False)
     total_s = time.perf_counter() - t_all
 
     from rich.table import Table
 
-    rows = checks(results)
+    rows = checks(results) + batch_checks(by_batch)
+    if len(batch_sizes) > 1:
+        con.print(batch_table(by_batch, f"batch sizes · {model_label} · speedup over none at the same batch size"))
     t = Table(title=f"targets · {model_label}")
     for c in ("workload", "target", "want", "got", "ok", "note"):
         t.add_column(c)
@@ -247,7 +333,7 @@ def main(argv=None) -> int:
            "total_s": total_s, "prompt_tokens": lengths, "targets": TARGETS, "checks": rows,
            "args": {k: str(v) for k, v in vars(args).items()},
            "manifest": manifest(lm, None, args.seed, {"omp_num_threads": os.environ.get("OMP_NUM_THREADS")}),
-           "workloads": docs}
+           "workloads": docs, "batch": batch_summary(by_batch)}
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(markdown(doc))

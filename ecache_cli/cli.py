@@ -1,31 +1,122 @@
 """The ``ecache`` command line: four subcommands over one engine core.
 
-This module is thin: each subcommand lives in ``ecache_cli/commands/<name>.py``, parses flags, and
-calls its ``runs/`` module. ``handle_errors`` is the only place that turns an :class:`EcacheError`
-into a one-line message and an exit code (2 usage, 1 runtime); heavy imports (torch, models) happen
-inside command bodies so ``ecache --help`` stays fast.
+This module is thin and is the one place that registers the subcommands: each lives in
+``ecache_cli/commands/<name>.py`` as a plain function (which never imports this module), parses
+flags, and calls its ``runs/`` module. ``handle_errors`` is the only place that turns an
+:class:`EcacheError` into a one-line message and an exit code (2 usage, 1 runtime); the option
+parser's own usage errors are printed the same way (``EcacheGroup``). Heavy imports (torch, models)
+happen inside command bodies so ``ecache --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from . import __version__
 
+try:  # typer ≥ 0.20 ships its own copy of click
+    from typer._click.exceptions import BadParameter as _BadParameter
+    from typer._click.exceptions import UsageError as _ClickUsageError
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click.exceptions import BadParameter as _BadParameter
+    from click.exceptions import UsageError as _ClickUsageError
+
+
+def _given_value(err: _BadParameter) -> str | None:
+    """The text the user gave for the parameter of a BadParameter (the parser does not keep it)."""
+    cause = err.__cause__
+    if cause is not None and hasattr(cause, "errors"):  # typer's pydantic coercion keeps the input
+        try:
+            return str(cause.errors()[0]["input"])
+        except (LookupError, TypeError, AttributeError):
+            pass
+    return None
+
+
+def usage_line(err: _ClickUsageError, where: str = "ecache") -> str:
+    """One line for an option-parser error: what was wrong, the value given, which help to read
+    (``where``: the command path when the error does not carry the subcommand's context)."""
+    msg = " ".join(err.format_message().split()).rstrip(".")
+    if isinstance(err, _BadParameter):
+        value = _given_value(err)
+        if value is not None and repr(value) not in msg:
+            msg = f"{msg} (got {value!r})"
+    return f"{msg[:1].lower()}{msg[1:]}; see `{where} --help`"
+
+
+def _bare_flags(params: list) -> list:
+    """Flags take no value, so ``--help`` shows none (``--jsonl``, not ``--jsonl <bool>``)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class EcacheCommand(TyperCommand):
+    """A subcommand whose flags show no value placeholder in ``--help``."""
+
+    def get_params(self, ctx):
+        return _bare_flags(super().get_params(ctx))
+
+
+class EcacheGroup(TyperGroup):
+    """The top-level group: the option parser's usage errors become one ``error:`` line (exit 2),
+    like every other ecache error, instead of typer's boxed panel."""
+
+    def _one_line(self, ctx, call, *args):
+        try:
+            return call(*args)
+        except _ClickUsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # `ecache` alone prints the help
+                raise
+            from .console import error
+
+            where = e.ctx.command_path if e.ctx is not None and e.ctx is not ctx else ctx.command_path
+            if (e.ctx is None or e.ctx is ctx) and ctx.invoked_subcommand:
+                where = f"{ctx.command_path} {ctx.invoked_subcommand}"
+            error(usage_line(e, where))
+            raise typer.Exit(code=e.exit_code) from None
+
+    def parse_args(self, ctx, args):
+        return self._one_line(ctx, super().parse_args, ctx, args)
+
+    def invoke(self, ctx):
+        return self._one_line(ctx, super().invoke, ctx)
+
+    def get_params(self, ctx):
+        return _bare_flags(super().get_params(ctx))
+
+
 app = typer.Typer(
-    name="ecache", no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
+    name="ecache", cls=EcacheGroup, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
     help="Fast approximate KV caching for diffusion language models (LLaDA, Dream): "
          "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/].",
 )
 
 
+def _quiet_stdout() -> None:
+    """After a closed pipe (``ecache generate ... | head -1``): point stdout at /dev/null so the
+    interpreter's final flush does not print a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. a test runner's buffer)
+        pass
+
+
 def handle_errors(fn):
-    """Run a command body; EcacheError → one red line on stderr and its exit code; Ctrl-C → exit 130."""
+    """Run a command body; EcacheError → one red line on stderr and its exit code; Ctrl-C → exit 130;
+    a closed stdout pipe → quiet exit 0; an unwritable stdout (full device) → one line, exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        import errno
+
         from .console import error
         from .errors import EcacheError
 
@@ -38,7 +129,14 @@ def handle_errors(fn):
             error("interrupted; records written so far are kept")
             raise typer.Exit(code=130) from None
         except BrokenPipeError:
+            _quiet_stdout()
             raise typer.Exit(code=0) from None
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
+                raise
+            error(f"cannot write the output ({e.strerror}); free space on the device or write elsewhere")
+            _quiet_stdout()
+            raise typer.Exit(code=1) from None
 
     return wrapper
 
@@ -54,4 +152,13 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
     """ecache: EntropyCache and peer KV caches for diffusion LMs."""
 
 
-from .commands import calibrate, generate, profile, trace_drift  # noqa: E402,F401  (registers the commands)
+def _register() -> None:
+    """Every subcommand, registered here and only here (the command modules never import ``app``)."""
+    from .commands import calibrate, generate, profile, trace_drift
+
+    for name, fn in (("generate", generate.generate), ("profile", profile.profile_cmd),
+                     ("calibrate", calibrate.calibrate_cmd), ("trace-drift", trace_drift.trace_drift_cmd)):
+        app.command(name, cls=EcacheCommand)(handle_errors(fn))
+
+
+_register()

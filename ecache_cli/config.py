@@ -8,9 +8,15 @@ A profile is ``profiles/<model>/<task>.yaml`` (written by ``ecache calibrate``) 
     cache: {policy: entropy, tau: 0.8, recent_k: 64, signal: max-entropy}
     measured: {score: 0.95, speedup: 9.1, date: 2026-11-30, n: 50}   # informational
 
-Unknown sections or keys are errors (ConfigError, exit 2) naming the key. The profiles directory is
-``$ECACHE_PROFILES`` if set, else the project's ``profiles/`` folder when running from a checkout
-(editable install), else ``./profiles``.
+Unknown sections or keys are errors (ConfigError, exit 2) naming the key.
+
+Where profiles live (no command ever writes into the package or a checkout's tracked files):
+- written by ``ecache calibrate``: ``./profiles/<model>/<task>.yaml`` of the current directory
+  (``$ECACHE_PROFILES`` replaces ``./profiles``), or ``--out``;
+- looked up, first found wins (:func:`profile_dirs`): ``--profile FILE|NAME``, then ``./profiles``
+  (or ``$ECACHE_PROFILES``), then the user's config folder (``platformdirs.user_config_dir("ecache")``
+  + ``/profiles``: ``$XDG_CONFIG_HOME/ecache/profiles``, by default ``~/.config/ecache/profiles`` on
+  Linux), then the profiles shipped in the package (``ecache_cli/profiles``, read-only).
 """
 
 from __future__ import annotations
@@ -24,20 +30,34 @@ import yaml
 from .errors import ConfigError
 
 DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking", "threshold",
-               "factor", "ban_eos", "low_eos_confidence", "early_exit"}
+               "factor", "ban_eos", "low_eos_confidence", "early_exit", "schedule", "compat", "eps", "alg_temp"}
 CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_every"}
 SECTIONS = {"model", "task", "decode", "cache", "measured", "note"}
 
 
 def profiles_dir() -> Path:
-    """Where profiles are read from and written to (see the module docstring)."""
+    """Where ``ecache calibrate`` writes profiles: ``$ECACHE_PROFILES`` if set, else ``./profiles``
+    of the current directory (looked up first as well)."""
     env = os.environ.get("ECACHE_PROFILES")
-    if env:
-        return Path(env)
-    project = Path(__file__).resolve().parent.parent / "profiles"
-    if project.is_dir() and (project.parent / "pyproject.toml").exists():
-        return project
-    return Path.cwd() / "profiles"
+    return Path(env) if env else Path.cwd() / "profiles"
+
+
+def user_profiles_dir() -> Path:
+    """The user's own profiles: ``<user config dir>/profiles`` (platformdirs: ``$XDG_CONFIG_HOME/ecache``,
+    by default ``~/.config/ecache`` on Linux, ``~/Library/Application Support/ecache`` on macOS)."""
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("ecache", appauthor=False)) / "profiles"
+
+
+def packaged_profiles_dir() -> Path:
+    """The profiles shipped inside the package (read-only; never written)."""
+    return Path(__file__).resolve().parent / "profiles"
+
+
+def profile_dirs() -> list[Path]:
+    """The profile folders in lookup order: ./profiles (or $ECACHE_PROFILES), the user's, the package's."""
+    return [profiles_dir(), user_profiles_dir(), packaged_profiles_dir()]
 
 
 def canonical_model_name(name: str) -> str:
@@ -50,8 +70,18 @@ def canonical_model_name(name: str) -> str:
 
 
 def profile_path(model: str, task: str) -> Path:
-    """``profiles/<model>/<task>.yaml`` for a model name or directory and a task name."""
+    """Where a profile of (model, task) is written: ``./profiles/<model>/<task>.yaml`` (profiles_dir)."""
     return profiles_dir() / canonical_model_name(model) / f"{task}.yaml"
+
+
+def profile_candidates(model: str, task: str) -> list[Path]:
+    """``<dir>/<model>/<task>.yaml`` for every folder of :func:`profile_dirs`, in lookup order."""
+    return [d / canonical_model_name(model) / f"{task}.yaml" for d in profile_dirs()]
+
+
+def find_profile(model: str, task: str) -> Path | None:
+    """The first existing profile of (model, task) in lookup order, or None."""
+    return next((c for c in profile_candidates(model, task) if c.is_file()), None)
 
 
 def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:
@@ -62,9 +92,10 @@ def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:
     """
     cand = [Path(name_or_path)]
     if not str(name_or_path).endswith((".yaml", ".yml")):
-        cand.append(profiles_dir() / f"{name_or_path}.yaml")
-        if model is not None:
-            cand.append(profile_path(model, str(name_or_path)))
+        for d in profile_dirs():  # NAME = <model>/<task> or a task of ``model``, first found wins
+            cand.append(d / f"{name_or_path}.yaml")
+            if model is not None:
+                cand.append(d / canonical_model_name(model) / f"{name_or_path}.yaml")
     path = next((c for c in cand if c.is_file()), None)
     if path is None:
         raise ConfigError(f"profile {str(name_or_path)!r} not found (looked at {', '.join(str(c) for c in cand)}); "
@@ -79,7 +110,8 @@ def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:
 
 
 def validate_profile(data: dict, path: Path | str = "profile") -> None:
-    """Reject unknown sections and keys with a ConfigError naming them."""
+    """Reject unknown sections and keys, and wrongly typed values, with a ConfigError naming them
+    (numbers YAML read as strings, e.g. ``1e-3``, are converted in place)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a profile must be a YAML mapping")
     for k in data:
@@ -95,6 +127,26 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
         for k in sec:
             if k not in allowed:
                 raise ConfigError(f"{path}: unknown key {section}.{k}; allowed: {', '.join(sorted(allowed))}")
+    _check_types(data, path)
+
+
+def _check_types(data: dict, path) -> None:
+    """A wrongly typed value (``tau: abc``, ``gen_length: abc``) is a ConfigError naming the key and the
+    value, not a TypeError deep in the engine."""
+    from .cache import POLICIES
+    from .engine.state import DecodeConfig
+
+    kinds = {"decode": field_types(DecodeConfig), "cache": {"policy": str}}
+    for cls in POLICIES.values():
+        for k, kind in field_types(cls).items():
+            kinds["cache"].setdefault(k, kind)
+    for section in ("decode", "cache"):
+        sec = data.get(section) or {}
+        for k, v in sec.items():
+            try:
+                sec[k] = check_value(kinds[section].get(k), v)
+            except ValueError as e:
+                raise ConfigError(f"{path}: {section}.{k}: {v!r} {e}") from None
 
 
 def resolve(defaults: dict, profile: dict | None, flags: dict) -> dict:
@@ -122,3 +174,47 @@ def write_profile(path: Path, data: dict, overwrite_same: bool = True) -> None:
 def dataclass_defaults(cls) -> dict:
     """Field defaults of a dataclass as a dict."""
     return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def field_types(cls) -> dict:
+    """``{field name: type}`` of a dataclass (annotations resolved, e.g. ``int | None``)."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
+
+
+def check_value(kind, value):
+    """``value`` as a field of type ``kind`` wants it (an int is a valid float), or ValueError saying
+    what it must be. Booleans are not numbers here, and NaN is no number: both would be silently
+    meaningless as a threshold or a count. Types other than bool/int/float/str pass unchecked."""
+    import math
+    import types
+    import typing
+
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        kind = rest[0] if len(rest) == 1 else None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError("must be true or false")
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("must be a whole number (e.g. 8)")
+    elif kind is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("must be a number (e.g. 0.5)")
+        if math.isnan(value):
+            raise ValueError("must be a number, not NaN")
+        return float(value)
+    elif kind is str and not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value

@@ -11,3 +11,8 @@ err = Console(stderr=True, soft_wrap=True)
 def error(message: str) -> None:
     """Print a one-line error on stderr (no markup interpretation of the message)."""
     err.print("error: " + message, style="bold red", markup=False, highlight=False)
+
+
+def warn(message: str) -> None:
+    """Print a one-line warning on stderr (callers print each warning once)."""
+    err.print("warning: " + message, style="yellow", markup=False, highlight=False)

@@ -25,21 +25,35 @@ A fraction ``--prefix-mask-frac`` uses a left-to-right mask instead: the answer 
 is clean, everything after it masked (the order confidence-based remasking tends to decode in), so the
 next answer token can be found from the previous one and the prompt.
 
-Canvas lengths are sampled: ``--full-canvas-frac`` of the examples use the evaluation canvas (256),
-the rest answer + eot + 1..``--extra-eos`` EOS, which saves the compute spent on EOS padding. Batches
-are built from a pool sorted by length (little left padding) under a token budget.
+Canvas lengths are sampled: ``--full-canvas-frac`` of the examples use one of ``--canvas-choices``
+(64/128/256/512, the gen lengths an answer must not depend on), the rest answer + eot + k EOS with k
+log-uniform in 1..``--extra-eos`` (128), so the canvas length does not reveal the answer's length and
+little compute goes to EOS padding. Batches are built from a pool sorted by length under a token budget.
 
-Everything random derives from ``--seed`` and the step (data, masks), so a resumed run continues the
-same data stream. Checkpoints (model, optimizer, step, RNG states) go to ``--ckpt`` every
-``--save-every-min`` minutes; ``--resume`` continues, ``--export-only`` writes the model directory.
+Curriculum: every ``--adapt-every-min`` minutes the EMA model is evaluated greedily on held-out
+examples (their own seed, never bench/quality.py's) and the domain weights become
+``--adapt-floor`` + that domain's error. ``--drill-frac`` adds training-only arithmetic drills
+(``arith_drill``) at that fraction of ``arith``'s weight.
 
-    # the shipped weights (defaults = that run's settings; ~61 min at ~13k tokens/s on 2 CPU cores):
-    python scripts/train_tiny.py --ckpt scripts/_train_state_v3            # stopped at step 9214, then
-    python scripts/train_tiny.py --ckpt scripts/_train_state_v3 --resume --steps 13000 --eval-every 0
-    python scripts/train_tiny.py --ckpt scripts/_train_state_v3 --resume --steps 22500 --domain-weights 4,2,1.5 \
-        --eval-every 0
-    python scripts/train_tiny.py --ckpt DIR --resume    # continue after an interruption
-    python scripts/train_tiny.py --ckpt DIR --export-only --final-eval-n 24
+Schedule: linear warmup, then a constant LR (``--schedule const``), so a run can be extended by any
+number of steps; the exported model is the EMA of the weights (``--ema``), which plays the part of an
+LR decay without ending the schedule.
+
+State: ONE file, ``--state`` (default ``scripts/tiny_train_state.pt``, tracked in git, under 20 MB):
+weights, EMA, AdamW moments, step, data-stream position, RNG states, config, evaluation history. A run
+resumes from it when it exists (flags given on the command line override the saved config from that
+step on; the model shape cannot change), saves it every ``--save-every-min`` minutes and when it stops
+(``--minutes``, ``--max-new-steps``), and overwrites it in place. ``scripts/train_gpu.sh`` does the same
+on a lent GPU and writes the new state under ``$OUT``.
+
+    python scripts/train_tiny.py --minutes 60 --export        # continue the committed run for an hour
+    python scripts/train_tiny.py --export-only                # write ecache_cli/data/tiny from the state
+    python scripts/train_tiny.py --fresh --init-from DIR      # a new run from exported weights
+    OUT=/tmp/o bash scripts/train_gpu.sh                      # on a GPU (see that script)
+
+The current state began with ``--fresh --init-from ecache_cli/data/tiny`` from the export of the
+previous run (22500 steps, 40.6M tokens; its optimizer state was not kept), then resumed with the
+settings in its saved config (the model card lists the overrides and when they began).
 """
 
 from __future__ import annotations
@@ -71,37 +85,45 @@ class TrainConfig:
     mlp_hidden: int = 384
     rope_theta: float = 500000.0  # LLaDA's value
     # optimisation
-    steps: int = 20000
-    lr: float = 2e-3
+    steps: int = 1_000_000  # an upper bound: runs are stopped by --minutes and resumed (schedule "const")
+    schedule: str = "const"  # "const": warmup then constant LR (extendable; export the EMA); "cosine"
+    lr: float = 1e-3
     min_lr_frac: float = 0.1  # cosine decays to lr * min_lr_frac
-    warmup: int = 200
+    warmup: int = 300
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float = 1.0
+    ema: float = 0.999  # exponential moving average of the weights; the export uses it (0: raw weights)
     batch_tokens: int = 2048  # padded tokens per step (prompt + canvas)
     # data
-    seed: int = 0
+    seed: int = 1
     domains: tuple[str, ...] = ("list", "code", "arith")
-    domain_weights: tuple[float, ...] = (3.0, 2.0, 1.5)
-    fewshot_frac: float = 0.08  # examples with a 1..max_shots few-shot prompt (long prompts, costly)
+    domain_weights: tuple[float, ...] = (3.0, 1.0, 3.0)  # start; --adapt-every-min replaces them
+    fewshot_frac: float = 0.15  # examples with a 1..max_shots few-shot prompt (long prompts, costly)
     max_shots: int = 4
     max_prompt_tokens: int = 1024
-    canvas: int = 256  # evaluation gen length
-    full_canvas_frac: float = 0.05
-    extra_eos: int = 16
+    canvas: int = 256  # evaluation gen length (answers must fit)
+    full_canvas_frac: float = 0.06  # examples whose canvas is one of canvas_choices (EOS filler teaches the end)
+    canvas_choices: tuple[int, ...] = (64, 128, 256, 512)
+    extra_eos: int = 128  # the rest: answer + eot + 1..extra_eos EOS
+    eos_dist: str = "loguniform"  # how that EOS count is drawn: "loguniform" (median ~11) or "uniform"
     block: int = 32  # evaluation block length (for block-structured masks)
     block_mask_frac: float = 0.15
-    prefix_mask_frac: float = 0.2  # examples with a left-to-right mask: answer[:c] clean, answer[c:] masked
+    prefix_mask_frac: float = 0.25  # examples with a left-to-right mask: answer[:c] clean, answer[c:] masked
     t_min: float = 1e-3
     loss_norm: str = "masked"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
     pool_batches: int = 16  # batches built per length-sorted pool
+    # curriculum: every adapt_every_min minutes, a held-out greedy eval sets domain weights to
+    # adapt_floor + error (mean over eval_shots); 0 keeps domain_weights fixed
+    adapt_every_min: float = 15.0
+    adapt_floor: float = 0.2
+    drill_frac: float = 0.5  # arithmetic drills (arith_drill) drawn at this fraction of arith's weight
     # bookkeeping
-    log_every: int = 20
-    eval_every: int = 2500
-    eval_n: int = 8  # held-out examples per domain per shot setting
-    eval_shots: tuple[int, ...] = (0,)
-    save_every_min: float = 3.0
-    threads: int = 2
+    log_every: int = 50
+    eval_n: int = 24  # held-out examples per domain per shot setting (curriculum eval)
+    eval_shots: tuple[int, ...] = (0, 4)
+    save_every_min: float = 5.0
+    threads: int = 1
 
 
 # --- tokenizer and prompts ------------------------------------------------------------------------
@@ -138,6 +160,40 @@ class Tok:
                 break
             out.append(i)
         return self.hf.decode(out, skip_special_tokens=True)
+
+
+def arith_drill(rng: random.Random) -> tuple[str, str]:
+    """A training-only arithmetic drill: 3-6 expressions in the prompt, the answer restates each with
+    its result (``14 * 4 = 56``), one per line, in the ``arith`` solutions' notation.
+
+    The operand ranges cover the computations of the ``arith`` templates (tasks/arith.py): products of
+    a 2-12 factor and a 2-80 factor, sums up to 250 + 100, differences with a positive result and exact
+    divisions with a 2-20 quotient. A worked ``arith`` solution spends most of its tokens copying the
+    problem; these put the loss on the results, which is what the model got wrong.
+    """
+    lines = []
+    for _ in range(rng.randint(3, 6)):
+        op = rng.choice("*+-/")
+        if op == "*":
+            a, b = rng.randint(2, 12), rng.randint(2, 80)
+            if rng.random() < 0.5:
+                a, b = b, a
+            r = a * b
+        elif op == "+":
+            a, b = rng.randint(1, 250), rng.randint(1, 100)
+            if rng.random() < 0.3:
+                a, b = b, a
+            r = a + b
+        elif op == "-":
+            a = rng.randint(2, 250)
+            b = rng.randint(1, a - 1)
+            r = a - b
+        else:
+            b, r = rng.randint(2, 10), rng.randint(2, 20)
+            a = b * r
+        lines.append((f"{a} {op} {b}", r))
+    question = "Compute:\n" + "\n".join(e for e, _ in lines)
+    return question, "\n".join(f"{e} = {r}" for e, r in lines)
 
 
 def load_tasks(domains) -> dict:
@@ -177,29 +233,56 @@ class Stream:
     def __init__(self, cfg: TrainConfig, tok: Tok, tasks: dict):
         self.cfg, self.tok, self.tasks = cfg, tok, tasks
         self.pool_idx, self.batches, self.pos = -1, [], 0
+        self.weights = tuple(cfg.domain_weights)  # the weights of the next pool built
+        self.pool_weights = self.weights  # the weights the current pool was built with
 
-    def item(self, rng: random.Random) -> Item:
+    def state(self) -> dict:
+        """Position in the stream: enough to rebuild the current pool and continue after batch ``pos``."""
+        return {"pool_idx": self.pool_idx, "pos": self.pos, "pool_weights": list(self.pool_weights),
+                "weights": list(self.weights)}
+
+    def restore(self, st: dict) -> None:
+        self.weights = tuple(st["weights"])
+        if st["pool_idx"] >= 0:
+            self.pool_idx = st["pool_idx"]
+            self.pool_weights = tuple(st["pool_weights"])
+            self.batches, self.pos = self._build_pool(self.pool_idx, self.pool_weights), st["pos"]
+
+    def item(self, rng: random.Random, weights) -> Item:
         cfg = self.cfg
+        names, w = list(cfg.domains), list(weights)
+        if cfg.drill_frac > 0 and "arith" in names:  # arithmetic drills ride on arith's weight
+            names.append("drill")
+            w.append(cfg.drill_frac * w[names.index("arith")])
         while True:
-            task = self.tasks[rng.choices(cfg.domains, weights=cfg.domain_weights)[0]]
-            ex = task.examples("train", 1, rng.randrange(1 << 40))[0]
-            shots = rng.randint(1, cfg.max_shots) if rng.random() < cfg.fewshot_frac else 0
-            prompt = self.tok.prompt_ids(task.prompt(ex, shots, rng.randrange(1 << 30)))
-            answer = self.tok.answer_ids(task.target(ex))
-            if len(prompt) > cfg.max_prompt_tokens or len(answer) + 1 > cfg.canvas:
+            name = rng.choices(names, weights=w)[0]
+            if name == "drill":
+                question, target = arith_drill(rng)
+                prompt, answer = self.tok.prompt_ids(question), self.tok.answer_ids(target)
+            else:
+                task = self.tasks[name]
+                ex = task.examples("train", 1, rng.randrange(1 << 40))[0]
+                shots = rng.randint(1, cfg.max_shots) if rng.random() < cfg.fewshot_frac else 0
+                prompt = self.tok.prompt_ids(task.prompt(ex, shots, rng.randrange(1 << 30)))
+                answer = self.tok.answer_ids(task.target(ex))
+            if len(prompt) > cfg.max_prompt_tokens or len(answer) + 1 > min(cfg.canvas, max(cfg.canvas_choices)):
                 continue  # too long for evaluation settings; redraw
-            if rng.random() < cfg.full_canvas_frac:
-                canvas = cfg.canvas
+            fits = [c for c in cfg.canvas_choices if c > len(answer)]
+            if fits and rng.random() < cfg.full_canvas_frac:
+                canvas = rng.choice(fits)
+            elif cfg.eos_dist == "loguniform":  # trailing EOS count must not reveal the answer's length
+                extra = int(math.exp(rng.uniform(0.0, math.log(cfg.extra_eos + 1))))
+                canvas = min(cfg.canvas, len(answer) + max(1, extra))
             else:
                 canvas = min(cfg.canvas, len(answer) + rng.randint(1, cfg.extra_eos))
             return Item(prompt, answer, canvas)
 
-    def _build_pool(self, pool: int) -> list[list[Item]]:
+    def _build_pool(self, pool: int, weights) -> list[list[Item]]:
         cfg = self.cfg
         rng = random.Random(f"pool:{cfg.seed}:{pool}")
         items, budget = [], cfg.pool_batches * cfg.batch_tokens
         while sum(it.length for it in items) < budget:
-            items.append(self.item(rng))
+            items.append(self.item(rng, weights))
         items.sort(key=lambda it: it.length)
         batches, cur = [], []
         for it in items:  # greedy: a batch costs len(longest) * count padded tokens
@@ -215,14 +298,59 @@ class Stream:
     def next(self) -> list[Item]:
         while self.pos >= len(self.batches):
             self.pool_idx += 1
-            self.batches, self.pos = self._build_pool(self.pool_idx), 0
+            self.pool_weights = self.weights
+            self.batches, self.pos = self._pool(self.pool_idx, self.pool_weights), 0
         self.pos += 1
         return self.batches[self.pos - 1]
 
-    def skip(self, n: int) -> None:
-        """Advance past ``n`` batches (resume) by counting batches per pool."""
-        for _ in range(n):
-            self.next()
+    # -- optional worker processes (a GPU consumes batches faster than one process can tokenize) ---------
+
+    workers: int = 0
+    _mp = None
+    _ahead: list = []
+
+    def start_workers(self, n: int, tok_dir: Path) -> None:
+        """Build pools in ``n`` spawned processes, ``2n`` pools ahead. Pool ``p`` is the same pure function
+        of (seed, p, weights) as without workers, so the batches and a resumed run are unchanged."""
+        import multiprocessing as mp
+
+        if n <= 0:
+            return
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.workers, self._ahead = n, []
+        self._mp = mp.get_context("spawn").Pool(n, initializer=_worker_init, initargs=(asdict(self.cfg), str(tok_dir)))
+
+    def _pool(self, idx: int, weights) -> list[list[Item]]:
+        if not self.workers:
+            return self._build_pool(idx, weights)
+        if not self._ahead or self._ahead[0][:2] != (idx, tuple(weights)):
+            self._ahead = []  # weights changed (curriculum) or first call: prefetch anew from idx
+        nxt = self._ahead[-1][0] + 1 if self._ahead else idx
+        while len(self._ahead) < 2 * self.workers:
+            self._ahead.append((nxt, tuple(weights), self._mp.apply_async(_worker_pool, (nxt, tuple(weights)))))
+            nxt += 1
+        return self._ahead.pop(0)[2].get()
+
+    def close(self) -> None:
+        if self._mp is not None:
+            self._mp.terminate()
+            self._mp = None
+
+
+_WORKER: Stream | None = None
+
+
+def _worker_init(cfg: dict, tok_dir: str) -> None:
+    global _WORKER
+    import torch as _torch
+
+    _torch.set_num_threads(1)
+    c = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
+    _WORKER = Stream(c, Tok(Path(tok_dir)), load_tasks(c.domains))
+
+
+def _worker_pool(idx: int, weights) -> list[list[Item]]:
+    return _WORKER._build_pool(idx, weights)
 
 
 def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generator):
@@ -319,9 +447,13 @@ def build_model(mcfg: dict, seed: int):
     return model
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
+def lr_at(step: int, cfg: TrainConfig, start: int = 0) -> float:
+    """Learning rate at ``step``: linear warmup over ``cfg.warmup`` steps from ``start`` (the step this
+    schedule began, e.g. a warm start from exported weights), then constant or cosine to ``cfg.steps``."""
+    if step - start < cfg.warmup:
+        return cfg.lr * (step - start + 1) / cfg.warmup
+    if cfg.schedule == "const":
+        return cfg.lr
     p = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
@@ -405,25 +537,58 @@ def evaluate(model, tok: Tok, tasks: dict, n: int, shots_list, seed: int = 0) ->
     return {k: sum(v) / len(v) for k, v in sorted(acc.items())}
 
 
-# --- checkpointing and export ----------------------------------------------------------------------
+# --- training state (one file) and export ----------------------------------------------------------
+
+STATE_FORMAT = "ecache-tiny-train-state/1"
+EVAL_SEED = 1000  # the curriculum eval draws its own test examples: bench/quality.py (seed 0) stays untouched
 
 
-def save_state(path: Path, model, opt, step: int, cfg: TrainConfig, stats: dict) -> None:
-    state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "cfg": asdict(cfg),
-             "stats": stats, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
-    tmp = path.with_suffix(".tmp")
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tokenizer_sha256(tok_dir: Path) -> str:
+    """SHA-256 over the tokenizer files (the ids a state was trained with must not change under it)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in TOKENIZER_FILES:
+        if (tok_dir / f).exists():
+            h.update(f.encode() + b"\0" + (tok_dir / f).read_bytes())
+    return h.hexdigest()
+
+
+def save_state(path: Path, run: dict) -> None:
+    """Write the whole training state to one file, atomically (a temporary file, then ``os.replace``).
+
+    ``run`` holds: model, ema (state dicts, float32), opt (AdamW state dict), step, schedule_start, cfg,
+    stats (train_seconds, tokens, cpu_seconds), stream (``Stream.state``), history (evals and sparse
+    training logs), tokenizer_sha256; the torch and Python RNG states are added here.
+    """
+    state = {"format": STATE_FORMAT, **run, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
 
 
-def export(model, mcfg: dict, tok_dir: Path, out: Path, dtype: torch.dtype) -> None:
+def load_state(path: Path) -> dict:
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state.get("format") != STATE_FORMAT:
+        raise SystemExit(f"{path}: not an {STATE_FORMAT} file (format {state.get('format')!r})")
+    return state
+
+
+def export(state_dict: dict, mcfg: dict, tok_dir: Path, out: Path, dtype: torch.dtype) -> None:
     """Write config.json, model.safetensors (official names) and the tokenizer files into ``out``."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = dict(mcfg, torch_dtype="bfloat16" if dtype == torch.bfloat16 else "float32")
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(dtype).contiguous() for k, v in state_dict.items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)  # package data: readable by everyone
     for f in TOKENIZER_FILES:
@@ -448,11 +613,21 @@ def parse_args(argv=None):
             ap.add_argument(flag, type=type(val), default=val, help=f"(default {val})")
     ap.add_argument("--tokenizer", type=Path, default=REPO / "ecache_cli/data/tiny", help="tokenizer directory")
     ap.add_argument("--out", type=Path, default=REPO / "ecache_cli/data/tiny", help="model directory to write")
-    ap.add_argument("--ckpt", type=Path, default=REPO / "scripts/_train_state", help="training state directory")
-    ap.add_argument("--resume", action="store_true", help="continue from --ckpt/state.pt")
-    ap.add_argument("--export-only", action="store_true", help="export --ckpt/state.pt to --out (and evaluate)")
+    ap.add_argument("--state", type=Path, default=REPO / "scripts/tiny_train_state.pt",
+                    help="the training state file (tracked; resumed when it exists)")
+    ap.add_argument("--fresh", action="store_true", help="start a new run even if --state exists (overwrites it)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="new run only: start from the weights of an exported model directory")
+    ap.add_argument("--minutes", type=float, default=0.0, help="stop after this much training wall time (0: --steps)")
+    ap.add_argument("--max-new-steps", type=int, default=0, help="stop after this many steps in this call (0: no limit)")
+    ap.add_argument("--export", action="store_true", help="write the (EMA) model to --out when training stops")
+    ap.add_argument("--export-only", action="store_true", help="export the state's (EMA) model to --out, no training")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    ap.add_argument("--data-workers", type=int, default=0,
+                    help="processes that build batches ahead (GPU runs; 0: in the training process)")
+    ap.add_argument("--log", type=Path, default=REPO / "scripts/_train_state.log", help="JSONL log (appended)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="exported weight dtype")
-    ap.add_argument("--final-eval-n", type=int, default=24, help="held-out examples per (domain, shots) at the end")
+    ap.add_argument("--final-eval-n", type=int, default=0, help="held-out examples per (domain, shots) after export")
     args = ap.parse_args(argv)
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(d)})
     words = sys.argv[1:] if argv is None else list(argv)
@@ -467,71 +642,139 @@ def log(msg: str) -> None:
 def main(argv=None) -> None:
     args, cfg = parse_args(argv)
     torch.set_num_threads(cfg.threads)
-    ckpt = args.ckpt
-    ckpt.mkdir(parents=True, exist_ok=True)
-    state_path = ckpt / "state.pt"
-    tok_dir = ckpt / "tokenizer"  # snapshot, so a tokenizer rebuilt mid-run cannot change the ids
-    if not (args.resume or args.export_only) or not tok_dir.exists():
-        tok_dir.mkdir(exist_ok=True)
-        for f in TOKENIZER_FILES:
-            if (args.tokenizer / f).exists():
-                shutil.copyfile(args.tokenizer / f, tok_dir / f)
+    device = torch.device(args.device)
+    tok_dir = args.tokenizer
     tok = Tok(tok_dir)
-    tasks = load_tasks(cfg.domains)
     state = None
-    if args.resume or args.export_only:
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
-        # the saved run's settings, except flags given now (a resumed run may change its schedule,
-        # data mix or bookkeeping from the resumed step on; the model shape must not change)
+    if args.state.exists() and not args.fresh:
+        state = load_state(args.state)
+        if state["tokenizer_sha256"] != tokenizer_sha256(tok_dir):
+            raise SystemExit(f"{tok_dir}: tokenizer differs from the one {args.state} was trained with")
+        # the saved run's settings, except flags given now (a resumed run may change its schedule, data
+        # mix or bookkeeping from the resumed step on; the model shape must not change)
         override = {k: getattr(cfg, k) for k in args.given}
         for k in ("d_model", "n_layers", "n_heads", "mlp_hidden", "rope_theta"):
-            assert k not in override or override[k] == state["cfg"][k], f"--{k} cannot change on resume"
+            if k in override and override[k] != state["cfg"][k]:
+                raise SystemExit(f"--{k.replace('_', '-')} cannot change on resume (state has {state['cfg'][k]})")
         saved = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
         cfg = TrainConfig(**{**asdict(TrainConfig()), **saved, **override})
+        torch.set_num_threads(cfg.threads)
         if override:
             log(f"resume overrides from step {state['step']}: {json.dumps(override)}")
+    elif args.export_only:
+        raise SystemExit(f"{args.state}: no training state to export")
+    tasks = load_tasks(cfg.domains)
     mcfg = model_config(cfg, tok)
     model = build_model(mcfg, cfg.seed)
+    run = {"step": 0, "schedule_start": 0, "stats": {"train_seconds": 0.0, "cpu_seconds": 0.0, "tokens": 0},
+           "history": [], "stream": None, "tokenizer_sha256": tokenizer_sha256(tok_dir), "opt": None,
+           "init_from": None}
+    if state is not None:
+        model.load_state_dict(state["model"])
+        run.update({k: state[k] for k in run if k in state})
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["py_rng"])
+    elif args.init_from is not None:
+        from safetensors.torch import load_file
+
+        sd = load_file(str(args.init_from / "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        run["init_from"] = {"dir": str(args.init_from), "sha256": file_sha256(args.init_from / "model.safetensors")}
+        log(f"new run from the weights in {args.init_from}")
+    model.to(device)
+    ema_model = None
+    if cfg.ema > 0:
+        ema_model = build_model(mcfg, cfg.seed).to(device)
+        ema_model.load_state_dict(state["ema"] if state is not None and state.get("ema") else model.state_dict())
+        ema_model.requires_grad_(False)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    step, stats = 0, {"train_seconds": 0.0, "tokens": 0}
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, stats = state["step"], state["stats"]
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["py_rng"])
+    if run["opt"] is not None:
+        opt.load_state_dict(run["opt"])
     log(f"config {json.dumps(asdict(cfg))}")
-    log(f"model {n_params:,} params ({n_params / 1e6:.2f}M), vocab {tok.vocab} -> {mcfg['vocab_size']} rows; step {step}")
+    log(f"model {n_params:,} params ({n_params / 1e6:.2f}M), vocab {tok.vocab} -> {mcfg['vocab_size']} rows; "
+        f"step {run['step']}; {run['stats']['tokens'] / 1e6:.1f}M tokens, "
+        f"{run['stats']['cpu_seconds'] / 3600:.2f} CPU-hours so far")
 
     if not args.export_only:
-        train(model, opt, tok, tasks, cfg, step, stats, state_path, ckpt)
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-    export(model, mcfg, tok_dir, args.out, dtype)
-    log(f"exported to {args.out} ({sum(f.stat().st_size for f in args.out.iterdir()) / 1e6:.1f} MB)")
+        train(model, ema_model, opt, tok, tasks, cfg, run, args)
+    final = ema_model if ema_model is not None else model
+    if args.export or args.export_only:
+        dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+        export({k: v.cpu() for k, v in final.state_dict().items()}, mcfg, tok_dir, args.out, dtype)
+        log(f"exported step {run['step']} ({'EMA' if ema_model is not None else 'raw'} weights) to {args.out} "
+            f"({sum(f.stat().st_size for f in args.out.iterdir()) / 1e6:.1f} MB)")
     if args.final_eval_n > 0:
         t0 = time.time()
-        acc = evaluate(model, tok, tasks, args.final_eval_n, cfg.eval_shots)
+        acc = evaluate(final, tok, tasks, args.final_eval_n, cfg.eval_shots)
         log(f"final eval ({args.final_eval_n}/setting, {time.time() - t0:.0f}s): {json.dumps(acc)}")
-        with open(ckpt / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"final_eval": acc, "n": args.final_eval_n}) + "\n")
 
 
-def train(model, opt, tok, tasks, cfg: TrainConfig, step: int, stats: dict, state_path: Path, ckpt: Path) -> None:
+def _adapt(acc: dict[str, float], cfg: TrainConfig) -> tuple[float, ...]:
+    """Domain weights from held-out accuracy: floor + mean error over the evaluated shot settings."""
+    out = []
+    for d in cfg.domains:
+        errs = [1.0 - v for k, v in acc.items() if k.split("/")[0] == d]
+        out.append(round(cfg.adapt_floor + (sum(errs) / len(errs) if errs else 1.0), 3))
+    return tuple(out)
+
+
+def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) -> None:
+    """Train until ``cfg.steps``, ``--minutes`` or ``--max-new-steps``; save ``run`` to ``--state`` every
+    ``cfg.save_every_min`` minutes and at the end. Steps/s, tokens/s and CPU-hours go to the log."""
+    device = next(model.parameters()).device
     stream = Stream(cfg, tok, tasks)
-    stream.skip(step)
-    metrics = open(ckpt / "metrics.jsonl", "a")
+    stream.start_workers(args.data_workers, args.tokenizer)
+    if run["stream"] is not None:
+        stream.restore(run["stream"])
+    logf = open(args.log, "a")
+    stats, history = run["stats"], run["history"]
+
+    def record(rec: dict) -> None:
+        logf.write(json.dumps(rec) + "\n")
+        logf.flush()
+
+    def do_eval() -> None:
+        t0 = time.time()
+        acc = evaluate(ema_model if ema_model is not None else model, tok, tasks, cfg.eval_n, cfg.eval_shots,
+                       seed=EVAL_SEED)
+        rec = {"step": run["step"], "eval": acc, "n": cfg.eval_n, "tokens": stats["tokens"],
+               "cpu_h": round(stats["cpu_seconds"] / 3600, 3), "eval_s": round(time.time() - t0)}
+        if cfg.adapt_every_min > 0:
+            stream.weights = _adapt(acc, cfg)
+            rec["next_weights"] = list(stream.weights)
+        history.append(rec)
+        record(rec)
+        log(f"eval step {run['step']} ({cfg.eval_n}/setting, {rec['eval_s']}s): {json.dumps(acc)}"
+            + (f" -> weights {stream.weights}" if cfg.adapt_every_min > 0 else ""))
+
+    def save() -> None:
+        run["model"] = model.state_dict()
+        run["ema"] = ema_model.state_dict() if ema_model is not None else None
+        run["opt"] = opt.state_dict()
+        run["cfg"] = asdict(cfg)
+        run["stream"] = stream.state()
+        save_state(args.state, run)
+
+    if cfg.adapt_every_min > 0 and not any("eval" in h for h in history):
+        do_eval()  # a new run: set the first domain weights from the starting model's errors
     model.train()
-    last_save = time.time()
+    t_start = last_save = last_eval = time.time()
+    start_step = run["step"]
     win_loss, win_tok, win_steps, win_t0 = 0.0, 0, 0, time.time()
-    while step < cfg.steps:
+    while run["step"] < cfg.steps:
+        if args.minutes and time.time() - t_start > args.minutes * 60:
+            break
+        if args.max_new_steps and run["step"] - start_step >= args.max_new_steps:
+            break
+        step = run["step"]
         items = stream.next()
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        noisy, clean, key_mask, weights = make_batch(items, tok, cfg, gen)
-        lr = lr_at(step, cfg)
+        noisy, clean, key_mask, weights = (t.to(device) for t in make_batch(items, tok, cfg, gen))
+        lr = lr_at(step, cfg, run["schedule_start"])
         for g in opt.param_groups:
             g["lr"] = lr
         logits = model(noisy, model.new_store(key_mask))  # (B, T, V)
@@ -542,33 +785,38 @@ def train(model, opt, tok, tasks, cfg: TrainConfig, step: int, stats: dict, stat
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        step += 1
+        if ema_model is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(list(ema_model.parameters()), list(model.parameters()), 1.0 - cfg.ema)
+        run["step"] = step = step + 1
         ntok = int(key_mask.sum())
         win_loss += loss.item()
         win_tok += ntok
         win_steps += 1
         stats["tokens"] += ntok
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if step % cfg.log_every == 0:
             dt = time.time() - win_t0
             stats["train_seconds"] += dt
+            stats["cpu_seconds"] += dt * cfg.threads
             rec = {"step": step, "loss": win_loss / win_steps, "lr": lr, "gnorm": float(gnorm),
-                   "tok_s": win_tok / dt, "tokens": stats["tokens"], "train_s": round(stats["train_seconds"])}
+                   "tok_s": win_tok / dt, "tokens": stats["tokens"], "cpu_h": round(stats["cpu_seconds"] / 3600, 3)}
             log(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()))
-            metrics.write(json.dumps(rec) + "\n")
-            metrics.flush()
+            record(rec)
+            if step % (cfg.log_every * 20) == 0:
+                history.append(rec)
             stats["last_loss"] = rec["loss"]
             win_loss, win_tok, win_steps, win_t0 = 0.0, 0, 0, time.time()
-        if cfg.eval_every > 0 and cfg.eval_n > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
-            t0 = time.time()
-            acc = evaluate(model, tok, tasks, cfg.eval_n, cfg.eval_shots)
-            log(f"eval step {step} ({cfg.eval_n}/setting, {time.time() - t0:.0f}s): {json.dumps(acc)}")
-            metrics.write(json.dumps({"step": step, "eval": acc}) + "\n")
-            metrics.flush()
-            win_t0 = time.time()
-        if time.time() - last_save > cfg.save_every_min * 60 or step == cfg.steps:
-            save_state(state_path, model, opt, step, cfg, stats)
+        if cfg.adapt_every_min > 0 and time.time() - last_eval > cfg.adapt_every_min * 60:
+            do_eval()
+            model.train()
+            last_eval = win_t0 = time.time()
+        if time.time() - last_save > cfg.save_every_min * 60:
+            save()
             last_save = time.time()
-    metrics.close()
+    save()
+    stream.close()
+    log(f"saved step {run['step']} to {args.state} ({args.state.stat().st_size / 1e6:.1f} MB)")
+    logf.close()
 
 
 if __name__ == "__main__":

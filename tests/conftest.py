@@ -13,6 +13,10 @@ predicts the same token at ~4.7 nats, so cached and uncached decoding could not 
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,6 +28,51 @@ torch.set_num_threads(1)
 from ecache_cli.models.synthetic import write_random_checkpoint
 
 SYNTH_SCALE = 4.0
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- the suite never modifies the checkout (issue 15): `git status` at the end equals the start
+
+
+def _git_status() -> str | None:
+    """``git status --porcelain`` of the checkout (every untracked file listed, so a file written into an
+    untracked folder shows too), or None outside a git checkout / without git."""
+    if not (REPO / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    """Snapshot the checkout's state (compared with, not required to be clean: a developer's
+    uncommitted work is fine). ``ECACHE_GIT_CLEAN_CHECK=0`` turns the check off."""
+    on = os.environ.get("ECACHE_GIT_CLEAN_CHECK", "1") != "0"
+    session.config.stash["git_status_before"] = _git_status() if on else None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when the suite changed, added or removed files of the checkout (tests must write
+    under tmp_path only)."""
+    before = session.config.stash.get("git_status_before", None)
+    if before is None:
+        return
+    after = _git_status()
+    if after is None or after == before:
+        return
+    old, new = set(before.splitlines()), set(after.splitlines())
+    changes = [f"now {line!r}" for line in sorted(new - old)] + [f"was {line!r}" for line in sorted(old - new)]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    msg = ("the test session changed the checkout (git status --porcelain, start vs end): " + "; ".join(changes)
+           + ". Tests must write under tmp_path. (Another process editing the tree meanwhile? rerun, or set "
+           "ECACHE_GIT_CLEAN_CHECK=0.)")
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_line("ERROR: " + msg, red=True, bold=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -64,4 +113,5 @@ def profiles_dir(tmp_path, monkeypatch):
     d = tmp_path / "profiles"
     d.mkdir()
     monkeypatch.setenv("ECACHE_PROFILES", str(d))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # nor the user's own (platformdirs)
     return d

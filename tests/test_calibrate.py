@@ -309,7 +309,8 @@ def test_no_qualifying_tau_exits_1_and_writes_no_profile(cli, llada_dir, profile
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["points"][0]["fidelity"] < 1.0 and doc["choice"] is None
     assert res.exit_code == 1
-    err = res.stderr.strip().splitlines()
+    # a wall-clock warning may precede the error on a busy machine (timing noise), nothing else may
+    err = [line for line in res.stderr.strip().splitlines() if not line.startswith("warning: the wall-clock")]
     assert len(err) == 1 and err[0].startswith("error: no τ keeps the fidelity score within 0 points") and \
         "no profile written" in err[0]
     assert not (profiles_dir / "llada-rand" / "list.yaml").exists()

@@ -266,14 +266,16 @@ def test_margin_is_top1_minus_top2_probability():
 def test_confidence_scores_kinds():
     logits = torch.randn(2, 6, 20, generator=torch.Generator().manual_seed(12))
     out = _sample(logits)
-    assert REMASKING == ("low_confidence", "random", "topk_margin", "entropy")
+    assert REMASKING == ("low_confidence", "random", "topk_margin", "entropy", "maskgit_plus", "origin")
     assert torch.equal(confidence_scores("low_confidence", out, None), out.prob)
+    assert torch.equal(confidence_scores("maskgit_plus", out, None), out.prob)  # Dream's name for it
     assert torch.equal(confidence_scores("topk_margin", out, None), out.margin)
     assert torch.equal(confidence_scores("entropy", out, None), -out.entropy)
     r1 = confidence_scores("random", out, torch.Generator().manual_seed(0))
     r2 = confidence_scores("random", out, torch.Generator().manual_seed(0))
     assert r1.dtype == torch.float64 and r1.shape == (2, 6) and torch.equal(r1, r2)
     assert ((r1 >= 0) & (r1 < 1)).all()
+    assert torch.equal(confidence_scores("origin", out, torch.Generator().manual_seed(0)), r1)  # Dream's reveal draws
     scores = confidence_scores("low_confidence", out, None)
     scores.fill_(NEG_INF)  # a copy: filling it leaves the sample alone
     assert torch.isfinite(out.prob).all()

@@ -66,7 +66,8 @@ def reference_decode(lm, prompt_ids: list[int], gen_length: int, block_length: i
 
 @pytest.mark.parametrize("steps", [16, 8])  # one and two commits per step
 def test_none_matches_official_loop(lm, steps):
-    cfg = DecodeConfig(gen_length=16, block_length=8, steps=steps, early_exit=False)
+    # LLaDA's schedule for both families (Dream's own schedule: tests/test_dream_samplers.py)
+    cfg = DecodeConfig(gen_length=16, block_length=8, steps=steps, early_exit=False, schedule="llada")
     for prompt in PROMPTS[:2]:
         (res,), records, _ = decode(lm, [prompt], cfg, "none")
         ids = engine_of(lm).encode([prompt], chat=False)[0]
@@ -245,7 +246,9 @@ def test_stats_count_forwards_and_positions(lm, policy):
         assert s["generated_tokens"] == 16  # prompt tokens are not counted
         assert s["prompt_tokens"] == len(r.prompt_ids) < T - 16 + 1
         assert s["tokens_computed"] == sum(int(rec.computed[list(rec.rows).index(r.index)]) for rec in records)
+        assert s["tokens_planned"] == sum(int(rec.planned[list(rec.rows).index(r.index)]) for rec in records)
+        assert s["tokens_computed"] >= s["tokens_planned"]  # padding and a refreshing row's partial share
         if policy == "none":
-            assert s["tokens_computed"] == s["nfe"] * T and s["partial_forwards"] == 0
+            assert s["tokens_computed"] == s["tokens_planned"] == s["nfe"] * T and s["partial_forwards"] == 0
         else:
-            assert s["tokens_computed"] < s["nfe"] * T and s["partial_forwards"] > 0
+            assert s["tokens_planned"] < s["nfe"] * T and s["partial_forwards"] > 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..config import check_value, field_types
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
 from .d2cache import D2Cache
@@ -39,8 +40,8 @@ def policy_params(name: str) -> set[str]:
 def make_policy(name: str, strict: bool = False, **params) -> CachePolicy:
     """Build policy ``name``; params it does not declare are ignored (``strict`` rejects them).
 
-    Raises UsageError for an unknown name (listing the valid ones) or, with ``strict``, an unknown
-    parameter.
+    Raises UsageError for an unknown name (listing the valid ones), a wrongly typed value (``tau='x'``,
+    NaN, ``block_refresh='maybe'``) or, with ``strict``, an unknown parameter.
     """
     if name not in POLICIES:
         raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}")
@@ -48,7 +49,15 @@ def make_policy(name: str, strict: bool = False, **params) -> CachePolicy:
     unknown = sorted(k for k in params if k not in known)
     if strict and unknown:
         raise UsageError(f"policy {name!r} has no parameter {unknown[0]!r}; it takes {', '.join(sorted(known)) or 'none'}")
-    return POLICIES[name](**{k: v for k, v in params.items() if k in known and v is not None})
+    kinds = field_types(POLICIES[name])
+    typed = {}
+    for k, v in params.items():
+        if k in known and v is not None:
+            try:
+                typed[k] = check_value(kinds[k], v)
+            except ValueError as e:  # e.g. tau='x' from --policies entropy:tau=x, or --tau nan
+                raise UsageError(f"{name} parameter {k}={v!r} {e}") from None
+    return POLICIES[name](**typed)
 
 
 __all__ = ["CachePolicy", "ForwardPlan", "POLICIES", "make_policy", "policy_params"]

@@ -24,6 +24,13 @@ class PrefixCache(CachePolicy):
     refresh_every: int = 0
     name = "prefix"
 
+    def __post_init__(self):
+        if self.refresh_every < 0:
+            from ..errors import UsageError
+
+            raise UsageError(f"--refresh-every {self.refresh_every} must be ≥ 0 for {self.name} "
+                             "(0 = refresh only at block starts, N = also every N steps inside a block)")
+
     def _refresh(self, state: DecodeState) -> bool:
         return state.step_in_block == 0 or (self.refresh_every > 0 and state.step_in_block % self.refresh_every == 0)
 

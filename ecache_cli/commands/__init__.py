@@ -1,1 +1,2 @@
-"""One module per subcommand; importing it registers the command on ``ecache_cli.cli.app``."""
+"""One module per subcommand, each a plain function; ``ecache_cli.cli`` registers them (these modules
+never import ``cli``, so there is no import cycle)."""

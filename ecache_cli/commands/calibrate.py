@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from .. import options as o
-from ..cli import app, handle_errors
 
 K = "Calibration"
 
@@ -24,39 +23,38 @@ def _taus(value: Optional[str]) -> Optional[list[float]]:
         raise UsageError(f"--taus {value!r}: give numbers separated by commas, e.g. 0.1,0.5,1") from None
 
 
-@app.command("calibrate")
-@handle_errors
 def calibrate_cmd(
     task: Annotated[str, typer.Option("--task", "-t", help="Task domain: arith, code, list (synthetic) or gsm8k, math500, humaneval, mbpp (--data).", rich_help_panel=K)],
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
-    data: Annotated[Optional[str], typer.Option("--data", help="Dataset file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Dataset file or folder of a real benchmark (official JSONL) \\[default: none].", rich_help_panel=K)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
     shots: Annotated[Optional[int], typer.Option("--shots", help="Solved examples in each prompt \\[default: the task's].", rich_help_panel=K)] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: when the checkpoint has one].", rich_help_panel=K)] = None,
     metric: Annotated[str, typer.Option("--metric", help="task: the task's score (labels); fidelity: token agreement with none (no labels).", rich_help_panel=K)] = "task",
     max_drop: Annotated[float, typer.Option("--max-drop", help="Allowed score drop below none, in points (1 = 0.01 of a 0–1 score).", rich_help_panel=K)] = 1.0,
-    min_fidelity: Annotated[Optional[float], typer.Option("--min-fidelity", help="Also require token agreement with none ≥ this percent.", rich_help_panel=K)] = None,
+    min_fidelity: Annotated[Optional[float], typer.Option("--min-fidelity", help="Also require token agreement with none ≥ this percent \\[default: off].", rich_help_panel=K)] = None,
     grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of the none run's signal).", rich_help_panel=K)] = 8,
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
-    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated, in the signal's unit (replaces the coarse grid; --refine 0 to evaluate only these).", rich_help_panel=K)] = None,
-    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code in the sandbox to score it.", rich_help_panel=K)] = False,
+    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated, in the signal's unit (replaces the coarse grid; --refine 0 to evaluate only these) \\[default: none: the quantile grid].", rich_help_panel=K)] = None,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code in the sandbox to score it \\[default: off].", rich_help_panel=K)] = False,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
-    early_exit: o.EarlyExit = None,
+    early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
+    alg_temp: o.AlgTemp = None,
     recent_k: o.RecentK = None, signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (flags override; its τ is ignored).", rich_help_panel=o.C)] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (flags override; its τ is ignored) \\[default: none; the model's default.yaml if present].", rich_help_panel=o.C)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together (wall-clock then mixes rows; the cost proxy does not).", rich_help_panel=o.D)] = 1,
     seed: o.Seed = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write \\[default: profiles/<model>/<task>.yaml].", rich_help_panel=o.O)] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every point, the frontier, the choice and the manifest as JSON.", rich_help_panel=o.O)] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the score-vs-speedup frontier as a PNG.", rich_help_panel=o.O)] = None,
-    run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: profiles/<model>/.<task>.calib.jsonl].", rich_help_panel=o.O)] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required).", rich_help_panel=o.O)] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report, write no file (no profile, run file, JSON or plot).", rich_help_panel=o.O)] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write \\[default: ./profiles/<model>/<task>.yaml of the current directory, or under $ECACHE_PROFILES].", rich_help_panel=o.O)] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every point, the frontier, the choice and the manifest as JSON \\[default: none].", rich_help_panel=o.O)] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the score-vs-speedup frontier as a PNG \\[default: none].", rich_help_panel=o.O)] = None,
+    run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: ./profiles/<model>/.<task>.calib.jsonl, beside the profile].", rich_help_panel=o.O)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required) \\[default: off].", rich_help_panel=o.O)] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report, write no file (no profile, run file, JSON or plot) \\[default: off].", rich_help_panel=o.O)] = False,
     quiet: o.Quiet = False,
 ):
-    """Search EntropyCache's τ for one task domain and write it to [bold]profiles/<model>/<task>.yaml[/].
+    """Search EntropyCache's τ for one task domain and write it to [bold]./profiles/<model>/<task>.yaml[/].
 
     Decodes --limit examples with [bold]none[/] once, then with [bold]entropy[/] over a τ grid built from the
     none run's signal distribution plus refinement; picks the fastest τ (cost proxy) whose score drop is
@@ -70,7 +68,7 @@ def calibrate_cmd(
     from ..console import out as out_console
     from ..errors import EcacheError
     from ..models.loader import load_model
-    from ..runs.calib_report import frontier_table, json_document, plot_frontier, sweep_table, write_json
+    from ..runs.calib_report import frontier_table, json_document, plot_frontier, sweep_table, wall_warnings, write_json
     from ..runs.calibrate import CalibrateOptions, calibrate, preflight, validate
     from ..runs.common import manifest, resolve_settings
     from ..tasks import get_task
@@ -84,12 +82,27 @@ def calibrate_cmd(
     validate(opts)  # option ranges: exit 2 before anything is read
     task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
+    if not dry_run:  # output paths before any decoding (--dry-run writes nothing)
+        from ..outputs import check_file
+
+        for path, flag in ((out, "--out"), (json_path, "--json"), (plot, "--plot"), (run_file, "--run-file")):
+            check_file(path, flag)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
-                              ban_eos, low_eos_confidence, early_exit),
+                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
-    lm = load_model(model, device, dtype)
-    outcome = calibrate(lm, settings, task_obj, opts, err)
+    from ..runtime import set_threads
+
+    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
+    from .. import distributed
+
+    dist = distributed.setup()  # torchrun / accelerate launch: the ranks share the batches
+    lm = load_model(model, dist.device(device), dtype)
+    outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
+    if not dist.is_main:  # rank 0 prints and writes every file; the others exit with its status
+        if outcome.choice.point is None:
+            raise typer.Exit(code=1)
+        return
     max_frac = max_drop / 100
     min_frac = None if min_fidelity is None else min_fidelity / 100
     if not out_console.is_terminal:  # a pipe or file gets the whole table, not rich's 80 columns
@@ -100,6 +113,8 @@ def calibrate_cmd(
         out_console = Console(file=sys.stdout, width=160, soft_wrap=True)
     out_console.print(sweep_table(outcome, metric, max_frac, min_frac))
     out_console.print(frontier_table(outcome, metric))
+    for line in wall_warnings(outcome):
+        err.print(line, markup=False, highlight=False)
     if not dry_run:
         if json_path is not None:
             write_json(json_document(outcome, manifest(lm, settings, seed, {"command": "calibrate"}), opts), json_path)

@@ -3,32 +3,31 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from .. import options as o
-from ..cli import app, handle_errors
 
 
-@app.command()
-@handle_errors
 def generate(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = read stdin (one per line) or --input.")] = None,
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
     input_file: o.InputFile = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
-    early_exit: o.EarlyExit = None,
+    early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
+    alg_temp: o.AlgTemp = None,
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
-    task: Annotated[Optional[str], typer.Option(help="Use the calibrated profile profiles/<model>/<task>.yaml.", rich_help_panel=o.C)] = None,
-    jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per prompt (text, token ids, stats) on stdout.", rich_help_panel=o.O)] = False,
+    task: Annotated[Optional[str], typer.Option(help="Use the calibrated profile <model>/<task>.yaml: the first found in ./profiles, the user's config folder (~/.config/ecache/profiles), the package's \\[default: none].", rich_help_panel=o.C)] = None,
+    jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per prompt (text, token ids, stats) on stdout \\[default: off: plain text].", rich_help_panel=o.O)] = False,
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
-    stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr.", rich_help_panel=o.O)] = False,
+    stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr \\[default: off].", rich_help_panel=o.O)] = False,
     quiet: o.Quiet = False,
 ):
     """Generate text with a cached denoising loop. Results go to stdout, progress to stderr.
@@ -36,20 +35,45 @@ def generate(
     Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/] ·
     [cyan]ecache generate --model llada-8b --cache entropy --tau 0.8 "..."[/]
     """
-    from ..console import err
-    from ..errors import DataError, UsageError
+    from ..cache import policy_params
+    from ..console import err, warn
+    from ..errors import ConfigError, DataError, UsageError
     from ..models.loader import load_model
-    from ..runs.common import resolve_settings
+    from ..runs.common import resolve_settings, unused_cache_flags
     from ..runs.generate import GenerateOptions, run
 
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way, "
+                         "as arguments or in the file")
+    if task is not None:
+        from ..tasks import TASKS
+
+        if task not in TASKS:
+            raise UsageError(f"--task {task!r} is not a task; choose one of {', '.join(TASKS)}")
+        if profile is not None:
+            raise UsageError(f"--task {task} and --profile {profile} both choose a profile; pass only one")
+    flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
-                              ban_eos, low_eos_confidence, early_exit),
-        o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every), profile=profile, task=task)
+                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
+        flags, profile=profile, task=task)
+    if task is not None and (settings.profile is None or Path(settings.profile).stem != task):
+        from ..config import profile_candidates
+
+        raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
+                          f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task {task} --model {model}` "
+                          "or drop --task")
+    unused = unused_cache_flags([settings.cache], flags)
+    if unused:
+        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by --cache {settings.cache} "
+             f"(it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}); ignored")
     if input_file is not None and not input_file.is_file():  # exit 1, as for an unreadable file (errors.py)
         raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+    from ..runtime import set_threads
+
+    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
     lm = load_model(model, device, dtype)
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
                            batch_size=batch_size, seed=seed, stream=stream, quiet=quiet)

@@ -9,27 +9,25 @@ from typing import Annotated, Optional
 import typer
 
 from .. import options as o
-from ..cli import app, handle_errors
 
 T = "Task"
 
 
-@app.command("profile")
-@handle_errors
 def profile_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
     input_file: o.InputFile = None,
-    task: Annotated[Optional[str], typer.Option(help="Profile on a task's test examples (arith, code, list, gsm8k, math500, humaneval, mbpp) and report its score.", rich_help_panel=T)] = None,
-    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (e.g. ../shared/data/gsm8k/test.jsonl).", rich_help_panel=T)] = None,
+    task: Annotated[Optional[str], typer.Option(help="Profile on a task's test examples (arith, code, list, gsm8k, math500, humaneval, mbpp) and report its score \\[default: none].", rich_help_panel=T)] = None,
+    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (e.g. ../shared/data/gsm8k/test.jsonl) \\[default: none].", rich_help_panel=T)] = None,
     shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question \\[default: the task's, e.g. 8 for gsm8k].", rich_help_panel=T)] = None,
     limit: Annotated[Optional[int], typer.Option(help="Number of task examples (or at most this many prompts) \\[default: 8 with --task].", rich_help_panel=T)] = None,
-    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it (best-effort sandbox).", rich_help_panel=T)] = False,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it (best-effort sandbox) \\[default: off].", rich_help_panel=T)] = False,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
-    early_exit: o.EarlyExit = None,
+    early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
+    alg_temp: o.AlgTemp = None,
     policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated cache policies to compare \\[default: all registered]; include none for speedup and fidelity. A variant: name:key=value, e.g. entropy:tau=2.5:recent_k=16.", rich_help_panel=o.C)] = None,
     tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
@@ -37,10 +35,9 @@ def profile_cmd(
     repeats: Annotated[int, typer.Option(help="Timed passes over all prompts (policy order rotates).", rich_help_panel=o.O)] = 1,
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
-    trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces (TensorBoard + Chrome JSON) of one request per policy here.", rich_help_panel=o.O)] = None,
+    trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces (TensorBoard + Chrome JSON) of one request per policy here \\[default: none].", rich_help_panel=o.O)] = None,
     trace_steps: Annotated[int, typer.Option("--trace-steps", help="Denoising steps recorded per traced request (traces grow ~0.4 MB a step).", rich_help_panel=o.O)] = 32,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write every number and a reproducibility manifest as JSON to FILE, or '-' for one last line on stdout.", rich_help_panel=o.O)] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (intra-op) \\[default: torch's choice]; pin it for stable timings on a shared machine.", rich_help_panel=o.O)] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write every number and a reproducibility manifest as JSON to FILE, or '-' for one last line on stdout \\[default: none].", rich_help_panel=o.O)] = None,
     quiet: o.Quiet = False,
 ):
     """Compare cache policies on the same prompts in one process: generated tokens/s, latency
@@ -53,34 +50,45 @@ def profile_cmd(
     """
     from rich.console import Console
 
-    from ..runs.profile import (ProfileOptions, json_line, measure, prompt_requests, render_table, task_requests,
-                                timing_warnings)
+    from ..runs.profile import (ProfileOptions, json_line, measure, parse_policy_spec, prompt_requests, render_table,
+                                task_requests, timing_warnings)
     from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
     from ..console import err, out
     from ..errors import DataError, UsageError
     from ..models.loader import load_model
-    from ..runs.common import manifest, resolve_settings
+    from ..console import warn
+    from ..outputs import check_dir, check_file
+    from ..runs.common import manifest, resolve_settings, unused_cache_flags
 
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
                           chat=chat, trace_dir=trace_dir, trace_steps=trace_steps)
     opts.validate()
-    if threads is not None:
-        if threads < 1:
-            raise UsageError(f"--threads {threads} must be ≥ 1 (e.g. --threads 2)")
-        import torch
+    from ..runtime import resolve_threads
 
-        torch.set_num_threads(threads)
+    resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     if task is not None and (prompts or input_file is not None):
         raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
     if task is None and (data is not None or shots is not None):
         raise UsageError("--data and --shots go with --task NAME")
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    if limit is not None and prompts:
+        raise UsageError(f"--limit {limit} with prompt arguments: --limit takes the first N of --task, --input or "
+                         "stdin; pass the prompt arguments you want instead")
+    check_file(json_out, "--json")  # output paths before any decoding
+    check_dir(trace_dir, "--trace-dir")
     if input_file is not None and not input_file.is_file():
         raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+    flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
-                              ban_eos, low_eos_confidence, early_exit),
-        o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every), profile=profile, task=task)
+                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
+        flags, profile=profile, task=task)
+    unused = unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags)
+    if unused:
+        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} used by none of --policies "
+             f"{','.join(names)}; ignored")
 
     task_obj, task_info = None, None
     if task is not None:
@@ -97,23 +105,38 @@ def profile_cmd(
     else:
         stdin = sys.stdin if not prompts and input_file is None and not sys.stdin.isatty() else None
         requests = prompt_requests(list(prompts or []), input_file, stdin, limit)
+        if not requests:
+            from ..runs.common import no_prompts
+
+            raise no_prompts(input_file)
     if "none" not in names:
         err.print("note: --policies has no 'none': speedup, work share and fidelity vs none are not measured",
                   markup=False, highlight=False)
 
-    lm = load_model(model, device, dtype)
+    from ..runtime import set_threads
+
+    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
+    from .. import distributed
+
+    dist = distributed.setup()  # torchrun / accelerate launch: this rank's share, rank 0 reports
+    lm = load_model(model, dist.device(device), dtype)
     from ..engine.core import Engine
 
     engine = Engine.from_loaded(lm)
     use_chat = lm.chat if chat is None else (chat and lm.chat)
-    report = measure(engine, settings, requests, opts, chat=use_chat, on_run=_progress(err, opts, len(requests), quiet))
+    report = measure(engine, settings, requests, opts, chat=use_chat,
+                     on_run=_progress(err, opts, len(requests), quiet or not dist.is_main), dist=dist)
+    if report is None:  # another rank than 0: its runs went to rank 0, which prints and writes
+        return
     report.extra["task"] = task_info
+    report.extra["world_size"] = dist.world_size
 
     to_stdout = json_out == "-"
     table_console = err if to_stdout else out
     if not table_console.is_terminal:  # a file or pipe: wide enough that no column wraps
         table_console = Console(file=table_console.file, width=240, soft_wrap=True)
-    title = f"ecache profile · {lm.name} · {len(requests)} prompts · {lm.device} {str(lm.dtype).replace('torch.', '')}"
+    title = (f"ecache profile · {lm.name} · {len(requests)} prompts · batch {opts.batch_size} · "
+             f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
     table_console.print(render_table(report, title))
     for line in timing_warnings(report):
         err.print(line, markup=False, highlight=False)

@@ -10,32 +10,30 @@ from typing import Annotated, Optional
 import typer
 
 from .. import options as o
-from ..cli import app, handle_errors
 
 
-@app.command("trace-drift")
-@handle_errors
 def trace_drift_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto",
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
     input_file: o.InputFile = None,
-    task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split (gsm8k, arith, ...); also selects profiles/<model>/<task>.yaml.", rich_help_panel=o.O)] = None,
-    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task (e.g. gsm8k/test.jsonl).", rich_help_panel=o.O)] = None,
+    task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split (gsm8k, arith, ...); also selects profiles/<model>/<task>.yaml \\[default: none].", rich_help_panel=o.O)] = None,
+    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task (e.g. gsm8k/test.jsonl) \\[default: none].", rich_help_panel=o.O)] = None,
     limit: Annotated[int, typer.Option(help="Number of --task examples.", rich_help_panel=o.O)] = 4,
-    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each --task question (default: the task's own, 8 for gsm8k).", rich_help_panel=o.O)] = None,
+    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each --task question \\[default: the task's own, 8 for gsm8k].", rich_help_panel=o.O)] = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
-    early_exit: o.EarlyExit = None,
+    early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
+    alg_temp: o.AlgTemp = None,
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
-    jsonl: Annotated[Optional[Path], typer.Option("--jsonl", help="Write one JSON record per step and prompt to FILE ('-' = stdout).", rich_help_panel=o.O)] = None,
-    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars and histograms under DIR (one run per prompt).", rich_help_panel=o.O)] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG: signal and drift over steps, signal vs next-step drift, volatility.", rich_help_panel=o.O)] = None,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write the summary (correlations, volatility, settings, manifest) as one JSON document to FILE ('-' = stdout).", rich_help_panel=o.O)] = None,
+    jsonl: Annotated[Optional[Path], typer.Option("--jsonl", help="Write one JSON record per step and prompt to FILE ('-' = stdout) \\[default: none].", rich_help_panel=o.O)] = None,
+    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars and histograms under DIR (one run per prompt) \\[default: none].", rich_help_panel=o.O)] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG: signal and drift over steps, signal vs next-step drift, volatility \\[default: none].", rich_help_panel=o.O)] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write the summary (correlations, volatility, settings, manifest) as one JSON document to FILE ('-' = stdout) \\[default: none].", rich_help_panel=o.O)] = None,
     rows: Annotated[int, typer.Option("--rows", help="About this many table rows per prompt (every Nth step, the first refresh after partial steps, the last); 0 = every step.", rich_help_panel=o.O)] = 24,
     volatility_level: Annotated[float, typer.Option("--volatility-level", help="Report the steps after commit from which a token's mean K change (1 − cos) per step stays below this.", rich_help_panel=o.O)] = 1e-3,
     quiet: o.Quiet = False,
@@ -53,7 +51,9 @@ def trace_drift_cmd(
     from ..errors import UsageError
     from ..models.loader import load_model
     from ..runs import drift_report as rep
-    from ..runs.common import resolve_settings
+    from ..console import warn
+    from ..outputs import check_dir, check_file
+    from ..runs.common import resolve_settings, unused_cache_flags
     from ..runs.trace_drift import TraceOptions, summary_document, trace
 
     if batch_size < 1:
@@ -68,20 +68,33 @@ def trace_drift_cmd(
         raise UsageError(f"--plot {plot}: give a .png file name")
     if jsonl is not None and str(jsonl) == "-" and json_out == "-":
         raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
-    if volatility_level <= 0:
-        raise UsageError(f"--volatility-level {volatility_level} must be > 0 (e.g. 1e-3)")
+    if not 0 < volatility_level < float("inf"):  # NaN fails this too
+        raise UsageError(f"--volatility-level {volatility_level} must be a number > 0 (e.g. 1e-3)")
+    if rows < 0:
+        raise UsageError(f"--rows {rows} must be ≥ 0 (0 = every step)")
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    if task is not None and (prompts or input_file is not None):
+        raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
     if data is not None and task is None:
         raise UsageError("--data needs --task (which benchmark the file holds)")
+    flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
-                              ban_eos, low_eos_confidence, early_exit),
-        o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every), profile=profile, task=task)
-    for path in (jsonl, plot, Path(json_out) if json_out not in (None, "-") else None):
-        if path is not None and str(path) != "-" and not path.parent.exists():
-            raise UsageError(f"{path}: folder {path.parent} does not exist")
+                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
+        flags, profile=profile, task=task)
+    unused = unused_cache_flags([settings.cache], flags)
+    if unused:
+        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by --cache {settings.cache}; ignored")
+    for path, flag in ((jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")):  # before any decoding
+        check_file(path, flag)
+    check_dir(tensorboard, "--tensorboard")
     kind = signal or settings.cache_params.get("signal", "max-entropy")
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=kind, volatility_level=volatility_level)
+    from ..runtime import set_threads
+
+    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
     lm = load_model(model, device, dtype)
     settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
     sinks = []

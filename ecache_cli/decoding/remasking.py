@@ -3,7 +3,10 @@
 Confidence is scored per candidate row (the engine passes −inf at non-candidates: positions that are
 not masked or lie outside the current block). Then one rule picks the positions:
 - select_topk: the step's scheduled count k (LLaDA / Dream fixed-step decoding);
+- select_sampled: k positions drawn from softmax(conf / alg_temp) without replacement (Dream alg_temp > 0);
+- select_origin: each candidate independently with a probability (Dream alg 'origin');
 - select_threshold: Fast-dLLM confidence-threshold parallel decoding (spec B3.1);
+- select_threshold_quota: the same with a per-step quota (Fast-dLLM's Dream generation_utils.py);
 - select_factor: Fast-dLLM's factor rule (spec B3.2).
 Each rule commits only candidates, and the two parallel rules commit at least one per row that has any,
 so a block always finishes. The parallel rules are defined on the probability of x0 (Fast-dLLM
@@ -19,7 +22,8 @@ import torch
 from ecache_cli.decoding.sampling import Sampled
 from ecache_cli.errors import UsageError
 
-REMASKING = ("low_confidence", "random", "topk_margin", "entropy")
+REMASKING = ("low_confidence", "random", "topk_margin", "entropy", "maskgit_plus", "origin")
+_PROB_KINDS = ("low_confidence", "maskgit_plus")  # scores that are the probability of x0
 
 
 def validate_remasking(kind: str, *, parallel: bool = False) -> str:
@@ -36,7 +40,7 @@ def validate_remasking(kind: str, *, parallel: bool = False) -> str:
     """
     if kind not in REMASKING:
         raise UsageError(f"unknown --remasking {kind!r}: choose one of {', '.join(REMASKING)}")
-    if parallel and kind != "low_confidence":
+    if parallel and kind not in _PROB_KINDS:
         raise UsageError(
             f"--remasking {kind} cannot be used with threshold or factor decoding: they compare the "
             "probability of the chosen token, use --remasking low_confidence"
@@ -44,7 +48,8 @@ def validate_remasking(kind: str, *, parallel: bool = False) -> str:
     return kind
 
 
-def confidence_scores(kind: str, sampled: Sampled, generator: torch.Generator | None) -> torch.Tensor:
+def confidence_scores(kind: str, sampled: Sampled, generator: torch.Generator | None,
+                      uniform: torch.Tensor | None = None) -> torch.Tensor:
     """Score every candidate row; higher means commit sooner.
 
     Kinds (REMASKING):
@@ -52,18 +57,33 @@ def confidence_scores(kind: str, sampled: Sampled, generator: torch.Generator | 
         random: U[0, 1) drawn from generator (LLaDA 'random'; float64 here, float32 in LLaDA).
         topk_margin: sampled.margin, top-1 minus top-2 probability (Dream).
         entropy: sampled.neg_entropy, −entropy in nats (Dream; higher = more certain).
+        maskgit_plus: sampled.prob, Dream's name for the probability of x0 (the same score as
+            low_confidence).
+        origin: U[0, 1) like random: not a confidence but Dream's reveal draw, which the Dream
+            schedule compares with 1 − t[i+1]/t[i] (commit.py; Dream generation_utils.py alg 'origin').
+        When ``sampled.dream_conf`` is set (the engine asks ``sample`` for it under the Dream rules),
+        it replaces the score of low_confidence / maskgit_plus / topk_margin / entropy: Dream's
+        confidence from the temperature-scaled, filtered distribution (sampling.py ``sample``).
     Args:
         sampled: the step's Sampled, fields (B, N).
-        generator: torch.Generator on the scores' device, used only by 'random' (None = global RNG).
+        generator: torch.Generator on the scores' device, used only by 'random' / 'origin' (None = global RNG).
+        uniform: None, or pre-drawn U[0, 1) float64 (B, N) scores for 'random' / 'origin', used instead of
+            drawing from ``generator`` (the engine draws them per row; returned as is).
     Returns:
         float64 (B, N), a new tensor (safe to fill −inf in place at non-candidates).
     Raises:
         UsageError: unknown kind, listing the valid ones.
     """
     validate_remasking(kind)
-    if kind == "random":
+    if kind in ("random", "origin"):
+        if uniform is not None:
+            assert uniform.shape == sampled.x0.shape, f"uniform {tuple(uniform.shape)} != {tuple(sampled.x0.shape)}"
+            return uniform.to(torch.float64)
         return torch.rand(sampled.x0.shape, dtype=torch.float64, device=sampled.x0.device, generator=generator)
-    score = {"low_confidence": sampled.prob, "topk_margin": sampled.margin, "entropy": sampled.neg_entropy}[kind]
+    if sampled.dream_conf is not None:
+        return sampled.dream_conf.to(torch.float64, copy=True)
+    score = {"low_confidence": sampled.prob, "maskgit_plus": sampled.prob, "topk_margin": sampled.margin,
+             "entropy": sampled.neg_entropy}[kind]
     return score.to(torch.float64, copy=True)
 
 
@@ -103,6 +123,50 @@ def select_topk(conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     ranks = torch.arange(n_cols, device=conf.device)[None, :]  # (1, N)
     select_sorted = ranks < k.to(device=conf.device, dtype=torch.long)[:, None]  # (B, N)
     return _scatter_sorted(select_sorted, order) & _candidates(conf)
+
+
+def select_sampled(conf: torch.Tensor, k: torch.Tensor, alg_temp: float, uniform: torch.Tensor) -> torch.Tensor:
+    """Draw k[b] candidates of each row without replacement from softmax(conf / alg_temp) (Dream alg_temp > 0).
+
+    Dream generation_utils.py ``_sample`` (and Fast-dLLM's generation_utils_block.py): with alg_temp > 0
+    the positions are ``torch.multinomial(softmax(confidence / alg_temp), k)`` instead of top-k. Here the
+    same distribution (successive sampling without replacement, the Plackett–Luce law, which is also how
+    torch draws multinomial without replacement) by the Gumbel-top-k trick: the k largest of
+    conf / alg_temp + G, G = −log(−log U) standard Gumbel, in float64 log space, so a small alg_temp
+    cannot underflow the softmax to zeros (torch.multinomial then raises). Never more than a row's
+    candidates (Dream's multinomial raises then).
+
+    Args:
+        conf: float64 (B, N), −inf (or NaN) at non-candidates.
+        k: LongTensor (B,), positions to draw per row (values < 0 count as 0).
+        alg_temp: > 0.
+        uniform: float64 (B, N) U[0, 1) noise, one value per column (the engine draws it per row from the
+            row's generator); a value of 0 is moved up to the smallest positive float.
+    Returns:
+        BoolTensor (B, N), True = commit.
+    """
+    assert alg_temp > 0, f"alg_temp {alg_temp} must be > 0 (0 = top-k: select_topk)"
+    assert uniform.shape == conf.shape, f"uniform {tuple(uniform.shape)} != conf {tuple(conf.shape)}"
+    conf = _no_nan(conf)
+    tiny = torch.finfo(torch.float64).tiny
+    gumbel = uniform.to(torch.float64).clamp(min=tiny).log_().neg_().log_().neg_()  # (B, N)
+    keys = torch.where(_candidates(conf), conf / alg_temp + gumbel, float("-inf"))
+    return select_topk(keys, k) & _candidates(conf)
+
+
+def select_origin(conf: torch.Tensor, p_transfer: float) -> torch.Tensor:
+    """Dream alg 'origin' (generation_utils.py ``_sample``): each candidate is revealed independently with
+    probability p_transfer (1 − t[i+1]/t[i] at step i, 1 at the last step; decoding/commit.py).
+
+    Args:
+        conf: float64 (B, N), the reveal draws U[0, 1) (``confidence_scores('origin', ...)``), −inf at
+            non-candidates.
+        p_transfer: in [0, 1]; a candidate is committed iff its draw is < p_transfer (so 1 commits all).
+    Returns:
+        BoolTensor (B, N), True = commit.
+    """
+    conf = _no_nan(conf)
+    return _candidates(conf) & (conf < p_transfer)
 
 
 def select_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -163,3 +227,24 @@ def select_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
     n_commit = (passes.long().cumprod(dim=-1)).sum(dim=-1, keepdim=True)  # (B, 1) leading passes
     select_sorted = rank <= n_commit  # (B, N)
     return _scatter_sorted(select_sorted, order) & _candidates(conf)
+
+
+def select_threshold_quota(conf: torch.Tensor, threshold: float, cap: torch.Tensor) -> torch.Tensor:
+    """Threshold decoding under a per-step quota (Fast-dLLM dream/model/generation_utils.py, alg
+    'confidence_threshold'; spec/models.md B3.5, last item).
+
+    Of each row's ``cap[b]`` most confident candidates, commit the first always and the others whose
+    conf ≥ threshold; the rest are deferred. Fast-dLLM's quota is steps-per-block masks/steps plus the
+    tokens deferred at earlier steps; the caller (decoding/commit.py) turns that into ``cap``.
+
+    Args:
+        conf: float64 (B, N), −inf (or NaN) at non-candidates.
+        threshold: a probability, typically 0.9.
+        cap: LongTensor (B,), ranks considered per row (≥ 1; a cap above the candidates is harmless).
+    Returns:
+        BoolTensor (B, N), True = commit.
+    Raises:
+        UsageError: threshold is NaN.
+    """
+    within = select_topk(conf, cap.clamp(min=1))  # (B, N) the cap most confident candidates
+    return within & select_threshold(conf, threshold)

@@ -7,10 +7,13 @@ Everything is computed in float64 from log-probabilities, batched over (B, N), w
   sample_tokens);
 - signals: probability of the chosen token under the filtered distribution at temperature 1 (the
   Fast-dLLM / LLaDA app.py confidence), top-1 minus top-2 probability (Dream topk_margin), and the
-  entropy of softmax(raw logits) in nats (the EntropyCache signal, spec method.md §2).
+  entropy of softmax(raw logits) in nats (the EntropyCache signal, spec method.md §2); on request
+  (``dream_alg``), Dream's own confidence of an alg, taken from the temperature-scaled, top-p/top-k
+  filtered distribution (Dream generation_utils.py sample_tokens), for the Dream rules.
 
 Memory: at most two float64 (B, N, V) buffers are alive at once (three with top_p, whose sort also
-returns int64 indices); for V = 126464 one buffer is ~1 MB per row.
+returns int64 indices, one more when the caller passes pre-drawn ``uniform`` noise, one or two more
+for Dream's confidence at T ≠ 1 or with a filter); for V = 126464 one buffer is ~1 MB per row.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ class Sampled:
     prob: float64, softmax probability of x0 under the filtered logits at temperature 1.
     entropy: float64 nats, entropy of softmax(raw logits) (before banned ids, top_k/top_p, temperature).
     margin: float64, top-1 minus top-2 probability under the same distribution as prob.
-    neg_entropy: float64, −entropy (higher = more certain; Dream's 'entropy' confidence).
+    neg_entropy: float64, −entropy (higher = more certain; the 'entropy' score of the LLaDA rules).
+    dream_conf: float64, or None unless ``sample(..., dream_alg=...)``: Dream's own confidence of that alg
+        (Dream generation_utils.py ``sample_tokens``), see :func:`sample`.
     """
 
     x0: torch.Tensor
@@ -40,6 +45,11 @@ class Sampled:
     entropy: torch.Tensor
     margin: torch.Tensor
     neg_entropy: torch.Tensor
+    dream_conf: torch.Tensor | None = None
+
+
+DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # the confidences of Dream's sample_tokens
+_DREAM_EPS = 1e-10  # Dream sample_tokens: neg entropy = sum(p * log(p + 1e-10))
 
 
 def sample(
@@ -50,6 +60,8 @@ def sample(
     top_p: float | None,
     generator: torch.Generator | None,
     banned_ids: torch.Tensor | None,
+    uniform: torch.Tensor | None = None,
+    dream_alg: str | None = None,
 ) -> Sampled:
     """Choose a token for every candidate row and compute its confidence signals.
 
@@ -68,14 +80,28 @@ def sample(
             probability first exceeds top_p and that first exceeding token. Ties with the last kept
             token are also kept (Dream's tie order is backend-defined).
         generator: torch.Generator on the logits' device, for the Gumbel noise (None = global RNG).
+        uniform: None, or pre-drawn U[0, 1) noise, float64 (B, N, V) on the logits' device, used instead
+            of drawing from ``generator`` (the engine draws it row by row from per-row generators, so a
+            row's noise does not depend on the batch it is in). Overwritten in place.
         banned_ids: None, or a 1-D LongTensor of ids in [0, V) set to −inf before anything else
             (e.g. the mask id and padded vocab rows ≥ the tokenizer's size): never chosen, in any mode.
+        dream_alg: None, or one of DREAM_ALGS: also return Dream's confidence of that alg as
+            ``dream_conf`` (Dream generation_utils.py ``sample_tokens``, which scores with the distribution
+            it samples from): q = softmax(top_k(top_p(logits / T))), T = temperature (1 when 0), in float64;
+            maskgit_plus → q(x0); topk_margin → top-1 minus top-2 of q; entropy → Σ q·log(q + 1e-10), the
+            negative entropy with Dream's epsilon. For maskgit_plus / topk_margin, q excludes banned_ids
+            (they are never chosen, so they are not scored); for entropy, q is Dream's whole distribution,
+            banned ids included and filtered by top_p / top_k as Dream filters it (one more (B, N, V)
+            buffer, plus top_p's sort, when T ≠ 1 or a filter is set).
     Returns:
         Sampled, all fields (B, N); see its docstring. entropy ignores every filter; prob and margin
-        use the filtered distribution at temperature 1 (Fast-dLLM / LLaDA app.py float64 convention;
-        Dream instead scores with temperature-scaled probabilities).
+        use the filtered distribution at temperature 1 (Fast-dLLM / LLaDA app.py float64 convention,
+        LLaDA generate.py low_confidence: softmax of the un-tempered logits); dream_conf is Dream's
+        temperature-scaled confidence (None without dream_alg). At temperature 0 without top_p / top_k,
+        dream_conf equals prob (maskgit_plus) and margin (topk_margin).
     Raises:
         UsageError: temperature < 0, top_k < 1, or top_p outside (0, 1].
+        AssertionError: dream_alg not in DREAM_ALGS.
     """
     if not temperature >= 0:  # also rejects NaN
         raise UsageError(f"--temperature {temperature} must be ≥ 0 (0 = greedy argmax)")
@@ -87,6 +113,9 @@ def sample(
         f"logits must be float (B, N, V), got {logits.dtype} {tuple(logits.shape)}"
     )
     vocab = logits.shape[-1]
+    assert dream_alg is None or dream_alg in DREAM_ALGS, f"dream_alg {dream_alg!r} not in {DREAM_ALGS}"
+    t_score = temperature if temperature > 0 else 1.0  # Dream divides the logits by T only when T > 0
+    dream_conf = None
 
     # --- entropy of the raw distribution, and the float64 working buffer of log-probabilities
     logp = torch.log_softmax(logits.to(torch.float64), dim=-1)  # (B, N, V) f64; the f64 copy is freed here
@@ -95,6 +124,8 @@ def sample(
     p = logp.exp()  # (B, N, V)
     # (B, N) nats; einsum runs as a batched matmul, so the product p·logp is never materialised
     entropy = torch.einsum("bnv,bnv->bn", p, logp).neg_().clamp_(min=0.0)
+    if dream_alg == "entropy":  # before the banned ids are removed: Dream scores its whole distribution
+        dream_conf = _dream_neg_entropy(logp, p, t_score, top_k, top_p)
     del p
 
     # --- filters: set excluded logits to −inf (log-probs stay unnormalised; renormalised at the end)
@@ -110,7 +141,12 @@ def sample(
     if temperature == 0:
         x0 = logp.argmax(dim=-1)  # (B, N)
     else:
-        g = torch.rand(logp.shape, dtype=torch.float64, device=logp.device, generator=generator)  # U[0, 1)
+        if uniform is None:
+            g = torch.rand(logp.shape, dtype=torch.float64, device=logp.device, generator=generator)  # U[0, 1)
+        else:
+            assert uniform.shape == logp.shape and uniform.dtype == torch.float64, (
+                f"uniform must be float64 {tuple(logp.shape)}, got {uniform.dtype} {tuple(uniform.shape)}")
+            g = uniform
         g.log_().neg_().log_().neg_()  # Gumbel(0, 1) = −log(−log U); U = 0 gives −inf (never chosen)
         g.mul_(temperature).add_(logp)  # log p + T·g: same argmax as log p / T + g
         x0 = g.argmax(dim=-1)  # (B, N)
@@ -121,7 +157,40 @@ def sample(
     prob = (logp.gather(-1, x0[..., None]) - lse).exp_().squeeze(-1)  # (B, N)
     top2 = (logp.topk(min(2, vocab), dim=-1).values - lse).exp_()  # (B, N, ≤2)
     margin = top2[..., 0] - top2[..., 1] if vocab > 1 else top2[..., 0]  # (B, N)
-    return Sampled(x0=x0, prob=prob, entropy=entropy, margin=margin, neg_entropy=-entropy)
+    if dream_alg in ("maskgit_plus", "topk_margin"):
+        if t_score == 1.0:  # Dream's q is the distribution of prob and margin
+            dream_conf = (prob if dream_alg == "maskgit_plus" else margin).clone()
+        else:  # q = softmax(logp / T) over the kept ids (logp is log-softmax(logits) plus a constant per row)
+            lse_t = torch.logsumexp(logp / t_score, dim=-1, keepdim=True)  # (B, N, 1)
+            if dream_alg == "maskgit_plus":
+                dream_conf = (logp.gather(-1, x0[..., None]) / t_score - lse_t).exp_().squeeze(-1)
+            else:
+                q2 = (logp.topk(min(2, vocab), dim=-1).values / t_score - lse_t).exp_()  # (B, N, ≤2)
+                dream_conf = q2[..., 0] - q2[..., 1] if vocab > 1 else q2[..., 0]
+    return Sampled(x0=x0, prob=prob, entropy=entropy, margin=margin, neg_entropy=-entropy, dream_conf=dream_conf)
+
+
+def _dream_neg_entropy(logp: torch.Tensor, p: torch.Tensor, temperature: float, top_k: int | None,
+                       top_p: float | None) -> torch.Tensor:
+    """Dream's 'entropy' confidence (generation_utils.py sample_tokens, neg_entropy=True), float64 (B, N).
+
+    Σ q·log(q + 1e-10) with q = softmax(top_k(top_p(logits / T))): Dream's filters, on the whole vocabulary.
+    logp: (B, N, V) float64 log-softmax of the raw logits (unbanned, −inf clamped to the float64 minimum),
+    not modified; p = exp(logp), reused when T = 1 and no filter is set.
+    """
+    filtered = (top_p is not None and top_p < 1) or (top_k is not None and top_k < logp.shape[-1])
+    if temperature == 1.0 and not filtered:
+        q = p
+    else:
+        lq = logp / temperature if temperature != 1.0 else logp.clone()  # (B, N, V) tempered log-probs
+        if top_p is not None and top_p < 1:
+            _apply_top_p(lq, top_p, 1.0)  # lq is already tempered: its nucleus is that of softmax(logits / T)
+        if top_k is not None and top_k < lq.shape[-1]:
+            lq.masked_fill_(lq < lq.topk(top_k, dim=-1).values[..., -1:], float("-inf"))
+        lq.sub_(torch.logsumexp(lq, dim=-1, keepdim=True))
+        q = lq.exp_()  # filtered ids: exp(−inf) = 0 exactly, and 0·log(1e-10) = 0 below
+    log_q = (q + _DREAM_EPS).log_()  # (B, N, V)
+    return torch.einsum("bnv,bnv->bn", q, log_q)
 
 
 def _apply_top_p(logp: torch.Tensor, top_p: float, temperature: float) -> None:

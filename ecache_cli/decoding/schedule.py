@@ -1,8 +1,9 @@
 """Block plan and per-step commit counts for semi-autoregressive masked-diffusion decoding.
 
 The generated span (gen_length positions) is split into equal blocks decoded left to right; each block
-gets the same number of denoising steps, and the block's masks are spread evenly over those steps.
-Rules follow LLaDA's generate.py (spec models.md B1.2-3). In Fast-dLLM threshold/factor mode
+gets the same number of denoising steps. Two per-step schedules: LLaDA's spreads the block's masks
+evenly over those steps (generate.py, spec models.md B1.2-3); Dream's follows its timesteps
+linspace(1, eps, steps + 1) (generation_utils.py, B2). In Fast-dLLM threshold/factor mode
 (B3.1-B3.2) a block runs until it has no masks instead, so the step count may be left unset.
 """
 
@@ -22,7 +23,8 @@ class BlockPlan:
     steps_per_block is None only in threshold/factor mode without --steps: each block then runs until it
     has no masks. Every threshold/factor step commits at least one token, so a block needs at most
     block_length forwards. In threshold/factor mode with --steps given, the count is checked as
-    Fast-dLLM checks it and recorded here, but it does not drive a schedule.
+    Fast-dLLM checks it and recorded here; it drives only the quota of Dream's threshold rule
+    (decoding/commit.py), not a schedule.
     """
 
     num_blocks: int
@@ -111,3 +113,47 @@ def num_transfer_tokens(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
     remainder = (n % steps)[:, None]  # (B, 1)
     step_idx = torch.arange(steps, device=n.device)[None, :]  # (1, steps)
     return base + (step_idx < remainder).long()  # (B, steps)
+
+
+SCHEDULES = ("llada", "dream")
+
+
+def validate_schedule(name: str) -> str:
+    """Check a --schedule name (SCHEDULES). Returns it unchanged; raises UsageError listing the valid ones."""
+    if name not in SCHEDULES:
+        raise UsageError(f"unknown --schedule {name!r}: choose llada (LLaDA's linear split) or dream (Dream's timesteps)")
+    return name
+
+
+def dream_num_transfer_tokens(mask_count: torch.Tensor, steps: int, eps: float, first: int = 0) -> torch.Tensor:
+    """How many masks each row commits at each step of a block under Dream's schedule.
+
+    Dream generation_utils.py ``_sample`` (algs maskgit_plus / topk_margin / entropy; spec/models.md B2):
+    timesteps t = linspace(1, eps, steps + 1) in float32; at step i the row holds n_i masks and commits
+    k_i = int(n_i · (1 − t[i+1] / t[i])) (float32 product, truncated), every remaining mask at the last
+    step. A step may commit 0 (e.g. 16 masks over 16 steps: [0, 1, 1, …, 1, 2]). Since every step
+    commits exactly k_i, n_i is known in advance and the whole block is computed here at its start.
+    Dream averages the mask count over the batch; every row of a block holds the same count, so the
+    per-row count is the same number. Fast-dLLM's block sampler (dream/model/generation_utils_block.py)
+    counts a block's steps from 1 on the same grid (its step 0 commits the block's first position):
+    pass ``first=1`` and the masks left after that commit.
+
+    Args:
+        mask_count: LongTensor (B,), masks per row at step ``first`` (≥ 0; not checked, no device sync).
+        steps: steps of this block, ≥ 1.
+        eps: the last timestep, in [0, 1) (Dream's generation_config eps, 1e-3).
+        first: steps before this index get 0 (the caller commits there by another rule).
+    Returns:
+        LongTensor (B, steps) on mask_count's device; rows sum to mask_count (when first < steps).
+    """
+    assert steps >= 1 and 0 <= first <= steps, f"steps {steps}, first {first}"
+    n = mask_count.to(torch.long).clone()  # (B,)
+    # float32 on the counts' device, as Dream computes them on the canvas' device
+    t = torch.linspace(1, eps, steps + 1, dtype=torch.float32, device=n.device)  # (steps + 1,)
+    factor = 1 - t[1:] / t[:-1]  # (steps,) float32, elementwise as Dream's scalar 1 - s / t
+    out = torch.zeros(n.shape[0], steps, dtype=torch.long, device=n.device)  # (B, steps)
+    for i in range(first, steps):
+        k = n if i == steps - 1 else (n.to(torch.float32) * factor[i]).to(torch.long)  # trunc toward 0
+        out[:, i] = k
+        n = n - k
+    return out

@@ -14,13 +14,21 @@ class DecodeConfig:
     """Settings of one denoising run (LLaDA generate.py names where they exist).
 
     gen_length: generated canvas positions (tokens). block_length: semi-AR block size (tokens).
-    steps: total denoising steps over all blocks (None = gen_length; ignored by threshold/factor
-    decoding, where a block runs until it has no masks). temperature: 0 = greedy, > 0 = Gumbel-max in
-    float64. remasking: low_confidence | random | topk_margin | entropy. threshold / factor: Fast-dLLM
+    steps: total denoising steps over all blocks (None = gen_length; threshold/factor decoding runs a
+    block until it has no masks, and steps only sets the quota of Dream's threshold rule, None = one
+    step per block). temperature: 0 = greedy, > 0 = Gumbel-max in float64. remasking: low_confidence
+    | random | topk_margin | entropy | maskgit_plus | origin (Dream's: each mask revealed with
+    probability 1 − t[i+1]/t[i]; dream schedule only). threshold / factor: Fast-dLLM
     parallel decoding. ban_eos: EOS/EOT never committed (LLaDA ``logits_eos_inf``, extended to EOT).
     low_eos_confidence: EOS/EOT committed only when the quota exceeds other candidates (LLaDA
     ``confidence_eos_eot_inf``). early_exit: a row whose answer has ended (an EOS/EOT with no mask
     before it) is filled with EOS and stops costing forwards.
+    schedule: per-step commit counts, "llada" (linear split) | "dream" (Dream's timesteps; also selects
+    the quota rule for threshold decoding); None = the model family's. compat: None | "fastdllm"
+    (Fast-dLLM's Dream block sampler). eps: Dream's last timestep (None = the checkpoint's
+    generation_config.json eps, else 1e-3). alg_temp: Dream's (None or 0 = the top-scoring positions;
+    > 0 = positions drawn from softmax(confidence / alg_temp); dream schedule, fixed steps only). The
+    rules: decoding/commit.py.
     """
 
     gen_length: int = 256
@@ -35,6 +43,10 @@ class DecodeConfig:
     ban_eos: bool = False
     low_eos_confidence: bool = False
     early_exit: bool = True
+    schedule: str | None = None
+    compat: str | None = None
+    eps: float | None = None
+    alg_temp: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,12 +122,16 @@ class DecodeState:
 class StepRecord:
     """One denoising step, as the engine yields it (rows = the rows active at this step).
 
-    refresh: (B,) bool, rows that ran a full forward. computed: (B,) long, distinct positions computed
-    per row. targets: (B, R) long positions whose logits were produced (padded with repeats; ``valid``
+    refresh: (B,) bool, rows that ran a full forward. computed: (B,) long, positions the step's forwards
+    computed per row, padding included (a row in a forward of query width S costs S; a refreshing row of
+    a mixed step costs T plus its share of the partial forward; layer-averaged for layer-selective
+    forwards). planned: (B,) long, the plan's own positions (T for a refreshing row, its ``compute``
+    otherwise), or None. query_width: the partial forward's width (T when every row refreshed). targets: (B, R) long positions whose logits were produced (padded with repeats; ``valid``
     (B, R) bool marks real ones). committed: (B, R) bool, targets committed this step; x0 (B, R) long
     chosen tokens; prob (B, R) float64 probability of x0; entropy (B, R) float64 nats of softmax(raw
     logits). Times in seconds: forward_s (model), decision_s (policy plan + observe), sampling_s
-    (sampling, remasking, commit). full: True when every row refreshed (one full forward).
+    (sampling, remasking, commit); on CUDA they are read from events at the end of the block (0.0
+    until then) unless ``Run.step_timing``. full: True when every row refreshed (one full forward).
     attention: (pos (B, A) long, [per layer (B, A, T) float32]) head-averaged attention rows of the
     positions the plan's ``attn_rows`` marked (padded like ``targets``: repeats of the row's first), or
     None; only for policies with ``needs_attention``.
@@ -140,6 +156,7 @@ class StepRecord:
     finished: torch.Tensor | None = None  # (B,) bool rows that ended at this step
     attention: tuple[torch.Tensor, list[torch.Tensor]] | None = None
     extra: dict = field(default_factory=dict)
+    planned: torch.Tensor | None = None
 
     @property
     def full(self) -> bool:

@@ -106,6 +106,41 @@ class KVStore:
             self.hidden = [t[keep] for t in self.hidden]
         self.queries = None  # belong to the last forward's batch
 
+    def scratch_rows(self, rows: torch.Tensor) -> "KVStore":
+        """A store for batch rows ``rows`` (R,) long with *uninitialised* K/V (and hidden states when
+        kept): for a full forward of those rows only, which writes every position before reading any.
+        Padding mask, RoPE positions and tables are the rows' own (no device sync). Copy the result back
+        with :meth:`put_rows`."""
+        k = [t.new_empty((len(rows), *t.shape[1:])) for t in self.k]
+        hidden = None if self.hidden is None else [t.new_empty((len(rows), *t.shape[1:])) for t in self.hidden]
+        return KVStore(
+            k=k, v=[torch.empty_like(t) for t in k], key_mask=self.key_mask[rows], positions=self.positions[rows],
+            attn_mask=None if self.attn_mask is None else self.attn_mask[rows],
+            rope=None if self.rope is None else (self.rope[0][rows], self.rope[1][rows]), hidden=hidden,
+        )
+
+    def take_rows(self, rows: torch.Tensor) -> "KVStore":
+        """A copy of batch rows ``rows`` (R,) long: their K/V (and hidden states when kept), padding mask,
+        RoPE positions and tables, for a forward of those rows only that reads what is cached (one
+        ``index_select`` per tensor, no device sync). Copy the result back with :meth:`put_rows`."""
+        return KVStore(
+            k=[t.index_select(0, rows) for t in self.k], v=[t.index_select(0, rows) for t in self.v],
+            key_mask=self.key_mask[rows], positions=self.positions[rows],
+            attn_mask=None if self.attn_mask is None else self.attn_mask[rows],
+            rope=None if self.rope is None else (self.rope[0][rows], self.rope[1][rows]),
+            hidden=None if self.hidden is None else [t.index_select(0, rows) for t in self.hidden],
+        )
+
+    def put_rows(self, rows: torch.Tensor, sub: "KVStore") -> None:
+        """Overwrite batch rows ``rows`` (R,) long with every K/V (and hidden state) of ``sub``, a store of
+        R rows made by :meth:`scratch_rows` or :meth:`take_rows` (one ``index_copy_`` per tensor, no
+        device sync)."""
+        for dst, src in zip(self.k + self.v, sub.k + sub.v):
+            dst.index_copy_(0, rows, src)
+        if self.hidden is not None and sub.hidden is not None:
+            for dst, src in zip(self.hidden, sub.hidden):
+                dst.index_copy_(0, rows, src)
+
     def clone(self) -> "KVStore":
         """A deep copy (used by measurement code that must not disturb the live store)."""
         return KVStore(

@@ -12,9 +12,12 @@ Definitions (the column headers of the profile table say the same):
 - speedup is tokens/s of a policy over tokens/s of ``none`` measured in the same process.
 - decision overhead is the time spent in the policy's ``plan`` + ``observe`` over the total wall time.
 - work share vs ``none``: positions computed (summed over forwards) over what ``none`` computes on the
-  same request (its NFE x canvas length). Every policy here computes all layers of the positions it
-  computes, so positions x layers over positions x layers reduces to positions over positions.
-  Per-forward share: positions computed over (own NFE x canvas length).
+  same request (its NFE x canvas length). Positions computed are what the forwards computed for the
+  row, padding included (``StepRecord.computed``): in a batch a row pays its forward's padded width.
+  Layer-selective forwards count layer-averaged positions, so positions x layers over positions x
+  layers reduces to positions over positions. Per-forward share: positions computed over (own NFE x
+  canvas length). Planned work share: the plans' own positions (``tokens_planned``, what the request
+  would compute alone) over the same denominator.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ class RowMeasure:
 
     generated_tokens: answer tokens + end marker. latency_s: seconds from its run's start until the row
     finished. nfe / full_forwards / partial_forwards: forward passes this row took part in.
-    tokens_computed: positions computed summed over those forwards. canvas: canvas length T (prompt,
-    left padding and gen_length) in tokens. token_ids: the gen_length generated ids (EOS filler after the
+    tokens_computed: positions the forwards computed for this row, padding included, summed over its
+    steps; tokens_planned: the plans' own positions (None: same as tokens_computed). canvas: canvas
+    length T (prompt, left padding and gen_length) in tokens. token_ids: the gen_length generated ids (EOS filler after the
     end); answer_ids: up to the end marker. score: task score (1.0 / 0.0), None without a task.
     """
 
@@ -48,6 +52,7 @@ class RowMeasure:
     answer_ids: list[int] = field(default_factory=list)
     text: str = ""
     score: float | None = None
+    tokens_planned: int | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -59,7 +64,8 @@ class RowMeasure:
 class RunMeasure:
     """One engine run (a batch of requests) under one policy. Times in seconds: wall_s is the engine's
     whole loop (``Run.wall_s``); forward_s, decision_s, sampling_s are the step sections summed over
-    the run's StepRecords. peak_memory_bytes: CUDA peak allocated, or peak RSS on CPU (None if unknown)."""
+    the run's StepRecords. peak_memory_bytes: CUDA peak allocated, or peak RSS on CPU (None if unknown).
+    batch_size: requests decoded together in this run."""
 
     policy: str
     wall_s: float
@@ -69,6 +75,7 @@ class RunMeasure:
     steps: int
     rows: list[RowMeasure]
     peak_memory_bytes: int | None = None
+    batch_size: int = 1
 
 
 @dataclass
@@ -167,7 +174,9 @@ def summarize(runs: Sequence[RunMeasure], baseline: Sequence[RunMeasure] | None 
         "sampling_pct": percent(sampling, wall), "other_pct": percent(wall - decision - forward - sampling, wall),
         "peak_memory_bytes": max((r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None), default=None),
         "score": _mean([r.score for r in rows if r.score is not None]),
+        "batch_size": max((r.batch_size for r in runs), default=1),
         "speedup_vs_none": None, "latency_speedup_vs_none": None, "work_share_vs_none": None,
+        "planned_work_share_vs_none": None,
     }
     if baseline:
         base = summarize(baseline)
@@ -177,7 +186,13 @@ def summarize(runs: Sequence[RunMeasure], baseline: Sequence[RunMeasure] | None 
         paired = [(r, ref[r.key]) for r in rows if r.key in ref]
         out["work_share_vs_none"] = ratio(sum(r.tokens_computed for r, _ in paired),
                                           sum(b.nfe * b.canvas for _, b in paired))
+        out["planned_work_share_vs_none"] = ratio(sum(_planned(r) for r, _ in paired),
+                                                  sum(b.nfe * b.canvas for _, b in paired))
     return out
+
+
+def _planned(row: RowMeasure) -> int:
+    return row.tokens_computed if row.tokens_planned is None else row.tokens_planned
 
 
 def _mean(xs: list[float]) -> float | None:

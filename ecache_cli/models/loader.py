@@ -7,6 +7,7 @@ tensor from memory-mapped safetensors into a model built on the ``meta`` device 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -100,6 +101,17 @@ def resolve_path(name_or_path: str | os.PathLike | None) -> tuple[Path, str]:
     :class:`ModelLoadError` (one line naming the repository and how to get it) when neither works.
     """
     name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    local = Path(name).expanduser()
+    if (name in EMBEDDED or name in ALIASES) and local.is_dir():  # a folder named like a known model
+        from ..console import err
+
+        if (local / "config.json").is_file():
+            err.print(f"note: --model {name}: using the checkpoint folder {local.resolve()} (a folder of that name "
+                      f"is here); for the {'embedded' if name in EMBEDDED else 'hub'} model run from another folder",
+                      markup=False, highlight=False)
+            return local, name
+        err.print(f"note: --model {name}: the folder {local.resolve()} has no config.json, so it is not a checkpoint; "
+                  f"using the {'embedded' if name in EMBEDDED else 'hub'} model {name}", markup=False, highlight=False)
     if name in EMBEDDED:
         path = embedded_dir()
         if not (path / "config.json").exists():
@@ -114,6 +126,18 @@ def resolve_path(name_or_path: str | os.PathLike | None) -> tuple[Path, str]:
         return _from_hub(name, name), name
     valid = ", ".join([*EMBEDDED, *ALIASES])
     raise ModelLoadError(f"--model {name!r} is neither a known model ({valid}) nor a checkpoint directory")
+
+
+def _download_command() -> str:
+    """The hub's download command: ``hf download`` since huggingface_hub 0.34 (``huggingface-cli``
+    before; huggingface_hub 1.0 removed it)."""
+    try:
+        from huggingface_hub import __version__ as version
+
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except (ImportError, ValueError):
+        return "hf download"
+    return "hf download" if (major, minor) >= (0, 34) else "huggingface-cli download"
 
 
 def _from_hub(repo: str, name: str) -> Path:
@@ -133,7 +157,7 @@ def _from_hub(repo: str, name: str) -> Path:
             reason = f"the hub cannot be reached ({type(e).__name__})"
     raise ModelLoadError(
         f"model {name!r} needs {repo}, which is not in the Hugging Face cache and {reason}: "
-        f"run `huggingface-cli download {repo}` on a connected machine (or copy the folder) and pass --model DIR"
+        f"run `{_download_command()} {repo}` on a connected machine (or copy the folder) and pass --model DIR"
     )
 
 
@@ -154,9 +178,25 @@ def _weight_files(path: Path) -> dict[str, Path]:
     if single.exists():
         from safetensors import safe_open
 
-        with safe_open(single, framework="pt") as f:
-            return {k: single for k in f.keys()}
+        with _readable(single):
+            with safe_open(single, framework="pt") as f:
+                return {k: single for k in f.keys()}
     raise ModelLoadError(f"{path}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints load)")
+
+
+@contextlib.contextmanager
+def _readable(file: Path):
+    """A truncated or corrupt safetensors file (an interrupted download, a bad copy) raises
+    SafetensorError deep in the reader; turn it into one line naming the file and the fix."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (SafetensorError, OSError) as e:
+        size = file.stat().st_size if file.exists() else 0
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelLoadError(f"{file}: not a readable safetensors file ({size:,} bytes; {reason}); it is truncated "
+                             "or corrupt: download or copy it again") from None
 
 
 def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: torch.dtype) -> None:
@@ -181,7 +221,7 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
         by_file.setdefault(files[k], []).append(k)
     state: dict[str, torch.Tensor] = {}
     for f, keys in by_file.items():
-        with safe_open(f, framework="pt", device="cpu") as sf:
+        with _readable(f), safe_open(f, framework="pt", device="cpu") as sf:
             for k in keys:
                 t = sf.get_tensor(k)
                 if tuple(t.shape) != expected[k]:
@@ -194,15 +234,32 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
 
 
 def load_tokenizer(path: Path):
-    """AutoTokenizer from the checkpoint directory, without trust_remote_code.
+    """The checkpoint directory's tokenizer, without trust_remote_code.
 
-    Dream's official tokenizer is a remote-code Qwen2 BPE (vocab.json + merges.txt); when AutoTokenizer
-    cannot build it, the same files load as ``Qwen2TokenizerFast``.
+    A directory whose ``tokenizer_config.json`` names ``PreTrainedTokenizerFast`` (the embedded model,
+    LLaDA) loads that class directly from ``tokenizer.json`` + its config (special tokens, chat
+    template), skipping AutoTokenizer's class resolution (~0.3 s of a cold start); the result is the
+    same object AutoTokenizer builds. Anything else goes through AutoTokenizer. Dream's official
+    tokenizer is a remote-code Qwen2 BPE (vocab.json + merges.txt); when AutoTokenizer cannot build it,
+    the same files load as ``Qwen2TokenizerFast``. Raises ModelLoadError (one line) when nothing loads.
+
+    Where :func:`fast_tokenizer.usable` says so (the embedded model), the tokenizer is a
+    :class:`~ecache_cli.models.fast_tokenizer.FastTokenizer`: the same ids and texts straight from the
+    ``tokenizers`` library, without importing transformers (0.4-1.3 s of a cold start).
     """
+    from .fast_tokenizer import FastTokenizer, usable
+
+    if usable(path):
+        try:
+            return FastTokenizer(path)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for a bad file
+            raise ModelLoadError(f"{path}: cannot load tokenizer.json ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     import transformers
 
     transformers.utils.logging.set_verbosity_error()  # config.json's model_type is unknown to transformers
     try:
+        if _tokenizer_class(path) == "PreTrainedTokenizerFast" and (path / "tokenizer.json").is_file():
+            return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
         return transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as first:  # noqa: BLE001
         if (path / "vocab.json").exists() and (path / "merges.txt").exists():
@@ -211,6 +268,35 @@ def load_tokenizer(path: Path):
             except Exception:  # noqa: BLE001
                 pass
         raise ModelLoadError(f"{path}: cannot load the tokenizer ({type(first).__name__}: {str(first).splitlines()[0]})") from None
+
+
+def _tokenizer_class(path: Path) -> str | None:
+    """``tokenizer_class`` of the directory's tokenizer_config.json (None when absent or unreadable)."""
+    try:
+        return json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def _skip_init():
+    """Build modules without their random initialisers (``torch.nn.init``): the weights are assigned
+    from the checkpoint right after, and on the meta device there is nothing to fill anyway. It also
+    keeps a cold start fast: torch routes ``normal_`` on meta tensors (nn.Embedding's init) through
+    ``torch._refs``, whose first call imports torch._dynamo (1-2 s). The same trick as transformers'
+    ``no_init_weights``; the original functions are restored on exit."""
+    from torch.nn import init
+
+    names = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "xavier_uniform_",
+             "xavier_normal_", "zeros_", "ones_")
+    saved = {n: getattr(init, n) for n in names}
+    try:
+        for n in names:
+            setattr(init, n, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(init, n, fn)
 
 
 def load_model(
@@ -236,7 +322,7 @@ def load_model(
     spec = replace(spec, eot_id=eot)
     if spec.mask_id == spec.pad_id:
         raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); the canvas needs distinct ids")
-    with torch.device("meta"):
+    with torch.device("meta"), _skip_init():
         model = FAMILIES[spec.family](spec)
     load_weights(model, path, dev, dt)
     model.eval()

@@ -11,7 +11,7 @@ Two families are understood, keyed on ``model_type`` (spec/models.md A1.1 and A2
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ModelLoadError
@@ -46,6 +46,7 @@ class ModelSpec:
     eot_id: int | None = None
     logit_shift: int = 0
     max_positions: int = 4096
+    eps: float = 1e-3  # Dream's last timestep: generation_config.json "eps" when present (Dream ships 1e-3)
 
     @property
     def n_params(self) -> int:
@@ -110,7 +111,11 @@ def spec_from_config(cfg: dict, path: Path | str = "config.json") -> ModelSpec:
 
 
 def read_spec(model_dir: Path) -> tuple[ModelSpec, dict]:
-    """Read ``model_dir/config.json`` and return (spec, raw config dict). Raises ModelLoadError."""
+    """Read ``model_dir/config.json`` and return (spec, raw config dict). Raises ModelLoadError.
+
+    ``spec.eps`` comes from ``generation_config.json`` beside it when that file has an ``eps`` (Dream's
+    diffusion_generate reads its timesteps' end from there); a missing file keeps 1e-3.
+    """
     path = Path(model_dir) / "config.json"
     try:
         cfg = json.loads(path.read_text())
@@ -118,4 +123,15 @@ def read_spec(model_dir: Path) -> tuple[ModelSpec, dict]:
         raise ModelLoadError(f"{model_dir}: no config.json; point --model at a checkpoint directory") from None
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: cannot read config.json ({e})") from None
-    return spec_from_config(cfg, path), cfg
+    spec = spec_from_config(cfg, path)
+    gen_path = Path(model_dir) / "generation_config.json"
+    if gen_path.is_file():
+        try:
+            eps = json.loads(gen_path.read_text()).get("eps")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            raise ModelLoadError(f"{gen_path}: cannot read generation_config.json ({e})") from None
+        if eps is not None:
+            if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
+                raise ModelLoadError(f"{gen_path}: eps {eps!r} must be a number in [0, 1) (Dream ships 1e-3)")
+            spec = replace(spec, eps=float(eps))
+    return spec, cfg

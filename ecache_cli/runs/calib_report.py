@@ -23,27 +23,52 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
 
     base, chosen = outcome.base, outcome.choice.point
     front = {id(p) for p in outcome.frontier}
-    unit = "fidelity-scored" if metric == "fidelity" else "task-scored"
+    fid = metric == "fidelity"
+    unit = "fidelity-scored" if fid else "task-scored"
     t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it)", title_justify="left")
-    for name, just in (("τ", "right"), ("score %", "right"), ("Δ pts [95% CI]", "right"), ("lost/gained", "right"),
-                       ("fidelity %", "right"), ("identical %", "right"), ("speedup", "right"), ("wall ×", "right"),
-                       ("tok/s", "right"), ("refresh %", "right"), ("NFE", "right"), ("", "left")):
+    # the metric the choice constrains comes first, with its change against none: fidelity under
+    # --metric fidelity (the task score, if any, moves to fidelity's place)
+    for name, just in (("τ", "right"), ("fidelity %" if fid else "score %", "right"),
+                       ("Δ pts" if fid else "Δ pts [95% CI]", "right"), ("lost/gained", "right"),
+                       ("score %" if fid else "fidelity %", "right"), ("identical %", "right"), ("speedup", "right"),
+                       ("wall ×", "right"), ("tok/s", "right"), ("refresh %", "right"), ("NFE", "right"), ("", "left")):
         t.add_column(name, justify=just, no_wrap=True)
     for p in [base, *outcome.points]:
         mark = ("★" if p is chosen else "") + ("◆" if id(p) in front else "")
         if p.tau is not None and p is not chosen and qualifies(p, base, metric, max_drop, min_fidelity):
             mark += "✓"
-        if p.tau is None or p.delta_ci is None or p.score is None or base.score is None:
+        if fid:
+            delta = "" if p.tau is None else f"{100 * (p.fidelity - base.fidelity):+.1f}"
+        elif p.tau is None or p.delta_ci is None or p.score is None or base.score is None:
             delta = ""
         else:
             lo, hi = p.delta_ci
             delta = f"{100 * (p.score - base.score):+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
         wall = f"{p.speedup_wall:.2f}×" + ("ᶜ" if p.copied else "")  # ᶜ: some rows copied (their wall time too)
-        t.add_row("none" if p.tau is None else f"{p.tau:g}", _pct(p.score), delta, lg, _pct(p.fidelity),
+        first, other = (p.fidelity, p.score) if fid else (p.score, p.fidelity)
+        t.add_row("none" if p.tau is None else f"{p.tau:g}", _pct(first), delta, lg, _pct(other),
                   _pct(p.identical), f"{p.speedup:.2f}×", wall, f"{p.tokens_per_s:.1f}",
                   f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", mark)
     return t
+
+
+def wall_warnings(outcome, slack: float = 1.5) -> list[str]:
+    """One warning line (or none) naming every τ whose wall-clock speedup disagrees with the cost proxy.
+
+    The proxy counts the positions computed, so τ's real speedup is at most about the proxy's (the
+    decision only adds work); a wall speedup above ``slack`` × the proxy, or a slowdown below
+    1 / ``slack`` where the proxy saves work, means the timings were disturbed (other load on the
+    machine, CPU frequency changes). Same rule as ``profile``'s ``timing_warnings``.
+    """
+    bad = [p for p in outcome.points if p.speedup > 0 and p.speedup_wall > 0
+           and (p.speedup_wall > slack * p.speedup or (p.speedup > 1 and p.speedup_wall < 1 / slack))]
+    if not bad:
+        return []
+    pts = ", ".join(f"τ {p.tau:g} ({p.speedup_wall:.2f}× wall vs {p.speedup:.2f}× proxy)" for p in bad)
+    return [f"warning: the wall-clock speedup disagrees with the cost proxy for {pts}: the timings look disturbed "
+            "(other load on the machine, CPU frequency); the choice uses the proxy; rerun on an idle machine or pin "
+            "--threads for trustworthy wall-clock numbers"]
 
 
 def frontier_table(outcome, metric: str):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import canonical_model_name, profile_path
+from ..distributed import DistEnv
 from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import RunFile
@@ -170,8 +171,9 @@ class Evaluator:
     """
 
     def __init__(self, engine: Engine, task, examples: list, prompt_ids: list[list[int]], settings: Settings,
-                 opts: CalibrateOptions, store: RunFile, can_score: bool, progress=None):
+                 opts: CalibrateOptions, store: RunFile, can_score: bool, progress=None, dist: DistEnv | None = None):
         self.engine, self.task, self.examples, self.prompt_ids = engine, task, examples, prompt_ids
+        self.dist = dist or DistEnv()
         self.settings, self.opts, self.store, self.can_score = settings, opts, store, can_score
         self.signal = settings.cache_params.get("signal", "max-entropy")
         self.progress = progress
@@ -180,20 +182,30 @@ class Evaluator:
         self.chunks = [order[s:s + bs] for s in range(0, n, bs)]  # fixed: a resumed run re-runs the same batches
 
     def records(self, tau: float | None) -> list[dict]:
-        """Records of every example under ``tau`` (None = ``none``), decoding only missing batches."""
-        for c, idx in enumerate(self.chunks):
-            missing = [i for i in idx if self.store.get(tau, i) is None]
-            if missing:
-                src = None if tau is None else self._reusable(tau, idx)
-                if src is not None:
-                    recs = [{**self.store.get(src, i), "tau": tau, "reused_from": src} for i in idx]
-                else:
-                    recs = self._run_chunk(tau, c, idx)
-                for rec in recs:
-                    if rec["index"] in missing:
-                        self.store.add(rec)
-            if self.progress is not None:
-                self.progress(tau, len(idx))
+        """Records of every example under ``tau`` (None = ``none``), decoding only missing batches.
+
+        Several ranks (``self.dist``): the batches go round by round, one per rank (batch c on rank
+        c % world), and after each round every rank receives the round's records, so every rank holds
+        the same records (and makes the same τ choices); rank 0's run file gets them as each round ends.
+        """
+        W = self.dist.world_size
+        for start in range(0, len(self.chunks), W):
+            new = []
+            for c in range(start, min(start + W, len(self.chunks))):
+                idx = self.chunks[c]
+                missing = [i for i in idx if self.store.get(tau, i) is None]
+                if missing and self.dist.owns(c):
+                    src = None if tau is None else self._reusable(tau, idx)
+                    if src is not None:
+                        recs = [{**self.store.get(src, i), "tau": tau, "reused_from": src} for i in idx]
+                    else:
+                        recs = self._run_chunk(tau, c, idx)
+                    new += [rec for rec in recs if rec["index"] in missing]
+                if self.progress is not None:
+                    self.progress(tau, len(idx))
+            for part in self.dist.all_gather_object(new, "calibration records"):
+                for rec in part:
+                    self.store.add(rec)
         out = [self.store.get(tau, i) for i in range(len(self.examples))]
         for rec in out:
             if rec.get("score") is None and self.can_score:  # e.g. decoded earlier under --metric fidelity
@@ -211,7 +223,8 @@ class Evaluator:
 
     def _run_chunk(self, tau: float | None, c: int, idx: list[int]) -> list[dict]:
         policy = self.settings.policy("none") if tau is None else self.settings.policy("entropy", tau=tau)
-        run = self.engine.start([self.prompt_ids[i] for i in idx], self.settings.decode, policy, seed=self.opts.seed + c)
+        run = self.engine.start([self.prompt_ids[i] for i in idx], self.settings.decode, policy, seed=self.opts.seed,
+                                row_ids=idx)  # an example's random stream: (seed, its index)
         signals: list[list[float]] = [[] for _ in idx]
         for step in run:
             sig = step.signal(self.signal).tolist()  # (B,) what the policy compares with τ, per active row
@@ -224,7 +237,7 @@ class Evaluator:
                    "token_ids": res.token_ids, "answer_len": len(res.answer_ids), "ended": res.ended,
                    "score": float(self.task.score(self.examples[i], res.text)) if self.can_score else None,
                    "nfe": st["nfe"], "full_forwards": st["full_forwards"], "partial_forwards": st["partial_forwards"],
-                   "cost": st["tokens_computed"] - st["full_forwards"] * pad,
+                   "cost": st["tokens_planned"] - st["full_forwards"] * pad,  # batch-independent
                    "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
                    "wall_s": run.wall_s / len(idx), "signals": signals[j]}
             out.append(rec)
@@ -248,10 +261,13 @@ def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: li
             "prompts_sha256": prompts_sha}  # checked in this order: the flags a user sets come first
 
 
-def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=None) -> Outcome:
+def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=None,
+              dist: DistEnv | None = None) -> Outcome:
     """Run the whole search (see the module docstring) and write the profile unless ``dry_run``.
 
     ``err_console``: a rich Console for progress lines (None or ``opts.quiet``: silent).
+    ``dist``: several ranks (torchrun) share the batches (``Evaluator.records``); every rank returns the
+    same Outcome, and only rank 0 writes the run file and the profile.
     Returns an :class:`Outcome` (its ``profile`` is None when nothing qualified or with dry-run).
     Raises EcacheError subclasses (bad data, settings mismatch with the run file, ...).
     """
@@ -262,6 +278,10 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     target = opts.out if opts.out is not None else profile_path(model, opts.task)
     if not opts.dry_run:
         check_profile_target(target, model, opts.task)
+        from ..outputs import check_file
+
+        # writable, before decoding; the default folder profiles/<model>/ is created silently
+        check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None)
     examples = task.examples("test", opts.limit, opts.seed)  # DataError for a missing file, before decoding
     if not examples:
         raise UsageError(f"task {opts.task} has no test examples to calibrate on")
@@ -271,14 +291,16 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     prompt_ids = engine.encode([task.prompt(ex, shots, opts.seed) for ex in examples], chat)
     can_score = not task.needs_code_execution or task.allow_code_execution
     run_path = opts.run_file or default_run_file(model, opts.task, opts.out)
-    store = RunFile(run_path, run_key(lm, settings, task, opts, prompt_ids, shots, chat), resume=opts.resume,
-                    dry_run=opts.dry_run)
+    dist = dist or DistEnv()
+    key = run_key(lm, settings, task, opts, prompt_ids, shots, chat)
+    store = dist.agree(lambda: RunFile(run_path, key, resume=opts.resume, dry_run=opts.dry_run or not dist.is_main),
+                       "opening the run file")  # other ranks only read it (--resume)
     say = (lambda *a, **k: None) if opts.quiet or err_console is None else err_console.print
     if store.loaded:
         say(f"resuming from {run_path}: {store.loaded} records" + (" (a torn last line was dropped)" if store.dropped_partial else ""))
     try:
         with _Progress(err_console, opts.quiet, len(examples)) as progress:
-            ev = Evaluator(engine, task, examples, prompt_ids, settings, opts, store, can_score, progress)
+            ev = Evaluator(engine, task, examples, prompt_ids, settings, opts, store, can_score, progress, dist)
             base_recs = ev.records(None)
             base = aggregate(None, base_recs, base_recs)
             say(f"none: {_summary(base)}")
@@ -307,6 +329,10 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     finally:
         store.close()
     pts = [points[t] for t in sorted(points)]
+    if dist.active:  # the ranks ran side by side: wall-clock figures over the slowest rank
+        base = parallel_wall(base, base_recs, base, base_recs, dist.world_size)
+        pts = [parallel_wall(p, [store.get(p.tau, i) for i in range(len(examples))], base, base_recs, dist.world_size)
+               for p in pts]
     choice = choose(pts, base, opts.metric, max_drop, min_fid)
     summary = {"kind": ev.signal, "n_steps": len(signals), "min": signals[0], "max": signals[-1],
                "median": signals[len(signals) // 2]}
@@ -319,9 +345,31 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
         if not opts.dry_run:
             from ..config import write_profile
 
-            write_profile(target, outcome.profile_data)
+            if dist.is_main:  # every rank has the same outcome; one writes it
+                write_profile(target, outcome.profile_data)
             outcome.profile = target
     return outcome
+
+
+def parallel_wall(p: Point, recs: list[dict], base: Point, base_recs: list[dict], world: int) -> Point:
+    """``p`` with wall_s, tokens/s and the wall-clock speedup over ``none`` taken across ``world`` ranks
+    that ran side by side: a record's batch ran on rank chunk % world (``Evaluator.records``), a rank's
+    time is the sum of its records' wall_s, and the run's time is the slowest rank's
+    (``distributed.aggregate_speed``). The cost proxy and the choice do not depend on it."""
+    from dataclasses import replace
+
+    from ..distributed import aggregate_speed
+
+    def per_rank(rs):
+        ranks = [{"generated_tokens": 0, "wall_s": 0.0} for _ in range(world)]
+        for r in rs:
+            ranks[r["chunk"] % world]["generated_tokens"] += r["generated_tokens"]
+            ranks[r["chunk"] % world]["wall_s"] += r["wall_s"]
+        return aggregate_speed(ranks)
+
+    mine, ref = per_rank(recs), per_rank(base_recs)
+    return replace(p, wall_s=mine["wall_s"], tokens_per_s=mine["tokens_per_s"],
+                   speedup_wall=ref["wall_s"] / mine["wall_s"] if mine["wall_s"] > 0 else 0.0)
 
 
 def _summary(p: Point) -> str:

@@ -15,7 +15,7 @@ import torch
 from .. import __version__
 from ..cache import make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..config import dataclass_defaults, load_profile, profile_path, resolve
+from ..config import dataclass_defaults, find_profile, load_profile, resolve
 from ..engine.state import DecodeConfig
 from ..errors import DataError, UsageError
 
@@ -53,15 +53,16 @@ class Settings:
 
 def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
                      task: str | None = None) -> Settings:
-    """defaults < profile (``--profile``, or ``profiles/<model>/<task>.yaml`` for ``--task``, or the
-    model's ``default.yaml``) < flags. Raises ConfigError/UsageError for bad profiles or values."""
+    """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
+    ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
+    ``config.profile_dirs``) < flags. Raises ConfigError/UsageError for bad profiles or values."""
     prof = None
     if profile:
         prof = load_profile(profile, model)
-    elif task and profile_path(model, task).is_file():
-        prof = load_profile(profile_path(model, task))
-    elif profile_path(model, "default").is_file():
-        prof = load_profile(profile_path(model, "default"))
+    elif task and find_profile(model, task) is not None:
+        prof = load_profile(find_profile(model, task))
+    elif find_profile(model, "default") is not None:
+        prof = load_profile(find_profile(model, "default"))
     p_dec = (prof or {}).get("decode") or {}
     p_cache = dict((prof or {}).get("cache") or {})
     decode = resolve(dataclass_defaults(DecodeConfig), p_dec, decode_flags)
@@ -72,6 +73,14 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     make_policy(name, **params)  # validates name and values early
     return Settings(decode=DecodeConfig(**decode), cache=name, cache_params=params,
                     profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None})
+
+
+def unused_cache_flags(policies: list[str], cache_flags: dict) -> list[str]:
+    """The cache flags given (not None) that none of ``policies`` takes, as ``--flag`` names, e.g.
+    ``--tau`` for ``--cache dual --tau 3`` (the caller warns once; the flag is ignored)."""
+    used = set().union(*(policy_params_or_all(p) for p in policies))
+    return [f"--{k.replace('_', '-')}" for k, v in cache_flags.items()
+            if k != "policy" and v is not None and k not in used]
 
 
 def policy_params_or_all(name: str) -> set[str]:
@@ -85,6 +94,12 @@ def policy_params_or_all(name: str) -> set[str]:
 
 def validate_decode(d: dict) -> None:
     """Range checks for decode settings that the schedule does not check (one-line UsageErrors)."""
+    import math
+
+    for key in ("temperature", "top_p", "threshold", "factor"):  # inf or NaN would pass the range checks
+        v = d.get(key)
+        if v is not None and not math.isfinite(v):
+            raise UsageError(f"--{key.replace('_', '-')} {v} must be a finite number")
     if d.get("temperature") is not None and d["temperature"] < 0:
         raise UsageError(f"--temperature {d['temperature']} must be ≥ 0 (0 = greedy)")
     if d.get("threshold") is not None and d["threshold"] <= 0:
@@ -101,15 +116,37 @@ def validate_decode(d: dict) -> None:
         plan_blocks(d["gen_length"], d["block_length"], default_steps(d["gen_length"], d.get("steps"), parallel), parallel)
     if d.get("remasking") is not None:
         validate_remasking(d["remasking"], parallel=parallel)
+    from ..decoding.commit import validate_compat, validate_eps
+    from ..decoding.schedule import validate_schedule
+
+    if d.get("schedule") is not None:
+        validate_schedule(d["schedule"])
+    validate_compat(d.get("compat"))
+    if d.get("eps") is not None:
+        validate_eps(d["eps"])
+    from ..decoding.commit import check_dream_options
+
+    # alg_temp / origin; the family's default schedule is known only once the model is loaded (engine)
+    check_dream_options(remasking=d.get("remasking") or "low_confidence", alg_temp=d.get("alg_temp"),
+                        schedule=d.get("schedule"), parallel=parallel, compat=d.get("compat"),
+                        low_eos_confidence=bool(d.get("low_eos_confidence")))
 
 
-def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None) -> Iterator[tuple[str | list, dict]]:
-    """Yield (prompt, record) pairs: arguments first, else ``--input`` JSONL (``prompt`` or ``messages``
-    field), else stdin (one prompt per line, blank lines skipped). Raises DataError naming the file and
-    line of a malformed record, after every earlier prompt has been yielded."""
+def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None,
+                 lines: bool = False, check_ids=None) -> Iterator[tuple]:
+    """Yield (prompt, record) pairs: arguments first, else ``--input`` JSONL (``prompt``, ``messages``
+    or ``prompt_ids`` field: a list of ints, yielded as that list), else stdin (one prompt per line,
+    blank lines skipped). Raises DataError naming the file and line of a malformed record, after every
+    earlier prompt has been yielded. ``check_ids``: None, or a function of a ``prompt_ids`` list that
+    returns why the model cannot take it (``Engine.check_prompt_ids``), raised as that record's error.
+
+    With ``lines`` the tuples are (prompt, record, line): ``line`` is the 1-based line number in the
+    ``--input`` file or on stdin (blank lines are skipped but still counted, so it always points at
+    the line the prompt came from), or the 1-based position of a prompt argument."""
     if args:
-        for a in args:
-            yield a, {"prompt": a}
+        for n, a in enumerate(args, 1):
+            _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
+            yield (a, {"prompt": a}, n) if lines else (a, {"prompt": a})
         return
     if input_file is not None:
         try:
@@ -128,27 +165,62 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{input_file}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-                yield _prompt_of(rec, f"{input_file}:{n}"), rec
+                prompt = _prompt_of(rec, f"{input_file}:{n}")
+                why = check_ids(prompt) if check_ids is not None and isinstance(rec.get("prompt_ids"), list) else None
+                if why:
+                    raise DataError(f"{input_file}:{n}: {why}; give ids of the model's tokenizer")
+                yield (prompt, rec, n) if lines else (prompt, rec)
         return
     if stdin is not None:
         try:
-            for line in stdin:
+            for n, line in enumerate(stdin, 1):
                 line = line.rstrip("\n")
+                _check_utf8(line, f"stdin line {n}", DataError, "pipe UTF-8 prompts, one per line")
                 if line.strip():
-                    yield line, {"prompt": line}
+                    yield (line, {"prompt": line}, n) if lines else (line, {"prompt": line})
         except UnicodeDecodeError:
             raise DataError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
         return
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) or use --input FILE.jsonl")
 
 
+def no_prompts(input_file: Path | None):
+    """The error for a prompt source that gave nothing: an empty ``--input`` file (DataError, naming
+    it) or empty stdin (UsageError)."""
+    if input_file is not None:
+        return DataError(f"--input {input_file} holds no record (the file is empty or blank); write one JSON "
+                         "object with a 'prompt' field per line")
+    return UsageError("no prompt given: stdin was empty; pipe prompts one per line, pass them as arguments or use "
+                      "--input FILE.jsonl")
+
+
+def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
+    """Python hands undecodable argv bytes (and stdin bytes under a C locale) over as lone surrogates,
+    which the tokenizer rejects with a TypeError; name the culprit instead."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f" (byte 0x{ord(bad) - 0xDC00:02x})" if 0xDC80 <= ord(bad) <= 0xDCFF else ""
+        raise error(f"{where}: not UTF-8 text{byte} at character {e.start + 1}; {fix}") from None
+
+
 def _prompt_of(rec, where: str) -> str | list:
+    if isinstance(rec, dict) and "prompt_ids" in rec:
+        ids = rec["prompt_ids"]
+        if not isinstance(ids, list) or not ids:
+            raise DataError(f"{where}: 'prompt_ids' must be a non-empty list of int token ids")
+        bad = next((i for i, t in enumerate(ids) if not isinstance(t, int) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise DataError(f"{where}: prompt_ids[{bad}] = {json.dumps(ids[bad])} is not an int token id")
+        return list(ids)
     if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
         return rec["prompt"]
     if isinstance(rec, dict) and isinstance(rec.get("messages"), list) and all(
             isinstance(m, dict) and "role" in m and "content" in m for m in rec["messages"]):
         return rec["messages"]
-    raise DataError(f"{where}: a record needs a string 'prompt' or a 'messages' list of {{role, content}}")
+    raise DataError(f"{where}: a record needs a string 'prompt', a 'messages' list of {{role, content}} "
+                    "or a 'prompt_ids' list of token ids")
 
 
 def batched(items: Iterable, size: int) -> Iterator[list]:

@@ -1,14 +1,17 @@
 """``ecache profile``: the same requests through several cache policies in one process, timed fairly.
 
 Measurement protocol (``measure``):
-- every policy decodes the same token ids with the same decoding settings and seed per batch;
+- every policy decodes the same token ids with the same decoding settings and the same random stream
+  per request (seed and request index, ``Engine.start`` row_ids);
 - ``warmup`` runs per policy on the first batch come first and are excluded;
 - then, for each repeat and each batch, every policy runs once, in an order rotated by one per batch
   and per repeat, so no policy always runs first (right after another policy's memory traffic) and
   slow drifts of the machine (thermal, other jobs) spread over all policies;
-- nothing runs between engine steps except three float additions (``StepTotals.add``); memory probes,
-  scoring and progress updates happen between runs, outside the engine's clock; the engine syncs CUDA
-  before every clock read (``Run._now``).
+- nothing runs between engine steps; memory probes, scoring and progress updates happen between runs,
+  outside the engine's clock; the engine syncs CUDA at the run's start and end and when a row
+  finishes (``Run._now``), and times the step sections with CUDA events read once per block;
+- ``tokens_computed`` (work %) counts what the forwards computed, padding included; ``tokens_planned``
+  (planned work %) the plans' own positions, what each request would compute alone.
 Numbers are computed by ``ecache_cli.metrics`` (throughput, fidelity, memory). With ``trace_dir``
 each policy then decodes the first batch once more under torch.profiler (``runs/tracing.py``).
 """
@@ -21,11 +24,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..engine.core import Engine
+from ..distributed import DistEnv, aggregate_speed
 from ..engine.state import DecodeConfig
 from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
-from ..metrics.throughput import RowMeasure, RunMeasure, StepTotals, row_record, summarize
+from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize
 from .common import Settings, batched, read_prompts
 
 BASELINE = "none"
@@ -87,7 +91,10 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
         if not eq or not key:
             raise UsageError(f"--policies: {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
         params[key.replace("-", "_")] = _scalar(value)
-    make_policy(name, strict=True, **params)  # unknown parameter or bad value -> UsageError
+    try:
+        make_policy(name, strict=True, **params)  # unknown parameter or bad value -> UsageError
+    except UsageError as e:
+        raise UsageError(f"--policies {spec!r}: {e}") from None
     return name, params
 
 
@@ -142,11 +149,17 @@ def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limi
 
 
 def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opts: ProfileOptions,
-            chat: bool = True, on_run: Callable[[str, str], None] | None = None) -> ProfileReport:
+            chat: bool = True, on_run: Callable[[str, str], None] | None = None,
+            dist: DistEnv | None = None) -> ProfileReport | None:
     """Decode ``requests`` under every policy of ``opts`` (protocol in the module docstring).
 
     ``on_run(kind, policy)`` is called before each run (kind: "warmup", "measure", "trace"), outside
     the timed region (progress display). Returns the report; raises EcacheError subclasses.
+
+    ``dist`` (``ecache_cli.distributed``, several ranks): each rank decodes its round-robin share of the
+    batches (same batches, seeds and row ids as one process, so the same tokens) and warms up on its
+    own first batch; rank 0 gathers every run and returns the report (other ranks return None), with
+    tokens/s and speedups over the slowest rank's wall time (``merge_ranks``). Traces: rank 0 only.
     """
     opts.validate()
     if not requests:
@@ -156,6 +169,8 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
     cfg, names = settings.decode, opts.policies
     probe = MemoryProbe(engine.device)
     runs: dict[str, list[RunMeasure]] = {p: [] for p in names}
+    dist = dist or DistEnv()
+    mine = dist.shard(range(len(batches)))  # this rank's batch indices (all of them for one process)
 
     def make(spec: str):
         name, params = parse_policy_spec(spec)
@@ -164,10 +179,9 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
     def one(policy: str, b: int, repeat: int) -> RunMeasure:
         idx = batches[b]
         probe.reset()
-        run = engine.start([ids[i] for i in idx], cfg, make(policy), seed=opts.seed + b)
-        totals = StepTotals()
-        for rec in run:
-            totals.add(rec)
+        run = engine.start([ids[i] for i in idx], cfg, make(policy), seed=opts.seed, row_ids=idx)
+        for _ in run:  # nothing between steps; the step timings are the run's totals (CUDA: events, per block)
+            pass
         peak = probe.peak_bytes()
         rows = []
         for res in run.results():
@@ -179,23 +193,28 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
             rows.append(RowMeasure(prompt=idx[res.index], repeat=repeat, generated_tokens=s["generated_tokens"],
                                    latency_s=s["wall_s"], nfe=s["nfe"], full_forwards=s["full_forwards"],
                                    partial_forwards=s["partial_forwards"], tokens_computed=s["tokens_computed"],
+                                   tokens_planned=s["tokens_planned"],
                                    canvas=run.P + run.G, token_ids=res.token_ids, answer_ids=res.answer_ids,
                                    text=res.text, score=score))
-        return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=totals.forward_s, decision_s=totals.decision_s,
-                          sampling_s=totals.sampling_s, steps=totals.steps, rows=rows, peak_memory_bytes=peak)
+        return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=run.t_forward, decision_s=run.t_decision,
+                          sampling_s=run.t_sampling, steps=run.steps_done, rows=rows, peak_memory_bytes=peak,
+                          batch_size=len(idx))
 
     for _ in range(opts.warmup):
         for p in names:
             if on_run:
                 on_run("warmup", p)
-            one(p, 0, -1)
+            one(p, mine[0] if mine else 0, -1)
     for repeat in range(opts.repeats):
-        for b in range(len(batches)):
+        for b in mine:
             k = (b + repeat) % len(names)
             for p in names[k:] + names[:k]:  # rotated order: each policy takes its turn first
                 if on_run:
                     on_run("measure", p)
                 runs[p].append(one(p, b, repeat))
+    runs, rank_speed = merge_ranks(dist, runs)
+    if runs is None:  # not rank 0: its runs are on rank 0 now
+        return None
 
     summaries = {}
     base = runs.get(BASELINE)
@@ -207,6 +226,8 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
                  {"fidelity_identical_share": None, "fidelity_token_agreement": None, "fidelity_pairs": 0})
         s["params"] = make(p).params()
         summaries[p] = s
+    if dist.active:
+        apply_rank_speed(summaries, rank_speed, names)
 
     trace = None
     if opts.trace_dir is not None:
@@ -216,11 +237,39 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
         for p in names:
             if on_run:
                 on_run("trace", p)
-            run = engine.start([ids[i] for i in batches[0]], cfg, make(p), seed=opts.seed)
+            run = engine.start([ids[i] for i in batches[0]], cfg, make(p), seed=opts.seed, row_ids=batches[0])
             trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p.replace(":", "_").replace("=", "-"),
                                              opts.trace_steps)
     return ProfileReport(policies=names, summaries=summaries, runs=runs, memory_kind=probe.kind, decode=cfg,
                          trace=trace)
+
+
+def merge_ranks(dist: DistEnv, runs: dict[str, list[RunMeasure]]):
+    """Gather every rank's runs on rank 0: (runs per policy in (repeat, first prompt) order, per-policy
+    list of per-rank {generated_tokens, wall_s}); (None, None) on the other ranks. One process: unchanged."""
+    if not dist.active:
+        return runs, None
+    parts = dist.all_gather_object(runs, "profile runs")
+    if not dist.is_main:
+        return None, None
+    merged = {p: sorted((r for part in parts for r in part[p]), key=lambda r: (r.rows[0].repeat, r.rows[0].prompt))
+              for p in runs}
+    speed = {p: [{"generated_tokens": sum(row.generated_tokens for r in part[p] for row in r.rows),
+                  "wall_s": sum(r.wall_s for r in part[p])} for part in parts] for p in runs}
+    return merged, speed
+
+
+def apply_rank_speed(summaries: dict[str, dict], rank_speed: dict[str, list[dict]], names: list[str]) -> None:
+    """Ranks ran side by side: tokens/s = all generated tokens over the slowest rank's wall time
+    (``distributed.aggregate_speed``), and the speedup over ``none`` is the ratio of those figures."""
+    for p in names:
+        agg = aggregate_speed(rank_speed[p])
+        summaries[p].update(wall_s=agg["wall_s"], tokens_per_s=agg["tokens_per_s"], ranks=agg["ranks"],
+                            world_size=agg["world_size"])
+    if BASELINE in summaries:
+        base = summaries[BASELINE]["tokens_per_s"]
+        for p in names:
+            summaries[p]["speedup_vs_none"] = summaries[p]["tokens_per_s"] / base if base else None
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -237,6 +286,7 @@ COLUMNS = [  # (header, summary key, format)
     ("full\n/req", "full_forwards_per_request", "{:.1f}"),
     ("partial\n/req", "partial_forwards_per_request", "{:.1f}"),
     ("work %\nof none", "work_share_vs_none", "pct"),
+    ("planned\nwork %", "planned_work_share_vs_none", "pct"),
     ("work %\n/forward", "work_share_per_forward", "pct"),
     ("decision\n% time", "decision_overhead_pct", "{:.2f}"),
     ("peak mem\nMiB", "peak_memory_bytes", "mib"),
@@ -265,7 +315,8 @@ def render_table(report: ProfileReport, title: str | None = None):
     cols = [c for c in COLUMNS if c[1] != "score" or has_score]
     mem = {"cuda_peak_allocated": "CUDA peak allocated", "peak_rss": "peak RSS", "rss_after_run": "RSS after run"}
     cap = (f"speedup: tok/s over none's; latency speedup: none's mean latency over this one's. "
-           f"work %: positions x layers computed, over none's (NFE_none x canvas) / over own NFE x canvas. "
+           f"work %: positions x layers the forwards computed (padding included), over none's (NFE_none x canvas) "
+           f"/ over own NFE x canvas; planned: the plans' own positions over none's. "
            f"decision: policy plan+observe time over wall time. peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
            f"identical/token agree: outputs vs none (same prompts, same seed).")
     t = Table(title=title, caption=cap, caption_justify="left")
@@ -280,7 +331,8 @@ def render_table(report: ProfileReport, title: str | None = None):
 def timing_warnings(report: ProfileReport, slack: float = 1.5) -> list[str]:
     """One line per policy whose measured speedup disagrees with the work it skipped.
 
-    A policy that computes a share w of none's positions x layers cannot honestly run more than about
+    A policy whose forwards compute a share w of none's positions x layers (``work_share_vs_none``:
+    what the forwards computed, padding included, not the plans' own positions) cannot run more than about
     1/w times faster (the decision adds work, it never removes any); a speedup above ``slack`` / w, or
     a slowdown below 1 / ``slack`` with w < 1, means the timings were disturbed (other load on the
     machine, CPU frequency changes, too few repeats). Policies without none's numbers are skipped.

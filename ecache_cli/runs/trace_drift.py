@@ -124,7 +124,8 @@ class DriftTracer:
     def capture(self, run: Run, plan, query: torch.Tensor | None, sources: torch.Tensor, logits: torch.Tensor) -> None:
         """The engine hook: remember what the live forward saw (no computation)."""
         start = plan.start_layer if query is not None else None  # layer-selective forwards (Elastic-Cache)
-        self._cap = (run.state.tokens.clone(), query, sources, logits, start)
+        # a refreshing row of a mixed step ran its own full forward after the partial one (Run._forward)
+        self._cap = (run.state.tokens.clone(), query, sources, logits, start, plan.refresh)
 
     def computed_mask(self, query: torch.Tensor | None, shape) -> torch.Tensor:
         """(B, T) bool positions the live forward computed (all for a full forward)."""
@@ -154,9 +155,9 @@ class DriftTracer:
         ``measure`` and by tests that check per-position drift.
         """
         assert self._cap is not None, "DriftTracer.capture was not installed as run.on_forward"
-        tokens, query, sources, _, start = self._cap
+        tokens, query, sources, _, start, refresh = self._cap
         store, fresh, seconds = self.shadow(tokens, sources)
-        computed = self.computed_mask(query, tokens.shape)
+        computed = self.computed_mask(query, tokens.shape) | refresh[:, None]
         base = self.run.store.key_mask & ~computed  # (B, T)
         L = len(store.k)
         if start is None:
@@ -254,7 +255,12 @@ def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
         shots = task.default_shots if opts.shots is None else opts.shots
         return [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
     stdin = sys.stdin if not opts.prompts and opts.input_file is None and not sys.stdin.isatty() else None
-    return [p for p, _ in read_prompts(opts.prompts, opts.input_file, stdin)]
+    prompts = [p for p, _ in read_prompts(opts.prompts, opts.input_file, stdin)]
+    if not prompts:
+        from .common import no_prompts
+
+        raise no_prompts(opts.input_file)
+    return prompts
 
 
 def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -> TraceReport:
@@ -270,9 +276,11 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -
     report = TraceReport(signal=opts.signal, level=opts.volatility_level, n_layers=lm.spec.n_layers)
     done = 0
     for prompts in batched(load_prompts(lm, opts), opts.batch_size):
-        run_ = engine.start(engine.encode(prompts, chat), settings.decode, settings.policy(), seed=opts.seed + done)
+        run_ = engine.start(engine.encode(prompts, chat), settings.decode, settings.policy(), seed=opts.seed,
+                            row_ids=range(done, done + len(prompts)))  # as generate: (seed, prompt index)
         tracer = DriftTracer(run_, offset=done)
         run_.on_forward = tracer.capture
+        run_.step_timing = True  # rec.forward_s is read as each step is yielded (CUDA: one sync per step)
         for rec in run_:
             report.live_s += rec.forward_s + rec.decision_s + rec.sampling_s
             for record, hist in tracer.measure(rec):

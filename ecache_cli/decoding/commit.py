@@ -1,0 +1,240 @@
+"""Which rule commits tokens at each step of a block: the schedule, the threshold rule and compat mode.
+
+The engine asks one :class:`CommitRule` per run for a block's per-step counts at the block start and for
+each step's commits. The rules by model family (README "Samplers"):
+
+- schedule ``llada`` (default for LLaDA): the block's masks spread evenly over its steps (LLaDA
+  generate.py get_num_transfer_tokens); threshold decoding commits every candidate ≥ threshold plus
+  the top-1, uncapped (Fast-dLLM llada/generate.py get_transfer_index).
+- schedule ``dream`` (default for Dream): Dream's timesteps, int(n · (1 − t[i+1]/t[i])) masks per step
+  (Dream generation_utils.py ``_sample``); threshold decoding under a per-step quota of block
+  masks / steps plus the tokens deferred earlier, with steps added at the end until the block is
+  done (Fast-dLLM dream/model/generation_utils.py, alg 'confidence_threshold'). The confidences are
+  Dream's: from the temperature-scaled, top-p/top-k filtered distribution (generation_utils.py
+  ``sample_tokens``; ``CommitRule.dream_alg``), where the llada schedule scores at temperature 1.
+  Dream's ``alg_temp`` > 0 draws the step's positions from softmax(confidence / alg_temp) instead of
+  taking the top-k, and alg ``origin`` (``--remasking origin``) reveals each mask independently with
+  probability 1 − t[i+1]/t[i], every mask at the last step (both Dream generation_utils.py ``_sample``).
+- compat ``fastdllm`` (Dream only; never a default): Fast-dLLM's Dream block sampler
+  (dream/model/generation_utils_block.py). A block's first step commits its first position without a
+  confidence check; the schedule counts the block's steps from 1; threshold decoding is uncapped.
+  Fast-dLLM's block sampler scores with negative entropy whatever its ``alg``: pass
+  ``--remasking entropy`` to reproduce it. It commits the first token of each block blind, a known
+  quality problem, hence a compatibility mode only.
+
+Differences from the official loops, deliberate: a step never commits a non-candidate (the official
+``topk`` can pick −inf positions when k exceeds the masks), and the extended steps of the quota rule
+stop when the block is done (Fast-dLLM may run forwards that commit nothing at the end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UsageError
+from .remasking import (select_factor, select_origin, select_sampled, select_threshold, select_threshold_quota,
+                        select_topk)
+from .schedule import BlockPlan, dream_num_transfer_tokens, num_transfer_tokens, validate_schedule
+
+COMPAT = ("fastdllm",)
+
+
+def validate_compat(name: str | None) -> str | None:
+    """Check a --compat name (None or one of COMPAT). Returns it; raises UsageError naming the valid ones."""
+    if name is not None and name not in COMPAT:
+        raise UsageError(f"unknown --compat {name!r}: the one compatibility mode is fastdllm "
+                         "(Fast-dLLM's Dream block sampler)")
+    return name
+
+
+def validate_eps(eps: float) -> float:
+    """Check Dream's last timestep eps ∈ [0, 1). Returns it; raises UsageError otherwise."""
+    if not 0 <= eps < 1:  # also rejects NaN
+        raise UsageError(f"eps {eps} must be in [0, 1): Dream's timesteps run from 1 down to eps (default 1e-3)")
+    return eps
+
+
+def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
+                        compat: str | None, low_eos_confidence: bool = False) -> None:
+    """Check Dream's alg_temp and alg 'origin' against the rest of the decode settings.
+
+    Both are rules of Dream's fixed-step sampler (Dream generation_utils.py ``_sample``): alg_temp > 0
+    samples the positions from softmax(confidence / alg_temp), so it needs a confidence alg
+    (low_confidence / maskgit_plus, topk_margin, entropy) and the dream schedule; 'origin' reveals each
+    mask with probability 1 − t[i+1]/t[i] on Dream's timesteps. ``schedule`` None = not known yet (the
+    CLI checks before the model, hence its family, is loaded): the checks that need it are skipped.
+
+    Raises:
+        UsageError (one line): alg_temp < 0 or not finite; alg_temp > 0 with --threshold / --factor, with
+            remasking random / origin, or with the llada schedule; origin with the llada schedule, with
+            --compat fastdllm (Fast-dLLM's block sampler has no origin) or with --low-eos-confidence.
+    """
+    if alg_temp is not None and not 0 <= alg_temp < float("inf"):  # also rejects NaN
+        raise UsageError(f"--alg-temp {alg_temp} must be a finite number ≥ 0 (0 = the top-scoring positions, "
+                         "Dream's default)")
+    if alg_temp:
+        if parallel:
+            raise UsageError("--alg-temp samples the positions of Dream's fixed-step schedule; --threshold / --factor "
+                             "choose them by confidence: drop one")
+        if remasking in ("random", "origin"):
+            raise UsageError(f"--alg-temp samples positions by their confidence; --remasking {remasking} has none "
+                             "(Dream ignores alg_temp there): use maskgit_plus, topk_margin or entropy, "
+                             "or drop --alg-temp")
+        if schedule == "llada":
+            raise UsageError("--alg-temp is a rule of Dream's sampler: use it with --schedule dream (the llada "
+                             "schedule, LLaDA's default, picks the top-scoring positions)")
+    if remasking == "origin":
+        if schedule == "llada":
+            raise UsageError("--remasking origin is Dream's alg on Dream's timesteps: use it with --schedule dream "
+                             "(the llada schedule is LLaDA's default)")
+        if compat == "fastdllm":
+            raise UsageError("--compat fastdllm: Fast-dLLM's block sampler has no origin alg (it scores by negative "
+                             "entropy): use --remasking entropy")
+        if low_eos_confidence:
+            raise UsageError("--low-eos-confidence lowers a confidence; --remasking origin reveals positions at "
+                             "random: drop one")
+
+
+def _origin_p_transfer(steps: int, eps: float, i: int) -> float:
+    """Dream alg 'origin' at step i of ``steps``: p = 1 − t[i+1]/t[i], t = linspace(1, eps, steps + 1) in float32
+    (as Dream computes it), 1 at the last step (generation_utils.py ``_sample``)."""
+    if i >= steps - 1:
+        return 1.0
+    t = torch.linspace(1, eps, steps + 1, dtype=torch.float32)
+    return float(1 - t[i + 1] / t[i])
+
+
+@dataclass(frozen=True)
+class CommitRule:
+    """The commit rule of one run, resolved from the decode settings and the model family.
+
+    schedule: "llada" | "dream". compat: None | "fastdllm". threshold / factor: the parallel rules
+    (None = fixed-step decoding). eps: Dream's last timestep. steps_per_block: the plan's (None =
+    threshold/factor decoding without --steps). block_length: tokens per block. alg_temp: Dream's
+    (None or 0 = top-k; > 0 = positions sampled, ``select_sampled``). origin: Dream's alg 'origin'
+    (``select_origin``). Under the dream schedule the confidences are Dream's (``dream_alg``).
+    """
+
+    schedule: str
+    compat: str | None
+    threshold: float | None
+    factor: float | None
+    eps: float
+    steps_per_block: int | None
+    block_length: int
+    alg_temp: float | None = None
+    origin: bool = False
+
+    @classmethod
+    def resolve(cls, family: str, plan: BlockPlan, *, schedule: str | None, compat: str | None,
+                threshold: float | None, factor: float | None, eps: float, remasking: str = "low_confidence",
+                alg_temp: float | None = None, low_eos_confidence: bool = False) -> "CommitRule":
+        """Build the rule: ``schedule`` None takes the family's ("dream" for Dream, else "llada").
+
+        Raises:
+            UsageError: alg_temp / origin misused (``check_dream_options``); unknown schedule or compat;
+                --compat fastdllm on a LLaDA model, with the
+                llada schedule, or with one step per block (Fast-dLLM's block sampler then leaves the
+                block's other masks unfilled); the dream threshold quota with a block length that is
+                not a multiple of the steps per block (Fast-dLLM asserts masks % steps == 0).
+        """
+        schedule = validate_schedule(schedule or ("dream" if family == "dream" else "llada"))
+        compat, eps = validate_compat(compat), validate_eps(eps)
+        check_dream_options(remasking=remasking, alg_temp=alg_temp, schedule=schedule,
+                            parallel=threshold is not None or factor is not None, compat=compat,
+                            low_eos_confidence=low_eos_confidence)
+        spb = plan.steps_per_block
+        if compat == "fastdllm":
+            if family != "dream":
+                raise UsageError("--compat fastdllm reproduces Fast-dLLM's Dream block sampler; LLaDA already "
+                                 "decodes as Fast-dLLM's LLaDA generators: drop --compat")
+            if schedule != "dream":
+                raise UsageError("--compat fastdllm uses Dream's schedule: drop --schedule llada")
+            if threshold is None and factor is None and spb == 1:
+                raise UsageError("--compat fastdllm needs ≥ 2 steps per block (step 1 commits only the block's "
+                                 "first position): raise --steps")
+        rule = cls(schedule=schedule, compat=compat, threshold=threshold, factor=factor, eps=eps,
+                   steps_per_block=spb, block_length=plan.block_length, alg_temp=alg_temp or None,
+                   origin=remasking == "origin")
+        if rule.quota and plan.block_length % spb != 0:
+            raise UsageError(
+                f"--threshold with Dream's schedule commits block-length/steps-per-block tokens per step "
+                f"(Fast-dLLM): --block-length {plan.block_length} is not a multiple of the {spb} steps per "
+                f"block; choose --steps so that it is (e.g. --steps {plan.num_blocks} for one step per block)")
+        return rule
+
+    @property
+    def quota(self) -> bool:
+        """True when threshold decoding runs under Dream's per-step quota (schedule dream, no compat)."""
+        return self.threshold is not None and self.schedule == "dream" and self.compat is None \
+            and self.steps_per_block is not None and self.steps_per_block > 1
+
+    def dream_alg(self, remasking: str) -> str | None:
+        """The alg whose Dream confidence ``sample`` must compute (its ``dream_alg``), or None.
+
+        Under the dream schedule (Dream's rules, the Dream default) a step scores with Dream's confidence
+        (generation_utils.py ``sample_tokens``: from the temperature-scaled, top-p/top-k filtered
+        distribution); low_confidence is Dream's maskgit_plus. Under the llada schedule, and for random /
+        origin, None: the temperature-1 scores (LLaDA generate.py low_confidence).
+        """
+        if self.schedule != "dream" or remasking in ("random", "origin"):
+            return None
+        return "maskgit_plus" if remasking == "low_confidence" else remasking
+
+    def block_schedule(self, mask_count: torch.Tensor) -> torch.Tensor | None:
+        """Per-step commit counts of a block from its mask count at the block start.
+
+        Args:
+            mask_count: LongTensor (B,), masks of the block per row.
+        Returns:
+            LongTensor (B, steps_per_block), or None in threshold/factor decoding (no fixed counts) and
+            under origin (each mask is revealed at random; the block still ends after its steps, since
+            the last one commits every mask). Under compat fastdllm column 0 is the forced commit of the
+            block's first position (1).
+        """
+        if self.threshold is not None or self.factor is not None or self.origin:
+            return None
+        spb = self.steps_per_block
+        if self.schedule == "llada":
+            return num_transfer_tokens(mask_count, spb)
+        if self.compat == "fastdllm":
+            out = dream_num_transfer_tokens(mask_count - 1, spb, self.eps, first=1)  # (B, spb)
+            out[:, 0] = 1
+            return out
+        return dream_num_transfer_tokens(mask_count, spb, self.eps)
+
+    def select(self, conf: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, schedule: torch.Tensor | None,
+               step_in_block: int, block_start: int, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The commits of one step.
+
+        Args:
+            conf: float64 (B, R) confidence of each target, −inf at non-candidates (origin: the reveal
+                draws U[0, 1)).
+            targets: LongTensor (B, R) canvas positions of the block's masks (padded), ascending per row.
+            valid: (B, R) bool, real targets.
+            schedule: this block's ``block_schedule`` (rows of the current batch), or None.
+            step_in_block: 0-based step within the block. block_start: canvas position of the block start.
+            noise: float64 (B, R) U[0, 1), needed with alg_temp > 0 (the Gumbel keys of ``select_sampled``).
+        Returns:
+            BoolTensor (B, R), True = commit.
+        """
+        if self.origin:  # Dream alg 'origin': every mask revealed with probability 1 − t[i+1]/t[i]
+            return select_origin(conf, _origin_p_transfer(self.steps_per_block, self.eps, step_in_block))
+        if self.compat == "fastdllm" and step_in_block == 0:  # generation_utils_block.py: x[:, s] = x0[:, s]
+            return (targets == block_start) & valid
+        if self.threshold is not None:
+            if self.quota and step_in_block < self.steps_per_block - 1:
+                # Fast-dLLM: quota q = masks/steps per step plus the deferred ones, i.e. (i + 1)·q minus what
+                # the block has committed; from the last scheduled step on, every remaining mask
+                q = self.block_length // self.steps_per_block
+                committed = self.block_length - valid.sum(1)  # (B,) the block started fully masked
+                return select_threshold_quota(conf, self.threshold, (step_in_block + 1) * q - committed)
+            return select_threshold(conf, self.threshold)
+        if self.factor is not None:
+            return select_factor(conf, self.factor)
+        if self.alg_temp:  # Dream alg_temp > 0: torch.multinomial(softmax(conf / alg_temp), k) in Dream
+            assert noise is not None, "alg_temp > 0 needs the step's noise"
+            return select_sampled(conf, schedule[:, step_in_block], self.alg_temp, noise)
+        return select_topk(conf, schedule[:, step_in_block])

@@ -1,0 +1,41 @@
+"""Process-wide runtime settings chosen once per command: torch's CPU thread count.
+
+``--threads N`` (every subcommand; ``$ECACHE_THREADS``) sets ``torch.set_num_threads(N)`` before the
+model loads. When it is not given, the embedded model gets :data:`DEFAULT_THREADS`: measured with
+``bench/threads.py`` (BENCHMARKS.md, "Threads"), one thread decodes the 1.2M-parameter model 19×
+faster than two on the 2-core machine while one other process keeps a core busy, 24× with more load
+(OpenMP threads wait for each other at every small operator; no idle-machine measurement yet). Other models keep torch's own default
+(one thread per core), which suits their larger matrices.
+"""
+
+from __future__ import annotations
+
+from .errors import UsageError
+
+#: Threads for the embedded model when ``--threads`` is not given (measured: bench/threads.py).
+DEFAULT_THREADS = 1
+
+
+def resolve_threads(threads: int | None, model: str | None) -> int | None:
+    """The thread count to set: ``threads`` if given, else :data:`DEFAULT_THREADS` for the embedded
+    model and None (keep torch's default) for any other.
+
+    Raises UsageError for a count < 1.
+    """
+    from .models.loader import EMBEDDED
+
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads {threads} must be ≥ 1 (e.g. --threads 2; $ECACHE_THREADS sets it too)")
+        return threads
+    return DEFAULT_THREADS if model is None or str(model) in EMBEDDED else None
+
+
+def set_threads(threads: int | None, model: str | None) -> int:
+    """Apply :func:`resolve_threads` to torch; return the thread count torch now uses."""
+    import torch
+
+    n = resolve_threads(threads, model)
+    if n is not None:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()

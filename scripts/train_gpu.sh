@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Continue training the embedded model on a lent GPU, in one call of under 10 minutes.
+#
+# Resumes from the committed training state (scripts/tiny_train_state.pt), trains on CUDA for
+# $TRAIN_MINUTES minutes of wall time, and writes under $OUT (the folder the device tool brings back):
+#   tiny_train_state.pt.part00, .part01   the new state, split in 15 MB parts (the tool brings back
+#                                          files of at most 16 MiB); join with scripts/join_state.sh
+#   tiny/config.json, tiny/model.safetensors   the exported (EMA) model
+#   train.log                              the run's log (JSONL records in train.jsonl)
+# The committed state is never modified here: the new one goes to $OUT only.
+#
+#   bash scripts/train_gpu.sh                                     # on the GPU machine ($OUT set by the tool)
+#   OUT=/tmp/o TRAIN_DEVICE=cpu TRAIN_STEPS=3 bash scripts/train_gpu.sh   # CPU smoke run (tests/test_training.py)
+#
+# Knobs (environment): TRAIN_MINUTES (default 7), TRAIN_STEPS (stop after this many new steps; 0: none),
+# TRAIN_DEVICE (default cuda), TRAIN_BATCH_TOKENS (default: 16384 on cuda, the state's on cpu),
+# TRAIN_WORKERS (data processes on cuda, default 8), TRAIN_ADAPT_MIN (curriculum eval interval on cuda,
+# default 3), TRAIN_LR (default: the state's), TRAIN_STATE (default scripts/tiny_train_state.pt), PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the folder that receives the new state and model}"
+PY=${PYTHON:-python3}
+DEVICE=${TRAIN_DEVICE:-cuda}
+MINUTES=${TRAIN_MINUTES:-7}
+STEPS=${TRAIN_STEPS:-0}
+STATE=${TRAIN_STATE:-scripts/tiny_train_state.pt}
+mkdir -p "$OUT/tiny"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+[ -f "$STATE" ] || { echo "train_gpu: no training state at $STATE" >&2; exit 1; }
+cp "$STATE" "$OUT/state.pt"
+
+extra=()
+if [ "$DEVICE" != cpu ]; then
+    # a GPU eats batches faster than one process builds them: 8 worker processes build pools ahead;
+    # the curriculum evaluates every 3 minutes (fast on a GPU) so a 7-minute call adapts twice
+    extra+=(--batch-tokens "${TRAIN_BATCH_TOKENS:-16384}" --threads 4 --data-workers "${TRAIN_WORKERS:-8}"
+            --adapt-every-min "${TRAIN_ADAPT_MIN:-3}")
+elif [ -n "${TRAIN_BATCH_TOKENS:-}" ]; then
+    extra+=(--batch-tokens "$TRAIN_BATCH_TOKENS")
+fi
+[ -n "${TRAIN_LR:-}" ] && extra+=(--lr "$TRAIN_LR")
+
+"$PY" - "$DEVICE" <<'EOF'
+import sys, torch
+dev = sys.argv[1]
+if dev.startswith("cuda") and not torch.cuda.is_available():
+    sys.exit(f"train_gpu: torch {torch.__version__} sees no CUDA device; TRAIN_DEVICE=cpu runs on the CPU")
+print(f"train_gpu: torch {torch.__version__} on {torch.cuda.get_device_name(0) if dev.startswith('cuda') else 'cpu'}")
+EOF
+
+"$PY" scripts/train_tiny.py --state "$OUT/state.pt" --device "$DEVICE" --minutes "$MINUTES" \
+    --max-new-steps "$STEPS" --export --out "$OUT/tiny" --log "$OUT/train.jsonl" "${extra[@]}" \
+    2>&1 | grep -v '^\[transformers\]' | tee "$OUT/train.log"
+rm -f "$OUT/tiny/tokenizer.json" "$OUT/tiny/tokenizer_config.json" "$OUT/tiny/special_tokens_map.json"
+split -b 15000000 -d "$OUT/state.pt" "$OUT/tiny_train_state.pt.part"
+rm "$OUT/state.pt"
+ls -l "$OUT" "$OUT/tiny"

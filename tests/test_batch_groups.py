@@ -1,0 +1,248 @@
+"""Grouped forwards (issue 13): a step whose rows have different plans runs one partial forward at the
+non-refreshing rows' width plus one full forward of the refreshing rows alone. A row decodes in such a
+batch exactly as it does alone (every policy, both families, float32), and the reported work equals the
+positions the model's forwards computed, counted on the model's own projections."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ecache_cli.cache import POLICIES, make_policy
+from ecache_cli.engine import DecodeConfig, Engine
+from ecache_cli.engine.store import KVStore
+
+PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]  # different lengths: left padding
+CFG = DecodeConfig(gen_length=16, block_length=8, steps=16)
+# settings with partial forwards inside a 16-token answer (2 blocks of 8)
+PARAMS: dict[str, dict] = {
+    "none": {}, "prefix": {}, "dual": {}, "entropy": {"tau": 1.0, "recent_k": 4}, "dllm-cache": {"kr": 3},
+    "dkv": {"refresh_every": 3}, "d2cache": {"current_k": 4}, "elastic": {"window": 4},
+}
+
+
+class ForceRows:
+    """Wraps a policy so that original row r also refreshes at the steps where (step + r) % 3 == 1: mixed
+    steps for every policy, with a pattern that follows the row (``offset`` = its index when alone)."""
+
+    def __init__(self, inner, offset: int = 0):
+        self.inner, self.offset = inner, offset
+        self.name = inner.name
+        for cap in ("needs_values", "needs_attention", "needs_hidden"):
+            setattr(self, cap, getattr(inner, cap))
+
+    def reset(self, state):
+        self.inner.reset(state)
+
+    def plan(self, state):
+        p = self.inner.plan(state)
+        force = (state.step + state.rows + self.offset) % 3 == 1  # (B,) bool
+        return dataclasses.replace(p, refresh=p.refresh | force)
+
+    def observe(self, state, record):
+        self.inner.observe(state, record)
+
+    def select_rows(self, keep, batch):
+        self.inner.select_rows(keep, batch)
+
+
+def run(lm, prompts, policy, offset=0, split=True, force=True):
+    eng = Engine.from_loaded(lm)
+    pol = make_policy(policy, **PARAMS[policy])
+    r = eng.start(eng.encode(prompts, chat=False), CFG, ForceRows(pol, offset) if force else pol)
+    r.split_refresh = split
+    records = list(r)
+    return r.results(), records, r
+
+
+def test_every_registered_policy_is_covered():
+    assert set(PARAMS) == set(POLICIES)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_mixed_batch_gives_each_row_its_own_tokens(lm, policy):
+    batch, records, _ = run(lm, PROMPTS, policy)
+    mixed = [rec for rec in records if 0 < int(rec.refresh.sum()) < len(rec.rows)]
+    assert len(mixed) >= 3 or policy == "none", "the forcing pattern should mix refreshing and partial rows"
+    P = max(len(x.prompt_ids) for x in batch)
+    for i, p in enumerate(PROMPTS):
+        (alone,), _, _ = run(lm, [p], policy, offset=i)
+        assert batch[i].token_ids == alone.token_ids, (policy, p)
+        for k in ("nfe", "full_forwards", "partial_forwards"):
+            assert batch[i].stats[k] == alone.stats[k], (policy, p, k)
+        pad = P - len(alone.prompt_ids)  # a full forward in the batch also computes the row's left padding
+        if policy != "elastic":  # (elastic's layer-selective rows also compute their padding from the start layer)
+            assert batch[i].stats["tokens_planned"] - pad * alone.stats["full_forwards"] == alone.stats["tokens_planned"]
+
+
+@pytest.mark.parametrize("policy", ["entropy", "elastic"])
+def test_single_padded_forward_gives_the_same_tokens(lm, policy):
+    """The measurement switch ``split_refresh = False`` (one forward padded to the widest row) decodes
+    the same tokens and reports every row of a mixed step at the full width T."""
+    split, _, _ = run(lm, PROMPTS, policy)
+    padded, records, r = run(lm, PROMPTS, policy, split=False)
+    assert [x.token_ids for x in split] == [x.token_ids for x in padded]
+    T = r.P + r.G
+    mixed = [rec for rec in records if 0 < int(rec.refresh.sum()) < len(rec.rows)]
+    assert mixed and all(rec.query_width == T for rec in mixed)
+    if policy == "entropy":
+        assert all(rec.computed.tolist() == [T] * len(rec.rows) for rec in mixed)
+
+
+def counting(lm):
+    """Forward hooks on every layer's query projection: positions computed per call, summed over layers."""
+    seen: list[int] = []
+
+    def hook(module, args, out):
+        x = args[0]
+        seen[-1] += x.shape[0] * x.shape[1]
+
+    handles = [lm.model.parts(i).q.register_forward_hook(hook) for i in range(lm.spec.n_layers)]
+    return seen, handles
+
+
+@pytest.mark.parametrize("policy", ["entropy", "dual", "dkv", "elastic", "d2cache"])
+def test_reported_work_is_what_the_forwards_computed(lm, policy):
+    eng = Engine.from_loaded(lm)
+    pol = ForceRows(make_policy(policy, **PARAMS[policy]))
+    r = eng.start(eng.encode(PROMPTS, chat=False), CFG, pol)
+    seen, handles = counting(lm)
+    records = []
+    try:
+        it = iter(r)
+        while True:
+            seen.append(0)  # this step's layer-positions
+            try:
+                records.append(next(it))
+            except StopIteration:
+                seen.pop()
+                break
+    finally:
+        for h in handles:
+            h.remove()
+    L, T = lm.spec.n_layers, r.P + r.G
+    assert len(seen) == len(records)
+    n_mixed = 0
+    for rec, layer_positions in zip(records, seen):
+        B = len(rec.rows)
+        got = int(rec.computed.sum())
+        if policy == "elastic":  # layer-averaged per row, rounded down per row
+            assert 0 <= layer_positions / L - got < B, (rec.step, layer_positions, got)
+        else:
+            assert got * L == layer_positions, (rec.step, layer_positions, got)
+        n_ref = int(rec.refresh.sum())
+        if 0 < n_ref < B and policy != "elastic":
+            n_mixed += 1
+            S = rec.query_width
+            assert S < T
+            want = [T + S if f else S for f in rec.refresh.tolist()]  # no row pays for another's refresh
+            assert rec.computed.tolist() == want
+            assert all(p <= c for p, c in zip(rec.planned.tolist(), want))
+    assert policy == "elastic" or n_mixed >= 3
+    if policy == "elastic":  # expanding rows run apart: a partial row next to an expanding one computes S
+        split_steps = [rec for rec in records
+                       if {c > rec.query_width for c, f in zip(rec.computed.tolist(), rec.refresh.tolist()) if not f}
+                       == {True, False}]
+        assert split_steps
+        for rec in split_steps:
+            S = rec.query_width
+            for c, f in zip(rec.computed.tolist(), rec.refresh.tolist()):
+                assert c == T + S if f else (c == S or S < c < S + T)
+    res = r.results()
+    for b, x in enumerate(res):
+        assert x.stats["tokens_computed"] >= x.stats["tokens_planned"]
+
+
+def test_scratch_rows_and_put_rows_touch_only_those_rows():
+    key_mask = torch.tensor([[False, True, True], [True, True, True], [False, False, True]])
+    store = KVStore.allocate(2, 1, 2, key_mask, torch.float32, keep_hidden=4)
+    rows = torch.tensor([2, 0])
+    sub = store.scratch_rows(rows)
+    assert sub.k[0].shape == (2, 1, 3, 2) and sub.hidden[1].shape == (2, 3, 4)
+    assert torch.equal(sub.key_mask, key_mask[rows]) and torch.equal(sub.positions, store.positions[rows])
+    assert torch.equal(sub.attn_mask, store.attn_mask[rows])
+    for i, t in enumerate(sub.k + sub.v + sub.hidden):
+        t.fill_(float(i + 1))
+    store.put_rows(rows, sub)
+    assert torch.equal(store.k[1][[0, 2]], torch.full((2, 1, 3, 2), 2.0))  # layer 1 of K: the second tensor
+    assert torch.equal(store.v[0][[0, 2]], torch.full((2, 1, 3, 2), 3.0))
+    assert torch.equal(store.hidden[1][[0, 2]], torch.full((2, 3, 4), 6.0))
+    assert all(float(t[1].abs().sum()) == 0.0 for t in store.k + store.v + store.hidden)  # row 1 untouched
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event on CPU: record() reads the clock, elapsed_time() is in ms."""
+
+    recorded = 0
+    synced = 0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t = None
+
+    def record(self):
+        import time
+
+        self.t = time.perf_counter()
+        FakeEvent.recorded += 1
+
+    def synchronize(self):
+        FakeEvent.synced += 1
+
+    def elapsed_time(self, other):
+        return 1e3 * (other.t - self.t)
+
+
+def test_event_timings_are_read_once_per_block(lm, monkeypatch):
+    """The CUDA timing path (events, no per-step sync) on CPU with a stand-in event: a step's times are
+    0 when it is yielded and filled at the end of its block, one synchronize per block, and the run's
+    totals are the sums of the steps'."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.recorded = FakeEvent.synced = 0
+    eng = Engine.from_loaded(lm)
+    r = eng.start(eng.encode(PROMPTS[:2], chat=False), DecodeConfig(gen_length=16, block_length=8, steps=16,
+                                                                    early_exit=False), make_policy("entropy"))
+    r._cuda = True  # the engine's device stays CPU: only the timing path is switched
+    records, at_yield = [], []
+    for rec in r:
+        at_yield.append(rec.forward_s)
+        records.append(rec)
+    assert len(records) == 16 and at_yield == [0.0] * 16
+    assert FakeEvent.synced == 2  # one per block
+    assert FakeEvent.recorded == 5 * 16  # five marks per step (no attention rows for entropy)
+    assert all(rec.forward_s > 0 and rec.sampling_s > 0 and rec.decision_s > 0 for rec in records)
+    assert r.t_forward == pytest.approx(sum(rec.forward_s for rec in records))
+    assert r.t_decision == pytest.approx(sum(rec.decision_s for rec in records))
+    assert r.t_forward + r.t_sampling + r.t_decision < r.wall_s
+
+
+def test_profile_reports_honest_and_planned_work_per_batch_size(llada_lm):
+    from ecache_cli.runs.common import Settings
+    from ecache_cli.runs.profile import ProfileOptions, Request, measure
+
+    cfg = DecodeConfig(gen_length=16, block_length=8)
+    settings = Settings(decode=cfg, cache="entropy", cache_params={"tau": 1.0}, all_cache_params={"tau": 1.0})
+    reps = {bs: measure(Engine.from_loaded(llada_lm), settings, [Request(p) for p in PROMPTS],
+                        ProfileOptions(policies=["none", "entropy"], warmup=0, batch_size=bs), chat=False)
+            for bs in (1, 4)}
+    for bs, rep in reps.items():
+        e = rep.summaries["entropy"]
+        assert e["batch_size"] == bs and rep.summaries["none"]["planned_work_share_vs_none"] == 1.0
+        assert e["work_share_vs_none"] >= e["planned_work_share_vs_none"] > 0
+        rows = rep.to_dict()["requests"]
+        assert all(r["tokens_computed"] >= r["tokens_planned"] for r in rows)
+    one, four = reps[1].summaries["entropy"], reps[4].summaries["entropy"]
+    assert one["work_share_vs_none"] == pytest.approx(one["planned_work_share_vs_none"])  # alone: no padding
+    assert four["work_share_vs_none"] > four["planned_work_share_vs_none"]  # a batch pays its padded widths
+
+
+def test_timing_warning_uses_the_work_the_forwards_computed():
+    from ecache_cli.runs.profile import ProfileReport, timing_warnings
+
+    summaries = {"none": {"speedup_vs_none": 1.0, "work_share_vs_none": 1.0, "planned_work_share_vs_none": 1.0},
+                 "entropy": {"speedup_vs_none": 4.0, "work_share_vs_none": 0.5, "planned_work_share_vs_none": 0.2}}
+    rep = ProfileReport(policies=list(summaries), summaries=summaries, runs={}, memory_kind="peak_rss", decode=CFG)
+    (line,) = timing_warnings(rep)  # 4x with 50 % of the work computed: flagged (the plans' 20 % would allow 5x)
+    assert "50%" in line and "2.00x" in line

@@ -1,0 +1,413 @@
+"""Bad input, odd input and unwritable outputs end as one ``error:`` line (exit 2 usage, 1 data), nothing
+is silently ignored, and ``--help`` tells the truth (issue 15, items 1, 2 and 7).
+
+Most tests run in-process through CliRunner and fail before any decoding; a few use a subprocess where
+the process boundary is the point (non-UTF-8 argv bytes, a closed stdout pipe, a full device).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ecache_cli.cli import app
+
+SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
+ROOT = Path(__file__).resolve().parent.parent
+EMBEDDED = ROOT / "ecache_cli" / "data" / "tiny"
+
+
+@pytest.fixture
+def cli(profiles_dir):
+    runner = CliRunner()
+
+    def invoke(*args, input=None):
+        return runner.invoke(app, [str(a) for a in args], input=input)
+
+    return invoke
+
+
+def one_line_error(result, code: int, *needles: str) -> str:
+    """The result exited with ``code`` and printed exactly one ``error:`` line holding every needle."""
+    assert result.exit_code == code, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
+    lines = [ln for ln in result.stderr.strip().splitlines() if not ln.startswith(("note:", "warning:"))]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr and "╭" not in result.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+# --- item 1: tracebacks -> one-line errors -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def weights():
+    return (EMBEDDED / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("command", [["generate"], ["profile", "--policies", "none"], ["trace-drift"]])
+@pytest.mark.parametrize("size", [0, 8, 100, 1_000_000, -1])  # -1: one byte short
+def test_truncated_safetensors_is_one_line(cli, tmp_path, weights, size, command):
+    ck = tmp_path / "ck"
+    shutil.copytree(EMBEDDED, ck)
+    n = len(weights) - 1 if size == -1 else size
+    (ck / "model.safetensors").write_bytes(weights[:n])
+    res = cli(command[0], "Sort: 3 1 2", *command[1:], "--model", ck, *SMALL)
+    one_line_error(res, 1, str(ck / "model.safetensors"), f"{n:,} bytes", "truncated or corrupt", "download or copy")
+
+
+def test_non_utf8_prompt_argument_in_process(cli, llada_dir):
+    # what Python hands over for the argv byte 0xff: a lone surrogate
+    res = cli("generate", "ok \udcff", "--model", llada_dir, *SMALL)
+    one_line_error(res, 2, "prompt argument 1", "not UTF-8", "0xff")
+
+
+def test_non_utf8_stdin_line_names_the_line(llada_dir):
+    import io
+
+    from ecache_cli.errors import DataError
+    from ecache_cli.runs.common import read_prompts
+
+    # UTF-8 mode / a C locale give stdin bytes as surrogates (surrogateescape)
+    with pytest.raises(DataError, match=r"stdin line 2: not UTF-8 text \(byte 0xfe\)"):
+        list(read_prompts(None, None, io.StringIO("fine\nbad \udcfe\n")))
+
+
+def test_non_utf8_stdin_bytes(cli, llada_dir):
+    res = cli("generate", "--model", llada_dir, *SMALL, input=b"Sort: 3 1\n\xff\xfe\n")
+    one_line_error(res, 1, "stdin", "not UTF-8")
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("entropy:tau=x", "tau='x' must be a number"),
+    ("entropy:recent_k=abc", "recent_k='abc' must be a whole number"),
+    ("elastic:gamma=abc", "gamma='abc' must be a number"),
+    ("entropy:block_refresh=maybe", "block_refresh='maybe' must be true or false"),
+])
+def test_policy_variant_with_a_wrongly_typed_value(cli, llada_dir, spec, needle):
+    res = cli("profile", "x", "--policies", f"none,{spec}", "--model", llada_dir, *SMALL)
+    one_line_error(res, 2, f"--policies {spec!r}", needle)
+
+
+@pytest.mark.parametrize("section, key, value, needle", [
+    ("cache", "tau", "abc", "must be a number"),
+    ("cache", "kr", "abc", "must be a whole number"),
+    ("decode", "gen_length", "abc", "must be a whole number"),
+    ("decode", "temperature", "hot", "must be a number"),
+])
+def test_profile_yaml_with_a_wrongly_typed_value(cli, llada_dir, tmp_path, section, key, value, needle):
+    prof = tmp_path / "bad.yaml"
+    cache = {"policy": "dllm-cache"} if key == "kr" else {}
+    doc = {"cache": cache, "decode": {}}
+    doc[section][key] = value
+    prof.write_text(yaml.safe_dump(doc))
+    res = cli("generate", "x", "--profile", prof, "--model", llada_dir, *SMALL)
+    one_line_error(res, 2, str(prof), f"{section}.{key}: {value!r}", needle)
+
+
+def test_profile_yaml_reads_1e_3_as_a_number(cli, llada_dir, tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("cache: {policy: entropy, tau: 1e-3}\n")  # YAML 1.1 reads this as the string '1e-3'
+    res = cli("generate", "x", "--profile", prof, "--model", llada_dir, *SMALL, "--jsonl")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout.splitlines()[0])["settings"]["cache_params"]["tau"] == 0.001
+
+
+def test_output_json_that_is_a_folder_fails_before_loading(cli, tmp_path):
+    # a missing model would fail at load: the output check comes first
+    res = cli("trace-drift", "x", "--json", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    one_line_error(res, 2, f"--json {tmp_path} is a folder", "give a file name")
+
+
+@pytest.mark.parametrize("command, flag", [
+    (["trace-drift"], "--tensorboard"), (["profile", "--policies", "none"], "--trace-dir"),
+    (["trace-drift"], "--jsonl"), (["profile", "--policies", "none"], "--json"),
+    (["calibrate", "--task", "list"], "--out"), (["calibrate", "--task", "list"], "--run-file"),
+])
+def test_output_under_a_file_fails_before_loading(cli, tmp_path, command, flag):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    prompt = [] if command[0] == "calibrate" else ["x"]
+    res = cli(command[0], *prompt, *command[1:], flag, afile / "out", "--model", tmp_path / "no-model", *SMALL)
+    one_line_error(res, 2, f"{flag} {afile / 'out'}", f"{afile} is a file, not a folder")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
+def test_output_in_an_unwritable_folder(cli, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        res = cli("trace-drift", "x", "--tensorboard", ro / "tb", "--model", tmp_path / "no-model", *SMALL)
+        one_line_error(res, 1, "--tensorboard", "cannot create folder")
+    finally:
+        ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("command", [["profile", "x", "--policies", "none"], ["trace-drift", "x"],
+                                     ["calibrate", "--task", "list"]])
+def test_no_new_folder_at_the_filesystem_root(cli, tmp_path, command):
+    target = Path("/ecache-test-no-such-folder/out.json")
+    assert not target.parent.exists()
+    res = cli(*command, "--json", target, "--model", tmp_path / "no-model", *SMALL)
+    one_line_error(res, 2, f"--json {target}", "filesystem root", "mkdir -p")
+    assert not target.parent.exists()
+
+
+@pytest.mark.parametrize("command", [["profile", "x", "--policies", "none"], ["trace-drift", "x"]])
+def test_missing_parent_folders_are_created_the_same_way(cli, llada_dir, tmp_path, command):
+    target = tmp_path / "new" / "deeper" / "out.json"
+    res = cli(*command, "--json", target, "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0, res.stderr
+    assert f"note: created folder {target.parent} for --json" in res.stderr
+    assert json.loads(target.read_text().splitlines()[-1])  # the document itself
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["generate", "x", "--gen-length", "abc"], ["'--gen-length'", "'abc'", "ecache generate --help"]),
+    (["generate", "x", "--temperature=hot"], ["'--temperature'", "'hot'"]),
+    (["profile", "x", "--warmup", "two"], ["'--warmup'", "'two'", "ecache profile --help"]),
+    (["generate", "x", "--no-such-flag"], ["no such option", "--no-such-flag"]),
+    (["no-such-command"], ["no such command", "'no-such-command'"]),
+    (["generate", "x", "--cache"], ["'--cache' requires an argument", "ecache generate --help"]),
+    (["calibrate"], ["missing option '--task'", "ecache calibrate --help"]),
+])
+def test_parser_usage_errors_are_one_line(cli, args, needles):
+    res = cli(*args)
+    one_line_error(res, 2, *needles)
+
+
+def _ecache(*args, **kw):
+    """Run ``python -m ecache_cli`` (the installed script's code) in a subprocess, one thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
+    return subprocess.run([sys.executable, "-m", "ecache_cli", *args], env=env, **kw)
+
+
+def test_non_utf8_argv_bytes_subprocess(llada_dir, profiles_dir):
+    res = _ecache(b"generate", b"Sort: 3 \xff 1", b"--model", str(llada_dir).encode(), *[a.encode() for a in SMALL],
+                  capture_output=True)
+    err = res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 2, err
+    assert err.strip().splitlines() == [err.strip()] and "prompt argument 1: not UTF-8 text (byte 0xff)" in err
+
+
+def test_closed_stdout_pipe_ends_quietly(llada_dir, profiles_dir):
+    prompts = [f"Sort: {i} 3 1" for i in range(120)]  # > 64 KiB of JSONL, more than a pipe holds
+    p = subprocess.Popen([sys.executable, "-m", "ecache_cli", "generate", *prompts, "--model", str(llada_dir),
+                          "--gen-length", "8", "--block-length", "8", "--no-chat", "-q", "--jsonl", "-b", "8"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    first = p.stdout.readline()
+    p.stdout.close()  # like `| head -1`
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0, err
+    assert json.loads(first)["index"] == 0
+    assert err == ""  # no BrokenPipeError, no "Exception ignored"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_full_device_on_stdout_is_one_line(llada_dir, profiles_dir):
+    with open("/dev/full", "w") as full:
+        res = _ecache("generate", "Sort: 3 1", "--model", str(llada_dir), *SMALL, stdout=full, stderr=subprocess.PIPE)
+    err = res.stderr.decode()
+    assert res.returncode == 1, err
+    assert err.strip().splitlines() == ["error: cannot write the output (No space left on device); free space on the "
+                                        "device or write elsewhere"]
+
+
+# --- item 2: nothing silently ignored or accepted ---------------------------------------------------------
+
+@pytest.mark.parametrize("args, code, needles", [
+    (["generate", "x", "--cache", "dual", "--refresh-every", "-1"], 2, ["--refresh-every -1", "≥ 0 for dual"]),
+    (["generate", "x", "--cache", "prefix", "--refresh-every", "-1"], 2, ["--refresh-every -1", "≥ 0 for prefix"]),
+    (["generate", "x", "--temperature", "inf"], 2, ["--temperature inf", "finite"]),
+    (["generate", "x", "--tau", "nan"], 2, ["tau=nan", "not NaN"]),
+    (["trace-drift", "x", "--volatility-level", "nan"], 2, ["--volatility-level nan", "> 0"]),
+    (["trace-drift", "x", "--rows", "-1"], 2, ["--rows -1", "≥ 0"]),
+    (["profile", "x", "--limit", "1", "--policies", "none"], 2, ["--limit 1 with prompt arguments"]),
+    (["generate", "--task", "nosuch", "x"], 2, ["--task 'nosuch' is not a task", "arith"]),
+    (["generate", "--task", "arith", "--profile", "p.yaml", "x"], 2, ["--task arith and --profile p.yaml"]),
+])
+def test_bad_values_fail_before_loading(cli, tmp_path, args, code, needles):
+    res = cli(*args, "--model", tmp_path / "no-model", *SMALL)
+    one_line_error(res, code, *needles)
+
+
+@pytest.mark.parametrize("command", [["generate"], ["profile", "--policies", "none"], ["trace-drift"]])
+def test_input_file_together_with_prompt_arguments(cli, tmp_path, command):
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "a"}\n')
+    res = cli(command[0], "x", *command[1:], "--input", f, "--model", tmp_path / "no-model", *SMALL)
+    one_line_error(res, 2, f"--input {f}", "prompt argument", "one way")
+
+
+def test_task_without_a_profile(cli, profiles_dir, llada_dir):
+    res = cli("generate", "--task", "arith", "x", "--model", llada_dir, *SMALL)
+    one_line_error(res, 2, "--task arith: no calibrated profile", "arith.yaml", "ecache calibrate --task arith")
+
+
+def test_task_with_its_profile_uses_it(cli, profiles_dir, llada_dir):
+    from ecache_cli.config import canonical_model_name
+
+    d = profiles_dir / canonical_model_name(str(llada_dir))
+    d.mkdir()
+    (d / "arith.yaml").write_text("cache: {policy: entropy, tau: 0.25}\n")
+    res = cli("generate", "--task", "arith", "x", "--model", llada_dir, *SMALL, "--jsonl")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["settings"]["cache_params"]["tau"] == 0.25
+
+
+def test_flag_the_policy_does_not_use_warns_once(cli, llada_dir):
+    res = cli("generate", "x", "--cache", "dual", "--tau", "3", "--model", llada_dir, *SMALL)
+    plain = cli("generate", "x", "--cache", "dual", "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0 and plain.exit_code == 0, res.stderr
+    assert res.stderr.count("warning:") == 1
+    assert "warning: --tau is not used by --cache dual" in res.stderr and "ignored" in res.stderr
+    assert res.stdout == plain.stdout and plain.stderr == ""
+
+
+def test_profile_flag_no_policy_uses_warns(cli, llada_dir):
+    res = cli("profile", "x", "--policies", "none,dual", "--recent-k", "4", "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("warning: --recent-k is used by none of --policies none,dual; ignored") == 1
+
+
+@pytest.mark.parametrize("command", [["generate"], ["profile", "--policies", "none"], ["trace-drift"]])
+def test_empty_input_file_names_the_file(cli, llada_dir, tmp_path, command):
+    f = tmp_path / "empty.jsonl"
+    f.write_text("\n\n")
+    res = cli(*command, "--input", f, "--model", llada_dir, *SMALL)
+    line = one_line_error(res, 1, f"--input {f}", "holds no record", "'prompt'")
+    assert "stdin" not in line
+
+
+def test_trace_drift_with_empty_stdin_is_an_error(cli, llada_dir):
+    res = cli("trace-drift", "--model", llada_dir, *SMALL, input="")
+    one_line_error(res, 2, "no prompt given: stdin was empty")
+
+
+def _help(cli, *command) -> str:
+    res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0
+    return res.stdout
+
+
+@pytest.mark.parametrize("command", ["generate", "profile", "calibrate", "trace-drift"])
+def test_flags_show_no_value_and_every_option_a_default(cli, command):
+    import typer
+
+    text = _help(cli, command)
+    assert "<bool>" not in text
+    sub = typer.main.get_command(app).commands[command]
+    ctx = typer.Context(sub, info_name=command)
+    for p in sub.get_params(ctx):
+        if p.param_type_name != "option" or p.name == "help" or p.required:
+            continue
+        shown_by_typer = p.default is not None and p.default is not False and p.show_default is not False
+        assert shown_by_typer or "[default:" in (p.help or ""), (command, p.opts)
+    assert text.count("[default:") >= len([p for p in sub.params if p.param_type_name == "option" and not p.required])
+
+
+def test_jsonl_true_is_a_prompt_not_a_value(cli, llada_dir):
+    # --jsonl takes no value, and the help says so (no <bool>): `true` is a prompt
+    res = cli("generate", "--jsonl", "true", "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["prompt"] == "true"
+    assert "│ --jsonl  " in _help(cli, "generate") or "--jsonl   " in _help(cli, "generate")
+
+
+def test_steps_and_refresh_every_help_explain_threshold_and_policies(cli):
+    import typer
+
+    helps = {p.name: p.help for p in typer.main.get_command(app).commands["generate"].params}
+    assert "Under --threshold or --factor a block runs until it has no masks" in helps["steps"]
+    assert "llada schedule --steps is then only checked" in helps["steps"]
+    assert "dream schedule it sets the per-step quota" in helps["steps"]
+    for policy in ("prefix, dual:", "dkv:", "d2cache, elastic:", "under --threshold", "Not used by none, entropy"):
+        assert policy in helps["refresh_every"], policy
+    text = " ".join(_help(cli, "generate").split())
+    assert "Under --threshold or --factor" in text and "d2cache, elastic" in text
+
+
+# --- item 7: smaller ---------------------------------------------------------------------------------------
+
+def test_missing_model_hint_names_hf_download(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    res = cli("generate", "x", "--model", "llada-8b", *SMALL)
+    line = one_line_error(res, 1, "hf download GSAI-ML/LLaDA-8B-Instruct", "HF_HUB_OFFLINE")
+    assert "huggingface-cli" not in line
+
+
+def test_model_name_that_is_also_a_local_folder_uses_the_folder(cli, llada_dir, tmp_path, monkeypatch):
+    shutil.copytree(llada_dir, tmp_path / "llada-tiny")
+    monkeypatch.chdir(tmp_path)
+    res = cli("generate", "Sort: 3 1", "--model", "llada-tiny", *SMALL, "--cache", "none")
+    direct = cli("generate", "Sort: 3 1", "--model", llada_dir, *SMALL, "--cache", "none")
+    assert res.exit_code == 0 and direct.exit_code == 0, res.stderr
+    assert f"note: --model llada-tiny: using the checkpoint folder {tmp_path / 'llada-tiny'}" in res.stderr
+    assert res.stdout == direct.stdout  # the random checkpoint's text, not the embedded model's
+
+
+def _point(tau, speedup, wall, score=None, fidelity=1.0):
+    from ecache_cli.runs.tau_search import Point
+
+    kw = dict(tau=tau, n=4, score=score, fidelity=fidelity, identical=fidelity, speedup=speedup, speedup_wall=wall,
+              tokens_per_s=10.0, refresh_rate=0.5, nfe=16.0, cost=100.0, wall_s=1.0)
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(Point)}
+    return Point(**{k: v for k, v in kw.items() if k in names})
+
+
+def test_calibrate_warns_when_wall_clock_disagrees_with_the_proxy():
+    from ecache_cli.runs.calib_report import wall_warnings
+
+    ok = SimpleNamespace(points=[_point(0.5, 2.0, 1.8), _point(1.0, 3.0, 2.5)])
+    assert wall_warnings(ok) == []
+    bad = SimpleNamespace(points=[_point(0.5, 2.0, 1.8), _point(1.0, 1.5, 6.0), _point(2.0, 3.0, 0.5)])
+    (line,) = wall_warnings(bad)
+    assert line.startswith("warning: the wall-clock speedup disagrees with the cost proxy")
+    assert "τ 1 (6.00× wall vs 1.50× proxy)" in line and "τ 2 (0.50× wall vs 3.00× proxy)" in line
+    assert "τ 0.5" not in line
+
+
+def test_sweep_table_shows_fidelity_as_the_metric():
+    from rich.console import Console
+
+    from ecache_cli.runs.calib_report import sweep_table
+
+    base = _point(None, 1.0, 1.0, score=None, fidelity=1.0)
+    pts = [_point(0.5, 2.0, 1.9, score=None, fidelity=0.9)]
+    outcome = SimpleNamespace(base=base, points=pts, frontier=[], choice=SimpleNamespace(point=None))
+    con = Console(width=250, record=True, file=open(os.devnull, "w"))
+    con.print(sweep_table(outcome, "fidelity", 0.01, None))
+    text = con.export_text()
+    header = next(ln for ln in text.splitlines() if "Δ pts" in ln)
+    assert header.index("fidelity %") < header.index("Δ pts") < header.index("score %")
+    rows = [[c.strip() for c in ln.replace("┃", "│").split("│")[1:-1]] for ln in text.splitlines() if "│" in ln]
+    cells = next(r for r in rows if r and r[0] == "0.5")
+    assert cells[1] == "90.0" and cells[2] == "-10.0"  # fidelity and its change where the metric is shown
+
+
+def test_commands_do_not_import_cli_and_register_in_one_place():
+    for f in (ROOT / "ecache_cli" / "commands").glob("*.py"):
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").endswith("cli"), (f.name, node.module)
+            if isinstance(node, ast.Attribute) and node.attr == "command":
+                assert not (isinstance(node.value, ast.Name) and node.value.id == "app"), f.name
+    import typer
+
+    assert set(typer.main.get_command(app).commands) == {"generate", "profile", "calibrate", "trace-drift"}

@@ -1,0 +1,156 @@
+"""The lm-eval adapter (``--model ecache``) on the embedded model, through lm-eval's own API.
+
+The task YAMLs (``tests/lm_eval_tasks``) hold held-out ``list`` examples; answers are compared with
+``ecache generate`` on the same prompts and settings, never with hard-coded strings (the embedded
+model is retrained from time to time).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from ecache_cli.cli import app  # noqa: E402
+from ecache_cli.errors import UsageError  # noqa: E402
+from ecache_cli.evaluation.likelihood import mask_counts, mc_loglikelihood  # noqa: E402
+from ecache_cli.evaluation.lm_eval_adapter import EcacheLM, cut_at  # noqa: E402
+
+TASKS = Path(__file__).parent / "lm_eval_tasks"
+ARGS = "model=tiny,device=cpu,mc_num=16,mc_batch_size=8"
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    """One lm-eval run of both test tasks (generate_until and multiple choice) with samples logged."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_DATASETS_OFFLINE", "1")  # the tasks' data is built in memory: nothing to download
+    out = tmp_path_factory.mktemp("lm_eval") / "speed.json"
+    try:
+        res = lm_eval.simple_evaluate(model="ecache", model_args=f"{ARGS},stats_out={out}",
+                                      tasks=["ecache_list", "ecache_list_mc"],
+                                      task_manager=TaskManager(include_path=str(TASKS)), log_samples=True)
+    finally:
+        mp.undo()
+    return res, out
+
+
+def generate_jsonl(prompts: list[str], *flags: str) -> list[dict]:
+    res = CliRunner().invoke(app, ["generate", "--jsonl", "-q", *flags, *prompts])
+    assert res.exit_code == 0, res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def test_generate_until_gives_the_answers_of_ecache_generate(evaluated, profiles_dir):
+    res, _ = evaluated
+    samples = res["samples"]["ecache_list"]
+    prompts = [s["arguments"][0][0] for s in samples]
+    until = samples[0]["arguments"][0][1]["until"]
+    # the task asks max_gen_toks 32: one 32-token block, everything else at generate's defaults
+    want = [cut_at(r["text"], until) for r in generate_jsonl(prompts, "--gen-length", "32")]
+    got = [s["resps"][0][0] for s in samples]
+    assert got == want
+    assert any(w.strip() for w in want)  # not a comparison of empty strings
+    exact = sum(g.strip() == s["target"].strip() for g, s in zip(got, samples)) / len(samples)
+    assert res["results"]["ecache_list"]["exact_match,none"] == pytest.approx(exact)
+
+
+def test_speed_stats_sit_beside_the_scores(evaluated):
+    res, out = evaluated
+    speed = res["config"]["ecache"]["speed"]
+    on_disk = json.loads(out.read_text())
+    assert on_disk["speed"]["generate_until"] == json.loads(json.dumps(speed["generate_until"]))
+    gen = speed["generate_until"]
+    assert gen["requests"] == len(res["samples"]["ecache_list"]) and gen["world_size"] == 1
+    assert gen["tokens_per_s"] == pytest.approx(gen["generated_tokens"] / gen["wall_s"])
+    assert gen["refresh_rate"] == pytest.approx(gen["full_forwards"] / gen["nfe"])
+    assert 0 < gen["refresh_rate"] < 1  # entropy (the default cache) refreshed some steps, not all
+    ll = speed["loglikelihood"]
+    assert ll["requests"] == 2 * len(res["samples"]["ecache_list_mc"]) and ll["forwards"] == ll["requests"] * 2
+    assert on_disk["manifest"]["settings"]["cache"] == "entropy"
+
+
+def test_loglikelihood_prefers_the_right_answer_through_lm_eval(evaluated):
+    res, _ = evaluated
+    for s in res["samples"]["ecache_list_mc"]:
+        (right, _), (wrong, _) = (r[0] for r in s["resps"])
+        assert right > wrong, (s["doc"], right, wrong)
+    assert res["results"]["ecache_list_mc"]["acc,none"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return EcacheLM.create_from_arg_string(ARGS + ",cache=none,batch_size=2")
+
+
+def test_stop_strings_end_rows_early_with_the_same_prefix(adapter, profiles_dir):
+    (full,) = generate_jsonl(["Sort: 9 3 7 1"], "--gen-length", "32", "--cache", "none")
+    assert " " in full["text"], full["text"]  # the cut below must remove something
+    req = Instance("generate_until", {}, ("Sort: 9 3 7 1", {"until": [" "], "max_gen_toks": 32}), 0)
+    (text,) = adapter.generate_until([req])
+    assert text == cut_at(full["text"], [" "]) and text != full["text"]
+    assert adapter.speed["generate_until"]["nfe"] <= full["stats"]["nfe"]
+
+
+def test_loglikelihood_is_deterministic_and_ranks_answers(adapter):
+    reqs = [Instance("loglikelihood", {}, ("Reverse: 4 5 6", c), 0) for c in ("6 5 4", "zq xv kw", "6 5 4")]
+    (a, greedy), (b, _), (c, _) = adapter.loglikelihood(reqs)
+    assert a == c and a > b and greedy is False
+    assert a < 0
+
+
+def test_mc_estimate_follows_llada_sampler(adapter):
+    import torch
+
+    m = mask_counts(10, 8, torch.Generator().manual_seed(0))
+    assert m.shape == (8,) and int(m.min()) >= 1 and int(m.max()) <= 10
+    assert len(set(m.tolist())) == 8  # stratified: 8 distinct counts spread over 1..10
+    lm = adapter.lm
+    prefix = lm.tokenizer("Sort: 3 1", add_special_tokens=False)["input_ids"]
+    target = lm.tokenizer(" 1 3", add_special_tokens=False)["input_ids"]
+    one = mc_loglikelihood(lm.model, lm.spec, prefix, target, 8, 8, torch.Generator().manual_seed(1))
+    two = mc_loglikelihood(lm.model, lm.spec, prefix, target, 8, 4, torch.Generator().manual_seed(1))
+    assert one < 0 and two < 0 and one != two  # another batching draws other masks: a different sample
+    with pytest.raises(UsageError, match="mc_batch_size=3 must be ≥ 1 and divide mc_num=8"):
+        mc_loglikelihood(lm.model, lm.spec, prefix, target, 8, 3)
+
+
+def test_bad_model_args_are_one_line_errors(profiles_dir):
+    with pytest.raises(UsageError, match=r"model_args: taux=0\.5 is not an ecache setting"):
+        EcacheLM.create_from_arg_string("model=tiny,device=cpu,taux=0.5")
+    with pytest.raises(UsageError, match="batch_size='big' must be an integer"):
+        EcacheLM.create_from_arg_string("model=tiny,device=cpu", {"batch_size": "big"})
+    with pytest.raises(UsageError, match="--cache 'nope' is not a cache policy"):
+        EcacheLM.create_from_arg_string("model=tiny,device=cpu,cache=nope")
+
+
+def test_the_entry_point_names_the_adapter():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="lm_eval.models") if e.name == "ecache"]
+    assert ep.load() is EcacheLM
+
+
+def test_greedy_check_recognises_the_greedy_continuation(profiles_dir):
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig
+
+    lm = EcacheLM.create_from_arg_string(ARGS + ",greedy_check=true")
+    prompt = "Reverse: 4 5 6"
+    prefix = lm._encode_context(prompt)
+    run = lm.engine.start([prefix], DecodeConfig(gen_length=6, block_length=6, steps=6, early_exit=False),
+                          make_policy("none"))
+    for _ in run:
+        pass
+    greedy_ids = run.results()[0].token_ids
+    continuation = lm.tokenizer.decode(greedy_ids)
+    assert lm.tokenizer(continuation, add_special_tokens=False)["input_ids"] == greedy_ids  # round trip
+    reqs = [Instance("loglikelihood", {}, (prompt, c), 0) for c in (continuation, "zq xv kw")]
+    (_, is_greedy), (_, other) = lm.loglikelihood(reqs)
+    assert is_greedy is True and other is False

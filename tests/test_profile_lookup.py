@@ -1,0 +1,88 @@
+"""Where profiles are written and found (issue 15 item 3): calibrate writes ./profiles of the current
+directory; generate --task looks up --profile > ./profiles > the user's config folder > the package."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import ecache_cli
+from ecache_cli.cli import app
+from ecache_cli.config import (find_profile, packaged_profiles_dir, profile_candidates, profile_dirs, profile_path,
+                               user_profiles_dir)
+
+PACKAGE = Path(ecache_cli.__file__).resolve().parent
+SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A user with an empty working directory and config folder, no $ECACHE_PROFILES."""
+    work, config = tmp_path / "work", tmp_path / "config"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("ECACHE_PROFILES", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    return work, config / "ecache" / "profiles"
+
+
+def write(path: Path, tau: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"model": "x", "task": "list", "cache": {"policy": "entropy", "tau": tau}}))
+    return path
+
+
+def test_lookup_order_and_write_target(home):
+    work, user = home
+    assert profile_dirs() == [work / "profiles", user, PACKAGE / "profiles"]
+    assert user_profiles_dir() == user and packaged_profiles_dir() == PACKAGE / "profiles"
+    shipped = PACKAGE / "profiles" / "tiny" / "list.yaml"
+    assert shipped.is_file() and find_profile("tiny", "list") == shipped  # the calibrated profile ships
+    assert find_profile("tiny", "llada-tiny-nothing") is None
+    mine = write(user / "tiny" / "list.yaml", 1.5)
+    assert find_profile("tiny", "list") == mine
+    here = write(work / "profiles" / "tiny" / "list.yaml", 2.5)
+    assert find_profile("tiny", "list") == here
+    assert profile_candidates("tiny", "list") == [here, mine, shipped]
+    # calibrate writes into the current directory, never into the package
+    assert profile_path("tiny", "list") == here and PACKAGE not in profile_path("tiny", "list").parents
+
+
+def test_generate_task_takes_the_first_profile_found(home, llada_dir):
+    work, user = home
+    model = llada_dir.name  # profiles are filed under the checkpoint folder's name
+    run = lambda *a: CliRunner().invoke(app, ["generate", "abc", "--model", str(llada_dir), *SMALL, "--jsonl", *a])  # noqa: E731
+    write(user / model / "list.yaml", 1.5)
+    res = run("--task", "list")
+    assert res.exit_code == 0, res.stderr
+    s = json.loads(res.stdout)["settings"]
+    assert s["cache_params"]["tau"] == 1.5 and s["profile"] == str(user / model / "list.yaml")
+    write(work / "profiles" / model / "list.yaml", 2.5)
+    assert json.loads(run("--task", "list").stdout)["settings"]["cache_params"]["tau"] == 2.5
+    explicit = write(work / "elsewhere.yaml", 0.5)
+    assert json.loads(run("--profile", str(explicit)).stdout)["settings"]["cache_params"]["tau"] == 0.5
+    assert json.loads(run("--profile", "list").stdout)["settings"]["cache_params"]["tau"] == 2.5  # NAME: same order
+
+
+def test_task_without_any_profile_names_every_place_it_looked(home, llada_dir):
+    work, user = home
+    res = CliRunner().invoke(app, ["generate", "abc", "--model", str(llada_dir), *SMALL, "--task", "arith"])
+    assert res.exit_code == 2
+    line = res.stderr.strip()
+    for d in (work / "profiles", user, PACKAGE / "profiles"):
+        assert str(d / llada_dir.name / "arith.yaml") in line, line
+
+
+def test_calibrate_writes_under_the_current_directory(home, llada_dir):
+    work, user = home
+    res = CliRunner().invoke(app, ["calibrate", "--model", str(llada_dir), "--task", "list", "--limit", "2", "--metric",
+                                   "fidelity", "--max-drop", "100", "--grid", "2", "--refine", "0", *SMALL])
+    assert res.exit_code == 0, res.stderr
+    prof = yaml.safe_load((work / "profiles" / llada_dir.name / "list.yaml").read_text())
+    assert prof["model"] == llada_dir.name and prof["task"] == "list" and prof["cache"]["tau"] > 0
+    assert (work / "profiles" / llada_dir.name / ".list.calib.jsonl").is_file()
+    assert not user.exists()  # the user's folder is read, never written

@@ -1,0 +1,128 @@
+"""The committed training state of the embedded model: format, size, exact resume, and scripts/train_gpu.sh.
+
+scripts/tiny_train_state.pt is what a later run (on this CPU or a lent GPU) resumes from; these tests
+keep it loadable, within its 20 MB budget, consistent with the shipped weights, and resumable
+bit for bit. Every run here writes under tmp_path: the committed state is only read.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = REPO / "scripts" / "tiny_train_state.pt"
+TINY = REPO / "ecache_cli" / "data" / "tiny"
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("train_tiny", REPO / "scripts" / "train_tiny.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["train_tiny"] = mod  # dataclasses look their module up there
+    if str(REPO / "scripts") not in sys.path:  # spawned data workers import it by name
+        sys.path.insert(0, str(REPO / "scripts"))
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def train_tiny():
+    return _train_module()
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory):
+    """A copy of the committed state taken once (a training run may replace the file meanwhile)."""
+    dst = tmp_path_factory.mktemp("state") / "state.pt"
+    shutil.copyfile(STATE, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def state(train_tiny, snapshot):
+    return train_tiny.load_state(snapshot)
+
+
+def test_state_is_one_file_within_budget(state):
+    assert STATE.stat().st_size <= 20_000_000
+    assert state["step"] > 0 and state["stats"]["tokens"] > 0
+    for key in ("model", "ema", "opt", "stream", "cfg", "torch_rng", "py_rng", "history"):
+        assert key in state, key
+    assert any("eval" in h for h in state["history"]), "the state records its held-out evaluations"
+
+
+def test_shipped_weights_are_the_states_ema(state, train_tiny):
+    """The exported model is the committed state's EMA weights (what the next run continues from)."""
+    shipped = load_file(str(TINY / "model.safetensors"))
+    assert set(shipped) == set(state["ema"])
+    for k, v in shipped.items():
+        assert torch.equal(v.float(), state["ema"][k].float()), k
+    assert state["tokenizer_sha256"] == train_tiny.tokenizer_sha256(TINY)
+
+
+def _run(train_tiny, state_path: Path, log: Path, steps: int) -> None:
+    train_tiny.main(["--state", str(state_path), "--max-new-steps", str(steps), "--log", str(log),
+                     "--save-every-min", "1000", "--adapt-every-min", "1000", "--threads", "1"])
+
+
+def test_resume_is_exact(train_tiny, snapshot, state, tmp_path):
+    """2 + 2 steps with a save/load in between give the same weights, optimizer and EMA as 4 steps."""
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    shutil.copyfile(snapshot, a)
+    shutil.copyfile(snapshot, b)
+    _run(train_tiny, a, tmp_path / "a.log", 4)
+    _run(train_tiny, b, tmp_path / "b.log", 2)
+    _run(train_tiny, b, tmp_path / "b.log", 2)
+    sa, sb = train_tiny.load_state(a), train_tiny.load_state(b)
+    assert sa["step"] == sb["step"] == state["step"] + 4
+    assert sa["stream"] == sb["stream"]
+    for part in ("model", "ema"):
+        for k in sa[part]:
+            assert torch.equal(sa[part][k], sb[part][k]), (part, k)
+    moved = [k for k in sa["model"] if not torch.equal(sa["model"][k], state["model"][k])]
+    assert moved, "training changed no weight"
+    for pid, st in sa["opt"]["state"].items():
+        assert torch.equal(st["exp_avg"], sb["opt"]["state"][pid]["exp_avg"])
+
+
+def test_data_workers_build_the_same_batches(train_tiny, snapshot, tmp_path):
+    """Pools built ahead in worker processes (GPU runs) are the batches the training process builds."""
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    shutil.copyfile(snapshot, a)
+    shutil.copyfile(snapshot, b)
+    _run(train_tiny, a, tmp_path / "a.log", 2)
+    train_tiny.main(["--state", str(b), "--max-new-steps", "2", "--log", str(tmp_path / "b.log"),
+                     "--save-every-min", "1000", "--adapt-every-min", "1000", "--threads", "1", "--data-workers", "1"])
+    sa, sb = train_tiny.load_state(a), train_tiny.load_state(b)
+    assert sa["stream"] == sb["stream"]
+    for k in sa["model"]:
+        assert torch.equal(sa["model"][k], sb["model"][k]), k
+
+
+def test_train_gpu_script_runs_on_cpu(snapshot, state, tmp_path):
+    """scripts/train_gpu.sh on the CPU for 2 steps: state parts + exported model under $OUT, joinable."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), TRAIN_DEVICE="cpu", TRAIN_STEPS="2", PYTHON=sys.executable,
+               OMP_NUM_THREADS="1", TRAIN_STATE=str(snapshot))
+    r = subprocess.run(["bash", str(REPO / "scripts" / "train_gpu.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    parts = sorted(out.glob("tiny_train_state.pt.part*"))
+    assert len(parts) == 2 and all(p.stat().st_size <= 16 * 2**20 for p in parts)
+    joined = tmp_path / "joined.pt"
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    st = _train_module().load_state(joined)
+    assert st["step"] == state["step"] + 2
+    exported = load_file(str(out / "tiny" / "model.safetensors"))
+    for k, v in exported.items():
+        assert torch.equal(v, st["ema"][k]), k
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [p.name for p in parts] + ["tiny", "train.jsonl", "train.log"])
