@@ -57,11 +57,37 @@ def _bare_flags(params: list) -> list:
     return params
 
 
+#: The narrowest ``--help`` is rendered: below it rich's option tables cut the longest option names
+#: (``--low-eos-confiden…``); 96 columns are the least that shows every name whole, so a narrower
+#: terminal wraps the help lines instead of losing a flag's name.
+HELP_MIN_WIDTH = 100
+
+
+def _wide_help(format_help, ctx, formatter):
+    """Render typer's rich help at least :data:`HELP_MIN_WIDTH` wide (the terminal's width when wider;
+    ``$TERMINAL_WIDTH``, typer's own setting, wins when given)."""
+    import shutil
+
+    from typer import rich_utils
+
+    old = rich_utils.MAX_WIDTH
+    if old is None:
+        rich_utils.MAX_WIDTH = max(HELP_MIN_WIDTH, shutil.get_terminal_size((80, 24)).columns)
+    try:
+        return format_help(ctx, formatter)
+    finally:
+        rich_utils.MAX_WIDTH = old
+
+
 class EcacheCommand(TyperCommand):
-    """A subcommand whose flags show no value placeholder in ``--help``."""
+    """A subcommand whose flags show no value placeholder in ``--help``, and whose help never cuts an
+    option name."""
 
     def get_params(self, ctx):
         return _bare_flags(super().get_params(ctx))
+
+    def format_help(self, ctx, formatter):
+        return _wide_help(super().format_help, ctx, formatter)
 
 
 class EcacheGroup(TyperGroup):
@@ -91,6 +117,9 @@ class EcacheGroup(TyperGroup):
     def get_params(self, ctx):
         return _bare_flags(super().get_params(ctx))
 
+    def format_help(self, ctx, formatter):
+        return _wide_help(super().format_help, ctx, formatter)
+
 
 app = typer.Typer(
     name="ecache", cls=EcacheGroup, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
@@ -109,9 +138,15 @@ def _quiet_stdout() -> None:
         pass
 
 
-def handle_errors(fn):
-    """Run a command body; EcacheError → one red line on stderr and its exit code; Ctrl-C → exit 130;
-    a closed stdout pipe → quiet exit 0; an unwritable stdout (full device) → one line, exit 1."""
+#: What Ctrl-C leaves behind: records already written stay, except where a command says otherwise.
+KEPT = "interrupted; records written so far are kept"
+INTERRUPTED = {"profile": "interrupted; the table and --json were not written (profile writes them only at the end)"}
+
+
+def handle_errors(fn, interrupted: str = KEPT):
+    """Run a command body; EcacheError → one red line on stderr and its exit code; Ctrl-C → exit 130
+    with ``interrupted`` (what the command has written by then); a closed stdout pipe → quiet exit 0;
+    an unwritable stdout (full device) → one line, exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -126,7 +161,7 @@ def handle_errors(fn):
             error(str(e))
             raise typer.Exit(code=e.exit_code) from None
         except KeyboardInterrupt:
-            error("interrupted; records written so far are kept")
+            error(interrupted)
             raise typer.Exit(code=130) from None
         except BrokenPipeError:
             _quiet_stdout()
@@ -158,7 +193,7 @@ def _register() -> None:
 
     for name, fn in (("generate", generate.generate), ("profile", profile.profile_cmd),
                      ("calibrate", calibrate.calibrate_cmd), ("trace-drift", trace_drift.trace_drift_cmd)):
-        app.command(name, cls=EcacheCommand)(handle_errors(fn))
+        app.command(name, cls=EcacheCommand)(handle_errors(fn, INTERRUPTED.get(name, KEPT)))
 
 
 _register()

@@ -96,9 +96,11 @@ def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:
             cand.append(d / f"{name_or_path}.yaml")
             if model is not None:
                 cand.append(d / canonical_model_name(model) / f"{name_or_path}.yaml")
+    cand = list(dict.fromkeys(cand))  # each place once (e.g. $ECACHE_PROFILES set to the user's folder)
     path = next((c for c in cand if c.is_file()), None)
     if path is None:
-        raise ConfigError(f"profile {str(name_or_path)!r} not found (looked at {', '.join(str(c) for c in cand)}); "
+        what = "is a folder, not a profile" if Path(name_or_path).is_dir() else "not found"
+        raise ConfigError(f"profile {str(name_or_path)!r} {what} (looked at {', '.join(str(c) for c in cand)}); "
                           "run `ecache calibrate` to write one or pass a YAML file")
     try:
         data = yaml.safe_load(path.read_text()) or {}

@@ -42,7 +42,7 @@ Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply th
 BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=D)]
 Seed = Annotated[int, typer.Option(help="Random seed (sampling and remasking).", rich_help_panel=D)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr \\[default: off].", rich_help_panel=O)]
-InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL file with a 'prompt' (or 'messages', or 'prompt_ids': token ids used as they are) field per line \\[default: none: prompt arguments or stdin].", rich_help_panel=O)]
+InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL file with a 'prompt' (or 'messages', or 'prompt_ids': token ids used as they are) field per line; - reads the records from stdin \\[default: none: prompt arguments or stdin].", rich_help_panel=O)]
 
 
 def decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,

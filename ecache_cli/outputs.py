@@ -51,6 +51,10 @@ def _probe(folder: Path, flag: str, path) -> None:
         raise DataError(f"{flag} {path}: cannot write in {folder} ({e.strerror}); choose another path") from None
 
 
+#: The file name suggested when an output flag is given a folder: each flag's expected suffix.
+EXAMPLE_NAMES = {"--plot": "plot.png", "--jsonl": "trace.jsonl", "--run-file": "run.jsonl", "--out": "profile.yaml"}
+
+
 def check_file(path, flag: str, announce: bool = True) -> Path | None:
     """Make sure output file ``path`` can be written (``None`` and ``-``, stdout, pass); returns it.
     ``announce``: name a created folder on stderr (off for ecache's default locations)."""
@@ -58,7 +62,7 @@ def check_file(path, flag: str, announce: bool = True) -> Path | None:
         return path
     p = Path(path).expanduser()
     if p.is_dir():
-        raise UsageError(f"{flag} {path} is a folder; give a file name (e.g. {p / 'out.json'})")
+        raise UsageError(f"{flag} {path} is a folder; give a file name (e.g. {p / EXAMPLE_NAMES.get(flag, 'out.json')})")
     _make_folder(p.parent, flag, path, announce)
     if p.exists():
         if not os.access(p, os.W_OK):

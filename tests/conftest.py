@@ -115,3 +115,18 @@ def profiles_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ECACHE_PROFILES", str(d))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # nor the user's own (platformdirs)
     return d
+
+
+@pytest.fixture
+def cli(profiles_dir):
+    """Invoke ``ecache`` in-process with no project profiles: ``cli(*args, input=None)`` -> click's Result."""
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    runner = CliRunner()
+
+    def invoke(*args, input=None):
+        return runner.invoke(app, [str(a) for a in args], input=input)
+
+    return invoke

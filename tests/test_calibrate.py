@@ -9,9 +9,7 @@ import json
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from ecache_cli.cli import app
 from ecache_cli.errors import UsageError
 from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_store import RunFile
@@ -251,12 +249,6 @@ def test_resume_with_other_settings_is_an_error(llada_lm, tmp_path, profiles_dir
 
 
 # --- the command end to end --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli(profiles_dir):
-    runner = CliRunner()
-    return lambda *args: runner.invoke(app, [str(a) for a in args])
 
 
 def test_calibrate_writes_a_profile_that_generate_uses(cli, llada_dir, profiles_dir, tmp_path):

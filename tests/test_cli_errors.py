@@ -21,31 +21,11 @@ import yaml
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
+from cli_helpers import one_line_error
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED = ROOT / "ecache_cli" / "data" / "tiny"
-
-
-@pytest.fixture
-def cli(profiles_dir):
-    runner = CliRunner()
-
-    def invoke(*args, input=None):
-        return runner.invoke(app, [str(a) for a in args], input=input)
-
-    return invoke
-
-
-def one_line_error(result, code: int, *needles: str) -> str:
-    """The result exited with ``code`` and printed exactly one ``error:`` line holding every needle."""
-    assert result.exit_code == code, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
-    lines = [ln for ln in result.stderr.strip().splitlines() if not ln.startswith(("note:", "warning:"))]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr and "╭" not in result.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 # --- item 1: tracebacks -> one-line errors -------------------------------------------------------------
@@ -411,3 +391,144 @@ def test_commands_do_not_import_cli_and_register_in_one_place():
     import typer
 
     assert set(typer.main.get_command(app).commands) == {"generate", "profile", "calibrate", "trace-drift"}
+
+
+# --- new-user trial: bad values and odd inputs ------------------------------------------------------------
+
+@pytest.mark.parametrize("raise_, code, needles", [
+    ("usage", 2, ["--cache 'foo' is not a cache policy"]),
+    ("model", 1, ["/nonexistent"]),
+])
+def test_ecache_lm_eval_prints_ecache_errors_on_one_line(monkeypatch, capsys, raise_, code, needles):
+    """``ecache-lm-eval``: an EcacheError raised inside lm-eval's CLI (here by the code paths the adapter
+    calls for ``cache=foo`` and ``model=/nonexistent``) is one ``error:`` line and its exit code."""
+    import types
+
+    from ecache_cli.evaluation import __main__ as entry
+
+    def cli_evaluate():
+        if raise_ == "usage":
+            from ecache_cli.runs.common import resolve_settings
+
+            resolve_settings("tiny", {}, {"policy": "foo"})
+        from ecache_cli.models.loader import load_model
+
+        load_model("/nonexistent", "cpu", "auto")
+
+    monkeypatch.setitem(sys.modules, "lm_eval", types.ModuleType("lm_eval"))
+    monkeypatch.setitem(sys.modules, "lm_eval.__main__", types.SimpleNamespace(cli_evaluate=cli_evaluate))
+    monkeypatch.setitem(sys.modules, "ecache_cli.evaluation.lm_eval_adapter", types.ModuleType("adapter"))
+    with pytest.raises(SystemExit) as exc:
+        entry.main()
+    assert exc.value.code == code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+@pytest.mark.parametrize("record, needles", [
+    ({"prompt": "a", "messages": [{"role": "user", "content": "a"}]}, ["give one of prompt, messages, prompt_ids"]),
+    ({"prompt": "a", "prompt_ids": [1, 2]}, ["give one of prompt, messages, prompt_ids"]),
+    ({"messages": []}, ["'messages' is empty"]),
+    ({"prompt": ""}, ["'prompt' is empty"]),
+    ({"prompt": "  \t "}, ["'prompt' is empty"]),
+])
+def test_bad_input_record_names_file_and_line(cli, llada_dir, tmp_path, record, needles):
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "abc"}\n' + json.dumps(record) + "\n")
+    res = cli("generate", "--input", f, "--model", llada_dir, *SMALL)
+    one_line_error(res, 1, f"{f}:2: ", *needles)
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+@pytest.mark.parametrize("chat", ["--chat", "--no-chat"])
+def test_empty_prompt_argument_is_a_usage_error(cli, llada_dir, prompt, chat):
+    res = cli("generate", prompt, "--model", llada_dir, "--gen-length", "16", "--block-length", "8", "-q", chat)
+    one_line_error(res, 2, "prompt argument 1", "a prompt is empty; give at least one token of text")
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--top-k", "5"], "warning: --top-k does nothing at temperature 0"),
+    (["--top-p", "0.9"], "warning: --top-p does nothing at temperature 0"),
+    (["--top-k", "5", "--top-p", "0.9"], "warning: --top-k and --top-p do nothing at temperature 0"),
+])
+def test_sampling_flags_at_temperature_0_warn_once(cli, llada_dir, flags, needle):
+    res = cli("generate", "x", *flags, "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("warning:") == 1 and needle in res.stderr, res.stderr
+    sampled = cli("generate", "x", *flags, "--temperature", "1", "--model", llada_dir, *SMALL)
+    assert sampled.exit_code == 0 and "warning" not in sampled.stderr, sampled.stderr
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["generate", "x", "--threshold", "1.5"], ["--threshold 1.5", "(0, 1]"]),
+    (["generate", "x", "--tau", "-0.5"], ["--tau -0.5", "≥ 0", "nats"]),
+    (["calibrate", "--task", "list", "--taus", "0.5,-1", "--dry-run"], ["--taus", "-1.0", "≥ 0"]),
+])
+def test_out_of_range_threshold_and_tau(cli, tmp_path, args, needles):
+    res = cli(*args, "--model", tmp_path / "no-model", *SMALL)
+    one_line_error(res, 2, *needles)
+
+
+def test_threshold_1_is_accepted(cli, llada_dir):
+    res = cli("generate", "x", "--threshold", "1", "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0, res.stderr
+
+
+def test_profile_for_another_model_warns_naming_both(cli, llada_dir, tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("model: llada-8b\ncache: {policy: entropy, tau: 0.5}\n")
+    res = cli("generate", "x", "--profile", prof, "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("warning:") == 1, res.stderr
+    assert "'llada-8b'" in res.stderr and repr(str(llada_dir)) in res.stderr
+    same = tmp_path / "same.yaml"
+    same.write_text(f"model: {Path(llada_dir).name}\ncache: {{policy: entropy, tau: 0.5}}\n")
+    res = cli("generate", "x", "--profile", same, "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
+
+
+def test_plot_folder_suggests_a_png_name(cli, tmp_path):
+    res = cli("trace-drift", "x", "--plot", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    one_line_error(res, 2, f"--plot {tmp_path} is a folder", str(tmp_path / "plot.png"))
+
+
+@pytest.mark.parametrize("command", [["generate"], ["profile", "--policies", "none"], ["trace-drift"]])
+def test_input_folder_says_it_is_a_folder(cli, tmp_path, command):
+    res = cli(*command, "--input", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    line = one_line_error(res, 1, f"--input {tmp_path} is a folder; give a JSONL file")
+    assert "no such file" not in line
+
+
+def test_profile_folder_lookup_lists_each_place_once(cli, tmp_path):
+    res = cli("generate", "x", "--profile", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    line = one_line_error(res, 2, f"profile {str(tmp_path)!r} is a folder")
+    places = line.split("looked at ")[1].split(")")[0].split(", ")
+    assert len(places) == len(set(places)), places
+
+
+def test_interrupted_profile_does_not_claim_records_were_kept(cli, llada_dir, monkeypatch):
+    import ecache_cli.runs.profile as prof
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prof, "measure", interrupted)
+    res = cli("profile", "x", "--policies", "none", "--model", llada_dir, *SMALL)
+    line = one_line_error(res, 130, "interrupted; the table and --json were not written")
+    assert "kept" not in line
+
+
+def test_quiet_stream_warns_that_stream_is_ignored(cli, llada_dir):
+    res = cli("generate", "x", "--stream", "--model", llada_dir, *SMALL)  # SMALL has -q
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("warning:") == 1 and "warning: --stream is ignored under --quiet" in res.stderr
+
+
+def test_help_at_80_columns_shows_whole_option_names():
+    res = CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0
+    assert "--low-eos-confidence " in res.stdout and "--no-low-eos-confidence" in res.stdout
+    assert "…" not in res.stdout

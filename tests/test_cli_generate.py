@@ -2,43 +2,17 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from ecache_cli.cache import make_policy
-from ecache_cli.cli import app
 from ecache_cli.engine import DecodeConfig, Engine
+from cli_helpers import records, one_line_error
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 STAT_KEYS = {"nfe", "full_forwards", "partial_forwards", "tokens_computed", "generated_tokens", "tokens_per_s",
              "wall_s", "prompt_tokens"}
-
-
-@pytest.fixture
-def cli(profiles_dir):
-    """Invoke ``ecache`` in-process with no project profiles; returns click's Result."""
-    runner = CliRunner()
-
-    def invoke(*args, input=None):
-        return runner.invoke(app, [str(a) for a in args], input=input)
-
-    return invoke
-
-
-def records(result) -> list[dict]:
-    return [json.loads(line) for line in result.stdout.splitlines()]
-
-
-def one_line_error(result, code: int, *needles: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def test_help_lists_the_four_subcommands(cli):

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
+from cli_helpers import records
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3", "Sort: 5 2"]
@@ -26,11 +27,7 @@ def cli(profiles_dir):
     return invoke
 
 
-def records(res) -> list[dict]:
-    return [json.loads(line) for line in res.stdout.splitlines()]
-
-
-@pytest.mark.parametrize("policy", ["none", "entropy", "dual"])
+@pytest.mark.parametrize("policy", ["none", "entropy", "dual", "d2cache", "dllm-cache", "elastic"])
 def test_seed_gives_the_same_samples_at_every_batch_size(cli, llada_dir, policy):
     args = ["generate", *PROMPTS, "--model", llada_dir, *SMALL, "--temperature", "1", "--seed", "7", "--cache", policy,
             "--jsonl"]
@@ -80,3 +77,33 @@ def test_stream_shows_every_row_of_a_batch(profiles_dir, llada_dir):
     for i in range(3):
         assert f"[{i}] step " in res.stderr, res.stderr
     assert res.stdout == CliRunner().invoke(app, [*args, "-q"]).stdout  # the results are unchanged
+
+
+def test_input_dash_reads_jsonl_records_from_stdin(cli, llada_dir, tmp_path):
+    lines = [{"id": "a", "prompt": "Sort: 9 3 7 1"}, {"prompt": "abc", "gold": 1}]
+    stdin = "".join(json.dumps(r) + "\n" for r in lines)
+    f = tmp_path / "in.jsonl"
+    f.write_text(stdin)
+    got = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", "--input", "-", input=stdin))
+    want = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", "--input", f))
+    assert [(r["id"], r["line"], r["input"], r["text"]) for r in got] == [(r["id"], r["line"], r["input"], r["text"])
+                                                                          for r in want]
+    assert [r["prompt"] for r in got] == ["Sort: 9 3 7 1", "abc"]
+
+
+def test_bad_record_on_stdin_names_stdin_and_line(profiles_dir, llada_dir):
+    res = CliRunner().invoke(app, ["generate", "--model", str(llada_dir), *SMALL, "--input", "-"],
+                             input='{"prompt": "a"}\n{"prompt": "a", "messages": []}\n')
+    assert res.exit_code == 1
+    assert res.stderr.strip() == "error: stdin:2: the record has 'prompt' and 'messages'; give one of prompt, messages, prompt_ids"
+
+
+def test_crlf_stdin_and_bom_input_files(cli, llada_dir, tmp_path):
+    plain = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input="Sort: 9 3 7 1\nabc\n"))
+    crlf = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input="Sort: 9 3 7 1\r\nabc\r\n"))
+    assert [r["prompt"] for r in crlf] == ["Sort: 9 3 7 1", "abc"]
+    assert [r["token_ids"] for r in crlf] == [r["token_ids"] for r in plain]
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "Sort: 9 3 7 1"}\r\n{"prompt": "abc"}\r\n'.encode())
+    bom = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", "--input", f))
+    assert [(r["prompt"], r["token_ids"]) for r in bom] == [(r["prompt"], r["token_ids"]) for r in plain]

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.engine.core import _NO_RANGE
-from ecache_cli.cli import app
 from ecache_cli.runs.common import Settings, manifest
 from ecache_cli.runs.profile import ProfileOptions, ProfileReport, Request, measure, render_table, timing_warnings
 
@@ -123,12 +121,6 @@ def test_manifest_holds_reproducibility_fields(llada_lm):
     assert m["seed"] == 7 and m["dtype"] == "float32" and m["threads"] >= 1
     assert len(m["config_sha256"]) == 64 and m["settings"]["decode"]["gen_length"] == 16
     assert m["policies"] == ["none"]
-
-
-@pytest.fixture
-def cli(profiles_dir):
-    runner = CliRunner()
-    return lambda *args, input=None: runner.invoke(app, [str(a) for a in args], input=input)
 
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q", "--warmup", "0"]

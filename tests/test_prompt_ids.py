@@ -6,33 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from ecache_cli.cache import make_policy
-from ecache_cli.cli import app
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.errors import DataError
+from cli_helpers import records, one_line_error
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "-q", "--cache", "none", "--jsonl"]
-
-
-@pytest.fixture
-def cli(profiles_dir):
-    runner = CliRunner()
-    return lambda *args, input=None: runner.invoke(app, [str(a) for a in args], input=input)
-
-
-def records(result) -> list[dict]:
-    return [json.loads(line) for line in result.stdout.splitlines()]
-
-
-def one_line_error(result, code: int, *needles: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from scipy import stats
-from typer.testing import CliRunner
 
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.metrics.drift import VolatilityBins, correlation, cosine_drift
@@ -326,12 +325,6 @@ def test_table_condenses_to_strided_and_first_refresh_steps():
 
 
 # --- the command ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli(profiles_dir):
-    runner = CliRunner()
-    return lambda *args: runner.invoke(app_(), [str(a) for a in args])
 
 
 def app_():

@@ -46,8 +46,11 @@ class ForwardPlan:
 class CachePolicy:
     """Base class. Subclasses set ``name`` and override ``plan`` (and ``observe`` if they learn).
 
+    Decisions are per row: a row's plan depends on that row alone, counted in its own steps
+    (``state.own_steps()``, never the batch's ``state.step``), so a prompt decodes the same in any batch.
     Per-row bookkeeping kept as tensor attributes with the batch as first dimension is dropped for
-    finished rows by ``select_rows`` automatically.
+    finished rows by ``select_rows`` and set aside / restored for parked rows by ``take_rows`` /
+    ``append_rows`` automatically.
     """
 
     name = "base"
@@ -69,6 +72,17 @@ class CachePolicy:
         for k, v in vars(self).items():
             if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch:
                 setattr(self, k, v[keep])
+
+    def take_rows(self, rows: torch.Tensor, batch: int) -> dict:
+        """Rows ``rows`` (K,) of every per-row tensor attribute, for :meth:`append_rows` (the engine parks
+        a row that waits for the others, so its bookkeeping only moves on at its own steps)."""
+        return {k: v[rows] for k, v in vars(self).items()
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch}
+
+    def append_rows(self, taken: dict) -> None:
+        """Append rows taken by :meth:`take_rows` after the current rows."""
+        for k, v in taken.items():
+            setattr(self, k, torch.cat([getattr(self, k), v], 0))
 
     @staticmethod
     def targets_and_sources(state: DecodeState) -> torch.Tensor:

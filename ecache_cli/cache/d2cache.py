@@ -20,6 +20,11 @@ sums are computed exactly with one vector pass per layer (O(depth · S · T)) in
 product. The engine produces logits only for the current block, so masked positions outside it rank
 by density alone (unknown confidence = 1), as do block positions not yet scored. ``refresh_every``
 (0 = never, the paper) is our option, used to check that a forced refresh reproduces ``none``.
+
+Per row (d2Cache selects per sequence; our engine decides per row): the first step, ``refresh_every``
+and "committed at the previous step" count in the row's own steps (``state.own_steps()``), and the
+confidences and rollout importance are the row's own, summed over its real positions only (left
+padding adds nothing), so a prompt decodes the same alone or in any batch.
 """
 
 from __future__ import annotations
@@ -54,18 +59,21 @@ def certainty_density(decided: torch.Tensor, sigma: float) -> torch.Tensor:
     return F.conv1d(ext, kernel).squeeze(1)  # (B, G)
 
 
-def rollout_importance(pos: torch.Tensor, probs: list[torch.Tensor], length: int) -> torch.Tensor:
+def rollout_importance(pos: torch.Tensor, probs: list[torch.Tensor], length: int,
+                       real: torch.Tensor | None = None) -> torch.Tensor:
     """Column sums of the attention rollout R_{L-1} ⋯ R_0, (B, T) float32.
 
     ``pos`` (B, A) long query positions of the forward (padded by repeating the first), ``probs`` per
     layer (B, A, T) head-averaged attention rows. R_l is the identity for positions that were not
     queries and (a_i + e_i)/2 for query rows i (attention plus residual, rows renormalised), as in
     d2Cache; 1ᵀR_{L-1}⋯R_0 is accumulated from the last layer down, one (A × T) product per layer.
+    ``real`` (B, T) bool (the key mask) sums over the row's real positions only: left padding adds
+    nothing, so a row's importance is the same alone or padded inside a batch (None = every position).
     """
     B, A = pos.shape
     first = (torch.arange(A, device=pos.device) == 0) | (pos != pos[:, :1])  # (B, A) real entries
     is_query = torch.zeros(B, length, dtype=torch.bool, device=pos.device).scatter_(1, pos, True)
-    u = torch.ones(B, length, device=pos.device)
+    u = torch.ones(B, length, device=pos.device) if real is None else real.float()
     for a in reversed(probs):
         ui = u.gather(1, pos) * first  # (B, A)
         u = torch.where(is_query, 0.5 * u, u) + 0.5 * (ui[:, None, :] @ a).squeeze(1)
@@ -130,15 +138,20 @@ class D2Cache(CachePolicy):
         return out | state.sources(out)
 
     def plan(self, state: DecodeState) -> ForwardPlan:
-        B, dev = state.batch, state.tokens.device
-        due = self.importance is None or (self.refresh_every > 0 and state.step % self.refresh_every == 0)
-        if due:
-            full = torch.ones(B, dtype=torch.bool, device=dev)
-            return ForwardPlan(refresh=full, attn_rows=torch.ones_like(state.masked))
+        """Per row, in the row's own steps: its first step (and, with ``refresh_every``, every that many
+        of its steps) is a full forward whose attention rows cover its real positions; otherwise the two
+        stages above."""
+        steps = state.own_steps()  # (B,)
+        if self.importance is None:  # every row's first step
+            return ForwardPlan(refresh=torch.ones_like(steps, dtype=torch.bool), attn_rows=state.key_mask.clone())
+        refresh = steps == 0
+        if self.refresh_every > 0:
+            refresh = refresh | (steps % self.refresh_every == 0)
         compute = self.targets_and_sources(state) | self.masked_selection(state)
-        compute |= state.commit_step == state.step - 1  # committed at the previous step
+        compute |= state.commit_step == steps[:, None] - 1  # committed at the row's previous step
         compute |= nucleus(self.importance, self.rollout_p, state.key_mask & ~compute)
-        return ForwardPlan(refresh=torch.zeros(B, dtype=torch.bool, device=dev), compute=compute, attn_rows=compute)
+        attn = torch.where(refresh[:, None], state.key_mask, compute)
+        return ForwardPlan(refresh=refresh, compute=compute, attn_rows=attn)
 
     def observe(self, state: DecodeState, record: StepRecord) -> None:
         prob = torch.where(record.valid, record.prob.float(), 0.0)  # (B, R); padding repeats carry 0
@@ -146,4 +159,4 @@ class D2Cache(CachePolicy):
         hit = torch.zeros_like(state.tokens).scatter_add_(1, record.targets, record.valid.long()) > 0
         self.conf = torch.where(hit, scored, self.conf)
         pos, probs = record.attention
-        self.importance = rollout_importance(pos, probs, state.length)
+        self.importance = rollout_importance(pos, probs, state.length, state.key_mask)

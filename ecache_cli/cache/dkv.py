@@ -41,6 +41,6 @@ class DKVCache(CachePolicy):
     def plan(self, state: DecodeState) -> ForwardPlan:
         if state.step_in_block % self.refresh_every == 0:
             return ForwardPlan.full(state)
-        just_committed = state.commit_step == state.step - 1  # (B, T) committed at the previous step
+        just_committed = state.commit_step == state.own_steps()[:, None] - 1  # (B, T) at the row's previous step
         compute = state.masked | just_committed | self.targets_and_sources(state)
         return ForwardPlan(refresh=torch.zeros(state.batch, dtype=torch.bool, device=compute.device), compute=compute)

@@ -2,7 +2,10 @@
 with Adaptive Caching", arXiv 2506.06295, 2025; maomaocun/dLLM-Cache; spec/method.md §3).
 
 The prompt is refreshed every ``kp`` steps and the response (the generated positions) every ``kr``
-steps, counted over the whole request (step 0 refreshes both: a full forward). In between, only the
+steps, counted over the whole request (step 0 refreshes both: a full forward). The steps are each
+row's own (``state.own_steps()``; dLLM-Cache counts the denoising steps of its sequence): under
+threshold decoding a row that waits for the others takes no step, so kp / kr, the staleness ranking
+and the ρ selection are per row and a prompt decodes the same alone or in any batch. In between, only the
 fraction ``rho`` of response positions whose value vectors changed most are recomputed:
 ceil(rho · response length) positions with the lowest cosine similarity between a fresh V and the
 cached one. Defaults kp = 50, kr = 7, rho = 0.25: the paper's LLaDA-Instruct GSM8K setting.
@@ -70,22 +73,26 @@ class DLLMCache(CachePolicy):
             return out
         cos = torch.nn.functional.cosine_similarity(fresh[:, P:].float(), cached[:, P:].float(), dim=-1)
         change = 1.0 - cos  # (B, G)
-        age = (state.step - self.last[:, P:]).float() / (state.step + 2)  # (B, G) in (0, 1)
+        steps = state.own_steps()[:, None]  # (B, 1) the row's own step
+        age = (steps - self.last[:, P:]).float() / (steps + 2)  # (B, G) in (0, 1)
         key = torch.where(change > self.tol, 1.0 + change, age)
         idx = key.topk(min(k, key.shape[1]), dim=1).indices  # (B, k)
         out[:, P:] = torch.zeros_like(change, dtype=torch.bool).scatter_(1, idx, True)
         return out
 
     def plan(self, state: DecodeState) -> ForwardPlan:
+        """Per row, in the row's own steps: a row whose prompt and response are both due refreshes; one
+        whose prompt is due also computes the prompt; one whose response is due computes the response,
+        else its ρ selection."""
         P = state.prompt_len
-        prompt_due, response_due = state.step % self.kp == 0, state.step % self.kr == 0
-        no = torch.zeros(state.batch, dtype=torch.bool, device=state.tokens.device)
-        if prompt_due and response_due:
-            self.last.fill_(state.step)
-            return ForwardPlan(refresh=~no)
-        compute = self.targets_and_sources(state)
-        if prompt_due:
-            compute = compute | self.span(state, 0, P)
-        compute = compute | (self.span(state, P, state.length) if response_due else self.select(state))
-        self.last = torch.where(compute, state.step, self.last)
-        return ForwardPlan(refresh=no, compute=compute)
+        steps = state.own_steps()  # (B,)
+        prompt_due, response_due = (steps % self.kp == 0)[:, None], (steps % self.kr == 0)[:, None]  # (B, 1)
+        refresh = (prompt_due & response_due).squeeze(1)  # (B,)
+        compute = self.targets_and_sources(state) | (prompt_due & self.span(state, 0, P))
+        response = self.span(state, P, state.length)
+        if bool(response_due.all()):  # one host sync: skip the ρ selection when no row needs it
+            compute |= response
+        else:
+            compute |= torch.where(response_due, response, self.select(state))
+        self.last = torch.where(compute | refresh[:, None], steps[:, None], self.last)
+        return ForwardPlan(refresh=refresh, compute=compute)

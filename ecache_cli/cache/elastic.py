@@ -19,6 +19,11 @@ recomputed once (otherwise the shallow layers would keep the mask token's K/V un
 attention rows come from ``model.attention_rows`` for the window and tracked rows only, apart from the
 fused attention (decision time). The first step is a full forward; ``refresh_every`` (0 = never, the
 paper) is our option, used to check that a forced refresh reproduces ``none``.
+
+Per row (the paper's drift test and most-attended token are per sequence): the first step,
+``refresh_every``, "committed at the previous step", the sliding window, the tracked tokens and the
+start layer are each row's own, counted in its own steps (``state.own_steps()``), so a prompt decodes
+the same alone or in any batch.
 """
 
 from __future__ import annotations
@@ -72,14 +77,14 @@ class ElasticCache(CachePolicy):
         return hits > 0
 
     def plan(self, state: DecodeState) -> ForwardPlan:
-        B, dev = state.batch, state.tokens.device
         queries = self.sliding_window(state) | state.block_masked()  # the masked query rows
         rows = queries | self.tracked_positions(state)
-        if state.step == 0 or (self.refresh_every > 0 and state.step % self.refresh_every == 0):
-            return ForwardPlan(refresh=torch.ones(B, dtype=torch.bool, device=dev), attn_rows=rows)
-        compute = rows | self.targets_and_sources(state) | (state.commit_step == state.step - 1)
-        return ForwardPlan(refresh=torch.zeros(B, dtype=torch.bool, device=dev), compute=compute,
-                           start_layer=self.start_next, attn_rows=rows)
+        steps = state.own_steps()  # (B,) each row's own step: first step and refresh_every are per row
+        refresh = steps == 0
+        if self.refresh_every > 0:
+            refresh = refresh | (steps % self.refresh_every == 0)
+        compute = rows | self.targets_and_sources(state) | (state.commit_step == steps[:, None] - 1)
+        return ForwardPlan(refresh=refresh, compute=compute, start_layer=self.start_next, attn_rows=rows)
 
     @staticmethod
     def _rows_of(pos: torch.Tensor, a: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +99,7 @@ class ElasticCache(CachePolicy):
         a = torch.stack(probs, 1)  # (B, L, A, T)
         A = pos.shape[1]
         first = (torch.arange(A, device=pos.device) == 0) | (pos != pos[:, :1])  # real (not padding) entries
-        masked_then = state.masked | (state.commit_step == state.step)  # masked when the forward ran
+        masked_then = state.masked | (state.commit_step == state.own_steps()[:, None])  # masked when it ran
         from_masks = masked_then.gather(1, pos) & first  # (B, A)
         received = (a * from_masks[:, None, :, None]).sum(2)  # (B, L, T) attention each key received
         received = received.masked_fill(~state.key_mask[:, None], float("-inf"))

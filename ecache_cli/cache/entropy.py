@@ -44,6 +44,10 @@ class EntropyCache(CachePolicy):
             from ..errors import UsageError
 
             raise UsageError(f"--recent-k {self.recent_k} must be ≥ 0")
+        if self.tau < 0:  # every signal is ≥ 0 (an entropy in nats, or 1 - a probability)
+            from ..errors import UsageError
+
+            raise UsageError(f"--tau {self.tau} must be ≥ 0 (τ is an entropy in nats; e.g. --tau 0.5)")
         self.refresh_next: torch.Tensor | None = None
 
     def reset(self, state: DecodeState) -> None:

@@ -91,6 +91,9 @@ def calibrate_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
+    from ..runs.common import warn_sampling_flags
+
+    warn_sampling_flags(settings.decode, top_k, top_p)
     from ..runtime import set_threads
 
     set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)

@@ -27,7 +27,7 @@ def generate(
     jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per prompt (text, token ids, stats) on stdout \\[default: off: plain text].", rich_help_panel=o.O)] = False,
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
-    stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr \\[default: off].", rich_help_panel=o.O)] = False,
+    stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr (ignored, with a warning, under --quiet) \\[default: off].", rich_help_panel=o.O)] = False,
     quiet: o.Quiet = False,
 ):
     """Generate text with a cached denoising loop. Results go to stdout, progress to stderr.
@@ -37,9 +37,9 @@ def generate(
     """
     from ..cache import policy_params
     from ..console import err, warn
-    from ..errors import ConfigError, DataError, UsageError
+    from ..errors import ConfigError, UsageError
     from ..models.loader import load_model
-    from ..runs.common import resolve_settings, unused_cache_flags
+    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags
     from ..runs.generate import GenerateOptions, run
 
     if batch_size < 1:
@@ -59,6 +59,9 @@ def generate(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
+    from ..runs.common import warn_sampling_flags
+
+    warn_sampling_flags(settings.decode, top_k, top_p)
     if task is not None and (settings.profile is None or Path(settings.profile).stem != task):
         from ..config import profile_candidates
 
@@ -69,8 +72,9 @@ def generate(
     if unused:
         warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by --cache {settings.cache} "
              f"(it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}); ignored")
-    if input_file is not None and not input_file.is_file():  # exit 1, as for an unreadable file (errors.py)
-        raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+    if quiet and stream:  # --quiet wins: no output on stderr at all
+        warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
+    check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
     from ..runtime import set_threads
 
     set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)

@@ -78,13 +78,17 @@ def profile_cmd(
                          "stdin; pass the prompt arguments you want instead")
     check_file(json_out, "--json")  # output paths before any decoding
     check_dir(trace_dir, "--trace-dir")
-    if input_file is not None and not input_file.is_file():
-        raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+    from ..runs.common import check_input_file
+
+    check_input_file(input_file)
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
+    from ..runs.common import warn_sampling_flags
+
+    warn_sampling_flags(settings.decode, top_k, top_p)
     unused = unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags)
     if unused:
         warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} used by none of --policies "

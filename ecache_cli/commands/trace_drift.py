@@ -53,7 +53,7 @@ def trace_drift_cmd(
     from ..runs import drift_report as rep
     from ..console import warn
     from ..outputs import check_dir, check_file
-    from ..runs.common import resolve_settings, unused_cache_flags
+    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags
     from ..runs.trace_drift import TraceOptions, summary_document, trace
 
     if batch_size < 1:
@@ -62,9 +62,8 @@ def trace_drift_cmd(
         raise UsageError(f"--limit {limit} must be ≥ 1")
     if signal is not None and signal not in SIGNALS:
         raise UsageError(f"--signal {signal!r} is not known; use one of {', '.join(SIGNALS)}")
-    if input_file is not None and not input_file.is_file():
-        raise UsageError(f"--input {input_file}: no such file")
-    if plot is not None and plot.suffix.lower() != ".png":
+    check_input_file(input_file)
+    if plot is not None and plot.suffix.lower() != ".png" and not plot.is_dir():  # a folder: check_file's hint
         raise UsageError(f"--plot {plot}: give a .png file name")
     if jsonl is not None and str(jsonl) == "-" and json_out == "-":
         raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
@@ -83,6 +82,9 @@ def trace_drift_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
+    from ..runs.common import warn_sampling_flags
+
+    warn_sampling_flags(settings.decode, top_k, top_p)
     unused = unused_cache_flags([settings.cache], flags)
     if unused:
         warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by --cache {settings.cache}; ignored")

@@ -11,7 +11,11 @@ refresh runs one full forward; otherwise one partial forward at the widest non-r
 and, when some rows refresh, one full forward of those rows alone (``Run._forward``), so no row pays
 for another row's refresh. ``computed`` counts what the forwards computed, padding included. Rows
 whose answer has ended (an EOS/EOT with no mask before it) are filled with EOS and dropped from the
-batch, so they stop costing forwards; the run stops when every row has finished. The canvas never
+batch, so they stop costing forwards; the run stops when every row has finished. Under threshold
+decoding a row that has finished the current block before the others is parked (``Run._park``: set
+aside with its store rows and the policy's per-row state, no forward, plan or observe) until the block
+ends, so every row takes only its own steps (``DecodeState.row_step``) and decides alone: a prompt
+decodes the same in any batch. The canvas never
 leaves the device inside the loop; the forward part of a step reads its scalars (widths, how many
 rows refresh) in one host sync, never per position, and on CUDA step timings are CUDA events read
 once per block.
@@ -223,8 +227,9 @@ class Run:
             commit_order=torch.full_like(tokens, -1), commit_step=torch.full_like(tokens, -1),
             n_committed=torch.zeros(B, dtype=torch.long, device=dev), rows=torch.arange(B, device=dev),
             prompt_len=P, gen_length=G, block_length=cfg.block_length, logit_shift=spec.logit_shift,
-            n_layers=spec.n_layers,
+            n_layers=spec.n_layers, row_step=torch.zeros(B, dtype=torch.long, device=dev),
         )
+        self._parked: list = []  # (state rows, store rows, policy rows) of rows waiting for the block's end
         self.final = tokens.clone()  # (B, T) canvas of every original row, filled as rows finish
         self.row_ids = list(range(B)) if row_ids is None else [int(r) for r in row_ids]
         assert len(self.row_ids) == B, f"{len(self.row_ids)} row_ids for {B} prompts"
@@ -281,8 +286,12 @@ class Run:
             while st.batch > 0:
                 if schedule is not None and st.step_in_block >= spb:
                     break
-                if not bool(st.masked[:, st.block_start:st.block_end].any()):
+                left = st.masked[:, st.block_start:st.block_end].any(1)  # (B,) rows with masks in the block
+                n_left = int(left.sum())
+                if n_left == 0:
                     break
+                if schedule is None and n_left < st.batch:
+                    self._park(~left)  # threshold decoding: rows done with the block wait, taking no step
                 rec = self._step(schedule)
                 self._mark_finished(rec)  # rec.finished is set before the consumer sees the record
                 yield rec
@@ -291,10 +300,41 @@ class Run:
                     schedule = schedule[keep]
                 st.step += 1
                 st.step_in_block += 1
+                st.row_step = st.row_step + 1
+            self._unpark()
             self._resolve_times()  # CUDA: one sync per block reads the block's step timings
         if st.batch > 0:  # rows that used the whole canvas without an end marker
             self._retire(torch.arange(st.batch, device=st.tokens.device), ended=False)
         self.wall_s = self._now() - t_start
+
+    def _park(self, idle: torch.Tensor) -> None:
+        """Set rows ``idle`` (B,) bool aside until the block ends: their canvas, KV store rows and the
+        policy's per-row bookkeeping leave the batch, so they take no step (no forward, no plan, no
+        observe; their ``row_step`` stays) while the other rows finish the block. A row so decodes the
+        same in any batch: alone it would go straight on to the next block."""
+        st = self.state
+        B = st.batch
+        idx, keep = idle.nonzero().squeeze(1), (~idle).nonzero().squeeze(1)
+        self._parked.append((st.take_rows(idx), self.store.take_rows(idx), self.policy.take_rows(idx, B)))
+        st.select_rows(keep)
+        self.store.select_rows(keep)
+        self.policy.select_rows(keep, B)
+
+    def _unpark(self) -> None:
+        """Bring the parked rows back at the block's end, in their original order (``state.rows``)."""
+        if not self._parked:
+            return
+        st = self.state
+        for rows, store, pol in self._parked:
+            st.append_rows(rows)
+            self.store.append_rows(store)
+            self.policy.append_rows(pol)
+        self._parked.clear()
+        B = st.batch
+        order = torch.argsort(st.rows)
+        st.select_rows(order)
+        self.store.select_rows(order)
+        self.policy.select_rows(order, B)
 
     def _step(self, schedule: torch.Tensor | None) -> StepRecord:
         st, cfg, eng = self.state, self.cfg, self.engine
@@ -546,7 +586,7 @@ class Run:
         st.masked = st.masked & ~hit
         rank = hit.long().cumsum(1) - 1  # order within the step: by position
         st.commit_order = torch.where(hit, st.n_committed[:, None] + rank, st.commit_order)
-        st.commit_step = torch.where(hit, torch.full_like(rank, st.step), st.commit_step)
+        st.commit_step = torch.where(hit, st.own_steps()[:, None].expand_as(rank), st.commit_step)
         st.n_committed = st.n_committed + hit.sum(1)
 
     def _mark_finished(self, rec: StepRecord) -> None:

@@ -59,9 +59,14 @@ class DecodeState:
     tokens: (B, T) long canvas. masked: (B, T) bool, True where the canvas still holds the mask token.
     commit_order: (B, T) long, the rank at which each generated position was committed within its row
     (0, 1, 2, ...; -1 = prompt, padding or still masked); ``n_committed`` (B,) long is the count.
-    commit_step: (B, T) long, the denoising step at which each position was committed (-1 = never).
+    commit_step: (B, T) long, the row's own step (``row_step``) at which each position was committed
+    (-1 = never).
     block_start / block_end: absolute canvas positions of the current block [start, end).
-    step: global step index; step_in_block: index within the current block (0 = first step).
+    step: global step index of the batch; step_in_block: index within the current block (0 = first step).
+    row_step: (B,) long, each row's own step index (0 = its first step): the steps that row has taken.
+    It differs from ``step`` under threshold decoding, where a row that has finished its block is parked
+    (takes no step) until the others finish it. Per-row rules (refresh periods, first step, "committed
+    at the previous step") count in these; ``own_steps()`` reads it (``step`` for every row when unset).
     rows: (B,) long original batch indices of the rows still decoding (finished rows are dropped).
     value_probe: (fresh, cached), each (B, T, H_kv*D): layer-0 value vectors of the current canvas and
     those in the KV store; filled by the engine before ``plan`` only for policies with ``needs_values``.
@@ -85,6 +90,7 @@ class DecodeState:
     step: int = 0
     step_in_block: int = 0
     value_probe: tuple[torch.Tensor, torch.Tensor] | None = None
+    row_step: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -112,10 +118,28 @@ class DecodeState:
         out[:, :-self.logit_shift] = targets[:, self.logit_shift:]
         return out
 
+    ROW_FIELDS = ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed", "rows", "row_step")
+
+    def own_steps(self) -> torch.Tensor:
+        """(B,) long: each row's own step index (``row_step``; ``step`` for every row when it is unset)."""
+        if self.row_step is not None:
+            return self.row_step
+        return torch.full((self.batch,), self.step, dtype=torch.long, device=self.tokens.device)
+
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only rows ``keep`` (K,) long (indices into the current batch)."""
-        for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed", "rows"):
-            setattr(self, name, getattr(self, name)[keep])
+        for name in self.ROW_FIELDS:
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name)[keep])
+
+    def take_rows(self, rows: torch.Tensor) -> dict:
+        """The per-row fields of rows ``rows`` (K,) long, for :meth:`append_rows` later."""
+        return {name: getattr(self, name)[rows] for name in self.ROW_FIELDS if getattr(self, name) is not None}
+
+    def append_rows(self, taken: dict) -> None:
+        """Append rows taken by :meth:`take_rows` after the current rows."""
+        for name, v in taken.items():
+            setattr(self, name, torch.cat([getattr(self, name), v], 0))
 
 
 @dataclass

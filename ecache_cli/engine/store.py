@@ -141,6 +141,22 @@ class KVStore:
             for dst, src in zip(self.hidden, sub.hidden):
                 dst.index_copy_(0, rows, src)
 
+    def append_rows(self, sub: "KVStore") -> None:
+        """Append the rows of ``sub`` (a :meth:`take_rows` copy of rows set aside earlier) after this
+        store's rows: every K/V, hidden state, padding mask, RoPE position and table (one ``cat`` per
+        tensor). The engine parks a row that waits for the others this way (``Run._park``)."""
+        cat = lambda a, b: torch.cat([a, b], 0)  # noqa: E731
+        self.k = [cat(a, b) for a, b in zip(self.k, sub.k)]
+        self.v = [cat(a, b) for a, b in zip(self.v, sub.v)]
+        self.key_mask, self.positions = cat(self.key_mask, sub.key_mask), cat(self.positions, sub.positions)
+        if self.attn_mask is not None and sub.attn_mask is not None:
+            self.attn_mask = cat(self.attn_mask, sub.attn_mask)
+        self.rope = (None if self.rope is None or sub.rope is None
+                     else (cat(self.rope[0], sub.rope[0]), cat(self.rope[1], sub.rope[1])))
+        if self.hidden is not None and sub.hidden is not None:
+            self.hidden = [cat(a, b) for a, b in zip(self.hidden, sub.hidden)]
+        self.queries = None  # belong to the last forward's batch
+
     def clone(self) -> "KVStore":
         """A deep copy (used by measurement code that must not disturb the live store)."""
         return KVStore(

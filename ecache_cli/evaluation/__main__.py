@@ -11,12 +11,24 @@ from __future__ import annotations
 
 
 def main() -> None:
-    """Run lm-eval's CLI (same arguments as ``lm_eval``) with ``--model ecache`` available."""
+    """Run lm-eval's CLI (same arguments as ``lm_eval``) with ``--model ecache`` available.
+
+    ecache's own errors (a bad ``--model_args`` key or value, a model that cannot be loaded: every
+    :class:`~ecache_cli.errors.EcacheError`) end as one ``error:`` line on stderr and its exit code
+    (2 usage, 1 data), as in ``ecache``; inside lm-eval used as a library they propagate.
+    """
     from lm_eval.__main__ import cli_evaluate
 
+    from ..errors import EcacheError
     from . import lm_eval_adapter  # noqa: F401  (registers the model)
 
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except EcacheError as e:
+        from ..console import error
+
+        error(str(e))
+        raise SystemExit(e.exit_code) from None
 
 
 if __name__ == "__main__":

@@ -105,6 +105,8 @@ def validate(opts: CalibrateOptions) -> None:
         raise UsageError(f"--batch-size {opts.batch_size} must be ≥ 1")
     if opts.taus is not None and (not opts.taus or any(not math.isfinite(t) for t in opts.taus)):
         raise UsageError("--taus needs finite numbers separated by commas, e.g. 0.1,0.5,1")
+    if opts.taus is not None and min(opts.taus) < 0:
+        raise UsageError(f"--taus: {min(opts.taus)} must be ≥ 0 (τ is an entropy in nats); e.g. --taus 0.1,0.5,1")
 
 
 def preflight(task, opts: CalibrateOptions) -> None:

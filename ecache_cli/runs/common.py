@@ -63,6 +63,11 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
         prof = load_profile(find_profile(model, task))
     elif find_profile(model, "default") is not None:
         prof = load_profile(find_profile(model, "default"))
+    if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
+        from ..console import warn
+
+        warn(f"profile {prof['_path']} was calibrated for model {prof['model']!r}, not {model!r}; its settings "
+             "are used anyway (run `ecache calibrate` for this model)")
     p_dec = (prof or {}).get("decode") or {}
     p_cache = dict((prof or {}).get("cache") or {})
     decode = resolve(dataclass_defaults(DecodeConfig), p_dec, decode_flags)
@@ -75,12 +80,34 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
                     profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None})
 
 
+def _model_key(name) -> str:
+    """A profile's ``model:`` (``canonical_model_name`` of the loaded model, as calibrate writes it) and
+    a ``--model`` name compared: aliases of one repository are one model, case does not matter."""
+    from ..config import canonical_model_name
+    from ..models.loader import ALIASES, EMBEDDED
+
+    name = str(name)
+    name = "tiny" if name in EMBEDDED else ALIASES.get(name, name)
+    return canonical_model_name(name).lower()
+
+
 def unused_cache_flags(policies: list[str], cache_flags: dict) -> list[str]:
     """The cache flags given (not None) that none of ``policies`` takes, as ``--flag`` names, e.g.
     ``--tau`` for ``--cache dual --tau 3`` (the caller warns once; the flag is ignored)."""
     used = set().union(*(policy_params_or_all(p) for p in policies))
     return [f"--{k.replace('_', '-')}" for k, v in cache_flags.items()
             if k != "policy" and v is not None and k not in used]
+
+
+def warn_sampling_flags(decode: DecodeConfig, top_k, top_p) -> None:
+    """One warning on stderr for ``--top-k`` / ``--top-p`` given at temperature 0 (greedy decoding
+    never samples, so they change nothing)."""
+    given = [f for f, v in (("--top-k", top_k), ("--top-p", top_p)) if v is not None]
+    if given and not decode.temperature:
+        from ..console import warn
+
+        warn(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 (greedy "
+             "decoding); ignored; pass --temperature > 0 to sample")
 
 
 def policy_params_or_all(name: str) -> set[str]:
@@ -102,8 +129,8 @@ def validate_decode(d: dict) -> None:
             raise UsageError(f"--{key.replace('_', '-')} {v} must be a finite number")
     if d.get("temperature") is not None and d["temperature"] < 0:
         raise UsageError(f"--temperature {d['temperature']} must be ≥ 0 (0 = greedy)")
-    if d.get("threshold") is not None and d["threshold"] <= 0:
-        raise UsageError(f"--threshold {d['threshold']} must be > 0 (Fast-dLLM uses 0.9)")
+    if d.get("threshold") is not None and not 0 < d["threshold"] <= 1:  # a probability; 1.0 is reachable in float32
+        raise UsageError(f"--threshold {d['threshold']} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
     if d.get("factor") is not None and d["factor"] <= 0:
         raise UsageError(f"--factor {d['factor']} must be > 0 (Fast-dLLM uses 1.0)")
     # the block schedule and remasking rule, checked here so that a bad flag fails before the model loads
@@ -144,37 +171,32 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
     ``--input`` file or on stdin (blank lines are skipped but still counted, so it always points at
     the line the prompt came from), or the 1-based position of a prompt argument."""
     if args:
-        for n, a in enumerate(args, 1):
+        for n, a in enumerate(args, 1):  # every argument checked before the first is yielded
             _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
+            if not a.strip():  # the chat template would otherwise turn it into a non-empty prompt
+                raise UsageError(f"prompt argument {n} {a!r}: a prompt is empty; give at least one token of text")
+        for n, a in enumerate(args, 1):
             yield (a, {"prompt": a}, n) if lines else (a, {"prompt": a})
         return
     if input_file is not None:
-        try:
-            fh = open(input_file, "rb")  # decoded line by line: a bad byte fails at its line, after earlier ones
-        except OSError as e:
-            raise DataError(f"--input {input_file}: cannot read ({e.strerror})") from None
-        with fh:
-            for n, raw in enumerate(fh, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise DataError(f"{input_file}:{n}: not UTF-8 text; save the file as UTF-8 JSONL") from None
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{input_file}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-                prompt = _prompt_of(rec, f"{input_file}:{n}")
-                why = check_ids(prompt) if check_ids is not None and isinstance(rec.get("prompt_ids"), list) else None
-                if why:
-                    raise DataError(f"{input_file}:{n}: {why}; give ids of the model's tokenizer")
-                yield (prompt, rec, n) if lines else (prompt, rec)
+        name = "stdin" if is_stdin(input_file) else input_file  # where a bad record is: file:line
+        for n, line in _jsonl_lines(input_file):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{name}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+            prompt = _prompt_of(rec, f"{name}:{n}")
+            why = check_ids(prompt) if check_ids is not None and isinstance(rec.get("prompt_ids"), list) else None
+            if why:
+                raise DataError(f"{name}:{n}: {why}; give ids of the model's tokenizer")
+            yield (prompt, rec, n) if lines else (prompt, rec)
         return
     if stdin is not None:
         try:
             for n, line in enumerate(stdin, 1):
-                line = line.rstrip("\n")
+                line = line.rstrip("\n").removesuffix("\r")  # CRLF files piped in
                 _check_utf8(line, f"stdin line {n}", DataError, "pipe UTF-8 prompts, one per line")
                 if line.strip():
                     yield (line, {"prompt": line}, n) if lines else (line, {"prompt": line})
@@ -182,6 +204,50 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
             raise DataError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
         return
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) or use --input FILE.jsonl")
+
+
+def is_stdin(input_file: Path | str | None) -> bool:
+    """``--input -``: JSONL records read from stdin."""
+    return input_file is not None and str(input_file) == "-"
+
+
+def check_input_file(input_file: Path | None) -> None:
+    """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing file (DataError, exit 1)."""
+    if input_file is None or is_stdin(input_file) or input_file.is_file():
+        return
+    if input_file.is_dir():
+        raise DataError(f"--input {input_file} is a folder; give a JSONL file (one JSON object with a 'prompt' "
+                        "field per line), or - for stdin")
+    raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+
+
+def _jsonl_lines(input_file: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of each line of an ``--input`` file (``-``: stdin), decoded line by
+    line so a bad byte fails at its line, after earlier ones; a UTF-8 BOM at the start is accepted
+    (``utf-8-sig``) and a CRLF line end is dropped."""
+    if is_stdin(input_file):
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream without bytes underneath (e.g. a test runner's)
+            for n, line in enumerate(sys.stdin, 1):
+                yield n, (line.removeprefix("\ufeff") if n == 1 else line).rstrip("\r\n")
+            return
+        fh = stream
+    else:
+        try:
+            fh = open(input_file, "rb")
+        except OSError as e:
+            raise DataError(f"--input {input_file}: cannot read ({e.strerror})") from None
+    try:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError:
+                where = "stdin" if is_stdin(input_file) else input_file
+                raise DataError(f"{where}:{n}: not UTF-8 text; save the file as UTF-8 JSONL") from None
+            yield n, line.rstrip("\r\n")
+    finally:
+        if fh is not getattr(sys.stdin, "buffer", None):
+            fh.close()
 
 
 def no_prompts(input_file: Path | None):
@@ -206,6 +272,10 @@ def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
 
 
 def _prompt_of(rec, where: str) -> str | list:
+    given = [k for k in ("prompt", "messages", "prompt_ids") if isinstance(rec, dict) and k in rec]
+    if len(given) > 1:
+        raise DataError(f"{where}: the record has {' and '.join(repr(k) for k in given)}; give one of prompt, "
+                        "messages, prompt_ids")
     if isinstance(rec, dict) and "prompt_ids" in rec:
         ids = rec["prompt_ids"]
         if not isinstance(ids, list) or not ids:
@@ -215,7 +285,11 @@ def _prompt_of(rec, where: str) -> str | list:
             raise DataError(f"{where}: prompt_ids[{bad}] = {json.dumps(ids[bad])} is not an int token id")
         return list(ids)
     if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
+        if not rec["prompt"].strip():
+            raise DataError(f"{where}: 'prompt' is empty; give at least one token of text")
         return rec["prompt"]
+    if isinstance(rec, dict) and rec.get("messages") == []:
+        raise DataError(f"{where}: 'messages' is empty; give at least one {{role, content}} message")
     if isinstance(rec, dict) and isinstance(rec.get("messages"), list) and all(
             isinstance(m, dict) and "role" in m and "content" in m for m in rec["messages"]):
         return rec["messages"]

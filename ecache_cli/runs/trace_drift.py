@@ -235,10 +235,12 @@ class DriftTracer:
         """Bin the fresh-K change since the previous step of every committed token by steps since commit."""
         st = self.run.state
         if self.prev_k is not None:
-            idx = torch.searchsorted(self.prev_rows, rec.rows)  # rows only ever drop, order kept
+            # rows keep their order; a row parked at the previous step (threshold decoding) is not compared
+            idx = torch.searchsorted(self.prev_rows, rec.rows).clamp_max(len(self.prev_rows) - 1)
+            seen = self.prev_rows[idx] == rec.rows  # (B,)
             change = layer_mean_change([k[idx] for k in self.prev_k], fresh_k)  # (B, T)
-            age = rec.step - st.commit_step  # (B, T); commits of this step have age 0
-            ok = (st.commit_step >= 0) & (age >= 2) & st.key_mask  # both canvases hold the token
+            age = st.own_steps()[:, None] - st.commit_step  # (B, T) in the row's own steps; this step's: 0
+            ok = (st.commit_step >= 0) & (age >= 2) & st.key_mask & seen[:, None]  # both canvases hold the token
             for b, prompt in enumerate((rec.rows + self.offset).tolist()):
                 self.bins.setdefault(prompt, VolatilityBins()).add(age[b], change[b], ok[b])
         self.prev_k, self.prev_rows = fresh_k, rec.rows.clone()

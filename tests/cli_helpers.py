@@ -1,0 +1,20 @@
+"""Helpers shared by the CLI tests (the in-process ``cli`` fixture itself lives in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+
+
+def records(result) -> list[dict]:
+    """The JSON records on a CLI result's stdout, one per line."""
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def one_line_error(result, code: int, *needles: str) -> str:
+    """Assert exit ``code`` and exactly one ``error: ...`` line on stderr containing every needle."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
