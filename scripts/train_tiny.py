@@ -235,6 +235,7 @@ class Stream:
         self.pool_idx, self.batches, self.pos = -1, [], 0
         self.weights = tuple(cfg.domain_weights)  # the weights of the next pool built
         self.pool_weights = self.weights  # the weights the current pool was built with
+        self.workers, self._mp, self._ahead = 0, None, []  # start_workers: pools built ahead elsewhere
 
     def state(self) -> dict:
         """Position in the stream: enough to rebuild the current pool and continue after batch ``pos``."""
@@ -265,7 +266,7 @@ class Stream:
                 shots = rng.randint(1, cfg.max_shots) if rng.random() < cfg.fewshot_frac else 0
                 prompt = self.tok.prompt_ids(task.prompt(ex, shots, rng.randrange(1 << 30)))
                 answer = self.tok.answer_ids(task.target(ex))
-            if len(prompt) > cfg.max_prompt_tokens or len(answer) + 1 > min(cfg.canvas, max(cfg.canvas_choices)):
+            if len(prompt) > cfg.max_prompt_tokens or len(answer) + 1 > cfg.canvas:
                 continue  # too long for evaluation settings; redraw
             fits = [c for c in cfg.canvas_choices if c > len(answer)]
             if fits and rng.random() < cfg.full_canvas_frac:
@@ -304,10 +305,6 @@ class Stream:
         return self.batches[self.pos - 1]
 
     # -- optional worker processes (a GPU consumes batches faster than one process can tokenize) ---------
-
-    workers: int = 0
-    _mp = None
-    _ahead: list = []
 
     def start_workers(self, n: int, tok_dir: Path) -> None:
         """Build pools in ``n`` spawned processes, ``2n`` pools ahead. Pool ``p`` is the same pure function

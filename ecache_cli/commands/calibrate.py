@@ -70,7 +70,7 @@ def calibrate_cmd(
     from ..models.loader import load_model
     from ..runs.calib_report import frontier_table, json_document, plot_frontier, sweep_table, wall_warnings, write_json
     from ..runs.calibrate import CalibrateOptions, calibrate, preflight, validate
-    from ..runs.common import manifest, resolve_settings
+    from ..runs.common import manifest, resolve_settings, warn_sampling_flags
     from ..tasks import get_task
 
     opts = CalibrateOptions(task=task, data=data, limit=limit, seed=seed, shots=shots, chat=chat, metric=metric,
@@ -91,8 +91,6 @@ def calibrate_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
-    from ..runs.common import warn_sampling_flags
-
     warn_sampling_flags(settings.decode, top_k, top_p)
     from ..runtime import set_threads
 

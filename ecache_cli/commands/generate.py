@@ -39,7 +39,7 @@ def generate(
     from ..console import err, warn
     from ..errors import ConfigError, UsageError
     from ..models.loader import load_model
-    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags
+    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags, warn_sampling_flags
     from ..runs.generate import GenerateOptions, run
 
     if batch_size < 1:
@@ -59,8 +59,6 @@ def generate(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
-    from ..runs.common import warn_sampling_flags
-
     warn_sampling_flags(settings.decode, top_k, top_p)
     if task is not None and (settings.profile is None or Path(settings.profile).stem != task):
         from ..config import profile_candidates

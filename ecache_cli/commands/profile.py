@@ -53,12 +53,11 @@ def profile_cmd(
     from ..runs.profile import (ProfileOptions, json_line, measure, parse_policy_spec, prompt_requests, render_table,
                                 task_requests, timing_warnings)
     from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
-    from ..console import err, out
+    from ..console import err, out, warn
     from ..errors import DataError, UsageError
     from ..models.loader import load_model
-    from ..console import warn
     from ..outputs import check_dir, check_file
-    from ..runs.common import manifest, resolve_settings, unused_cache_flags
+    from ..runs.common import check_input_file, manifest, resolve_settings, unused_cache_flags, warn_sampling_flags
 
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
@@ -78,16 +77,12 @@ def profile_cmd(
                          "stdin; pass the prompt arguments you want instead")
     check_file(json_out, "--json")  # output paths before any decoding
     check_dir(trace_dir, "--trace-dir")
-    from ..runs.common import check_input_file
-
     check_input_file(input_file)
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
-    from ..runs.common import warn_sampling_flags
-
     warn_sampling_flags(settings.decode, top_k, top_p)
     unused = unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags)
     if unused:

@@ -46,14 +46,13 @@ def trace_drift_cmd(
     [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] ·
     [cyan]ecache trace-drift --task gsm8k --data gsm8k/test.jsonl --limit 4 --shots 0 --jsonl steps.jsonl --tensorboard runs/[/]
     """
-    from ..console import err
+    from ..console import err, warn
     from ..engine.state import SIGNALS
     from ..errors import UsageError
     from ..models.loader import load_model
     from ..runs import drift_report as rep
-    from ..console import warn
     from ..outputs import check_dir, check_file
-    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags
+    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags, warn_sampling_flags
     from ..runs.trace_drift import TraceOptions, summary_document, trace
 
     if batch_size < 1:
@@ -82,8 +81,6 @@ def trace_drift_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
-    from ..runs.common import warn_sampling_flags
-
     warn_sampling_flags(settings.decode, top_k, top_p)
     unused = unused_cache_flags([settings.cache], flags)
     if unused:

@@ -204,7 +204,6 @@ class Run:
         self.plan = plan_blocks(cfg.gen_length, cfg.block_length, default_steps(cfg.gen_length, cfg.steps, threshold_mode),
                                 threshold_mode)
         self.engine, self.cfg, self.policy, self.prompts = engine, cfg, policy, prompts
-        self.threshold_mode = threshold_mode
         spec, dev = engine.spec, engine.device
         self.rule = CommitRule.resolve(spec.family, self.plan, schedule=cfg.schedule, compat=cfg.compat,
                                        threshold=cfg.threshold, factor=cfg.factor,
@@ -369,7 +368,9 @@ class Run:
             # a row's draws per step, each from its own generator, in this order: token noise (temperature > 0),
             # the random / origin scores, the alg_temp keys; each one value (× V) per valid target
             drawn = cfg.remasking in ("random", "origin")
-            counts = valid.sum(1).tolist() if cfg.temperature > 0 or drawn or self.rule.alg_temp else None
+            # (original row, valid targets) per row, read in one host sync for every draw of the step
+            counts = (torch.stack([st.rows, valid.sum(1)], 1).tolist()
+                      if cfg.temperature > 0 or drawn or self.rule.alg_temp else None)
             noise = self._row_uniform(counts, valid.shape[1], logits.shape[-1]) if cfg.temperature > 0 else None
             sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                              generator=None, banned_ids=self._banned(), uniform=noise,
@@ -558,16 +559,16 @@ class Run:
             self._generators = [row_generator(self.seed, r, self.engine.device) for r in self.row_ids]
         return self._generators
 
-    def _row_uniform(self, counts: list[int], width: int, *tail: int) -> torch.Tensor:
+    def _row_uniform(self, counts: list[list[int]], width: int, *tail: int) -> torch.Tensor:
         """U[0, 1) noise (B, width, *tail) float64, row by row from each original row's own generator.
 
-        Row b draws exactly ``counts[b]`` × tail values (its valid targets, which come first in the padded
-        index), so what it draws depends on its own progress only, never on the batch's padded width or
-        on the other rows. Padding entries get 0.5 (finite; they are never committed).
+        ``counts[b]`` = [original row, n]: row b draws exactly n × tail values (its valid targets, which
+        come first in the padded index), so what it draws depends on its own progress only, never on the
+        batch's padded width or on the other rows. Padding entries get 0.5 (finite; never committed).
         """
         dev = self.engine.device
         out = torch.full((len(counts), width, *tail), 0.5, dtype=torch.float64, device=dev)
-        for b, (orig, n) in enumerate(zip(self.state.rows.tolist(), counts)):
+        for b, (orig, n) in enumerate(counts):
             if n:
                 out[b, :n] = torch.rand((n, *tail), dtype=torch.float64, device=dev, generator=self.generators[orig])
         return out

@@ -88,11 +88,12 @@ class EcacheLM(LM):
 
         model = pretrained if pretrained is not None else model
         decode = {k: kwargs.pop(k) for k in list(kwargs) if k in DECODE_KEYS}
-        extra_cache = {k: kwargs.pop(k) for k in list(kwargs) if k in cache_keys()}
+        ckeys = cache_keys()
+        extra_cache = {k: kwargs.pop(k) for k in list(kwargs) if k in ckeys}
         if kwargs:
             bad = sorted(kwargs)[0]
             raise UsageError(f"model_args: {bad}={kwargs[bad]!r} is not an ecache setting; use the decode keys "
-                             f"({', '.join(sorted(DECODE_KEYS))}), cache keys (cache, {', '.join(sorted(cache_keys()))}), "
+                             f"({', '.join(sorted(DECODE_KEYS))}), cache keys (cache, {', '.join(sorted(ckeys))}), "
                              "model, device, dtype, profile, task, chat, seed, mc_num, mc_batch_size, mc_seed, greedy_check, stats_out")
         policy = None if cache is _UNSET else ("none" if cache is None else str(cache))  # lm-eval reads "none" as None
         self.batch_size = _batch_size(batch_size)

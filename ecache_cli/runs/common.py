@@ -59,10 +59,10 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     prof = None
     if profile:
         prof = load_profile(profile, model)
-    elif task and find_profile(model, task) is not None:
-        prof = load_profile(find_profile(model, task))
-    elif find_profile(model, "default") is not None:
-        prof = load_profile(find_profile(model, "default"))
+    elif task and (found := find_profile(model, task)) is not None:
+        prof = load_profile(found)
+    elif (found := find_profile(model, "default")) is not None:
+        prof = load_profile(found)
     if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
         from ..console import warn
 
