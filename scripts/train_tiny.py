@@ -402,6 +402,22 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
     return noisy, clean, key_mask, weights
 
 
+def batch_loss(model, noisy, clean, key_mask, weights, canvas: int) -> torch.Tensor:
+    """The batch's LLaDA SFT loss: sum(weights * CE over masked tokens) / B (make_batch's weights).
+
+    Every masked position lies in its row's answer region, the last ``canvas_b <= canvas`` columns
+    (rows are left padded), so logits are computed for the last ``canvas`` columns only, not over the
+    prompts (the LM head is about 30% of a step's FLOPs); the value equals the full-logits loss.
+    """
+    B, T = noisy.shape
+    pos = torch.arange(T - canvas, T, device=noisy.device).expand(B, canvas)
+    logits = model(noisy, model.new_store(key_mask), logits_pos=pos)  # (B, canvas, V)
+    w = weights[:, T - canvas:]
+    sel = w > 0
+    ce = F.cross_entropy(logits[sel].float(), clean[:, T - canvas:][sel], reduction="none")  # (N,)
+    return (ce * w[sel]).sum() / B
+
+
 # --- model -----------------------------------------------------------------------------------------
 
 
@@ -774,10 +790,7 @@ def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) 
         lr = lr_at(step, cfg, run["schedule_start"])
         for g in opt.param_groups:
             g["lr"] = lr
-        logits = model(noisy, model.new_store(key_mask))  # (B, T, V)
-        sel = weights > 0
-        ce = F.cross_entropy(logits[sel].float(), clean[sel], reduction="none")  # (N,)
-        loss = (ce * weights[sel]).sum() / len(items)
+        loss = batch_loss(model, noisy, clean, key_mask, weights, max(it.canvas for it in items))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

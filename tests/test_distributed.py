@@ -157,13 +157,13 @@ def test_torchrun_lm_eval_gathers_the_answers_of_one_process(tmp_path):
 
     tasks = Path(__file__).parent / "lm_eval_tasks"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1"}
-    args = ["-m", "ecache_cli.evaluation", "--model", "ecache", "--model_args", "model=tiny,mc_num=8,mc_batch_size=8",
+    args = ["-m", "lm_eval", "--model", "ecache", "--model_args", "model=tiny,mc_num=8,mc_batch_size=8",
             "--tasks", "ecache_list,ecache_list_mc", "--include_path", str(tasks), "--log_samples"]
     outs = {}
     for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])):
         cmd = [sys.executable, *launch, *(args if not launch else args[1:]), "--output_path", str(tmp_path / name)]
         if launch:
-            cmd.insert(cmd.index("--nproc_per_node") + 2, "-m")  # torchrun ... -m ecache_cli.evaluation
+            cmd.insert(cmd.index("--nproc_per_node") + 2, "-m")  # torchrun ... -m lm_eval
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-3000:]
         assert res.stdout.count("|ecache_list   |") == 1  # one table (rank 0)

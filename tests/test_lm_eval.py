@@ -8,6 +8,9 @@ model is retrained from time to time).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,6 +131,65 @@ def test_bad_model_args_are_one_line_errors(profiles_dir):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu", {"batch_size": "big"})
     with pytest.raises(UsageError, match="--cache 'nope' is not a cache policy"):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu,cache=nope")
+
+
+def lm_eval_cli(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
+    """lm-eval's own console script (``lm_eval``, installed next to this interpreter) in a fresh process."""
+    exe = Path(sys.executable).parent / "lm_eval"
+    assert exe.exists(), f"{exe}: lm-eval's console script is missing (pip install -e '.[eval]')"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", **env}
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
+
+
+def test_lm_eval_command_line_runs_the_ecache_model(evaluated, tmp_path):
+    """``lm_eval --model ecache`` itself (the installed ecache_lm_eval.pth registers the model in lm-eval
+    releases without plugin discovery): a scored table, and the answers and scores of the in-process run."""
+    res = lm_eval_cli(["--model", "ecache", "--model_args", f"{ARGS},stats_out={tmp_path / 'speed.json'}",
+                       "--tasks", "ecache_list,ecache_list_mc", "--include_path", str(TASKS),
+                       "--output_path", str(tmp_path / "out"), "--log_samples"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "|ecache_list   |" in res.stdout and "|ecache_list_mc|" in res.stdout and "exact_match" in res.stdout
+    ref, _ = evaluated
+    (results,) = (tmp_path / "out").glob("*/results_*.json")
+    got = json.loads(results.read_text())["results"]
+    for task, metric in (("ecache_list", "exact_match,none"), ("ecache_list_mc", "acc,none")):
+        assert got[task][metric] == pytest.approx(ref["results"][task][metric])
+    (samples,) = (tmp_path / "out").glob("*/samples_ecache_list_2*.jsonl")
+    resps = {json.loads(line)["doc_id"]: json.loads(line)["resps"] for line in samples.read_text().splitlines()}
+    assert resps == {s["doc_id"]: s["resps"] for s in ref["samples"]["ecache_list"]}
+    assert json.loads((tmp_path / "speed.json").read_text())["speed"]["generate_until"]["requests"] == len(resps)
+
+
+def test_lm_eval_command_line_prints_ecache_errors_on_one_line(tmp_path):
+    res = lm_eval_cli(["--model", "ecache", "--model_args", "model=tiny,device=cpu,cache=foo",
+                       "--tasks", "ecache_list", "--include_path", str(TASKS)], tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: --cache 'foo' is not a cache policy")
+
+
+@pytest.mark.parametrize("flag, found", [("1", True), ("0", False)])
+def test_the_startup_hook_registers_ecache_unless_turned_off(tmp_path, flag, found):
+    code = ("from lm_eval.api.registry import get_model\n"
+            "try:\n    print(get_model('ecache').__name__)\nexcept ValueError as e:\n    print('missing', 'hf' in str(e))")
+    env = {**os.environ, "ECACHE_LM_EVAL_HOOK": flag}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    # off: lm-eval's own models are still there, only ecache is not
+    assert res.stdout.split() == (["EcacheLM"] if found else ["missing", "True"])
+
+
+def test_the_hook_leaves_a_registered_name_alone():
+    from ecache_cli.evaluation.hook import TARGET, register
+
+    class Registry(dict):
+        def register(self, name, target):
+            self[name] = target
+
+    reg = Registry()
+    assert register(reg) is True and reg == {"ecache": TARGET}
+    reg["ecache"] = EcacheLM
+    assert register(reg) is False and reg["ecache"] is EcacheLM
 
 
 def test_the_entry_point_names_the_adapter():

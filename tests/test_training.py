@@ -93,6 +93,39 @@ def test_resume_is_exact(train_tiny, snapshot, state, tmp_path):
         assert torch.equal(st["exp_avg"], sb["opt"]["state"][pid]["exp_avg"])
 
 
+def test_loss_over_the_answer_region_equals_the_full_logits_loss(train_tiny, state):
+    """batch_loss computes logits for the last `canvas` columns only; value and gradients are those
+    of the loss over every position's logits (a plain reference written here)."""
+    import random
+
+    import torch.nn.functional as F
+
+    cfg = train_tiny.TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()})
+    tok = train_tiny.Tok(TINY)
+    model = train_tiny.build_model(train_tiny.model_config(cfg, tok), 0)
+    model.load_state_dict(state["ema"])
+    stream = train_tiny.Stream(cfg, tok, train_tiny.load_tasks(cfg.domains))
+    random.seed(0)
+    items = stream.next()[:6]
+    noisy, clean, key_mask, weights = train_tiny.make_batch(items, tok, cfg, torch.Generator().manual_seed(3))
+    assert {it.canvas for it in items} != {noisy.shape[1]}, "the batch has prompt columns to skip"
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    got = train_tiny.batch_loss(model, noisy, clean, key_mask, weights, max(it.canvas for it in items))
+    g_got = grads(got)
+    logits = model(noisy, model.new_store(key_mask))  # (B, T, V): every position
+    sel = weights > 0
+    want = (F.cross_entropy(logits[sel], clean[sel], reduction="none") * weights[sel]).sum() / len(items)
+    g_want = grads(want)
+    assert got.item() > 0 and abs(got.item() - want.item()) < 1e-5 * want.item()
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_data_workers_build_the_same_batches(train_tiny, snapshot, tmp_path):
     """Pools built ahead in worker processes (GPU runs) are the batches the training process builds."""
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"

@@ -1,10 +1,10 @@
 """``ecache-lm-eval`` / ``python -m ecache_cli.evaluation``: lm-eval's own command line with the ``ecache``
 model registered first.
 
-lm-eval releases up to 0.4.13 find models only in their own registry (plugin discovery through the
-``lm_eval.models`` entry point, which ecache declares, came after it: EleutherAI/lm-evaluation-harness
-PR #4013); this wrapper imports the adapter, whose ``@register_model("ecache")`` fills the registry,
-then hands every argument to lm-eval's ``cli_evaluate`` unchanged. LLaDA's ``eval_llada.py`` does the same.
+``lm_eval --model ecache`` works by itself through the installed start-up hook (``hook.py``); this
+wrapper is for environments where site-packages ``.pth`` hooks do not run (or ``ECACHE_LM_EVAL_HOOK=0``):
+it imports the adapter, whose ``@register_model("ecache")`` fills lm-eval's registry, then hands every
+argument to lm-eval's ``cli_evaluate`` unchanged, as LLaDA's ``eval_llada.py`` does.
 """
 
 from __future__ import annotations

@@ -37,7 +37,14 @@ def check_mc(mc_num: int, batch_size: int) -> None:
     if mc_num < 1:
         raise UsageError(f"mc_num={mc_num} must be ≥ 1 (LLaDA evaluates with 128)")
     if batch_size < 1 or mc_num % batch_size:
-        raise UsageError(f"mc_batch_size={batch_size} must be ≥ 1 and divide mc_num={mc_num} (e.g. mc_batch_size=32)")
+        raise UsageError(f"mc_batch_size={batch_size} must be ≥ 1 and divide mc_num={mc_num} "
+                         f"(e.g. mc_batch_size={default_mc_batch(mc_num)})")
+
+
+def default_mc_batch(mc_num: int) -> int:
+    """The Monte Carlo batch when none is given: the largest divisor of ``mc_num`` up to 32 samples
+    (LLaDA's eval default batch 32 at mc_num 128)."""
+    return max(d for d in range(1, min(32, mc_num) + 1) if mc_num % d == 0)
 
 
 def mask_counts(length: int, batch: int, generator: torch.Generator) -> torch.Tensor:

@@ -13,7 +13,7 @@
   precedence defaults < profile < model_args, as ``ecache generate``;
 - chat (default: when the checkpoint has a chat template, as ``ecache generate``; ignored for prompts
   lm-eval already rendered with ``--apply_chat_template``), seed, batch_size (lm-eval's ``--batch_size``);
-- loglikelihood: mc_num (128), mc_batch_size (32), mc_seed (1234), greedy_check (false);
+- loglikelihood: mc_num (128), mc_batch_size (the largest divisor of mc_num up to 32), mc_seed (1234), greedy_check (false);
 - stats_out: where to write the speed JSON (default: beside lm-eval's ``--output_path``).
 
 ``generate_until``: requests with the same generation kwargs are decoded in batches of batch_size by
@@ -57,7 +57,7 @@ from ..config import CACHE_KEYS, DECODE_KEYS, load_profile
 from ..engine.core import Engine
 from ..engine.state import DecodeConfig
 from ..errors import UsageError
-from .likelihood import check_mc, mc_loglikelihood
+from .likelihood import check_mc, default_mc_batch, mc_loglikelihood
 
 _UNSET = object()
 SPEED_KEYS = ("requests", "generated_tokens", "wall_s", "nfe", "full_forwards", "partial_forwards", "forwards")
@@ -80,7 +80,7 @@ class EcacheLM(LM):
 
     def __init__(self, model: str = "tiny", device: str | None = "auto", dtype: str = "auto", profile: str | None = None,
                  task: str | None = None, chat: bool | None = None, batch_size=1, max_batch_size=None, seed: int = 0,
-                 cache=_UNSET, mc_num: int = 128, mc_batch_size: int = 32, mc_seed: int = 1234,
+                 cache=_UNSET, mc_num: int = 128, mc_batch_size: int | None = None, mc_seed: int = 1234,
                  greedy_check: bool = False, stats_out: str | None = None, pretrained: str | None = None, **kwargs):
         super().__init__()
         from ..models.loader import load_model
@@ -97,6 +97,8 @@ class EcacheLM(LM):
                              "model, device, dtype, profile, task, chat, seed, mc_num, mc_batch_size, mc_seed, greedy_check, stats_out")
         policy = None if cache is _UNSET else ("none" if cache is None else str(cache))  # lm-eval reads "none" as None
         self.batch_size = _batch_size(batch_size)
+        if mc_batch_size is None:
+            mc_batch_size = default_mc_batch(int(mc_num)) if int(mc_num) >= 1 else 1
         check_mc(int(mc_num), int(mc_batch_size))
         self.mc_num, self.mc_batch_size, self.mc_seed = int(mc_num), int(mc_batch_size), int(mc_seed)
         self.greedy_check, self.seed, self.stats_out = bool(greedy_check), int(seed), stats_out
