@@ -1,4 +1,5 @@
-"""Process-wide runtime settings chosen once per command: torch's CPU thread count.
+"""Process-wide runtime settings chosen once per command: torch's CPU thread count, then this process's
+rank and the model (:func:`load_for_command`).
 
 ``--threads N`` (every subcommand; ``$ECACHE_THREADS``) sets ``torch.set_num_threads(N)`` before the
 model loads. When it is not given, the embedded model gets :data:`DEFAULT_THREADS`: measured with
@@ -39,3 +40,24 @@ def set_threads(threads: int | None, model: str | None) -> int:
     if n is not None:
         torch.set_num_threads(n)
     return torch.get_num_threads()
+
+
+def load_for_command(model: str, device: str | None, dtype: str | None, threads: int | None, ranks: bool = False):
+    """A subcommand's set-up before its runs: :func:`set_threads` (before the model loads; ``$ECACHE_THREADS``
+    too), then with ``ranks`` this process's rank (``distributed.setup()``: torchrun / accelerate launch;
+    the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype)``.
+
+    Returns ``(lm, dist)``: the ``LoadedModel`` and the ``DistEnv``, None without ``ranks`` (one process).
+    Raises UsageError for a bad thread count, device or dtype (``cuda:N`` under several ranks too),
+    ModelLoadError for a model that cannot be loaded.
+    """
+    from .models.loader import load_model
+
+    set_threads(threads, model)
+    dist = None
+    if ranks:
+        from . import distributed
+
+        dist = distributed.setup()
+        device = dist.device(device)
+    return load_model(model, device, dtype), dist

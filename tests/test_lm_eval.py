@@ -216,3 +216,11 @@ def test_greedy_check_recognises_the_greedy_continuation(profiles_dir):
     reqs = [Instance("loglikelihood", {}, (prompt, c), 0) for c in (continuation, "zq xv kw")]
     (_, is_greedy), (_, other) = lm.loglikelihood(reqs)
     assert is_greedy is True and other is False
+
+
+def test_sampling_model_args_at_temperature_0_warn_once_as_ecache_generate(profiles_dir, capsys):
+    EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5")  # resolve_settings warns, as for the CLI
+    err = capsys.readouterr().err
+    assert err.count("warning: --top-k does nothing at temperature 0") == 1, err
+    EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5,temperature=1.0")
+    assert "does nothing at temperature 0" not in capsys.readouterr().err

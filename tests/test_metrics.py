@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ecache_cli.metrics.fidelity import fidelity, pair_agreement
 from ecache_cli.metrics.memory import MemoryProbe
-from ecache_cli.metrics.throughput import (RowMeasure, RunMeasure, StepTotals, latency_ms, percentile, ratio,
-                                           summarize, tokens_per_s)
+from ecache_cli.metrics.throughput import (RowMeasure, RunMeasure, latency_ms, percentile, ratio, summarize,
+                                           tokens_per_s)
 
 
 def row(prompt, gen, latency, nfe=8, full=8, partial=0, computed=800, canvas=100, ids=(), answer=(), repeat=0):
@@ -89,14 +88,6 @@ def test_peak_memory_and_score_aggregate():
     assert s["peak_memory_bytes"] == 300
     assert s["score"] == pytest.approx(0.5)
     assert summarize([run("none", [row(0, 8, 1.0)], 1.0)])["score"] is None
-
-
-def test_step_totals_sum_step_records():
-    recs = [SimpleNamespace(forward_s=0.01 * i, decision_s=0.001, sampling_s=0.002) for i in range(1, 5)]
-    t = StepTotals.of(recs)
-    assert t.steps == 4
-    assert t.forward_s == pytest.approx(0.1)
-    assert t.decision_s == pytest.approx(0.004) and t.sampling_s == pytest.approx(0.008)
 
 
 def test_fidelity_identical_and_token_agreement_skip_filler():

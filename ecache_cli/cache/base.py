@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..engine.state import DecodeState, StepRecord
+from ..engine.store import append_rows_to, rows_of
 
 
 @dataclass(frozen=True)
@@ -67,22 +68,24 @@ class CachePolicy:
     def observe(self, state: DecodeState, record: StepRecord) -> None:
         """Called after the step's tokens are committed."""
 
-    def select_rows(self, keep: torch.Tensor, batch: int) -> None:
-        """Keep rows ``keep`` (K,) of every per-row tensor attribute (first dim == ``batch``)."""
-        for k, v in vars(self).items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch:
-                setattr(self, k, v[keep])
-
-    def take_rows(self, rows: torch.Tensor, batch: int) -> dict:
-        """Rows ``rows`` (K,) of every per-row tensor attribute, for :meth:`append_rows` (the engine parks
-        a row that waits for the others, so its bookkeeping only moves on at its own steps)."""
-        return {k: v[rows] for k, v in vars(self).items()
+    def _row_tensors(self, batch: int) -> dict:
+        """The per-row tensor attributes: every tensor attribute whose first dim is ``batch``."""
+        return {k: v for k, v in vars(self).items()
                 if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch}
 
+    def select_rows(self, keep: torch.Tensor, batch: int) -> None:
+        """Keep rows ``keep`` (K,) of every per-row tensor attribute (first dim == ``batch``)."""
+        for k, v in self._row_tensors(batch).items():
+            setattr(self, k, v[keep])
+
+    def take_rows(self, rows: torch.Tensor, batch: int) -> dict:
+        """Rows ``rows`` (K,) long of every per-row tensor attribute, copied, for :meth:`append_rows` (the
+        engine parks a row that waits for the others, so its bookkeeping only moves on at its own steps)."""
+        return rows_of(self._row_tensors(batch), rows)
+
     def append_rows(self, taken: dict) -> None:
-        """Append rows taken by :meth:`take_rows` after the current rows."""
-        for k, v in taken.items():
-            setattr(self, k, torch.cat([getattr(self, k), v], 0))
+        """Append rows taken by :meth:`take_rows` after the current rows (one ``torch.cat`` per attribute)."""
+        append_rows_to(self, taken)
 
     @staticmethod
     def targets_and_sources(state: DecodeState) -> torch.Tensor:

@@ -67,10 +67,10 @@ def calibrate_cmd(
     from ..console import err
     from ..console import out as out_console
     from ..errors import EcacheError
-    from ..models.loader import load_model
     from ..runs.calib_report import frontier_table, json_document, plot_frontier, sweep_table, wall_warnings, write_json
     from ..runs.calibrate import CalibrateOptions, calibrate, preflight, validate
-    from ..runs.common import manifest, resolve_settings, warn_sampling_flags
+    from ..runs.common import manifest, resolve_settings
+    from ..runtime import load_for_command
     from ..tasks import get_task
 
     opts = CalibrateOptions(task=task, data=data, limit=limit, seed=seed, shots=shots, chat=chat, metric=metric,
@@ -91,14 +91,7 @@ def calibrate_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
-    warn_sampling_flags(settings.decode, top_k, top_p)
-    from ..runtime import set_threads
-
-    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
-    from .. import distributed
-
-    dist = distributed.setup()  # torchrun / accelerate launch: the ranks share the batches
-    lm = load_model(model, dist.device(device), dtype)
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # the ranks share the batches
     outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
     if not dist.is_main:  # rank 0 prints and writes every file; the others exit with its status
         if outcome.choice.point is None:

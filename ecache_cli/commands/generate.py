@@ -38,9 +38,9 @@ def generate(
     from ..cache import policy_params
     from ..console import err, warn
     from ..errors import ConfigError, UsageError
-    from ..models.loader import load_model
-    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags, warn_sampling_flags
+    from ..runs.common import check_input_file, resolve_settings, warn_unused_cache_flags
     from ..runs.generate import GenerateOptions, run
+    from ..runtime import load_for_command
 
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
@@ -59,24 +59,18 @@ def generate(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
-    warn_sampling_flags(settings.decode, top_k, top_p)
     if task is not None and (settings.profile is None or Path(settings.profile).stem != task):
         from ..config import profile_candidates
 
         raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
                           f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task {task} --model {model}` "
                           "or drop --task")
-    unused = unused_cache_flags([settings.cache], flags)
-    if unused:
-        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by --cache {settings.cache} "
-             f"(it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}); ignored")
+    warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache} "
+                            f"(it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'})")
     if quiet and stream:  # --quiet wins: no output on stderr at all
         warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
-    from ..runtime import set_threads
-
-    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
-    lm = load_model(model, device, dtype)
+    lm, _ = load_for_command(model, device, dtype, threads)  # one process: no ranks
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
                            batch_size=batch_size, seed=seed, stream=stream, quiet=quiet)
     run(lm, settings, opts, sys.stdout, err)

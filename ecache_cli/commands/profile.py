@@ -53,18 +53,16 @@ def profile_cmd(
     from ..runs.profile import (ProfileOptions, json_line, measure, parse_policy_spec, prompt_requests, render_table,
                                 task_requests, timing_warnings)
     from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
-    from ..console import err, out, warn
+    from ..console import err, out
     from ..errors import DataError, UsageError
-    from ..models.loader import load_model
     from ..outputs import check_dir, check_file
-    from ..runs.common import check_input_file, manifest, resolve_settings, unused_cache_flags, warn_sampling_flags
+    from ..runs.common import check_input_file, manifest, resolve_settings, warn_unused_cache_flags
+    from ..runtime import load_for_command, resolve_threads
 
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
                           chat=chat, trace_dir=trace_dir, trace_steps=trace_steps)
     opts.validate()
-    from ..runtime import resolve_threads
-
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     if task is not None and (prompts or input_file is not None):
         raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
@@ -83,11 +81,8 @@ def profile_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
-    warn_sampling_flags(settings.decode, top_k, top_p)
-    unused = unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags)
-    if unused:
-        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} used by none of --policies "
-             f"{','.join(names)}; ignored")
+    warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
+                            f"used by none of --policies {','.join(names)}")
 
     task_obj, task_info = None, None
     if task is not None:
@@ -112,13 +107,7 @@ def profile_cmd(
         err.print("note: --policies has no 'none': speedup, work share and fidelity vs none are not measured",
                   markup=False, highlight=False)
 
-    from ..runtime import set_threads
-
-    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
-    from .. import distributed
-
-    dist = distributed.setup()  # torchrun / accelerate launch: this rank's share, rank 0 reports
-    lm = load_model(model, dist.device(device), dtype)
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # this rank's share, rank 0 reports
     from ..engine.core import Engine
 
     engine = Engine.from_loaded(lm)

@@ -46,14 +46,14 @@ def trace_drift_cmd(
     [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] ·
     [cyan]ecache trace-drift --task gsm8k --data gsm8k/test.jsonl --limit 4 --shots 0 --jsonl steps.jsonl --tensorboard runs/[/]
     """
-    from ..console import err, warn
+    from ..console import err
     from ..engine.state import SIGNALS
     from ..errors import UsageError
-    from ..models.loader import load_model
     from ..runs import drift_report as rep
     from ..outputs import check_dir, check_file
-    from ..runs.common import check_input_file, resolve_settings, unused_cache_flags, warn_sampling_flags
+    from ..runs.common import check_input_file, resolve_settings, warn_unused_cache_flags
     from ..runs.trace_drift import TraceOptions, summary_document, trace
+    from ..runtime import load_for_command
 
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
@@ -81,20 +81,14 @@ def trace_drift_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
-    warn_sampling_flags(settings.decode, top_k, top_p)
-    unused = unused_cache_flags([settings.cache], flags)
-    if unused:
-        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by --cache {settings.cache}; ignored")
+    warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache}")
     for path, flag in ((jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")):  # before any decoding
         check_file(path, flag)
     check_dir(tensorboard, "--tensorboard")
     kind = signal or settings.cache_params.get("signal", "max-entropy")
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=kind, volatility_level=volatility_level)
-    from ..runtime import set_threads
-
-    set_threads(threads, model)  # before the model loads (ECACHE_THREADS too)
-    lm = load_model(model, device, dtype)
+    lm, _ = load_for_command(model, device, dtype, threads)  # one process: no ranks
     settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
     sinks = []
     if jsonl is not None:

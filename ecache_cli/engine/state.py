@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .store import append_rows_to, rows_of
+
 SIGNALS = ("max-entropy", "sum-entropy", "max-confidence")
 
 
@@ -133,13 +135,13 @@ class DecodeState:
                 setattr(self, name, getattr(self, name)[keep])
 
     def take_rows(self, rows: torch.Tensor) -> dict:
-        """The per-row fields of rows ``rows`` (K,) long, for :meth:`append_rows` later."""
-        return {name: getattr(self, name)[rows] for name in self.ROW_FIELDS if getattr(self, name) is not None}
+        """The per-row fields (``ROW_FIELDS`` that are set) of rows ``rows`` (K,) long, copied, for
+        :meth:`append_rows` later (:func:`~ecache_cli.engine.store.rows_of`)."""
+        return rows_of({name: v for name in self.ROW_FIELDS if (v := getattr(self, name)) is not None}, rows)
 
     def append_rows(self, taken: dict) -> None:
-        """Append rows taken by :meth:`take_rows` after the current rows."""
-        for name, v in taken.items():
-            setattr(self, name, torch.cat([getattr(self, name), v], 0))
+        """Append rows taken by :meth:`take_rows` after the current rows (one ``torch.cat`` per field)."""
+        append_rows_to(self, taken)
 
 
 @dataclass

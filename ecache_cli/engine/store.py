@@ -4,6 +4,9 @@ The store only stores. The model writes the K/V of the positions it computes (``
 full tensors back for attention; cache policies never touch it. K is stored *after* RoPE: canvas
 positions never move during a request, so rotating once at write time is exact and saves the
 re-rotation of the whole key sequence that Fast-dLLM does on every call (spec/models.md D.10).
+
+``rows_of`` / ``append_rows_to``: the one implementation of setting batch rows aside and appending them
+back, shared by the store, ``DecodeState`` and the cache policies (this module imports nothing of ecache).
 """
 
 from __future__ import annotations
@@ -11,6 +14,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+
+def rows_of(values: dict, rows: torch.Tensor) -> dict:
+    """Rows ``rows`` (K,) long of batch-first values, keyed as ``values``: a tensor (B, ...) gives its
+    (K, ...) rows, a list or tuple of such tensors a list or tuple of theirs, None stays None. One
+    ``index_select`` per tensor (a copy), no device sync. Put them back with :func:`append_rows_to`."""
+
+    def take(v):
+        if v is None:
+            return None
+        if isinstance(v, (list, tuple)):
+            return type(v)(t.index_select(0, rows) for t in v)
+        return v.index_select(0, rows)
+
+    return {name: take(v) for name, v in values.items()}
+
+
+def append_rows_to(obj, taken: dict) -> None:
+    """Append rows ``taken`` (a :func:`rows_of` result) after the current rows of ``obj``'s attributes
+    of the same names: one ``torch.cat`` on dim 0 per tensor (lists and tuples element by element); an
+    attribute that is None on either side becomes None."""
+
+    def cat(a, b):
+        if a is None or b is None:
+            return None
+        if isinstance(a, (list, tuple)):
+            return type(a)(torch.cat([x, y], 0) for x, y in zip(a, b))
+        return torch.cat([a, b], 0)
+
+    for name, v in taken.items():
+        setattr(obj, name, cat(getattr(obj, name), v))
 
 
 @dataclass
@@ -119,17 +153,16 @@ class KVStore:
             rope=None if self.rope is None else (self.rope[0][rows], self.rope[1][rows]), hidden=hidden,
         )
 
+    #: the per-row fields that :meth:`take_rows` copies and :meth:`append_rows` appends (not ``queries``:
+    #: they belong to the last forward)
+    ROW_FIELDS = ("k", "v", "key_mask", "positions", "attn_mask", "rope", "hidden")
+
     def take_rows(self, rows: torch.Tensor) -> "KVStore":
         """A copy of batch rows ``rows`` (R,) long: their K/V (and hidden states when kept), padding mask,
         RoPE positions and tables, for a forward of those rows only that reads what is cached (one
-        ``index_select`` per tensor, no device sync). Copy the result back with :meth:`put_rows`."""
-        return KVStore(
-            k=[t.index_select(0, rows) for t in self.k], v=[t.index_select(0, rows) for t in self.v],
-            key_mask=self.key_mask[rows], positions=self.positions[rows],
-            attn_mask=None if self.attn_mask is None else self.attn_mask[rows],
-            rope=None if self.rope is None else (self.rope[0][rows], self.rope[1][rows]),
-            hidden=None if self.hidden is None else [t.index_select(0, rows) for t in self.hidden],
-        )
+        ``index_select`` per tensor, no device sync: :func:`rows_of`). Copy the result back with
+        :meth:`put_rows`."""
+        return KVStore(**rows_of({name: getattr(self, name) for name in self.ROW_FIELDS}, rows))
 
     def put_rows(self, rows: torch.Tensor, sub: "KVStore") -> None:
         """Overwrite batch rows ``rows`` (R,) long with every K/V (and hidden state) of ``sub``, a store of
@@ -144,17 +177,9 @@ class KVStore:
     def append_rows(self, sub: "KVStore") -> None:
         """Append the rows of ``sub`` (a :meth:`take_rows` copy of rows set aside earlier) after this
         store's rows: every K/V, hidden state, padding mask, RoPE position and table (one ``cat`` per
-        tensor). The engine parks a row that waits for the others this way (``Run._park``)."""
-        cat = lambda a, b: torch.cat([a, b], 0)  # noqa: E731
-        self.k = [cat(a, b) for a, b in zip(self.k, sub.k)]
-        self.v = [cat(a, b) for a, b in zip(self.v, sub.v)]
-        self.key_mask, self.positions = cat(self.key_mask, sub.key_mask), cat(self.positions, sub.positions)
-        if self.attn_mask is not None and sub.attn_mask is not None:
-            self.attn_mask = cat(self.attn_mask, sub.attn_mask)
-        self.rope = (None if self.rope is None or sub.rope is None
-                     else (cat(self.rope[0], sub.rope[0]), cat(self.rope[1], sub.rope[1])))
-        if self.hidden is not None and sub.hidden is not None:
-            self.hidden = [cat(a, b) for a, b in zip(self.hidden, sub.hidden)]
+        tensor: :func:`append_rows_to`). The engine parks a row that waits for the others this way
+        (``Run._park``)."""
+        append_rows_to(self, {name: getattr(sub, name) for name in self.ROW_FIELDS})
         self.queries = None  # belong to the last forward's batch
 
     def clone(self) -> "KVStore":

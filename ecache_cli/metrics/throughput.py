@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 
 @dataclass
@@ -76,33 +76,6 @@ class RunMeasure:
     rows: list[RowMeasure]
     peak_memory_bytes: int | None = None
     batch_size: int = 1
-
-
-@dataclass
-class StepTotals:
-    """Running sums over StepRecords (anything with forward_s, decision_s, sampling_s in seconds).
-
-    ``add`` is cheap (three float additions) because the profile loop calls it between engine steps,
-    inside the timed region.
-    """
-
-    steps: int = 0
-    forward_s: float = 0.0
-    decision_s: float = 0.0
-    sampling_s: float = 0.0
-
-    def add(self, rec) -> None:
-        self.steps += 1
-        self.forward_s += rec.forward_s
-        self.decision_s += rec.decision_s
-        self.sampling_s += rec.sampling_s
-
-    @classmethod
-    def of(cls, records: Iterable) -> "StepTotals":
-        t = cls()
-        for r in records:
-            t.add(r)
-        return t
 
 
 def percentile(values: Sequence[float], q: float) -> float:

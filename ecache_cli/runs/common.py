@@ -55,7 +55,10 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
                      task: str | None = None) -> Settings:
     """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
     ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
-    ``config.profile_dirs``) < flags. Raises ConfigError/UsageError for bad profiles or values."""
+    ``config.profile_dirs``) < flags. Raises ConfigError/UsageError for bad profiles or values.
+
+    Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
+    ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
     prof = None
     if profile:
         prof = load_profile(profile, model)
@@ -76,7 +79,9 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
     validate_decode(decode)
     make_policy(name, **params)  # validates name and values early
-    return Settings(decode=DecodeConfig(**decode), cache=name, cache_params=params,
+    decode_cfg = DecodeConfig(**decode)
+    warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
+    return Settings(decode=decode_cfg, cache=name, cache_params=params,
                     profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None})
 
 
@@ -97,6 +102,17 @@ def unused_cache_flags(policies: list[str], cache_flags: dict) -> list[str]:
     used = set().union(*(policy_params_or_all(p) for p in policies))
     return [f"--{k.replace('_', '-')}" for k, v in cache_flags.items()
             if k != "policy" and v is not None and k not in used]
+
+
+def warn_unused_cache_flags(policies: list[str], cache_flags: dict, used_by: str) -> None:
+    """One warning on stderr naming the cache flags that none of ``policies`` takes
+    (:func:`unused_cache_flags`), as ``<flags> is|are <used_by>; ignored``; ``used_by`` says by what,
+    e.g. ``not used by --cache dual``. Nothing when every given flag is used."""
+    unused = unused_cache_flags(policies, cache_flags)
+    if unused:
+        from ..console import warn
+
+        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} {used_by}; ignored")
 
 
 def warn_sampling_flags(decode: DecodeConfig, top_k, top_p) -> None:

@@ -1,0 +1,93 @@
+"""Helpers the commands, the engine and the policies share: the warnings of ``resolve_settings`` and
+``warn_unused_cache_flags``, ``load_for_command``, and the batch-row helpers of ``engine/store.py``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ecache_cli.cache.base import CachePolicy
+from ecache_cli.engine.store import KVStore, append_rows_to, rows_of
+from ecache_cli.errors import UsageError
+from ecache_cli.runs.common import resolve_settings, warn_unused_cache_flags
+from ecache_cli.runtime import load_for_command
+
+
+@pytest.mark.parametrize("flags, needle", [
+    ({"top_k": 5}, "warning: --top-k does nothing at temperature 0"),
+    ({"top_k": 5, "top_p": 0.9}, "warning: --top-k and --top-p do nothing at temperature 0"),
+])
+def test_resolve_settings_warns_once_for_sampling_flags_at_temperature_0(profiles_dir, capsys, flags, needle):
+    resolve_settings("tiny", flags, {"policy": "entropy"})
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and needle in err, err
+    resolve_settings("tiny", {**flags, "temperature": 1.0}, {"policy": "entropy"})
+    assert capsys.readouterr().err == ""
+
+
+def test_warn_unused_cache_flags_names_them_in_one_line(capsys):
+    warn_unused_cache_flags(["none"], {"policy": "none", "tau": 3.0, "recent_k": 4}, "not used by --cache none")
+    assert capsys.readouterr().err == "warning: --tau, --recent-k are not used by --cache none; ignored\n"
+    warn_unused_cache_flags(["none", "entropy"], {"policy": None, "tau": 3.0}, "used by none of --policies x")
+    assert capsys.readouterr().err == ""
+
+
+def test_load_for_command_sets_threads_then_loads(llada_dir):
+    before = torch.get_num_threads()
+    try:
+        lm, dist = load_for_command(str(llada_dir), "cpu", "float32", 1)
+        assert dist is None and torch.get_num_threads() == 1 and lm.device.type == "cpu"
+        lm, dist = load_for_command(str(llada_dir), "cpu", "float32", None, ranks=True)
+        assert dist is not None and dist.world_size == 1 and lm.device.type == "cpu"
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(UsageError, match="--threads 0 must be ≥ 1"):
+        load_for_command("/nonexistent", "cpu", "float32", 0)  # before any model is read
+
+
+def test_rows_of_and_append_rows_to_round_trip_tensors_lists_tuples_and_none():
+    full = {"a": torch.arange(6).reshape(3, 2), "pair": (torch.arange(3), 10 * torch.arange(3)),
+            "layers": [torch.arange(3.0)], "unset": None}
+    taken = rows_of(full, torch.tensor([1]))
+    assert taken["a"].tolist() == [[2, 3]] and isinstance(taken["pair"], tuple) and taken["pair"][1].tolist() == [10]
+    assert isinstance(taken["layers"], list) and taken["unset"] is None
+    holder = SimpleNamespace(**rows_of(full, torch.tensor([0, 2])))
+    append_rows_to(holder, taken)
+    order = [0, 2, 1]
+    assert holder.a.tolist() == full["a"][order].tolist() and holder.pair[1].tolist() == [0, 20, 10]
+    assert holder.layers[0].tolist() == [0.0, 2.0, 1.0] and holder.unset is None
+
+
+def test_kv_store_parks_and_restores_rows():
+    key_mask = torch.tensor([[False, True, True], [True, True, True], [False, False, True]])
+    store = KVStore.allocate(2, 1, 4, key_mask, torch.float32, keep_hidden=5)
+    for t in store.k + store.v + store.hidden:
+        t.normal_()
+    store.rope = (torch.randn(3, 1, 3, 4), torch.randn(3, 1, 3, 4))
+    ref = store.clone()  # K/V and hidden states copied; masks, positions and RoPE tables shared (replaced below)
+    sub = store.take_rows(torch.tensor([1]))
+    store.select_rows(torch.tensor([0, 2]))
+    store.append_rows(sub)
+    order = torch.tensor([0, 2, 1])
+    for got, want in zip(store.k + store.v + store.hidden + list(store.rope),
+                         ref.k + ref.v + ref.hidden + list(ref.rope)):
+        assert torch.equal(got, want[order])
+    assert torch.equal(store.key_mask, key_mask[order]) and torch.equal(store.positions, ref.positions[order])
+    assert torch.equal(store.attn_mask, ref.attn_mask[order]) and store.queries is None
+
+
+def test_policy_parks_only_its_per_row_tensors():
+    class Counting(CachePolicy):
+        def __init__(self):
+            self.seen = torch.tensor([10, 11, 12])  # per row
+            self.total = torch.tensor(7)  # 0-d: not per row
+            self.table = torch.zeros(5)  # first dim is not the batch
+
+    pol = Counting()
+    taken = pol.take_rows(torch.tensor([1]), 3)
+    assert set(taken) == {"seen"}
+    pol.select_rows(torch.tensor([0, 2]), 3)
+    pol.append_rows(taken)
+    assert pol.seen.tolist() == [10, 12, 11] and int(pol.total) == 7 and pol.table.shape == (5,)
