@@ -32,7 +32,9 @@ little compute goes to EOS padding. Batches are built from a pool sorted by leng
 
 Curriculum: every ``--adapt-every-min`` minutes the EMA model is evaluated greedily on held-out
 examples (their own seed, never bench/quality.py's) and the domain weights become
-``--adapt-floor`` + that domain's error. ``--drill-frac`` adds training-only arithmetic drills
+``--adapt-floor`` + that domain's error: its share of examples, or with ``--adapt-by tokens`` its
+share of training tokens (a cheap ``list`` example is ~60 tokens, an ``arith`` one ~140, so by
+examples ``list`` got ~10% of the compute at 18% of the examples). ``--drill-frac`` adds training-only arithmetic drills
 (``arith_drill``) at that fraction of ``arith``'s weight.
 
 Schedule: linear warmup, then a constant LR (``--schedule const``), so a run can be extended by any
@@ -117,6 +119,9 @@ class TrainConfig:
     # adapt_floor + error (mean over eval_shots); 0 keeps domain_weights fixed
     adapt_every_min: float = 15.0
     adapt_floor: float = 0.2
+    # "examples": floor + error is each domain's share of examples; "tokens": its share of tokens
+    # (weights divided by the domain's mean example length, drills counted with arith)
+    adapt_by: str = "examples"
     drill_frac: float = 0.5  # arithmetic drills (arith_drill) drawn at this fraction of arith's weight
     # bookkeeping
     log_every: int = 50
@@ -676,6 +681,8 @@ def main(argv=None) -> None:
             log(f"resume overrides from step {state['step']}: {json.dumps(override)}")
     elif args.export_only:
         raise SystemExit(f"{args.state}: no training state to export")
+    if cfg.adapt_by not in ("examples", "tokens"):
+        raise SystemExit(f"--adapt-by {cfg.adapt_by!r}: use examples or tokens")
     tasks = load_tasks(cfg.domains)
     mcfg = model_config(cfg, tok)
     model = build_model(mcfg, cfg.seed)
@@ -726,13 +733,34 @@ def main(argv=None) -> None:
         log(f"final eval ({args.final_eval_n}/setting, {time.time() - t0:.0f}s): {json.dumps(acc)}")
 
 
-def _adapt(acc: dict[str, float], cfg: TrainConfig) -> tuple[float, ...]:
-    """Domain weights from held-out accuracy: floor + mean error over the evaluated shot settings."""
+def _adapt(acc: dict[str, float], cfg: TrainConfig, costs: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """Domain weights (per-example sampling weights) from held-out accuracy: floor + mean error over
+    the evaluated shot settings. With ``cfg.adapt_by == "tokens"`` that target is each domain's share
+    of tokens: the weights are divided by ``costs`` (mean tokens per example of each domain,
+    :func:`domain_costs`) and rescaled to the same mean."""
     out = []
     for d in cfg.domains:
         errs = [1.0 - v for k, v in acc.items() if k.split("/")[0] == d]
-        out.append(round(cfg.adapt_floor + (sum(errs) / len(errs) if errs else 1.0), 3))
-    return tuple(out)
+        out.append(cfg.adapt_floor + (sum(errs) / len(errs) if errs else 1.0))
+    if cfg.adapt_by == "tokens":
+        if costs is None:
+            raise ValueError("adapt_by tokens needs the domains' costs")
+        mean_cost = sum(costs) / len(costs)
+        out = [w * mean_cost / c for w, c in zip(out, costs)]
+    return tuple(round(w, 3) for w in out)
+
+
+def domain_costs(cfg: TrainConfig, tok: Tok, tasks: dict, n: int = 256) -> tuple[float, ...]:
+    """Mean tokens (prompt + canvas) of one example of each of ``cfg.domains`` as the stream draws them
+    (few-shot prompts, canvases; ``arith`` includes its share of drills), from ``n`` draws each with a
+    fixed seed."""
+    stream = Stream(cfg, tok, tasks)
+    rng = random.Random(f"cost:{cfg.seed}")
+    out = []
+    for i in range(len(cfg.domains)):
+        onehot = [float(j == i) for j in range(len(cfg.domains))]
+        out.append(sum(stream.item(rng, onehot).length for _ in range(n)) / n)
+    return tuple(round(c, 1) for c in out)
 
 
 def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) -> None:
@@ -750,6 +778,14 @@ def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) 
         logf.write(json.dumps(rec) + "\n")
         logf.flush()
 
+    costs = domain_costs(cfg, tok, tasks) if cfg.adapt_by == "tokens" else None
+    if costs is not None:
+        log(f"mean tokens per example ({', '.join(cfg.domains)}): {costs}")
+    last = next((h for h in reversed(history) if "eval" in h), None)
+    if cfg.adapt_every_min > 0 and last is not None and last.get("adapt_by", "examples") != cfg.adapt_by:
+        stream.weights = _adapt(last["eval"], cfg, costs)  # a resumed run switched --adapt-by: apply it now
+        log(f"--adapt-by {cfg.adapt_by}: weights {stream.weights} from the eval at step {last['step']}")
+
     def do_eval() -> None:
         t0 = time.time()
         acc = evaluate(ema_model if ema_model is not None else model, tok, tasks, cfg.eval_n, cfg.eval_shots,
@@ -757,8 +793,8 @@ def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) 
         rec = {"step": run["step"], "eval": acc, "n": cfg.eval_n, "tokens": stats["tokens"],
                "cpu_h": round(stats["cpu_seconds"] / 3600, 3), "eval_s": round(time.time() - t0)}
         if cfg.adapt_every_min > 0:
-            stream.weights = _adapt(acc, cfg)
-            rec["next_weights"] = list(stream.weights)
+            stream.weights = _adapt(acc, cfg, costs)
+            rec["next_weights"], rec["adapt_by"] = list(stream.weights), cfg.adapt_by
         history.append(rec)
         record(rec)
         log(f"eval step {run['step']} ({cfg.eval_n}/setting, {rec['eval_s']}s): {json.dumps(acc)}"

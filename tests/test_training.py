@@ -126,6 +126,23 @@ def test_loss_over_the_answer_region_equals_the_full_logits_loss(train_tiny, sta
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_adapt_by_tokens_gives_each_domain_its_share_of_tokens(train_tiny, state):
+    cfg = train_tiny.TrainConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()},
+                                    "adapt_by": "tokens", "adapt_floor": 0.4})
+    costs = train_tiny.domain_costs(cfg, train_tiny.Tok(TINY), train_tiny.load_tasks(cfg.domains), n=64)
+    i = {d: cfg.domains.index(d) for d in ("list", "code", "arith")}
+    assert costs[i["list"]] < costs[i["arith"]]  # a list example is the cheap one
+    acc = {"list/0shot": 0.5, "list/4shot": 0.3, "code/0shot": 1.0, "code/4shot": 0.9,
+           "arith/0shot": 0.1, "arith/4shot": 0.1}
+    w = train_tiny._adapt(acc, cfg, costs)
+    share = [wi * c for wi, c in zip(w, costs)]  # expected tokens per draw
+    target = {"list": 0.4 + 0.6, "code": 0.4 + 0.05, "arith": 0.4 + 0.9}
+    for d, j in i.items():
+        assert share[j] / sum(share) == pytest.approx(target[d] / sum(target.values()), abs=2e-3), d
+    by_examples = train_tiny._adapt(acc, train_tiny.TrainConfig(**{**cfg.__dict__, "adapt_by": "examples"}))
+    assert by_examples[i["list"]] == pytest.approx(1.0) and by_examples[i["arith"]] == pytest.approx(1.3)
+
+
 def test_data_workers_build_the_same_batches(train_tiny, snapshot, tmp_path):
     """Pools built ahead in worker processes (GPU runs) are the batches the training process builds."""
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
