@@ -135,13 +135,7 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
 def _check_types(data: dict, path) -> None:
     """A wrongly typed value (``tau: abc``, ``gen_length: abc``) is a ConfigError naming the key and the
     value, not a TypeError deep in the engine."""
-    from .cache import POLICIES
-    from .engine.state import DecodeConfig
-
-    kinds = {"decode": field_types(DecodeConfig), "cache": {"policy": str}}
-    for cls in POLICIES.values():
-        for k, kind in field_types(cls).items():
-            kinds["cache"].setdefault(k, kind)
+    kinds = value_kinds()
     for section in ("decode", "cache"):
         sec = data.get(section) or {}
         for k, v in sec.items():
@@ -149,6 +143,19 @@ def _check_types(data: dict, path) -> None:
                 sec[k] = check_value(kinds[section].get(k), v)
             except ValueError as e:
                 raise ConfigError(f"{path}: {section}.{k}: {v!r} {e}") from None
+
+
+def value_kinds() -> dict[str, dict]:
+    """``{"decode": {key: type}, "cache": {key: type}}``: the type each decode key (``DecodeConfig``) and
+    cache key (every policy's parameters) takes, for :func:`check_value`."""
+    from .cache import POLICIES
+    from .engine.state import DecodeConfig
+
+    kinds = {"decode": field_types(DecodeConfig), "cache": {"policy": str}}
+    for cls in POLICIES.values():
+        for k, kind in field_types(cls).items():
+            kinds["cache"].setdefault(k, kind)
+    return kinds
 
 
 def resolve(defaults: dict, profile: dict | None, flags: dict) -> dict:

@@ -532,3 +532,14 @@ def test_help_at_80_columns_shows_whole_option_names():
     assert res.exit_code == 0
     assert "--low-eos-confidence " in res.stdout and "--no-low-eos-confidence" in res.stdout
     assert "…" not in res.stdout
+
+
+def test_ecache_lm_eval_without_lm_eval_names_the_extra(monkeypatch, capsys):
+    from ecache_cli.evaluation import __main__ as entry
+
+    monkeypatch.setitem(sys.modules, "lm_eval.__main__", None)  # import raises ModuleNotFoundError
+    with pytest.raises(SystemExit) as exc:
+        entry.main()
+    assert exc.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: lm-evaluation-harness is not installed") and "ecache[eval]" in lines[0]

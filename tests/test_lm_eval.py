@@ -124,6 +124,32 @@ def test_mc_estimate_follows_llada_sampler(adapter):
         mc_loglikelihood(lm.model, lm.spec, prefix, target, 8, 3)
 
 
+@pytest.mark.parametrize("arg, message", [
+    ("steps=x", "model_args: steps='x' must be a whole number"),
+    ("temperature=x", "model_args: temperature='x' must be a number"),
+    ("gen_length=2.5", "model_args: gen_length=2.5 must be a whole number"),
+    ("seed=x", "model_args: seed='x' must be a whole number"),
+    ("mc_num=2.5", "model_args: mc_num=2.5 must be a whole number"),
+    ("greedy_check=maybe", "model_args: greedy_check='maybe' must be true or false"),
+    ("chat=maybe", "model_args: chat='maybe' must be true or false"),
+    ("early_exit=x", "model_args: early_exit='x' must be true or false"),
+    ("tau=abc", "model_args: tau='abc' must be a number"),
+    ("task=nope", "model_args: task='nope' is not a task"),
+])
+def test_wrongly_typed_model_args_are_one_line_errors(profiles_dir, arg, message):
+    with pytest.raises(UsageError) as e:
+        EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,{arg}")
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_unwritable_stats_out_fails_before_decoding(tmp_path, profiles_dir):
+    from ecache_cli.errors import EcacheError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(EcacheError, match="stats_out"):
+        EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,stats_out={tmp_path / 'file' / 'speed.json'}")
+
+
 def test_bad_model_args_are_one_line_errors(profiles_dir):
     with pytest.raises(UsageError, match=r"model_args: taux=0\.5 is not an ecache setting"):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu,taux=0.5")

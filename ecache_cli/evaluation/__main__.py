@@ -17,9 +17,18 @@ def main() -> None:
     :class:`~ecache_cli.errors.EcacheError`) end as one ``error:`` line on stderr and its exit code
     (2 usage, 1 data), as in ``ecache``; inside lm-eval used as a library they propagate.
     """
-    from lm_eval.__main__ import cli_evaluate
-
     from ..errors import EcacheError
+
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ModuleNotFoundError as e:
+        if e.name != "lm_eval" and not str(e.name).startswith("lm_eval."):
+            raise
+        from ..console import error
+
+        error('lm-evaluation-harness is not installed; install the eval extra: pip install "ecache[eval]" '
+              '(from a checkout: pip install -e ".[eval]")')
+        raise SystemExit(1) from None
     from . import lm_eval_adapter  # noqa: F401  (registers the model)
 
     try:

@@ -7,14 +7,17 @@ that release (EleutherAI/lm-evaluation-harness PR #4013). Until a release carrie
 ``ecache_lm_eval.pth`` (this folder; setup.py installs it in site-packages) calls :func:`install` at interpreter
 start-up, the mechanism setuptools' own ``distutils-precedence.pth`` uses.
 
-:func:`install` costs one meta-path finder and imports nothing else: the finder answers ``None`` for
-every module except ``lm_eval.models``; when that one is imported, it runs lm-eval's own loader and
-then registers ``ecache`` as a lazy placeholder (``ecache_cli.evaluation.lm_eval_adapter:EcacheLM``)
-unless the name is already taken, then removes itself. Nothing of ecache or torch is imported until
+:func:`install` adds one meta-path finder and imports only ``ecache_cli.evaluation.hook`` itself (the
+``.pth`` line also imports ``importlib.util`` to check that ecache is still installed; ~3 ms per
+interpreter start in all); the finder answers ``None`` for every module except ``lm_eval.models``;
+when that one is imported, it runs lm-eval's own loader and then registers ``ecache`` as a lazy
+placeholder (``ecache_cli.evaluation.lm_eval_adapter:EcacheLM``) unless the name is already taken,
+then removes itself. Nothing of ecache or torch is imported until
 lm-eval is asked for the ``ecache`` model. In lm-eval's own command line (``lm_eval``, ``lm-eval``,
 ``python -m lm_eval``) an uncaught ecache error (a bad ``--model_args`` value, a model that cannot be
 loaded) prints one ``error:`` line and exits with its code (2 usage, 1 data), as ``ecache-lm-eval``
-does; any other exception keeps lm-eval's traceback. ``ECACHE_LM_EVAL_HOOK=0`` turns the hook off (the
+does; any other exception keeps lm-eval's traceback. ``ECACHE_LM_EVAL_HOOK=0`` (or ``false``, ``off``,
+``no``) turns the hook off (the
 ``ecache-lm-eval`` wrapper works either way).
 """
 

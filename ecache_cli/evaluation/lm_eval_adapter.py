@@ -53,10 +53,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from .. import distributed
-from ..config import CACHE_KEYS, DECODE_KEYS, load_profile
+from ..config import CACHE_KEYS, DECODE_KEYS, check_value, load_profile, value_kinds
 from ..engine.core import Engine
 from ..engine.state import DecodeConfig
 from ..errors import UsageError
+from ..outputs import check_file
+from ..tasks import TASKS
 from .likelihood import check_mc, default_mc_batch, mc_loglikelihood
 
 _UNSET = object()
@@ -96,12 +98,21 @@ class EcacheLM(LM):
                              f"({', '.join(sorted(DECODE_KEYS))}), cache keys (cache, {', '.join(sorted(ckeys))}), "
                              "model, device, dtype, profile, task, chat, seed, mc_num, mc_batch_size, mc_seed, greedy_check, stats_out")
         policy = None if cache is _UNSET else ("none" if cache is None else str(cache))  # lm-eval reads "none" as None
+        kinds = value_kinds()
+        decode = {k: _arg(k, v, kinds["decode"].get(k)) for k, v in decode.items()}
+        extra_cache = {k: _arg(k, v, kinds["cache"].get(k)) for k, v in extra_cache.items()}
+        mc_num, mc_seed, seed = (_arg(k, v, int) for k, v in (("mc_num", mc_num), ("mc_seed", mc_seed), ("seed", seed)))
+        greedy_check, chat = _arg("greedy_check", greedy_check, bool), _arg("chat", chat, bool | None)
         self.batch_size = _batch_size(batch_size)
         if mc_batch_size is None:
-            mc_batch_size = default_mc_batch(int(mc_num)) if int(mc_num) >= 1 else 1
-        check_mc(int(mc_num), int(mc_batch_size))
-        self.mc_num, self.mc_batch_size, self.mc_seed = int(mc_num), int(mc_batch_size), int(mc_seed)
-        self.greedy_check, self.seed, self.stats_out = bool(greedy_check), int(seed), stats_out
+            mc_batch_size = default_mc_batch(mc_num) if mc_num >= 1 else 1
+        check_mc(mc_num, _arg("mc_batch_size", mc_batch_size, int))
+        if task is not None and str(task) not in TASKS:
+            raise UsageError(f"model_args: task={task!r} is not a task; choose one of {', '.join(TASKS)}")
+        if stats_out is not None:
+            check_file(stats_out, "model_args stats_out=")  # before any decoding, not after the evaluation
+        self.mc_num, self.mc_batch_size, self.mc_seed = mc_num, int(mc_batch_size), mc_seed
+        self.greedy_check, self.seed, self.stats_out = greedy_check, seed, stats_out
         self.settings = resolve_settings(str(model), decode, {"policy": policy, **extra_cache}, profile=profile, task=task)
         prof = load_profile(self.settings.profile) if self.settings.profile else {}
         # the canvas follows max_gen_toks unless the user (or the profile) fixed it
@@ -361,6 +372,15 @@ def cut_at(text: str, until: list[str]) -> str:
 def _request_id(text: str) -> int:
     """A stable non-negative id of a request's text (its random stream must not depend on rank or order)."""
     return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
+def _arg(key: str, value, kind):
+    """A model_arg as its setting's type wants it (:func:`ecache_cli.config.check_value`; lm-eval's
+    parser already made ``3``, ``0.5``, ``true`` numbers and booleans), else a one-line UsageError."""
+    try:
+        return check_value(kind, value)
+    except ValueError as e:
+        raise UsageError(f"model_args: {key}={value!r} {e}") from None
 
 
 def _batch_size(value) -> int:
