@@ -74,6 +74,7 @@ def test_speed_stats_sit_beside_the_scores(evaluated):
     assert gen["tokens_per_s"] == pytest.approx(gen["generated_tokens"] / gen["wall_s"])
     assert gen["refresh_rate"] == pytest.approx(gen["full_forwards"] / gen["nfe"])
     assert 0 < gen["refresh_rate"] < 1  # entropy (the default cache) refreshed some steps, not all
+    assert gen["forwards"] == gen["nfe"] > 0 and [r["forwards"] for r in gen["ranks"]] == [gen["nfe"]]
     ll = speed["loglikelihood"]
     assert ll["requests"] == 2 * len(res["samples"]["ecache_list_mc"]) and ll["forwards"] == ll["requests"] * 2
     assert on_disk["manifest"]["settings"]["cache"] == "entropy"

@@ -238,6 +238,7 @@ class EcacheLM(LM):
                     st = res.stats
                     for k in ("generated_tokens", "nfe", "full_forwards", "partial_forwards"):
                         sums[k] += st[k]
+                    sums["forwards"] += st["nfe"]  # a denoising step is one model forward
                     sums["requests"] += 1
                 sums["wall_s"] += run.wall_s
         self._gather_speed("generate_until")
@@ -307,7 +308,7 @@ class EcacheLM(LM):
         agg = distributed.aggregate_speed(per_rank)
         nfe, full, n = (sum(r[k] for r in per_rank) for k in ("nfe", "full_forwards", "requests"))
         agg.update(requests=n, nfe=nfe, full_forwards=full, partial_forwards=sum(r["partial_forwards"] for r in per_rank),
-                   forwards=sum(r["forwards"] for r in per_rank) or nfe,  # loglikelihood: MC forwards
+                   forwards=sum(r["forwards"] for r in per_rank),  # generation: NFE; loglikelihood: MC forwards
                    refresh_rate=full / nfe if nfe else None, nfe_per_request=nfe / n if n and nfe else None)
         self.speed_all[kind] = agg
 
