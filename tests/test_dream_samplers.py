@@ -41,6 +41,12 @@ def ecache(lm, prompts, cfg, cache="none"):
 # --- the reference loops
 
 
+def block_timesteps(gen_length, block_length, steps, eps):
+    """Steps per block and Dream's per-block timesteps linspace(1, eps, steps_per_block + 1)."""
+    spb = steps // (gen_length // block_length)
+    return spb, torch.linspace(1, eps, spb + 1)
+
+
 class Canvas:
     """A left-padded batch canvas and the model calls of a reference loop (full or windowed forwards)."""
 
@@ -56,6 +62,11 @@ class Canvas:
         self.x[:, self.P:] = self.spec.mask_id
         self.store = self.model.new_store(key_mask)
         self.banned = [self.spec.mask_id] + list(range(len(lm.tokenizer), self.spec.vocab_size))
+
+    def blocks(self, block_length):
+        """(start, end) absolute positions of each block of the generated region, in decoding order."""
+        G = self.x.shape[1] - self.P
+        return [(self.P + i * block_length, self.P + (i + 1) * block_length) for i in range(G // block_length)]
 
     def masked(self):
         return self.x == self.spec.mask_id  # (B, T)
@@ -114,10 +125,8 @@ def dream_reference(lm, prompt_ids, gen_length, block_length, steps, alg, cache=
     With a cache: a full forward at each block's first step, the window otherwise."""
     cv = Canvas(lm, prompt_ids, gen_length)
     B, P = cv.x.shape[0], cv.P
-    spb = steps // (gen_length // block_length)
-    timesteps = torch.linspace(1, eps, spb + 1)
-    for blk in range(gen_length // block_length):
-        start, end = P + blk * block_length, P + (blk + 1) * block_length
+    spb, timesteps = block_timesteps(gen_length, block_length, steps, eps)
+    for start, end in cv.blocks(block_length):
         for i in range(spb):
             x0, confidence = cv.scores(cv.forward(cache, start, end, refresh=i == 0), alg)
             block_mask = torch.zeros_like(cv.x, dtype=torch.bool)
@@ -139,9 +148,8 @@ def quota_reference(lm, prompt_ids, gen_length, block_length, steps, threshold, 
     threshold; a deferral at the last step adds a step and drops the new quota to 0."""
     cv = Canvas(lm, prompt_ids, gen_length)
     B, P = cv.x.shape[0], cv.P
-    spb = steps // (gen_length // block_length)
-    for blk in range(gen_length // block_length):
-        start, end = P + blk * block_length, P + (blk + 1) * block_length
+    spb = steps // (gen_length // block_length)  # steps per block
+    for start, end in cv.blocks(block_length):
         ntt = [block_length // spb] * B
         left, row_steps, i = [0] * B, [spb] * B, 0
         while cv.masked()[:, start:end].any():
@@ -183,10 +191,8 @@ def block_sampler_reference(lm, prompt_ids, gen_length, block_length, steps, cac
     entropy, k = int(num_mask · (1 − t[i+1]/t[i])), all at the last step."""
     cv = Canvas(lm, prompt_ids, gen_length)
     B, P = cv.x.shape[0], cv.P
-    spb = steps // (gen_length // block_length)
-    timesteps = torch.linspace(1, eps, spb + 1)
-    for blk in range(gen_length // block_length):
-        start, end = P + blk * block_length, P + (blk + 1) * block_length
+    spb, timesteps = block_timesteps(gen_length, block_length, steps, eps)
+    for start, end in cv.blocks(block_length):
         x0, _ = cv.scores(cv.logits(), "maskgit_plus")
         cv.x[:, start] = x0[:, start]
         i = 1
@@ -428,10 +434,8 @@ def sampled_reference(lm, prompt_ids, gen_length, block_length, steps, alg, temp
     cv = Canvas(lm, prompt_ids, gen_length)
     B, P = cv.x.shape[0], cv.P
     gens = [row_generator(seed, b) for b in range(B)]
-    spb = steps // (gen_length // block_length)
-    timesteps = torch.linspace(1, eps, spb + 1)
-    for blk in range(gen_length // block_length):
-        start, end = P + blk * block_length, P + (blk + 1) * block_length
+    spb, timesteps = block_timesteps(gen_length, block_length, steps, eps)
+    for start, end in cv.blocks(block_length):
         n0 = cv.masked()[:, start:end].sum(1).tolist()  # masks per row at the block start (LLaDA's split)
         for i in range(spb):
             if not cv.masked()[:, start:end].any():
