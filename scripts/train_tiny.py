@@ -65,6 +65,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -123,6 +124,13 @@ class TrainConfig:
     # (weights divided by the domain's mean example length, drills counted with arith)
     adapt_by: str = "examples"
     drill_frac: float = 0.5  # arithmetic drills (arith_drill) drawn at this fraction of arith's weight
+    # loss weight of the result digits of ``a op b = r`` in arith solutions and drills (result_positions);
+    # 1.0 is the plain objective
+    result_weight: float = 1.0
+    # training-only sampling weights of list operations, "Op=w" (ecache_cli/tasks/listops.py OPS names;
+    # unnamed ops weigh 1): list examples are drawn by rejection so op frequencies follow them
+    list_op_weights: tuple[str, ...] = ()
+    drill_op_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)  # drill operations * + - / (arith_drill)
     # bookkeeping
     log_every: int = 50
     eval_n: int = 24  # held-out examples per domain per shot setting (curriculum eval)
@@ -157,6 +165,26 @@ class Tok:
     def answer_ids(self, text: str) -> list[int]:
         return self.hf(text, add_special_tokens=False)["input_ids"] + [self.eot]
 
+    def result_positions(self, ids: list[int]) -> tuple[int, ...]:
+        """Indices of the digits of each computed result in answer ``ids``: the digit run after
+        ``" ="`` and ``" "`` or ``" $"`` (``14 * 4 = 56``, ``12 - 5 = $7``). The tokenizer splits numbers
+        into one token per digit (scripts/build_tokenizer.py)."""
+        if not hasattr(self, "_digits"):
+            v = self.hf.get_vocab()
+            self._digits = {v[str(d)] for d in range(10)}
+            self._eq, self._lead = v.get(" ="), {v.get(" "), v.get(" $")}
+        out, i = [], 0
+        while i < len(ids):
+            if ids[i] == self._eq and i + 1 < len(ids) and ids[i + 1] in self._lead:
+                j = i + 2
+                while j < len(ids) and ids[j] in self._digits:
+                    out.append(j)
+                    j += 1
+                i = j
+            else:
+                i += 1
+        return tuple(out)
+
     def decode_completion(self, ids: list[int]) -> str:
         """Text of a generated span up to its first eot/EOS (the engine's convention)."""
         out = []
@@ -167,9 +195,13 @@ class Tok:
         return self.hf.decode(out, skip_special_tokens=True)
 
 
-def arith_drill(rng: random.Random) -> tuple[str, str]:
+DRILL_OPS = "*+-/"
+
+
+def arith_drill(rng: random.Random, op_weights=None) -> tuple[str, str]:
     """A training-only arithmetic drill: 3-6 expressions in the prompt, the answer restates each with
-    its result (``14 * 4 = 56``), one per line, in the ``arith`` solutions' notation.
+    its result (``14 * 4 = 56``), one per line, in the ``arith`` solutions' notation. ``op_weights``
+    (4 floats for ``DRILL_OPS``; None: uniform) sets how often each operation is drawn.
 
     The operand ranges cover the computations of the ``arith`` templates (tasks/arith.py): products of
     a 2-12 factor and a 2-80 factor, sums up to 250 + 100, differences with a positive result and exact
@@ -178,7 +210,7 @@ def arith_drill(rng: random.Random) -> tuple[str, str]:
     """
     lines = []
     for _ in range(rng.randint(3, 6)):
-        op = rng.choice("*+-/")
+        op = rng.choice(DRILL_OPS) if op_weights is None else rng.choices(DRILL_OPS, weights=op_weights)[0]
         if op == "*":
             a, b = rng.randint(2, 12), rng.randint(2, 80)
             if rng.random() < 0.5:
@@ -201,6 +233,61 @@ def arith_drill(rng: random.Random) -> tuple[str, str]:
     return question, "\n".join(f"{e} = {r}" for e, r in lines)
 
 
+RESULT_RE = re.compile(r"= (\d+)")
+
+
+def drill_fact_accuracy(model, tok: Tok, drills: list[tuple[str, str]]) -> dict[str, list[int]]:
+    """{op: [right, total]} (and ``"all"``) over every result of ``drills`` ((question, answer) pairs of
+    ``arith_drill``): the answer on the canvas clean, + eot + 16 EOS, except the digits of one result,
+    masked; one full forward per result; right when the argmax at every masked digit is the true digit.
+
+    Computation alone, with the numbers already copied (bench/arith_facts.py prints it side by side for
+    several models). Raises ValueError when a result does not end on a token boundary.
+    """
+    device = next(model.parameters()).device
+    out: dict[str, list[int]] = {}
+    was_training = model.training
+    model.eval()
+    for question, answer in drills:
+        prompt, full = tok.prompt_ids(question), tok.answer_ids(answer)[:-1]
+        for m in RESULT_RE.finditer(answer):
+            lo = len(tok.answer_ids(answer[:m.start(1)])) - 1
+            hi = len(tok.answer_ids(answer[:m.end(1)])) - 1
+            if full[:hi] != tok.answer_ids(answer[:m.end(1)])[:-1]:
+                raise ValueError(f"{answer[:m.end(1)]!r}: result does not end on a token boundary")
+            x = prompt + full + [tok.eot] + [tok.eos] * 16
+            x[len(prompt) + lo:len(prompt) + hi] = [tok.mask] * (hi - lo)
+            xt = torch.tensor([x], device=device)
+            pos = torch.arange(len(prompt) + lo, len(prompt) + hi, device=device)[None]
+            with torch.no_grad():
+                logits = model(xt, model.new_store(torch.ones_like(xt, dtype=torch.bool)), logits_pos=pos)
+            right = logits[0].argmax(-1).tolist() == full[lo:hi]
+            op = answer[:m.start()].rsplit("\n", 1)[-1].split()[1]
+            for key in (op, "all"):
+                c = out.setdefault(key, [0, 0])
+                c[0] += right
+                c[1] += 1
+    model.train(was_training)
+    return out
+
+
+def list_op_weights(specs) -> dict[str, float]:
+    """Parse ``--list-op-weights`` ("Op=w" items) into {op: w}; SystemExit names a bad item."""
+    from ecache_cli.tasks.listops import OPS
+
+    out = {}
+    for item in specs:
+        op, sep, w = item.rpartition("=")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = -1.0
+        if not sep or op not in OPS or weight < 0:
+            raise SystemExit(f"--list-op-weights: bad item {item!r}; use Op=weight with Op one of {sorted(OPS)}")
+        out[op] = weight
+    return out
+
+
 def load_tasks(domains) -> dict:
     from ecache_cli.tasks import get_task
 
@@ -221,6 +308,7 @@ class Item:
     prompt: list[int]
     answer: list[int]  # answer tokens + eot
     canvas: int  # answer-region length (answer + eot + EOS padding)
+    results: tuple[int, ...] = ()  # answer indices of computed result digits (result_positions)
 
     @property
     def length(self) -> int:
@@ -241,6 +329,8 @@ class Stream:
         self.weights = tuple(cfg.domain_weights)  # the weights of the next pool built
         self.pool_weights = self.weights  # the weights the current pool was built with
         self.workers, self._mp, self._ahead = 0, None, []  # start_workers: pools built ahead elsewhere
+        self.op_weights = list_op_weights(cfg.list_op_weights)
+        self.op_wmax = max([1.0, *self.op_weights.values()])
 
     def state(self) -> dict:
         """Position in the stream: enough to rebuild the current pool and continue after batch ``pos``."""
@@ -263,11 +353,15 @@ class Stream:
         while True:
             name = rng.choices(names, weights=w)[0]
             if name == "drill":
-                question, target = arith_drill(rng)
+                ow = cfg.drill_op_weights
+                question, target = arith_drill(rng, None if len(set(ow)) == 1 else ow)
                 prompt, answer = self.tok.prompt_ids(question), self.tok.answer_ids(target)
             else:
                 task = self.tasks[name]
                 ex = task.examples("train", 1, rng.randrange(1 << 40))[0]
+                if name == "list" and self.op_weights:  # rejection: op frequencies follow list_op_weights
+                    while rng.random() * self.op_wmax >= self.op_weights.get(ex.meta["op"], 1.0):
+                        ex = task.examples("train", 1, rng.randrange(1 << 40))[0]
                 shots = rng.randint(1, cfg.max_shots) if rng.random() < cfg.fewshot_frac else 0
                 prompt = self.tok.prompt_ids(task.prompt(ex, shots, rng.randrange(1 << 30)))
                 answer = self.tok.answer_ids(task.target(ex))
@@ -281,7 +375,8 @@ class Stream:
                 canvas = min(cfg.canvas, len(answer) + max(1, extra))
             else:
                 canvas = min(cfg.canvas, len(answer) + rng.randint(1, cfg.extra_eos))
-            return Item(prompt, answer, canvas)
+            results = self.tok.result_positions(answer) if name in ("arith", "drill") else ()
+            return Item(prompt, answer, canvas, results)
 
     def _build_pool(self, pool: int, weights) -> list[list[Item]]:
         cfg = self.cfg
@@ -403,6 +498,11 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
         m[c:] = True
         masked[b] = m
         weights[b] = m.float() / m.sum()
+    if cfg.result_weight != 1.0:  # up-weight computed results (after the normalisation above)
+        for b, it in enumerate(items):
+            if it.results:
+                pos = torch.tensor(it.results) + (T - it.canvas)
+                weights[b, pos] *= cfg.result_weight
     noisy = torch.where(masked, torch.full_like(clean, tok.mask), clean)
     return noisy, clean, key_mask, weights
 
@@ -558,6 +658,7 @@ def evaluate(model, tok: Tok, tasks: dict, n: int, shots_list, seed: int = 0) ->
 # --- training state (one file) and export ----------------------------------------------------------
 
 STATE_FORMAT = "ecache-tiny-train-state/1"
+FACT_DRILLS = 60  # drills (3-6 results each) in the curriculum eval's drill_fact_accuracy
 EVAL_SEED = 1000  # the curriculum eval draws its own test examples: bench/quality.py (seed 0) stays untouched
 
 
@@ -624,7 +725,7 @@ def parse_args(argv=None):
     for name, val in asdict(d).items():
         flag = "--" + name.replace("_", "-")
         if isinstance(val, tuple):
-            kind = type(val[0])
+            kind = type(val[0]) if val else str
             ap.add_argument(flag, type=lambda s, k=kind: tuple(k(x) for x in s.split(",")), default=val,
                             help=f"comma-separated (default {','.join(map(str, val))})")
         else:
@@ -790,14 +891,18 @@ def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) 
         t0 = time.time()
         acc = evaluate(ema_model if ema_model is not None else model, tok, tasks, cfg.eval_n, cfg.eval_shots,
                        seed=EVAL_SEED)
+        drng = random.Random(f"facts:{EVAL_SEED}")  # held-out drills: computation alone (drill_fact_accuracy)
+        facts = drill_fact_accuracy(ema_model if ema_model is not None else model, tok,
+                                    [arith_drill(drng) for _ in range(FACT_DRILLS)])
         rec = {"step": run["step"], "eval": acc, "n": cfg.eval_n, "tokens": stats["tokens"],
-               "cpu_h": round(stats["cpu_seconds"] / 3600, 3), "eval_s": round(time.time() - t0)}
+               "cpu_h": round(stats["cpu_seconds"] / 3600, 3), "eval_s": round(time.time() - t0),
+               "facts": {op: round(c[0] / c[1], 3) for op, c in sorted(facts.items())}}
         if cfg.adapt_every_min > 0:
             stream.weights = _adapt(acc, cfg, costs)
             rec["next_weights"], rec["adapt_by"] = list(stream.weights), cfg.adapt_by
         history.append(rec)
         record(rec)
-        log(f"eval step {run['step']} ({cfg.eval_n}/setting, {rec['eval_s']}s): {json.dumps(acc)}"
+        log(f"eval step {run['step']} ({cfg.eval_n}/setting, {rec['eval_s']}s): {json.dumps(acc)}; facts {rec['facts']}"
             + (f" -> weights {stream.weights}" if cfg.adapt_every_min > 0 else ""))
 
     def save() -> None:

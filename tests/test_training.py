@@ -126,6 +126,92 @@ def test_loss_over_the_answer_region_equals_the_full_logits_loss(train_tiny, sta
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_result_weight_scales_only_the_masked_result_digits(train_tiny, state):
+    """--result-weight multiplies the loss weight of the digits after "= " / "= $" in arith solutions
+    and drills (Tok.result_positions), nothing else; 1.0 leaves make_batch's weights unchanged."""
+    tok = train_tiny.Tok(TINY)
+    ids = tok.answer_ids("Ben saves 12 * 3 = $36.\nHe has 36 - 35 = $1 left.\nSo 3 + 40 = 43 pens.\n#### 1")
+    assert "".join(tok.hf.decode([ids[i]]) for i in tok.result_positions(ids)) == "36143"
+    base = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
+    items = [train_tiny.Item(tok.prompt_ids("Compute:\n12 * 3"), tok.answer_ids("12 * 3 = 36"), 16),
+             train_tiny.Item(tok.prompt_ids("Sort: 3 1"), tok.answer_ids("1 3"), 12)]
+    items[0].results = tok.result_positions(items[0].answer)
+    assert len(items[0].results) == 2
+    out = {}
+    for rw in (1.0, 5.0):
+        cfg = train_tiny.TrainConfig(**{**base, "result_weight": rw, "block_mask_frac": 0.0, "prefix_mask_frac": 1.0})
+        out[rw] = train_tiny.make_batch(items, tok, cfg, torch.Generator().manual_seed(0))
+    (n1, c1, k1, w1), (n5, c5, k5, w5) = out[1.0], out[5.0]
+    assert torch.equal(n1, n5) and torch.equal(c1, c5)  # same masks: only the weights differ
+    T = n1.shape[1]
+    res = [T - 16 + i for i in items[0].results]
+    ratio = torch.ones_like(w1)
+    ratio[0, res] = 5.0
+    assert torch.equal(w5, w1 * ratio)
+    assert (w1[0, res] > 0).any(), "a prefix mask covers the result here"
+
+
+def test_list_op_weights_set_the_op_frequencies(train_tiny):
+    """--list-op-weights draws list examples by rejection: op frequencies follow the weights (others 1)."""
+    import collections
+    import random
+
+    tok = train_tiny.Tok(TINY)
+    cfg = train_tiny.TrainConfig(domains=("list",), domain_weights=(1.0,), drill_frac=0.0,
+                                 list_op_weights=("Sort=4", "Reverse=0"))
+    stream = train_tiny.Stream(cfg, tok, train_tiny.load_tasks(cfg.domains))
+    rng, ops = random.Random(0), collections.Counter()
+    for _ in range(1300):
+        text = tok.hf.decode(stream.item(rng, (1.0,)).prompt, skip_special_tokens=True)
+        ops[text.rsplit(":", 1)[0].split("\n")[-1].rstrip(" 0123456789")] += 1
+    n = sum(ops.values())
+    assert ops["Reverse"] == 0
+    assert ops["Sort"] / n == pytest.approx(4 / 12, abs=0.04)  # 4 of 4 + 8 ops at 1
+    assert ops["Odd"] / n == pytest.approx(1 / 12, abs=0.03)
+    with pytest.raises(SystemExit, match="Sorted=2"):
+        train_tiny.list_op_weights(("Sorted=2",))
+
+
+def test_drill_fact_accuracy_scores_each_result_by_its_masked_digits(train_tiny):
+    """One forward per result, its digits masked; right iff every masked digit's argmax is the true one.
+    A fake model that always predicts "7" gets exactly the results written only with 7s."""
+    tok = train_tiny.Tok(TINY)
+    seven = tok.hf.convert_tokens_to_ids("7")
+    seen = []
+
+    class Sevens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def new_store(self, key_mask):
+            return None
+
+        def forward(self, x, store, logits_pos):
+            seen.append(int((x == tok.mask).sum()))
+            out = torch.zeros(1, logits_pos.shape[1], tok.vocab)
+            out[..., seven] = 1.0
+            return out
+
+    drills = [("Compute:\n3 + 4\n70 + 7", "3 + 4 = 7\n70 + 7 = 77"),
+              ("Compute:\n10 + 7\n21 / 3\n7 * 11", "10 + 7 = 17\n21 / 3 = 7\n7 * 11 = 77")]
+    got = train_tiny.drill_fact_accuracy(Sevens(), tok, drills)
+    assert got == {"+": [2, 3], "/": [1, 1], "*": [1, 1], "all": [4, 5]}
+    assert seen == [1, 2, 2, 1, 2]  # the digits of one result masked per forward
+
+
+def test_drill_op_weights_set_the_drill_operations(train_tiny):
+    import collections
+    import random
+
+    rng, ops = random.Random(0), collections.Counter()
+    for _ in range(400):
+        _, answer = train_tiny.arith_drill(rng, (3.0, 1.0, 0.0, 0.0))
+        ops.update(line.split()[1] for line in answer.split("\n"))
+    n = sum(ops.values())
+    assert set(ops) == {"*", "+"} and ops["*"] / n == pytest.approx(0.75, abs=0.04)
+
+
 def test_adapt_by_tokens_gives_each_domain_its_share_of_tokens(train_tiny, state):
     cfg = train_tiny.TrainConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()},
                                     "adapt_by": "tokens", "adapt_floor": 0.4})
