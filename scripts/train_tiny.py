@@ -35,7 +35,11 @@ examples (their own seed, never bench/quality.py's) and the domain weights becom
 ``--adapt-floor`` + that domain's error: its share of examples, or with ``--adapt-by tokens`` its
 share of training tokens (a cheap ``list`` example is ~60 tokens, an ``arith`` one ~140, so by
 examples ``list`` got ~10% of the compute at 18% of the examples). ``--drill-frac`` adds training-only arithmetic drills
-(``arith_drill``) at that fraction of ``arith``'s weight.
+(``arith_drill``) at that fraction of ``arith``'s weight, their operations drawn by ``--drill-op-weights``;
+``--result-weight`` scales the loss weight of every computed result's digits in ``arith`` solutions
+and drills (``Tok.result_positions``); ``--list-op-weights`` draws ``list`` operations by rejection so
+the ones the model fails come more often. The curriculum eval also logs ``drill_fact_accuracy`` (the
+results of held-out drills, computed from a clean context), the cheap measure of the arithmetic itself.
 
 Schedule: linear warmup, then a constant LR (``--schedule const``), so a run can be extended by any
 number of steps; the exported model is the EMA of the weights (``--ema``), which plays the part of an
