@@ -20,24 +20,11 @@ Prints a table (accuracy per operation), then one JSON line (the last stdout lin
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _train_module():
-    spec = importlib.util.spec_from_file_location("train_tiny", REPO / "scripts" / "train_tiny.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,6 +44,8 @@ def main(argv=None) -> None:
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    from train_step import _train_module  # bench/ is on sys.path when run as a script
+
     tt = _train_module()
     rng = random.Random(f"facts:{args.seed}")
     drills = [tt.arith_drill(rng) for _ in range(args.drills)]

@@ -142,7 +142,7 @@ def test_result_weight_scales_only_the_masked_result_digits(train_tiny, state):
         cfg = train_tiny.TrainConfig(**{**base, "result_weight": rw, "block_mask_frac": 0.0, "prefix_mask_frac": 1.0})
         out[rw] = train_tiny.make_batch(items, tok, cfg, torch.Generator().manual_seed(0))
     (n1, c1, k1, w1), (n5, c5, k5, w5) = out[1.0], out[5.0]
-    assert torch.equal(n1, n5) and torch.equal(c1, c5)  # same masks: only the weights differ
+    assert torch.equal(n1, n5) and torch.equal(c1, c5) and torch.equal(k1, k5)  # only the weights differ
     T = n1.shape[1]
     res = [T - 16 + i for i in items[0].results]
     ratio = torch.ones_like(w1)
