@@ -39,7 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     from rich.table import Table
 
-    from ecache_cli.console import out
+    from ecache_cli.console import err, out
+    from ecache_cli.errors import EcacheError
     from ecache_cli.models.loader import load_model
 
     args = parse_args(argv)
@@ -53,7 +54,11 @@ def main(argv=None) -> None:
     res, secs = {}, {}
     for name in models:
         t0 = time.perf_counter()
-        lm = load_model(name, device="cpu", dtype="float32")
+        try:
+            lm = load_model(name, device="cpu", dtype="float32")
+        except EcacheError as e:  # one line, the CLI's exit codes
+            err.print(f"error: {e}")
+            raise SystemExit(e.exit_code) from None
         res[name] = tt.drill_fact_accuracy(lm.model, tt.Tok(lm.path), drills)
         secs[name] = round(time.perf_counter() - t0, 1)
     ops = ["+", "-", "*", "/", "all"]

@@ -69,7 +69,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import sys
 import time
@@ -237,37 +236,37 @@ def arith_drill(rng: random.Random, op_weights=None) -> tuple[str, str]:
     return question, "\n".join(f"{e} = {r}" for e, r in lines)
 
 
-RESULT_RE = re.compile(r"= (\d+)")
-
-
 def drill_fact_accuracy(model, tok: Tok, drills: list[tuple[str, str]]) -> dict[str, list[int]]:
     """{op: [right, total]} (and ``"all"``) over every result of ``drills`` ((question, answer) pairs of
-    ``arith_drill``): the answer on the canvas clean, + eot + 16 EOS, except the digits of one result,
-    masked; one full forward per result; right when the argmax at every masked digit is the true digit.
+    ``arith_drill``, one result per line, located by ``Tok.result_positions``): the answer on the canvas
+    clean, + eot + 16 EOS, except the digits of one result, masked; one full forward per result; right
+    when the argmax at every masked digit is the true digit.
 
     Computation alone, with the numbers already copied (bench/arith_facts.py prints it side by side for
-    several models). Raises ValueError when a result does not end on a token boundary.
+    several models).
     """
     device = next(model.parameters()).device
     out: dict[str, list[int]] = {}
     was_training = model.training
     model.eval()
     for question, answer in drills:
-        prompt, full = tok.prompt_ids(question), tok.answer_ids(answer)[:-1]
-        for m in RESULT_RE.finditer(answer):
-            lo = len(tok.answer_ids(answer[:m.start(1)])) - 1
-            hi = len(tok.answer_ids(answer[:m.end(1)])) - 1
-            if full[:hi] != tok.answer_ids(answer[:m.end(1)])[:-1]:
-                raise ValueError(f"{answer[:m.end(1)]!r}: result does not end on a token boundary")
-            x = prompt + full + [tok.eot] + [tok.eos] * 16
-            x[len(prompt) + lo:len(prompt) + hi] = [tok.mask] * (hi - lo)
+        prompt, full = tok.prompt_ids(question), tok.answer_ids(answer)
+        runs: list[list[int]] = []  # the digit positions of each result, in order
+        for i in tok.result_positions(full):
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for line, run in zip(answer.split("\n"), runs):
+            x = prompt + full + [tok.eos] * 16
+            for i in run:
+                x[len(prompt) + i] = tok.mask
             xt = torch.tensor([x], device=device)
-            pos = torch.arange(len(prompt) + lo, len(prompt) + hi, device=device)[None]
+            pos = torch.tensor([[len(prompt) + i for i in run]], device=device)
             with torch.no_grad():
                 logits = model(xt, model.new_store(torch.ones_like(xt, dtype=torch.bool)), logits_pos=pos)
-            right = logits[0].argmax(-1).tolist() == full[lo:hi]
-            op = answer[:m.start()].rsplit("\n", 1)[-1].split()[1]
-            for key in (op, "all"):
+            right = logits[0].argmax(-1).tolist() == [full[i] for i in run]
+            for key in (line.split()[1], "all"):
                 c = out.setdefault(key, [0, 0])
                 c[0] += right
                 c[1] += 1
@@ -335,6 +334,8 @@ class Stream:
         self.workers, self._mp, self._ahead = 0, None, []  # start_workers: pools built ahead elsewhere
         self.op_weights = list_op_weights(cfg.list_op_weights)
         self.op_wmax = max([1.0, *self.op_weights.values()])
+        ow = tuple(cfg.drill_op_weights)  # uniform weights: rng.choice, the stream of runs before the flag
+        self.drill_ops = None if len(set(ow)) == 1 else ow
 
     def state(self) -> dict:
         """Position in the stream: enough to rebuild the current pool and continue after batch ``pos``."""
@@ -357,8 +358,7 @@ class Stream:
         while True:
             name = rng.choices(names, weights=w)[0]
             if name == "drill":
-                ow = cfg.drill_op_weights
-                question, target = arith_drill(rng, None if len(set(ow)) == 1 else ow)
+                question, target = arith_drill(rng, self.drill_ops)
                 prompt, answer = self.tok.prompt_ids(question), self.tok.answer_ids(target)
             else:
                 task = self.tasks[name]
@@ -893,11 +893,10 @@ def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) 
 
     def do_eval() -> None:
         t0 = time.time()
-        acc = evaluate(ema_model if ema_model is not None else model, tok, tasks, cfg.eval_n, cfg.eval_shots,
-                       seed=EVAL_SEED)
+        judged = ema_model if ema_model is not None else model  # the weights an export would ship
+        acc = evaluate(judged, tok, tasks, cfg.eval_n, cfg.eval_shots, seed=EVAL_SEED)
         drng = random.Random(f"facts:{EVAL_SEED}")  # held-out drills: computation alone (drill_fact_accuracy)
-        facts = drill_fact_accuracy(ema_model if ema_model is not None else model, tok,
-                                    [arith_drill(drng) for _ in range(FACT_DRILLS)])
+        facts = drill_fact_accuracy(judged, tok, [arith_drill(drng) for _ in range(FACT_DRILLS)])
         rec = {"step": run["step"], "eval": acc, "n": cfg.eval_n, "tokens": stats["tokens"],
                "cpu_h": round(stats["cpu_seconds"] / 3600, 3), "eval_s": round(time.time() - t0),
                "facts": {op: round(c[0] / c[1], 3) for op, c in sorted(facts.items())}}
