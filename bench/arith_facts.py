@@ -1,19 +1,26 @@
-"""Arithmetic facts of the embedded model: how often it computes a result, given everything else.
+"""Arithmetic facts of the embedded model: how often it computes a result, given everything before it.
 
 ``arith`` problems fail almost only on computation (copying the numbers from the problem is right;
 see the model card), and a whole problem needs 2-3 results right, so its accuracy moves late and
-noisily. This measures the computation itself: for held-out arithmetic drills (``arith_drill`` of
-scripts/train_tiny.py, 3-6 lines ``a op b = r``, drawn with a seed of their own) the answer is put on
-the canvas clean except the digits of one result, which are masked; one full forward, and the result
-counts as right when the argmax at every masked digit is the true digit (``drill_fact_accuracy`` in
-scripts/train_tiny.py, which also logs it at every curriculum eval, on drills of its own seed).
+noisily. This measures the computation itself (``drill_fact_accuracy`` in scripts/train_tiny.py): one
+result's digits are masked, one full forward, and the result counts as right when the argmax at every
+masked digit is the true digit. Three measures, one row each per model:
 
-Several models (``--model a,b``) run on the same drills, side by side: a recipe change is compared on
+- ``drills, clean``: held-out arithmetic drills (``arith_drill``, 3-6 lines ``a op b = r``, a seed of
+  their own), the rest of the answer clean, so the text after the result gives its length away (the
+  measure logged as ``facts`` at every curriculum eval);
+- ``drills, ltr``: the same drills with the result and everything after it masked, as in left-to-right
+  decoding: the model must also decide how many digits the result has;
+- ``arith, ltr``: the worked solutions of held-out ``arith`` problems (test split, seed 0, as
+  bench/quality.py), each result and everything after it masked: the computations of the benchmark
+  itself, in context, each from a correct prefix (logged as ``facts_ltr``).
+
+Several models (``--model a,b``) run on the same items, side by side: a recipe change is compared on
 the same items at equal training steps (exported with ``train_tiny.py --export-only --state COPY``).
 
 Prints a table (accuracy per operation), then one JSON line (the last stdout line).
 
-    python bench/arith_facts.py                           # the shipped model, 100 drills
+    python bench/arith_facts.py                           # the shipped model, 100 drills, 100 problems
     python bench/arith_facts.py --model tiny,/tmp/ft --drills 200
 """
 
@@ -32,6 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="tiny", help="comma-separated models (name or directory); default tiny")
     ap.add_argument("--drills", type=int, default=100, help="drills (3-6 results each); default 100")
     ap.add_argument("--seed", type=int, default=123, help="drill seed (the training stream never uses it)")
+    ap.add_argument("--problems", type=int, default=100, help="held-out arith problems (test split, seed 0); default 100")
     ap.add_argument("--threads", type=int, default=1)
     return ap.parse_args(argv)
 
@@ -50,8 +58,13 @@ def main(argv=None) -> None:
     tt = _train_module()
     rng = random.Random(f"facts:{args.seed}")
     drills = [tt.arith_drill(rng) for _ in range(args.drills)]
+    from ecache_cli.tasks import get_task
+
+    problems = [(ex.question, ex.answer) for ex in get_task("arith").examples("test", args.problems, 0)]
+    measures = {"drills, clean": (drills, "clean"), "drills, ltr": (drills, "ltr"), "arith, ltr": (problems, "ltr")}
     models = [m for m in args.model.split(",") if m]
-    res, secs = {}, {}
+    res: dict[str, dict[str, dict]] = {}
+    secs = {}
     for name in models:
         t0 = time.perf_counter()
         try:
@@ -59,19 +72,22 @@ def main(argv=None) -> None:
         except EcacheError as e:  # one line, the CLI's exit codes
             err.print(f"error: {e}")
             raise SystemExit(e.exit_code) from None
-        res[name] = tt.drill_fact_accuracy(lm.model, tt.Tok(lm.path), drills)
+        tok = tt.Tok(lm.path)
+        res[name] = {m: tt.drill_fact_accuracy(lm.model, tok, items, mode) for m, (items, mode) in measures.items()}
         secs[name] = round(time.perf_counter() - t0, 1)
     ops = ["+", "-", "*", "/", "all"]
-    table = Table(title=f"result digits right, clean context ({args.drills} drills, seed {args.seed})")
+    table = Table(title=f"result digits right ({args.drills} drills seed {args.seed}; {args.problems} arith test problems)")
     table.add_column("model")
+    table.add_column("measure")
     for op in ops:
         table.add_column(op, justify="right")
     for name in models:
-        table.add_row(name, *[f"{res[name][op][0] / res[name][op][1]:.1%} ({res[name][op][1]})"
-                              if op in res[name] else "-" for op in ops])
+        for m, r in res[name].items():
+            table.add_row(name, m, *[f"{r[op][0] / r[op][1]:.1%} ({r[op][1]})" if op in r else "-" for op in ops])
     out.print(table)
-    doc = {"drills": args.drills, "seed": args.seed, "seconds": secs,
-           "accuracy": {n: {op: round(c[0] / c[1], 4) for op, c in r.items()} for n, r in res.items()},
+    doc = {"drills": args.drills, "seed": args.seed, "problems": args.problems, "seconds": secs,
+           "accuracy": {n: {m: {op: round(c[0] / c[1], 4) for op, c in r.items()} for m, r in rs.items()}
+                        for n, rs in res.items()},
            "counts": res}
     print(json.dumps(doc, separators=(",", ":")), flush=True)
 

@@ -93,6 +93,34 @@ def test_resume_is_exact(train_tiny, snapshot, state, tmp_path):
         assert torch.equal(st["exp_avg"], sb["opt"]["state"][pid]["exp_avg"])
 
 
+def test_cooldown_decays_linearly_from_the_resumed_step_and_resumes(train_tiny, snapshot, state, tmp_path):
+    """--cooldown N: the LR falls linearly from lr to lr * min_lr_frac over N steps starting at the step
+    the call resumed at, stays there, and a later resume without the flag continues the same decay."""
+    from dataclasses import replace
+
+    cfg = replace(train_tiny.TrainConfig(), lr=1e-3, min_lr_frac=0.1, warmup=10, cooldown=100, cooldown_start=500)
+    assert train_tiny.lr_at(499, cfg) == pytest.approx(1e-3)
+    assert train_tiny.lr_at(500, cfg) == pytest.approx(1e-3)
+    assert train_tiny.lr_at(550, cfg) == pytest.approx(1e-3 * (1 - 0.5 * 0.9))
+    assert train_tiny.lr_at(600, cfg) == pytest.approx(1e-4)
+    assert train_tiny.lr_at(10_000, cfg) == pytest.approx(1e-4)
+    assert train_tiny.lr_at(550, replace(cfg, cooldown=0)) == pytest.approx(1e-3)
+
+    path = tmp_path / "cool.pt"
+    shutil.copyfile(snapshot, path)
+    train_tiny.main(["--state", str(path), "--max-new-steps", "1", "--cooldown", "40", "--log", str(tmp_path / "l"),
+                     "--save-every-min", "1000", "--adapt-every-min", "1000", "--threads", "1"])
+    _run(train_tiny, path, tmp_path / "l", 1)  # no flag: the saved cfg carries the decay on
+    cool = train_tiny.load_state(path)
+    assert cool["cfg"]["cooldown"] == 40 and cool["cfg"]["cooldown_start"] == state["step"]
+    assert cool["opt"]["param_groups"][0]["lr"] == pytest.approx(state["cfg"]["lr"] * (1 - 0.9 / 40))
+    train_tiny.main(["--state", str(path), "--max-new-steps", "1", "--cooldown", "0", "--log", str(tmp_path / "l"),
+                     "--save-every-min", "1000", "--adapt-every-min", "1000", "--threads", "1"])
+    warm = train_tiny.load_state(path)  # --cooldown 0: the stable LR again, through a fresh warmup
+    assert warm["cfg"]["cooldown"] == 0 and warm["schedule_start"] == state["step"] + 2
+    assert warm["opt"]["param_groups"][0]["lr"] == pytest.approx(state["cfg"]["lr"] / state["cfg"]["warmup"])
+
+
 def test_loss_over_the_answer_region_equals_the_full_logits_loss(train_tiny, state):
     """batch_loss computes logits for the last `canvas` columns only; value and gradients are those
     of the loss over every position's logits (a plain reference written here)."""
@@ -151,6 +179,37 @@ def test_result_weight_scales_only_the_masked_result_digits(train_tiny, state):
     assert (w1[0, res] > 0).any(), "a prefix mask covers the result here"
 
 
+def test_copy_mask_hides_the_later_copies_of_a_masked_result(train_tiny, state):
+    """--copy-mask: in the chosen examples, a result with any digit masked has every later copy of its
+    number masked too (Tok.result_copies finds them; numbers inside longer numbers are not copies);
+    independent masking, which the test also runs, leaves some copies visible."""
+    tok = train_tiny.Tok(TINY)
+    ans = "Anna bakes 6 * 7 = 42 cookies.\nAfter selling 18, 42 - 18 = 24 cookies are left.\nShe fills 24 / 4 = 6 bags.\n#### 6"
+    ids = tok.answer_ids(ans)
+    copies = tok.result_copies(ids, tok.result_positions(ids))
+    text = [("".join(tok.hf.decode([ids[i]]) for i in run), "".join(tok.hf.decode([ids[i]]) for i in later))
+            for run, later in copies]
+    assert text == [("42", "42"), ("24", "24"), ("6", "6")]  # the 6 of "6 * 7" comes before: not a copy
+    ids2 = tok.answer_ids("So 3 * 4 = 12 pens.\nThen 12 + 112 = 124 pens.\n#### 124")
+    (run, later), _ = tok.result_copies(ids2, tok.result_positions(ids2))
+    assert len(later) == 2 and tok.hf.decode([ids2[i] for i in later]) == "12"  # not the 12 of 112 or 124
+    base = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
+    item = train_tiny.Item(tok.prompt_ids("q"), ids, len(ids) + 4, tok.result_positions(ids), copies)
+    seen = {}
+    for cm in (0.0, 1.0):
+        cfg = train_tiny.TrainConfig(**{**base, "copy_mask": cm, "block_mask_frac": 0.0, "prefix_mask_frac": 0.0})
+        leaks = 0
+        for seed in range(40):
+            noisy, clean, _, w = train_tiny.make_batch([item], tok, cfg, torch.Generator().manual_seed(seed))
+            off = noisy.shape[1] - item.canvas
+            m = noisy[0] == tok.mask
+            assert torch.equal(m, w[0] > 0)  # the loss covers exactly the masked tokens
+            leaks += sum(bool(m[[off + i for i in r]].any()) and not bool(m[[off + i for i in c]].all())
+                         for r, c in copies)
+        seen[cm] = leaks
+    assert seen[1.0] == 0 and seen[0.0] > 0
+
+
 def test_list_op_weights_set_the_op_frequencies(train_tiny):
     """--list-op-weights draws list examples by rejection: op frequencies follow the weights (others 1)."""
     import collections
@@ -198,6 +257,17 @@ def test_drill_fact_accuracy_scores_each_result_by_its_masked_digits(train_tiny)
     got = train_tiny.drill_fact_accuracy(Sevens(), tok, drills)
     assert got == {"+": [2, 3], "/": [1, 1], "*": [1, 1], "all": [4, 5]}
     assert seen == [1, 2, 2, 1, 2]  # the digits of one result masked per forward
+    seen.clear()
+    assert train_tiny.drill_fact_accuracy(Sevens(), tok, drills, mode="ltr") == got
+    ends = []  # ltr: the result and everything after it (answer, eot, 16 EOS) masked
+    for _, a in drills:
+        ids = tok.answer_ids(a)
+        ends += [len(ids) + 16 - run[0] for run in tok.result_runs(tok.result_positions(ids))]
+    assert seen == ends and ends[0] > 2
+    problem = [("q", "Tom has 7 * 11 = 77 pens.\nHe gives 70, so he has 77 - 70 = $7 left.\n#### 7")]
+    assert train_tiny.drill_fact_accuracy(Sevens(), tok, problem, mode="ltr") == {"*": [1, 1], "-": [1, 1], "all": [2, 2]}
+    with pytest.raises(ValueError, match="mode"):
+        train_tiny.drill_fact_accuracy(Sevens(), tok, drills, mode="copy")
 
 
 def test_drill_op_weights_set_the_drill_operations(train_tiny):
