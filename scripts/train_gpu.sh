@@ -12,7 +12,11 @@
 #   bash scripts/train_gpu.sh                                     # on the GPU machine ($OUT set by the tool)
 #   OUT=/tmp/o TRAIN_DEVICE=cpu TRAIN_STEPS=3 bash scripts/train_gpu.sh   # CPU smoke run (tests/test_training.py)
 #
-# Knobs (environment): TRAIN_MINUTES (default 7), TRAIN_STEPS (stop after this many new steps; 0: none),
+# Two phases (warmup-stable-decay): the stable LR first (--cooldown 0: a state that ended in a decay
+# phase warms up again), then the last TRAIN_COOLDOWN_FRAC of the run (default 0.25; 0: none) decays
+# the LR linearly (--cooldown N, N = that share of the steps, sized from the first phase's pace).
+#
+# Knobs (environment): TRAIN_MINUTES (default 7), TRAIN_STEPS (stop after this many new steps in all; 0: none),
 # TRAIN_DEVICE (default cuda), TRAIN_BATCH_TOKENS (default: 16384 on cuda, the state's on cpu),
 # TRAIN_WORKERS (data processes on cuda, default 8), TRAIN_ADAPT_MIN (curriculum eval interval on cuda,
 # default 3), TRAIN_LR (default: the state's), TRAIN_STATE (default scripts/tiny_train_state.pt), PYTHON.
@@ -24,6 +28,7 @@ DEVICE=${TRAIN_DEVICE:-cuda}
 MINUTES=${TRAIN_MINUTES:-7}
 STEPS=${TRAIN_STEPS:-0}
 STATE=${TRAIN_STATE:-scripts/tiny_train_state.pt}
+FRAC=${TRAIN_COOLDOWN_FRAC:-0.25}
 mkdir -p "$OUT/tiny"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -f "$STATE" ] || { echo "train_gpu: no training state at $STATE" >&2; exit 1; }
@@ -48,9 +53,28 @@ if dev.startswith("cuda") and not torch.cuda.is_available():
 print(f"train_gpu: torch {torch.__version__} on {torch.cuda.get_device_name(0) if dev.startswith('cuda') else 'cpu'}")
 EOF
 
-"$PY" scripts/train_tiny.py --state "$OUT/state.pt" --device "$DEVICE" --minutes "$MINUTES" \
-    --max-new-steps "$STEPS" --export --out "$OUT/tiny" --log "$OUT/train.jsonl" "${extra[@]}" \
-    2>&1 | grep -v '^\[transformers\]' | tee "$OUT/train.log"
+step_of() { "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], map_location="cpu", weights_only=False)["step"])' "$1"; }
+# phase 1 (stable LR): all the steps or minutes but the cooldown's share
+read -r P1_STEPS P2_STEPS P1_MIN P2_MIN < <("$PY" -c '
+import sys; steps, minutes, f = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+n2 = min(steps - 1, max(1, round(steps * f))) if steps and f > 0 else 0
+print(steps - n2 if steps else 0, n2, minutes * (1 - f), minutes * f * 1.5)' "$STEPS" "$MINUTES" "$FRAC")
+start=$(step_of "$OUT/state.pt")
+train() {
+    "$PY" scripts/train_tiny.py --state "$OUT/state.pt" --device "$DEVICE" --log "$OUT/train.jsonl" "${extra[@]}" "$@" \
+        2>&1 | grep -v '^\[transformers\]' | tee -a "$OUT/train.log"
+}
+if [ "$FRAC" = 0 ] || { [ "$STEPS" != 0 ] && [ "$P2_STEPS" = 0 ]; }; then  # one phase, no decay
+    train --cooldown 0 --minutes "$MINUTES" --max-new-steps "$STEPS" --export --out "$OUT/tiny"
+else
+    train --cooldown 0 --minutes "$P1_MIN" --max-new-steps "$P1_STEPS"
+    if [ "$STEPS" = 0 ]; then  # size the decay from the pace of phase 1
+        P2_STEPS=$("$PY" -c 'import sys; print(max(1, round(int(sys.argv[1]) * float(sys.argv[2]) / (1 - float(sys.argv[2])))))' \
+            "$(( $(step_of "$OUT/state.pt") - start ))" "$FRAC")
+    fi
+    # phase 2 (decay): --cooldown N from where phase 1 stopped; the minutes are only a safety stop
+    train --cooldown "$P2_STEPS" --max-new-steps "$P2_STEPS" --minutes "$P2_MIN" --export --out "$OUT/tiny"
+fi
 rm -f "$OUT/tiny/tokenizer.json" "$OUT/tiny/tokenizer_config.json" "$OUT/tiny/special_tokens_map.json"
 split -b 15000000 -d "$OUT/state.pt" "$OUT/tiny_train_state.pt.part"
 rm "$OUT/state.pt"

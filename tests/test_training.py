@@ -314,7 +314,8 @@ def test_data_workers_build_the_same_batches(train_tiny, snapshot, tmp_path):
 
 
 def test_train_gpu_script_runs_on_cpu(snapshot, state, tmp_path):
-    """scripts/train_gpu.sh on the CPU for 2 steps: state parts + exported model under $OUT, joinable."""
+    """scripts/train_gpu.sh on the CPU for 2 steps (stable LR, then decay): state parts + exported model
+    under $OUT, joinable."""
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), TRAIN_DEVICE="cpu", TRAIN_STEPS="2", PYTHON=sys.executable,
                OMP_NUM_THREADS="1", TRAIN_STATE=str(snapshot))
@@ -327,6 +328,8 @@ def test_train_gpu_script_runs_on_cpu(snapshot, state, tmp_path):
     joined.write_bytes(b"".join(p.read_bytes() for p in parts))
     st = _train_module().load_state(joined)
     assert st["step"] == state["step"] + 2
+    # two phases: 1 step at the stable LR (a decayed state warms up again), then a 1-step decay
+    assert st["cfg"]["cooldown"] == 1 and st["cfg"]["cooldown_start"] == state["step"] + 1
     exported = load_file(str(out / "tiny" / "model.safetensors"))
     for k, v in exported.items():
         assert torch.equal(v, st["ema"][k]), k
