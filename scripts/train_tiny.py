@@ -104,8 +104,8 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr_frac: float = 0.1  # cosine (and --cooldown) decay to lr * min_lr_frac
     # warmup-stable-decay: LR falls linearly to lr * min_lr_frac over this many steps from cooldown_start
-    # (set to the resumed step when --cooldown is given); 0: no decay phase. Branch a copy of the state
-    # for it (--state COPY) to keep the stable-LR run extendable.
+    # (set to the resumed step when --cooldown is given); 0: no decay phase (--cooldown 0 on a decayed
+    # state warms the LR up again to the stable value, so the run stays extendable)
     cooldown: int = 0
     cooldown_start: int = 0
     warmup: int = 300
@@ -166,9 +166,10 @@ class Tok:
     """The tokenizer plus the LLaDA special ids and a cached chat-template renderer."""
 
     def __init__(self, path: Path):
-        from transformers import AutoTokenizer
+        import transformers
 
-        self.hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        transformers.utils.logging.set_verbosity_error()  # config.json's model_type is unknown to transformers
+        self.hf = transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         ids = self.hf.convert_tokens_to_ids
         self.bos, self.eos, self.mask = ids("<|startoftext|>"), ids("<|endoftext|>"), ids("<|mdm_mask|>")
         self.eot = ids("<|eot_id|>")
@@ -792,17 +793,30 @@ def export(state_dict: dict, mcfg: dict, tok_dir: Path, out: Path, dtype: torch.
 # --- main ------------------------------------------------------------------------------------------
 
 
+# what the recipe flags do (the other TrainConfig fields are described by their comments there)
+FLAG_HELP = {
+    "cooldown": "LR decay phase: the LR falls linearly to lr * min_lr_frac over this many steps from the "
+                "step this call resumes at; 0 on a decayed state warms it up again to the stable LR",
+    "cooldown_start": "first step of the decay (set by --cooldown)",
+    "copy_mask": "fraction of examples in which the later copies of a masked arith result are masked too",
+    "result_weight": "loss weight of the digits of computed results in arith solutions and drills",
+    "list_op_weights": "training frequency of list operations, e.g. 'Sort=2,Unique=2' (others 1)",
+    "drill_op_weights": "training frequency of the drills' operations * + - /",
+}
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     d = TrainConfig()
     for name, val in asdict(d).items():
         flag = "--" + name.replace("_", "-")
+        what = FLAG_HELP[name] + " " if name in FLAG_HELP else ""
         if isinstance(val, tuple):
             kind = type(val[0]) if val else str
             ap.add_argument(flag, type=lambda s, k=kind: tuple(k(x) for x in s.split(",")), default=val,
-                            help=f"comma-separated (default {','.join(map(str, val))})")
+                            help=f"{what}comma-separated (default {','.join(map(str, val))})")
         else:
-            ap.add_argument(flag, type=type(val), default=val, help=f"(default {val})")
+            ap.add_argument(flag, type=type(val), default=val, help=f"{what}(default {val})")
     ap.add_argument("--tokenizer", type=Path, default=REPO / "ecache_cli/data/tiny", help="tokenizer directory")
     ap.add_argument("--out", type=Path, default=REPO / "ecache_cli/data/tiny", help="model directory to write")
     ap.add_argument("--state", type=Path, default=REPO / "scripts/tiny_train_state.pt",

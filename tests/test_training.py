@@ -335,3 +335,29 @@ def test_train_gpu_script_runs_on_cpu(snapshot, state, tmp_path):
         assert torch.equal(v, st["ema"][k]), k
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [p.name for p in parts] + ["tiny", "train.jsonl", "train.log"])
+
+
+def test_arith_facts_bench_reports_three_measures_on_the_same_items(train_tiny, capsys):
+    """bench/arith_facts.py: per model, clean and left-to-right drills and left-to-right arith solutions;
+    the counts are the results of exactly those items (drills of seed 123, test problems of seed 0)."""
+    import json
+    import random
+
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("arith_facts", REPO / "bench" / "arith_facts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--drills", "3", "--problems", "4"])
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    counts = doc["counts"]["tiny"]
+    assert set(counts) == {"drills, clean", "drills, ltr", "arith, ltr"}
+    rng = random.Random("facts:123")
+    n_drill = sum(len(train_tiny.FACT_OP.findall(train_tiny.arith_drill(rng)[1])) for _ in range(3))
+    from ecache_cli.tasks import get_task
+
+    n_arith = sum(len(train_tiny.FACT_OP.findall(ex.answer)) for ex in get_task("arith").examples("test", 4, 0))
+    assert counts["drills, clean"]["all"][1] == counts["drills, ltr"]["all"][1] == n_drill >= 9
+    assert counts["arith, ltr"]["all"][1] == n_arith >= 8
+    for c in counts.values():  # per-op counts add up to "all"
+        assert sum(v[1] for k, v in c.items() if k != "all") == c["all"][1]
+        assert 0 <= c["all"][0] <= c["all"][1]
