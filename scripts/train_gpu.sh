@@ -53,18 +53,32 @@ if dev.startswith("cuda") and not torch.cuda.is_available():
 print(f"train_gpu: torch {torch.__version__} on {torch.cuda.get_device_name(0) if dev.startswith('cuda') else 'cpu'}")
 EOF
 
+"$PY" -c '
+import sys
+for name, v, ok in (("TRAIN_COOLDOWN_FRAC", sys.argv[1], lambda x: 0 <= float(x) < 1),
+                    ("TRAIN_MINUTES", sys.argv[2], lambda x: float(x) > 0), ("TRAIN_STEPS", sys.argv[3], lambda x: int(x) >= 0)):
+    try:
+        good = ok(v)
+    except ValueError:
+        good = False
+    if not good:
+        print(f"train_gpu: {name}={v!r}: use a fraction in [0, 1) for the decay share, minutes > 0, steps >= 0",
+              file=sys.stderr)
+        sys.exit(2)
+' "$FRAC" "$MINUTES" "$STEPS"
 step_of() { "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], map_location="cpu", weights_only=False)["step"])' "$1"; }
 # phase 1 (stable LR): all the steps or minutes but the cooldown's share
-read -r P1_STEPS P2_STEPS P1_MIN P2_MIN < <("$PY" -c '
+read -r PHASES P1_STEPS P2_STEPS P1_MIN P2_MIN < <("$PY" -c '
 import sys; steps, minutes, f = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 n2 = min(steps - 1, max(1, round(steps * f))) if steps and f > 0 else 0
-print(steps - n2 if steps else 0, n2, minutes * (1 - f), minutes * f * 1.5)' "$STEPS" "$MINUTES" "$FRAC")
+print(1 if f <= 0 or (steps and not n2) else 2, steps - n2 if steps else 0, n2, minutes * (1 - f), minutes * f * 1.5)' \
+    "$STEPS" "$MINUTES" "$FRAC")
 start=$(step_of "$OUT/state.pt")
 train() {
     "$PY" scripts/train_tiny.py --state "$OUT/state.pt" --device "$DEVICE" --log "$OUT/train.jsonl" "${extra[@]}" "$@" \
         2>&1 | grep -v '^\[transformers\]' | tee -a "$OUT/train.log"
 }
-if [ "$FRAC" = 0 ] || { [ "$STEPS" != 0 ] && [ "$P2_STEPS" = 0 ]; }; then  # one phase, no decay
+if [ "$PHASES" = 1 ]; then  # no decay phase
     train --cooldown 0 --minutes "$MINUTES" --max-new-steps "$STEPS" --export --out "$OUT/tiny"
 else
     train --cooldown 0 --minutes "$P1_MIN" --max-new-steps "$P1_STEPS"

@@ -176,6 +176,9 @@ class Tok:
         assert None not in (self.bos, self.eos, self.mask, self.eot), "tokenizer lacks LLaDA special tokens"
         assert self.mask != self.eos, "mask id must differ from the EOS/pad id (spec D.8)"
         self.vocab = len(self.hf)
+        v = self.hf.get_vocab()  # the tokens result_positions / result_copies look for
+        self._digits = {v[str(d)] for d in range(10) if str(d) in v}
+        self._eq, self._lead = v.get(" ="), {v.get(" "), v.get(" $")}
 
     def prompt_ids(self, text: str) -> list[int]:
         """Chat-template ``text`` as one user turn and tokenize (the BOS comes from the template)."""
@@ -190,10 +193,6 @@ class Tok:
         """Indices of the digits of each computed result in answer ``ids``: the digit run after
         ``" ="`` and ``" "`` or ``" $"`` (``14 * 4 = 56``, ``12 - 5 = $7``). The tokenizer splits numbers
         into one token per digit (scripts/build_tokenizer.py)."""
-        if not hasattr(self, "_digits"):
-            v = self.hf.get_vocab()
-            self._digits = {v[str(d)] for d in range(10)}
-            self._eq, self._lead = v.get(" ="), {v.get(" "), v.get(" $")}
         out, i = [], 0
         while i < len(ids):
             if ids[i] == self._eq and i + 1 < len(ids) and ids[i + 1] in self._lead:
@@ -221,7 +220,6 @@ class Tok:
         """For each computed result in answer ``ids`` (its digit indices, ``result_runs(results)``): the
         indices of every later occurrence of the same number (the same digit run, not part of a longer
         number), e.g. the ``24`` of ``24 / 4 = 6`` and of ``#### 24``."""
-        self.result_positions(ids[:0])  # builds the digit-id set
         out = []
         for run in self.result_runs(results):
             digits, n, later = [ids[i] for i in run], len(run), []
@@ -325,6 +323,11 @@ def drill_fact_accuracy(model, tok: Tok, drills: list[tuple[str, str]], mode: st
                 c[1] += 1
     model.train(was_training)
     return out
+
+
+def _rates(counts: dict[str, list[int]]) -> dict[str, float]:
+    """{op: right / total} of drill_fact_accuracy's counts, rounded for the log."""
+    return {op: round(c[0] / c[1], 3) for op, c in sorted(counts.items())}
 
 
 def list_op_weights(specs) -> dict[str, float]:
@@ -990,11 +993,10 @@ def train(model, ema_model, opt, tok, tasks, cfg: TrainConfig, run: dict, args) 
         facts = drill_fact_accuracy(judged, tok, [arith_drill(drng) for _ in range(FACT_DRILLS)])
         rec = {"step": run["step"], "eval": acc, "n": cfg.eval_n, "tokens": stats["tokens"],
                "cpu_h": round(stats["cpu_seconds"] / 3600, 3), "eval_s": round(time.time() - t0),
-               "facts": {op: round(c[0] / c[1], 3) for op, c in sorted(facts.items())}}
+               "facts": _rates(facts)}
         if "arith" in tasks:  # the benchmark's own computations, each from a correct prefix
             probs = [(ex.question, ex.answer) for ex in tasks["arith"].examples("test", FACT_DRILLS, EVAL_SEED)]
-            ltr = drill_fact_accuracy(judged, tok, probs, mode="ltr")
-            rec["facts_ltr"] = {op: round(c[0] / c[1], 3) for op, c in sorted(ltr.items())}
+            rec["facts_ltr"] = _rates(drill_fact_accuracy(judged, tok, probs, mode="ltr"))
         if cfg.adapt_every_min > 0:
             stream.weights = _adapt(acc, cfg, costs)
             rec["next_weights"], rec["adapt_by"] = list(stream.weights), cfg.adapt_by

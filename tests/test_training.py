@@ -361,3 +361,14 @@ def test_arith_facts_bench_reports_three_measures_on_the_same_items(train_tiny, 
     for c in counts.values():  # per-op counts add up to "all"
         assert sum(v[1] for k, v in c.items() if k != "all") == c["all"][1]
         assert 0 <= c["all"][0] <= c["all"][1]
+
+
+@pytest.mark.parametrize("knob", ["TRAIN_COOLDOWN_FRAC=abc", "TRAIN_COOLDOWN_FRAC=1", "TRAIN_STEPS=-1", "TRAIN_MINUTES=x"])
+def test_train_gpu_script_rejects_a_bad_knob_in_one_line(snapshot, tmp_path, knob):
+    name, value = knob.split("=")
+    env = dict(os.environ, OUT=str(tmp_path / "out"), TRAIN_DEVICE="cpu", PYTHON=sys.executable, TRAIN_STATE=str(snapshot),
+               **{name: value})
+    r = subprocess.run(["bash", str(REPO / "scripts" / "train_gpu.sh")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(f"train_gpu: {name}={value!r}")
+    assert "Traceback" not in r.stderr
