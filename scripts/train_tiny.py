@@ -151,6 +151,7 @@ class TrainConfig:
     # unnamed ops weigh 1): list examples are drawn by rejection so op frequencies follow them
     list_op_weights: tuple[str, ...] = ()
     drill_op_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)  # drill operations * + - / (arith_drill)
+    drill_div_max: int = 20  # largest quotient of the drills' divisions (arith_drill's div_max)
     # bookkeeping
     log_every: int = 50
     eval_n: int = 24  # held-out examples per domain per shot setting (curriculum eval)
@@ -243,10 +244,12 @@ class Tok:
 DRILL_OPS = "*+-/"
 
 
-def arith_drill(rng: random.Random, op_weights=None) -> tuple[str, str]:
+def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple[str, str]:
     """A training-only arithmetic drill: 3-6 expressions in the prompt, the answer restates each with
     its result (``14 * 4 = 56``), one per line, in the ``arith`` solutions' notation. ``op_weights``
-    (4 floats for ``DRILL_OPS``; None: uniform) sets how often each operation is drawn.
+    (4 floats for ``DRILL_OPS``; None: uniform) sets how often each operation is drawn. ``div_max`` > 20
+    makes half of the divisions have a 21-``div_max`` quotient (dividend at most 250); at 20 the stream
+    of drills is the one from before the argument.
 
     The operand ranges cover the computations of the ``arith`` templates (tasks/arith.py): products of
     a 2-12 factor and a 2-80 factor, sums up to 250 + 100, differences with a positive result and exact
@@ -272,6 +275,9 @@ def arith_drill(rng: random.Random, op_weights=None) -> tuple[str, str]:
             r = a - b
         else:
             b, r = rng.randint(2, 10), rng.randint(2, 20)
+            if div_max > 20 and rng.random() < 0.5:  # arith's teams/bakery quotients reach 89 and 36
+                r = rng.randint(21, div_max)
+                b = rng.randint(2, max(2, min(10, 250 // r)))
             a = b * r
         lines.append((f"{a} {op} {b}", r))
     question = "Compute:\n" + "\n".join(e for e, _ in lines)
@@ -415,7 +421,7 @@ class Stream:
         while True:
             name = rng.choices(names, weights=w)[0]
             if name == "drill":
-                question, target = arith_drill(rng, self.drill_ops)
+                question, target = arith_drill(rng, self.drill_ops, cfg.drill_div_max)
                 prompt, answer = self.tok.prompt_ids(question), self.tok.answer_ids(target)
             else:
                 task = self.tasks[name]
@@ -805,6 +811,7 @@ FLAG_HELP = {
     "result_weight": "loss weight of the digits of computed results in arith solutions and drills",
     "list_op_weights": "training frequency of list operations, e.g. 'Sort=2,Unique=2' (others 1)",
     "drill_op_weights": "training frequency of the drills' operations * + - /",
+    "drill_div_max": "largest quotient of the drills' divisions; above 20 half of them have a 21-N quotient",
 }
 
 

@@ -53,6 +53,24 @@ def test_stdin_pipeline_gives_one_record_per_line(cli, llada_dir):
     assert [(r["index"], r["prompt"]) for r in records(res)] == [(0, "a"), (1, "b")]
 
 
+def test_answers_cut_by_the_canvas_are_named_in_one_warning(cli, llada_dir):
+    # on the random checkpoint the first answer writes an end token, the second fills its 16-token canvas
+    res = cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input="a\n\nb\n")
+    assert res.exit_code == 0, res.stderr
+    assert [(r["line"], r["ended"]) for r in records(res)] == [(1, True), (3, False)]
+    assert res.stderr == ("warning: 1 of 2 answer(s) did not end within --gen-length 16 (input line 3): "
+                          "the text may be cut; raise --gen-length\n")
+    many = cli("generate", *"bcdefghijk", "--ban-eos", "--model", llada_dir, *SMALL, "--jsonl", "-b", 5)
+    cut = [r["line"] for r in records(many) if not r["ended"]]
+    assert cut == list(range(1, 11))  # with EOS banned no answer ends; the warning names the first 8
+    assert many.stderr == (f"warning: {len(cut)} of 10 answer(s) did not end within --gen-length 16 (prompt "
+                           f"{', '.join(map(str, cut[:8]))}, ...): the text may be cut; raise --gen-length\n")
+    # the embedded model ends a short answer: no warning, and ``ended`` says so
+    ok = cli("generate", "Reverse: 1 2", "Sort: 3 1 2", "--jsonl", "-q")
+    assert ok.exit_code == 0 and ok.stderr == "", ok.stderr
+    assert [r["ended"] for r in records(ok)] == [True, True]
+
+
 def test_empty_stdin_is_a_usage_error(cli, llada_dir):
     one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input=""), 2, "stdin was empty")
 

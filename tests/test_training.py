@@ -282,6 +282,31 @@ def test_drill_op_weights_set_the_drill_operations(train_tiny):
     assert set(ops) == {"*", "+"} and ops["*"] / n == pytest.approx(0.75, abs=0.04)
 
 
+def test_drill_div_max_widens_the_quotients_and_keeps_the_old_stream_at_20(train_tiny):
+    import random
+
+    def divisions(div_max, seed=0, n=300):
+        rng, out = random.Random(seed), []
+        for _ in range(n):
+            _, answer = train_tiny.arith_drill(rng, (0.0, 0.0, 0.0, 1.0), div_max)
+            out += [tuple(int(x) for x in line.replace("/ ", "").replace("= ", "").split()) for line in answer.split("\n")]
+        return out
+
+    wide = divisions(90)
+    assert all(a == b * r and 2 <= b <= 10 and 2 <= r <= 90 and a <= 250 for a, b, r in wide)
+    big = sum(r > 20 for _, _, r in wide) / len(wide)
+    assert big == pytest.approx(0.5, abs=0.05) and max(r for _, _, r in wide) > 80
+    # at 20 the stream is the one from before the argument: a plain reference of the old divisions
+    ref, w = random.Random(0), (0.0, 0.0, 0.0, 1.0)
+    expected = []
+    for _ in range(300):
+        for _ in range(ref.randint(3, 6)):
+            assert ref.choices(train_tiny.DRILL_OPS, weights=w)[0] == "/"
+            b, r = ref.randint(2, 10), ref.randint(2, 20)
+            expected.append((b * r, b, r))
+    assert divisions(20) == expected
+
+
 def test_adapt_by_tokens_gives_each_domain_its_share_of_tokens(train_tiny, state):
     cfg = train_tiny.TrainConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()},
                                     "adapt_by": "tokens", "adapt_floor": 0.4})

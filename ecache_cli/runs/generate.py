@@ -41,7 +41,7 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console) -> 
     chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
     stdin = sys.stdin if not opts.prompts and opts.input_file is None and not sys.stdin.isatty() else None
     source = read_prompts(opts.prompts, opts.input_file, stdin, lines=True, check_ids=engine.check_prompt_ids)
-    done = 0
+    done, cut = 0, []
     for batch in batched(source, opts.batch_size):
         prompts = [p for p, _, _ in batch]
         # each row's random stream is (seed, its index in the input): batch-invariant sampling
@@ -49,6 +49,8 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console) -> 
                             row_ids=range(done, done + len(prompts)))
         _drive(run_, engine, opts, err_console, done, len(prompts))
         for (prompt, rec, line), res in zip(batch, run_.results()):
+            if not res.ended:
+                cut.append(line)
             if opts.jsonl:
                 write_jsonl(out, {
                     "index": done + res.index, "line": line, **input_fields(rec),
@@ -63,7 +65,20 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console) -> 
         from .common import no_prompts
 
         raise no_prompts(opts.input_file)
+    if cut:
+        warn_cut(cut, done, settings.decode.gen_length, "prompt" if opts.prompts else "input line")
     return done
+
+
+def warn_cut(lines: list, done: int, gen_length: int, where: str) -> None:
+    """One stderr warning for the answers that filled the canvas without an end token: their text is
+    what fit in ``gen_length`` tokens, likely cut. ``lines``: their ``line`` fields (1-based input line,
+    or argument position), named by ``where``."""
+    from ..console import warn
+
+    shown = ", ".join(map(str, lines[:8])) + (", ..." if len(lines) > 8 else "")
+    warn(f"{len(lines)} of {done} answer(s) did not end within --gen-length {gen_length} ({where} {shown}): "
+         "the text may be cut; raise --gen-length")
 
 
 #: Fields of an input record that say what to decode; they stay at the top of the output record.
