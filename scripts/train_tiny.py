@@ -152,6 +152,8 @@ class TrainConfig:
     list_op_weights: tuple[str, ...] = ()
     drill_op_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)  # drill operations * + - / (arith_drill)
     drill_div_max: int = 20  # largest quotient of the drills' divisions (arith_drill's div_max)
+    # fraction of drills made of computations taken from arith train problems (arith_fact_drill)
+    drill_arith_frac: float = 0.0
     # bookkeeping
     log_every: int = 50
     eval_n: int = 24  # held-out examples per domain per shot setting (curriculum eval)
@@ -248,13 +250,14 @@ def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple
     """A training-only arithmetic drill: 3-6 expressions in the prompt, the answer restates each with
     its result (``14 * 4 = 56``), one per line, in the ``arith`` solutions' notation. ``op_weights``
     (4 floats for ``DRILL_OPS``; None: uniform) sets how often each operation is drawn. ``div_max`` > 20
-    makes half of the divisions have a 21-``div_max`` quotient (dividend at most 250); at 20 the stream
-    of drills is the one from before the argument.
+    makes half of the divisions have a 21-``div_max`` quotient (dividend at most 250 while ``div_max`` <=
+    125); at 20 the stream of drills is the one from before the argument.
 
     The operand ranges cover the computations of the ``arith`` templates (tasks/arith.py): products of
     a 2-12 factor and a 2-80 factor, sums up to 250 + 100, differences with a positive result and exact
-    divisions with a 2-20 quotient. A worked ``arith`` solution spends most of its tokens copying the
-    problem; these put the loss on the results, which is what the model got wrong.
+    divisions with a 2-20 quotient (teams' and bakery's quotients reach 89: ``div_max`` 90). A worked
+    ``arith`` solution spends most of its tokens copying the problem; these put the loss on the
+    results, which is what the model got wrong.
     """
     lines = []
     for _ in range(rng.randint(3, 6)):
@@ -285,6 +288,19 @@ def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple
 
 
 FACT_OP = re.compile(r"\d+ ([-+*/]) \$?\d+ = \$?\d+")  # the computations of drills and arith solutions, in order
+
+
+def arith_fact_drill(rng: random.Random, task) -> tuple[str, str]:
+    """A drill in ``arith_drill``'s format whose 3-6 lines are computations of ``arith`` *train*
+    problems as their worked solutions write them (``50 - 33 = $17``), one random computation from each
+    of 3-6 random problems: the operand distribution, the ``$`` and the borrows of the templates
+    themselves, with none of a problem's results shown in another line's operands. ``task``: the
+    ``arith`` task (ecache_cli/tasks/arith.py)."""
+    facts = []
+    for _ in range(rng.randint(3, 6)):
+        ex = task.examples("train", 1, rng.randrange(1 << 40))[0]
+        facts.append(rng.choice([m.group(0) for m in FACT_OP.finditer(task.target(ex))]))
+    return "Compute:\n" + "\n".join(f.split(" = ")[0] for f in facts), "\n".join(facts)
 
 
 def drill_fact_accuracy(model, tok: Tok, drills: list[tuple[str, str]], mode: str = "clean") -> dict[str, list[int]]:
@@ -421,7 +437,10 @@ class Stream:
         while True:
             name = rng.choices(names, weights=w)[0]
             if name == "drill":
-                question, target = arith_drill(rng, self.drill_ops, cfg.drill_div_max)
+                if cfg.drill_arith_frac > 0 and rng.random() < cfg.drill_arith_frac:
+                    question, target = arith_fact_drill(rng, self.tasks["arith"])
+                else:
+                    question, target = arith_drill(rng, self.drill_ops, cfg.drill_div_max)
                 prompt, answer = self.tok.prompt_ids(question), self.tok.answer_ids(target)
             else:
                 task = self.tasks[name]
@@ -812,6 +831,7 @@ FLAG_HELP = {
     "list_op_weights": "training frequency of list operations, e.g. 'Sort=2,Unique=2' (others 1)",
     "drill_op_weights": "training frequency of the drills' operations * + - /",
     "drill_div_max": "largest quotient of the drills' divisions; above 20 half of them have a 21-N quotient",
+    "drill_arith_frac": "fraction of drills made of computations of arith train problems, as their solutions write them",
 }
 
 

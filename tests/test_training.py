@@ -307,6 +307,26 @@ def test_drill_div_max_widens_the_quotients_and_keeps_the_old_stream_at_20(train
     assert divisions(20) == expected
 
 
+def test_arith_fact_drills_are_train_computations_in_the_solutions_notation(train_tiny):
+    import operator
+    import random
+
+    task = train_tiny.load_tasks(["arith"])["arith"]
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
+    rng, dollars, n = random.Random(0), 0, 0
+    for _ in range(100):
+        question, answer = train_tiny.arith_fact_drill(rng, task)
+        lines = answer.split("\n")
+        assert 3 <= len(lines) <= 6 and question.split("\n") == ["Compute:", *[ln.split(" = ")[0] for ln in lines]]
+        for ln in lines:
+            assert train_tiny.FACT_OP.fullmatch(ln), ln
+            a, op, b, _, r = ln.replace("$", "").split()
+            assert ops[op](int(a), int(b)) == int(r) and (op != "/" or int(a) % int(b) == 0), ln
+            dollars += "$" in ln
+            n += 1
+    assert 0.05 < dollars / n < 0.5  # change's and savings' results keep their "$"
+
+
 def test_adapt_by_tokens_gives_each_domain_its_share_of_tokens(train_tiny, state):
     cfg = train_tiny.TrainConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()},
                                     "adapt_by": "tokens", "adapt_floor": 0.4})
