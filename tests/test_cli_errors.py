@@ -250,7 +250,7 @@ def test_flag_the_policy_does_not_use_warns_once(cli, llada_dir):
     res = cli("generate", "x", "--cache", "dual", "--tau", "3", "--model", llada_dir, *SMALL)
     plain = cli("generate", "x", "--cache", "dual", "--model", llada_dir, *SMALL)
     assert res.exit_code == 0 and plain.exit_code == 0, res.stderr
-    assert CUT in res.stderr and CUT in plain.stderr  # a random checkpoint never ends its answer
+    assert CUT in res.stderr and CUT in plain.stderr  # the random checkpoint does not end this answer
     warned = without_cut_warning(res.stderr)
     assert warned.count("warning:") == 1
     assert "warning: --tau is not used by --cache dual" in warned and "ignored" in warned
