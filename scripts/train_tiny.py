@@ -255,7 +255,7 @@ def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple
 
     The operand ranges cover the computations of the ``arith`` templates (tasks/arith.py): products of
     a 2-12 factor and a 2-80 factor, sums up to 250 + 100, differences with a positive result and exact
-    divisions with a 2-20 quotient (teams' and bakery's quotients reach 89: ``div_max`` 90). A worked
+    divisions with a 2-20 quotient (teams' quotients reach 89, bakery's 36: ``div_max`` 90). A worked
     ``arith`` solution spends most of its tokens copying the problem; these put the loss on the
     results, which is what the model got wrong.
     """
