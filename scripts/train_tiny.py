@@ -154,6 +154,8 @@ class TrainConfig:
     drill_div_max: int = 20  # largest quotient of the drills' divisions (arith_drill's div_max)
     # fraction of drills made of computations taken from arith train problems (arith_fact_drill)
     drill_arith_frac: float = 0.0
+    # fraction of drills whose lines chain as arith solutions do (arith_chain_drill)
+    drill_chain_frac: float = 0.0
     # bookkeeping
     log_every: int = 50
     eval_n: int = 24  # held-out examples per domain per shot setting (curriculum eval)
@@ -285,6 +287,63 @@ def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple
         lines.append((f"{a} {op} {b}", r))
     question = "Compute:\n" + "\n".join(e for e, _ in lines)
     return question, "\n".join(f"{e} = {r}" for e, r in lines)
+
+
+CHAIN_STEPS = ("B-_", "_-c", "_+c", "c+_", "_/k", "_*k")  # arith_chain_drill's steps, drawn by CHAIN_WEIGHTS
+CHAIN_WEIGHTS = (0.3, 0.3, 0.1, 0.1, 0.1, 0.1)
+
+
+def arith_chain_drill(rng: random.Random) -> tuple[str, str]:
+    """A training-only drill in ``arith_drill``'s answer format whose lines chain as ``arith`` solutions
+    do: 2 chains of 2-3 lines, each line after a chain's first using the previous result (``_`` in the
+    question) as an operand, and the answer restating it (``6 * 7 = $42``, ``50 - 42 = $8``); in half of
+    the drills every result has the solutions' ``$``. A chain starts with a 2-12 by 2-30 product or a
+    sum; its steps (``CHAIN_STEPS``) are the templates' (tasks/arith.py): a bill of 20, 50 or 100 minus
+    the result (change), the result minus 1..result-1 (savings, orchard, boxes, teams, bakery), plus
+    1-40 either way round (boxes, reading, times), an exact division by 2-10 (teams, bakery, share) and a
+    product with 2-5 (orchard). Built for what the step-164745 model got wrong in worked solutions:
+    it wrote the previous result again (``100 - 40 = $40``) and two digits for one (``56 - 53 = $13``),
+    which drills of independent lines never show it."""
+    money = "$" if rng.random() < 0.5 else ""
+    q_lines, a_lines = [], []
+    for _ in range(2):
+        if rng.random() < 0.75:
+            a, b = rng.randint(2, 12), rng.randint(2, 30)
+            expr, r = (f"{a} * {b}", a * b) if rng.random() < 0.5 else (f"{b} * {a}", a * b)
+        else:
+            a, b = rng.randint(1, 99), rng.randint(1, 99)
+            expr, r = f"{a} + {b}", a + b
+        q_lines.append(expr)
+        a_lines.append(f"{expr} = {money}{r}")
+        for _ in range(rng.randint(1, 2)):
+            while True:
+                step = rng.choices(CHAIN_STEPS, weights=CHAIN_WEIGHTS)[0]
+                bills = [x for x in (20, 50, 100) if x > r]
+                ks = [k for k in range(2, 11) if r % k == 0 and r // k > 1]
+                if step == "B-_" and bills:
+                    x = rng.choice(bills)
+                    q, e, r = f"{x} - _", f"{x} - {r}", x - r
+                elif step == "_-c" and r >= 2:
+                    c = rng.randint(1, r - 1)
+                    q, e, r = f"_ - {c}", f"{r} - {c}", r - c
+                elif step == "_+c":
+                    c = rng.randint(1, 40)
+                    q, e, r = f"_ + {c}", f"{r} + {c}", r + c
+                elif step == "c+_":
+                    c = rng.randint(1, 40)
+                    q, e, r = f"{c} + _", f"{c} + {r}", c + r
+                elif step == "_/k" and ks:
+                    k = rng.choice(ks)
+                    q, e, r = f"_ / {k}", f"{r} / {k}", r // k
+                elif step == "_*k" and r <= 60:
+                    k = rng.randint(2, 5)
+                    q, e, r = f"_ * {k}", f"{r} * {k}", r * k
+                else:
+                    continue
+                break
+            q_lines.append(q)
+            a_lines.append(f"{e} = {money}{r}")
+    return "Compute, _ being the line before's result:\n" + "\n".join(q_lines), "\n".join(a_lines)
 
 
 FACT_OP = re.compile(r"\d+ ([-+*/]) \$?\d+ = \$?\d+")  # the computations of drills and arith solutions, in order
@@ -439,6 +498,8 @@ class Stream:
             if name == "drill":
                 if cfg.drill_arith_frac > 0 and rng.random() < cfg.drill_arith_frac:
                     question, target = arith_fact_drill(rng, self.tasks["arith"])
+                elif cfg.drill_chain_frac > 0 and rng.random() < cfg.drill_chain_frac:
+                    question, target = arith_chain_drill(rng)
                 else:
                     question, target = arith_drill(rng, self.drill_ops, cfg.drill_div_max)
                 prompt, answer = self.tok.prompt_ids(question), self.tok.answer_ids(target)
@@ -832,6 +893,7 @@ FLAG_HELP = {
     "drill_op_weights": "training frequency of the drills' operations * + - /",
     "drill_div_max": "largest quotient of the drills' divisions; above 20 half of them have a 21-N quotient",
     "drill_arith_frac": "fraction of drills made of computations of arith train problems, as their solutions write them",
+    "drill_chain_frac": "fraction of drills whose lines use the line before's result, as arith solutions do",
 }
 
 

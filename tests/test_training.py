@@ -327,6 +327,42 @@ def test_arith_fact_drills_are_train_computations_in_the_solutions_notation(trai
     assert 0.05 < dollars / n < 0.5  # change's and savings' results keep their "$"
 
 
+def test_arith_chain_drills_reuse_the_line_before_and_compute_right(train_tiny):
+    import collections
+    import operator
+    import random
+
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
+    rng, steps, money, one_digit_subs, subs = random.Random(0), collections.Counter(), 0, 0, 0
+    for _ in range(500):
+        question, answer = train_tiny.arith_chain_drill(rng)
+        head, *qs = question.split("\n")
+        lines = answer.split("\n")
+        assert head.startswith("Compute") and len(qs) == len(lines) and 4 <= len(lines) <= 6
+        assert len({"$" in ln for ln in lines}) == 1  # a drill writes "$" in every result or in none
+        money += "$" in lines[0]
+        prev = None
+        for q, ln in zip(qs, lines):
+            assert train_tiny.FACT_OP.fullmatch(ln), ln
+            a, op, b, _, r = ln.replace("$", "").split()
+            a, b, r = int(a), int(b), int(r)
+            assert r > 0 and ops[op](a, b) == r and (op != "/" or a % b == 0), ln
+            if "_" in q:  # the question's "_" is the line before's result; the answer restates it
+                assert prev is not None and q.replace("_", str(prev)) == ln.split(" = ")[0], (q, ln)
+                left, qop, right = q.split()
+                steps["".join(x if x in "_+-*/" else "n" for x in (left, qop, right))] += 1
+                if op == "-":
+                    subs += 1
+                    one_digit_subs += r < 10
+            else:  # a chain's first line: a product or a sum, nothing reused
+                assert op in "*+" and q == ln.split(" = ")[0]
+            prev = r
+    assert 0.4 < money / 500 < 0.6
+    assert set(steps) == {"n-_", "_-n", "_+n", "n+_", "_/n", "_*n"}  # every step of CHAIN_STEPS
+    assert steps["n-_"] + steps["_-n"] > 0.4 * sum(steps.values())  # subtraction-heavy (CHAIN_WEIGHTS)
+    assert one_digit_subs / subs > 0.1  # one-digit results (56 - 53 = 3) are common
+
+
 def test_adapt_by_tokens_gives_each_domain_its_share_of_tokens(train_tiny, state):
     cfg = train_tiny.TrainConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()},
                                     "adapt_by": "tokens", "adapt_floor": 0.4})
