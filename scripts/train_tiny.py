@@ -300,8 +300,8 @@ def arith_chain_drill(rng: random.Random) -> tuple[str, str]:
     the drills every result has the solutions' ``$``. A chain starts with a 2-12 by 2-30 product or a
     sum; its steps (``CHAIN_STEPS``) are the templates' (tasks/arith.py): a bill of 20, 50 or 100 minus
     the result (change), the result minus 1..result-1 (savings, orchard, boxes, teams, bakery), plus
-    1-40 either way round (boxes, reading, times), an exact division by 2-10 (teams, bakery, share) and a
-    product with 2-5 (orchard). Built for what the step-164745 model got wrong in worked solutions:
+    1-40 either way round (boxes, reading, times), an exact division by 2-10 with a quotient above 1
+    (teams, bakery, share) and a product of a result up to 60 with 2-5 (orchard). Built for what the step-164745 model got wrong in worked solutions:
     it wrote the previous result again (``100 - 40 = $40``) and two digits for one (``56 - 53 = $13``),
     which drills of independent lines never show it."""
     money = "$" if rng.random() < 0.5 else ""
