@@ -301,9 +301,10 @@ def arith_chain_drill(rng: random.Random) -> tuple[str, str]:
     sum; its steps (``CHAIN_STEPS``) are the templates' (tasks/arith.py): a bill of 20, 50 or 100 minus
     the result (change), the result minus 1..result-1 (savings, orchard, boxes, teams, bakery), plus
     1-40 either way round (boxes, reading, times), an exact division by 2-10 with a quotient above 1
-    (teams, bakery, share) and a product of a result up to 60 with 2-5 (orchard). Built for what the step-164745 model got wrong in worked solutions:
-    it wrote the previous result again (``100 - 40 = $40``) and two digits for one (``56 - 53 = $13``),
-    which drills of independent lines never show it."""
+    (teams, bakery, share) and a product of a result up to 60 with 2-5 (orchard); a step that does not
+    apply to the result is drawn again. Built for what the step-164745 model got wrong in worked
+    solutions: it wrote the previous result again (``100 - 40 = $40``) and two digits for one
+    (``56 - 53 = $13``), which drills of independent lines never show it."""
     money = "$" if rng.random() < 0.5 else ""
     q_lines, a_lines = [], []
     for _ in range(2):
@@ -316,10 +317,10 @@ def arith_chain_drill(rng: random.Random) -> tuple[str, str]:
         q_lines.append(expr)
         a_lines.append(f"{expr} = {money}{r}")
         for _ in range(rng.randint(1, 2)):
+            bills = [x for x in (20, 50, 100) if x > r]
+            ks = [k for k in range(2, 11) if r % k == 0 and r // k > 1]
             while True:
                 step = rng.choices(CHAIN_STEPS, weights=CHAIN_WEIGHTS)[0]
-                bills = [x for x in (20, 50, 100) if x > r]
-                ks = [k for k in range(2, 11) if r % k == 0 and r // k > 1]
                 if step == "B-_" and bills:
                     x = rng.choice(bills)
                     q, e, r = f"{x} - _", f"{x} - {r}", x - r
