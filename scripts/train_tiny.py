@@ -143,6 +143,9 @@ class TrainConfig:
     # loss weight of the result digits of ``a op b = r`` in arith solutions and drills (result_positions);
     # 1.0 is the plain objective
     result_weight: float = 1.0
+    # loss weight of the token right after each such result (``.``, `` left``, a newline): a confidence-
+    # ordered decode often commits it before the digits, which fixes the result's digit count
+    result_end_weight: float = 1.0
     # fraction of examples in which every later copy of a masked result (``42 - 18 = 24 ... 24 / 4``,
     # ``#### 24``) is masked too, so the result must be computed from its operands, not copied from
     # where the solution reuses it (Tok.result_copies); 0 is plain independent masking
@@ -156,6 +159,8 @@ class TrainConfig:
     drill_arith_frac: float = 0.0
     # fraction of drills whose lines chain as arith solutions do (arith_chain_drill)
     drill_chain_frac: float = 0.0
+    # fraction of the drills' - and * lines drawn with a small result (arith_drill's small_frac)
+    drill_small_frac: float = 0.0
     # bookkeeping
     log_every: int = 50
     eval_n: int = 24  # held-out examples per domain per shot setting (curriculum eval)
@@ -248,12 +253,16 @@ class Tok:
 DRILL_OPS = "*+-/"
 
 
-def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple[str, str]:
+def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20, small_frac: float = 0.0) -> tuple[str, str]:
     """A training-only arithmetic drill: 3-6 expressions in the prompt, the answer restates each with
     its result (``14 * 4 = 56``), one per line, in the ``arith`` solutions' notation. ``op_weights``
     (4 floats for ``DRILL_OPS``; None: uniform) sets how often each operation is drawn. ``div_max`` > 20
     makes half of the divisions have a 21-``div_max`` quotient (dividend at most 250 while ``div_max`` <=
-    125); at 20 the stream of drills is the one from before the argument.
+    125); at 20 the stream of drills is the one from before the argument. ``small_frac`` > 0 draws that
+    fraction of the ``-`` and ``*`` lines with a small result: half of such differences are 1-20 (``56 - 53
+    = 3``), half are taken from a round 10-200 (``100 - 40 = 60``), and such products are at most 20
+    (``2 * 4 = 8``); these are the digit counts the model got wrong (a one-digit result written with two,
+    ``56 - 53 = $83``). At 0 the stream is the one from before the argument.
 
     The operand ranges cover the computations of the ``arith`` templates (tasks/arith.py): products of
     a 2-12 factor and a 2-80 factor, sums up to 250 + 100, differences with a positive result and exact
@@ -264,7 +273,12 @@ def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple
     lines = []
     for _ in range(rng.randint(3, 6)):
         op = rng.choice(DRILL_OPS) if op_weights is None else rng.choices(DRILL_OPS, weights=op_weights)[0]
-        if op == "*":
+        small = small_frac > 0 and op in "-*" and rng.random() < small_frac
+        if op == "*" and small:
+            a = rng.randint(2, 10)
+            b = rng.randint(2, 20 // a)
+            r = a * b
+        elif op == "*":
             a, b = rng.randint(2, 12), rng.randint(2, 80)
             if rng.random() < 0.5:
                 a, b = b, a
@@ -274,6 +288,15 @@ def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple
             if rng.random() < 0.3:
                 a, b = b, a
             r = a + b
+        elif op == "-" and small:
+            if rng.random() < 0.5:
+                a = rng.randint(2, 250)
+                r = rng.randint(1, min(a - 1, 20))
+                b = a - r
+            else:
+                a = 10 * rng.randint(1, 20)
+                b = rng.randint(1, a - 1)
+                r = a - b
         elif op == "-":
             a = rng.randint(2, 250)
             b = rng.randint(1, a - 1)
@@ -502,7 +525,7 @@ class Stream:
                 elif cfg.drill_chain_frac > 0 and rng.random() < cfg.drill_chain_frac:
                     question, target = arith_chain_drill(rng)
                 else:
-                    question, target = arith_drill(rng, self.drill_ops, cfg.drill_div_max)
+                    question, target = arith_drill(rng, self.drill_ops, cfg.drill_div_max, cfg.drill_small_frac)
                 prompt, answer = self.tok.prompt_ids(question), self.tok.answer_ids(target)
             else:
                 task = self.tasks[name]
@@ -660,6 +683,11 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
             if it.results:
                 pos = torch.tensor(it.results) + (T - it.canvas)
                 weights[b, pos] *= cfg.result_weight
+    if cfg.result_end_weight != 1.0:  # up-weight the token after each result: where its digit count shows
+        for b, it in enumerate(items):
+            ends = [run[-1] + 1 for run in Tok.result_runs(it.results) if run[-1] + 1 < len(it.answer)]
+            if ends:
+                weights[b, torch.tensor(ends) + (T - it.canvas)] *= cfg.result_end_weight
     noisy = torch.where(masked, torch.full_like(clean, tok.mask), clean)
     return noisy, clean, key_mask, weights
 
@@ -895,6 +923,9 @@ FLAG_HELP = {
     "drill_div_max": "largest quotient of the drills' divisions; above 20 half of them have a 21-N quotient",
     "drill_arith_frac": "fraction of drills made of computations of arith train problems, as their solutions write them",
     "drill_chain_frac": "fraction of drills whose lines use the line before's result, as arith solutions do",
+    "drill_small_frac": "fraction of the drills' - and * lines with a small result: 1-20 differences, "
+                        "differences from a round 10-200, products up to 20",
+    "result_end_weight": "loss weight of the token right after each computed result (where its digit count shows)",
 }
 
 

@@ -179,6 +179,33 @@ def test_result_weight_scales_only_the_masked_result_digits(train_tiny, state):
     assert (w1[0, res] > 0).any(), "a prefix mask covers the result here"
 
 
+def test_result_end_weight_scales_only_the_token_after_each_result(train_tiny, state):
+    """--result-end-weight multiplies the loss weight of the token right after each computed result's
+    digits (the newline, the eot), where its digit count shows; the digits and everything else keep
+    their weights, and 1.0 leaves make_batch's weights unchanged."""
+    tok = train_tiny.Tok(TINY)
+    base = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
+    answer = tok.answer_ids("12 * 3 = 36\n50 - 42 = 8")
+    items = [train_tiny.Item(tok.prompt_ids("Compute:\n12 * 3\n50 - 42"), answer, 24, tok.result_positions(answer)),
+             train_tiny.Item(tok.prompt_ids("Sort: 3 1"), tok.answer_ids("1 3"), 12)]
+    ends = [i + 1 for i in (items[0].results[1], items[0].results[2])]
+    assert [tok.hf.decode([answer[i]]) for i in items[0].results] == ["3", "6", "8"]
+    assert tok.hf.decode([answer[ends[0]]]) == "\n"
+    assert answer[ends[1]] == tok.eot
+    out = {}
+    for ew in (1.0, 4.0):
+        cfg = train_tiny.TrainConfig(**{**base, "result_weight": 2.0, "result_end_weight": ew,
+                                        "block_mask_frac": 0.0, "prefix_mask_frac": 1.0})
+        out[ew] = train_tiny.make_batch(items, tok, cfg, torch.Generator().manual_seed(3))
+    (n1, c1, k1, w1), (n4, c4, k4, w4) = out[1.0], out[4.0]
+    assert torch.equal(n1, n4) and torch.equal(c1, c4) and torch.equal(k1, k4)  # only the weights differ
+    T = n1.shape[1]
+    ratio = torch.ones_like(w1)
+    ratio[0, [T - 24 + i for i in ends]] = 4.0
+    assert torch.equal(w4, w1 * ratio)
+    assert (w1[0, [T - 24 + i for i in ends]] > 0).all(), "a prefix mask covers the last result's line here"
+
+
 def test_copy_mask_hides_the_later_copies_of_a_masked_result(train_tiny, state):
     """--copy-mask: in the chosen examples, a result with any digit masked has every later copy of its
     number masked too (Tok.result_copies finds them; numbers inside longer numbers are not copies);
@@ -305,6 +332,44 @@ def test_drill_div_max_widens_the_quotients_and_keeps_the_old_stream_at_20(train
             b, r = ref.randint(2, 10), ref.randint(2, 20)
             expected.append((b * r, b, r))
     assert divisions(20) == expected
+
+
+def test_drill_small_frac_draws_small_results_and_keeps_the_old_stream_at_0(train_tiny):
+    import random
+
+    def lines(weights, small, seed=0, n=300):
+        rng, out = random.Random(seed), []
+        for _ in range(n):
+            _, answer = train_tiny.arith_drill(rng, weights, 20, small)
+            for line in answer.split("\n"):
+                a, op, b, _, r = line.split()
+                out.append((int(a), op, int(b), int(r)))
+        return out
+
+    subs = lines((0.0, 0.0, 1.0, 0.0), 1.0)
+    assert all(op == "-" and a - b == r and 1 <= r and 1 <= b for a, op, b, r in subs)
+    close = [x for x in subs if x[3] <= 20 and x[0] % 10]  # the 1-20 differences (a round minuend aside)
+    round_ = [x for x in subs if x[0] % 10 == 0 and x[0] <= 200]
+    assert all(x in round_ or x[3] <= 20 for x in subs) and len(close) > 0.3 * len(subs) and len(round_) > 0.4 * len(subs)
+    prods = lines((1.0, 0.0, 0.0, 0.0), 1.0)
+    assert all(a * b == r and a >= 2 and b >= 2 and r <= 20 for a, _, b, r in prods)
+    mixed = lines((0.0, 1.0, 1.0, 0.0), 0.5)  # + lines are never small, half the - lines are
+    plus, minus = [x for x in mixed if x[1] == "+"], [x for x in mixed if x[1] == "-"]
+    assert all(a + b == r for a, _, b, r in plus) and max(r for *_, r in plus) > 100
+    def share(xs):  # lines that look small: a 1-20 difference or a round minuend
+        return sum(r <= 20 or (a % 10 == 0 and a <= 200) for a, _, b, r in xs) / len(xs)
+
+    plain = share([x for x in lines((0.0, 1.0, 1.0, 0.0), 0.0) if x[1] == "-"])
+    assert 0.2 < plain < 0.5 and share(minus) == pytest.approx(0.5 + 0.5 * plain, abs=0.06)
+    # at 0 the stream is the one from before the argument: a plain reference of the old differences
+    ref, w, expected = random.Random(0), (0.0, 0.0, 1.0, 0.0), []
+    for _ in range(300):
+        for _ in range(ref.randint(3, 6)):
+            assert ref.choices(train_tiny.DRILL_OPS, weights=w)[0] == "-"
+            a = ref.randint(2, 250)
+            b = ref.randint(1, a - 1)
+            expected.append((a, "-", b, a - b))
+    assert lines(w, 0.0) == expected
 
 
 def test_arith_fact_drills_are_train_computations_in_the_solutions_notation(train_tiny):
