@@ -678,16 +678,13 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
         m[c:] = True
         masked[b] = m
         weights[b] = m.float() / m.sum()
-    if cfg.result_weight != 1.0:  # up-weight computed results (after the normalisation above)
+    if cfg.result_weight != 1.0 or cfg.result_end_weight != 1.0:  # after the normalisation above
         for b, it in enumerate(items):
-            if it.results:
-                pos = torch.tensor(it.results) + (T - it.canvas)
-                weights[b, pos] *= cfg.result_weight
-    if cfg.result_end_weight != 1.0:  # up-weight the token after each result: where its digit count shows
-        for b, it in enumerate(items):
-            ends = [run[-1] + 1 for run in Tok.result_runs(it.results) if run[-1] + 1 < len(it.answer)]
-            if ends:
-                weights[b, torch.tensor(ends) + (T - it.canvas)] *= cfg.result_end_weight
+            if it.results:  # the computed results' digits, and the token after each (where its digit
+                off = T - it.canvas  # count shows; the answer's eot follows its last line)
+                weights[b, torch.tensor(it.results) + off] *= cfg.result_weight
+                ends = [run[-1] + 1 for run in Tok.result_runs(it.results)]
+                weights[b, torch.tensor(ends) + off] *= cfg.result_end_weight
     noisy = torch.where(masked, torch.full_like(clean, tok.mask), clean)
     return noisy, clean, key_mask, weights
 
