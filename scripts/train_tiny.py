@@ -39,6 +39,8 @@ examples ``list`` got ~10% of the compute at 18% of the examples). ``--drill-fra
 ``--result-weight`` scales the loss weight of every computed result's digits in ``arith`` solutions
 and drills (``Tok.result_positions``); ``--copy-mask`` masks the later copies of a masked result
 (``Tok.result_copies``), so a solution's reuse of a result cannot stand in for computing it;
+``--result-cut-frac`` gives a fraction of the examples with results the left-to-right mask cut at the
+first digit of one of them, the state in which a confidence-ordered decode fixes a result's digit count;
 ``--list-op-weights`` draws ``list`` operations by rejection so
 the ones the model fails come more often. The curriculum eval also logs ``drill_fact_accuracy`` (the
 results of held-out drills, computed from a clean context) and ``facts_ltr`` (the results of held-out
@@ -129,6 +131,10 @@ class TrainConfig:
     block: int = 32  # evaluation block length (for block-structured masks)
     block_mask_frac: float = 0.15
     prefix_mask_frac: float = 0.25  # examples with a left-to-right mask: answer[:c] clean, answer[c:] masked
+    # arith solutions and drills (with results; not given a block or prefix mask) given the left-to-right
+    # mask cut at the first digit of a random computed result: the state in which a confidence-ordered decode fixes the result's digit count
+    # (drawn only when > 0, so runs without it keep their random stream)
+    result_cut_frac: float = 0.0
     t_min: float = 1e-3
     loss_norm: str = "masked"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
     pool_batches: int = 16  # batches built per length-sorted pool
@@ -678,6 +684,19 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
         m[c:] = True
         masked[b] = m
         weights[b] = m.float() / m.sum()
+    if cfg.result_cut_frac > 0:
+        # a left-to-right mask cut where a computed result starts: its operands clean, its digits and
+        # everything after them masked, so the loss lands on how many digits it has (the token after it)
+        cut = (torch.rand(B, generator=gen) < cfg.result_cut_frac) & ~blocky & ~prefix
+        for b in torch.nonzero(cut).flatten().tolist():
+            runs = Tok.result_runs(items[b].results)
+            if not runs:
+                continue
+            run = runs[int(torch.randint(0, len(runs), (1,), generator=gen))]
+            m = torch.zeros(T, dtype=torch.bool)
+            m[T - items[b].canvas + run[0]:] = True
+            masked[b] = m
+            weights[b] = m.float() / m.sum()
     if cfg.result_weight != 1.0 or cfg.result_end_weight != 1.0:  # after the normalisation above
         for b, it in enumerate(items):
             if it.results:  # the computed results' digits, and the token after each (where its digit
@@ -923,6 +942,8 @@ FLAG_HELP = {
     "drill_small_frac": "fraction of the drills' - and * lines with a small result: 1-20 differences, "
                         "differences from a round 10-200, products up to 20",
     "result_end_weight": "loss weight of the token right after each computed result (where its digit count shows)",
+    "result_cut_frac": "fraction of the arith solutions and drills without a block or prefix mask that are masked "
+                       "from the first digit of a random computed result on (its operands clean, its digit count to predict)",
 }
 
 

@@ -206,6 +206,42 @@ def test_result_end_weight_scales_only_the_token_after_each_result(train_tiny, s
     assert (w1[0, [T - 24 + i for i in ends]] > 0).all(), "a prefix mask covers the last result's line here"
 
 
+def test_result_cut_frac_masks_from_a_results_first_digit_on(train_tiny, state):
+    """--result-cut-frac: a chosen example with computed results is clean up to the first digit of one
+    of them (drawn uniformly) and masked from there to its canvas end, each masked token weighted
+    1 / n_masked; an example without results keeps its plain mask; at 0 the batch is the one from before
+    the flag (nothing extra is drawn)."""
+    tok = train_tiny.Tok(TINY)
+    base = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
+    answer = tok.answer_ids("12 * 3 = 36\n50 - 42 = 8")
+    items = [train_tiny.Item(tok.prompt_ids("Compute:\n12 * 3\n50 - 42"), answer, 24, tok.result_positions(answer)),
+             train_tiny.Item(tok.prompt_ids("Sort: 3 1"), tok.answer_ids("1 3"), 12)]
+    starts = {items[0].results[0], items[0].results[2]}  # "36" starts at its 3, "8" is one digit
+    plain = {"block_mask_frac": 0.0, "prefix_mask_frac": 0.0, "result_weight": 1.0, "result_end_weight": 1.0}
+    cfg0 = train_tiny.TrainConfig(**{**base, **plain, "result_cut_frac": 0.0})
+    cfg1 = train_tiny.TrainConfig(**{**base, **plain, "result_cut_frac": 1.0})
+    seen = set()
+    for seed in range(12):
+        n0, c0, k0, w0 = train_tiny.make_batch(items, tok, cfg0, torch.Generator().manual_seed(seed))
+        n1, c1, k1, w1 = train_tiny.make_batch(items, tok, cfg1, torch.Generator().manual_seed(seed))
+        T = n1.shape[1]
+        assert torch.equal(c0, c1) and torch.equal(k0, k1)
+        assert torch.equal(n1[1], n0[1]) and torch.equal(w1[1], w0[1])  # no results: untouched
+        m = n1[0] == tok.mask
+        cut = int(m.nonzero().min()) - (T - 24)
+        assert cut in starts
+        assert m[T - 24 + cut:].all() and not m[:T - 24 + cut].any()
+        assert torch.equal(n1[0, :T - 24 + cut], c1[0, :T - 24 + cut])  # the operands stay clean
+        assert torch.allclose(w1[0], m.float() / m.sum())
+        seen.add(cut)
+    assert seen == starts, "both results are drawn as the cut"
+    cfg_old = train_tiny.TrainConfig(**{k: v for k, v in {**base, **plain}.items() if k != "result_cut_frac"})
+    assert cfg_old.result_cut_frac == 0.0  # a state saved before the flag resumes without it
+    ref = train_tiny.make_batch(items, tok, cfg_old, torch.Generator().manual_seed(5))
+    got = train_tiny.make_batch(items, tok, cfg0, torch.Generator().manual_seed(5))
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
 def test_copy_mask_hides_the_later_copies_of_a_masked_result(train_tiny, state):
     """--copy-mask: in the chosen examples, a result with any digit masked has every later copy of its
     number masked too (Tok.result_copies finds them; numbers inside longer numbers are not copies);
