@@ -132,8 +132,8 @@ class TrainConfig:
     block_mask_frac: float = 0.15
     prefix_mask_frac: float = 0.25  # examples with a left-to-right mask: answer[:c] clean, answer[c:] masked
     # arith solutions and drills (with results; not given a block or prefix mask) given the left-to-right
-    # mask cut at the first digit of a random computed result: the state in which a confidence-ordered decode fixes the result's digit count
-    # (drawn only when > 0, so runs without it keep their random stream)
+    # mask cut at the first digit of a random computed result: the state in which a confidence-ordered
+    # decode fixes the result's digit count (drawn only when > 0, so runs without it keep their stream)
     result_cut_frac: float = 0.0
     t_min: float = 1e-3
     loss_norm: str = "masked"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
@@ -661,6 +661,18 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
         weights = masked.float() / masked.sum(1, keepdim=True).float()
     else:
         weights = masked.float() / (t[:, None] * region.sum(1, keepdim=True).float())
+
+    def structured(b: int, m: torch.Tensor) -> None:
+        # row b's mask replaced by a structured one (block, left to right), each masked token 1 / n_masked
+        masked[b] = m
+        weights[b] = m.float() / m.sum()
+
+    def ltr(b: int, c: int) -> None:
+        # left-to-right order: row b clean before column c, masked from c on
+        m = torch.zeros(T, dtype=torch.bool)
+        m[c:] = True
+        structured(b, m)
+
     blocky = torch.rand(B, generator=gen) < cfg.block_mask_frac
     for b in torch.nonzero(blocky).flatten().tolist():
         start, n = T - items[b].canvas, items[b].canvas
@@ -672,18 +684,13 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
         m[hi:] = True
         if not m.any():
             m[hi - 1] = True
-        masked[b] = m
-        weights[b] = m.float() / m.sum()
+        structured(b, m)
     prefix = (torch.rand(B, generator=gen) < cfg.prefix_mask_frac) & ~blocky
     for b in torch.nonzero(prefix).flatten().tolist():
         # left-to-right order (what confidence-ordered decoding approaches): a clean answer prefix,
         # everything after the cut masked; the cut is uniform over the answer and its eot
         start, n = T - items[b].canvas, len(items[b].answer)
-        c = start + int(torch.randint(0, n, (1,), generator=gen))
-        m = torch.zeros(T, dtype=torch.bool)
-        m[c:] = True
-        masked[b] = m
-        weights[b] = m.float() / m.sum()
+        ltr(b, start + int(torch.randint(0, n, (1,), generator=gen)))
     if cfg.result_cut_frac > 0:
         # a left-to-right mask cut where a computed result starts: its operands clean, its digits and
         # everything after them masked, so the loss lands on how many digits it has (the token after it)
@@ -693,10 +700,7 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
             if not runs:
                 continue
             run = runs[int(torch.randint(0, len(runs), (1,), generator=gen))]
-            m = torch.zeros(T, dtype=torch.bool)
-            m[T - items[b].canvas + run[0]:] = True
-            masked[b] = m
-            weights[b] = m.float() / m.sum()
+            ltr(b, T - items[b].canvas + run[0])
     if cfg.result_weight != 1.0 or cfg.result_end_weight != 1.0:  # after the normalisation above
         for b, it in enumerate(items):
             if it.results:  # the computed results' digits, and the token after each (where its digit
