@@ -41,6 +41,8 @@ and drills (``Tok.result_positions``); ``--copy-mask`` masks the later copies of
 (``Tok.result_copies``), so a solution's reuse of a result cannot stand in for computing it;
 ``--result-cut-frac`` gives a fraction of the examples with results the left-to-right mask cut at the
 first digit of one of them, the state in which a confidence-ordered decode fixes a result's digit count;
+``--final-cut-frac`` cuts a fraction of the other ``arith`` solutions at the final ``#### N``'s first
+digit, so the loss lands on copying the last result into the answer;
 ``--list-op-weights`` draws ``list`` operations by rejection so
 the ones the model fails come more often. The curriculum eval also logs ``drill_fact_accuracy`` (the
 results of held-out drills, computed from a clean context) and ``facts_ltr`` (the results of held-out
@@ -135,6 +137,10 @@ class TrainConfig:
     # mask cut at the first digit of a random computed result: the state in which a confidence-ordered
     # decode fixes the result's digit count (drawn only when > 0, so runs without it keep their stream)
     result_cut_frac: float = 0.0
+    # arith solutions (not given a block, prefix or result-cut mask) given the left-to-right mask cut at
+    # the first digit of the final ``#### N``: the solution clean, the answer copied from its last result
+    # (drawn only when > 0, so runs without it keep their stream)
+    final_cut_frac: float = 0.0
     t_min: float = 1e-3
     loss_norm: str = "masked"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
     pool_batches: int = 16  # batches built per length-sorted pool
@@ -195,6 +201,7 @@ class Tok:
         v = self.hf.get_vocab()  # the tokens result_positions / result_copies look for
         self._digits = {v[str(d)] for d in range(10) if str(d) in v}
         self._eq, self._lead = v.get(" ="), {v.get(" "), v.get(" $")}
+        self._final = v.get("####")
 
     def prompt_ids(self, text: str) -> list[int]:
         """Chat-template ``text`` as one user turn and tokenize (the BOS comes from the template)."""
@@ -220,6 +227,15 @@ class Tok:
             else:
                 i += 1
         return tuple(out)
+
+    def final_position(self, ids: list[int]) -> int:
+        """Index of the first digit of the final answer in answer ``ids`` (the digit after the last
+        ``####`` and ``" "``, arith.py's ``#### <number>`` line), or -1 when there is none."""
+        for i in range(len(ids) - 2, -1, -1):
+            if ids[i] == self._final:
+                j = i + 1 + (ids[i + 1] in self._lead)
+                return j if j < len(ids) and ids[j] in self._digits else -1
+        return -1
 
     @staticmethod
     def result_runs(results: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -480,6 +496,7 @@ class Item:
     canvas: int  # answer-region length (answer + eot + EOS padding)
     results: tuple[int, ...] = ()  # answer indices of computed result digits (result_positions)
     copies: tuple = ()  # per result: (its digit indices, indices of its later copies) (result_copies)
+    final: int = -1  # answer index of the final answer's first digit (Tok.final_position; -1: none)
 
     @property
     def length(self) -> int:
@@ -554,7 +571,8 @@ class Stream:
                 canvas = min(cfg.canvas, len(answer) + rng.randint(1, cfg.extra_eos))
             results = self.tok.result_positions(answer) if name in ("arith", "drill") else ()
             copies = self.tok.result_copies(answer, results) if cfg.copy_mask > 0 and results else ()
-            return Item(prompt, answer, canvas, results, copies)
+            final = self.tok.final_position(answer) if cfg.final_cut_frac > 0 and name == "arith" else -1
+            return Item(prompt, answer, canvas, results, copies, final)
 
     def _build_pool(self, pool: int, weights) -> list[list[Item]]:
         cfg = self.cfg
@@ -691,6 +709,7 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
         # everything after the cut masked; the cut is uniform over the answer and its eot
         start, n = T - items[b].canvas, len(items[b].answer)
         ltr(b, start + int(torch.randint(0, n, (1,), generator=gen)))
+    cut = torch.zeros(B, dtype=torch.bool)
     if cfg.result_cut_frac > 0:
         # a left-to-right mask cut where a computed result starts: its operands clean, its digits and
         # everything after them masked, so the loss lands on how many digits it has (the token after it)
@@ -701,6 +720,13 @@ def make_batch(items: list[Item], tok: Tok, cfg: TrainConfig, gen: torch.Generat
                 continue
             run = runs[int(torch.randint(0, len(runs), (1,), generator=gen))]
             ltr(b, T - items[b].canvas + run[0])
+    if cfg.final_cut_frac > 0:
+        # a left-to-right mask cut at the final answer: the worked solution clean, ``#### N``'s digits
+        # and what follows masked, so the loss lands on copying the last result
+        fin = (torch.rand(B, generator=gen) < cfg.final_cut_frac) & ~blocky & ~prefix & ~cut
+        for b in torch.nonzero(fin).flatten().tolist():
+            if items[b].final >= 0:
+                ltr(b, T - items[b].canvas + items[b].final)
     if cfg.result_weight != 1.0 or cfg.result_end_weight != 1.0:  # after the normalisation above
         for b, it in enumerate(items):
             if it.results:  # the computed results' digits, and the token after each (where its digit
@@ -948,6 +974,8 @@ FLAG_HELP = {
     "result_end_weight": "loss weight of the token right after each computed result (where its digit count shows)",
     "result_cut_frac": "fraction of the arith solutions and drills without a block or prefix mask that are masked "
                        "from the first digit of a random computed result on (its operands clean, its digit count to predict)",
+    "final_cut_frac": "fraction of the arith solutions without a block, prefix or result-cut mask that are masked "
+                      "from the first digit of the final '#### N' on (the solution clean, the answer to copy)",
 }
 
 

@@ -242,6 +242,46 @@ def test_result_cut_frac_masks_from_a_results_first_digit_on(train_tiny, state):
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
 
 
+def test_final_cut_frac_masks_from_the_final_answers_first_digit_on(train_tiny, state):
+    """--final-cut-frac: an arith solution with a ``#### N`` line is clean up to N's first digit
+    (Tok.final_position) and masked from there to its canvas end, each masked token weighted
+    1 / n_masked; an example without a final answer keeps its plain mask; rows given a result cut keep
+    it; at 0 the batch is the one from before the flag (nothing extra is drawn)."""
+    tok = train_tiny.Tok(TINY)
+    base = {k: tuple(v) if isinstance(v, list) else v for k, v in state["cfg"].items()}
+    answer = tok.answer_ids("She pays 100 - 40 = $60.\n#### 60")
+    final = tok.final_position(answer)
+    assert tok.hf.decode(answer[final - 2:final + 2]) == "#### 60" and answer[final + 2] == tok.eot
+    assert tok.final_position(tok.answer_ids("12 * 3 = 36")) == -1
+    res = tok.result_positions(answer)
+    items = [train_tiny.Item(tok.prompt_ids("How much?"), answer, 30, res, (), final),
+             train_tiny.Item(tok.prompt_ids("Sort: 3 1"), tok.answer_ids("1 3"), 12)]
+    plain = {"block_mask_frac": 0.0, "prefix_mask_frac": 0.0, "result_weight": 1.0, "result_end_weight": 1.0,
+             "result_cut_frac": 0.0}
+    cfg0 = train_tiny.TrainConfig(**{**base, **plain, "final_cut_frac": 0.0})
+    cfg1 = train_tiny.TrainConfig(**{**base, **plain, "final_cut_frac": 1.0})
+    for seed in range(6):
+        n0, c0, k0, w0 = train_tiny.make_batch(items, tok, cfg0, torch.Generator().manual_seed(seed))
+        n1, c1, k1, w1 = train_tiny.make_batch(items, tok, cfg1, torch.Generator().manual_seed(seed))
+        T = n1.shape[1]
+        assert torch.equal(c0, c1) and torch.equal(k0, k1)
+        assert torch.equal(n1[1], n0[1]) and torch.equal(w1[1], w0[1])  # no final answer: untouched
+        m = n1[0] == tok.mask
+        assert int(m.nonzero().min()) == T - 30 + final
+        assert m[T - 30 + final:].all() and not m[:T - 30 + final].any()
+        assert torch.equal(n1[0, :T - 30 + final], c1[0, :T - 30 + final])  # the solution stays clean
+        assert torch.allclose(w1[0], m.float() / m.sum())
+    both = train_tiny.TrainConfig(**{**base, **plain, "result_cut_frac": 1.0, "final_cut_frac": 1.0})
+    n2 = train_tiny.make_batch(items, tok, both, torch.Generator().manual_seed(0))[0]
+    first = int((n2[0] == tok.mask).nonzero().min()) - (n2.shape[1] - 30)
+    assert first == res[0], "the result cut (at 60's first digit) wins over the final cut"
+    cfg_old = train_tiny.TrainConfig(**{k: v for k, v in {**base, **plain}.items() if k != "final_cut_frac"})
+    assert cfg_old.final_cut_frac == 0.0  # a state saved before the flag resumes without it
+    ref = train_tiny.make_batch(items, tok, cfg_old, torch.Generator().manual_seed(5))
+    got = train_tiny.make_batch(items, tok, cfg0, torch.Generator().manual_seed(5))
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
 def test_copy_mask_hides_the_later_copies_of_a_masked_result(train_tiny, state):
     """--copy-mask: in the chosen examples, a result with any digit masked has every later copy of its
     number masked too (Tok.result_copies finds them; numbers inside longer numbers are not copies);
