@@ -30,7 +30,8 @@ def _make_folder(folder: Path, flag: str, path, announce: bool = True) -> None:
         raise UsageError(f"{flag} {path}: {missing.parent} is a file, not a folder; choose another path")
     if missing.exists() and not missing.is_dir():
         raise UsageError(f"{flag} {path}: {missing} is a file, not a folder; choose another path")
-    if missing.parent == Path(missing.anchor):
+    top = Path(os.path.abspath(missing))  # a relative "runs_out" has parent "." and anchor "": compare absolutes
+    if top.parent == Path(top.anchor):
         raise UsageError(f"{flag} {path}: folder {missing} does not exist and ecache creates no folder at the "
                          f"filesystem root; create it first (mkdir -p {folder}) or choose another path")
     try:

@@ -153,6 +153,17 @@ def test_missing_parent_folders_are_created_the_same_way(cli, llada_dir, tmp_pat
     assert json.loads(target.read_text().splitlines()[-1])  # the document itself
 
 
+@pytest.mark.parametrize("flag, name", [("--json", "runs_out/out.json"), ("--plot", "runs_out/drift.png")])
+def test_a_relative_new_folder_is_created_not_taken_for_the_root(cli, llada_dir, tmp_path, monkeypatch, flag, name):
+    """``--plot runs_out/drift.png`` (the README's examples) in a folder without ``runs_out``: the
+    relative parent ``.`` has an empty anchor, which once read as the filesystem root."""
+    monkeypatch.chdir(tmp_path)
+    res = cli("trace-drift", "x", flag, name, "--model", llada_dir, *SMALL)
+    assert res.exit_code == 0, res.stderr
+    assert "note: created folder runs_out for " + flag in res.stderr
+    assert (tmp_path / name).stat().st_size > 0
+
+
 @pytest.mark.parametrize("args, needles", [
     (["generate", "x", "--gen-length", "abc"], ["'--gen-length'", "'abc'", "ecache generate --help"]),
     (["generate", "x", "--temperature=hot"], ["'--temperature'", "'hot'"]),
