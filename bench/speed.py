@@ -2,7 +2,8 @@
 
 Workloads (``--model tiny`` by default, float32 on CPU unless ``--device``/``--dtype`` say otherwise):
 - ``domains``: few-shot prompts of the embedded model's own task domains (arith, code, list), each
-  question given as many solved examples as bring its chat-templated prompt to 600-1000 tokens;
+  question given as many solved examples as bring its chat-templated prompt to 600-1000 tokens
+  (``--shots N``: exactly N each instead, e.g. 4, inside the 0-4 the embedded model was trained on);
 - ``gsm8k``: real GSM8K test questions (``--data``), few-shot the same way: the out-of-distribution
   stress case (the tiny model never saw GSM8K's wording).
 Each workload runs with one token committed per step (``steps = gen_length``, no parallel decoding) and
@@ -21,6 +22,7 @@ stdout line of JSON (``batch``: per workload/mode and batch size, each policy's 
 latency and work).
 
     OMP_NUM_THREADS=2 python bench/speed.py                      # the trained embedded model
+    OMP_NUM_THREADS=2 python bench/speed.py --shots 4 --gsm8k-n 0  # prompts in the model's trained range (0-4 shots)
     python bench/speed.py --model random-tiny --n 1 --gsm8k-n 1   # random weights of the same shape
     OMP_NUM_THREADS=1 python bench/speed.py --threads 1 --domains list --n 16 --gsm8k-n 0 --modes plain \
         --batch-sizes 1,8,16 --policies none,dual,entropy,entropy:tau=2.1   # the batch-size table
@@ -59,15 +61,20 @@ def random_tiny(out: Path) -> Path:
     return out
 
 
-def fewshot_requests(engine, task, n: int, lo: int, hi: int, seed: int, chat: bool, max_shots: int = 48) -> list:
+def fewshot_requests(engine, task, n: int, lo: int, hi: int, seed: int, chat: bool, max_shots: int = 48,
+                     fixed_shots: int | None = None) -> list:
     """``n`` test questions of ``task``, each with the fewest shots that make its prompt ``lo``..``hi``
-    tokens (questions that cannot land in the range are skipped)."""
+    tokens (questions that cannot land in the range are skipped); ``fixed_shots`` given: exactly that many
+    solved examples each, whatever the length (the embedded model was trained on 0-4)."""
     from ecache_cli.runs.profile import Request
 
     out = []
     for ex in task.examples("test", 20 * n + 20, seed):
         if len(out) == n:
             break
+        if fixed_shots is not None:
+            out.append(Request(task.prompt(ex, fixed_shots, seed), ex, task))
+            continue
         for shots in range(1, max_shots + 1):
             prompt = task.prompt(ex, shots, seed)
             length = len(engine.encode([prompt], chat)[0])
@@ -236,6 +243,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=str(DEFAULT_GSM8K), help="GSM8K test.jsonl")
     ap.add_argument("--min-prompt", type=int, default=600)
     ap.add_argument("--max-prompt", type=int, default=1000)
+    ap.add_argument("--shots", type=int, default=None,
+                    help="exactly this many solved examples per prompt instead of filling --min/--max-prompt tokens "
+                         "(e.g. 4: the embedded model's trained range, so its score means something)")
     ap.add_argument("--gen-length", type=int, default=256)
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--threshold", type=float, default=0.9)
@@ -275,10 +285,10 @@ def main(argv=None) -> int:
     workloads = {"domains": [], "gsm8k": []}
     for name in args.domains.split(","):
         workloads["domains"] += fewshot_requests(engine, get_task(name), args.n, args.min_prompt, args.max_prompt,
-                                                 args.seed, chat)
+                                                 args.seed, chat, fixed_shots=args.shots)
     if args.gsm8k_n > 0:
         workloads["gsm8k"] = fewshot_requests(engine, get_task("gsm8k", data=args.data), args.gsm8k_n,
-                                              args.min_prompt, args.max_prompt, args.seed, chat)
+                                              args.min_prompt, args.max_prompt, args.seed, chat, fixed_shots=args.shots)
     workloads = {k: v for k, v in workloads.items() if v}
     lengths = {k: [len(x) for x in engine.encode([r.prompt for r in v], chat)] for k, v in workloads.items()}
     log.print(f"model {model_label} · {lm.device} {lm.dtype} · threads {torch.get_num_threads()} · prompt tokens {lengths}")

@@ -62,6 +62,7 @@ def test_generate_until_gives_the_answers_of_ecache_generate(evaluated, profiles
     assert any(w.strip() for w in want)  # not a comparison of empty strings
     exact = sum(g.strip() == s["target"].strip() for g, s in zip(got, samples)) / len(samples)
     assert res["results"]["ecache_list"]["exact_match,none"] == pytest.approx(exact)
+    assert exact >= 5 / 6, got  # the README's scored table: the embedded model solves its held-out list problems
 
 
 def test_speed_stats_sit_beside_the_scores(evaluated):

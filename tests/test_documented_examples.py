@@ -1,0 +1,221 @@
+"""Every command example of the README and every worked example of the model card, run and checked.
+
+The README's ``bash`` blocks are read from the file itself: each command line (continuations joined,
+trailing comments dropped) must be either in ``CHECKS`` (run here, in a fresh folder, through bash
+exactly as written, with its answer asserted) or in ``NOT_RUN`` with the reason it cannot run on a
+CPU machine without downloads (an official 8B checkpoint, a dataset outside the repository, several
+GPUs) or the test that covers it elsewhere. A new example without a check fails
+``test_every_readme_command_is_checked``. The model card's ``Q`` → ``A`` examples of the ``list``
+domain are decoded with the default settings and compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+CARD = REPO / "ecache_cli" / "data" / "tiny" / "README.md"
+
+
+def readme_commands(text: str) -> list[str]:
+    """The command lines of the ``bash`` blocks of ``text``: ``\\`` continuations joined, comment lines
+    and trailing ``  # ...`` comments dropped, whitespace collapsed."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for cmd in re.sub(r"\\\n\s*", " ", block).splitlines():
+            cmd = re.sub(r"\s{2,}#.*$", "", cmd).strip()
+            if cmd and not cmd.startswith("#"):
+                out.append(" ".join(cmd.split()))
+    return out
+
+
+def run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``cmd`` through bash in ``cwd``, with this venv's ``ecache`` first on PATH, one torch thread and
+    the user's config folder redirected into ``cwd`` (no profile of the developer's leaks in)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(cwd / ".config"), "COLUMNS": "250"}
+    env.pop("ECACHE_PROFILES", None)
+    return subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The body rows of a rich table printed on ``text``: first cell → the row's cells."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.strip("│").split("│")]
+            rows[cells[0]] = cells
+    return rows
+
+
+# --- the checks: each gets the finished process and its folder ------------------------------------
+
+def _prints(answer: str):
+    def check(res, cwd):
+        assert res.stdout.strip() == answer, res.stdout
+    return check
+
+
+def _reverse_jsonl(res, cwd):
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]
+    assert rec["prompt"] == "Reverse: 4 5 6" and rec["text"] == "6 5 4" and rec["ended"] is True
+
+
+def _profile_list(res, cwd):
+    rows = table_rows(res.stdout)
+    policies = ("none", "prefix", "dual", "entropy", "dllm-cache", "dkv", "d2cache", "elastic")
+    assert set(policies) <= set(rows), sorted(rows)
+    for p in policies:  # the last column is the task score (0-1) on the 4 list problems
+        assert float(rows[p][-1]) >= 0.75, (p, rows[p])
+
+
+def _profile_speedup(res, cwd):
+    out = res.stdout.strip()
+    speedup = float(out) if out[:1] != "{" else json.loads(out)["policies"]["entropy"]["speedup_vs_none"]
+    assert speedup > 0  # the printed speedup (wall clock: its size is bench/'s business)
+    doc = json.loads(run('ecache profile --policies none,entropy --json - "Sort: 9 3 7 1" | tail -1', cwd).stdout)
+    assert [r["text"] for r in doc["requests"]] == ["1 3 7 9", "1 3 7 9"]
+    assert doc["policies"]["entropy"]["work_share_vs_none"] < 0.5  # the cache served most positions
+
+
+def _calibrate_list(res, cwd):
+    prof = yaml.safe_load((cwd / "profiles" / "tiny" / "list.yaml").read_text())
+    assert prof["task"] == "list" and prof["decode"]["gen_length"] == 64 and prof["cache"]["policy"] == "entropy"
+    assert prof["measured"]["n"] == 20 and prof["measured"]["score"] >= 0.9, prof["measured"]
+    assert prof["measured"]["score_none"] - prof["measured"]["score"] <= 0.01 + 1e-9
+    assert (cwd / "runs_out" / "list.png").stat().st_size > 0
+    assert "chosen τ=" in res.stdout
+
+
+def _generate_task_list(res, cwd):
+    assert res.stdout.strip() == "1 3 7 9", res.stdout
+
+
+def _calibrate_code_fidelity(res, cwd):
+    prof = yaml.safe_load((cwd / "runs_out" / "code-fidelity.yaml").read_text())
+    assert prof["task"] == "code" and prof["measured"]["metric"] == "fidelity"
+    assert prof["measured"]["fidelity"] >= 0.99 and prof["measured"]["speedup"] > 1.0, prof["measured"]
+    assert not (cwd / "profiles" / "tiny" / "code.yaml").exists()  # --out: the task's profile is left alone
+
+
+def _trace_drift_picture(res, cwd):
+    summary = json.loads((cwd / "runs_out" / "summary.json").read_text())
+    assert (cwd / "runs_out" / "trace-drift.png").stat().st_size > 0
+    assert (cwd / "runs_out" / "steps.jsonl").read_text().count("\n") >= 4 * 16
+    assert any((cwd / "runs_out" / "drift").rglob("events.out.tfevents.*"))
+    assert summary["prompts"] == 4, summary.keys()
+
+
+def _trace_drift_sort(res, cwd):
+    assert (cwd / "runs_out" / "drift.png").stat().st_size > 0
+    assert "Pearson r" in res.stderr and "wrote plot runs_out/drift.png" in res.stderr
+
+
+#: README command → check. The commands share one folder, and the ``generate --task list`` after
+#: ``calibrate --task list`` runs after it (``CHAINS``), so it reads the profile that calibration wrote.
+CHECKS = {
+    'ecache generate "Sort: 9 3 7 1"': _prints("1 3 7 9"),
+    'echo "Reverse: 4 5 6" | ecache generate --jsonl': _reverse_jsonl,
+    'ecache generate --cache dual --threshold 0.9 "Sort descending: 2 8 5 1"': _prints("8 5 2 1"),
+    'ecache profile --task list --limit 4': _profile_list,
+    'ecache profile --policies none,entropy --json - "Sort: 9 3 7 1" | tail -1 | jq .policies.entropy.speedup_vs_none':
+        _profile_speedup,
+    'ecache calibrate --task list --limit 20 --gen-length 64 --plot runs_out/list.png': _calibrate_list,
+    'ecache generate --task list "Sort: 9 3 7 1"': _generate_task_list,
+    'ecache calibrate --task code --metric fidelity --limit 10 --out runs_out/code-fidelity.yaml':
+        _calibrate_code_fidelity,
+    'ecache trace-drift --task arith --limit 4 --shots 0 --gen-length 128 --block-length 32 -b 4 '
+    '--jsonl runs_out/steps.jsonl --tensorboard runs_out/drift --plot runs_out/trace-drift.png '
+    '--json runs_out/summary.json': _trace_drift_picture,
+    'ecache trace-drift "Sort: 9 3 7 1" --cache dual --plot runs_out/drift.png': _trace_drift_sort,
+}
+
+OFFICIAL = "needs an official 8B checkpoint (no download on these machines)"
+#: README command (prefix) → why it is not run here.
+NOT_RUN = {
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . && ecache generate":
+        "the install is .ci/run's and the fresh-venv check's; its generate line is the first check above",
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e \".[test,eval]\"":
+        "the test command itself (.ci/run runs it)",
+    "ecache generate --model llada-8b": OFFICIAL,
+    "ecache profile --task gsm8k --data ../shared/data/gsm8k/test.jsonl": "a dataset outside the repository",
+    "ecache calibrate --model llada-8b": OFFICIAL,
+    "ecache calibrate --task mbpp --data mbpp.jsonl": "the user's MBPP file (no download)",
+    "ecache trace-drift --task gsm8k --data ../shared/data/gsm8k/test.jsonl": "a dataset outside the repository",
+    "tensorboard --logdir runs_out/drift": "a viewer; the event files are checked after the picture's command",
+    "lm_eval --model ecache --model_args model=llada-8b": OFFICIAL,
+    "lm_eval --model ecache --model_args model=tiny --tasks ecache_list,ecache_list_mc":
+        "tests/test_lm_eval.py::test_lm_eval_command_line_runs_the_ecache_model runs it and checks the scores",
+    "accelerate launch --num_processes 8": "8 GPUs",
+    "torchrun --nproc_per_node 8": "8 GPUs",
+    "torchrun --nproc_per_node 2 -m ecache_cli calibrate --task list --limit 8":
+        "tests/test_distributed.py (slow, in .ci/run) runs it against one process",
+}
+
+
+def test_every_readme_command_is_checked():
+    unchecked = [c for c in readme_commands(README.read_text())
+                 if c not in CHECKS and not any(c.startswith(p) for p in NOT_RUN)]
+    assert not unchecked, f"README examples without a check: {unchecked}"
+    cmds = readme_commands(README.read_text())
+    assert not [c for c in CHECKS if c not in cmds], "a check of a command no longer in the README"
+
+
+#: Commands that read what an earlier one wrote run after it, in one chain; chains run side by side.
+CHAINS = ("calibrate --task list", "generate --task list")
+
+
+def test_readme_examples_print_the_right_answers(tmp_path):
+    order = [c for c in readme_commands(README.read_text()) if c in CHECKS]
+    assert sorted(order) == sorted(CHECKS)  # each checked command once
+    chained = [c for c in order if any(k in c for k in CHAINS)]
+    groups = [chained] + [[c] for c in order if c not in chained]
+
+    def run_group(cmds):
+        out = []
+        for cmd in cmds:
+            line = cmd
+            if "| jq " in cmd and shutil.which("jq") is None:
+                line = cmd[:cmd.index("| jq ")].rstrip()  # no jq here: the check parses the JSON itself
+            out.append((cmd, run(line, tmp_path)))
+        return out
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: the commands run one torch thread each
+        results = [r for group in pool.map(run_group, groups) for r in group]
+    for cmd, res in results:
+        assert res.returncode == 0, (cmd, res.stderr[-2000:])
+        CHECKS[cmd](res, tmp_path)
+
+
+def test_the_shipped_list_profile_answers_the_readme_prompt(tmp_path):
+    """``ecache generate --task list`` where no calibration has run: the shipped profile's τ."""
+    res = run('ecache generate --task list "Sort: 9 3 7 1"', tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1 3 7 9"
+
+
+def card_examples(text: str) -> list[tuple[str, str]]:
+    """The model card's ``list`` examples written as `` `Op: xs` → `answer` ``."""
+    return re.findall(r"`((?:[A-Z][a-z]+(?: [a-z]+)?(?: \d+)?): [\d ]+)` → `([\d ]+)`", text)
+
+
+def test_model_card_examples_are_the_models_answers(tmp_path):
+    """What the card says the model prints for a prompt is what ``ecache generate`` prints."""
+    examples = card_examples(CARD.read_text())
+    assert ("Sort: 9 3 7 1", "1 3 7 9") in examples
+    res = run("ecache generate " + " ".join(shlex.quote(q) for q, _ in examples), tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [a for _, a in examples]
