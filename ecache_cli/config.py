@@ -222,7 +222,7 @@ def check_value(kind, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError("must be a number (e.g. 0.5)")
         if math.isnan(value):
-            raise ValueError("must be a number, not NaN")
+            raise ValueError("must be a number, not NaN (e.g. 0.5)")
         return float(value)
     elif kind is str and not isinstance(value, str):
         raise ValueError("must be a string")

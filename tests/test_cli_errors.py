@@ -221,7 +221,7 @@ def test_full_device_on_stdout_is_one_line(llada_dir, profiles_dir):
     (["generate", "x", "--cache", "dual", "--refresh-every", "-1"], 2, ["--refresh-every -1", "≥ 0 for dual"]),
     (["generate", "x", "--cache", "prefix", "--refresh-every", "-1"], 2, ["--refresh-every -1", "≥ 0 for prefix"]),
     (["generate", "x", "--temperature", "inf"], 2, ["--temperature inf", "finite"]),
-    (["generate", "x", "--tau", "nan"], 2, ["tau=nan", "not NaN"]),
+    (["generate", "x", "--tau", "nan"], 2, ["tau=nan", "not NaN (e.g. 0.5)"]),
     (["trace-drift", "x", "--volatility-level", "nan"], 2, ["--volatility-level nan", "> 0"]),
     (["trace-drift", "x", "--rows", "-1"], 2, ["--rows -1", "≥ 0"]),
     (["profile", "x", "--limit", "1", "--policies", "none"], 2, ["--limit 1 with prompt arguments"]),
@@ -558,3 +558,12 @@ def test_ecache_lm_eval_without_lm_eval_names_the_extra(monkeypatch, capsys):
     assert exc.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: lm-evaluation-harness is not installed") and "ecache[eval]" in lines[0]
+
+
+def test_a_canvas_past_the_model_positions_says_how_far_to_cut(cli, llada_dir):
+    res = cli("generate", "abc", "--model", llada_dir, "--gen-length", "8192", "--block-length", "32", "--no-chat", "-q")
+    one_line_error(res, 2, "--gen-length 8192 exceeds the model's", "lower --gen-length to at most")
+    limit = int(res.stderr.split("at most ")[1].split()[0])
+    ok = cli("generate", "abc", "--model", llada_dir, "--gen-length", str(limit - limit % 32), "--block-length", "32",
+             "--steps", str((limit - limit % 32) // 32), "--no-chat", "-q")
+    assert ok.exit_code == 0, ok.stderr

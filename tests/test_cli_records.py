@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import pytest
 from typer.testing import CliRunner
@@ -89,6 +91,27 @@ def test_input_dash_reads_jsonl_records_from_stdin(cli, llada_dir, tmp_path):
     assert [(r["id"], r["line"], r["input"], r["text"]) for r in got] == [(r["id"], r["line"], r["input"], r["text"])
                                                                           for r in want]
     assert [r["prompt"] for r in got] == ["Sort: 9 3 7 1", "abc"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_input_from_a_named_pipe_reads_its_records(cli, llada_dir, tmp_path):
+    """``--input <(...)``, ``--input /dev/stdin`` and a FIFO are not regular files: read as a stream,
+    with the records and answers of the same lines in a file."""
+    lines = [{"id": "a", "prompt": "Sort: 9 3 7 1"}, {"prompt": "abc"}]
+    text = "".join(json.dumps(r) + "\n" for r in lines)
+    f = tmp_path / "in.jsonl"
+    f.write_text(text)
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(text), daemon=True)  # blocks until a reader opens it
+    writer.start()
+    try:
+        got = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", "--input", fifo))
+    finally:
+        writer.join(timeout=60)
+    want = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", "--input", f))
+    assert [(r["id"], r["line"], r["text"]) for r in got] == [(r["id"], r["line"], r["text"]) for r in want]
+    assert len(got) == 2
 
 
 def test_bad_record_on_stdin_names_stdin_and_line(profiles_dir, llada_dir):

@@ -211,7 +211,11 @@ class Run:
                                        alg_temp=cfg.alg_temp, low_eos_confidence=cfg.low_eos_confidence)
         B, P, G = len(prompts), max(len(p) for p in prompts), cfg.gen_length
         if P + G > spec.max_positions:
-            raise UsageError(f"prompt ({P} tokens) + --gen-length {G} exceeds the model's {spec.max_positions} positions")
+            fit = spec.max_positions - P
+            fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0
+                   else "shorten the prompt (fewer shots or less context)")
+            raise UsageError(f"prompt ({P} tokens) + --gen-length {G} exceeds the model's {spec.max_positions} "
+                             f"positions; {fix}")
         tokens = torch.full((B, P + G), spec.pad_id, dtype=torch.long)
         key_mask = torch.zeros(B, P + G, dtype=torch.bool)
         for b, p in enumerate(prompts):  # left padding

@@ -228,8 +228,10 @@ def is_stdin(input_file: Path | str | None) -> bool:
 
 
 def check_input_file(input_file: Path | None) -> None:
-    """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing file (DataError, exit 1)."""
-    if input_file is None or is_stdin(input_file) or input_file.is_file():
+    """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing file (DataError, exit 1).
+    Anything readable that is not a folder counts: a named pipe, ``/dev/stdin``, a shell's ``<(...)``
+    (the records are read once, as a stream)."""
+    if input_file is None or is_stdin(input_file) or (input_file.exists() and not input_file.is_dir()):
         return
     if input_file.is_dir():
         raise DataError(f"--input {input_file} is a folder; give a JSONL file (one JSON object with a 'prompt' "
