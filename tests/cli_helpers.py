@@ -20,6 +20,16 @@ def one_line_error(result, code: int, *needles: str) -> str:
     return lines[0]
 
 
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The body rows of a rich table in printed ``text``: each row's first cell → its cells, stripped."""
+    rows = {}
+    for line in text.splitlines():
+        if line.strip().startswith("│"):
+            cells = [c.strip() for c in line.strip().strip("│").split("│")]
+            rows[cells[0]] = cells
+    return rows
+
+
 CUT = "did not end within --gen-length"  # the warning for answers that filled the canvas (runs/generate.py)
 
 

@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
-from cli_helpers import CUT, one_line_error, without_cut_warning
+from cli_helpers import CUT, one_line_error, table_rows, without_cut_warning
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -388,8 +388,7 @@ def test_sweep_table_shows_fidelity_as_the_metric():
     text = con.export_text()
     header = next(ln for ln in text.splitlines() if "Δ pts" in ln)
     assert header.index("fidelity %") < header.index("Δ pts") < header.index("score %")
-    rows = [[c.strip() for c in ln.replace("┃", "│").split("│")[1:-1]] for ln in text.splitlines() if "│" in ln]
-    cells = next(r for r in rows if r and r[0] == "0.5")
+    cells = table_rows(text)["0.5"]
     assert cells[1] == "90.0" and cells[2] == "-10.0"  # fidelity and its change where the metric is shown
 
 
