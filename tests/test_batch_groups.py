@@ -1,4 +1,4 @@
-"""Grouped forwards (issue 13): a step whose rows have different plans runs one partial forward at the
+"""Grouped forwards: a step whose rows have different plans runs one partial forward at the
 non-refreshing rows' width plus one full forward of the refreshing rows alone. A row decodes in such a
 batch exactly as it does alone (every policy, both families, float32), and the reported work equals the
 positions the model's forwards computed, counted on the model's own projections."""
@@ -29,30 +29,27 @@ class ForceRows:
 
     def __init__(self, inner, offset: int = 0):
         self.inner, self.offset = inner, offset
-        self.name = inner.name
-        for cap in ("needs_values", "needs_attention", "needs_hidden"):
-            setattr(self, cap, getattr(inner, cap))
+        self.name, self.keeps_hidden = inner.name, inner.keeps_hidden
 
     def reset(self, state):
         self.inner.reset(state)
 
     def plan(self, state):
         p = self.inner.plan(state)
-        force = (state.step + state.rows + self.offset) % 3 == 1  # (B,) bool
+        force = (state.row_step + state.rows + self.offset) % 3 == 1  # (B,) bool
         return dataclasses.replace(p, refresh=p.refresh | force)
 
     def observe(self, state, record):
         self.inner.observe(state, record)
 
-    def select_rows(self, keep, batch):
-        self.inner.select_rows(keep, batch)
+    def select_rows(self, keep):
+        self.inner.select_rows(keep)
 
 
-def run(lm, prompts, policy, offset=0, split=True, force=True):
+def run(lm, prompts, policy, offset=0, force=True):
     eng = Engine.from_loaded(lm)
     pol = make_policy(policy, **PARAMS[policy])
     r = eng.start(eng.encode(prompts, chat=False), CFG, ForceRows(pol, offset) if force else pol)
-    r.split_refresh = split
     records = list(r)
     return r.results(), records, r
 
@@ -75,20 +72,6 @@ def test_mixed_batch_gives_each_row_its_own_tokens(lm, policy):
         pad = P - len(alone.prompt_ids)  # a full forward in the batch also computes the row's left padding
         if policy != "elastic":  # (elastic's layer-selective rows also compute their padding from the start layer)
             assert batch[i].stats["tokens_planned"] - pad * alone.stats["full_forwards"] == alone.stats["tokens_planned"]
-
-
-@pytest.mark.parametrize("policy", ["entropy", "elastic"])
-def test_single_padded_forward_gives_the_same_tokens(lm, policy):
-    """The measurement switch ``split_refresh = False`` (one forward padded to the widest row) decodes
-    the same tokens and reports every row of a mixed step at the full width T."""
-    split, _, _ = run(lm, PROMPTS, policy)
-    padded, records, r = run(lm, PROMPTS, policy, split=False)
-    assert [x.token_ids for x in split] == [x.token_ids for x in padded]
-    T = r.P + r.G
-    mixed = [rec for rec in records if 0 < int(rec.refresh.sum()) < len(rec.rows)]
-    assert mixed and all(rec.query_width == T for rec in mixed)
-    if policy == "entropy":
-        assert all(rec.computed.tolist() == [T] * len(rec.rows) for rec in mixed)
 
 
 def counting(lm):
@@ -195,10 +178,10 @@ class FakeEvent:
         return 1e3 * (other.t - self.t)
 
 
-def test_event_timings_are_read_once_per_block(lm, monkeypatch):
+def test_event_timings_are_read_once_per_run(lm, monkeypatch):
     """The CUDA timing path (events, no per-step sync) on CPU with a stand-in event: a step's times are
-    0 when it is yielded and filled at the end of its block, one synchronize per block, and the run's
-    totals are the sums of the steps'."""
+    0 when it is yielded and filled at the end of the run, one synchronize in all, and the run's totals
+    are the sums of the steps'."""
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     FakeEvent.recorded = FakeEvent.synced = 0
     eng = Engine.from_loaded(lm)
@@ -210,7 +193,7 @@ def test_event_timings_are_read_once_per_block(lm, monkeypatch):
         at_yield.append(rec.forward_s)
         records.append(rec)
     assert len(records) == 16 and at_yield == [0.0] * 16
-    assert FakeEvent.synced == 2  # one per block
+    assert FakeEvent.synced == 1  # once, at the end of the run
     assert FakeEvent.recorded == 5 * 16  # five marks per step (no attention rows for entropy)
     assert all(rec.forward_s > 0 and rec.sampling_s > 0 and rec.decision_s > 0 for rec in records)
     assert r.t_forward == pytest.approx(sum(rec.forward_s for rec in records))

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from ecache_cli.cache import make_policy
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.models.loader import DEFAULT_MODEL, embedded_dir, load_model
 from ecache_cli.tasks import get_task
@@ -81,7 +82,7 @@ def _solved(domain):
 def test_greedy_answers_are_correct_on_held_out_problems(tiny, domain):
     task, examples = _solved(domain)
     assert all(task.split_for(ex.meta["key"]) == "test" for ex in examples)
-    res = Engine.from_loaded(tiny).generate([task.prompt(ex, 0, 0) for ex in examples], CFG, policy="none")
+    res = Engine.from_loaded(tiny).generate([task.prompt(ex, 0, 0) for ex in examples], CFG, policy=make_policy("none"))
     for ex, r in zip(examples, res):
         if domain == "list":
             assert r.text.strip() == ex.answer, (ex.question, r.text)
@@ -93,7 +94,7 @@ def test_cached_generation_keeps_the_correct_answers(tiny, domain):
     """EntropyCache at the default τ (1 nat, not recalibrated for these weights) on the same problems:
     at least 75% of the answers stay correct (step 274203: list 21/24, code and arith all)."""
     task, examples = _solved(domain)
-    res = Engine.from_loaded(tiny).generate([task.prompt(ex, 0, 0) for ex in examples], CFG, policy="entropy")
+    res = Engine.from_loaded(tiny).generate([task.prompt(ex, 0, 0) for ex in examples], CFG, policy=make_policy("entropy"))
     assert sum(task.score(ex, r.text) for ex, r in zip(examples, res)) >= 0.75 * len(examples)
 
 

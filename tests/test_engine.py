@@ -85,7 +85,8 @@ def test_parallel_decoding_terminates(lm, rule):
     results, records, run = decode(lm, PROMPTS[:3], cfg, "entropy", tau=1.0)
     per_block: dict[int, int] = {}
     for rec in records:
-        per_block[rec.block] = per_block.get(rec.block, 0) + 1
+        for row, block in zip(rec.rows.tolist(), rec.block.tolist()):
+            per_block[(row, block)] = per_block.get((row, block), 0) + 1
         has_work = rec.valid.any(1)  # (B,)
         assert (rec.n_committed[has_work] >= 1).all(), f"step {rec.step}: a row with masks committed nothing"
         assert (rec.n_committed[~has_work] == 0).all()
@@ -97,15 +98,13 @@ def test_parallel_decoding_terminates(lm, rule):
 
 
 def test_ragged_rows_in_threshold_batch(lm):
-    """Rows that finish their block at different steps are parked until the others finish it, then come back
-    (they once ran beside them idle, and Dream's shifted sources of a row without masks pointed at position
-    −1); each decodes as it would alone."""
+    """Rows that finish their block at different steps go on to their next block at once, so one step holds
+    rows at different blocks (Dream's shifted sources of a row are its own block's); each decodes as it
+    would alone."""
     cfg = DecodeConfig(gen_length=16, block_length=8, threshold=0.7)
     batch, records, _ = decode(lm, PROMPTS[:3], cfg, "none")
     assert all(bool(rec.valid.any(1).all()) for rec in records)  # no row ever takes a step without work
-    rows = [set(rec.rows.tolist()) for rec in records]
-    assert any((set(range(3)) - now) & later for i, now in enumerate(rows) for later in rows[i + 1:]), \
-        "no row was parked and came back: weak test"
+    assert any(len(set(rec.block.tolist())) > 1 for rec in records), "no step held rows at different blocks: weak test"
     for i, p in enumerate(PROMPTS[:3]):
         (alone,), _, _ = decode(lm, [p], cfg, "none")
         assert batch[i].token_ids == alone.token_ids
@@ -114,7 +113,7 @@ def test_ragged_rows_in_threshold_batch(lm):
 def test_threshold_above_one_takes_block_length_steps(lm):
     cfg = DecodeConfig(gen_length=16, block_length=8, threshold=1.5, ban_eos=True)
     _, records, _ = decode(lm, PROMPTS[:2], cfg, "none")
-    assert [rec.block for rec in records] == [0] * 8 + [1] * 8
+    assert [rec.block.tolist() for rec in records] == [[0, 0]] * 8 + [[1, 1]] * 8
 
 
 # --- banned ids

@@ -29,9 +29,9 @@ def spy_run(lm, policy, prompts=PROMPTS, cfg=CFG):
 
     def spy(state):
         plan = inner(state)
-        plans.append(dict(step=state.step, step_in_block=state.step_in_block, masked=state.masked.clone(),
+        plans.append(dict(step=state.step, step_in_block=state.step_in_block.clone(), masked=state.masked.clone(),
                           commit_step=state.commit_step.clone(), rows=state.rows.clone(), plan=plan,
-                          probe=state.value_probe, tokens=state.tokens.clone(),
+                          tokens=state.tokens.clone(),
                           sources=state.sources(state.block_masked())))
         return plan
 
@@ -54,9 +54,10 @@ def test_registered_with_published_defaults():
     assert make_policy("dkv").params() == {"refresh_every": 8}
     assert make_policy("d2cache").params() == {"rollout_p": 0.1, "current_k": 32, "sigma": 10.0, "refresh_every": 0}
     assert make_policy("elastic").params() == {"gamma": 0.9, "window": 16, "refresh_every": 0}
-    caps = {n: (POLICIES[n].needs_values, POLICIES[n].needs_attention, POLICIES[n].needs_hidden) for n in POLICIES}
-    assert caps["dllm-cache"] == (True, False, False) and caps["d2cache"] == (False, True, False)
-    assert caps["elastic"] == (False, True, True) and caps["dkv"] == caps["none"] == (False, False, False)
+    caps = {n: (sorted(POLICIES[n].row_state), POLICIES[n].keeps_hidden) for n in POLICIES}
+    assert caps["dllm-cache"] == (["last"], False) and caps["d2cache"] == (["conf", "importance"], False)
+    assert caps["elastic"] == (["has_prev", "prev_row", "similarity", "start_next", "tracked"], True)
+    assert caps["dkv"] == caps["none"] == caps["dual"] == ([], False) and caps["entropy"] == (["refresh_next"], False)
 
 
 @pytest.mark.parametrize("name,params,match", [
@@ -191,7 +192,7 @@ def test_dkv_caches_a_token_one_step_after_its_commit(family, llada_lm, dream_lm
     partial = with_commits = 0
     for i, p in enumerate(plans):
         plan = p["plan"]
-        assert bool(plan.refresh.all()) == (p["step_in_block"] % 3 == 0)
+        assert plan.refresh.tolist() == (p["step_in_block"] % 3 == 0).tolist()
         if plan.refresh.all():
             continue
         partial += 1
@@ -217,7 +218,7 @@ def test_dllm_cache_schedule_and_value_selection(llada_lm):
 
     def select(state):
         out = inner_select(state)
-        fresh, cached = state.value_probe
+        fresh, cached = state.probe.layer_values(state.tokens), state.probe.cached_values()
         change = 1 - torch.nn.functional.cosine_similarity(fresh, cached, dim=-1)  # (B, T)
         changed = (state.commit_step >= 0) & (state.commit_step >= pol.last)  # committed since last computed
         picks.append((out.clone(), change, changed))
@@ -296,7 +297,8 @@ def _state(masked, prompt_len, block, gen_length, shift=0):
                        masked=masked, commit_order=cs.clone(), commit_step=cs, n_committed=(cs >= 0).sum(1),
                        rows=torch.arange(B), prompt_len=prompt_len, gen_length=gen_length,
                        block_length=block[1] - block[0], logit_shift=shift, n_layers=2,
-                       block_start=block[0], block_end=block[1])
+                       block=torch.full((B,), (block[0] - prompt_len) // (block[1] - block[0])),
+                       step_in_block=torch.zeros(B, dtype=torch.long), row_step=torch.zeros(B, dtype=torch.long))
 
 
 def test_d2cache_masked_selection_block_first_then_density():
@@ -323,13 +325,13 @@ def test_d2cache_recomputes_commits_density_and_rollout(family, llada_lm, dream_
     assert plans[0]["plan"].refresh.all() and not any(p["plan"].refresh.any() for p in plans[1:])
     for p, prev in zip(plans[1:], records):
         plan = p["plan"]
-        assert torch.equal(plan.attn_rows, plan.compute)  # rollout reads every query row
+        assert torch.equal(plan.hooks.attention_rows, plan.compute)  # rollout reads every query row
         assert plan.compute[p["commit_step"] == p["step"] - 1].all()
         # the rollout nucleus adds committed or prompt positions beyond commits, masks and their sources
         need = p["masked"] | (p["commit_step"] == p["step"] - 1)
         need = need | torch.roll(need, -1, 1) if family == "dream" else need
         assert (plan.compute & ~need).any(1).all()
-        pos, probs = prev.attention
+        pos, probs = prev.outputs["attention"]
         assert len(probs) == lm.spec.n_layers and probs[0].shape[:2] == pos.shape
     assert sum(r.computed.sum() for r in records[1:]) < sum(r.computed.sum() for r in records[:1]) * (len(records) - 1)
 
@@ -339,12 +341,13 @@ def test_d2cache_recomputes_commits_density_and_rollout(family, llada_lm, dream_
 
 def _elastic_record(state, pos, rows_per_layer):
     B = state.batch
-    return StepRecord(step=state.step, block=0, step_in_block=0, rows=torch.arange(B),
+    zeros = torch.zeros(B, dtype=torch.long)
+    return StepRecord(step=state.step, block=zeros, step_in_block=zeros, rows=torch.arange(B), planned=zeros,
                       refresh=torch.zeros(B, dtype=torch.bool), computed=torch.zeros(B, dtype=torch.long),
                       query_width=0, targets=torch.zeros(B, 1, dtype=torch.long), valid=torch.ones(B, 1, dtype=torch.bool),
                       committed=torch.zeros(B, 1, dtype=torch.bool), x0=torch.zeros(B, 1, dtype=torch.long),
                       prob=torch.ones(B, 1, dtype=torch.float64), entropy=torch.zeros(B, 1, dtype=torch.float64),
-                      attention=(pos, rows_per_layer))
+                      outputs={"attention": (pos, rows_per_layer)})
 
 
 def test_elastic_drift_test_sets_the_start_layer():
@@ -373,13 +376,13 @@ def test_elastic_drift_test_sets_the_start_layer():
     assert pol.start_next.tolist() == [L]  # nothing to compare yet
     state.step = 1
     plan = pol.plan(state)
-    assert plan.compute[0, 1] and plan.attn_rows[0, 1]  # the tracked token is a query now
+    assert plan.compute[0, 1] and plan.hooks.attention_rows[0, 1]  # the tracked token is a query now
     pol.observe(state, _elastic_record(state, pos, rows()))
     assert pol.start_next.tolist() == [L] and pol.similarity.min() > 0.99
     pol.observe(state, _elastic_record(state, pos, rows(change_layer=1)))
     assert pol.similarity[0, 1] < 0.9 and pol.start_next.tolist() == [2]
     state.step = 2
-    assert pol.plan(state).start_layer.tolist() == [2]
+    assert pol.plan(state).hooks.grow_from_layer.tolist() == [2]
     pol.observe(state, _elastic_record(state, pos, rows(change_layer=0)))
     assert pol.start_next.tolist() == [1]
 
@@ -426,15 +429,15 @@ def test_elastic_engine_passes_the_start_layer(lm3, gamma):
 
 
 def test_elastic_plan_is_window_block_tracked_and_recent_commits():
-    state = _state([[0, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1]], prompt_len=2, block=(4, 8), gen_length=10)
+    state = _state([[0, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1]], prompt_len=0, block=(4, 8), gen_length=12)
     state.n_layers = 2
     state.commit_step = torch.tensor([[-1, -1, 0, 0, 2, -1, 3, -1, -1, -1, -1, -1]])
-    state.step = 4
+    state.row_step = torch.tensor([4])
     pol = ElasticCache(window=3)
     pol.reset(state)
     pol.tracked = torch.tensor([[1, 2]])
     plan = pol.plan(state)
     # masks 5, 7 (block) + window {5, 7, 8} + tracked {1, 2} + committed at step 3: {6}
     assert plan.compute[0].nonzero().flatten().tolist() == [1, 2, 5, 6, 7, 8]
-    assert plan.attn_rows[0].nonzero().flatten().tolist() == [1, 2, 5, 7, 8]
-    assert plan.start_layer.tolist() == [2]
+    assert plan.hooks.attention_rows[0].nonzero().flatten().tolist() == [1, 2, 5, 7, 8]
+    assert plan.hooks.grow_from_layer.tolist() == [2]

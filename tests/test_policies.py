@@ -44,7 +44,8 @@ def make_state(masked_rows, commit_order=None, block=(0, 0), shift=0, prompt_len
         tokens=torch.zeros(B, T, dtype=torch.long), key_mask=torch.ones(B, T, dtype=torch.bool), masked=masked,
         commit_order=order, commit_step=order.clone(), n_committed=(order >= 0).sum(1), rows=torch.arange(B),
         prompt_len=prompt_len, gen_length=T - prompt_len, block_length=block[1] - block[0], logit_shift=shift,
-        n_layers=2, block_start=block[0], block_end=block[1],
+        n_layers=2, block=torch.full((B,), (block[0] - prompt_len) // max(block[1] - block[0], 1)),
+        step_in_block=torch.zeros(B, dtype=torch.long), row_step=torch.zeros(B, dtype=torch.long),
     )
 
 
@@ -52,7 +53,8 @@ def make_record(entropy, prob, committed) -> StepRecord:
     e = torch.tensor(entropy, dtype=torch.float64)
     B, R = e.shape
     return StepRecord(
-        step=0, block=0, step_in_block=0, rows=torch.arange(B), refresh=torch.ones(B, dtype=torch.bool),
+        step=0, block=torch.zeros(B, dtype=torch.long), step_in_block=torch.zeros(B, dtype=torch.long),
+        rows=torch.arange(B), refresh=torch.ones(B, dtype=torch.bool), planned=torch.zeros(B, dtype=torch.long),
         computed=torch.zeros(B, dtype=torch.long), query_width=0, targets=torch.zeros(B, R, dtype=torch.long),
         valid=torch.ones(B, R, dtype=torch.bool), committed=torch.tensor(committed, dtype=torch.bool),
         x0=torch.zeros(B, R, dtype=torch.long), prob=torch.tensor(prob, dtype=torch.float64), entropy=e,
@@ -174,9 +176,9 @@ def test_entropy_cache_block_refresh_and_bad_params():
     state = make_state([[0, 1, 1, 0]], block=(1, 3))
     pol.reset(state)
     pol.observe(state, make_record([[0.1]], [[0.9]], [[1]]))
-    state.step_in_block = 0
+    state.step_in_block = torch.tensor([0])
     assert pol.plan(state).refresh.tolist() == [True]
-    state.step_in_block = 1
+    state.step_in_block = torch.tensor([1])
     assert pol.plan(state).refresh.tolist() == [False]
     with pytest.raises(UsageError, match="--signal"):
         EntropyCache(signal="nope")
@@ -211,14 +213,14 @@ def test_entropy_plan_is_block_masks_sources_and_recent():
 def test_fastdllm_windows():
     masked = [[0, 0, 0, 1, 1, 1, 1, 1, 1, 1]]
     for shift in (0, 1):
-        state = make_state(masked, block=(4, 7), shift=shift, prompt_len=3)
-        state.step_in_block = 1
+        state = make_state(masked, block=(4, 7), shift=shift, prompt_len=4)
+        state.step_in_block = torch.tensor([1])
         prefix, dual = make_policy("prefix").plan(state), make_policy("dual").plan(state)
         extra = [3] if shift else []
         assert prefix.compute[0].nonzero().flatten().tolist() == extra + list(range(4, 10))
         assert dual.compute[0].nonzero().flatten().tolist() == extra + [4, 5, 6]
         assert not prefix.refresh.any() and not dual.refresh.any()
-        state.step_in_block = 0
+        state.step_in_block = torch.tensor([0])
         assert make_policy("dual").plan(state).refresh.all()
 
 

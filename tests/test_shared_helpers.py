@@ -1,15 +1,13 @@
 """Helpers the commands, the engine and the policies share: the warnings of ``resolve_settings`` and
-``warn_unused_cache_flags``, ``load_for_command``, and the batch-row helpers of ``engine/store.py``."""
+``warn_unused_cache_flags``, ``load_for_command``, and the KV store's row set-aside and append."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from ecache_cli.cache.base import CachePolicy
-from ecache_cli.engine.store import KVStore, append_rows_to, rows_of
+from ecache_cli.engine.store import KVStore
 from ecache_cli.errors import UsageError
 from ecache_cli.runs.common import resolve_settings, warn_unused_cache_flags
 from ecache_cli.runtime import load_for_command
@@ -47,19 +45,6 @@ def test_load_for_command_sets_threads_then_loads(llada_dir):
         load_for_command("/nonexistent", "cpu", "float32", 0)  # before any model is read
 
 
-def test_rows_of_and_append_rows_to_round_trip_tensors_lists_tuples_and_none():
-    full = {"a": torch.arange(6).reshape(3, 2), "pair": (torch.arange(3), 10 * torch.arange(3)),
-            "layers": [torch.arange(3.0)], "unset": None}
-    taken = rows_of(full, torch.tensor([1]))
-    assert taken["a"].tolist() == [[2, 3]] and isinstance(taken["pair"], tuple) and taken["pair"][1].tolist() == [10]
-    assert isinstance(taken["layers"], list) and taken["unset"] is None
-    holder = SimpleNamespace(**rows_of(full, torch.tensor([0, 2])))
-    append_rows_to(holder, taken)
-    order = [0, 2, 1]
-    assert holder.a.tolist() == full["a"][order].tolist() and holder.pair[1].tolist() == [0, 20, 10]
-    assert holder.layers[0].tolist() == [0.0, 2.0, 1.0] and holder.unset is None
-
-
 def test_kv_store_parks_and_restores_rows():
     key_mask = torch.tensor([[False, True, True], [True, True, True], [False, False, True]])
     store = KVStore.allocate(2, 1, 4, key_mask, torch.float32, keep_hidden=5)
@@ -76,18 +61,3 @@ def test_kv_store_parks_and_restores_rows():
         assert torch.equal(got, want[order])
     assert torch.equal(store.key_mask, key_mask[order]) and torch.equal(store.positions, ref.positions[order])
     assert torch.equal(store.attn_mask, ref.attn_mask[order]) and store.queries is None
-
-
-def test_policy_parks_only_its_per_row_tensors():
-    class Counting(CachePolicy):
-        def __init__(self):
-            self.seen = torch.tensor([10, 11, 12])  # per row
-            self.total = torch.tensor(7)  # 0-d: not per row
-            self.table = torch.zeros(5)  # first dim is not the batch
-
-    pol = Counting()
-    taken = pol.take_rows(torch.tensor([1]), 3)
-    assert set(taken) == {"seen"}
-    pol.select_rows(torch.tensor([0, 2]), 3)
-    pol.append_rows(taken)
-    assert pol.seen.tolist() == [10, 12, 11] and int(pol.total) == 7 and pol.table.shape == (5,)

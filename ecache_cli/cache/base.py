@@ -1,43 +1,43 @@
 """The cache-policy interface: a policy decides which positions the next forward computes.
 
-A policy never computes, never stores and never knows the model family. Before every forward the
-engine calls ``plan(state)``; after the step's commits it calls ``observe(state, record)``. The plan
-is per row: rows that refresh recompute every position (and so rewrite their whole KV store);
-the other rows compute only ``compute`` and read everything else from the store. The positions
-whose logits the step needs (the current block's masked positions, moved by the model's logit
-shift: ``state.sources``) must be in ``compute``; ``targets_and_sources`` gives them.
+A policy never computes, never stores and never knows the model family (docs/ARCHITECTURE.md,
+"Policy contract"). Before every forward the engine calls ``plan(state)``; after the step's commits it
+calls ``observe(state, record)``. The plan is per row: rows that refresh recompute every position
+(and so rewrite their whole KV store); the other rows compute only ``compute`` and read everything
+else from the store. The positions whose logits the step needs (each row's current-block masked
+positions, moved by the model's logit shift: ``state.sources``) must be in ``compute``;
+``targets_and_sources`` gives them. Anything more a policy needs from the model it asks for through
+the plan's ``hooks`` (``engine/hooks.py``) or, before planning, through ``state.probe``.
 
-Capabilities: a policy that needs more than logits declares it with class attributes, and the engine
-asks the model for it (the model never inspects the policy): ``needs_values`` (layer-0 value vectors
-of the canvas beside the cached ones, in ``state.value_probe`` before ``plan``), ``needs_attention``
-(head-averaged attention rows of the positions ``ForwardPlan.attn_rows`` marks, in
-``record.attention``), ``needs_hidden`` (the store keeps every layer's input hidden states, for
-``ForwardPlan.start_layer``). The engine counts the time of these extras as decision time.
+Per-row state: a policy declares its per-row attributes in ``row_state`` (name → :class:`PerRow`);
+the engine keeps, drops and appends exactly those when rows finish or join (``engine/rows.py``).
+``reset(state)`` initialises them for the rows of ``state``; a joining row gets what ``reset`` gives
+it alone (:meth:`CachePolicy.add_rows`).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
+from ..engine import rows as row_fields
+from ..engine.hooks import ForwardHooks
+from ..engine.rows import PerRow
 from ..engine.state import DecodeState, StepRecord
-from ..engine.store import append_rows_to, rows_of
 
 
 @dataclass(frozen=True)
 class ForwardPlan:
     """refresh: (B,) bool rows that run a full forward. compute: (B, T) bool positions to compute
-    for the other rows (ignored for refreshing rows; may be None when every row refreshes).
-    start_layer: (B,) long or None; a non-refreshing row computes every position from that layer on
-    (layer-selective recomputation; ≥ n_layers = never; needs ``needs_hidden``). attn_rows: (B, T) bool
-    or None; computed positions whose attention rows the policy wants in ``record.attention`` (needs
-    ``needs_attention``)."""
+    for the other rows (ignored for refreshing rows; None when every row refreshes). hooks: what the
+    forward must do beyond computing ``compute`` at every layer (``engine/hooks.py``), or None."""
 
     refresh: torch.Tensor
     compute: torch.Tensor | None = None
-    start_layer: torch.Tensor | None = None
-    attn_rows: torch.Tensor | None = None
+    hooks: ForwardHooks | None = None
 
     @classmethod
     def full(cls, state: DecodeState) -> "ForwardPlan":
@@ -45,22 +45,21 @@ class ForwardPlan:
 
 
 class CachePolicy:
-    """Base class. Subclasses set ``name`` and override ``plan`` (and ``observe`` if they learn).
+    """Base class. Subclasses set ``name``, declare ``row_state`` and override ``plan`` (and ``reset`` /
+    ``observe`` if they keep state).
 
     Decisions are per row: a row's plan depends on that row alone, counted in its own steps
-    (``state.own_steps()``, never the batch's ``state.step``), so a prompt decodes the same in any batch.
-    Per-row bookkeeping kept as tensor attributes with the batch as first dimension is dropped for
-    finished rows by ``select_rows`` and set aside / restored for parked rows by ``take_rows`` /
-    ``append_rows`` automatically.
+    (``state.own_steps()``, ``state.step_in_block``), so a prompt decodes the same in any batch and a
+    row may join a running batch. ``keeps_hidden``: the KV store must keep every layer's input hidden
+    states (for ``ForwardHooks.grow_from_layer`` and shrink functions that read ``LayerView.cached``).
     """
 
-    name = "base"
-    needs_values = False  # engine fills state.value_probe before plan
-    needs_attention = False  # engine fills record.attention for plan.attn_rows
-    needs_hidden = False  # store keeps per-layer input hidden states (for plan.start_layer)
+    name: ClassVar[str] = "base"
+    row_state: ClassVar[dict[str, PerRow]] = {}
+    keeps_hidden: ClassVar[bool] = False
 
     def reset(self, state: DecodeState) -> None:
-        """Called once per request before the first step."""
+        """Initialise the per-row state for the rows of ``state`` (called before their first step)."""
 
     def plan(self, state: DecodeState) -> ForwardPlan:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -68,37 +67,35 @@ class CachePolicy:
     def observe(self, state: DecodeState, record: StepRecord) -> None:
         """Called after the step's tokens are committed."""
 
-    def _row_tensors(self, batch: int) -> dict:
-        """The per-row tensor attributes: every tensor attribute whose first dim is ``batch``."""
-        return {k: v for k, v in vars(self).items()
-                if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch}
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep rows ``keep`` (K,) long of every declared per-row attribute."""
+        row_fields.keep(self, self.row_state, keep)
 
-    def select_rows(self, keep: torch.Tensor, batch: int) -> None:
-        """Keep rows ``keep`` (K,) of every per-row tensor attribute (first dim == ``batch``)."""
-        for k, v in self._row_tensors(batch).items():
-            setattr(self, k, v[keep])
-
-    def take_rows(self, rows: torch.Tensor, batch: int) -> dict:
-        """Rows ``rows`` (K,) long of every per-row tensor attribute, copied, for :meth:`append_rows` (the
-        engine parks a row that waits for the others, so its bookkeeping only moves on at its own steps)."""
-        return rows_of(self._row_tensors(batch), rows)
+    def take_rows(self, rows: torch.Tensor) -> dict:
+        """Rows ``rows`` (K,) long of every declared per-row attribute, copied, for :meth:`append_rows`."""
+        return row_fields.take(self, self.row_state, rows)
 
     def append_rows(self, taken: dict) -> None:
-        """Append rows taken by :meth:`take_rows` after the current rows (one ``torch.cat`` per attribute)."""
-        append_rows_to(self, taken)
+        """Append rows taken by :meth:`take_rows` (or made by :meth:`add_rows`) after the current rows."""
+        row_fields.append(self, self.row_state, taken)
+
+    def add_rows(self, state: DecodeState) -> None:
+        """Append the per-row state of new rows, whose decode state is ``state``: what ``reset`` gives
+        them alone (a copy of the policy is reset on their rows; its per-row attributes are appended)."""
+        fresh = copy.copy(self)
+        fresh.reset(state)
+        self.append_rows(row_fields.take(fresh, self.row_state, torch.arange(state.batch, device=state.tokens.device)))
 
     @staticmethod
     def targets_and_sources(state: DecodeState) -> torch.Tensor:
-        """(B, T) bool: the current block's masked positions and the positions whose logits predict them."""
+        """(B, T) bool: each row's current-block masked positions and the positions whose logits predict them."""
         t = state.block_masked()
         return t | state.sources(t)
 
     @staticmethod
-    def span(state: DecodeState, start: int, end: int) -> torch.Tensor:
-        """(B, T) bool, True on canvas positions [start, end)."""
-        m = torch.zeros_like(state.masked)
-        m[:, max(start, 0):end] = True
-        return m
+    def span(state: DecodeState, start, end) -> torch.Tensor:
+        """(B, T) bool, True on canvas positions [start, end) (ints or (B,) long tensors)."""
+        return state.span(start, end)
 
     def params(self) -> dict:
         """The policy's hyperparameters (for records and manifests)."""

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 
 from ..engine.state import DecodeState, StepRecord
 from ..errors import UsageError
+from ..engine.hooks import ForwardHooks
+from ..engine.rows import ROW
 from .base import CachePolicy, ForwardPlan
 
 
@@ -101,7 +103,7 @@ class D2Cache(CachePolicy):
     sigma: float = 10.0
     refresh_every: int = 0
     name = "d2cache"
-    needs_attention = True
+    row_state = {"conf": ROW, "importance": ROW}
 
     def __post_init__(self):
         if not 0.0 <= self.rollout_p <= 1.0:
@@ -115,7 +117,7 @@ class D2Cache(CachePolicy):
 
     def reset(self, state: DecodeState) -> None:
         self.conf = torch.ones(state.tokens.shape, device=state.tokens.device)
-        self.importance = None
+        self.importance = torch.zeros(state.tokens.shape, device=state.tokens.device)  # none before a row's first step
 
     def masked_selection(self, state: DecodeState) -> torch.Tensor:
         """(B, T) bool: up to ``current_k`` masked positions by certainty density (stage 1)."""
@@ -126,9 +128,9 @@ class D2Cache(CachePolicy):
         enough = masked.long().cumsum(1) >= self.current_k
         end = torch.where(enough.any(1), enough.float().argmax(1), G - 1)  # (B,) first index with k masks
         end = ((end // BL) + 1) * BL - 1  # round up to the end of its block
-        start = state.block_start - P
+        start = (state.block_start - P)[:, None]  # (B, 1) each row's block
         window = masked & (col >= start) & (col <= end[:, None])
-        in_block = (col >= start) & (col < state.block_end - P)
+        in_block = (col >= start) & (col < (state.block_end - P)[:, None])
         key = torch.where(window, score + 2.0 * in_block, float("-inf"))  # block first (scores ≤ 1)
         k = min(self.current_k, G)
         top = key.topk(k, dim=1)
@@ -142,8 +144,6 @@ class D2Cache(CachePolicy):
         of its steps) is a full forward whose attention rows cover its real positions; otherwise the two
         stages above."""
         steps = state.own_steps()  # (B,)
-        if self.importance is None:  # every row's first step
-            return ForwardPlan(refresh=torch.ones_like(steps, dtype=torch.bool), attn_rows=state.key_mask.clone())
         refresh = steps == 0
         if self.refresh_every > 0:
             refresh = refresh | (steps % self.refresh_every == 0)
@@ -151,12 +151,12 @@ class D2Cache(CachePolicy):
         compute |= state.commit_step == steps[:, None] - 1  # committed at the row's previous step
         compute |= nucleus(self.importance, self.rollout_p, state.key_mask & ~compute)
         attn = torch.where(refresh[:, None], state.key_mask, compute)
-        return ForwardPlan(refresh=refresh, compute=compute, attn_rows=attn)
+        return ForwardPlan(refresh=refresh, compute=compute, hooks=ForwardHooks(attention_rows=attn))
 
     def observe(self, state: DecodeState, record: StepRecord) -> None:
         prob = torch.where(record.valid, record.prob.float(), 0.0)  # (B, R); padding repeats carry 0
         scored = torch.zeros_like(self.conf).scatter_reduce(1, record.targets, prob, "amax")  # (B, T)
         hit = torch.zeros_like(state.tokens).scatter_add_(1, record.targets, record.valid.long()) > 0
         self.conf = torch.where(hit, scored, self.conf)
-        pos, probs = record.attention
+        pos, probs = record.outputs["attention"]
         self.importance = rollout_importance(pos, probs, state.length, state.key_mask)

@@ -39,8 +39,6 @@ class DKVCache(CachePolicy):
             raise UsageError(f"--refresh-every {self.refresh_every} must be ≥ 1 for dkv (it refreshes every N steps)")
 
     def plan(self, state: DecodeState) -> ForwardPlan:
-        if state.step_in_block % self.refresh_every == 0:
-            return ForwardPlan.full(state)
+        refresh = state.step_in_block % self.refresh_every == 0  # (B,) counted from each row's block start
         just_committed = state.commit_step == state.own_steps()[:, None] - 1  # (B, T) at the row's previous step
-        compute = state.masked | just_committed | self.targets_and_sources(state)
-        return ForwardPlan(refresh=torch.zeros(state.batch, dtype=torch.bool, device=compute.device), compute=compute)
+        return ForwardPlan(refresh=refresh, compute=state.masked | just_committed | self.targets_and_sources(state))

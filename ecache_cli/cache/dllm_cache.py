@@ -12,7 +12,7 @@ cached one. Defaults kp = 50, kr = 7, rho = 0.25: the paper's LLaDA-Instruct GSM
 
 Adaptations to a KV-store engine (our choices, each explicit):
 - The similarity probe is layer 0's V, ``v_proj(attn_norm(embed(tokens)))`` over every position (one
-  norm and one matmul; the engine fills ``state.value_probe`` and counts it as decision time), compared
+  norm and one matmul, read through ``state.probe`` inside ``plan``: decision time), compared
   with ``store.v[0]``. dLLM-Cache compares per layer inside its forward; a per-layer probe would need
   every layer's input for every position, i.e. the forward it is meant to skip. At layer 0 V depends
   only on the token, so the positions that changed are those committed since they were last computed.
@@ -32,6 +32,7 @@ import torch
 
 from ..engine.state import DecodeState
 from ..errors import UsageError
+from ..engine.rows import ROW
 from .base import CachePolicy, ForwardPlan
 
 
@@ -44,7 +45,7 @@ class DLLMCache(CachePolicy):
     rho: float = 0.25
     tol: float = 1e-3  # cosine change below this counts as unchanged (numerical noise)
     name = "dllm-cache"
-    needs_values = True
+    row_state = {"last": ROW}
 
     def __post_init__(self):
         if self.kp < 1 or self.kr < 1:
@@ -66,7 +67,7 @@ class DLLMCache(CachePolicy):
         Change = 1 - cos(V_fresh, V_cached) per position; positions whose change is below ``tol`` rank
         after every changed one, oldest (last computed longest ago) first.
         """
-        fresh, cached = state.value_probe  # (B, T, H_kv*D) each
+        fresh, cached = state.probe.layer_values(state.tokens), state.probe.cached_values()  # (B, T, H_kv*D) each
         P, k = state.prompt_len, self.n_adaptive(state)
         out = torch.zeros_like(state.masked)
         if k == 0:

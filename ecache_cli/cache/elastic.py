@@ -34,6 +34,8 @@ import torch
 
 from ..engine.state import DecodeState, StepRecord
 from ..errors import UsageError
+from ..engine.hooks import ForwardHooks
+from ..engine.rows import ROW
 from .base import CachePolicy, ForwardPlan
 
 
@@ -45,8 +47,8 @@ class ElasticCache(CachePolicy):
     window: int = 16
     refresh_every: int = 0
     name = "elastic"
-    needs_attention = True
-    needs_hidden = True
+    row_state = {name: ROW for name in ("tracked", "prev_row", "has_prev", "similarity", "start_next")}
+    keeps_hidden = True
 
     def __post_init__(self):
         if self.window < 0:
@@ -84,7 +86,8 @@ class ElasticCache(CachePolicy):
         if self.refresh_every > 0:
             refresh = refresh | (steps % self.refresh_every == 0)
         compute = rows | self.targets_and_sources(state) | (state.commit_step == steps[:, None] - 1)
-        return ForwardPlan(refresh=refresh, compute=compute, start_layer=self.start_next, attn_rows=rows)
+        return ForwardPlan(refresh=refresh, compute=compute,
+                           hooks=ForwardHooks(grow_from_layer=self.start_next, attention_rows=rows))
 
     @staticmethod
     def _rows_of(pos: torch.Tensor, a: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +98,7 @@ class ElasticCache(CachePolicy):
         return rows, eq.any(-1)
 
     def observe(self, state: DecodeState, record: StepRecord) -> None:
-        pos, probs = record.attention  # (B, A), L x (B, A, T)
+        pos, probs = record.outputs["attention"]  # (B, A), L x (B, A, T)
         a = torch.stack(probs, 1)  # (B, L, A, T)
         A = pos.shape[1]
         first = (torch.arange(A, device=pos.device) == 0) | (pos != pos[:, :1])  # real (not padding) entries

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.state import SIGNALS, DecodeState, StepRecord
+from ..engine.rows import ROW
 from .base import CachePolicy, ForwardPlan
 
 DEFAULT_TAU = 1.0  # nats; overridden by a calibrated profile (ecache calibrate)
@@ -34,6 +35,7 @@ class EntropyCache(CachePolicy):
     signal: str = "max-entropy"
     block_refresh: bool = False
     name = "entropy"
+    row_state = {"refresh_next": ROW}
 
     def __post_init__(self):
         if self.signal not in SIGNALS:
@@ -60,8 +62,8 @@ class EntropyCache(CachePolicy):
 
     def plan(self, state: DecodeState) -> ForwardPlan:
         refresh = self.refresh_next
-        if self.block_refresh and state.step_in_block == 0:
-            refresh = torch.ones_like(refresh)
+        if self.block_refresh:
+            refresh = refresh | (state.step_in_block == 0)
         compute = self.targets_and_sources(state) | self.recent(state)
         return ForwardPlan(refresh=refresh, compute=compute)
 

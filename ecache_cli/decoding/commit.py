@@ -97,13 +97,14 @@ def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str
                              "random: drop one")
 
 
-def _origin_p_transfer(steps: int, eps: float, i: int) -> float:
-    """Dream alg 'origin' at step i of ``steps``: p = 1 − t[i+1]/t[i], t = linspace(1, eps, steps + 1) in float32
-    (as Dream computes it), 1 at the last step (generation_utils.py ``_sample``)."""
-    if i >= steps - 1:
-        return 1.0
-    t = torch.linspace(1, eps, steps + 1, dtype=torch.float32)
-    return float(1 - t[i + 1] / t[i])
+def _origin_p_transfer(steps: int, eps: float, i: torch.Tensor) -> torch.Tensor:
+    """Dream alg 'origin' at steps i (B,) long of ``steps``: p = 1 − t[i+1]/t[i], t = linspace(1, eps, steps + 1)
+    in float32 (as Dream computes it), 1 at the last step (generation_utils.py ``_sample``). Returns (B, 1)
+    float64 (the float32 values, widened exactly)."""
+    t = torch.linspace(1, eps, steps + 1, dtype=torch.float32, device=i.device)
+    j = i.clamp(0, steps - 1)
+    p = (1 - t[(j + 1).clamp_max(steps)] / t[j]).double()
+    return torch.where(i >= steps - 1, torch.ones_like(p), p)[:, None]
 
 
 @dataclass(frozen=True)
@@ -206,35 +207,47 @@ class CommitRule:
         return dream_num_transfer_tokens(mask_count, spb, self.eps)
 
     def select(self, conf: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, schedule: torch.Tensor | None,
-               step_in_block: int, block_start: int, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The commits of one step.
+               step_in_block: torch.Tensor, block_start: torch.Tensor,
+               noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The commits of one step; every row at its own block and step.
 
         Args:
             conf: float64 (B, R) confidence of each target, −inf at non-candidates (origin: the reveal
                 draws U[0, 1)).
-            targets: LongTensor (B, R) canvas positions of the block's masks (padded), ascending per row.
+            targets: LongTensor (B, R) canvas positions of the rows' block masks (padded), ascending per row.
             valid: (B, R) bool, real targets.
-            schedule: this block's ``block_schedule`` (rows of the current batch), or None.
-            step_in_block: 0-based step within the block. block_start: canvas position of the block start.
+            schedule: (B, steps_per_block) long each row's ``block_schedule``, or None.
+            step_in_block: (B,) long each row's 0-based step within its block. block_start: (B,) long
+                canvas position of each row's block start.
             noise: float64 (B, R) U[0, 1), needed with alg_temp > 0 (the Gumbel keys of ``select_sampled``).
         Returns:
             BoolTensor (B, R), True = commit.
         """
+        sib = step_in_block
         if self.origin:  # Dream alg 'origin': every mask revealed with probability 1 − t[i+1]/t[i]
-            return select_origin(conf, _origin_p_transfer(self.steps_per_block, self.eps, step_in_block))
-        if self.compat == "fastdllm" and step_in_block == 0:  # generation_utils_block.py: x[:, s] = x0[:, s]
-            return (targets == block_start) & valid
+            return select_origin(conf, _origin_p_transfer(self.steps_per_block, self.eps, sib))
+        out = self._select_rest(conf, valid, schedule, sib, noise)
+        if self.compat == "fastdllm":  # generation_utils_block.py: a block's first step sets x[:, s] = x0[:, s]
+            first = (targets == block_start[:, None]) & valid
+            out = torch.where((sib == 0)[:, None], first, out)
+        return out
+
+    def _select_rest(self, conf, valid, schedule, sib, noise) -> torch.Tensor:
+        """The threshold, factor, sampled or top-k commits (``select`` without origin and the compat first step)."""
         if self.threshold is not None:
-            if self.quota and step_in_block < self.steps_per_block - 1:
-                # Fast-dLLM: quota q = masks/steps per step plus the deferred ones, i.e. (i + 1)·q minus what
-                # the block has committed; from the last scheduled step on, every remaining mask
-                q = self.block_length // self.steps_per_block
-                committed = self.block_length - valid.sum(1)  # (B,) the block started fully masked
-                return select_threshold_quota(conf, self.threshold, (step_in_block + 1) * q - committed)
-            return select_threshold(conf, self.threshold)
+            plain = select_threshold(conf, self.threshold)
+            if not self.quota:
+                return plain
+            # Fast-dLLM: quota q = masks/steps per step plus the deferred ones, i.e. (i + 1)·q minus what
+            # the block has committed; from the last scheduled step on, every remaining mask
+            q = self.block_length // self.steps_per_block
+            committed = self.block_length - valid.sum(1)  # (B,) the block started fully masked
+            quota = select_threshold_quota(conf, self.threshold, (sib + 1) * q - committed)
+            return torch.where((sib < self.steps_per_block - 1)[:, None], quota, plain)
         if self.factor is not None:
             return select_factor(conf, self.factor)
+        k = schedule.gather(1, sib.clamp(0, schedule.shape[1] - 1)[:, None]).squeeze(1)  # (B,)
         if self.alg_temp:  # Dream alg_temp > 0: torch.multinomial(softmax(conf / alg_temp), k) in Dream
             assert noise is not None, "alg_temp > 0 needs the step's noise"
-            return select_sampled(conf, schedule[:, step_in_block], self.alg_temp, noise)
-        return select_topk(conf, schedule[:, step_in_block])
+            return select_sampled(conf, k, self.alg_temp, noise)
+        return select_topk(conf, k)

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .store import append_rows_to, rows_of
+from . import rows as row_fields
+from .rows import ROW
 
 SIGNALS = ("max-entropy", "sum-entropy", "max-confidence")
 
@@ -58,20 +59,22 @@ class DecodeConfig:
 class DecodeState:
     """What a cache policy may look at before a forward (all tensors batch-first, on the model device).
 
-    tokens: (B, T) long canvas. masked: (B, T) bool, True where the canvas still holds the mask token.
-    commit_order: (B, T) long, the rank at which each generated position was committed within its row
-    (0, 1, 2, ...; -1 = prompt, padding or still masked); ``n_committed`` (B,) long is the count.
-    commit_step: (B, T) long, the row's own step (``row_step``) at which each position was committed
-    (-1 = never).
-    block_start / block_end: absolute canvas positions of the current block [start, end).
-    step: global step index of the batch; step_in_block: index within the current block (0 = first step).
-    row_step: (B,) long, each row's own step index (0 = its first step): the steps that row has taken.
-    It differs from ``step`` under threshold decoding, where a row that has finished its block is parked
-    (takes no step) until the others finish it. Per-row rules (refresh periods, first step, "committed
-    at the previous step") count in these; ``own_steps()`` reads it (``step`` for every row when unset).
-    rows: (B,) long original batch indices of the rows still decoding (finished rows are dropped).
-    value_probe: (fresh, cached), each (B, T, H_kv*D): layer-0 value vectors of the current canvas and
-    those in the KV store; filled by the engine before ``plan`` only for policies with ``needs_values``.
+    Every row carries its own clock, so rows may be at different blocks in one step and rows may join or
+    leave between steps.
+
+    tokens: (B, T) long canvas, left padded to ``prompt_len``; generated positions [prompt_len, T).
+    key_mask: (B, T) bool, True for real tokens (False = left padding). masked: (B, T) bool, True where
+    the canvas still holds the mask token. commit_order: (B, T) long, the rank at which each generated
+    position was committed within its row (0, 1, 2, ...; -1 = prompt, padding or still masked);
+    ``n_committed`` (B,) long is the count. commit_step: (B, T) long, the row's own step (``row_step``)
+    at which each position was committed (-1 = never).
+    block: (B,) long each row's current block; step_in_block: (B,) long its steps taken in that block
+    (0 = the block's first step); row_step: (B,) long its steps taken in the request (0 = its first).
+    ``block_start`` / ``block_end`` (B,) long are the block's canvas positions [start, end).
+    schedule: (B, steps_per_block) long per-step commit counts of each row's current block, or None
+    (threshold / factor decoding). step: the run's step counter (steps the batch took together).
+    rows: (B,) long the rows' indices in the run (``Run.add`` numbers joining rows on).
+    probe: a :class:`ModelProbe` for policies that read the model before planning (None outside a run).
     """
 
     tokens: torch.Tensor
@@ -81,18 +84,21 @@ class DecodeState:
     commit_step: torch.Tensor
     n_committed: torch.Tensor
     rows: torch.Tensor
+    block: torch.Tensor
+    step_in_block: torch.Tensor
+    row_step: torch.Tensor
     prompt_len: int
     gen_length: int
     block_length: int
     logit_shift: int
     n_layers: int
-    block: int = 0
-    block_start: int = 0
-    block_end: int = 0
+    schedule: torch.Tensor | None = None
     step: int = 0
-    step_in_block: int = 0
-    value_probe: tuple[torch.Tensor, torch.Tensor] | None = None
-    row_step: torch.Tensor | None = None
+    probe: "ModelProbe | None" = None
+
+    #: the per-row fields (rows along dimension 0)
+    ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",
+                                          "rows", "block", "step_in_block", "row_step", "schedule")}
 
     @property
     def batch(self) -> int:
@@ -102,17 +108,36 @@ class DecodeState:
     def length(self) -> int:
         return self.tokens.shape[1]
 
+    @property
+    def block_start(self) -> torch.Tensor:
+        """(B,) long canvas position where each row's current block starts."""
+        return self.prompt_len + self.block * self.block_length
+
+    @property
+    def block_end(self) -> torch.Tensor:
+        """(B,) long canvas position just past each row's current block."""
+        return self.block_start + self.block_length
+
+    def span(self, start, end) -> torch.Tensor:
+        """(B, T) bool, True on canvas positions [start, end): ints or (B,) long tensors."""
+        pos = torch.arange(self.length, device=self.tokens.device)[None, :]  # (1, T)
+        start = torch.as_tensor(start, device=pos.device).reshape(-1, 1)
+        end = torch.as_tensor(end, device=pos.device).reshape(-1, 1)
+        return ((pos >= start) & (pos < end)).expand(self.batch, -1)
+
+    def in_block(self) -> torch.Tensor:
+        """(B, T) bool: the positions of each row's current block."""
+        return self.span(self.block_start, self.block_end)
+
     def block_masked(self) -> torch.Tensor:
-        """(B, T) bool: masked positions of the current block (the positions that can be committed)."""
-        m = torch.zeros_like(self.masked)
-        m[:, self.block_start:self.block_end] = self.masked[:, self.block_start:self.block_end]
-        return m
+        """(B, T) bool: masked positions of each row's current block (the positions that can be committed)."""
+        return self.masked & self.in_block()
 
     def sources(self, targets: torch.Tensor) -> torch.Tensor:
         """(B, T) bool of the hidden-state positions whose logits predict ``targets`` (B, T) bool.
 
-        LLaDA: the same positions. Dream (logit shift 1): position i-1 predicts token i
-        (spec/models.md A2.5), so the set moves one to the left.
+        The model's logit shift s: the hidden state at position i - s predicts token i (s = 0 for
+        LLaDA; s = 1 for Dream, which was trained with shifted prediction), so the set moves s to the left.
         """
         if self.logit_shift == 0:
             return targets
@@ -120,52 +145,64 @@ class DecodeState:
         out[:, :-self.logit_shift] = targets[:, self.logit_shift:]
         return out
 
-    ROW_FIELDS = ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed", "rows", "row_step")
-
     def own_steps(self) -> torch.Tensor:
-        """(B,) long: each row's own step index (``row_step``; ``step`` for every row when it is unset)."""
-        if self.row_step is not None:
-            return self.row_step
-        return torch.full((self.batch,), self.step, dtype=torch.long, device=self.tokens.device)
+        """(B,) long: each row's own step index (``row_step``)."""
+        return self.row_step
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only rows ``keep`` (K,) long (indices into the current batch)."""
-        for name in self.ROW_FIELDS:
-            if getattr(self, name) is not None:
-                setattr(self, name, getattr(self, name)[keep])
+        row_fields.keep(self, self.ROW_FIELDS, keep)
 
-    def take_rows(self, rows: torch.Tensor) -> dict:
-        """The per-row fields (``ROW_FIELDS`` that are set) of rows ``rows`` (K,) long, copied, for
-        :meth:`append_rows` later (:func:`~ecache_cli.engine.store.rows_of`)."""
-        return rows_of({name: v for name in self.ROW_FIELDS if (v := getattr(self, name)) is not None}, rows)
+    def take_rows(self, idx: torch.Tensor) -> dict:
+        """The per-row fields of rows ``idx`` (K,) long, copied, for :meth:`append_rows`."""
+        return row_fields.take(self, self.ROW_FIELDS, idx)
 
     def append_rows(self, taken: dict) -> None:
-        """Append rows taken by :meth:`take_rows` after the current rows (one ``torch.cat`` per field)."""
-        append_rows_to(self, taken)
+        """Append rows (a :meth:`take_rows` result, or a new state's) after the current rows."""
+        row_fields.append(self, self.ROW_FIELDS, taken)
+
+
+class ModelProbe:
+    """The model, read before a step's plan (the time counts as the policy's decision time).
+
+    ``layer_values(tokens)``: fresh layer-0 value vectors of a canvas, (B, T, H_kv*D);
+    ``cached_values()``: the store's layer-0 values in the same layout. dLLM-Cache compares the two.
+    """
+
+    def __init__(self, model, store_of):
+        self._model, self._store_of = model, store_of
+
+    def layer_values(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._model.probe_values(tokens)
+
+    def cached_values(self) -> torch.Tensor:
+        return self._store_of().v[0].transpose(1, 2).flatten(2)
 
 
 @dataclass
 class StepRecord:
     """One denoising step, as the engine yields it (rows = the rows active at this step).
 
+    step: the run's step counter. block, step_in_block: (B,) long each row's block and its step in it.
     refresh: (B,) bool, rows that ran a full forward. computed: (B,) long, positions the step's forwards
     computed per row, padding included (a row in a forward of query width S costs S; a refreshing row of
-    a mixed step costs T plus its share of the partial forward; layer-averaged for layer-selective
-    forwards). planned: (B,) long, the plan's own positions (T for a refreshing row, its ``compute``
-    otherwise), or None. query_width: the partial forward's width (T when every row refreshed). targets: (B, R) long positions whose logits were produced (padded with repeats; ``valid``
-    (B, R) bool marks real ones). committed: (B, R) bool, targets committed this step; x0 (B, R) long
-    chosen tokens; prob (B, R) float64 probability of x0; entropy (B, R) float64 nats of softmax(raw
-    logits). Times in seconds: forward_s (model), decision_s (policy plan + observe), sampling_s
-    (sampling, remasking, commit); on CUDA they are read from events at the end of the block (0.0
-    until then) unless ``Run.step_timing``. full: True when every row refreshed (one full forward).
-    attention: (pos (B, A) long, [per layer (B, A, T) float32]) head-averaged attention rows of the
-    positions the plan's ``attn_rows`` marked (padded like ``targets``: repeats of the row's first), or
-    None; only for policies with ``needs_attention``.
+    a mixed step costs T plus its share of the partial forward; layer-averaged for forwards whose
+    positions change at a layer). planned: (B,) long, the plan's own positions (T for a refreshing
+    row, its ``compute`` otherwise). query_width: the partial forward's width (T when every row
+    refreshed). targets: (B, R) long positions whose logits were produced (padded with repeats;
+    ``valid`` (B, R) bool marks real ones). committed: (B, R) bool, targets committed this step; x0
+    (B, R) long chosen tokens; prob (B, R) float64 probability of x0; entropy (B, R) float64 nats of
+    softmax(raw logits). Times in seconds: forward_s (model), decision_s (policy plan + observe and the
+    extra outputs it asked for), sampling_s (sampling, remasking, commit); on CUDA they are read from
+    events at the end of the run (0.0 until then) unless ``Run.step_timing``. full: True when every row
+    refreshed. outputs: the extra forward outputs the plan's hooks asked for (``engine/hooks.py``),
+    e.g. ``"attention"``. finished: (B,) bool rows that end at this step (set before the record is
+    yielded; a consumer may add rows, e.g. at a stop string).
     """
 
     step: int
-    block: int
-    step_in_block: int
+    block: torch.Tensor
+    step_in_block: torch.Tensor
     rows: torch.Tensor
     refresh: torch.Tensor
     computed: torch.Tensor
@@ -176,13 +213,12 @@ class StepRecord:
     x0: torch.Tensor
     prob: torch.Tensor
     entropy: torch.Tensor
+    planned: torch.Tensor
     forward_s: float = 0.0
     decision_s: float = 0.0
     sampling_s: float = 0.0
-    finished: torch.Tensor | None = None  # (B,) bool rows that ended at this step
-    attention: tuple[torch.Tensor, list[torch.Tensor]] | None = None
-    extra: dict = field(default_factory=dict)
-    planned: torch.Tensor | None = None
+    finished: torch.Tensor | None = None
+    outputs: dict = field(default_factory=dict)
 
     @property
     def full(self) -> bool:
@@ -194,7 +230,7 @@ class StepRecord:
         return self.committed.sum(1)
 
     def signal(self, kind: str = "max-entropy") -> torch.Tensor:
-        """(B,) float64 EntropyCache signal of the tokens committed at this step (spec/method.md §2).
+        """(B,) float64 EntropyCache signal of the tokens committed at this step (arXiv 2603.18489; docs/METHOD.md).
 
         max-entropy: max entropy (nats); sum-entropy: their sum; max-confidence: 1 - min probability.
         Rows that committed nothing get -inf (max variants) or 0 (sum).

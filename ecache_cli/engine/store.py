@@ -5,8 +5,7 @@ full tensors back for attention; cache policies never touch it. K is stored *aft
 positions never move during a request, so rotating once at write time is exact and saves the
 re-rotation of the whole key sequence that Fast-dLLM does on every call (spec/models.md D.10).
 
-``rows_of`` / ``append_rows_to``: the one implementation of setting batch rows aside and appending them
-back, shared by the store, ``DecodeState`` and the cache policies (this module imports nothing of ecache).
+Rows leave, are copied out and join through ``engine/rows.py`` (``KVStore.ROW_FIELDS``).
 """
 
 from __future__ import annotations
@@ -15,36 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-def rows_of(values: dict, rows: torch.Tensor) -> dict:
-    """Rows ``rows`` (K,) long of batch-first values, keyed as ``values``: a tensor (B, ...) gives its
-    (K, ...) rows, a list or tuple of such tensors a list or tuple of theirs, None stays None. One
-    ``index_select`` per tensor (a copy), no device sync. Put them back with :func:`append_rows_to`."""
-
-    def take(v):
-        if v is None:
-            return None
-        if isinstance(v, (list, tuple)):
-            return type(v)(t.index_select(0, rows) for t in v)
-        return v.index_select(0, rows)
-
-    return {name: take(v) for name, v in values.items()}
-
-
-def append_rows_to(obj, taken: dict) -> None:
-    """Append rows ``taken`` (a :func:`rows_of` result) after the current rows of ``obj``'s attributes
-    of the same names: one ``torch.cat`` on dim 0 per tensor (lists and tuples element by element); an
-    attribute that is None on either side becomes None."""
-
-    def cat(a, b):
-        if a is None or b is None:
-            return None
-        if isinstance(a, (list, tuple)):
-            return type(a)(torch.cat([x, y], 0) for x, y in zip(a, b))
-        return torch.cat([a, b], 0)
-
-    for name, v in taken.items():
-        setattr(obj, name, cat(getattr(obj, name), v))
+from . import rows as row_fields
+from .rows import ROW
 
 
 @dataclass
@@ -128,17 +99,13 @@ class KVStore:
         else:
             self.hidden[layer].scatter_(1, idx[:, :, None].expand(-1, -1, h.shape[-1]), h)
 
+    #: the per-row fields (not ``queries``: they belong to the last forward's batch)
+    ROW_FIELDS = {name: ROW for name in ("k", "v", "key_mask", "positions", "attn_mask", "rope", "hidden")}
+
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only batch rows ``keep`` (K,) long (finished rows stop costing memory and compute)."""
-        self.k = [t[keep] for t in self.k]
-        self.v = [t[keep] for t in self.v]
-        self.key_mask, self.positions = self.key_mask[keep], self.positions[keep]
-        self.attn_mask = None if self.attn_mask is None else self.attn_mask[keep]
-        if self.rope is not None:
-            self.rope = (self.rope[0][keep], self.rope[1][keep])
-        if self.hidden is not None:
-            self.hidden = [t[keep] for t in self.hidden]
-        self.queries = None  # belong to the last forward's batch
+        row_fields.keep(self, self.ROW_FIELDS, keep)
+        self.queries = None
 
     def scratch_rows(self, rows: torch.Tensor) -> "KVStore":
         """A store for batch rows ``rows`` (R,) long with *uninitialised* K/V (and hidden states when
@@ -153,16 +120,12 @@ class KVStore:
             rope=None if self.rope is None else (self.rope[0][rows], self.rope[1][rows]), hidden=hidden,
         )
 
-    #: the per-row fields that :meth:`take_rows` copies and :meth:`append_rows` appends (not ``queries``:
-    #: they belong to the last forward)
-    ROW_FIELDS = ("k", "v", "key_mask", "positions", "attn_mask", "rope", "hidden")
-
     def take_rows(self, rows: torch.Tensor) -> "KVStore":
         """A copy of batch rows ``rows`` (R,) long: their K/V (and hidden states when kept), padding mask,
         RoPE positions and tables, for a forward of those rows only that reads what is cached (one
-        ``index_select`` per tensor, no device sync: :func:`rows_of`). Copy the result back with
+        ``index_select`` per tensor, no device sync). Copy the result back with
         :meth:`put_rows`."""
-        return KVStore(**rows_of({name: getattr(self, name) for name in self.ROW_FIELDS}, rows))
+        return KVStore(**row_fields.take(self, self.ROW_FIELDS, rows))
 
     def put_rows(self, rows: torch.Tensor, sub: "KVStore") -> None:
         """Overwrite batch rows ``rows`` (R,) long with every K/V (and hidden state) of ``sub``, a store of
@@ -175,12 +138,16 @@ class KVStore:
                 dst.index_copy_(0, rows, src)
 
     def append_rows(self, sub: "KVStore") -> None:
-        """Append the rows of ``sub`` (a :meth:`take_rows` copy of rows set aside earlier) after this
-        store's rows: every K/V, hidden state, padding mask, RoPE position and table (one ``cat`` per
-        tensor: :func:`append_rows_to`). The engine parks a row that waits for the others this way
-        (``Run._park``)."""
-        append_rows_to(self, {name: getattr(sub, name) for name in self.ROW_FIELDS})
-        self.queries = None  # belong to the last forward's batch
+        """Append the rows of ``sub`` (rows taken earlier, or a new store for joining rows) after this
+        store's rows: every K/V, hidden state, padding mask, RoPE position and table. RoPE tables missing
+        on either side are dropped (the next forward rebuilds them); an attention mask missing on one
+        side (no padding there) is made all-True first."""
+        if (self.attn_mask is None) != (sub.attn_mask is None):
+            self.attn_mask, sub.attn_mask = (m if m is not None else torch.ones_like(km)[:, None, None, :]
+                                             for m, km in ((self.attn_mask, self.key_mask),
+                                                           (sub.attn_mask, sub.key_mask)))
+        row_fields.append(self, self.ROW_FIELDS, {name: getattr(sub, name) for name in self.ROW_FIELDS})
+        self.queries = None
 
     def clone(self) -> "KVStore":
         """A deep copy (used by measurement code that must not disturb the live store)."""

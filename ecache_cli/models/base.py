@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..engine.hooks import LayerView, Shrink
+from ..engine.rows import padded_index
 from ..engine.store import KVStore
 from .layers import apply_rope, attend, gather_rows, rope_tables, swiglu
 from .spec import ModelSpec
@@ -64,6 +66,7 @@ class DiffusionLM(nn.Module):
         logits_pos: torch.Tensor | None = None,
         expand_from_layer: int | list[int] | torch.Tensor | None = None,
         attn_pos: torch.Tensor | None = None,
+        shrink: Shrink | None = None,
     ) -> torch.Tensor:
         """Compute ``query_pos`` at every layer against the store; return logits for ``logits_pos``.
 
@@ -81,6 +84,10 @@ class DiffusionLM(nn.Module):
                 no expansion; 0 equals a full forward for that row.
             attn_pos: (B, A) long positions (computed at every layer) whose post-RoPE queries are kept
                 in ``store.queries`` for :meth:`attention_rows`; None keeps nothing.
+            shrink: an ``engine.hooks.Shrink``: at its layer (partial forwards only) it sees the layer
+                inputs of the computed positions and keeps a subset (always with ``logits_pos`` and
+                ``attn_pos``); the others are not computed from that layer on, their K/V there being read
+                from the store (early skipping, ES-dLLM). One host sync reads the kept width.
         Gradients flow when called outside ``torch.inference_mode`` (training uses a full forward with a
         fresh store); the engine calls it under inference mode.
 
@@ -99,6 +106,9 @@ class DiffusionLM(nn.Module):
         x = self.embed(gather_rows(tokens, idx, 1))  # (B, S, d)
         store.queries = [] if attn_pos is not None else None
         for i in range(s.n_layers):
+            if shrink is not None and idx is not None and i == shrink.layer:
+                x, idx = self._shrink(store, i, x, idx, shrink, (logits_pos, attn_pos), T)  # (B, S', d)
+                cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
             if starts is not None and idx is not None and i in starts:
                 x, idx = self._expand(tokens, store, i, x, idx, [st <= i for st in starts])  # (B, T|S', d)
                 cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
@@ -159,6 +169,22 @@ class DiffusionLM(nn.Module):
         pad = torch.cat([idx, idx[:, :1].expand(B, T - S)], 1)  # (B, T)
         new_idx = torch.where(rows, torch.arange(T, device=x.device).expand(B, T), pad)
         return full.gather(1, new_idx[:, :, None].expand(-1, -1, d)), new_idx
+
+    @staticmethod
+    def _shrink(store: KVStore, i: int, x: torch.Tensor, idx: torch.Tensor, shrink: Shrink, required,
+                T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the positions ``shrink`` chooses at layer ``i`` (plus every position in ``required``:
+        (B, R) long tensors or None). Returns (x, idx) of the kept positions, (B, S', d) and (B, S') long,
+        each row padded by repeating its first kept position."""
+        cached = None if store.hidden is None else gather_rows(store.hidden[i], idx, 1)
+        keep = shrink(LayerView(layer=i, x=x, positions=idx, cached=cached)).clone()  # (B, S) bool
+        need = torch.zeros(idx.shape[0], T, dtype=torch.bool, device=idx.device)
+        for pos in required:
+            if pos is not None:
+                need.scatter_(1, pos, True)
+        keep |= need.gather(1, idx)
+        order, _ = padded_index(keep)  # (B, S') indices into the S computed positions
+        return gather_rows(x, order, 1), idx.gather(1, order)
 
     def probe_values(self, tokens: torch.Tensor) -> torch.Tensor:
         """Layer-0 value vectors of the canvas: v_proj(attn_norm(embed(tokens))), (B, T, H_kv*D).

@@ -123,9 +123,9 @@ def _drive(run_, engine: Engine, opts: GenerateOptions, console, done: int, n: i
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    total = run_.plan.num_blocks
+    total = run_.blocks.num_blocks
     with Progress(TextColumn("prompts {task.fields[rows]}"), BarColumn(), TextColumn("block {task.completed}/{task.total}"),
                   TextColumn("step {task.fields[step]}"), TimeElapsedColumn(), console=console, transient=True) as prog:
         task = prog.add_task("gen", total=total, rows=f"{done + 1}-{done + n}", step=0)
         for rec in run_:
-            prog.update(task, completed=rec.block, step=rec.step + 1)
+            prog.update(task, completed=int(rec.block.min()), step=rec.step + 1)

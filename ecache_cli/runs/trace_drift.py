@@ -123,7 +123,8 @@ class DriftTracer:
 
     def capture(self, run: Run, plan, query: torch.Tensor | None, sources: torch.Tensor, logits: torch.Tensor) -> None:
         """The engine hook: remember what the live forward saw (no computation)."""
-        start = plan.start_layer if query is not None else None  # layer-selective forwards (Elastic-Cache)
+        grow = None if plan.hooks is None else plan.hooks.grow_from_layer
+        start = grow if query is not None else None  # forwards whose positions grow at a layer (Elastic-Cache)
         # a refreshing row of a mixed step ran its own full forward after the partial one (Run._forward)
         self._cap = (run.state.tokens.clone(), query, sources, logits, start, plan.refresh)
 
@@ -194,10 +195,11 @@ class DriftTracer:
         served_n, n_commit = served[0].sum(1).tolist(), rec.n_committed.tolist()
         n_served_layers = layer_served.sum(1).tolist()
         start = self._cap[4].tolist() if self._cap[4] is not None else None
+        blocks, steps_in_block = rec.block.tolist(), rec.step_in_block.tolist()
         out = []
         for b, prompt in enumerate(rows):
             rec_d = {
-                "prompt": prompt, "step": rec.step, "block": rec.block, "step_in_block": rec.step_in_block,
+                "prompt": prompt, "step": rec.step, "block": blocks[b], "step_in_block": steps_in_block[b],
                 "refresh": bool(refresh[b]), "computed": int(comp_n[b]), "served": int(served_n[b]),
                 "signal": self.last_signal.get(prompt), "committed": int(n_commit[b]),
                 "fidelity_mismatch": int(mismatch[b]), "fidelity_kl": float(kl[b]),

@@ -1,0 +1,55 @@
+"""One step's sampling and commits: from the step's logits to the tokens each row commits.
+
+The run's sampling settings (temperature, top-k/p, banned ids), its remasking scores and its
+:class:`~ecache_cli.decoding.commit.CommitRule` in one object, so the engine hands over logits and
+gets commits back. The family rules live here and in ``commit.py``: Dream's confidences and draws
+(``CommitRule.dream_alg``, alg_temp, origin) and LLaDA's ``confidence_eos_eot_inf``
+(``low_eos_confidence``: an EOS/EOT candidate scores 0, LLaDA generate.py).
+
+Random draws come from ``draw(*tail)``, which the engine binds to each row's own generator, in a
+fixed order per step: token noise (temperature > 0), the random / origin scores, the alg_temp keys.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .commit import CommitRule
+from .remasking import confidence_scores
+from .sampling import Sampled, sample
+
+
+class StepDecoder:
+    """Samples a step's logits and chooses its commits.
+
+    cfg: the run's ``DecodeConfig``. rule: its ``CommitRule``. banned: (K,) long ids never sampled (the
+    mask id and vocabulary rows the tokenizer lacks); end_ids: (E,) long EOS/EOT ids (banned too with
+    ``cfg.ban_eos``).
+    """
+
+    def __init__(self, cfg, rule: CommitRule, banned: torch.Tensor, end_ids: torch.Tensor):
+        self.cfg, self.rule, self.end_ids = cfg, rule, end_ids
+        self.banned = torch.cat([banned, end_ids]) if cfg.ban_eos else banned
+        self._scores_drawn = cfg.remasking in ("random", "origin")
+        self.draws = cfg.temperature > 0 or self._scores_drawn or bool(rule.alg_temp)
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, state,
+                 draw: Callable[..., torch.Tensor]) -> tuple[Sampled, torch.Tensor]:
+        """Sample ``logits`` (B, R, V) for ``targets`` (B, R) long (``valid`` (B, R) bool real ones) and
+        choose the commits under ``state``'s per-row schedule, steps and blocks. ``draw(*tail)`` returns
+        U[0, 1) float64 (B, R, *tail). Returns (sampled, commit (B, R) bool)."""
+        cfg, rule = self.cfg, self.rule
+        noise = draw(logits.shape[-1]) if cfg.temperature > 0 else None
+        sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=None,
+                         banned_ids=self.banned, uniform=noise, dream_alg=rule.dream_alg(cfg.remasking))
+        del noise
+        rand = draw() if self._scores_drawn else None  # (B, R)
+        conf = confidence_scores(cfg.remasking, sampled, None, uniform=rand)  # (B, R) float64
+        if cfg.low_eos_confidence:  # LLaDA confidence_eos_eot_inf: probability 0, still selectable
+            conf = torch.where(torch.isin(sampled.x0, self.end_ids), torch.zeros_like(conf), conf)
+        conf = conf.masked_fill(~valid, float("-inf"))
+        keys = draw() if rule.alg_temp else None  # (B, R)
+        commit = rule.select(conf, targets, valid, state.schedule, state.step_in_block, state.block_start, noise=keys)
+        return sampled, commit & valid

@@ -1,0 +1,164 @@
+"""How one denoising step's forwards are grouped and run, from the rows' plans.
+
+Rows whose plans differ in shape get forwards of their own, so no row pays for another's:
+
+- every row refreshes: one full forward;
+- otherwise one partial forward of the whole batch at the widest non-refreshing row's width (a
+  refreshing row computes only its logit sources and requested attention rows there, padded by
+  repeats), then one full forward of the refreshing rows alone on a scratch store whose K/V are copied
+  into their rows; and, when only some rows grow their positions at a layer
+  (``ForwardHooks.grow_from_layer``), the growing rows again on a copy of their store rows, so the
+  others do not compute every position from that layer on. Their logits replace the partial forward's.
+
+``computed`` counts what the forwards computed per row, padding included (layer-averaged where a
+forward's positions change at a layer); ``planned`` the plan's own positions. The widths and counts
+are read in one host sync per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .rows import padded_index
+
+
+@dataclass(frozen=True)
+class Group:
+    """How one step's forwards are grouped: ``n_refresh`` rows refresh; ``part`` (B, T) bool positions of
+    the partial forward (None when every row refreshes), ``width`` its query width; ``targets`` /
+    ``attn`` the largest row counts of the targets and of the requested attention rows; ``n_grow``
+    non-refreshing rows whose positions grow at a layer < n_layers."""
+
+    n_refresh: int
+    part: torch.Tensor | None
+    width: int
+    targets: int
+    attn: int
+    n_grow: int = 0
+
+
+@dataclass
+class StepForward:
+    """What a step's forwards produced. logits (B, R, V) for the sources; query (B, S) long positions of
+    the partial forward (None when every row refreshed); computed / planned (B,) long; width the
+    partial forward's query width (T when every row refreshed); split [(rows (n,) long, their store)]
+    of the extra forwards; attn_pos (B, A) long requested attention rows or None."""
+
+    logits: torch.Tensor
+    query: torch.Tensor | None
+    computed: torch.Tensor
+    planned: torch.Tensor
+    width: int
+    split: list = field(default_factory=list)
+    attn_pos: torch.Tensor | None = None
+
+
+def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
+    """Group the step's forwards, reading every width in one host sync.
+
+    ``tmask`` (B, T) bool: each row's current-block masked positions. Raises AssertionError when a
+    non-refreshing row's ``compute`` misses the sources of its targets or its attention rows (a policy
+    bug), after the sync that reads the widths.
+    """
+    B, T, L = state.batch, state.length, state.n_layers
+    hooks = plan.hooks
+    attn = None if hooks is None else hooks.attention_rows
+    counts = [tmask.sum(1).amax()]
+    if attn is not None:
+        counts.append(attn.sum(1).amax())
+    if plan.compute is None:  # every row refreshes (ForwardPlan.full)
+        values = torch.stack(counts).tolist()
+        return Group(B, None, T, values[0], values[1] if attn is not None else 0)
+    refresh = plan.refresh[:, None]  # (B, 1)
+    need = state.sources(tmask) if attn is None else state.sources(tmask) | attn  # (B, T)
+    bad = (need & ~(plan.compute | refresh)).any()
+    part = torch.where(refresh, need, plan.compute)
+    grow = None if hooks is None else hooks.grow_from_layer
+    n_grow = plan.refresh.sum() * 0 if grow is None else (grow.clamp(0, L).masked_fill(plan.refresh, L) < L).sum()
+    values = torch.stack(counts + [n_grow, plan.refresh.sum(), part.sum(1).amax(), bad.long()]).tolist()
+    n_grow, n_refresh, width, bad = values[-4:]
+    assert not bad, f"policy {policy_name} did not plan the positions whose logits (or attention rows) this step needs"
+    return Group(n_refresh, part, width, values[0], values[1] if attn is not None else 0, n_grow)
+
+
+def _layer_average(S: int, m: torch.Tensor, T: int, L: int) -> torch.Tensor:
+    """Positions per layer, averaged: S below layer m, T from it on."""
+    return (S * m + T * (L - m)) // L
+
+
+def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, section) -> StepForward:
+    """Run the step's forwards (see the module docstring); ``section(name)`` names each for the profiler.
+
+    ``sources`` (B, R) long: the positions whose logits the step needs. Returns a :class:`StepForward`.
+    """
+    B, T, L = state.batch, state.length, state.n_layers
+    dev = state.tokens.device
+    hooks = plan.hooks
+    attn_mask = None if hooks is None else hooks.attention_rows
+    attn_pos = None if attn_mask is None else padded_index(attn_mask, grp.attn)[0]  # (B, A)
+    kw = {} if attn_pos is None else {"attn_pos": attn_pos}
+    if grp.n_refresh == B:
+        with section("ecache.forward.full"):
+            logits = model(state.tokens, store, query_pos=None, logits_pos=sources, **kw)
+        full = torch.full((B,), T, dtype=torch.long, device=dev)
+        return StepForward(logits, None, full, full, T, [], attn_pos)
+    query, _ = padded_index(grp.part, grp.width)  # (B, S)
+    S = query.shape[1]
+    refresh = plan.refresh
+    own = plan.compute.sum(1)  # (B,)
+    computed = torch.full((B,), S, dtype=torch.long, device=dev)
+    grow = None if hooks is None else hooks.grow_from_layer
+    separate = False
+    if hooks is not None and hooks.shrink is not None:
+        kw["shrink"] = hooks.shrink
+    if grow is not None:  # refreshing rows never grow
+        sl = grow.clamp(0, L).masked_fill(refresh, L)  # (B,)
+        own = _layer_average(own, sl, T, L)
+        separate = 0 < grp.n_grow < B
+        if not separate and grp.n_grow > 0:
+            kw["expand_from_layer"] = sl
+            computed = _layer_average(S, sl.amin(), T, L).expand(B).clone()
+    planned = torch.where(refresh, T, own)
+    with section("ecache.forward.partial"):
+        logits = model(state.tokens, store, query_pos=query, logits_pos=sources, **kw)  # (B, R, V)
+    out = StepForward(logits, query, computed, planned, S, [], attn_pos)
+    if separate:
+        # The growing rows again, on a copy of their store rows: below their start layer the same S
+        # positions (their K/V rewritten with what they were), from it on every position from the cached
+        # layer inputs: exactly their single grown forward.
+        grows = sl < L  # (B,)
+        idx = torch.argsort((~grows).to(torch.int8), stable=True)[:grp.n_grow]  # (n,) growing rows
+        sub = store.take_rows(idx)
+        sub_kw = {"expand_from_layer": sl[idx]}
+        if attn_pos is not None:
+            sub_kw["attn_pos"] = attn_pos[idx]
+        with section("ecache.forward.partial"):
+            sub_logits = model(state.tokens[idx], sub, query_pos=query[idx], logits_pos=sources[idx], **sub_kw)
+        out.logits = out.logits.index_copy(0, idx, sub_logits)
+        store.put_rows(idx, sub)
+        out.computed = out.computed + grows.long() * _layer_average(S, sl[idx].amin(), T, L)
+        out.split.append((idx, sub))
+    if grp.n_refresh > 0:
+        idx = torch.argsort((~refresh).to(torch.int8), stable=True)[:grp.n_refresh]  # (n,) refreshing rows
+        sub = store.scratch_rows(idx)
+        sub_kw = {} if attn_pos is None else {"attn_pos": attn_pos[idx]}
+        with section("ecache.forward.full"):
+            full_logits = model(state.tokens[idx], sub, query_pos=None, logits_pos=sources[idx], **sub_kw)
+        out.logits = out.logits.index_copy(0, idx, full_logits)
+        store.put_rows(idx, sub)
+        out.computed = out.computed + refresh.long() * T
+        out.split.append((idx, sub))
+    return out
+
+
+def extra_outputs(model, store, fwd: StepForward) -> dict:
+    """The extra outputs the plan's hooks asked for, merged over the step's forwards: ``"attention"``:
+    (positions (B, A) long, [per layer (B, A, T) float32]) when attention rows were requested."""
+    if fwd.attn_pos is None:
+        return {}
+    probs = model.attention_rows(store)  # per layer (B, A, T)
+    for idx, sub in fwd.split:  # rows that ran a forward of their own
+        probs = [p.index_copy(0, idx, q) for p, q in zip(probs, model.attention_rows(sub))]
+    return {"attention": (fwd.attn_pos, probs)}

@@ -1,0 +1,79 @@
+"""The hook surface between a cache policy and the model: what a policy asks of one forward.
+
+A policy decides; the model computes; the engine passes the request through without reading it,
+except to group rows whose forwards differ in shape (``grow_from_layer``). The rule
+(docs/ARCHITECTURE.md, "Hook surface"): a policy may ask a forward for
+
+- positions per layer: ``grow_from_layer`` (rows compute every position from that layer on, the
+  layer inputs of the positions they did not compute coming from the store's hidden states;
+  Elastic-Cache) and ``shrink`` (at layer ``shrink.layer`` a policy function sees the layer's input
+  states of the computed positions and keeps a subset; the others stop being computed and their
+  deeper K/V are read from the store; ES-dLLM);
+- extra outputs: ``attention_rows`` (head-averaged attention rows of chosen positions, per layer).
+
+This module imports nothing of ecache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """What a shrink function sees at its layer.
+
+    layer: the layer index. x: (B, S, d) the layer's input hidden states of the computed positions.
+    positions: (B, S) long their canvas positions (padded rows repeat a position). cached: (B, S, d) the
+    same positions' inputs to this layer as last stored (``store.hidden[layer]``), or None when the
+    store keeps no hidden states.
+    """
+
+    layer: int
+    x: torch.Tensor
+    positions: torch.Tensor
+    cached: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """At ``layer``, keep only the positions ``keep(view)`` marks: a (B, S) bool over ``view.positions``.
+
+    Positions whose logits the forward returns are always kept. Rows index the forward's batch;
+    ``rows`` (B,) long maps them to the policy's rows (set by the engine when it runs a subset).
+    """
+
+    layer: int
+    keep: Callable[[LayerView, torch.Tensor], torch.Tensor]
+    rows: torch.Tensor | None = None
+
+    def __call__(self, view: LayerView) -> torch.Tensor:
+        rows = self.rows if self.rows is not None else torch.arange(view.x.shape[0], device=view.x.device)
+        return self.keep(view, rows)
+
+
+@dataclass(frozen=True)
+class ForwardHooks:
+    """A policy's requests for one forward, per row of the batch (all optional).
+
+    grow_from_layer: (B,) long, from that layer on the row computes every position (≥ n_layers: never).
+    attention_rows: (B, T) bool, computed positions whose head-averaged attention rows the step's record
+        gets in ``record.outputs["attention"]`` as (positions (B, A) long, [per layer (B, A, T) float32]).
+    shrink: a :class:`Shrink`, or None.
+    """
+
+    grow_from_layer: torch.Tensor | None = None
+    attention_rows: torch.Tensor | None = None
+    shrink: Shrink | None = None
+
+    def rows(self, idx: torch.Tensor) -> "ForwardHooks":
+        """The same requests for batch rows ``idx`` (K,) long only."""
+        pick = lambda t: None if t is None else t[idx]  # noqa: E731
+        shrink = None
+        if self.shrink is not None:
+            shrink = replace(self.shrink, rows=idx if self.shrink.rows is None else self.shrink.rows[idx])
+        return ForwardHooks(grow_from_layer=pick(self.grow_from_layer), attention_rows=pick(self.attention_rows),
+                            shrink=shrink)

@@ -1,0 +1,109 @@
+"""Per-row fields: the one way batch rows are kept, set aside, appended and initialised.
+
+Everything that holds one entry per batch row (the decode state, the KV store, a cache policy's
+bookkeeping) declares which of its attributes are per row and along which dimensions, with
+:class:`PerRow`. Rows leave the batch (``keep``), are copied out (``take``) and come back or join
+(``append``) through the functions here alone, so no caller guesses which tensors are per row.
+This module imports nothing of ecache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+
+@dataclass(frozen=True)
+class PerRow:
+    """How an attribute holds one entry per batch row.
+
+    dims: the tensor dimensions that run over rows: (0,) for a (B, ...) tensor, (0, 1) for a pairwise
+    (B, B, ...) tensor. A list or tuple of tensors (e.g. one per layer) applies ``dims`` to each element.
+    items: True for a Python list with one item per row (any objects).
+    An attribute that is None stays None.
+    """
+
+    dims: tuple[int, ...] = (0,)
+    items: bool = False
+
+
+ROW = PerRow()  #: the common case: rows along dimension 0
+
+
+def _select(t: torch.Tensor, dims: tuple[int, ...], rows: torch.Tensor) -> torch.Tensor:
+    for d in dims:
+        t = t.index_select(d, rows)
+    return t
+
+
+def _cat(a: torch.Tensor, b: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    if dims == (0,):
+        return torch.cat([a, b], 0)
+    n, m = a.shape[dims[0]], b.shape[dims[0]]
+    shape = list(a.shape)
+    for d in dims:
+        shape[d] = n + m
+    out = a.new_zeros(shape)  # entries pairing an old row with a new one start at 0
+    old = [slice(None)] * a.dim()
+    new = [slice(None)] * a.dim()
+    for d in dims:
+        old[d], new[d] = slice(0, n), slice(n, n + m)
+    out[tuple(old)] = a
+    out[tuple(new)] = b
+    return out
+
+
+def take_value(value, spec: PerRow, rows: torch.Tensor):
+    """Rows ``rows`` (K,) long of ``value``, copied (one ``index_select`` per tensor dimension, no sync)."""
+    if value is None:
+        return None
+    if spec.items:
+        return [value[i] for i in rows.tolist()]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_select(t, spec.dims, rows) for t in value)
+    return _select(value, spec.dims, rows)
+
+
+def cat_value(a, b, spec: PerRow):
+    """``a``'s rows followed by ``b``'s; None on either side gives None."""
+    if a is None or b is None:
+        return None
+    if spec.items:
+        return list(a) + list(b)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_cat(x, y, spec.dims) for x, y in zip(a, b))
+    return _cat(a, b, spec.dims)
+
+
+def take(obj, fields: Mapping[str, PerRow], rows: torch.Tensor) -> dict:
+    """The per-row ``fields`` of ``obj`` at rows ``rows`` (K,) long, copied: a dict for :func:`append`."""
+    return {name: take_value(getattr(obj, name), spec, rows) for name, spec in fields.items()}
+
+
+def keep(obj, fields: Mapping[str, PerRow], rows: torch.Tensor) -> None:
+    """Keep only rows ``rows`` (K,) long of every per-row field of ``obj``, in that order."""
+    for name, spec in fields.items():
+        setattr(obj, name, take_value(getattr(obj, name), spec, rows))
+
+
+def append(obj, fields: Mapping[str, PerRow], taken: dict) -> None:
+    """Append the rows ``taken`` (a :func:`take` result, or fields of new rows) after ``obj``'s rows."""
+    for name, spec in fields.items():
+        setattr(obj, name, cat_value(getattr(obj, name), taken[name], spec))
+
+
+def padded_index(mask: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn a (B, T) bool mask into a (B, S) index of its True positions in ascending order.
+
+    S is the largest row count, at least 1: ``width`` when the caller has already read it (no device
+    sync; it must not be below the largest count, or rows are cut), else read from the device (one
+    sync). Short rows are padded by repeating their first position (or 0 for an empty row); ``valid``
+    (B, S) bool marks the real entries.
+    """
+    counts = mask.sum(1)  # (B,)
+    S = max(int(counts.max()) if width is None else int(width), 1)
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :S]  # (B, S) True positions first
+    valid = torch.arange(S, device=mask.device)[None, :] < counts[:, None]  # (B, S)
+    return torch.where(valid, order, order[:, :1]), valid

@@ -1,0 +1,62 @@
+"""Prompts to token ids: plain text, chat messages through the checkpoint's chat template, or ids.
+
+The chat rule (LLaDA and Dream model cards): the tokenizer's chat template renders the messages with
+the generation prompt appended, and the rendered text is tokenized without adding special tokens (the
+template carries the BOS).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import DataError, UsageError
+
+
+def check_prompt_ids(spec, ids: Sequence[int]) -> str | None:
+    """Why a prompt given as token ids cannot be decoded, as a one-line reason, or None if it can.
+
+    Ids must be ints in [0, spec.vocab_size) (the embedding rows) and never the mask id (a masked
+    prompt position would be generated). Non-int entries are reported too.
+    """
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool):
+            return f"prompt_ids[{i}] = {t!r} is not an int token id"
+        if not 0 <= t < spec.vocab_size:
+            return f"prompt_ids[{i}] = {t} is outside the model's vocabulary [0, {spec.vocab_size})"
+        if t == spec.mask_id:
+            return f"prompt_ids[{i}] = {t} is the mask id; a prompt holds no mask tokens"
+    return None if len(ids) else "prompt_ids is empty; give at least one token id"
+
+
+def encode_prompts(tokenizer, spec, prompts: Sequence[str | list], chat: bool) -> list[list[int]]:
+    """Token ids of each prompt: a string, a list of chat messages ({role, content} dicts), or a list of
+    token ids (ints: used as they are, no chat template; checked with :func:`check_prompt_ids`).
+
+    With ``chat`` a string prompt is one user message through the chat template, when the tokenizer has
+    one. Raises UsageError for an empty prompt or messages without a template, DataError for bad ids.
+    """
+    out = []
+    for p in prompts:
+        if isinstance(p, (list, tuple)) and not p:
+            raise UsageError("a prompt is empty; give at least one token of text")
+        if isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            why = check_prompt_ids(spec, p)
+            if why:
+                raise DataError(f"prompt {len(out) + 1}: {why}")
+            out.append(list(p))
+            continue
+        template = getattr(tokenizer, "chat_template", None)
+        if isinstance(p, list):
+            if not template:
+                raise UsageError("chat messages need a checkpoint with a chat template; pass a plain prompt")
+            text = tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        elif chat and template:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                 add_generation_prompt=True)
+        else:
+            text = p
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise UsageError("a prompt is empty; give at least one token of text")
+        out.append(list(ids))
+    return out
