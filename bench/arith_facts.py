@@ -2,7 +2,7 @@
 
 ``arith`` problems fail almost only on computation (copying the numbers from the problem is right;
 see the model card), and a whole problem needs 2-3 results right, so its accuracy moves late and
-noisily. This measures the computation itself (``drill_fact_accuracy`` in scripts/train_tiny.py): one
+noisily. This measures the computation itself (``drill_fact_accuracy`` in scripts/tiny_training/evaluate.py): one
 result's digits are masked, one full forward, and the result counts as right when the argmax at every
 masked digit is the true digit. Three measures, one row each per model:
 
@@ -16,7 +16,7 @@ masked digit is the true digit. Three measures, one row each per model:
   itself, in context, each from a correct prefix (logged as ``facts_ltr``).
 
 Several models (``--model a,b``) run on the same items, side by side: a recipe change is compared on
-the same items at equal training steps (exported with ``train_tiny.py --export-only --state COPY``).
+the same items at equal training steps (exported with ``scripts/train_tiny.py --export-only --state COPY --out DIR``).
 
 Prints a table (accuracy per operation), then one JSON line (the last stdout line).
 
@@ -53,11 +53,13 @@ def main(argv=None) -> None:
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from train_step import _train_module  # bench/ is on sys.path when run as a script
+    from train_step import (
+        training_package,  # bench/ is on sys.path when run as a script
+    )
 
-    tt = _train_module()
+    tt = training_package()
     rng = random.Random(f"facts:{args.seed}")
-    drills = [tt.arith_drill(rng) for _ in range(args.drills)]
+    drills = [tt.data.arith_drill(rng) for _ in range(args.drills)]
     from ecache_cli.tasks import get_task
 
     problems = [(ex.question, ex.answer) for ex in get_task("arith").examples("test", args.problems, 0)]
@@ -72,8 +74,8 @@ def main(argv=None) -> None:
         except EcacheError as e:  # one line, the CLI's exit codes
             err.print(f"error: {e}")
             raise SystemExit(e.exit_code) from None
-        tok = tt.Tok(lm.path)
-        res[name] = {m: tt.drill_fact_accuracy(lm.model, tok, items, mode) for m, (items, mode) in measures.items()}
+        tok = tt.data.Tok(lm.path)
+        res[name] = {m: tt.evaluate.drill_fact_accuracy(lm.model, tok, items, mode) for m, (items, mode) in measures.items()}
         secs[name] = round(time.perf_counter() - t0, 1)
     ops = ["+", "-", "*", "/", "all"]
     table = Table(title=f"result digits right ({args.drills} drills seed {args.seed}; {args.problems} arith test problems)")

@@ -1,22 +1,24 @@
 """Training-step throughput of the embedded model's recipe: the answer-region loss against full logits.
 
-``scripts/train_tiny.py`` computes logits only for the last ``canvas`` columns of a batch (every masked
-position lies there; ``batch_loss``) instead of for every position. This runs both on the same batches
-of the committed training state's data stream, interleaved (A, B, A, B, ...) so a busy machine slows
-both alike, each step a forward, backward and AdamW update on its own copy of the model, and reports
-training tokens per second (prompt + canvas tokens of the batch) and their ratio.
+The training loop (``scripts/tiny_training/loop.py``, ``batch_loss``) computes logits only for the last
+``canvas`` columns of a batch (every masked position lies there) instead of for every position. This
+runs both on the same batches of a training data stream, interleaved (A, B, A, B, ...) so a busy
+machine slows both alike, each step a forward, backward and AdamW update on its own copy of the model,
+and reports training tokens per second (prompt + canvas tokens of the batch) and their ratio.
+
+The stream and weights are those of ``--state`` (a training state file) when given, else the default
+``TrainConfig``'s stream and the shipped model's weights (the same shape).
 
 Prints a table, then one JSON line (the last stdout line).
 
     python bench/train_step.py                  # 40 batches, 3 rounds, 1 thread
-    python bench/train_step.py --batches 80 --rounds 5
+    python bench/train_step.py --batches 80 --rounds 5 --state scripts/tiny_train_state.pt
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import statistics
 import sys
@@ -29,12 +31,16 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _train_module():
-    spec = importlib.util.spec_from_file_location("train_tiny", REPO / "scripts" / "train_tiny.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+def training_package():
+    """Import ``scripts/tiny_training`` (the training code; not part of the installed package)."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    import tiny_training.config
+    import tiny_training.data
+    import tiny_training.evaluate
+    import tiny_training.loop
+
+    return tiny_training
 
 
 def full_logits_loss(model, noisy, clean, key_mask, weights, canvas: int) -> torch.Tensor:
@@ -53,22 +59,32 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, default=40, help="batches per round (default 40)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; the median is reported (default 3)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--state", type=Path, default=REPO / "scripts" / "tiny_train_state.pt")
+    ap.add_argument("--state", type=Path, default=None,
+                    help="a training state file: its settings and weights (default: the default settings and "
+                         "the shipped model's weights)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    tt = _train_module()
-    st = tt.load_state(args.state)
-    cfg = tt.TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in st["cfg"].items()})
-    tok = tt.Tok(REPO / "ecache_cli" / "data" / "tiny")
-    stream = tt.Stream(cfg, tok, tt.load_tasks(cfg.domains))
+    tt = training_package()
+    data, loop = tt.data, tt.loop
+    tiny = REPO / "ecache_cli" / "data" / "tiny"
+    if args.state is not None:
+        st = loop.load_state(args.state)
+        cfg, weights, step = tt.config.config_from_dict(st["cfg"]), st["model"], st["step"]
+    else:
+        from safetensors.torch import load_file
+
+        cfg, step = tt.config.TrainConfig(), None
+        weights = {k: v.float() for k, v in load_file(str(tiny / "model.safetensors")).items()}
+    tok = data.Tok(tiny)
+    stream = data.Stream(cfg, tok, data.load_tasks(cfg.domains))
     batches = []
     for i in range(args.batches):
         items = stream.next()
-        batches.append((*tt.make_batch(items, tok, cfg, torch.Generator().manual_seed(i)), max(it.canvas for it in items)))
-    base = tt.build_model(tt.model_config(cfg, tok), cfg.seed)
-    base.load_state_dict(st["model"])
-    variants = {"full logits": full_logits_loss, "answer region (batch_loss)": tt.batch_loss}
+        batches.append((*data.make_batch(items, tok, cfg, torch.Generator().manual_seed(i)), max(it.canvas for it in items)))
+    base = loop.build_model(loop.model_config(cfg, tok), cfg.seed)
+    base.load_state_dict(weights)
+    variants = {"full logits": full_logits_loss, "answer region (batch_loss)": loop.batch_loss}
     models = {name: copy.deepcopy(base) for name in variants}
     opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-5) for name, m in models.items()}
     ntok = sum(int(b[2].sum()) for b in batches)
@@ -101,7 +117,7 @@ def main(argv=None) -> None:
     for name, v in tok_s.items():
         table.add_row(name, f"{v:,.0f}", f"{v / ref:.2f}x")
     out.print(table)
-    print(json.dumps({"bench": "train_step", "step": st["step"], "batches": args.batches, "tokens": ntok,
+    print(json.dumps({"bench": "train_step", "step": step, "batches": args.batches, "tokens": ntok,
                       "threads": args.threads, "tokens_per_s": {k: round(v) for k, v in tok_s.items()},
                       "speedup": round(tok_s["answer region (batch_loss)"] / ref, 3)}), flush=True)
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Continue training the embedded model on a lent GPU, in one call of under 10 minutes.
+# Train the embedded model on a lent GPU (continue a state, or a new run), in one call of under 10 minutes.
 #
-# Resumes from the committed training state (scripts/tiny_train_state.pt), trains on CUDA for
-# $TRAIN_MINUTES minutes of wall time, and writes under $OUT (the folder the device tool brings back):
+# Resumes the training state $TRAIN_STATE (default scripts/tiny_train_state.pt, git-ignored) when that
+# file exists, else starts a new run; trains on CUDA for $TRAIN_MINUTES minutes of wall time, and
+# writes under $OUT (the folder the device tool brings back):
 #   tiny_train_state.pt.part00, .part01   the new state, split in 15 MB parts (the tool brings back
 #                                          files of at most 16 MiB); join with scripts/join_state.sh
 #   tiny/config.json, tiny/model.safetensors   the exported (EMA) model
 #   train.log                              the run's log (JSONL records in train.jsonl)
-# The committed state is never modified here: the new one goes to $OUT only.
+# The state file given is never modified here: the new one goes to $OUT only. The device tool copies
+# only files git tracks or does not ignore: name the state in its carry list to take it along.
 #
 #   bash scripts/train_gpu.sh                                     # on the GPU machine ($OUT set by the tool)
 #   OUT=/tmp/o TRAIN_DEVICE=cpu TRAIN_STEPS=3 bash scripts/train_gpu.sh   # CPU smoke run (tests/test_training.py)
@@ -19,7 +21,9 @@
 # Knobs (environment): TRAIN_MINUTES (default 7), TRAIN_STEPS (stop after this many new steps in all; 0: none),
 # TRAIN_DEVICE (default cuda), TRAIN_BATCH_TOKENS (default: 16384 on cuda, the state's on cpu),
 # TRAIN_WORKERS (data processes on cuda, default 8), TRAIN_ADAPT_MIN (curriculum eval interval on cuda,
-# default 3), TRAIN_LR (default: the state's), TRAIN_STATE (default scripts/tiny_train_state.pt), PYTHON.
+# default 3), TRAIN_LR (default: the state's), TRAIN_STATE (default scripts/tiny_train_state.pt, a new run
+# when that file does not exist; "none": a new run in any case), PYTHON;
+# TRAIN_ARGS: more scripts/train_tiny.py flags for both phases, whitespace-separated (a new run's recipe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder that receives the new state and model}"
@@ -31,9 +35,6 @@ STATE=${TRAIN_STATE:-scripts/tiny_train_state.pt}
 FRAC=${TRAIN_COOLDOWN_FRAC:-0.25}
 mkdir -p "$OUT/tiny"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-[ -f "$STATE" ] || { echo "train_gpu: no training state at $STATE" >&2; exit 1; }
-cp "$STATE" "$OUT/state.pt"
-
 extra=()
 if [ "$DEVICE" != cpu ]; then
     # a GPU eats batches faster than one process builds them: 8 worker processes build pools ahead;
@@ -44,14 +45,8 @@ elif [ -n "${TRAIN_BATCH_TOKENS:-}" ]; then
     extra+=(--batch-tokens "$TRAIN_BATCH_TOKENS")
 fi
 [ -n "${TRAIN_LR:-}" ] && extra+=(--lr "$TRAIN_LR")
-
-"$PY" - "$DEVICE" <<'EOF'
-import sys, torch
-dev = sys.argv[1]
-if dev.startswith("cuda") and not torch.cuda.is_available():
-    sys.exit(f"train_gpu: torch {torch.__version__} sees no CUDA device; TRAIN_DEVICE=cpu runs on the CPU")
-print(f"train_gpu: torch {torch.__version__} on {torch.cuda.get_device_name(0) if dev.startswith('cuda') else 'cpu'}")
-EOF
+read -r -a more <<< "${TRAIN_ARGS:-}"
+extra+=("${more[@]}")
 
 "$PY" -c '
 import sys
@@ -66,14 +61,37 @@ for name, v, ok in (("TRAIN_COOLDOWN_FRAC", sys.argv[1], lambda x: 0 <= float(x)
               file=sys.stderr)
         sys.exit(2)
 ' "$FRAC" "$MINUTES" "$STEPS"
-step_of() { "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], map_location="cpu", weights_only=False)["step"])' "$1"; }
+if [ "$DEVICE" != cpu ]; then
+    "$PY" - <<'EOF'
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(f"train_gpu: torch {torch.__version__} sees no CUDA device; TRAIN_DEVICE=cpu runs on the CPU")
+print(f"train_gpu: torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+EOF
+fi
+
+if [ "$STATE" = none ]; then
+    echo "train_gpu: TRAIN_STATE=none: a new run"
+elif [ -f "$STATE" ]; then
+    cp "$STATE" "$OUT/state.pt"
+elif [ -n "${TRAIN_STATE:-}" ]; then
+    echo "train_gpu: TRAIN_STATE=$STATE: no such file (TRAIN_STATE=none starts a new run)" >&2
+    exit 1
+else
+    echo "train_gpu: no training state at $STATE: a new run"
+fi
+step_of() {  # the step a state file is at; 0 before the first save of a new run
+    [ -f "$1" ] || { echo 0; return; }
+    "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], map_location="cpu", weights_only=False)["step"])' "$1"
+}
 # phase 1 (stable LR): all the steps or minutes but the cooldown's share
 read -r PHASES P1_STEPS P2_STEPS P1_MIN P2_MIN < <("$PY" -c '
 import sys; steps, minutes, f = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 n2 = min(steps - 1, max(1, round(steps * f))) if steps and f > 0 else 0
 print(1 if f <= 0 or (steps and not n2) else 2, steps - n2 if steps else 0, n2, minutes * (1 - f), minutes * f * 1.5)' \
     "$STEPS" "$MINUTES" "$FRAC")
-start=$(step_of "$OUT/state.pt")
+start=0
+[ "$STEPS" = 0 ] && start=$(step_of "$OUT/state.pt")  # to size the decay from phase 1's pace
 train() {
     "$PY" scripts/train_tiny.py --state "$OUT/state.pt" --device "$DEVICE" --log "$OUT/train.jsonl" "${extra[@]}" "$@" \
         2>&1 | grep -v '^\[transformers\]' | tee -a "$OUT/train.log"
