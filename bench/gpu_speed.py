@@ -89,12 +89,18 @@ def main(argv=None) -> int:
 
     from rich.console import Console
 
+    from ecache_cli.decoding.config import DecodeConfig
     from ecache_cli.engine import Engine
     from ecache_cli.models.loader import load_model
     from ecache_cli.models.synthetic import write_random_checkpoint
     from ecache_cli.runs.common import Settings, manifest
-    from ecache_cli.engine.state import DecodeConfig
-    from ecache_cli.runs.profile import ProfileOptions, Request, json_line, measure, render_table
+    from ecache_cli.runs.profile import (
+        ProfileOptions,
+        Request,
+        json_line,
+        measure,
+        render_table,
+    )
 
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -46,8 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     from rich.table import Table
 
-    from ecache_cli.console import err, out
     from ecache_cli.cache import make_policy
+    from ecache_cli.console import err, out
     from ecache_cli.engine import DecodeConfig, Engine
     from ecache_cli.models.loader import load_model
     from ecache_cli.tasks import get_task

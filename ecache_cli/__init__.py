@@ -1,7 +1,7 @@
 """ecache: fast approximate KV caching for diffusion language models (LLaDA, Dream).
 
 The engine core is split one way: models compute (``ecache_cli.models``), the KV store stores
-(``ecache_cli.engine.store``), cache policies decide (``ecache_cli.cache``) and the engine loops
+(``ecache_cli.kvstore``), cache policies decide (``ecache_cli.cache``) and the engine loops
 (``ecache_cli.engine.core``). See ``docs/ARCHITECTURE.md``.
 """
 

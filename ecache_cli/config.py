@@ -119,7 +119,10 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
     for k in data:
         if k not in SECTIONS:
             raise ConfigError(f"{path}: unknown key {k!r}; allowed: {', '.join(sorted(SECTIONS))}")
-    from .cache import POLICIES, policy_params  # every registered policy's parameters are cache keys
+    from .cache import (  # every registered policy's parameters are cache keys
+        POLICIES,
+        policy_params,
+    )
 
     cache_keys = CACHE_KEYS.union(*(policy_params(n) for n in POLICIES))
     for section, allowed in (("decode", DECODE_KEYS), ("cache", cache_keys)):
@@ -149,7 +152,7 @@ def value_kinds() -> dict[str, dict]:
     """``{"decode": {key: type}, "cache": {key: type}}``: the type each decode key (``DecodeConfig``) and
     cache key (every policy's parameters) takes, for :func:`check_value`."""
     from .cache import POLICIES
-    from .engine.state import DecodeConfig
+    from .decoding.config import DecodeConfig
 
     kinds = {"decode": field_types(DecodeConfig), "cache": {"policy": str}}
     for cls in POLICIES.values():

@@ -12,7 +12,7 @@ import torch
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.engine import DecodeConfig, Engine
-from ecache_cli.engine.store import KVStore
+from ecache_cli.kvstore import KVStore
 
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]  # different lengths: left padding
 CFG = DecodeConfig(gen_length=16, block_length=8, steps=16)
@@ -187,7 +187,7 @@ def test_event_timings_are_read_once_per_run(lm, monkeypatch):
     eng = Engine.from_loaded(lm)
     r = eng.start(eng.encode(PROMPTS[:2], chat=False), DecodeConfig(gen_length=16, block_length=8, steps=16,
                                                                     early_exit=False), make_policy("entropy"))
-    r._cuda = True  # the engine's device stays CPU: only the timing path is switched
+    r.timer.cuda = True  # the engine's device stays CPU: only the timing path is switched
     records, at_yield = [], []
     for rec in r:
         at_yield.append(rec.forward_s)
@@ -196,9 +196,9 @@ def test_event_timings_are_read_once_per_run(lm, monkeypatch):
     assert FakeEvent.synced == 1  # once, at the end of the run
     assert FakeEvent.recorded == 5 * 16  # five marks per step (no attention rows for entropy)
     assert all(rec.forward_s > 0 and rec.sampling_s > 0 and rec.decision_s > 0 for rec in records)
-    assert r.t_forward == pytest.approx(sum(rec.forward_s for rec in records))
-    assert r.t_decision == pytest.approx(sum(rec.decision_s for rec in records))
-    assert r.t_forward + r.t_sampling + r.t_decision < r.wall_s
+    assert r.timer.forward_s == pytest.approx(sum(rec.forward_s for rec in records))
+    assert r.timer.decision_s == pytest.approx(sum(rec.decision_s for rec in records))
+    assert r.timer.forward_s + r.timer.sampling_s + r.timer.decision_s < r.wall_s
 
 
 def test_profile_reports_honest_and_planned_work_per_batch_size(llada_lm):

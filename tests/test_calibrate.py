@@ -10,14 +10,22 @@ import json
 import pytest
 import yaml
 
+from ecache_cli.engine import Engine
 from ecache_cli.errors import UsageError
 from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_store import RunFile
 from ecache_cli.runs.calibrate import CalibrateOptions, calibrate
 from ecache_cli.runs.common import resolve_settings
-from ecache_cli.engine import Engine
-from ecache_cli.runs.tau_search import (Point, aggregate, choose, coarse_grid, pareto_frontier, refine_next,
-                                        round_sig, same_decisions)
+from ecache_cli.runs.tau_search import (
+    Point,
+    aggregate,
+    choose,
+    coarse_grid,
+    pareto_frontier,
+    refine_next,
+    round_sig,
+    same_decisions,
+)
 from ecache_cli.tasks import get_task
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from cli_helpers import CUT, one_line_error, table_rows, without_cut_warning
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
-from cli_helpers import CUT, one_line_error, table_rows, without_cut_warning
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 ROOT = Path(__file__).resolve().parent.parent

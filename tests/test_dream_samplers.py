@@ -18,8 +18,8 @@ from ecache_cli.cache import make_policy
 from ecache_cli.decoding.remasking import select_sampled
 from ecache_cli.decoding.sampling import sample
 from ecache_cli.decoding.schedule import dream_num_transfer_tokens
+from ecache_cli.decoding.streams import row_generator
 from ecache_cli.engine import DecodeConfig, Engine
-from ecache_cli.engine.core import row_generator
 from ecache_cli.errors import UsageError
 
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]  # different lengths: left padding

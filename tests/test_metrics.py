@@ -9,8 +9,15 @@ import torch
 
 from ecache_cli.metrics.fidelity import fidelity, pair_agreement
 from ecache_cli.metrics.memory import MemoryProbe
-from ecache_cli.metrics.throughput import (RowMeasure, RunMeasure, latency_ms, percentile, ratio, summarize,
-                                           tokens_per_s)
+from ecache_cli.metrics.throughput import (
+    RowMeasure,
+    RunMeasure,
+    latency_ms,
+    percentile,
+    ratio,
+    summarize,
+    tokens_per_s,
+)
 
 
 def row(prompt, gen, latency, nfe=8, full=8, partial=0, computed=800, canvas=100, ids=(), answer=(), repeat=0):

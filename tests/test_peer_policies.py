@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from ecache_cli.cache import POLICIES, make_policy
-from ecache_cli.cache.d2cache import D2Cache, certainty_density, nucleus, rollout_importance
+from ecache_cli.cache.d2cache import (
+    D2Cache,
+    certainty_density,
+    nucleus,
+    rollout_importance,
+)
 from ecache_cli.cache.elastic import ElasticCache
 from ecache_cli.engine import DecodeConfig, DecodeState, Engine, StepRecord
 from ecache_cli.errors import UsageError

@@ -9,7 +9,14 @@ import pytest
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.engine.core import _NO_RANGE
 from ecache_cli.runs.common import Settings, manifest
-from ecache_cli.runs.profile import ProfileOptions, ProfileReport, Request, measure, render_table, timing_warnings
+from ecache_cli.runs.profile import (
+    ProfileOptions,
+    ProfileReport,
+    Request,
+    measure,
+    render_table,
+    timing_warnings,
+)
 
 CFG = DecodeConfig(gen_length=16, block_length=8)
 PROMPTS = ["Sort: 9 3 7 1", "Reverse: 4 5 6 7 8", "Add 12 and 30"]

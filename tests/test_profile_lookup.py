@@ -12,8 +12,14 @@ from typer.testing import CliRunner
 
 import ecache_cli
 from ecache_cli.cli import app
-from ecache_cli.config import (find_profile, packaged_profiles_dir, profile_candidates, profile_dirs, profile_path,
-                               user_profiles_dir)
+from ecache_cli.config import (
+    find_profile,
+    packaged_profiles_dir,
+    profile_candidates,
+    profile_dirs,
+    profile_path,
+    user_profiles_dir,
+)
 
 PACKAGE = Path(ecache_cli.__file__).resolve().parent
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_helpers import one_line_error, records
 
 from ecache_cli.cache import make_policy
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.errors import DataError
-from cli_helpers import records, one_line_error
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "-q", "--cache", "none", "--jsonl"]
 

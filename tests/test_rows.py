@@ -13,9 +13,9 @@ import torch
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.cache.base import CachePolicy, ForwardPlan
+from ecache_cli.contract import rows as row_fields
+from ecache_cli.contract.rows import ROW, PerRow
 from ecache_cli.engine import DecodeConfig, Engine
-from ecache_cli.engine import rows as row_fields
-from ecache_cli.engine.rows import ROW, PerRow
 
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]
 # settings with partial forwards inside a 16-token answer (2 blocks of 8)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ecache_cli.cache import POLICIES, make_policy
+from ecache_cli.decoding.streams import row_generator
 from ecache_cli.engine import DecodeConfig, Engine
-from ecache_cli.engine.core import row_generator
 
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]  # ragged: left padding
 

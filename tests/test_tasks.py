@@ -10,7 +10,12 @@ import pytest
 
 from ecache_cli.errors import DataError, UsageError
 from ecache_cli.tasks import TASKS, get_task
-from ecache_cli.tasks.answers import extract_final_number, last_boxed, math_equal, numbers_equal
+from ecache_cli.tasks.answers import (
+    extract_final_number,
+    last_boxed,
+    math_equal,
+    numbers_equal,
+)
 from ecache_cli.tasks.base import Example
 from ecache_cli.tasks.codefn import FAMILIES
 

@@ -23,10 +23,10 @@ from typing import ClassVar
 
 import torch
 
-from ..engine import rows as row_fields
-from ..engine.hooks import ForwardHooks
-from ..engine.rows import PerRow
-from ..engine.state import DecodeState, StepRecord
+from ..contract import rows as row_fields
+from ..contract.hooks import ForwardHooks
+from ..contract.rows import PerRow
+from ..contract.state import DecodeState, StepRecord
 
 
 @dataclass(frozen=True)

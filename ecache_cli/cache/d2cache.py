@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.state import DecodeState, StepRecord
+from ..contract.hooks import ForwardHooks
+from ..contract.rows import ROW
+from ..contract.state import DecodeState, StepRecord
 from ..errors import UsageError
-from ..engine.hooks import ForwardHooks
-from ..engine.rows import ROW
 from .base import CachePolicy, ForwardPlan
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.state import DecodeState
+from ..contract.state import DecodeState
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
 

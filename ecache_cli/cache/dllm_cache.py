@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.state import DecodeState
+from ..contract.rows import ROW
+from ..contract.state import DecodeState
 from ..errors import UsageError
-from ..engine.rows import ROW
 from .base import CachePolicy, ForwardPlan
 
 

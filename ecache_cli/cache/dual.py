@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.state import DecodeState
+from ..contract.state import DecodeState
 from .prefix import PrefixCache
 
 

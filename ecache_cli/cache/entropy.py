@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.state import SIGNALS, DecodeState, StepRecord
-from ..engine.rows import ROW
+from ..contract.rows import ROW
+from ..contract.state import SIGNALS, DecodeState, StepRecord
 from .base import CachePolicy, ForwardPlan
 
 DEFAULT_TAU = 1.0  # nats; overridden by a calibrated profile (ecache calibrate)

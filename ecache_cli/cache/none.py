@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.state import DecodeState
+from ..contract.state import DecodeState
 from .base import CachePolicy, ForwardPlan
 
 

@@ -67,7 +67,14 @@ def calibrate_cmd(
     from ..console import err
     from ..console import out as out_console
     from ..errors import EcacheError
-    from ..runs.calib_report import frontier_table, json_document, plot_frontier, sweep_table, wall_warnings, write_json
+    from ..runs.calib_report import (
+        frontier_table,
+        json_document,
+        plot_frontier,
+        sweep_table,
+        wall_warnings,
+        write_json,
+    )
     from ..runs.calibrate import CalibrateOptions, calibrate, preflight, validate
     from ..runs.common import manifest, resolve_settings
     from ..runtime import load_for_command

@@ -50,13 +50,28 @@ def profile_cmd(
     """
     from rich.console import Console
 
-    from ..runs.profile import (ProfileOptions, json_line, measure, parse_policy_spec, prompt_requests, render_table,
-                                task_requests, timing_warnings)
-    from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
+    from ..cache import (
+        POLICIES,  # after the engine: importing ecache_cli.cache first is circular
+    )
     from ..console import err, out
     from ..errors import DataError, UsageError
     from ..outputs import check_dir, check_file
-    from ..runs.common import check_input_file, manifest, resolve_settings, warn_unused_cache_flags
+    from ..runs.common import (
+        check_input_file,
+        manifest,
+        resolve_settings,
+        warn_unused_cache_flags,
+    )
+    from ..runs.profile import (
+        ProfileOptions,
+        json_line,
+        measure,
+        parse_policy_spec,
+        prompt_requests,
+        render_table,
+        task_requests,
+        timing_warnings,
+    )
     from ..runtime import load_for_command, resolve_threads
 
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)

@@ -47,11 +47,15 @@ def trace_drift_cmd(
     [cyan]ecache trace-drift --task gsm8k --data gsm8k/test.jsonl --limit 4 --shots 0 --jsonl steps.jsonl --tensorboard runs/[/]
     """
     from ..console import err
-    from ..engine.state import SIGNALS
+    from ..contract.state import SIGNALS
     from ..errors import UsageError
-    from ..runs import drift_report as rep
     from ..outputs import check_dir, check_file
-    from ..runs.common import check_input_file, resolve_settings, warn_unused_cache_flags
+    from ..runs import drift_report as rep
+    from ..runs.common import (
+        check_input_file,
+        resolve_settings,
+        warn_unused_cache_flags,
+    )
     from ..runs.trace_drift import TraceOptions, summary_document, trace
     from ..runtime import load_for_command
 

@@ -11,7 +11,13 @@ from ecache_cli.decoding.remasking import (
     validate_remasking,
 )
 from ecache_cli.decoding.sampling import Sampled, sample
-from ecache_cli.decoding.schedule import SCHEDULES, BlockPlan, dream_num_transfer_tokens, num_transfer_tokens, plan_blocks
+from ecache_cli.decoding.schedule import (
+    SCHEDULES,
+    BlockPlan,
+    dream_num_transfer_tokens,
+    num_transfer_tokens,
+    plan_blocks,
+)
 
 __all__ = [
     "COMPAT",

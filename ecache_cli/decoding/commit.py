@@ -34,9 +34,20 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UsageError
-from .remasking import (select_factor, select_origin, select_sampled, select_threshold, select_threshold_quota,
-                        select_topk)
-from .schedule import BlockPlan, dream_num_transfer_tokens, num_transfer_tokens, validate_schedule
+from .remasking import (
+    select_factor,
+    select_origin,
+    select_sampled,
+    select_threshold,
+    select_threshold_quota,
+    select_topk,
+)
+from .schedule import (
+    BlockPlan,
+    dream_num_transfer_tokens,
+    num_transfer_tokens,
+    validate_schedule,
+)
 
 COMPAT = ("fastdllm",)
 

@@ -16,9 +16,11 @@ from typing import Callable
 
 import torch
 
+from ..errors import UsageError
 from .commit import CommitRule
-from .remasking import confidence_scores
+from .remasking import confidence_scores, validate_remasking
 from .sampling import Sampled, sample
+from .schedule import BlockPlan, default_steps, plan_blocks
 
 
 class StepDecoder:
@@ -29,11 +31,28 @@ class StepDecoder:
     ``cfg.ban_eos``).
     """
 
-    def __init__(self, cfg, rule: CommitRule, banned: torch.Tensor, end_ids: torch.Tensor):
-        self.cfg, self.rule, self.end_ids = cfg, rule, end_ids
+    def __init__(self, cfg, rule: CommitRule, banned: torch.Tensor, end_ids: torch.Tensor, blocks: BlockPlan):
+        self.cfg, self.rule, self.end_ids, self.blocks = cfg, rule, end_ids, blocks
         self.banned = torch.cat([banned, end_ids]) if cfg.ban_eos else banned
         self._scores_drawn = cfg.remasking in ("random", "origin")
         self.draws = cfg.temperature > 0 or self._scores_drawn or bool(rule.alg_temp)
+
+    @classmethod
+    def build(cls, cfg, spec, banned: torch.Tensor, end_ids: torch.Tensor) -> "StepDecoder":
+        """The decoder of a run with settings ``cfg`` on a model with ``spec``: its block plan (``.blocks``)
+        and commit rule (``.rule``). Raises UsageError for settings that do not go together (the
+        remasking under parallel decoding, --threshold with --factor, ``CommitRule.resolve``'s checks)."""
+        parallel = cfg.threshold is not None or cfg.factor is not None
+        validate_remasking(cfg.remasking, parallel=parallel)
+        if cfg.threshold is not None and cfg.factor is not None:
+            raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
+        blocks = plan_blocks(cfg.gen_length, cfg.block_length, default_steps(cfg.gen_length, cfg.steps, parallel),
+                             parallel)
+        rule = CommitRule.resolve(spec.family, blocks, schedule=cfg.schedule, compat=cfg.compat,
+                                  threshold=cfg.threshold, factor=cfg.factor,
+                                  eps=spec.eps if cfg.eps is None else cfg.eps, remasking=cfg.remasking,
+                                  alg_temp=cfg.alg_temp, low_eos_confidence=cfg.low_eos_confidence)
+        return cls(cfg, rule, banned, end_ids, blocks)
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, state,
                  draw: Callable[..., torch.Tensor]) -> tuple[Sampled, torch.Tensor]:

@@ -11,58 +11,29 @@ observes the result, finished rows retire and every row's clock moves on. Each r
 clock (block, step in block, own step count), so rows may be at different blocks in one step, a row
 that has finished its block goes straight on to the next, and a prompt decodes the same alone or in
 any batch. Rows join between steps (:meth:`Run.add`) and leave as soon as their answer has ended.
-The canvas never leaves the device inside the loop; the forward part of a step reads its widths in
-one host sync.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
-from ..decoding.commit import CommitRule
-from ..decoding.remasking import validate_remasking
-from ..decoding.schedule import default_steps, plan_blocks
+from ..contract.hooks import ModelProbe
+from ..contract.rows import padded_index
+from ..contract.state import DecodeState, StepRecord
+from ..decoding.config import DecodeConfig
 from ..decoding.step import StepDecoder
+from ..decoding.streams import RowStreams
 from ..errors import UsageError
+from ..metrics.step_timer import StepTimer
 from ..models.prompting import check_prompt_ids, encode_prompts
 from . import forward
-from .rows import padded_index
-from .state import DecodeConfig, DecodeState, ModelProbe, StepRecord
+from .ledger import GenerationResult, Ledger
 
 _NO_RANGE = contextlib.nullcontext()  # reusable: what ``Run._range`` returns when ranges are off
-
-
-@dataclass
-class GenerationResult:
-    """One prompt's output. token_ids: the gen_length generated ids; answer_ids: up to (excluding) the
-    first EOS/EOT; text: answer_ids decoded without special tokens; stats: see ``Run.results``."""
-
-    index: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    answer_ids: list[int]
-    text: str
-    ended: bool
-    stats: dict = field(default_factory=dict)
-
-
-def row_generator(seed: int, row_id: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """The random stream of input row ``row_id`` under ``seed``: a torch.Generator on ``device``.
-
-    Seeded with a 63-bit value that numpy's SeedSequence derives from (seed mod 2**64, row_id), the
-    standard way to spawn independent streams from one seed, so streams of nearby seeds or rows do not
-    overlap and a row's stream does not depend on the batch it is decoded in.
-    """
-    import numpy as np  # already imported by torch
-
-    assert row_id >= 0, f"row_id {row_id} must be ≥ 0"
-    state = np.random.SeedSequence([int(seed) % 2**64, int(row_id)]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator(device=device).manual_seed(int(state) >> 1)
 
 
 class Engine:
@@ -95,7 +66,7 @@ class Engine:
         """Prepare a run over a batch of tokenized prompts; iterate it for StepRecords.
 
         ``policy``: a ``CachePolicy`` (``ecache_cli.cache.make_policy``). ``row_ids``: each prompt's index
-        in the whole input (default 0..B-1); row b's random stream is ``row_generator(seed, row_ids[b])``,
+        in the whole input (default 0..B-1); row b's random stream is ``decoding.streams.row_generator(seed, row_ids[b])``,
         so a prompt decodes the same whatever batch it lands in. ``prompt_width``: the canvas's prompt
         positions (default: the longest prompt); rows joining later (:meth:`Run.add`) must fit it.
         """
@@ -117,18 +88,9 @@ class Run:
                  row_ids: Sequence[int] | None = None, prompt_width: int | None = None):
         if not prompts:
             raise UsageError("no prompts to generate from")
-        threshold_mode = cfg.threshold is not None or cfg.factor is not None
-        validate_remasking(cfg.remasking, parallel=threshold_mode)
-        if cfg.threshold is not None and cfg.factor is not None:
-            raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
-        steps = default_steps(cfg.gen_length, cfg.steps, threshold_mode)
-        self.blocks = plan_blocks(cfg.gen_length, cfg.block_length, steps, threshold_mode)
         spec = engine.spec
-        self.rule = CommitRule.resolve(spec.family, self.blocks, schedule=cfg.schedule, compat=cfg.compat,
-                                       threshold=cfg.threshold, factor=cfg.factor,
-                                       eps=spec.eps if cfg.eps is None else cfg.eps, remasking=cfg.remasking,
-                                       alg_temp=cfg.alg_temp, low_eos_confidence=cfg.low_eos_confidence)
-        self.decoder = StepDecoder(cfg, self.rule, engine.banned, engine.end_ids)
+        self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
+        self.blocks, self.rule = self.decoder.blocks, self.decoder.rule
         self.engine, self.cfg, self.policy, self.seed = engine, cfg, policy, seed
         self.P, self.G = max([len(p) for p in prompts] + [prompt_width or 0]), cfg.gen_length
         if self.P + self.G > spec.max_positions:
@@ -138,18 +100,10 @@ class Run:
             raise UsageError(f"prompt ({self.P} tokens) + --gen-length {self.G} exceeds the model's "
                              f"{spec.max_positions} positions; {fix}")
         self.B = len(prompts)
-        self.prompts: list[list[int]] = []
-        self.row_ids: list[int] = []
-        self._generators: dict[int, torch.Generator] = {}
-        dev = engine.device
-        self.final = torch.empty(0, self.P + self.G, dtype=torch.long, device=dev)  # (N, T) rows' final canvases
-        self.nfe, self.n_full, self.n_partial, self.computed, self.planned = (
-            torch.zeros(0, dtype=torch.long, device=dev) for _ in range(5))
-        self.start_s: list[float] = []
-        self.finish_s: list[float] = []
+        self.streams = RowStreams(seed, engine.device)
+        self.ledger = Ledger(self.P + self.G, engine.device)
         self._joining: list[int] = []
         self._t0: float | None = None  # set when iteration starts
-        self._cuda = dev.type == "cuda"
         ids = list(range(len(prompts))) if row_ids is None else [int(r) for r in row_ids]
         assert len(ids) == len(prompts), f"{len(ids)} row_ids for {len(prompts)} prompts"
         for p, r in zip(prompts, ids):
@@ -159,9 +113,8 @@ class Run:
         self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden)
         self.state.probe = ModelProbe(engine.model, lambda: self.store)
         self.steps_done = 0
-        self.t_forward = self.t_decision = self.t_sampling = 0.0
+        self.timer = StepTimer(cuda=engine.device.type == "cuda")  # the steps' times and the run's totals
         self.wall_s = 0.0
-        self._pending: list = []  # (StepRecord, timing marks) not yet turned into seconds
         self.step_timing = False  # CUDA: True reads each step's times at once (one sync per step)
         self.ranges = False  # True: name each step section for torch.profiler (runs/tracing.py)
         # Optional measurement hook, called as on_forward(run, plan, query_pos, logits_pos, logits) right after
@@ -179,14 +132,7 @@ class Run:
         if len(prompt_ids) > self.P:
             raise UsageError(f"a joining prompt of {len(prompt_ids)} tokens exceeds this run's prompt width {self.P}; "
                              "start a run with a larger prompt_width")
-        r = len(self.prompts)
-        self.prompts.append(list(prompt_ids))
-        self.row_ids.append(r if row_id is None else int(row_id))
-        self.final = torch.cat([self.final, self.final.new_zeros(1, self.final.shape[1])])
-        for name in ("nfe", "n_full", "n_partial", "computed", "planned"):
-            setattr(self, name, torch.cat([getattr(self, name), getattr(self, name).new_zeros(1)]))
-        self.start_s.append(0.0 if self._t0 is None else self._now() - self._t0)
-        self.finish_s.append(0.0)
+        r = self.ledger.add(list(prompt_ids), row_id, 0.0 if self._t0 is None else self._now() - self._t0)
         self._joining.append(r)
         return r
 
@@ -198,7 +144,7 @@ class Run:
         tokens = torch.full((n, P + G), spec.pad_id, dtype=torch.long)
         key_mask = torch.zeros(n, P + G, dtype=torch.bool)
         for b, r in enumerate(rows):
-            p = self.prompts[r]
+            p = self.ledger.prompts[r]
             tokens[b, P - len(p):P] = torch.tensor(p, dtype=torch.long)
             key_mask[b, P - len(p):] = True
         tokens[:, P:] = spec.mask_id
@@ -227,10 +173,8 @@ class Run:
         st, spec = self.state, self.engine.spec
         fin = done.nonzero().squeeze(1)
         tok = st.tokens[fin]
-        self.final[st.rows[fin]] = torch.where(tok == spec.mask_id, torch.full_like(tok, spec.eos_id), tok)
-        now = self._now() - self._t0
-        for r in st.rows[fin].tolist():
-            self.finish_s[r] = now
+        tok = torch.where(tok == spec.mask_id, torch.full_like(tok, spec.eos_id), tok)
+        self.ledger.finish(st.rows[fin], tok, self._now() - self._t0)
         keep = (~done).nonzero().squeeze(1)
         st.select_rows(keep)
         self.store.select_rows(keep)
@@ -255,49 +199,44 @@ class Run:
             if bool(rec.finished.any()):
                 self._retire(rec.finished)
             self._advance()
-        self._resolve_times()
+        self.timer.resolve()
         self.wall_s = self._now() - self._t0
 
     def _step(self) -> StepRecord:
         st, model = self.state, self.engine.model
-        t0 = self._mark()
+        t0 = self.timer.mark()
         with self._range("ecache.decision.plan"):
             plan = self.policy.plan(st)
-        t1 = self._mark()
+        t1 = self.timer.mark()
         tmask = st.block_masked()  # (B, T) each row's block masks
         grp = forward.group(plan, st, tmask, self.policy.name)  # the step's one host sync
         targets, valid = padded_index(tmask, grp.targets)  # (B, R)
         targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])  # never committed
         sources = targets - st.logit_shift  # the hidden states whose logits predict the targets
         fwd = forward.run_forwards(model, st, self.store, plan, grp, sources, self._range)
-        t2 = t2b = self._mark()
+        t2 = t2b = self.timer.mark()
         outputs = {}
         if fwd.attn_pos is not None:  # outputs the policy asked for beyond logits: decision time
             with self._range("ecache.decision.outputs"):
                 outputs = forward.extra_outputs(model, self.store, fwd)
-            t2b = self._mark()
+            t2b = self.timer.mark()
         if self.on_forward is not None:
             self.on_forward(self, plan, fwd.query, sources, fwd.logits)
         with self._range("ecache.sampling_commit"):
-            sampled, commit = self.decoder(fwd.logits, targets, valid, st, self._drawer(valid))
+            draw = self.streams.drawer(st.rows, self.ledger.row_ids, valid)  # each row from its own stream
+            sampled, commit = self.decoder(fwd.logits, targets, valid, st, draw)
             self._apply(targets, commit, sampled.x0)
         rows, refresh = st.rows, plan.refresh
-        self.nfe[rows] += 1
-        self.n_full[rows] += refresh.long()
-        self.n_partial[rows] += (~refresh).long()
-        self.computed[rows] += fwd.computed
-        self.planned[rows] += fwd.planned
-        rec = StepRecord(step=st.step, block=st.block.clone(), step_in_block=st.step_in_block.clone(), rows=rows,
-                         refresh=refresh, computed=fwd.computed, query_width=fwd.width, targets=targets, valid=valid,
-                         committed=commit, x0=sampled.x0, prob=sampled.prob, entropy=sampled.entropy,
-                         planned=fwd.planned, outputs=outputs)
-        t3 = self._mark()
+        self.ledger.count(rows, refresh, fwd.computed, fwd.planned)
+        rec = StepRecord.of_step(sampled, step=st.step, block=st.block.clone(), step_in_block=st.step_in_block.clone(),
+                                 rows=rows, refresh=refresh, computed=fwd.computed, query_width=fwd.width,
+                                 targets=targets, valid=valid, committed=commit, planned=fwd.planned,
+                                 outputs=outputs)
+        t3 = self.timer.mark()
         with self._range("ecache.decision.observe"):
             self.policy.observe(st, rec)
-        t4 = self._mark()
-        self._pending.append((rec, (t0, t1, t2, t2b, t3, t4)))
-        if not self._cuda or self.step_timing or len(self._pending) >= 256:
-            self._resolve_times()
+        t4 = self.timer.mark()
+        self.timer.add(rec, (t0, t1, t2, t2b, t3, t4), now=self.step_timing)
         self.steps_done += 1
         return rec
 
@@ -347,35 +286,6 @@ class Run:
         if bool(past.any()):
             self._retire(past)
 
-    # -- randomness and timing ------------------------------------------------------------------------
-
-    def _drawer(self, valid: torch.Tensor):
-        """``draw(*tail)``: U[0, 1) float64 (B, R, *tail), row by row from each row's own generator.
-
-        Row b draws exactly (its valid targets) × tail values, so what it draws depends on its own
-        progress only, never on the batch's padded width or on the other rows; padding entries get 0.5.
-        The rows' counts are read in one host sync, on the step's first draw.
-        """
-        counts = []
-
-        def draw(*tail: int) -> torch.Tensor:
-            if not counts:
-                counts.extend(torch.stack([self.state.rows, valid.sum(1)], 1).tolist())
-            dev = valid.device
-            out = torch.full((len(counts), valid.shape[1], *tail), 0.5, dtype=torch.float64, device=dev)
-            for b, (r, n) in enumerate(counts):
-                if n:
-                    out[b, :n] = torch.rand((n, *tail), dtype=torch.float64, device=dev, generator=self._generator(r))
-            return out
-
-        return draw
-
-    def _generator(self, r: int) -> torch.Generator:
-        """Run row ``r``'s random stream ``row_generator(seed, row_ids[r])``, made on first use."""
-        if r not in self._generators:
-            self._generators[r] = row_generator(self.seed, self.row_ids[r], self.engine.device)
-        return self._generators[r]
-
     def _range(self, name: str):
         """A torch.profiler range named ``name`` when ``self.ranges`` is on, else a shared no-op context."""
         return torch.profiler.record_function(name) if self.ranges else _NO_RANGE
@@ -385,57 +295,6 @@ class Run:
             torch.cuda.synchronize(self.engine.device)
         return time.perf_counter()
 
-    def _mark(self):
-        """A timing mark: ``time.perf_counter()`` on CPU; on CUDA an event recorded on the current stream."""
-        if self._cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def _resolve_times(self) -> None:
-        """Turn the pending steps' marks into their ``forward_s`` / ``sampling_s`` / ``decision_s`` (seconds)
-        and the run's totals (on CUDA: one sync on the last event)."""
-        if not self._pending:
-            return
-        if self._cuda:
-            self._pending[-1][1][-1].synchronize()
-            dt = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (milliseconds between events)
-        else:
-            dt = lambda a, b: b - a  # noqa: E731
-        for rec, (t0, t1, t2, t2b, t3, t4) in self._pending:
-            outputs = dt(t2, t2b) if t2b is not t2 else 0.0
-            rec.forward_s, rec.sampling_s = dt(t1, t2), dt(t2b, t3)
-            rec.decision_s = dt(t0, t1) + dt(t3, t4) + outputs
-            self.t_forward += rec.forward_s
-            self.t_sampling += rec.sampling_s
-            self.t_decision += rec.decision_s
-        self._pending.clear()
-
-    # -- results --------------------------------------------------------------------------------------
-
     def results(self) -> list[GenerationResult]:
-        """Per-row outputs in run order, with stats: nfe, full_forwards, partial_forwards, tokens_computed
-        (positions the forwards computed for this row, padding included: ``StepRecord.computed``),
-        tokens_planned (the plans' own positions, what the row would compute alone at batch 1),
-        token_layer_share (tokens_computed over nfe × T), generated_tokens (answer tokens plus its end
-        marker), prompt_tokens, wall_s (seconds from the row's joining to its finishing), tokens_per_s."""
-        tok, out = self.engine.tokenizer, []
-        final = self.final[:, self.P:].tolist()
-        end_ids = set(self.engine.end_ids.tolist())
-        nfe, full, part, comp, planned = (t.tolist() for t in (self.nfe, self.n_full, self.n_partial, self.computed,
-                                                               self.planned))
-        T = self.P + self.G
-        for b, ids in enumerate(final):
-            end = next((i for i, t in enumerate(ids) if t in end_ids), None)
-            answer = ids if end is None else ids[:end]
-            gen = len(answer) + (1 if end is not None else 0)
-            wall = (self.finish_s[b] or self.wall_s) - self.start_s[b]
-            stats = dict(nfe=nfe[b], full_forwards=full[b], partial_forwards=part[b], tokens_computed=comp[b],
-                         tokens_planned=planned[b], token_layer_share=comp[b] / max(nfe[b] * T, 1),
-                         generated_tokens=gen, prompt_tokens=len(self.prompts[b]), wall_s=wall,
-                         tokens_per_s=gen / wall if wall > 0 else 0.0)
-            text = tok.decode(answer, skip_special_tokens=True) if tok is not None else ""
-            out.append(GenerationResult(index=b, prompt_ids=self.prompts[b], token_ids=ids, answer_ids=answer,
-                                        text=text, ended=end is not None, stats=stats))
-        return out
+        """Per-row outputs in run order (``engine/ledger.py`` ``Ledger.results`` lists the stats)."""
+        return self.ledger.results(self.engine.tokenizer, set(self.engine.end_ids.tolist()), self.P, self.wall_s)

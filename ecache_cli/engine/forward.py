@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .rows import padded_index
+from ..contract.rows import padded_index
 
 
 @dataclass(frozen=True)
@@ -125,32 +125,43 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
         logits = model(state.tokens, store, query_pos=query, logits_pos=sources, **kw)  # (B, R, V)
     out = StepForward(logits, query, computed, planned, S, [], attn_pos)
     if separate:
-        # The growing rows again, on a copy of their store rows: below their start layer the same S
-        # positions (their K/V rewritten with what they were), from it on every position from the cached
-        # layer inputs: exactly their single grown forward.
-        grows = sl < L  # (B,)
-        idx = torch.argsort((~grows).to(torch.int8), stable=True)[:grp.n_grow]  # (n,) growing rows
-        sub = store.take_rows(idx)
-        sub_kw = {"expand_from_layer": sl[idx]}
-        if attn_pos is not None:
-            sub_kw["attn_pos"] = attn_pos[idx]
-        with section("ecache.forward.partial"):
-            sub_logits = model(state.tokens[idx], sub, query_pos=query[idx], logits_pos=sources[idx], **sub_kw)
-        out.logits = out.logits.index_copy(0, idx, sub_logits)
-        store.put_rows(idx, sub)
-        out.computed = out.computed + grows.long() * _layer_average(S, sl[idx].amin(), T, L)
-        out.split.append((idx, sub))
+        _grown_rows(model, state, store, out, sl, grp.n_grow, sources, section)
     if grp.n_refresh > 0:
-        idx = torch.argsort((~refresh).to(torch.int8), stable=True)[:grp.n_refresh]  # (n,) refreshing rows
-        sub = store.scratch_rows(idx)
-        sub_kw = {} if attn_pos is None else {"attn_pos": attn_pos[idx]}
-        with section("ecache.forward.full"):
-            full_logits = model(state.tokens[idx], sub, query_pos=None, logits_pos=sources[idx], **sub_kw)
-        out.logits = out.logits.index_copy(0, idx, full_logits)
-        store.put_rows(idx, sub)
-        out.computed = out.computed + refresh.long() * T
-        out.split.append((idx, sub))
+        _refreshing_rows(model, state, store, out, refresh, grp.n_refresh, sources, section)
     return out
+
+
+def _grown_rows(model, state, store, out: StepForward, sl: torch.Tensor, n: int, sources, section) -> None:
+    """Run the ``n`` rows whose start layer ``sl`` (B,) is < n_layers again, on a copy of their store rows:
+    below their start layer the same positions (their K/V rewritten with what they were), from it on every
+    position from the cached layer inputs: exactly their single grown forward. Updates ``out``."""
+    T, L = state.length, state.n_layers
+    grows = sl < L  # (B,)
+    idx = torch.argsort((~grows).to(torch.int8), stable=True)[:n]  # (n,) growing rows
+    sub = store.take_rows(idx)
+    kw = {"expand_from_layer": sl[idx]}
+    if out.attn_pos is not None:
+        kw["attn_pos"] = out.attn_pos[idx]
+    with section("ecache.forward.partial"):
+        logits = model(state.tokens[idx], sub, query_pos=out.query[idx], logits_pos=sources[idx], **kw)
+    out.logits = out.logits.index_copy(0, idx, logits)
+    store.put_rows(idx, sub)
+    out.computed = out.computed + grows.long() * _layer_average(out.width, sl[idx].amin(), T, L)
+    out.split.append((idx, sub))
+
+
+def _refreshing_rows(model, state, store, out: StepForward, refresh: torch.Tensor, n: int, sources, section) -> None:
+    """Run the ``n`` refreshing rows (``refresh`` (B,) bool) alone as one full forward on a scratch store,
+    copied into their store rows; their logits replace the partial forward's. Updates ``out``."""
+    idx = torch.argsort((~refresh).to(torch.int8), stable=True)[:n]  # (n,) refreshing rows
+    sub = store.scratch_rows(idx)
+    kw = {} if out.attn_pos is None else {"attn_pos": out.attn_pos[idx]}
+    with section("ecache.forward.full"):
+        logits = model(state.tokens[idx], sub, query_pos=None, logits_pos=sources[idx], **kw)
+    out.logits = out.logits.index_copy(0, idx, logits)
+    store.put_rows(idx, sub)
+    out.computed = out.computed + refresh.long() * state.length
+    out.split.append((idx, sub))
 
 
 def extra_outputs(model, store, fwd: StepForward) -> dict:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..engine.rows import padded_index
+from ..contract.rows import padded_index
 from ..errors import UsageError
 
 

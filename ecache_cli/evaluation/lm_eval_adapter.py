@@ -54,8 +54,8 @@ from lm_eval.api.registry import register_model
 
 from .. import distributed
 from ..config import CACHE_KEYS, DECODE_KEYS, check_value, load_profile, value_kinds
+from ..decoding.config import DecodeConfig
 from ..engine.core import Engine
-from ..engine.state import DecodeConfig
 from ..errors import UsageError
 from ..outputs import check_file
 from ..tasks import TASKS

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.hooks import LayerView, Shrink
-from ..engine.rows import padded_index
-from ..engine.store import KVStore
+from ..contract.hooks import LayerView, Shrink
+from ..contract.rows import padded_index
+from ..kvstore import KVStore
 from .layers import apply_rope, attend, gather_rows, rope_tables, swiglu
 from .spec import ModelSpec
 

@@ -7,7 +7,7 @@ import datetime
 import json
 from pathlib import Path
 
-from ..engine.state import DecodeConfig
+from ..decoding.config import DecodeConfig
 from .tau_search import Point, qualifies
 
 

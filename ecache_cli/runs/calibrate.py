@@ -38,7 +38,16 @@ from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import RunFile
 from .common import Settings
-from .tau_search import Choice, Point, aggregate, choose, coarse_grid, pareto_frontier, refine_next, same_decisions
+from .tau_search import (
+    Choice,
+    Point,
+    aggregate,
+    choose,
+    coarse_grid,
+    pareto_frontier,
+    refine_next,
+    same_decisions,
+)
 
 METRICS = ("task", "fidelity")
 
@@ -390,7 +399,13 @@ class _Progress:
     def __enter__(self):
         if not self.on:
             return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=self.console, transient=True)

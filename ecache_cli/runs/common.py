@@ -16,7 +16,7 @@ from .. import __version__
 from ..cache import make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
 from ..config import dataclass_defaults, find_profile, load_profile, resolve
-from ..engine.state import DecodeConfig
+from ..decoding.config import DecodeConfig
 from ..errors import DataError, UsageError
 
 

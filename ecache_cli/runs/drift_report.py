@@ -14,8 +14,10 @@ import math
 from pathlib import Path
 
 from ..metrics.drift import SETTLE_MIN_COUNT, next_step_pairs
-from .trace_drift import TraceReport  # first: it imports the engine before runs.common does
 from .common import write_jsonl  # noqa: I001
+from .trace_drift import (
+    TraceReport,  # first: it imports the engine before runs.common does
+)
 
 
 class JsonlSink:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..engine.core import Engine
+from ..decoding.config import DecodeConfig
 from ..distributed import DistEnv, aggregate_speed
-from ..engine.state import DecodeConfig
+from ..engine.core import Engine
 from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
@@ -196,8 +196,8 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
                                    tokens_planned=s["tokens_planned"],
                                    canvas=run.P + run.G, token_ids=res.token_ids, answer_ids=res.answer_ids,
                                    text=res.text, score=score))
-        return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=run.t_forward, decision_s=run.t_decision,
-                          sampling_s=run.t_sampling, steps=run.steps_done, rows=rows, peak_memory_bytes=peak,
+        return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=run.timer.forward_s, decision_s=run.timer.decision_s,
+                          sampling_s=run.timer.sampling_s, steps=run.steps_done, rows=rows, peak_memory_bytes=peak,
                           batch_size=len(idx))
 
     for _ in range(opts.warmup):

@@ -25,11 +25,17 @@ from pathlib import Path
 
 import torch
 
+from ..contract.state import SIGNALS, StepRecord
 from ..engine.core import Engine, GenerationResult, Run
-from ..engine.state import SIGNALS, StepRecord
 from ..errors import UsageError
-from ..metrics.drift import (VolatilityBins, correlation, increment_pairs, layer_drift, layer_mean_change,
-                             next_step_pairs)
+from ..metrics.drift import (
+    VolatilityBins,
+    correlation,
+    increment_pairs,
+    layer_drift,
+    layer_mean_change,
+    next_step_pairs,
+)
 from .common import Settings, batched, manifest, read_prompts
 
 X_LABEL = "signal E_t = {kind} of the tokens committed at step t"

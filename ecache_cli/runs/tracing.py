@@ -24,7 +24,12 @@ import json
 import shutil
 from pathlib import Path
 
-from torch.profiler import ProfilerActivity, profile, record_function, tensorboard_trace_handler
+from torch.profiler import (
+    ProfilerActivity,
+    profile,
+    record_function,
+    tensorboard_trace_handler,
+)
 
 RANGE_PREFIX = "ecache."
 

@@ -16,8 +16,14 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from ecache_cli.tasks.base import (TEST_FRACTION_PER_MILLE, Example, SyntheticTask, first_block, stable_hash,
-                                   strip_code_fences)
+from ecache_cli.tasks.base import (
+    TEST_FRACTION_PER_MILLE,
+    Example,
+    SyntheticTask,
+    first_block,
+    stable_hash,
+    strip_code_fences,
+)
 from ecache_cli.tasks.sandbox import run_program
 
 ARG_NAMES = {"list": ("xs", "nums", "items", "values"), "str": ("s", "text", "word"),

@@ -122,11 +122,12 @@ def generate_texts(model, tok: Tok, texts: list[str], batch: int = 24) -> list[s
     for i in range(0, len(texts), batch):
         chunk = texts[i:i + batch]
         try:
+            from ecache_cli.cache import make_policy
             from ecache_cli.engine import DecodeConfig, Engine
 
             eng = Engine(model, tok.hf, model.spec)
             res = eng.generate(chunk, DecodeConfig(gen_length=256, block_length=32, steps=256, temperature=0.0),
-                               policy="none", chat=True, seed=0)
+                               policy=make_policy("none"), chat=True, seed=0)
             out += [r.text for r in res]
         except Exception as e:  # noqa: BLE001 - the engine is optional here; never kill a training run
             log(f"engine unavailable ({type(e).__name__}: {e}); using the built-in greedy decoder")

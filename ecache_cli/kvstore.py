@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import rows as row_fields
-from .rows import ROW
+from .contract import rows as row_fields
+from .contract.rows import ROW
 
 
 @dataclass

@@ -9,7 +9,8 @@ except to group rows whose forwards differ in shape (``grow_from_layer``). The r
   Elastic-Cache) and ``shrink`` (at layer ``shrink.layer`` a policy function sees the layer's input
   states of the computed positions and keeps a subset; the others stop being computed and their
   deeper K/V are read from the store; ES-dLLM);
-- extra outputs: ``attention_rows`` (head-averaged attention rows of chosen positions, per layer).
+- extra outputs: ``attention_rows`` (head-averaged attention rows of chosen positions, per layer);
+- before planning, reads of the model through ``state.probe`` (:class:`ModelProbe`).
 
 This module imports nothing of ecache.
 """
@@ -77,3 +78,20 @@ class ForwardHooks:
             shrink = replace(self.shrink, rows=idx if self.shrink.rows is None else self.shrink.rows[idx])
         return ForwardHooks(grow_from_layer=pick(self.grow_from_layer), attention_rows=pick(self.attention_rows),
                             shrink=shrink)
+
+
+class ModelProbe:
+    """The model, read before a step's plan (the time counts as the policy's decision time).
+
+    ``layer_values(tokens)``: fresh layer-0 value vectors of a canvas, (B, T, H_kv*D);
+    ``cached_values()``: the store's layer-0 values in the same layout. dLLM-Cache compares the two.
+    """
+
+    def __init__(self, model, store_of):
+        self._model, self._store_of = model, store_of
+
+    def layer_values(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._model.probe_values(tokens)
+
+    def cached_values(self) -> torch.Tensor:
+        return self._store_of().v[0].transpose(1, 2).flatten(2)

@@ -1,8 +1,8 @@
-"""Decoding configuration, the per-request decode state, and the per-step record the engine yields."""
+"""The decode state a cache policy reads before each step, and the record of each step the engine yields."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -10,49 +10,6 @@ from . import rows as row_fields
 from .rows import ROW
 
 SIGNALS = ("max-entropy", "sum-entropy", "max-confidence")
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Settings of one denoising run (LLaDA generate.py names where they exist).
-
-    gen_length: generated canvas positions (tokens). block_length: semi-AR block size (tokens).
-    steps: total denoising steps over all blocks (None = gen_length; threshold/factor decoding runs a
-    block until it has no masks, and steps only sets the quota of Dream's threshold rule, None = one
-    step per block). temperature: 0 = greedy, > 0 = Gumbel-max in float64. remasking: low_confidence
-    | random | topk_margin | entropy | maskgit_plus | origin (Dream's: each mask revealed with
-    probability 1 − t[i+1]/t[i]; dream schedule only). threshold / factor: Fast-dLLM
-    parallel decoding. ban_eos: EOS/EOT never committed (LLaDA ``logits_eos_inf``, extended to EOT).
-    low_eos_confidence: EOS/EOT committed only when the quota exceeds other candidates (LLaDA
-    ``confidence_eos_eot_inf``). early_exit: a row whose answer has ended (an EOS/EOT with no mask
-    before it) is filled with EOS and stops costing forwards.
-    schedule: per-step commit counts, "llada" (linear split) | "dream" (Dream's timesteps; also selects
-    the quota rule for threshold decoding); None = the model family's. compat: None | "fastdllm"
-    (Fast-dLLM's Dream block sampler). eps: Dream's last timestep (None = the checkpoint's
-    generation_config.json eps, else 1e-3). alg_temp: Dream's (None or 0 = the top-scoring positions;
-    > 0 = positions drawn from softmax(confidence / alg_temp); dream schedule, fixed steps only). The
-    rules: decoding/commit.py.
-    """
-
-    gen_length: int = 256
-    block_length: int = 32
-    steps: int | None = None
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    remasking: str = "low_confidence"
-    threshold: float | None = None
-    factor: float | None = None
-    ban_eos: bool = False
-    low_eos_confidence: bool = False
-    early_exit: bool = True
-    schedule: str | None = None
-    compat: str | None = None
-    eps: float | None = None
-    alg_temp: float | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -74,7 +31,7 @@ class DecodeState:
     schedule: (B, steps_per_block) long per-step commit counts of each row's current block, or None
     (threshold / factor decoding). step: the run's step counter (steps the batch took together).
     rows: (B,) long the rows' indices in the run (``Run.add`` numbers joining rows on).
-    probe: a :class:`ModelProbe` for policies that read the model before planning (None outside a run).
+    probe: a ``contract.hooks.ModelProbe`` for policies that read the model before planning (None outside a run).
     """
 
     tokens: torch.Tensor
@@ -94,7 +51,7 @@ class DecodeState:
     n_layers: int
     schedule: torch.Tensor | None = None
     step: int = 0
-    probe: "ModelProbe | None" = None
+    probe: "ModelProbe | None" = None  # contract/hooks.py
 
     #: the per-row fields (rows along dimension 0)
     ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",
@@ -162,23 +119,6 @@ class DecodeState:
         row_fields.append(self, self.ROW_FIELDS, taken)
 
 
-class ModelProbe:
-    """The model, read before a step's plan (the time counts as the policy's decision time).
-
-    ``layer_values(tokens)``: fresh layer-0 value vectors of a canvas, (B, T, H_kv*D);
-    ``cached_values()``: the store's layer-0 values in the same layout. dLLM-Cache compares the two.
-    """
-
-    def __init__(self, model, store_of):
-        self._model, self._store_of = model, store_of
-
-    def layer_values(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._model.probe_values(tokens)
-
-    def cached_values(self) -> torch.Tensor:
-        return self._store_of().v[0].transpose(1, 2).flatten(2)
-
-
 @dataclass
 class StepRecord:
     """One denoising step, as the engine yields it (rows = the rows active at this step).
@@ -219,6 +159,11 @@ class StepRecord:
     sampling_s: float = 0.0
     finished: torch.Tensor | None = None
     outputs: dict = field(default_factory=dict)
+
+    @classmethod
+    def of_step(cls, sampled, **fields) -> "StepRecord":
+        """A record whose ``x0`` / ``prob`` / ``entropy`` are the step's sampled outputs (``decoding.sampling.Sampled``)."""
+        return cls(x0=sampled.x0, prob=sampled.prob, entropy=sampled.entropy, **fields)
 
     @property
     def full(self) -> bool:

@@ -1,0 +1,48 @@
+"""The settings of one denoising run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one denoising run (LLaDA generate.py names where they exist).
+
+    gen_length: generated canvas positions (tokens). block_length: semi-AR block size (tokens).
+    steps: total denoising steps over all blocks (None = gen_length; threshold/factor decoding runs a
+    block until it has no masks, and steps only sets the quota of Dream's threshold rule, None = one
+    step per block). temperature: 0 = greedy, > 0 = Gumbel-max in float64. remasking: low_confidence
+    | random | topk_margin | entropy | maskgit_plus | origin (Dream's: each mask revealed with
+    probability 1 − t[i+1]/t[i]; dream schedule only). threshold / factor: Fast-dLLM
+    parallel decoding. ban_eos: EOS/EOT never committed (LLaDA ``logits_eos_inf``, extended to EOT).
+    low_eos_confidence: EOS/EOT committed only when the quota exceeds other candidates (LLaDA
+    ``confidence_eos_eot_inf``). early_exit: a row whose answer has ended (an EOS/EOT with no mask
+    before it) is filled with EOS and stops costing forwards.
+    schedule: per-step commit counts, "llada" (linear split) | "dream" (Dream's timesteps; also selects
+    the quota rule for threshold decoding); None = the model family's. compat: None | "fastdllm"
+    (Fast-dLLM's Dream block sampler). eps: Dream's last timestep (None = the checkpoint's
+    generation_config.json eps, else 1e-3). alg_temp: Dream's (None or 0 = the top-scoring positions;
+    > 0 = positions drawn from softmax(confidence / alg_temp); dream schedule, fixed steps only). The
+    rules: decoding/commit.py.
+    """
+
+    gen_length: int = 256
+    block_length: int = 32
+    steps: int | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    remasking: str = "low_confidence"
+    threshold: float | None = None
+    factor: float | None = None
+    ban_eos: bool = False
+    low_eos_confidence: bool = False
+    early_exit: bool = True
+    schedule: str | None = None
+    compat: str | None = None
+    eps: float | None = None
+    alg_temp: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
