@@ -1,8 +1,8 @@
 """Sandbox start-up cost: wall time of one ``run_program`` per isolation, and the extra over the guard.
 
 Every configuration runs the same small program (a function and three asserts, the shape of an MBPP
-item) ``--runs`` times, interleaved (one run of each configuration in turn), so machine load hits them
-alike. Configurations: ``before`` (the guard with the previous ``Popen.wait(timeout)``, which polls
+item) ``--runs`` times, interleaved (each round runs every configuration once, in a new random order),
+so machine load hits them alike. Configurations: ``before`` (the guard with the previous ``Popen.wait(timeout)``, which polls
 with sleeps growing to 50 ms), ``guard`` (no kernel layer: the in-process guard and limits), each
 kernel layer alone, Landlock + seccomp (a machine without namespaces), and all three (what ``auto``
 and ``strict`` run here). The extra cost of a configuration is the median of its per-round
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -80,8 +81,9 @@ def main() -> None:
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {n: [] for n in CONFIGS}
     isolation: dict[str, str] = {}
+    rng = random.Random(0)
     for _ in range(args.runs):
-        for name in CONFIGS:
+        for name in rng.sample(list(CONFIGS), len(CONFIGS)):  # a new order each round: no position bias
             dt, isolation[name] = run_once(name)
             times[name].append(dt)
     load_after = os.getloadavg()

@@ -1,9 +1,14 @@
-"""The code sandbox: statuses, wall-clock kill, containment of destructive programs, bounded output."""
+"""The code sandbox: statuses, wall-clock kill, containment of destructive programs, bounded output, and
+the modes (strict, auto, guard). The escape attempts are in test_sandbox_escapes.py."""
 
 import time
 from pathlib import Path
 
-from ecache_cli.tasks.sandbox import TAIL_BYTES, run_program
+import pytest
+
+from ecache_cli.errors import UsageError
+from ecache_cli.tasks import sandbox
+from ecache_cli.tasks.sandbox import TAIL_BYTES, SandboxUnavailable, run_program
 
 
 def test_passing_program_and_stdout():
@@ -112,12 +117,6 @@ def test_signalling_other_processes_is_blocked():
 
 
 # --- modes: strict, auto, guard ------------------------------------------------------------------------------
-
-import pytest  # noqa: E402
-
-from ecache_cli.errors import UsageError  # noqa: E402
-from ecache_cli.tasks import sandbox  # noqa: E402
-from ecache_cli.tasks.sandbox import SandboxUnavailable  # noqa: E402
 
 
 def _kernel_isolation() -> str | None:

@@ -2,11 +2,13 @@
 
 Never imported: it is a script, standard library only, started by ``sandbox.run_program`` in a fresh
 temporary folder (the work folder) holding ``program.py``. ``CONFIG`` is a JSON object: ``mode``
-(strict, auto, guard), ``memory_mb``, ``cpu_s``, ``fsize`` and ``disk`` (bytes), ``report_fd`` (the write
-end of a pipe to the parent) and ``workdir``.
+(strict, auto, guard), ``layers`` (kernel layers to try), ``guard`` (install the in-process guard),
+``memory_mb``, ``cpu_s``, ``fsize`` and ``disk`` (bytes), ``report_fd`` (the write end of a pipe to the
+parent) and ``workdir``. Linux interfaces used: unshare(2), mount(2), pivot_root(2), capset(2),
+landlock(7), seccomp(2) with the uapi headers' constants, written out here.
 
-Order of work (each kernel layer is tried when the mode is not ``guard``; what worked and why the others
-did not goes to the parent as one JSON line on ``report_fd``):
+Order of work (each kernel layer in ``layers`` is tried when the mode is not ``guard``; which worked and
+why the others did not goes to the parent as JSON lines on ``report_fd``, closed before the program runs):
 
 1. namespaces (unshare(2), mount_namespaces(7), pivot_root(2)): new mount, network, PID, IPC and UTS
    namespaces (a user namespace too when the plain call is refused, i.e. without root); a new root on a

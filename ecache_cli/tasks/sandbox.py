@@ -254,11 +254,10 @@ def _record(mode: str, isolation: str, report: dict) -> None:
     _state["isolation"][isolation] = _state["isolation"].get(isolation, 0) + 1
     if mode == "auto" and isolation == "guard" and not _state["warned"]:
         _state["warned"] = True
-        from ..console import warn
-
-        warn(f"model-written code runs under the in-process guard only, no kernel isolation (missing "
-             f"{_missing(report, STRICT_NEEDS)}); the guard is no security boundary (--sandbox strict refuses "
-             "to run without kernel isolation; README, Running model-written code)")
+        # plain stderr, as console.warn prints (the tasks package imports nothing but errors)
+        print(f"warning: model-written code runs under the in-process guard only, no kernel isolation (missing "
+              f"{_missing(report, STRICT_NEEDS)}); the guard is no security boundary (--sandbox strict refuses "
+              "to run without kernel isolation; README, Running model-written code)", file=sys.stderr, flush=True)
 
 
 def _kill_group(pid: int) -> None:
