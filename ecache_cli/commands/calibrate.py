@@ -37,6 +37,7 @@ def calibrate_cmd(
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
     taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated, in the signal's unit (replaces the coarse grid; --refine 0 to evaluate only these) \\[default: none: the quantile grid].", rich_help_panel=K)] = None,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code in the sandbox to score it \\[default: off].", rich_help_panel=K)] = False,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="How model-written code is isolated: strict (kernel isolation or refuse to run), auto (the strongest this machine has; warns when only the in-process guard is left), guard (in-process guard only) \\[default: the profile key sandbox, else auto].", rich_help_panel=K)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
@@ -98,6 +99,9 @@ def calibrate_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
+    from ..tasks import sandbox as code_sandbox
+
+    code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # the ranks share the batches
     outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
     if not dist.is_main:  # rank 0 prints and writes every file; the others exit with its status

@@ -21,7 +21,8 @@ def profile_cmd(
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (e.g. ../shared/data/gsm8k/test.jsonl) \\[default: none].", rich_help_panel=T)] = None,
     shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question \\[default: the task's, e.g. 8 for gsm8k].", rich_help_panel=T)] = None,
     limit: Annotated[Optional[int], typer.Option(help="Number of task examples (or at most this many prompts) \\[default: 8 with --task].", rich_help_panel=T)] = None,
-    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it (best-effort sandbox) \\[default: off].", rich_help_panel=T)] = False,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it in the sandbox (see --sandbox) \\[default: off].", rich_help_panel=T)] = False,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="How model-written code is isolated: strict (kernel isolation or refuse to run), auto (the strongest this machine has; warns when only the in-process guard is left), guard (in-process guard only) \\[default: the profile key sandbox, else auto].", rich_help_panel=T)] = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
@@ -122,6 +123,10 @@ def profile_cmd(
         err.print("note: --policies has no 'none': speedup, work share and fidelity vs none are not measured",
                   markup=False, highlight=False)
 
+    from ..tasks import sandbox as code_sandbox
+
+    code_sandbox.configure(sandbox, settings.sandbox,
+                           bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # this rank's share, rank 0 reports
     from ..engine.core import Engine
 

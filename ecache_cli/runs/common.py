@@ -33,6 +33,7 @@ class Settings:
     cache_params: dict
     profile: str | None = None
     all_cache_params: dict = field(default_factory=dict)
+    sandbox: str | None = None  # the profile's ``sandbox`` mode, if it has one (``--sandbox`` overrides)
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -82,7 +83,8 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     decode_cfg = DecodeConfig(**decode)
     warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
     return Settings(decode=decode_cfg, cache=name, cache_params=params,
-                    profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None})
+                    profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None},
+                    sandbox=(prof or {}).get("sandbox"))
 
 
 def _model_key(name) -> str:
@@ -340,8 +342,11 @@ def write_jsonl(fh: IO, record: dict) -> None:
 
 
 def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None = None) -> dict:
-    """Reproducibility manifest: versions, git commit, device, dtype, threads, seed, settings, model."""
+    """Reproducibility manifest: versions, git commit, device, dtype, threads, seed, settings, model, and
+    how model-written code was isolated (``sandbox``: mode and programs per isolation; None if none ran)."""
     import transformers
+
+    from ..tasks.sandbox import manifest_entry as sandbox_manifest
 
     dev = lm.device
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
@@ -351,7 +356,7 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
         "device": str(dev), "device_name": device_name, "dtype": str(lm.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "seed": seed, "model": lm.name, "model_path": str(lm.path),
         "model_family": lm.spec.family, "config_sha256": lm.config_hash,
-        "settings": settings.as_dict() if settings else None, **(extra or {}),
+        "settings": settings.as_dict() if settings else None, "sandbox": sandbox_manifest(), **(extra or {}),
     }
 
 
