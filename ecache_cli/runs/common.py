@@ -33,7 +33,8 @@ class Settings:
     cache_params: dict
     profile: str | None = None
     all_cache_params: dict = field(default_factory=dict)
-    tau_source: str = "default"  # where τ came from: "flag" (--tau), "profile" (the file ``profile``), "default"
+    tau_source: str = "default"  # where τ came from: "flag" (--tau), "profile" (the file ``profile``), "default",
+    # or "search" (ecache calibrate: τ is what it searches)
     profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
 
     def policy(self, name: str | None = None, **override):
@@ -57,7 +58,8 @@ class Settings:
         """JSON-ready: decode settings, cache policy and parameters, the profile file read (None when
         none), τ and where it came from (``tau_source``: flag, profile or default)."""
         return {"decode": self.decode.as_dict(), "cache": self.cache, "cache_params": self.cache_params,
-                "profile": self.profile, "tau": self.tau, "tau_source": self.tau_source}
+                "profile": self.profile, "tau": None if self.tau_source == "search" else self.tau,
+                "tau_source": self.tau_source}
 
     def tau_origin(self) -> str:
         """Where τ came from, for people: ``--tau``, ``profile PATH (shipped with ecache; calibrated on N

@@ -100,14 +100,18 @@ class OutputFile:
                 raise UsageError(f"--output {self.path}: record index {i} is beyond the input's {len(items)} records; "
                                  "the file belongs to another input: choose another --output")
             it = items[i]
+            if ("error" in r) != (it.error is not None):  # a line fixed since (or broken): decoded again
+                if r.get("line") != it.line:
+                    raise UsageError(f"--output {self.path}: the record of index {i} is from line {r.get('line')}, the "
+                                     f"input's is line {it.line}; the file belongs to another input: choose another --output")
+                continue
             want = {"line": it.line, **fields(it)}
             d = _differs({k: r.get(k) for k in want}, want)
             if d:
                 raise UsageError(f"--output {self.path}: the record of index {i} (line {r.get('line')}) does not match "
                                  f"input line {it.line} ({d} differs); the file belongs to another input: choose "
                                  "another --output")
-            if ("error" in r) == (it.error is not None):  # a line fixed since (or broken) is decoded again
-                usable[i] = r
+            usable[i] = r
         k = 0
         for end, r in self.records:
             if r["index"] != k or usable.get(k) is not r:

@@ -97,7 +97,7 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dis
         stdin = sys.stdin if not opts.prompts and not sys.stdin.isatty() else None
         src = read_prompts(opts.prompts, None, stdin, lines=True)
         items = (Item(index=i, line=line, rec=rec, prompt=p) for i, (p, rec, line) in enumerate(src))
-        if opts.output is not None:  # a file to resume needs the whole input first
+        if opts.output is not None or opts.prompts:  # a file to resume needs the whole input first
             items = list(items)
         bad = []
 
