@@ -117,6 +117,25 @@ def test_resume_decodes_only_what_the_file_lacks_and_ends_with_the_full_file(cli
     assert part.read_bytes() == before
 
 
+def test_ctrl_c_with_output_names_resume_and_the_file_keeps_finished_records(cli, llada_dir, tmp_path, monkeypatch):
+    from ecache_cli.runs import generate as gen
+
+    real, calls = gen._decode, {"n": 0}
+
+    def decode(*a, **k):  # the third batch is interrupted
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(gen, "_decode", decode)
+    out = tmp_path / "out.jsonl"
+    res = cli("generate", *PROMPTS, "--model", llada_dir, *SMALL, "-q", "--output", out)
+    assert res.exit_code == 130
+    assert f"error: interrupted; --output {out} keeps every record written so far" in res.stderr and "--resume" in res.stderr
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1]
+
+
 def test_resume_refuses_another_input_or_other_settings(cli, llada_dir, tmp_path):
     f = tmp_path / "in.jsonl"
     write_jsonl(f, [{"prompt": p} for p in PROMPTS[:3]])

@@ -102,4 +102,13 @@ def generate(
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
                            batch_size=batch_size, seed=seed, stream=stream, quiet=quiet, output=output,
                            resume=resume, skip_invalid=skip_invalid, print0=print0)
-    run(lm, settings, opts, sys.stdout, err, dist=dist)
+    try:
+        run(lm, settings, opts, sys.stdout, err, dist=dist)
+    except KeyboardInterrupt:
+        if output is None:
+            raise
+        from ..console import error
+
+        error(f"interrupted; --output {output} keeps every record written so far; rerun the same command with "
+              "--resume to decode only the rest")
+        raise typer.Exit(code=130) from None
