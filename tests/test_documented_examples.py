@@ -194,6 +194,21 @@ def test_every_readme_command_is_checked():
     assert not [c for c in CHECKS if c not in cmds], "a check of a command no longer in the README"
 
 
+def test_readme_python_examples_print_what_the_readme_says(tmp_path):
+    """Each ``python`` block of the README runs as a script in a fresh folder and prints exactly the
+    ``text`` block that follows it."""
+    text = README.read_text()
+    pairs = re.findall(r"```python\n(.*?)```\s*\n[^`]*?```text\n(.*?)```", text, flags=re.S)
+    assert pairs, "the README has no python example followed by its output"
+    for code, shown in pairs:
+        script = tmp_path / "example.py"
+        script.write_text(code)
+        res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert res.stdout == shown, (res.stdout, shown)
+
+
 #: Commands that read what an earlier one wrote run after it, in one chain; chains run side by side.
 CHAINS = ("calibrate --task list", "generate --task list", "questions.jsonl")
 
