@@ -96,3 +96,17 @@ def check_ranges(values: dict) -> None:
             rng.check(value)
         except ValueError as e:
             raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
+
+
+Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wider than 80 columns).", rich_help_panel=O)]
+
+
+def table_console(console, wide: bool):
+    """The console a table is printed on: ``console`` itself (the terminal's width, ``$COLUMNS``, or 80
+    for a pipe), or with ``wide`` one wide enough for every column (240), so no cell is ever cut."""
+    if not wide:
+        return console
+    from rich.console import Console
+
+    return Console(file=console.file, width=max(console.width, 240), soft_wrap=True,
+                   force_terminal=console.is_terminal, no_color=console.no_color)

@@ -52,6 +52,7 @@ def calibrate_cmd(
     run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: beside the profile].", rich_help_panel=o.O)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required).", rich_help_panel=o.O)] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report, write no file.", rich_help_panel=o.O)] = False,
+    wide: o.Wide = False,
     quiet: o.Quiet = False,
 ):
     """Find the fastest EntropyCache τ whose score drop vs [bold]none[/] is ≤ --max-drop; write it to a profile.
@@ -93,14 +94,9 @@ def calibrate_cmd(
         return
     max_frac = max_drop / 100
     min_frac = None if min_fidelity is None else min_fidelity / 100
-    if not out_console.is_terminal:  # a pipe or file gets the whole table, not rich's 80 columns
-        import sys
-
-        from rich.console import Console
-
-        out_console = Console(file=sys.stdout, width=160, soft_wrap=True)
-    out_console.print(sweep_table(outcome, metric, max_frac, min_frac))
-    out_console.print(frontier_table(outcome, metric))
+    tables = o.table_console(out_console, wide)
+    tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide))
+    tables.print(frontier_table(outcome, metric))
     for line in wall_warnings(outcome):
         err.print(line, markup=False, highlight=False)
     if not dry_run:

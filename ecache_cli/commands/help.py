@@ -20,6 +20,6 @@ def help_cmd(
     sub = group.get_command(ctx.parent, topic) if group is not None and topic is not None else None
     if sub is not None and topic not in TOPICS:
         sub_ctx = typer.Context(sub, info_name=topic, parent=ctx.parent)
-        typer.echo(sub.get_help(sub_ctx), nl=False)
+        typer.echo(sub.get_help(sub_ctx))
         return
     print_topic(Console(highlight=False), topic_text(topic))

@@ -37,6 +37,7 @@ def profile_cmd(
     seed: o.Seed = 0,
     trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces of one request per policy here.", rich_help_panel=o.O)] = None,
     trace_steps: Annotated[int, typer.Option("--trace-steps", help="Denoising steps per trace (~0.4 MB a step).", rich_help_panel=o.O)] = 32,
+    wide: o.Wide = False,
     json_out: Annotated[Optional[str], typer.Option("--json", help="Every number and a manifest as JSON to FILE (- = stdout).", rich_help_panel=o.O)] = None,
     quiet: o.Quiet = False,
 ):
@@ -44,8 +45,6 @@ def profile_cmd(
 
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
-    from rich.console import Console
-
     from ..runs.profile import (ProfileOptions, json_line, measure, parse_policy_spec, prompt_requests, render_table,
                                 task_requests, timing_warnings)
     from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
@@ -116,12 +115,10 @@ def profile_cmd(
     report.extra["world_size"] = dist.world_size
 
     to_stdout = json_out == "-"
-    table_console = err if to_stdout else out
-    if not table_console.is_terminal:  # a file or pipe: wide enough that no column wraps
-        table_console = Console(file=table_console.file, width=240, soft_wrap=True)
+    table_console = o.table_console(err if to_stdout else out, wide)
     title = (f"ecache profile · {lm.name} · {len(requests)} prompts · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
-    table_console.print(render_table(report, title))
+    table_console.print(render_table(report, title, wide=wide))
     for line in timing_warnings(report):
         err.print(line, markup=False, highlight=False)
     if report.trace:

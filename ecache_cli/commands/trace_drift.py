@@ -36,6 +36,7 @@ def trace_drift_cmd(
     json_out: Annotated[Optional[str], typer.Option("--json", help="The summary as one JSON document to FILE (- = stdout).", rich_help_panel=o.O)] = None,
     rows: Annotated[int, typer.Option("--rows", help="About this many table rows per prompt (0 = every step).", rich_help_panel=o.O)] = 24,
     volatility_level: Annotated[float, typer.Option("--volatility-level", help="Settle level of a committed token's K change (1 − cos).", rich_help_panel=o.O)] = 1e-3,
+    wide: o.Wide = False,
     quiet: o.Quiet = False,
 ):
     """Per step: the entropy signal beside the KV drift of the cache against a shadow full forward.
@@ -100,7 +101,7 @@ def trace_drift_cmd(
         with err.status("trace-drift: starting") as status:
             report = trace(lm, settings, opts, sinks,
                            progress=lambda r, s: status.update(f"trace-drift: prompts {r} · step {s}"))
-    rep.render_steps(err, report, rows)
+    rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
     rep.render_summary(err, report)
     if plot is not None:
         tau_line = settings.cache_params.get("tau") if settings.cache == "entropy" else None
