@@ -205,8 +205,8 @@ Tables are sized for an 80-column terminal: [bold]profile[/] and [bold]calibrate
 less -S); --json keeps every number. Results go to stdout, progress, warnings and errors to stderr;
 a closed stdout (ecache profile ... | head -1) ends quietly with exit 0.
 
-Output files (--json, --jsonl, --plot, --out, --run-file) are checked before the model loads and
-locked while a command writes them: a second ecache process given the same file fails at once
+Output files (--json, --jsonl, --plot, calibrate's --run-file, which also guards its profile) are
+checked before the model loads and locked while a command writes them: a second ecache process given the same file fails at once
 (exit 1), naming the other process, instead of interleaving its lines.
 
 Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage

@@ -235,7 +235,7 @@ HOLD = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_WRONLY | os
 @pytest.mark.parametrize("args, flag", [
     (["profile", "x", "--policies", "none", "--json"], "--json"),
     (["trace-drift", "x", "--jsonl"], "--jsonl"),
-    (["calibrate", "--task", "list", "--out"], "--out"),
+    (["calibrate", "--task", "list", "--run-file"], "--run-file"),
 ])
 def test_a_second_writer_of_one_output_fails_at_once(cli, tmp_path, args, flag):
     out = tmp_path / "out.file"

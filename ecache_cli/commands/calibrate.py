@@ -81,7 +81,9 @@ def calibrate_cmd(
         from ..outputs import check_file
 
         for path, flag in ((out, "--out"), (json_path, "--json"), (plot, "--plot"), (run_file, "--run-file")):
-            check_file(path, flag)
+            # the profile itself is not locked: an empty lock file there would be read as an empty profile
+            # by another command meanwhile; its run file (beside it by default) is the lock of a calibration
+            check_file(path, flag, lock=flag != "--out")
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),

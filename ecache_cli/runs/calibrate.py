@@ -283,7 +283,8 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
         from ..outputs import check_file
 
         # writable, before decoding; the default folder profiles/<model>/ is created silently
-        check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None)
+        check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None,
+                   lock=False)  # the run file beside it is the calibration's lock (claimed below)
     examples = task.examples("test", opts.limit, opts.seed)  # DataError for a missing file, before decoding
     if not examples:
         raise UsageError(f"task {opts.task} has no test examples to calibrate on")
