@@ -131,7 +131,7 @@ def main(argv=None) -> int:
                      f"{args.block_length}" + (f" threshold {threshold}" if threshold else "")
                      + f" · {time.perf_counter() - t1:.0f} s")
             for c in (con, echo):
-                c.print(render_table(rep, title))
+                c.print(render_table(rep, title, wide=True))
             docs[mode if bs == 1 else f"{mode}/batch{bs}"] = rep.to_dict(None)
             batch.setdefault(mode, {})[str(bs)] = {p: outside_forwards(s) for p, s in rep.summaries.items()}
     for c in (con, echo):

@@ -313,7 +313,7 @@ def main(argv=None) -> int:
                 rep = measure(engine, settings, reqs, opts, chat=chat,
                               on_run=lambda kind, p, name=name: log.print(f"{name}: {kind} {p}", highlight=False))
                 log.print(f"{name} took {time.perf_counter() - t0:.0f} s")
-                con.print(render_table(rep, f"{wl} · {mode} · batch {bs} · {len(reqs)} prompts "
+                con.print(render_table(rep, wide=True, title=f"{wl} · {mode} · batch {bs} · {len(reqs)} prompts "
                                             f"({min(lengths[wl])}-{max(lengths[wl])} tokens) · gen {args.gen_length} "
                                             f"block {args.block_length}"
                                             + (f" threshold {args.threshold}" if mode == "threshold" else "")))

@@ -1,4 +1,4 @@
-"""The ``ecache`` command line: four subcommands over one engine core.
+"""The ``ecache`` command line: four subcommands over one engine core, and ``ecache help TOPIC``.
 
 This module is thin and is the one place that registers the subcommands: each lives in
 ``ecache_cli/commands/<name>.py`` as a plain function (which never imports this module), parses
@@ -57,37 +57,22 @@ def _bare_flags(params: list) -> list:
     return params
 
 
-#: The narrowest ``--help`` is rendered: below it rich's option tables cut the longest option names
-#: (``--low-eos-confiden…``); 96 columns are the least that shows every name whole, so a narrower
-#: terminal wraps the help lines instead of losing a flag's name.
-HELP_MIN_WIDTH = 100
+def _help(ctx, formatter, command) -> None:
+    """Write ``command``'s help (``ecache_cli/help.py``: the terminal's width, no option name cut)."""
+    from .help import render
 
-
-def _wide_help(format_help, ctx, formatter):
-    """Render typer's rich help at least :data:`HELP_MIN_WIDTH` wide (the terminal's width when wider;
-    ``$TERMINAL_WIDTH``, typer's own setting, wins when given)."""
-    import shutil
-
-    from typer import rich_utils
-
-    old = rich_utils.MAX_WIDTH
-    if old is None:
-        rich_utils.MAX_WIDTH = max(HELP_MIN_WIDTH, shutil.get_terminal_size((80, 24)).columns)
-    try:
-        return format_help(ctx, formatter)
-    finally:
-        rich_utils.MAX_WIDTH = old
+    formatter.write(render(command, ctx))
 
 
 class EcacheCommand(TyperCommand):
-    """A subcommand whose flags show no value placeholder in ``--help``, and whose help never cuts an
-    option name."""
+    """A subcommand whose flags show no value placeholder in ``--help``, and whose help is rendered at
+    the terminal's width without cutting an option name (``help.render``)."""
 
     def get_params(self, ctx):
         return _bare_flags(super().get_params(ctx))
 
     def format_help(self, ctx, formatter):
-        return _wide_help(super().format_help, ctx, formatter)
+        _help(ctx, formatter, self)
 
 
 class EcacheGroup(TyperGroup):
@@ -97,6 +82,9 @@ class EcacheGroup(TyperGroup):
     def _one_line(self, ctx, call, *args):
         try:
             return call(*args)
+        except BrokenPipeError:  # `ecache generate -h | head -1`: the reader has what it wanted
+            _quiet_stdout()
+            raise typer.Exit(code=0) from None
         except _ClickUsageError as e:
             if type(e).__name__ == "NoArgsIsHelpError":  # `ecache` alone prints the help
                 raise
@@ -118,13 +106,14 @@ class EcacheGroup(TyperGroup):
         return _bare_flags(super().get_params(ctx))
 
     def format_help(self, ctx, formatter):
-        return _wide_help(super().format_help, ctx, formatter)
+        _help(ctx, formatter, self)
 
 
 app = typer.Typer(
     name="ecache", cls=EcacheGroup, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Fast approximate KV caching for diffusion language models (LLaDA, Dream): "
-         "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/].",
+         "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/]; [bold]help[/] TOPIC for details.",
 )
 
 
@@ -156,6 +145,9 @@ def handle_errors(fn, interrupted: str = KEPT):
         from .errors import EcacheError
 
         try:
+            from .options import check_ranges
+
+            check_ranges(kwargs)  # every numeric option in its range before the command starts
             return fn(*args, **kwargs)
         except EcacheError as e:
             error(str(e))
@@ -172,6 +164,10 @@ def handle_errors(fn, interrupted: str = KEPT):
             error(f"cannot write the output ({e.strerror}); free space on the device or write elsewhere")
             _quiet_stdout()
             raise typer.Exit(code=1) from None
+        finally:
+            from .outputs import release_all
+
+            release_all()  # the output locks end with the command (in-process callers run several)
 
     return wrapper
 
@@ -189,10 +185,11 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 def _register() -> None:
     """Every subcommand, registered here and only here (the command modules never import ``app``)."""
-    from .commands import calibrate, generate, profile, trace_drift
+    from .commands import calibrate, generate, help, profile, trace_drift
 
     for name, fn in (("generate", generate.generate), ("profile", profile.profile_cmd),
-                     ("calibrate", calibrate.calibrate_cmd), ("trace-drift", trace_drift.trace_drift_cmd)):
+                     ("calibrate", calibrate.calibrate_cmd), ("trace-drift", trace_drift.trace_drift_cmd),
+                     ("help", help.help_cmd)):
         app.command(name, cls=EcacheCommand)(handle_errors(fn, INTERRUPTED.get(name, KEPT)))
 
 

@@ -9,40 +9,40 @@ import typer
 
 M, D, C, O = "Model", "Decoding", "Cache", "Output"
 
-Model = Annotated[str, typer.Option("--model", "-m", help="Alias (tiny, llada-8b, llada-8b-base, llada-1.5, dream-7b, dream-7b-base), HF repo id in the local cache, or a checkpoint directory.", rich_help_panel=M)]
+Model = Annotated[str, typer.Option("--model", "-m", help="Alias (tiny, llada-8b, dream-7b, ...), HF repo id or folder.", rich_help_panel=M)]
 Device = Annotated[str, typer.Option(help="auto (CUDA when available), cpu, cuda, cuda:N.", rich_help_panel=M)]
-Dtype = Annotated[str, typer.Option(help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16.", rich_help_panel=M)]
-Threads = Annotated[Optional[int], typer.Option("--threads", envvar="ECACHE_THREADS", help="CPU threads for torch (≥ 1) \\[default: 1 for the embedded model, whose decoding one thread runs fastest (bench/threads.py); torch's default for others].", rich_help_panel=M)]
+Dtype = Annotated[str, typer.Option(help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16", rich_help_panel=M)]
+Threads = Annotated[Optional[int], typer.Option("--threads", envvar="ECACHE_THREADS", help="CPU threads, at most the cores \\[default: 1 for tiny]", rich_help_panel=M)]
 
 GenLength = Annotated[Optional[int], typer.Option("--gen-length", help="Generated canvas positions \\[default: 256].", rich_help_panel=D)]
 BlockLength = Annotated[Optional[int], typer.Option("--block-length", help="Semi-autoregressive block size \\[default: 32].", rich_help_panel=D)]
-Steps = Annotated[Optional[int], typer.Option("--steps", help="Total denoising steps; each block gets steps / blocks \\[default: gen-length, one token a step]. Under --threshold or --factor a block runs until it has no masks: with the llada schedule --steps is then only checked (a multiple of the blocks, as Fast-dLLM does) and does not set the step count; with the dream schedule it sets the per-step quota (block masks / steps, Fast-dLLM's Dream rule).", rich_help_panel=D)]
-Temperature = Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 = Gumbel-max sampling in float64 \\[default: 0].", rich_help_panel=D)]
-TopK = Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens when sampling (temperature > 0) \\[default: off].", rich_help_panel=D)]
-TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass (Dream's rule; temperature > 0) \\[default: off].", rich_help_panel=D)]
-Remasking = Annotated[Optional[str], typer.Option(help="low_confidence, random, topk_margin, entropy, maskgit_plus or origin (Dream's algs: maskgit_plus, topk_margin, entropy; origin reveals each mask at random, dream schedule only) \\[default: low_confidence].", rich_help_panel=D)]
-Threshold = Annotated[Optional[float], typer.Option(help="Fast-dLLM parallel decoding: commit every block token with confidence ≥ this (e.g. 0.9); a block then runs until it has no masks (Dream with --steps: at most block-length/steps-per-block per step plus deferred ones, Fast-dLLM's Dream rule) \\[default: off].", rich_help_panel=D)]
-Factor = Annotated[Optional[float], typer.Option(help="Fast-dLLM factor-based parallel decoding (e.g. 1.0); a block then runs until it has no masks \\[default: off].", rich_help_panel=D)]
-BanEos = Annotated[Optional[bool], typer.Option("--ban-eos/--allow-eos", help="Never commit EOS/EOT (LLaDA logits_eos_inf) \\[default: allow].", rich_help_panel=D)]
-LowEos = Annotated[Optional[bool], typer.Option("--low-eos-confidence/--no-low-eos-confidence", help="Give EOS/EOT confidence 0 (LLaDA confidence_eos_eot_inf) \\[default: off].", rich_help_panel=D)]
-EarlyExit = Annotated[Optional[bool], typer.Option("--early-exit/--no-early-exit", help="Stop a row once its answer has ended \\[default: on].", rich_help_panel=D)]
-Schedule = Annotated[Optional[str], typer.Option("--schedule", help="Tokens committed per step: llada (even split; Fast-dLLM's uncapped threshold rule) or dream (Dream's timesteps; Fast-dLLM's Dream threshold quota) \\[default: the model family's].", rich_help_panel=D)]
-AlgTemp = Annotated[Optional[float], typer.Option("--alg-temp", help="Dream's alg_temp: > 0 draws each step's positions from softmax(confidence / alg-temp) instead of taking the top-scoring ones (dream schedule, fixed steps only) \\[default: 0].", rich_help_panel=D)]
-Compat = Annotated[Optional[str], typer.Option("--compat", help="fastdllm: Fast-dLLM's Dream block sampler (commits each block's first token unchecked at its first step; Dream only, not a default) \\[default: off].", rich_help_panel=D)]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="Denoising steps in all (ecache help decoding) \\[default: gen-length].", rich_help_panel=D)]
+Temperature = Annotated[Optional[float], typer.Option(help="0 = greedy; > 0 = Gumbel-max sampling \\[default: 0].", rich_help_panel=D)]
+TopK = Annotated[Optional[int], typer.Option("--top-k", help="Sample from the k likeliest tokens \\[default: off].", rich_help_panel=D)]
+TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1] \\[default: off].", rich_help_panel=D)]
+Remasking = Annotated[Optional[str], typer.Option(help="Which masks a step commits \\[default: low_confidence].", rich_help_panel=D)]
+Threshold = Annotated[Optional[float], typer.Option(help="Fast-dLLM: commit tokens with confidence ≥ this \\[default: off].", rich_help_panel=D)]
+Factor = Annotated[Optional[float], typer.Option(help="Fast-dLLM factor-based parallel decoding \\[default: off].", rich_help_panel=D)]
+BanEos = Annotated[Optional[bool], typer.Option("--ban-eos/--allow-eos", help="Never commit EOS/EOT \\[default: allow].", rich_help_panel=D)]
+LowEos = Annotated[Optional[bool], typer.Option("--low-eos-confidence/--no-low-eos-confidence", help="Give EOS/EOT confidence 0 \\[default: off].", rich_help_panel=D)]
+EarlyExit = Annotated[Optional[bool], typer.Option("--early-exit/--no-early-exit", help="Stop a row once its answer ended \\[default: on].", rich_help_panel=D)]
+Schedule = Annotated[Optional[str], typer.Option("--schedule", help="Commits per step: llada or dream \\[default: the model's].", rich_help_panel=D)]
+AlgTemp = Annotated[Optional[float], typer.Option("--alg-temp", help="Dream's alg_temp (dream schedule) \\[default: 0].", rich_help_panel=D)]
+Compat = Annotated[Optional[str], typer.Option("--compat", help="fastdllm: Fast-dLLM's Dream block sampler \\[default: off].", rich_help_panel=D)]
 
-Cache = Annotated[Optional[str], typer.Option("--cache", help="Cache policy: none, prefix, dual, entropy, dllm-cache, dkv, d2cache, elastic \\[default: entropy].", rich_help_panel=C)]
-Tau = Annotated[Optional[float], typer.Option(help="EntropyCache threshold τ in nats: refresh when the signal exceeds it \\[default: profile, else 1.0].", rich_help_panel=C)]
-RecentK = Annotated[Optional[int], typer.Option("--recent-k", help="EntropyCache: recompute the k most recently committed tokens \\[default: 64].", rich_help_panel=C)]
-Signal = Annotated[Optional[str], typer.Option(help="EntropyCache signal: max-entropy, sum-entropy, max-confidence \\[default: max-entropy].", rich_help_panel=C)]
-BlockRefresh = Annotated[Optional[bool], typer.Option("--block-refresh/--no-block-refresh", help="EntropyCache: also refresh at every block start \\[default: off].", rich_help_panel=C)]
-RefreshEvery = Annotated[Optional[int], typer.Option("--refresh-every", help="A full refresh every N steps. prefix, dual: inside each block, besides its start (0 = block starts only, 1 = every step) \\[default: 0]; dkv: every N steps of a block (≥ 1) \\[default: 8]; d2cache, elastic: every N steps of the run (0 = never, the papers' rule) \\[default: 0]. Steps are those actually run, so under --threshold a block may end before its next refresh. Not used by none, entropy, dllm-cache.", rich_help_panel=C)]
-Profile = Annotated[Optional[str], typer.Option("--profile", help="Settings from a profile: a YAML file, or NAME looked up in ./profiles, the user's config folder, the package (flags override) \\[default: none; the model's default.yaml if present].", rich_help_panel=C)]
+Cache = Annotated[Optional[str], typer.Option("--cache", help="none, prefix, dual, entropy, dllm-cache, dkv, d2cache, elastic \\[default: entropy].", rich_help_panel=C)]
+Tau = Annotated[Optional[float], typer.Option(help="entropy: refresh when the signal exceeds τ \\[default: profile, else 1].", rich_help_panel=C)]
+RecentK = Annotated[Optional[int], typer.Option("--recent-k", help="entropy: recompute the k latest commits \\[default: 64].", rich_help_panel=C)]
+Signal = Annotated[Optional[str], typer.Option(help="entropy: sum-entropy, max-confidence \\[default: max-entropy].", rich_help_panel=C)]
+BlockRefresh = Annotated[Optional[bool], typer.Option("--block-refresh/--no-block-refresh", help="entropy: also refresh at block starts \\[default: off].", rich_help_panel=C)]
+RefreshEvery = Annotated[Optional[int], typer.Option("--refresh-every", help="A full refresh every N steps (ecache help cache) \\[default: 0; dkv 8].", rich_help_panel=C)]
+Profile = Annotated[Optional[str], typer.Option("--profile", help="Settings from a YAML file or NAME (ecache help profiles).", rich_help_panel=C)]
 
-Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: when the checkpoint has one].", rich_help_panel=D)]
+Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: if the model has one].", rich_help_panel=D)]
 BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=D)]
-Seed = Annotated[int, typer.Option(help="Random seed (sampling and remasking).", rich_help_panel=D)]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr \\[default: off].", rich_help_panel=O)]
-InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL file with a 'prompt' (or 'messages', or 'prompt_ids': token ids used as they are) field per line; - reads the records from stdin \\[default: none: prompt arguments or stdin].", rich_help_panel=O)]
+Seed = Annotated[int, typer.Option(help="Random seed (sampling, remasking, task samples).", rich_help_panel=D)]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=O)]
+InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL records, - = stdin (ecache help input).", rich_help_panel=O)]
 
 
 def decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
@@ -58,3 +58,55 @@ def cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every) -> d
     """Collect the cache flags into a dict (None = not given)."""
     return dict(policy=cache, tau=tau, recent_k=recent_k, signal=signal, block_refresh=block_refresh,
                 refresh_every=refresh_every)
+
+
+def _option_ranges() -> dict:
+    """The range of every numeric option, by parameter name: the decode and cache settings' own
+    (``config.RANGES``, so a flag and a profile key are checked alike) and the command options'."""
+    from .config import INT_MAX, RANGES, Range
+
+    def count(lo, example="", why=""):
+        return Range(lo, INT_MAX, example=example, why=why, integer=True)
+
+    own = {
+        "threads": Range(1, integer=True, example="2", why="$ECACHE_THREADS sets it too"),
+        "batch_size": count(1, "8"), "limit": count(1, "8"), "shots": count(0, "4"),
+        "seed": Range(0, 2**64 - 1, integer=True, example="0", why="a 64-bit seed"),
+        "warmup": count(0, "1"), "repeats": count(1, "3"), "trace_steps": count(1, "32"),
+        "rows": count(0, "24", "0 = every step"), "grid": count(1, "8"), "refine": count(0, "3"),
+        "volatility_level": Range(0, lo_open=True, example="1e-3"),
+        "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
+        "min_fidelity": Range(0, 100, example="95", why="percent"),
+    }
+    return {**{k: v for k, v in RANGES.items() if isinstance(k, str)}, **own}
+
+
+def check_ranges(values: dict) -> None:
+    """Check every given numeric option of a command (``values``: parameter name → parsed value, None =
+    not given) against its declared range; raise UsageError ``--recent-k 99999999999999999999 must be ≤
+    2147483647 (e.g. 64)``, naming the flag, the value and what it must be."""
+    from .errors import UsageError
+
+    ranges = _option_ranges()
+    for name, value in values.items():
+        rng = ranges.get(name)
+        if rng is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        try:
+            rng.check(value)
+        except ValueError as e:
+            raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
+
+
+Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wider than 80 columns).", rich_help_panel=O)]
+
+
+def table_console(console, wide: bool):
+    """The console a table is printed on: ``console`` itself (the terminal's width, ``$COLUMNS``, or 80
+    for a pipe), or with ``wide`` one wide enough for every column (240), so no cell is ever cut."""
+    if not wide:
+        return console
+    from rich.console import Console
+
+    return Console(file=console.file, width=max(console.width, 240), soft_wrap=True,
+                   force_terminal=console.is_terminal, no_color=console.no_color)

@@ -7,6 +7,10 @@ A path that is a folder where a file is wanted, lies under a file, or cannot be 
 error naming it, raised before the model loads, so a long run never fails at its last write.
 Trade-off: the check writes and removes a probe file, so the folders exist even if the run later
 fails; that is cheaper than losing a run's results.
+
+One writer per file: the check also takes an advisory lock on the output file (:func:`claim`), held
+until the command ends, so a second ecache process given the same output fails at once (exit 1,
+naming the path and the other process) instead of interleaving its lines with the first one's.
 """
 
 from __future__ import annotations
@@ -56,9 +60,10 @@ def _probe(folder: Path, flag: str, path) -> None:
 EXAMPLE_NAMES = {"--plot": "plot.png", "--jsonl": "trace.jsonl", "--run-file": "run.jsonl", "--out": "profile.yaml"}
 
 
-def check_file(path, flag: str, announce: bool = True) -> Path | None:
+def check_file(path, flag: str, announce: bool = True, lock: bool = True) -> Path | None:
     """Make sure output file ``path`` can be written (``None`` and ``-``, stdout, pass); returns it.
-    ``announce``: name a created folder on stderr (off for ecache's default locations)."""
+    ``announce``: name a created folder on stderr (off for ecache's default locations). ``lock``: also
+    :func:`claim` it, so no other ecache process writes it until this command ends."""
     if path is None or str(path) == "-":
         return path
     p = Path(path).expanduser()
@@ -70,6 +75,8 @@ def check_file(path, flag: str, announce: bool = True) -> Path | None:
             raise DataError(f"{flag} {path}: the file is not writable; choose another path")
     else:
         _probe(p.parent, flag, path)
+    if lock:
+        claim(p, flag)
     return p
 
 
@@ -83,3 +90,82 @@ def check_dir(path, flag: str) -> Path | None:
     _make_folder(p, flag, path)
     _probe(p, flag, path)
     return p
+
+
+# --- one writer per output file --------------------------------------------------------------------------
+
+#: The output files this process holds locked: resolved path → open file descriptor.
+_LOCKS: dict[str, int] = {}
+
+
+def claim(path, flag: str) -> None:
+    """Take an advisory lock on output file ``path`` (``fcntl.flock``, exclusive, non-blocking), held
+    until :func:`release_all` (the end of the command) or the process ends, so two ecache processes
+    never write one file at once and interleave their lines.
+
+    The lock is on the file itself (opened without truncating, created if missing; a file this process
+    created is removed at release when still empty, so a failed run leaves nothing). Raises DataError
+    (exit 1) when another process holds it, naming the path and that process (pid and command line,
+    from /proc/locks on Linux). Without ``fcntl`` (Windows) it does nothing. ``-`` (stdout) is not locked,
+    nor anything on ranks other than 0 of a launcher (``$RANK``; rank 0 writes every file).
+    """
+    if path is None or str(path) == "-" or os.environ.get("RANK", "0") != "0":  # ranks > 0 write nothing
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no advisory locks on this platform
+        return
+    p = Path(path).expanduser()
+    key = os.path.realpath(p)
+    if key in _LOCKS:
+        return
+    existed = p.exists()
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise DataError(f"{flag} {path}: cannot open for writing ({e.strerror}); choose another path") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        who = _lock_holder(fd)
+        os.close(fd)
+        raise DataError(f"{flag} {path} is being written by another process ({who}); wait for it to finish or "
+                        "choose another path") from None
+    _LOCKS[key] = fd
+    if not existed:
+        _CREATED.add(key)
+
+
+_CREATED: set[str] = set()
+
+
+def release_all() -> None:
+    """Release every lock :func:`claim` took (and remove the files it created that are still empty)."""
+    for key, fd in list(_LOCKS.items()):
+        try:
+            if key in _CREATED and os.fstat(fd).st_size == 0 and os.path.exists(key):
+                os.unlink(key)
+        except OSError:
+            pass
+        os.close(fd)  # closing the descriptor drops the flock
+        del _LOCKS[key]
+        _CREATED.discard(key)
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds the flock on ``fd``'s file: ``pid 123: ecache profile --json p.json`` from /proc/locks
+    (Linux), else ``another ecache run``."""
+    try:
+        st = os.fstat(fd)
+        dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            pids = [line.split()[4] for line in fh if line.split()[1:2] == ["FLOCK"] and dev in line.split()]
+        pid = next(p for p in pids if p != str(os.getpid()))
+    except (OSError, StopIteration, IndexError, AttributeError):
+        return "another ecache run"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmd = " ".join(a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a)
+    except OSError:
+        cmd = ""
+    return f"pid {pid}" + (f": {cmd[:120]}" if cmd else "")

@@ -21,6 +21,9 @@ def resolve_threads(threads: int | None, model: str | None) -> int | None:
     """The thread count to set: ``threads`` if given, else :data:`DEFAULT_THREADS` for the embedded
     model and None (keep torch's default) for any other.
 
+    A count above the CPUs this process may run on (:func:`available_cpus`) is lowered to that number
+    (:func:`set_threads` warns once): more threads than cores only wait for each other, and a huge count
+    (``--threads 100000``) would exhaust the machine's process table before torch fails.
     Raises UsageError for a count < 1.
     """
     from .models.loader import EMBEDDED
@@ -28,8 +31,19 @@ def resolve_threads(threads: int | None, model: str | None) -> int | None:
     if threads is not None:
         if threads < 1:
             raise UsageError(f"--threads {threads} must be ≥ 1 (e.g. --threads 2; $ECACHE_THREADS sets it too)")
-        return threads
+        return min(threads, available_cpus())
     return DEFAULT_THREADS if model is None or str(model) in EMBEDDED else None
+
+
+def available_cpus() -> int:
+    """The CPU cores this process may run on: its affinity mask where the OS has one (Linux: a
+    container's or ``taskset``'s limit), else ``os.cpu_count()``; at least 1."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def set_threads(threads: int | None, model: str | None) -> int:
@@ -37,6 +51,10 @@ def set_threads(threads: int | None, model: str | None) -> int:
     import torch
 
     n = resolve_threads(threads, model)
+    if threads is not None and n is not None and n < threads:
+        from .console import warn
+
+        warn(f"--threads {threads} is more than the {n} CPU core(s) this process may use; using {n}")
     if n is not None:
         torch.set_num_threads(n)
     return torch.get_num_threads()

@@ -66,7 +66,7 @@ def test_registered_with_published_defaults():
 
 
 @pytest.mark.parametrize("name,params,match", [
-    ("dkv", {"refresh_every": 0}, "refresh-every"), ("dllm-cache", {"kr": 0}, "kr=0"),
+    ("dkv", {"refresh_every": 0}, "refresh_every=0"), ("dllm-cache", {"kr": 0}, "kr=0"),
     ("dllm-cache", {"rho": 1.5}, "rho"), ("d2cache", {"rollout_p": 2.0}, "rollout_p"),
     ("elastic", {"window": -1}, "window"),
 ])
@@ -405,7 +405,7 @@ def test_elastic_engine_passes_the_start_layer(lm3, gamma):
         seen.append((query_pos is None, kw.get("expand_from_layer", never)))
         return inner(tokens, store, query_pos=query_pos, logits_pos=logits_pos, **kw)
 
-    pol = make_policy("elastic", gamma=gamma, window=4)
+    pol = POLICIES["elastic"](gamma=gamma, window=4)  # past make_policy's [0, 1] on purpose: always / never
     inner_observe = pol.observe
 
     def observe(state, rec):

@@ -81,12 +81,18 @@ def test_table_has_one_row_per_policy(report_and_calls):
 
     rep, _ = report_and_calls
     con = Console(width=300, record=True)
-    con.print(render_table(rep))
+    con.print(render_table(rep, wide=True))
     text = con.export_text()
     for p in rep.policies:
         assert f"│ {p} " in text
     for header in ("tok/s", "speedup", "p95", "NFE", "partial", "work %", "decision", "peak mem", "identical"):
         assert header in text
+    con = Console(width=80, record=True)
+    con.print(render_table(rep))  # the default view: the columns that matter, in 80 columns
+    text = con.export_text()
+    for header in ("tok/s", "speedup", "NFE", "work %", "identical", "agree"):
+        assert header in text
+    assert "p95" not in text and "…" not in text
 
 
 def test_trace_holds_the_named_ranges(llada_lm, tmp_path):

@@ -13,8 +13,12 @@ SMALL = ["--gen-length", "8", "--block-length", "8", "--no-chat", "-q"]
 
 
 @pytest.fixture
-def keep_threads():
-    """The CLI runs in this process: put torch's thread count back after each test."""
+def keep_threads(monkeypatch):
+    """The CLI runs in this process: put torch's thread count back after each test. The machine is said
+    to have 8 cores, so counts up to 8 are not clamped (runtime.available_cpus) on a smaller test machine."""
+    import ecache_cli.runtime as runtime
+
+    monkeypatch.setattr(runtime, "available_cpus", lambda: 8)
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -48,8 +52,9 @@ def test_threads_below_one_is_a_usage_error(profiles_dir, llada_dir, keep_thread
     assert len(lines) == 1 and f"--threads {value} must be ≥ 1" in lines[0], res.stderr
 
 
-def test_default_is_the_measured_count_for_the_embedded_model_only():
+def test_default_is_the_measured_count_for_the_embedded_model_only(keep_threads):
     assert DEFAULT_THREADS == 1
     assert resolve_threads(None, "tiny") == resolve_threads(None, "llada-tiny") == resolve_threads(None, None) == 1
     assert resolve_threads(None, "/some/checkpoint") is None  # torch's default for other models
     assert resolve_threads(4, "tiny") == 4 and resolve_threads(2, "/some/checkpoint") == 2
+    assert resolve_threads(100_000, "tiny") == 8  # clamped to the cores (8 here)

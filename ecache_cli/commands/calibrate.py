@@ -24,46 +24,41 @@ def _taus(value: Optional[str]) -> Optional[list[float]]:
 
 
 def calibrate_cmd(
-    task: Annotated[str, typer.Option("--task", "-t", help="Task domain: arith, code, list (synthetic) or gsm8k, math500, humaneval, mbpp (--data).", rich_help_panel=K)],
+    task: Annotated[str, typer.Option("--task", "-t", help="Task domain: arith, code, list, or gsm8k, math500, humaneval, mbpp.", rich_help_panel=K)],
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
-    data: Annotated[Optional[str], typer.Option("--data", help="Dataset file or folder of a real benchmark (official JSONL) \\[default: none].", rich_help_panel=K)] = None,
+    data: Annotated[Optional[str], typer.Option("--data", help="Data file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
     shots: Annotated[Optional[int], typer.Option("--shots", help="Solved examples in each prompt \\[default: the task's].", rich_help_panel=K)] = None,
-    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: when the checkpoint has one].", rich_help_panel=K)] = None,
-    metric: Annotated[str, typer.Option("--metric", help="task: the task's score (labels); fidelity: token agreement with none (no labels).", rich_help_panel=K)] = "task",
-    max_drop: Annotated[float, typer.Option("--max-drop", help="Allowed score drop below none, in points (1 = 0.01 of a 0–1 score).", rich_help_panel=K)] = 1.0,
-    min_fidelity: Annotated[Optional[float], typer.Option("--min-fidelity", help="Also require token agreement with none ≥ this percent \\[default: off].", rich_help_panel=K)] = None,
-    grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of the none run's signal).", rich_help_panel=K)] = 8,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: if the model has one].", rich_help_panel=K)] = None,
+    metric: Annotated[str, typer.Option("--metric", help="task (its score) or fidelity (agreement with none).", rich_help_panel=K)] = "task",
+    max_drop: Annotated[float, typer.Option("--max-drop", help="Allowed score drop below none, in points of 100.", rich_help_panel=K)] = 1.0,
+    min_fidelity: Annotated[Optional[float], typer.Option("--min-fidelity", help="Also require token agreement with none ≥ this percent.", rich_help_panel=K)] = None,
+    grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of none's signal).", rich_help_panel=K)] = 8,
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
-    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated, in the signal's unit (replaces the coarse grid; --refine 0 to evaluate only these) \\[default: none: the quantile grid].", rich_help_panel=K)] = None,
-    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code in the sandbox to score it \\[default: off].", rich_help_panel=K)] = False,
-    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="How model-written code is isolated: strict (kernel isolation or refuse to run), auto (the strongest this machine has; warns when only the in-process guard is left), guard (in-process guard only) \\[default: the profile key sandbox, else auto].", rich_help_panel=K)] = None,
+    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, e.g. 0.1,0.5,1 (replaces the quantile grid).", rich_help_panel=K)] = None,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=K)] = False,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto or guard (ecache help sandbox) \\[default: the profile's sandbox, else auto].", rich_help_panel=K)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
     recent_k: o.RecentK = None, signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (flags override; its τ is ignored) \\[default: none; the model's default.yaml if present].", rich_help_panel=o.C)] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together (wall-clock then mixes rows; the cost proxy does not).", rich_help_panel=o.D)] = 1,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (its τ is ignored).", rich_help_panel=o.C)] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together.", rich_help_panel=o.D)] = 1,
     seed: o.Seed = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write \\[default: ./profiles/<model>/<task>.yaml of the current directory, or under $ECACHE_PROFILES].", rich_help_panel=o.O)] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every point, the frontier, the choice and the manifest as JSON \\[default: none].", rich_help_panel=o.O)] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the score-vs-speedup frontier as a PNG \\[default: none].", rich_help_panel=o.O)] = None,
-    run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: ./profiles/<model>/.<task>.calib.jsonl, beside the profile].", rich_help_panel=o.O)] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required) \\[default: off].", rich_help_panel=o.O)] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report, write no file (no profile, run file, JSON or plot) \\[default: off].", rich_help_panel=o.O)] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write \\[default: ./profiles/<model>/<task>.yaml].", rich_help_panel=o.O)] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Every point, the frontier, the choice and a manifest as JSON.", rich_help_panel=o.O)] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="The score-vs-speedup frontier as a PNG.", rich_help_panel=o.O)] = None,
+    run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: beside the profile].", rich_help_panel=o.O)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required).", rich_help_panel=o.O)] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report, write no file.", rich_help_panel=o.O)] = False,
+    wide: o.Wide = False,
     quiet: o.Quiet = False,
 ):
-    """Search EntropyCache's τ for one task domain and write it to [bold]./profiles/<model>/<task>.yaml[/].
+    """Find the fastest EntropyCache τ whose score drop vs [bold]none[/] is ≤ --max-drop; write it to a profile.
 
-    Decodes --limit examples with [bold]none[/] once, then with [bold]entropy[/] over a τ grid built from the
-    none run's signal distribution plus refinement; picks the fastest τ (cost proxy) whose score drop is
-    ≤ --max-drop points (ties → lower τ). Exit 1 when no τ qualifies (no profile written).
-
-    Examples: [cyan]ecache calibrate --task list --limit 50[/] ·
-    [cyan]ecache calibrate --model llada-8b --task gsm8k --data ../shared/data/gsm8k/test.jsonl --plot f.png[/] ·
-    [cyan]ecache calibrate --task mbpp --data mbpp.jsonl --allow-code-execution[/]
+    Example: [cyan]ecache calibrate --task list --limit 50[/] (exit 1 when no τ qualifies)
     """
     from ..console import err
     from ..console import out as out_console
@@ -94,7 +89,9 @@ def calibrate_cmd(
         from ..outputs import check_file
 
         for path, flag in ((out, "--out"), (json_path, "--json"), (plot, "--plot"), (run_file, "--run-file")):
-            check_file(path, flag)
+            # the profile itself is not locked: an empty lock file there would be read as an empty profile
+            # by another command meanwhile; its run file (beside it by default) is the lock of a calibration
+            check_file(path, flag, lock=flag != "--out")
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
@@ -134,14 +131,9 @@ def calibrate_cmd(
         return
     max_frac = max_drop / 100
     min_frac = None if min_fidelity is None else min_fidelity / 100
-    if not out_console.is_terminal:  # a pipe or file gets the whole table, not rich's 80 columns
-        import sys
-
-        from rich.console import Console
-
-        out_console = Console(file=sys.stdout, width=160, soft_wrap=True)
-    out_console.print(sweep_table(outcome, metric, max_frac, min_frac))
-    out_console.print(frontier_table(outcome, metric))
+    tables = o.table_console(out_console, wide)
+    tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide))
+    tables.print(frontier_table(outcome, metric))
     for line in wall_warnings(outcome):
         err.print(line, markup=False, highlight=False)
     if not dry_run:

@@ -23,21 +23,20 @@ def generate(
     alg_temp: o.AlgTemp = None,
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
-    task: Annotated[Optional[str], typer.Option(help="Use the calibrated profile <model>/<task>.yaml: the first found in ./profiles, the user's config folder (~/.config/ecache/profiles), the package's \\[default: none].", rich_help_panel=o.C)] = None,
-    jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per prompt (text, token ids, stats) on stdout \\[default: off: plain text].", rich_help_panel=o.O)] = False,
+    task: Annotated[Optional[str], typer.Option(help="Use the calibrated profile <model>/<task>.yaml (ecache help profiles).", rich_help_panel=o.C)] = None,
+    jsonl: Annotated[bool, typer.Option("--jsonl", help="One JSON record per prompt (text, token ids, stats), not plain text.", rich_help_panel=o.O)] = False,
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
-    stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr (ignored, with a warning, under --quiet) \\[default: off].", rich_help_panel=o.O)] = False,
+    stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr.", rich_help_panel=o.O)] = False,
     quiet: o.Quiet = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the JSONL records (as --jsonl prints them) to FILE, each flushed as it is done, in input order; stdout then gets nothing. An existing FILE needs --resume \\[default: none: stdout].", rich_help_panel=o.O)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue --output FILE: decode only the records it lacks (same input, model and settings; a torn last line is dropped) \\[default: off].", rich_help_panel=o.O)] = False,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help="--input records that cannot be decoded (bad JSON, no prompt, too long for the canvas) get an error record and the others are decoded \\[default: off: one error names every bad line, nothing is decoded].", rich_help_panel=o.O)] = False,
     print0: Annotated[bool, typer.Option("--print0", help="Plain text: end each answer with a NUL byte instead of a newline, so answers that hold newlines split exactly (xargs -0, read -d '') \\[default: off].", rich_help_panel=o.O)] = False,
 ):
-    """Generate text with a cached denoising loop. Results go to stdout, progress to stderr.
+    """Generate text with a cached denoising loop: results on stdout, progress on stderr.
 
-    Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/] ·
-    [cyan]ecache generate --model llada-8b --cache entropy --tau 0.8 "..."[/]
+    Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/]
     """
     from ..cache import policy_params
     from ..console import err, warn

@@ -17,43 +17,38 @@ def profile_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
     input_file: o.InputFile = None,
-    task: Annotated[Optional[str], typer.Option(help="Profile on a task's test examples (arith, code, list, gsm8k, math500, humaneval, mbpp) and report its score \\[default: none].", rich_help_panel=T)] = None,
-    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (e.g. ../shared/data/gsm8k/test.jsonl) \\[default: none].", rich_help_panel=T)] = None,
-    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question \\[default: the task's, e.g. 8 for gsm8k].", rich_help_panel=T)] = None,
-    limit: Annotated[Optional[int], typer.Option(help="Number of task examples (or at most this many prompts) \\[default: 8 with --task].", rich_help_panel=T)] = None,
-    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it in the sandbox (see --sandbox) \\[default: off].", rich_help_panel=T)] = False,
-    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="How model-written code is isolated: strict (kernel isolation or refuse to run), auto (the strongest this machine has; warns when only the in-process guard is left), guard (in-process guard only) \\[default: the profile key sandbox, else auto].", rich_help_panel=T)] = None,
+    task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split, scored: arith, code, list, gsm8k, ...", rich_help_panel=T)] = None,
+    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (gsm8k, math500, humaneval, mbpp).", rich_help_panel=T)] = None,
+    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question \\[default: the task's].", rich_help_panel=T)] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Task examples, or at most this many prompts \\[default: 8 with --task].", rich_help_panel=T)] = None,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=T)] = False,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto or guard (ecache help sandbox) \\[default: the profile's sandbox, else auto].", rich_help_panel=T)] = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
-    policies: Annotated[Optional[str], typer.Option("--policies", help="Comma-separated cache policies to compare \\[default: all registered]; include none for speedup and fidelity. A variant: name:key=value, e.g. entropy:tau=2.5:recent_k=16.", rich_help_panel=o.C)] = None,
+    policies: Annotated[Optional[str], typer.Option("--policies", help="Policies to compare, e.g. none,dual,entropy:tau=2.5 \\[default: all].", rich_help_panel=o.C)] = None,
     tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
-    warmup: Annotated[int, typer.Option(help="Untimed warm-up runs per policy (on the first batch).", rich_help_panel=o.O)] = 1,
-    repeats: Annotated[int, typer.Option(help="Timed passes over all prompts (policy order rotates).", rich_help_panel=o.O)] = 1,
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up runs per policy.", rich_help_panel=o.O)] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed passes over all prompts.", rich_help_panel=o.O)] = 1,
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
-    trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces (TensorBoard + Chrome JSON) of one request per policy here \\[default: none].", rich_help_panel=o.O)] = None,
-    trace_steps: Annotated[int, typer.Option("--trace-steps", help="Denoising steps recorded per traced request (traces grow ~0.4 MB a step).", rich_help_panel=o.O)] = 32,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write every number and a reproducibility manifest as JSON to FILE, or '-' for one last line on stdout \\[default: none].", rich_help_panel=o.O)] = None,
+    trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces of one request per policy here.", rich_help_panel=o.O)] = None,
+    trace_steps: Annotated[int, typer.Option("--trace-steps", help="Denoising steps per trace (~0.4 MB a step).", rich_help_panel=o.O)] = 32,
+    wide: o.Wide = False,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Every number and a manifest as JSON to FILE (- = stdout).", rich_help_panel=o.O)] = None,
     quiet: o.Quiet = False,
 ):
-    """Compare cache policies on the same prompts in one process: generated tokens/s, latency
-    (mean/p50/p95), speedup over [bold]none[/], NFE, full/partial forwards, share of work computed,
-    decision overhead, peak memory and fidelity against [bold]none[/] (and the task score).
+    """Compare cache policies on the same prompts: tokens/s, speedup and work vs [bold]none[/], fidelity, score.
 
-    Examples: [cyan]ecache profile --task arith --limit 8[/] ·
-    [cyan]ecache profile --task gsm8k --data ../shared/data/gsm8k/test.jsonl --limit 8 --trace-dir runs_out/trace[/] ·
-    [cyan]ecache profile --policies none,entropy --json - "Sort: 9 3 7 1"[/]
+    Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
-    from rich.console import Console
-
-    from ..cache import (
-        POLICIES,  # after the engine: importing ecache_cli.cache first is circular
-    )
+    from ..runs.profile import (ProfileOptions, json_line, measure, parse_policy_spec, prompt_requests, render_table,
+                                task_requests, timing_warnings)
+    from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
     from ..console import err, out
     from ..errors import DataError, UsageError
     from ..outputs import check_dir, check_file
@@ -149,13 +144,11 @@ def profile_cmd(
     report.extra["prompts_done"] = report.prompts_done  # all of them unless interrupted
 
     to_stdout = json_out == "-"
-    table_console = err if to_stdout else out
-    if not table_console.is_terminal:  # a file or pipe: wide enough that no column wraps
-        table_console = Console(file=table_console.file, width=240, soft_wrap=True)
+    table_console = o.table_console(err if to_stdout else out, wide)
     shown = f"{report.prompts_done} of {len(requests)} (interrupted)" if report.incomplete else len(requests)
     title = (f"ecache profile · {lm.name} · {shown} prompts · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
-    table_console.print(render_table(report, title))
+    table_console.print(render_table(report, title, wide=wide))
     for line in timing_warnings(report):
         err.print(line, markup=False, highlight=False)
     texts = [row.text for p in report.policies for run in report.runs[p] for row in run.rows]

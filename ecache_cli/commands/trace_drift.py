@@ -16,10 +16,10 @@ def trace_drift_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
     input_file: o.InputFile = None,
-    task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split (gsm8k, arith, ...); also selects profiles/<model>/<task>.yaml \\[default: none].", rich_help_panel=o.O)] = None,
-    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task (e.g. gsm8k/test.jsonl) \\[default: none].", rich_help_panel=o.O)] = None,
+    task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split; also picks its profile.", rich_help_panel=o.O)] = None,
+    data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task.", rich_help_panel=o.O)] = None,
     limit: Annotated[int, typer.Option(help="Number of --task examples.", rich_help_panel=o.O)] = 4,
-    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each --task question \\[default: the task's own, 8 for gsm8k].", rich_help_panel=o.O)] = None,
+    shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question \\[default: the task's].", rich_help_panel=o.O)] = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
@@ -30,21 +30,18 @@ def trace_drift_cmd(
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
-    jsonl: Annotated[Optional[Path], typer.Option("--jsonl", help="Write one JSON record per step and prompt to FILE ('-' = stdout) \\[default: none].", rich_help_panel=o.O)] = None,
-    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars and histograms under DIR (one run per prompt) \\[default: none].", rich_help_panel=o.O)] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG: signal and drift over steps, signal vs next-step drift, volatility \\[default: none].", rich_help_panel=o.O)] = None,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write the summary (correlations, volatility, settings, manifest) as one JSON document to FILE ('-' = stdout) \\[default: none].", rich_help_panel=o.O)] = None,
-    rows: Annotated[int, typer.Option("--rows", help="About this many table rows per prompt (every Nth step, the first refresh after partial steps, the last); 0 = every step.", rich_help_panel=o.O)] = 24,
-    volatility_level: Annotated[float, typer.Option("--volatility-level", help="Report the steps after commit from which a token's mean K change (1 − cos) per step stays below this.", rich_help_panel=o.O)] = 1e-3,
+    jsonl: Annotated[Optional[Path], typer.Option("--jsonl", help="One JSON record per step and prompt to FILE (- = stdout).", rich_help_panel=o.O)] = None,
+    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="TensorBoard scalars and histograms under DIR.", rich_help_panel=o.O)] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="A PNG of signal, drift and volatility.", rich_help_panel=o.O)] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="The summary as one JSON document to FILE (- = stdout).", rich_help_panel=o.O)] = None,
+    rows: Annotated[int, typer.Option("--rows", help="About this many table rows per prompt (0 = every step).", rich_help_panel=o.O)] = 24,
+    volatility_level: Annotated[float, typer.Option("--volatility-level", help="Settle level of a committed token's K change (1 − cos).", rich_help_panel=o.O)] = 1e-3,
+    wide: o.Wide = False,
     quiet: o.Quiet = False,
 ):
-    """Trace the cache: per step, the EntropyCache signal, the cosine drift of cached K/V against a shadow
-    full forward, the fidelity of the cached logits, and how long committed tokens' features keep moving.
+    """Per step: the entropy signal beside the KV drift of the cache against a shadow full forward.
 
-    The shadow forward only measures: the generated tokens are exactly those of [cyan]ecache generate[/]
-    with the same settings. Tables go to stderr. Examples:
-    [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] ·
-    [cyan]ecache trace-drift --task gsm8k --data gsm8k/test.jsonl --limit 4 --shots 0 --jsonl steps.jsonl --tensorboard runs/[/]
+    Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
     from ..console import err
     from ..contract.state import SIGNALS
@@ -113,7 +110,7 @@ def trace_drift_cmd(
         with err.status("trace-drift: starting") as status:
             report = trace(lm, settings, opts, sinks,
                            progress=lambda r, s: status.update(f"trace-drift: prompts {r} · step {s}"))
-    rep.render_steps(err, report, rows)
+    rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
     rep.render_summary(err, report)
     if plot is not None:
         tau_line = settings.cache_params.get("tau") if settings.cache == "entropy" else None

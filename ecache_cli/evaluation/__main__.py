@@ -15,7 +15,8 @@ def main() -> None:
 
     ecache's own errors (a bad ``--model_args`` key or value, a model that cannot be loaded: every
     :class:`~ecache_cli.errors.EcacheError`) end as one ``error:`` line on stderr and its exit code
-    (2 usage, 1 data), as in ``ecache``; inside lm-eval used as a library they propagate.
+    (2 usage, 1 data), as in ``ecache``; Ctrl-C ends as one line and exit code 130; inside lm-eval used
+    as a library they propagate.
     """
     from ..errors import EcacheError
 
@@ -38,6 +39,15 @@ def main() -> None:
 
         error(str(e))
         raise SystemExit(e.exit_code) from None
+    except KeyboardInterrupt:
+        from ..console import error
+
+        error(INTERRUPTED)
+        raise SystemExit(130) from None
+
+
+#: What Ctrl-C during an evaluation leaves: lm-eval writes its results (and ecache its speed JSON) at the end.
+INTERRUPTED = "interrupted; the evaluation stopped before lm-eval wrote its results"
 
 
 if __name__ == "__main__":

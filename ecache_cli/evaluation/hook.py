@@ -16,7 +16,7 @@ then removes itself. Nothing of ecache or torch is imported until
 lm-eval is asked for the ``ecache`` model. In lm-eval's own command line (``lm_eval``, ``lm-eval``,
 ``python -m lm_eval``) an uncaught ecache error (a bad ``--model_args`` value, a model that cannot be
 loaded) prints one ``error:`` line and exits with its code (2 usage, 1 data), as ``ecache-lm-eval``
-does; any other exception keeps lm-eval's traceback. ``ECACHE_LM_EVAL_HOOK=0`` (or ``false``, ``off``,
+does, and Ctrl-C prints one line and exits 130; any other exception keeps lm-eval's traceback. ``ECACHE_LM_EVAL_HOOK=0`` (or ``false``, ``off``,
 ``no``) turns the hook off (the
 ``ecache-lm-eval`` wrapper works either way).
 """
@@ -60,7 +60,7 @@ def _in_lm_eval_cli() -> bool:
 
 
 def _one_line_errors() -> None:
-    """Chain ``sys.excepthook`` so an uncaught :class:`~ecache_cli.errors.EcacheError` ends as one line."""
+    """Chain ``sys.excepthook`` so an uncaught :class:`~ecache_cli.errors.EcacheError` or Ctrl-C ends as one line."""
     previous = sys.excepthook
     if getattr(previous, "_ecache", False):
         return
@@ -68,13 +68,14 @@ def _one_line_errors() -> None:
     def hook(kind, value, tb):
         from ..errors import EcacheError
 
-        if isinstance(value, EcacheError):
+        if isinstance(value, (EcacheError, KeyboardInterrupt)):
             from ..console import error
+            from .__main__ import INTERRUPTED
 
-            error(str(value))
+            error(INTERRUPTED if isinstance(value, KeyboardInterrupt) else str(value))
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(value.exit_code)  # the interpreter would exit 1 after any excepthook
+            os._exit(130 if isinstance(value, KeyboardInterrupt) else value.exit_code)  # else the interpreter exits 1
         previous(kind, value, tb)
 
     hook._ecache = True

@@ -70,8 +70,9 @@ def _need(cfg: dict, key: str, path: Path):
 def spec_from_config(cfg: dict, path: Path | str = "config.json") -> ModelSpec:
     """Build a :class:`ModelSpec` from a parsed ``config.json``.
 
-    Raises :class:`ModelLoadError` for an unknown ``model_type``, a missing required field, or a value
-    no model can have (:func:`check_spec`).
+    Raises :class:`ModelLoadError` for an unknown ``model_type``, a missing or wrongly typed field, a
+    special token id outside the vocabulary (:func:`check_token_ids`), or a value no model can have
+    (:func:`check_spec`).
     """
     spec = _spec_from_config(cfg, Path(path))
     check_spec(spec, Path(path))
@@ -141,6 +142,16 @@ def _heads(n: int, key: str, path: Path) -> int:
 
 def _spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     mtype = str(cfg.get("model_type", "")).lower()
+    try:
+        spec = _spec_of(cfg, mtype, path)
+    except (TypeError, ValueError) as e:  # e.g. "d_model": "abc" or null
+        raise ModelLoadError(f"{path}: a config.json field has a wrong type ({e}); fix config.json or use the "
+                             "checkpoint's original one") from None
+    return check_token_ids(spec, path)
+
+
+def _spec_of(cfg: dict, mtype: str, path: Path) -> ModelSpec:
+    """:func:`spec_from_config` for a known ``mtype`` (its int/float conversions may raise)."""
     if mtype == "llada":
         d = int(_need(cfg, "d_model", path))
         n_heads = _heads(_need(cfg, "n_heads", path), "n_heads", path)
@@ -185,21 +196,54 @@ def read_spec(model_dir: Path) -> tuple[ModelSpec, dict]:
     diffusion_generate reads its timesteps' end from there); a missing file keeps 1e-3.
     """
     path = Path(model_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelLoadError(f"{model_dir}: no config.json; point --model at a checkpoint directory") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{path}: cannot read config.json ({e})") from None
+    if not path.exists():
+        raise ModelLoadError(f"{model_dir}: no config.json; point --model at a checkpoint directory")
+    cfg = _read_json_object(path)
     spec = spec_from_config(cfg, path)
     gen_path = Path(model_dir) / "generation_config.json"
     if gen_path.is_file():
-        try:
-            eps = json.loads(gen_path.read_text()).get("eps")
-        except (OSError, json.JSONDecodeError, AttributeError) as e:
-            raise ModelLoadError(f"{gen_path}: cannot read generation_config.json ({e})") from None
+        eps = _read_json_object(gen_path).get("eps")
         if eps is not None:
             if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
                 raise ModelLoadError(f"{gen_path}: eps {eps!r} must be a number in [0, 1) (Dream ships 1e-3)")
             spec = replace(spec, eps=float(eps))
     return spec, cfg
+
+
+def _read_json_object(path: Path) -> dict:
+    """A checkpoint's JSON file as a dict: UTF-8 text holding one JSON object, else a one-line
+    ModelLoadError naming the file and what is wrong."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror}); check the checkpoint folder") from None
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); the file "
+                             "is damaged: download or copy the checkpoint again") from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); the file is damaged: download "
+                             "or copy the checkpoint again") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: holds a JSON {type(data).__name__}, not an object; is this a checkpoint's "
+                             f"{path.name}?")
+    return data
+
+
+def check_token_ids(spec: ModelSpec, path: Path | str = "config.json") -> ModelSpec:
+    """Check that the special token ids of ``spec`` (mask, EOS, pad, BOS) are rows of the model's
+    vocabulary, ``0 ≤ id < vocab_size``: an id outside would fail deep inside the embedding lookup.
+    Returns ``spec``; raises ModelLoadError naming the config field, its value and the vocabulary size."""
+    fields = {"mask": ("mask_token_id", spec.mask_id), "eos": ("eos_token_id", spec.eos_id),
+              "pad": ("pad_token_id", spec.pad_id), "bos": ("bos_token_id", spec.bos_id)}
+    if spec.vocab_size < 1:
+        raise ModelLoadError(f"{path}: vocab_size {spec.vocab_size} must be ≥ 1; the config.json is damaged")
+    for what, (key, value) in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < spec.vocab_size:
+            raise ModelLoadError(f"{path}: {key} {value!r} (the {what} token) is outside the vocabulary of "
+                                 f"{spec.vocab_size} tokens (ids 0..{spec.vocab_size - 1}); fix config.json or use "
+                                 "the checkpoint's original one")
+    return spec

@@ -16,10 +16,14 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
 
 
-def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | None):
+def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | None, wide: bool = False):
     """A rich Table: one row per setting (``none`` first, then ascending τ). Marks: ★ chosen,
     ◆ on the Pareto frontier, ✓ qualifies; ᶜ after the wall speedup: some examples were copied from a
-    τ with the same decisions (wall time included). ``max_drop``/``min_fidelity`` are 0–1 fractions."""
+    τ with the same decisions (wall time included). ``max_drop``/``min_fidelity`` are 0–1 fractions.
+
+    The default view fits 80 columns: τ, the constrained metric and its change against none, the other
+    metric, speedup (cost proxy), wall speedup, refresh share and the marks; ``wide`` adds the change's
+    95% CI, examples lost/gained, identical answers, tokens/s and NFE (``--json`` keeps every number)."""
     from rich.table import Table
 
     base, chosen = outcome.base, outcome.choice.point
@@ -29,28 +33,33 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
     t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it)", title_justify="left")
     # the metric the choice constrains comes first, with its change against none: fidelity under
     # --metric fidelity (the task score, if any, moves to fidelity's place)
-    for name, just in (("τ", "right"), ("fidelity %" if fid else "score %", "right"),
-                       ("Δ pts" if fid else "Δ pts [95% CI]", "right"), ("lost/gained", "right"),
-                       ("score %" if fid else "fidelity %", "right"), ("identical %", "right"), ("speedup", "right"),
-                       ("wall ×", "right"), ("tok/s", "right"), ("refresh %", "right"), ("NFE", "right"), ("", "left")):
-        t.add_column(name, justify=just, no_wrap=True)
+    cols = [("τ", True), ("fidelity %" if fid else "score %", True),
+            ("Δ pts" if fid or not wide else "Δ pts [95% CI]", True), ("lost/gained", wide),
+            ("score %" if fid else "fidelity %", True), ("identical %", wide), ("speedup", True),
+            ("wall ×", True), ("tok/s", wide), ("refresh %", True), ("NFE", wide), ("", True)]
+    for name, shown in cols:
+        if shown:
+            t.add_column(name, justify="left" if name == "" else "right", no_wrap=True)
     for p in [base, *outcome.points]:
         mark = ("★" if p is chosen else "") + ("◆" if id(p) in front else "")
         if p.tau is not None and p is not chosen and qualifies(p, base, metric, max_drop, min_fidelity):
             mark += "✓"
         if fid:
             delta = "" if p.tau is None else f"{100 * (p.fidelity - base.fidelity):+.1f}"
-        elif p.tau is None or p.delta_ci is None or p.score is None or base.score is None:
+        elif p.tau is None or p.score is None or base.score is None:
             delta = ""
         else:
-            lo, hi = p.delta_ci
-            delta = f"{100 * (p.score - base.score):+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+            delta = f"{100 * (p.score - base.score):+.1f}"
+            if wide and p.delta_ci is not None:
+                lo, hi = p.delta_ci
+                delta += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
         wall = f"{p.speedup_wall:.2f}×" + ("ᶜ" if p.copied else "")  # ᶜ: some rows copied (their wall time too)
         first, other = (p.fidelity, p.score) if fid else (p.score, p.fidelity)
-        t.add_row("none" if p.tau is None else f"{p.tau:g}", _pct(first), delta, lg, _pct(other),
-                  _pct(p.identical), f"{p.speedup:.2f}×", wall, f"{p.tokens_per_s:.1f}",
-                  f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", mark)
+        cells = ["none" if p.tau is None else f"{p.tau:g}", _pct(first), delta, lg, _pct(other),
+                 _pct(p.identical), f"{p.speedup:.2f}×", wall, f"{p.tokens_per_s:.1f}",
+                 f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", mark]
+        t.add_row(*[c for c, (_, shown) in zip(cells, cols) if shown])
     return t
 
 

@@ -36,7 +36,7 @@ class RunFile:
         self.loaded = 0
         self.dropped_partial = False
         self._fh = None
-        exists = self.path.is_file()
+        exists = self.path.is_file() and self.path.stat().st_size > 0  # empty: made by the output lock
         if exists and not resume and not dry_run:
             raise UsageError(f"run file {self.path} already exists; pass --resume to continue it, "
                              "or delete it (or pass another --run-file) to start over")

@@ -135,13 +135,13 @@ def default_run_file(model: str, task: str, out: Path | None) -> Path:
 def check_profile_target(path: Path, model: str, task: str) -> None:
     """Fail early (before any decoding) when ``path`` holds another model's or task's profile; the same
     rule ``config.write_profile`` enforces when writing."""
-    import yaml
+    from ..config import read_yaml
 
-    if not path.exists():
+    if not path.exists() or path.stat().st_size == 0:  # empty: this run's own output lock made it
         return
     try:
-        old = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        old = read_yaml(path) or {}
+    except ConfigError:  # not a profile at all: refused below like another model's
         old = {}
     if not isinstance(old, dict) or old.get("model") != model or old.get("task") != task:
         got = (old.get("model"), old.get("task")) if isinstance(old, dict) else (None, None)
@@ -292,7 +292,8 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
         from ..outputs import check_file
 
         # writable, before decoding; the default folder profiles/<model>/ is created silently
-        check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None)
+        check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None,
+                   lock=False)  # the run file beside it is the calibration's lock (claimed below)
     examples = task.examples("test", opts.limit, opts.seed)  # DataError for a missing file, before decoding
     if not examples:
         raise UsageError(f"task {opts.task} has no test examples to calibrate on")
@@ -303,6 +304,10 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     can_score = not task.needs_code_execution or task.allow_code_execution
     run_path = opts.run_file or default_run_file(model, opts.task, opts.out)
     dist = dist or DistEnv()
+    if not opts.dry_run and dist.is_main:  # one writer per run file (the others fail at once)
+        from ..outputs import claim
+
+        claim(run_path, "--run-file")
     key = run_key(lm, settings, task, opts, prompt_ids, shots, chat)
     store = dist.agree(lambda: RunFile(run_path, key, resume=opts.resume, dry_run=opts.dry_run or not dist.is_main),
                        "opening the run file")  # other ranks only read it (--resume)

@@ -367,6 +367,11 @@ def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
         raise error(f"{where}: not UTF-8 text{byte} at character {e.start + 1}; {fix}") from None
 
 
+#: The roles a chat message may have: those of the LLaDA and Dream chat templates (tokenizer_config.json
+#: ``chat_template``; the Hugging Face chat format).
+CHAT_ROLES = ("system", "user", "assistant")
+
+
 def _prompt_of(rec, where: str) -> str | list:
     given = [k for k in ("prompt", "messages", "prompt_ids") if isinstance(rec, dict) and k in rec]
     if len(given) > 1:
@@ -388,6 +393,11 @@ def _prompt_of(rec, where: str) -> str | list:
         raise DataError(f"{where}: 'messages' is empty; give at least one {{role, content}} message")
     if isinstance(rec, dict) and isinstance(rec.get("messages"), list) and all(
             isinstance(m, dict) and "role" in m and "content" in m for m in rec["messages"]):
+        for i, m in enumerate(rec["messages"]):
+            if m["role"] not in CHAT_ROLES:
+                raise DataError(f"{where}: messages[{i}] has role {m['role']!r}; use one of {', '.join(CHAT_ROLES)}")
+            if not isinstance(m["content"], str):
+                raise DataError(f"{where}: messages[{i}] 'content' must be a string, not {json.dumps(m['content'])}")
         return rec["messages"]
     raise DataError(f"{where}: a record needs a string 'prompt', a 'messages' list of {{role, content}} "
                     "or a 'prompt_ids' list of token ids")

@@ -122,8 +122,9 @@ def shown_records(records: list[dict], rows: int) -> tuple[list[dict], int]:
     return keep, stride
 
 
-def render_steps(console, report: TraceReport, rows: int) -> None:
-    """Per-step table on ``console`` (stderr)."""
+def render_steps(console, report: TraceReport, rows: int, wide: bool = False) -> None:
+    """Per-step table on ``console`` (stderr). The default view fits 80 columns; ``wide`` adds the
+    K drift's maximum and the V drift (every number is in ``--jsonl``). Cells are never cut (fold)."""
     from rich import box
     from rich.table import Table
 
@@ -136,9 +137,11 @@ def render_steps(console, report: TraceReport, rows: int) -> None:
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
     if multi:
         t.add_column("#", justify="right")
-    for col in ("step", "blk", "fwd", "comp", "srv", "E(t−1)", "K drift", "K max", "V drift", "worst",
-                "fid.", "ms"):
-        t.add_column(col, justify="right", no_wrap=True)
+    cols = ("step", "blk", "fwd", "comp", "srv", "E(t−1)", "K drift", "K max", "V drift", "worst", "fid.", "ms")
+    visible = [c not in ("K max", "V drift") or wide for c in cols]
+    for col, on in zip(cols, visible):
+        if on:
+            t.add_column(col, justify="right", no_wrap=True, overflow="fold")
     for i, r in enumerate(shown):
         if multi and i > 0 and r["prompt"] != shown[i - 1]["prompt"]:
             t.add_section()
@@ -149,12 +152,12 @@ def render_steps(console, report: TraceReport, rows: int) -> None:
                  sci(r["drift_k"]) if partial else "–", sci(max(r["drift_k_max"])) if partial else "–",
                  sci(r["drift_v"]) if partial else "–", "–" if worst is None else str(worst),
                  f"{r['fidelity_mismatch']}/{r['committed']}", f"{r['forward_ms']:.1f}"]
-        t.add_row(*([str(r["prompt"])] if multi else []), *cells)
+        t.add_row(*([str(r["prompt"])] if multi else []), *[c for c, on in zip(cells, visible) if on])
     console.print(t)
     console.print(f"fwd: full refresh or partial forward; comp / srv: positions computed / served from the cache; "
                   f"E(t−1): {sig} of the previous step's commits (decides this step's refresh); drift: "
                   "1 − cos(cached, fresh) of K/V (all KV heads of a layer) over the served positions, mean over "
-                  "layers (K max: over layers and positions); worst layer: largest mean K drift; fid.: committed "
+                  f"layers{' (K max: over layers and positions)' if wide else ''}; worst layer: largest mean K drift; fid.: committed "
                   "tokens whose greedy choice differs under a fresh full forward / committed; ms: live forward "
                   "only (the shadow forward is timed apart).", style="dim", highlight=False)
 

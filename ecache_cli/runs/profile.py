@@ -290,25 +290,25 @@ def apply_rank_speed(summaries: dict[str, dict], rank_speed: dict[str, list[dict
 
 # --- rendering ------------------------------------------------------------------------------------
 
-COLUMNS = [  # (header, summary key, format)
-    ("policy", None, None),
-    ("tok/s\n(generated)", "tokens_per_s", "{:.1f}"),
-    ("speedup\nvs none", "speedup_vs_none", "{:.2f}×"),
-    ("latency\nspeedup", "latency_speedup_vs_none", "{:.2f}×"),
-    ("latency ms\nmean", "mean_ms", "{:.0f}"),
-    ("p50", "p50_ms", "{:.0f}"),
-    ("p95", "p95_ms", "{:.0f}"),
-    ("NFE\n/req", "nfe_per_request", "{:.1f}"),
-    ("full\n/req", "full_forwards_per_request", "{:.1f}"),
-    ("partial\n/req", "partial_forwards_per_request", "{:.1f}"),
-    ("work %\nof none", "work_share_vs_none", "pct"),
-    ("planned\nwork %", "planned_work_share_vs_none", "pct"),
-    ("work %\n/forward", "work_share_per_forward", "pct"),
-    ("decision\n% time", "decision_overhead_pct", "{:.2f}"),
-    ("peak mem\nMiB", "peak_memory_bytes", "mib"),
-    ("identical\n% vs none", "fidelity_identical_share", "pct"),
-    ("token agree\n% vs none", "fidelity_token_agreement", "pct"),
-    ("score", "score", "{:.3f}"),
+COLUMNS = [  # (header, summary key, format, in the default view)
+    ("policy", None, None, True),
+    ("tok/s", "tokens_per_s", "{:.1f}", True),
+    ("speedup\nvs none", "speedup_vs_none", "{:.2f}×", True),
+    ("latency\nspeedup", "latency_speedup_vs_none", "{:.2f}×", False),
+    ("latency ms\nmean", "mean_ms", "{:.0f}", False),
+    ("p50", "p50_ms", "{:.0f}", False),
+    ("p95", "p95_ms", "{:.0f}", False),
+    ("NFE\n/req", "nfe_per_request", "{:.1f}", True),
+    ("full\n/req", "full_forwards_per_request", "{:.1f}", False),
+    ("partial\n/req", "partial_forwards_per_request", "{:.1f}", False),
+    ("work %\nof none", "work_share_vs_none", "pct", True),
+    ("planned\nwork %", "planned_work_share_vs_none", "pct", False),
+    ("work %\n/forward", "work_share_per_forward", "pct", False),
+    ("decision\n% time", "decision_overhead_pct", "{:.2f}", False),
+    ("peak mem\nMiB", "peak_memory_bytes", "mib", False),
+    ("identical\n%", "fidelity_identical_share", "pct", True),
+    ("token\nagree %", "fidelity_token_agreement", "pct", True),
+    ("score", "score", "{:.3f}", True),
 ]
 
 
@@ -323,24 +323,31 @@ def cell(value, fmt: str | None) -> str:
     return fmt.format(value)
 
 
-def render_table(report: ProfileReport, title: str | None = None):
-    """A rich Table, one row per policy, with the columns of ``COLUMNS`` (score only with a task)."""
+def render_table(report: ProfileReport, title: str | None = None, wide: bool = False):
+    """A rich Table, one row per policy. The default view (sized for 80 columns): tokens/s, speedup,
+    NFE, work share, identical and token-agreement shares vs none, and the score (with a task);
+    ``wide``: every column of ``COLUMNS`` (latency, full/partial forwards, planned work, decision time,
+    peak memory too). No cell is ever cut: a long policy name wraps (``--json`` keeps every number)."""
     from rich.table import Table
 
     has_score = any(report.summaries[p].get("score") is not None for p in report.policies)
-    cols = [c for c in COLUMNS if c[1] != "score" or has_score]
+    cols = [c for c in COLUMNS if (c[1] != "score" or has_score) and (wide or c[3])]
     mem = {"cuda_peak_allocated": "CUDA peak allocated", "peak_rss": "peak RSS", "rss_after_run": "RSS after run"}
-    cap = (f"speedup: tok/s over none's; latency speedup: none's mean latency over this one's. "
-           f"work %: positions x layers the forwards computed (padding included), over none's (NFE_none x canvas) "
-           f"/ over own NFE x canvas; planned: the plans' own positions over none's. "
-           f"decision: policy plan+observe time over wall time. peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
-           f"identical/token agree: outputs vs none (same prompts, same seed).")
+    if wide:
+        cap = (f"speedup: tok/s over none's; latency speedup: none's mean latency over this one's. "
+               f"work %: positions x layers the forwards computed (padding included), over none's (NFE_none x canvas) "
+               f"/ over own NFE x canvas; planned: the plans' own positions over none's. "
+               f"decision: policy plan+observe time over wall time. peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
+               f"identical/token agree: outputs vs none (same prompts, same seed).")
+    else:
+        cap = ("speedup: tok/s over none's. work %: positions x layers computed, over none's. identical / token "
+               "agree: outputs vs none. --wide: latency, forwards, decision time, memory.")
     t = Table(title=title, caption=cap, caption_justify="left")
-    for header, key, _ in cols:
-        t.add_column(header, justify="left" if key is None else "right", no_wrap=True)
+    for header, key, _, _ in cols:
+        t.add_column(header, justify="left" if key is None else "right", overflow="fold", no_wrap=key is not None)
     for p in report.policies:
         s = report.summaries[p]
-        t.add_row(p, *[cell(s.get(key), fmt) for _, key, fmt in cols[1:]])
+        t.add_row(p, *[cell(s.get(key), fmt) for _, key, fmt, _ in cols[1:]])
     return t
 
 

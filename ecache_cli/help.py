@@ -1,0 +1,241 @@
+"""``--help`` / ``-h`` for every ecache command, and ``ecache help TOPIC``.
+
+The help is rendered with rich at the terminal's width (``$COLUMNS`` when set; 80 columns for a pipe),
+as a two-column list per panel: the option's names and value type, then its one-line help and default.
+Typer's own layout puts the ``--no-…`` half of a flag pair in a column of its own, which leaves so
+little room below ~100 columns that rich cuts the longest option names (``--low-eos-confi…``); here a
+pair is written ``--[no-]chat``, the names column is as wide as the longest name (at most
+:data:`NAMES_WIDTH`), so no option name is ever cut, and the help column keeps ~50 characters at 80
+columns. Details that do not fit one line live in :data:`TOPICS`
+(``ecache help decoding``) and the README.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+
+#: The widest the names column grows (``--volatility-level <float>`` is 26); a longer entry wraps.
+NAMES_WIDTH = 28
+
+
+def terminal_width() -> int:
+    """The width help is rendered at: ``$COLUMNS`` when set, else the terminal's, else 80."""
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def _names(param, ctx) -> str:
+    """``--model, -m <str>`` / ``--[no-]chat`` / ``--ban-eos/--allow-eos`` / ``PROMPTS...``: how the option is written."""
+    if param.param_type_name == "argument":
+        return f"{param.name.upper()}{'...' if param.nargs != 1 else ''}"
+    longs = [o for o in param.opts if o.startswith("--")] + [o for o in param.opts if not o.startswith("--")]
+    text = ", ".join(longs)
+    if param.secondary_opts:
+        neg = param.secondary_opts[0]
+        if len(longs) == 1 and neg == "--no-" + longs[0][2:]:  # --chat/--no-chat -> --[no-]chat
+            text = "--[no-]" + longs[0][2:]
+        else:
+            text += "/" + ", ".join(param.secondary_opts)
+    kind = "" if getattr(param, "is_flag", False) else (param.display_type_rich(ctx) or "")
+    return f"{text} {kind}".strip()
+
+
+def _help_text(param) -> str:
+    """The option's help with its default (``[default: …]``, unless the help says it) and env var."""
+    text = (param.help or "").strip()
+    default = param.default
+    if ("[default:" not in text and default is not None and default is not False and param.show_default is not False
+            and not getattr(param, "is_flag", False) and param.param_type_name == "option"):
+        text += f" \\[default: {default}]"
+    if getattr(param, "envvar", None):
+        text += f" \\[env: ${param.envvar}]"
+    if param.required:
+        text += " \\[required]"
+    return text
+
+
+def _panels(console, panels: dict[str, list[tuple[str, str]]]) -> None:
+    """Print each panel: its title, then its rows indented by 2, the names column equally wide in every
+    panel (the widest name, at most :data:`NAMES_WIDTH`)."""
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    width = min(NAMES_WIDTH, max((len(n) for rows in panels.values() for n, _ in rows), default=0))
+    for title, rows in panels.items():
+        console.print(Text(title, style="bold"))
+        t = Table.grid(padding=(0, 2), pad_edge=False)
+        t.add_column(style="bold cyan", min_width=width, max_width=width, overflow="fold")
+        t.add_column(overflow="fold")
+        for names, text in rows:
+            t.add_row(Text(names), Text.from_markup(text))
+        console.print(Padding(t, (0, 0, 0, 2)))
+
+
+def render(command, ctx) -> str:
+    """The help of ``command`` (a click command or group) as text for the terminal (ANSI styles when
+    stdout is a terminal): usage, description, then the parameters panel by panel (typer's
+    ``rich_help_panel``; arguments first) or the subcommands, and a last line on ``-h`` and the topics."""
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.text import Text
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=terminal_width(), force_terminal=sys.stdout.isatty(), highlight=False)
+    pieces = command.collect_usage_pieces(ctx)
+    console.print(Text("Usage: ", style="bold") + Text(" ".join([ctx.command_path, *pieces])))
+    if command.help:
+        import inspect
+
+        for para in inspect.cleandoc(command.help).split("\n\n"):
+            console.print(Padding(Text.from_markup(" ".join(para.split())), (0, 0, 0, 1)))
+    console.print()
+    panels: dict[str, list[tuple[str, str]]] = {}
+    help_names = set(ctx.help_option_names)
+    for param in command.get_params(ctx):
+        if getattr(param, "hidden", False) or help_names & set(getattr(param, "opts", ())):
+            continue  # -h/--help: the last line
+        if param.param_type_name == "argument":
+            panel = "Arguments"
+        else:
+            panel = getattr(param, "rich_help_panel", None) or "Options"
+        panels.setdefault(panel, []).append((_names(param, ctx), _help_text(param)))
+    if "Arguments" in panels:
+        panels = {"Arguments": panels.pop("Arguments"), **panels}
+    if hasattr(command, "list_commands"):
+        rows = []
+        for name in command.list_commands(ctx):
+            cmd = command.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=200)))
+        panels["Commands"] = rows
+    _panels(console, panels)
+    console.print(Text.from_markup(f"[bold]{' / '.join(ctx.help_option_names)}[/] this help · more: "
+                                   f"[bold]ecache help[/] {'|'.join(TOPICS)}"))
+    return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").split("\n")) + "\n"
+
+
+# --- ecache help TOPIC -------------------------------------------------------------------------------------
+
+#: ``ecache help TOPIC``: what does not fit an option's one line. Rich markup; kept in step with the README.
+TOPICS: dict[str, tuple[str, str]] = {
+    "decoding": ("Denoising steps, blocks, parallel decoding and Dream's options", """\
+[bold]Canvas and blocks.[/] --gen-length positions are generated in blocks of --block-length, left to right
+(semi-autoregressive); inside a block the denoising steps commit masked positions.
+
+[bold]--steps[/]: total denoising steps; each block gets steps / blocks (default: gen-length, one token a
+step). Under --threshold or --factor a block runs until it has no masks: with the llada schedule
+--steps is then only checked (a multiple of the blocks, as Fast-dLLM does) and does not set the step
+count; with the dream schedule it sets the per-step quota (block masks / steps, Fast-dLLM's Dream rule).
+
+[bold]--threshold t[/] (Fast-dLLM parallel decoding): commit every block token with confidence ≥ t (e.g. 0.9),
+at least one a step. [bold]--factor f[/]: Fast-dLLM's factor rule (e.g. 1.0).
+
+[bold]--remasking[/]: which masks a step commits: low_confidence (LLaDA), random, topk_margin, entropy,
+maskgit_plus (Dream's algs) or origin (Dream's: each mask revealed at random; dream schedule only).
+
+[bold]--schedule[/]: tokens committed per step: llada (even split; Fast-dLLM's uncapped threshold rule) or
+dream (Dream's timesteps; Fast-dLLM's Dream threshold quota). Default: the model family's.
+
+[bold]--temperature[/] 0 = greedy; > 0 = Gumbel-max sampling in float64, with --top-k / --top-p (Dream's rule).
+[bold]--alg-temp a[/] (Dream's alg_temp; dream schedule, fixed steps): draw each step's positions from
+softmax(confidence / a) instead of the top-scoring ones.
+[bold]--ban-eos[/] never commits EOS/EOT (LLaDA logits_eos_inf); [bold]--low-eos-confidence[/] gives them
+confidence 0 (LLaDA confidence_eos_eot_inf); [bold]--early-exit[/] (on) stops a row once its answer ended.
+[bold]--compat fastdllm[/] (Dream only): Fast-dLLM's Dream block sampler, which commits each block's first token
+unchecked at its first step (a compatibility mode, not a default).
+
+Profile keys (decode:): gen_length, block_length, steps, temperature, top_k, top_p, remasking,
+threshold, factor, ban_eos, low_eos_confidence, early_exit, schedule, compat, eps, alg_temp."""),
+    "cache": ("Cache policies, their parameters and ranges", """\
+[bold]--cache[/] chooses the policy (default entropy). Parameters without a flag go in a profile's cache:
+section (cache: {policy: dllm-cache, kr: 4}) or a --policies variant (ecache profile --policies
+none,elastic:gamma=0.8).
+
+  policy      parameters (range, default)
+  none        (the baseline: a full forward every step)
+  prefix      refresh_every (≥ 0, 0)            Fast-dLLM, block start → end
+  dual        refresh_every (≥ 0, 0)            Fast-dLLM, the block only
+  entropy     tau (≥ 0 nats, 1), recent_k (≥ 0, 64), signal, block_refresh
+  dllm-cache  kp (≥ 1, 50), kr (≥ 1, 7), rho ([0, 1], 0.25), tol ([0, 2], 1e-3)
+  dkv         refresh_every (≥ 1, 8)
+  d2cache     current_k (≥ 1, 32), rollout_p ([0, 1], 0.1), sigma (> 0, 10),
+              refresh_every (≥ 0, 0)
+  elastic     gamma (cosine similarity, [0, 1], 0.9), window (≥ 0, 16),
+              refresh_every (≥ 0, 0)
+
+[bold]--refresh-every N[/]: prefix, dual: a refresh every N steps inside each block besides its start (0 = block
+starts only, 1 = every step; default 0); dkv: every N steps of a block (≥ 1, default 8); d2cache,
+elastic: every N steps of the run (0 = never, the papers' rule). Steps are those actually run, so under
+--threshold a block may end before its next refresh. Not used by none, entropy, dllm-cache.
+
+[bold]--signal[/] (entropy): max-entropy (default), sum-entropy or max-confidence (1 − min probability).
+A value outside its range is an error naming the value and the range, from a flag, a profile or a
+--policies variant alike."""),
+    "profiles": ("Profile files: where they are looked up and what they hold", """\
+A profile is a YAML file (UTF-8, no key twice) with the sections model, task, decode, cache, measured,
+note, e.g.
+
+  model: tiny
+  task: arith
+  decode: {gen_length: 256, block_length: 32, steps: 256}
+  cache: {policy: entropy, tau: 0.8, recent_k: 64}
+
+cache: holds the keys of its own cache.policy (entropy when unset); a key of another policy, an unknown
+key, an empty profile or a value out of range is an error naming it. Precedence: defaults < profile <
+flags. [bold]--profile NAME[/] (or --task NAME) is looked up in ./profiles (or $ECACHE_PROFILES), then the user's
+config folder (~/.config/ecache/profiles), then the profiles shipped in the package; without either,
+the model's default.yaml is used when present. [bold]ecache calibrate[/] writes ./profiles/<model>/<task>.yaml."""),
+    "input": ("Prompts: arguments, stdin and --input JSONL records", """\
+Prompts come as arguments, one per line on stdin, or as [bold]--input FILE.jsonl[/] records (- = stdin), one JSON
+object a line with one of:
+
+  {"prompt": "text"}                                  plain text
+  {"messages": [{"role": "user", "content": "hi"}]}   a chat (roles below)
+  {"prompt_ids": [1, 2, 3]}                           token ids, used as is
+
+Chat roles: system, user, assistant; any other role is an error naming it.
+
+Files must be UTF-8; a bad line is an error naming file:line, after the earlier records' results.
+--jsonl output records echo the input record's other fields."""),
+    "outputs": ("Tables, JSON files and concurrent runs", """\
+Tables are sized for an 80-column terminal: [bold]profile[/] and [bold]calibrate[/] show the columns that matter
+(tokens/s, speedup, work, fidelity, score); [bold]--wide[/] shows every column (wider than 80 columns: pipe to
+less -S); --json keeps every number. Results go to stdout, progress, warnings and errors to stderr;
+a closed stdout (ecache profile ... | head -1) ends quietly with exit 0.
+
+Output files (--json, --jsonl, --plot, calibrate's --run-file, which also guards its profile) are
+checked before the model loads and locked while a command writes them: a second ecache process given the same file fails at once
+(exit 1), naming the other process, instead of interleaving its lines.
+
+Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage
+error (bad flag, value or profile), 130 interrupted (Ctrl-C)."""),
+}
+
+
+def print_topic(console, text: str) -> None:
+    """Print a topic's text on a rich ``console``: a paragraph whose lines start with two spaces is
+    printed as it is (a table or an example); any other paragraph is wrapped at the console's width."""
+    from rich.text import Text
+
+    for i, para in enumerate(text.strip("\n").split("\n\n")):
+        if i:
+            console.print()
+        if para.startswith("  "):
+            console.print(Text.from_markup(para), no_wrap=True, overflow="ignore", crop=False)
+        else:
+            console.print(Text.from_markup(" ".join(para.split())))
+
+
+def topic_text(name: str | None) -> str:
+    """The text of ``ecache help NAME`` (None: the list of topics). Raises UsageError for an unknown topic."""
+    from .errors import UsageError
+
+    if name is None:
+        width = max(map(len, TOPICS))
+        lines = [f"  {k.ljust(width)}  {v[0]}" for k, v in TOPICS.items()]
+        return ("Topics (ecache help TOPIC), besides each command's --help:\n" + "\n".join(lines) + "\n")
+    if name not in TOPICS:
+        raise UsageError(f"no help topic {name!r}; choose one of {', '.join(TOPICS)} (or run `ecache COMMAND -h`)")
+    return TOPICS[name][1]

@@ -1,0 +1,418 @@
+"""Bad input ends as one ``error:`` line naming the value and the fix, never a traceback or a crash; tables
+and help fit an 80-column terminal; two writers of one output file are refused.
+
+One row per bad input. Most run in-process through CliRunner with a model folder that does not exist,
+so they prove the error comes before anything loads; those that need a model use the random test
+checkpoint (``llada_dir``), and a subprocess only where the process boundary is the point (another
+process holding an output file, a closed stdout pipe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cli_helpers import one_line_error
+from ecache_cli.cli import app
+
+SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
+BIG = "99999999999999999999"  # > 2**64
+COMMANDS = ["generate", "profile", "calibrate", "trace-drift"]
+
+
+def _no_traceback(res):
+    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout, res.stderr
+
+
+# --- numeric options and policy parameters ------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, needles", [
+    (["generate", "x", "--recent-k", BIG], [f"--recent-k {BIG}", "≤ 2147483647", "e.g. 64"]),
+    (["generate", "x", "--gen-length", BIG], [f"--gen-length {BIG}", "≤ 2147483647"]),
+    (["generate", "x", "--block-length", "0"], ["--block-length 0", "≥ 1"]),
+    (["generate", "x", "--steps", "-4"], ["--steps -4", "≥ 1"]),
+    (["generate", "x", "--top-k", BIG], [f"--top-k {BIG}", "≤ 2147483647"]),
+    (["generate", "x", "--seed", "1" + BIG], [f"--seed 1{BIG}", "≤ 18446744073709551615"]),
+    (["generate", "x", "--seed", "-1"], ["--seed -1", "≥ 0"]),
+    (["generate", "x", "--batch-size", "-3"], ["--batch-size -3", "≥ 1"]),
+    (["generate", "x", "--refresh-every", BIG, "--cache", "dual"], [f"--refresh-every {BIG}", "≤ 2147483647"]),
+    (["generate", "x", "--tau", "inf"], ["--tau inf", "a finite number ≥ 0"]),
+    (["generate", "x", "--tau", "-0.5"], ["--tau -0.5", "≥ 0", "e.g. 0.5"]),
+    (["generate", "x", "--top-p", "nan"], ["--top-p nan", "a finite number in (0, 1]"]),
+    (["generate", "x", "--threshold", "0"], ["--threshold 0.0", "in (0, 1]", "e.g. 0.9"]),
+    (["generate", "x", "--factor", "-inf"], ["--factor -inf", "a finite number > 0"]),
+    (["generate", "x", "--temperature", "nan"], ["--temperature nan", "finite"]),
+    (["generate", "x", "--alg-temp", "-1"], ["--alg-temp -1.0", "≥ 0"]),
+    (["generate", "x", "--threads", "0"], ["--threads 0", "≥ 1", "$ECACHE_THREADS"]),
+    (["profile", "x", "--warmup", "-1"], ["--warmup -1", "≥ 0"]),
+    (["profile", "x", "--repeats", BIG], [f"--repeats {BIG}", "≤ 2147483647"]),
+    (["profile", "x", "--trace-steps", "0"], ["--trace-steps 0", "≥ 1"]),
+    (["profile", "--task", "list", "--limit", "0"], ["--limit 0", "≥ 1"]),
+    (["profile", "--task", "list", "--shots", "-2"], ["--shots -2", "≥ 0"]),
+    (["calibrate", "--task", "list", "--max-drop", "200"], ["--max-drop 200.0", "in [0, 100]"]),
+    (["calibrate", "--task", "list", "--min-fidelity", "nan"], ["--min-fidelity nan", "finite"]),
+    (["calibrate", "--task", "list", "--grid", "0"], ["--grid 0", "≥ 1"]),
+    (["calibrate", "--task", "list", "--refine", BIG], [f"--refine {BIG}", "≤ 2147483647"]),
+    (["calibrate", "--task", "list", "--taus", "0.5,nan"], ["--taus", "finite numbers"]),
+    (["trace-drift", "x", "--volatility-level", "inf"], ["--volatility-level inf", "finite"]),
+    (["trace-drift", "x", "--rows", BIG], [f"--rows {BIG}", "≤ 2147483647"]),
+    (["trace-drift", "--task", "arith", "--limit", "-1"], ["--limit -1", "≥ 1"]),
+    # --policies variants: every policy's parameters, each checked against its declared range
+    (["profile", "x", "--policies", f"none,entropy:recent_k={BIG}"], [f"recent_k={BIG}", "≤ 2147483647"]),
+    (["profile", "x", "--policies", "entropy:tau=nan"], ["tau=nan", "not NaN"]),
+    (["profile", "x", "--policies", "elastic:gamma=1.5"], ["elastic parameter gamma=1.5", "in [0, 1]", "cosine"]),
+    (["profile", "x", "--policies", "elastic:gamma=-0.1"], ["gamma=-0.1", "in [0, 1]"]),
+    (["profile", "x", "--policies", "elastic:window=-1"], ["window=-1", "≥ 0"]),
+    (["profile", "x", "--policies", "dllm-cache:rho=1.5"], ["rho=1.5", "in [0, 1]"]),
+    (["profile", "x", "--policies", "dllm-cache:kp=0"], ["kp=0", "≥ 1"]),
+    (["profile", "x", "--policies", f"dllm-cache:kr={BIG}"], [f"kr={BIG}", "≤ 2147483647"]),
+    (["profile", "x", "--policies", "dllm-cache:tol=inf"], ["tol=inf", "finite"]),
+    (["profile", "x", "--policies", "d2cache:sigma=0"], ["sigma=0", "in (0, 65536]"]),
+    (["profile", "x", "--policies", "d2cache:rollout_p=2"], ["rollout_p=2", "in [0, 1]"]),
+    (["profile", "x", "--policies", "d2cache:current_k=0"], ["current_k=0", "≥ 1"]),
+    (["profile", "x", "--policies", "dkv:refresh_every=0"], ["dkv parameter refresh_every=0", "≥ 1"]),
+    (["profile", "x", "--policies", "dual:refresh_every=-1"], ["refresh_every=-1", "≥ 0"]),
+])
+def test_out_of_range_values_are_one_line_usage_errors(cli, tmp_path, args, needles):
+    res = cli(*args, "--model", tmp_path / "no-model", "--no-chat", "-q")
+    _no_traceback(res)
+    one_line_error(res, 2, *needles)
+
+
+def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
+    """A numeric field added to a policy or to DecodeConfig must get a range in config.RANGES."""
+    import typing
+
+    from ecache_cli.cache import POLICIES
+    from ecache_cli.config import Range, field_types
+    from ecache_cli.engine.state import DecodeConfig
+
+    for cls in [DecodeConfig, *POLICIES.values()]:
+        for name, kind in field_types(cls).items():
+            base = kind
+            if typing.get_origin(kind) is typing.Annotated:
+                base, *meta = typing.get_args(kind)
+                assert any(isinstance(m, Range) for m in meta)
+                continue
+            numeric = {int, float} & set(typing.get_args(base) or (base,))
+            assert not numeric, f"{cls.__name__}.{name} has no declared range (config.RANGES)"
+
+
+# --- profile files ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, needles", [
+    (b"cache:\n  tau: 0.5\xff\n", ["not UTF-8 text", "0xff", "line 2", "save the file as UTF-8"]),
+    (b"cache:\n  tau: 0.5\n  tau: 0.7\n", ["key 'tau' given twice", "lines 2 and 3", "keep one"]),
+    (b"cache: {tau: 0.5, tau: 0.7}\n", ["key 'tau' given twice"]),
+    (b"", ["the profile is empty", "decode: and cache:"]),
+    (b"# only a comment\n", ["the profile is empty"]),
+    (b"note: hello\n", ["holds no settings", "decode: and cache:"]),
+    (b"cache: {policy: entropy, gamma: 0.5}\n", ["unknown key cache.gamma of policy entropy", "allowed:", "tau"]),
+    (b"cache: {gamma: 0.5}\n", ["cache.gamma of policy entropy (cache.policy unset: entropy)"]),
+    (b"cache: {policy: elastic, tau: 0.5}\n", ["unknown key cache.tau of policy elastic", "gamma"]),
+    (b"cache: {policy: entropy, foo: 1}\n", ["unknown key cache.foo", "allowed:"]),
+    (b"cache: {policy: nosuch}\n", ["cache.policy 'nosuch' is not a cache policy", "entropy"]),
+    (b"cache: {policy: elastic, gamma: 2}\n", ["cache.gamma: 2", "in [0, 1]"]),
+    (b"cache: {policy: entropy, recent_k: " + BIG.encode() + b"}\n", ["cache.recent_k", "≤ 2147483647"]),
+    (b"decode: {gen_length: -5}\n", ["decode.gen_length: -5", "≥ 1"]),
+    (b"decode: {top_p: .nan}\n", ["decode.top_p: nan", "not NaN"]),
+    (b"cache: [1, 2]\n", ["'cache' must be a mapping"]),
+    (b"cache: {tau: [0.5\n", ["not valid YAML"]),
+])
+def test_bad_profile_file_is_one_line(cli, tmp_path, content, needles):
+    prof = tmp_path / "p.yaml"
+    prof.write_bytes(content)
+    res = cli("generate", "x", "--profile", prof, "--model", tmp_path / "no-model", *SMALL)
+    _no_traceback(res)
+    one_line_error(res, 2, str(prof), *needles)
+
+
+def test_profile_with_its_own_policy_keys_is_accepted(cli, llada_dir, tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("cache: {policy: elastic, gamma: 0.8, window: 4}\ndecode: {gen_length: 16, block_length: 8}\n")
+    res = cli("generate", "x", "--profile", prof, "--model", llada_dir, "--no-chat", "-q", "--jsonl")
+    assert res.exit_code == 0, res.stderr
+    settings = json.loads(res.stdout)["settings"]
+    assert settings["cache"] == "elastic" and settings["cache_params"] == {"gamma": 0.8, "window": 4}
+
+
+# --- input records, checkpoints ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("messages, needles", [
+    ([{"role": "robot", "content": "hi"}], ["messages[0] has role 'robot'", "system, user, assistant"]),
+    ([{"role": "user", "content": "a"}, {"role": "User", "content": "b"}], ["messages[1] has role 'User'"]),
+    ([{"role": "user", "content": 5}], ["messages[0] 'content' must be a string", "5"]),
+])
+def test_chat_messages_with_unknown_roles_are_rejected(cli, llada_dir, tmp_path, messages, needles):
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"messages": messages}) + "\n")
+    res = cli("generate", "--input", f, "--model", llada_dir, *SMALL)
+    _no_traceback(res)
+    one_line_error(res, 1, f"{f}:1", *needles)
+
+
+def _edit_config(llada_dir: Path, tmp_path: Path, edit) -> Path:
+    ck = tmp_path / "ck"
+    shutil.copytree(llada_dir, ck)
+    cfg = ck / "config.json"
+    data = edit(json.loads(cfg.read_text()))
+    cfg.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
+    return ck
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda c: {**c, "mask_token_id": 10**6}, ["mask_token_id 1000000 (the mask token) is outside the vocabulary",
+                                                "ids 0..", "fix config.json"]),
+    (lambda c: {**c, "mask_token_id": -1}, ["mask_token_id -1", "outside the vocabulary"]),
+    (lambda c: {**c, "eos_token_id": c.get("vocab_size", c.get("embedding_size"))}, ["eos_token_id", "outside"]),
+    (lambda c: {**c, "d_model": "abc"}, ["a config.json field has a wrong type"]),
+    (lambda c: b'{"model_type": "llada", "d_model": 64\xff}', ["not UTF-8 text", "0xff"]),
+    (lambda c: b"[1, 2]", ["holds a JSON list, not an object"]),
+    (lambda c: b"{", ["not valid JSON"]),
+])
+def test_damaged_checkpoint_config_is_one_line(cli, llada_dir, tmp_path, edit, needles):
+    ck = _edit_config(Path(llada_dir), tmp_path, edit)
+    res = cli("generate", "x", "--model", ck, *SMALL)
+    _no_traceback(res)
+    one_line_error(res, 1, str(ck / "config.json"), *needles)
+
+
+# --- threads, Ctrl-C --------------------------------------------------------------------------------------------
+
+def test_threads_beyond_the_cores_are_clamped_with_one_warning(cli, llada_dir):
+    import torch
+
+    from ecache_cli.runtime import available_cpus
+
+    before = torch.get_num_threads()
+    try:
+        res = cli("generate", "x", "--model", llada_dir, *SMALL, "--threads", BIG)
+        assert res.exit_code == 0, res.stderr
+        n = available_cpus()
+        warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: --threads")]
+        assert warnings == [f"warning: --threads {BIG} is more than the {n} CPU core(s) this process may use; "
+                            f"using {n}"]
+        assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_ctrl_c_in_lm_eval_is_one_line_and_130(monkeypatch, capsys):
+    import types
+
+    from ecache_cli.evaluation import __main__ as entry
+
+    def cli_evaluate():
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "lm_eval", types.ModuleType("lm_eval"))
+    monkeypatch.setitem(sys.modules, "lm_eval.__main__", types.SimpleNamespace(cli_evaluate=cli_evaluate))
+    monkeypatch.setitem(sys.modules, "ecache_cli.evaluation.lm_eval_adapter", types.ModuleType("adapter"))
+    with pytest.raises(SystemExit) as exc:
+        entry.main()
+    assert exc.value.code == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: interrupted; the evaluation stopped before lm-eval wrote its results"]
+
+
+# --- outputs: one writer per file, closed pipes -------------------------------------------------------------
+
+HOLD = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="advisory locks: fcntl")
+@pytest.mark.parametrize("args, flag", [
+    (["profile", "x", "--policies", "none", "--json"], "--json"),
+    (["trace-drift", "x", "--jsonl"], "--jsonl"),
+    (["calibrate", "--task", "list", "--run-file"], "--run-file"),
+])
+def test_a_second_writer_of_one_output_fails_at_once(cli, tmp_path, args, flag):
+    out = tmp_path / "out.file"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.perf_counter()
+        res = cli(*args, out, "--model", tmp_path / "no-model", *SMALL)
+        assert time.perf_counter() - t0 < 30  # refused at once, not after waiting
+        line = one_line_error(res, 1, f"{flag} {out} is being written by another process", "choose another path")
+        assert f"pid {holder.pid}" in line or "another ecache run" in line
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_ends_with_the_command_and_a_failed_run_leaves_no_empty_file(cli, tmp_path):
+    out = tmp_path / "p.json"
+    for _ in range(2):  # the second run is not refused by the first one's lock
+        res = cli("profile", "x", "--policies", "none", "--json", out, "--model", tmp_path / "no-model", *SMALL)
+        assert res.exit_code == 1 and "being written" not in res.stderr, res.stderr
+    assert not out.exists()  # created for the lock, removed because the run wrote nothing
+
+
+@pytest.mark.parametrize("args", [
+    ["trace-drift", "--jsonl", "-", "--rows", "0"],
+    ["profile", "--policies", "none", "--json", "-", "--warmup", "0"],
+])
+def test_closed_stdout_exits_0(llada_dir, profiles_dir, args):
+    prompts = [f"Sort: {i} 3 1" for i in range(40)]
+    cmd = [sys.executable, "-m", "ecache_cli", *args, *prompts, "--model", str(llada_dir), *SMALL, "-b", "8"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"})
+    p.stdout.read(10)
+    p.stdout.close()  # like `| head -c 10`
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_help_into_a_closed_pipe_exits_0():
+    p = subprocess.Popen([sys.executable, "-m", "ecache_cli", "profile", "-h"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "80"})
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0, err
+    assert err == ""
+
+
+# --- help: -h, the terminal's width, no cut option name, about 60 lines --------------------------------------
+
+def _help(args, columns: int):
+    res = CliRunner().invoke(app, args, env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+@pytest.mark.parametrize("command", [None, *COMMANDS, "help"])
+def test_help_fits_the_terminal(command, columns):
+    args = [] if command is None else [command]
+    short, long = _help([*args, "-h"], columns), _help([*args, "--help"], columns)
+    assert short == long
+    lines = short.splitlines()
+    assert "…" not in short
+    assert max(len(ln) for ln in lines) <= columns, max(lines, key=len)
+    group = typer.main.get_command(app)
+    cmd = group if command is None else group.commands[command]
+    ctx = typer.Context(cmd, info_name=command or "ecache")
+    for p in cmd.get_params(ctx):  # every option name whole, on one line
+        if p.param_type_name != "option" or p.hidden:
+            continue
+        for name in [*p.opts, *p.secondary_opts]:
+            pair = p.secondary_opts and name in (p.opts[0], "--no-" + p.opts[0][2:])
+            shown = f"--[no-]{p.opts[0][2:]}" if pair and p.secondary_opts[0] == "--no-" + p.opts[0][2:] else name
+            assert any(shown in ln for ln in lines), (command, name)
+    if columns == 100:
+        assert len(lines) <= 60, (command, len(lines))
+
+
+@pytest.mark.parametrize("topic", ["decoding", "cache", "profiles", "input", "outputs"])
+def test_help_topics_fit_80_columns(topic):
+    text = _help(["help", topic], 80)
+    assert len(text.splitlines()) > 3 and max(len(ln) for ln in text.splitlines()) <= 80
+
+
+def test_help_lists_topics_and_rejects_an_unknown_one(cli):
+    res = cli("help")
+    assert res.exit_code == 0 and all(t in res.stdout for t in ("decoding", "cache", "profiles", "input", "outputs"))
+    assert cli("help", "generate").stdout == cli("generate", "-h").stdout
+    one_line_error(cli("help", "nosuch"), 2, "no help topic 'nosuch'", "decoding")
+
+
+# --- tables at 80 columns --------------------------------------------------------------------------------------
+
+def _render(renderable, width: int) -> str:
+    from rich.console import Console
+
+    con = Console(width=width, record=True, file=open(os.devnull, "w"))
+    con.print(renderable)
+    return con.export_text()
+
+
+def _table_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln[:1] in "┏┃┡│└"]
+
+
+def _profile_report(names):
+    from ecache_cli.runs.profile import ProfileReport
+
+    s = {"tokens_per_s": 12345.6, "speedup_vs_none": 12.34, "latency_speedup_vs_none": 11.1, "mean_ms": 123456,
+         "p50_ms": 1234, "p95_ms": 12345, "nfe_per_request": 1024.0, "full_forwards_per_request": 256.0,
+         "partial_forwards_per_request": 768.0, "work_share_vs_none": 0.123, "planned_work_share_vs_none": 0.1,
+         "work_share_per_forward": 0.5, "decision_overhead_pct": 12.34, "peak_memory_bytes": 123 * 2**30,
+         "fidelity_identical_share": 1.0, "fidelity_token_agreement": 0.999, "score": 0.875}
+    return ProfileReport(policies=names, summaries={p: dict(s) for p in names}, runs={}, memory_kind="peak_rss",
+                         decode=None)
+
+
+def test_profile_table_fits_80_columns_and_wide_has_every_column():
+    from ecache_cli.runs.profile import COLUMNS, render_table
+
+    names = ["none", "dllm-cache", "entropy", "entropy:tau=2.5:recent_k=16"]
+    rep = _profile_report(names)
+    text = _render(render_table(rep, "title"), 80)
+    rows = _table_lines(text)
+    assert "…" not in text and max(len(ln) for ln in rows) <= 80
+    for needle in ("tok/s", "speedup", "NFE", "work %", "identical", "agree", "score", "12345.6", "12.34×", "0.875"):
+        assert needle in text, needle
+    wide = _render(render_table(rep, "title", wide=True), 240)
+    assert "…" not in wide
+    for header, *_ in COLUMNS:
+        assert header.split("\n")[0] in wide, header
+    assert "p95" not in text and "p95" in wide  # a wide-only column
+
+
+def test_sweep_table_fits_80_columns():
+    from test_cli_errors import _point
+
+    from ecache_cli.runs.calib_report import sweep_table
+
+    base = _point(None, 1.0, 1.0, score=0.875, fidelity=1.0)
+    pts = [_point(t, 12.34, 10.5, score=0.85, fidelity=0.95) for t in (0.00271, 1.5, 123.456)]
+    for p in pts:
+        p.delta_ci, p.lost, p.gained = (-0.0512, 0.0012), 3, 2
+    outcome = SimpleNamespace(base=base, points=pts, frontier=pts[:1], choice=SimpleNamespace(point=pts[0]))
+    text = _render(sweep_table(outcome, "task", 0.01, None), 80)
+    assert "…" not in text and max(len(ln) for ln in _table_lines(text)) <= 80
+    assert "12.34×" in text and "-2.5" in text and "★" in text
+    wide = _render(sweep_table(outcome, "task", 0.01, None, wide=True), 240)
+    assert "[-5.1, +0.1]" in wide and "lost/gained" in wide and "[-5.1" not in text
+
+
+def test_trace_drift_table_fits_80_columns():
+    from rich.console import Console
+
+    from ecache_cli.runs.drift_report import render_steps
+
+    def rec(prompt, step, refresh):
+        return {"prompt": prompt, "step": step, "block": step // 32, "refresh": refresh, "computed": 1536,
+                "served": 0 if refresh else 1200, "signal": {"max-entropy": 12.345}, "drift_k": 1.234e-3,
+                "drift_k_max": [9.9e-2, 1e-3], "drift_v": 2.3e-3, "drift_k_mean": [1e-3, 2e-3],
+                "fidelity_mismatch": 12, "committed": 256, "forward_ms": 1234.5}
+
+    records = [rec(p, s, s % 7 == 0) for p in (0, 12) for s in range(0, 1024, 37)]
+    report = SimpleNamespace(records=records, signal="max-entropy")
+    con = Console(width=80, record=True, file=open(os.devnull, "w"))
+    render_steps(con, report, 0)
+    text = con.export_text()
+    table = [ln for ln in text.splitlines() if ln.strip() and ln.split()[0].isdigit()]
+    assert table and "…" not in text and max(len(ln) for ln in table) <= 80
+    assert "12/256" in text and "1234.5" in text
+
+
+def test_profile_command_table_at_80_columns(cli, llada_dir):
+    res = CliRunner().invoke(app, ["profile", "x", "--policies", "none,entropy,entropy:tau=2.5:recent_k=16",
+                                   "--model", str(llada_dir), *SMALL, "--warmup", "0"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.stderr
+    rows = _table_lines(res.stdout)
+    assert rows and "…" not in res.stdout and max(len(ln) for ln in rows) <= 80
