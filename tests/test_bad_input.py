@@ -95,7 +95,7 @@ def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
 
     from ecache_cli.cache import POLICIES
     from ecache_cli.config import Range, field_types
-    from ecache_cli.engine.state import DecodeConfig
+    from ecache_cli.decoding.config import DecodeConfig
 
     for cls in [DecodeConfig, *POLICIES.values()]:
         for name, kind in field_types(cls).items():
