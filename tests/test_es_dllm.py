@@ -101,16 +101,25 @@ def test_bad_parameters_name_the_value(params, match):
 
 
 def test_slash_separated_shares_for_policy_variants():
-    pol = make_policy("es-dllm", proportions="1/0.5/0.25", positions="0/0.125/0.25")
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    name, params = parse_policy_spec("es-dllm:proportions=1/0.5/0.25:positions=0/0.125/0.25")
+    pol = make_policy(name, **params)
     assert pol.shares == [1.0, 0.5, 0.25] and pol.depths == [0.0, 0.125, 0.25]
+    name, params = parse_policy_spec("es-dllm:proportions=0.5:positions=0")  # one stage: typed as numbers
+    one = make_policy(name, **params)
+    assert one.shares == [0.5] and one.depths == [0.0]
+    with pytest.raises(UsageError, match="proportions"):
+        parse_policy_spec("es-dllm:proportions=1;0.5")
 
 
-def test_kept_positions_equal_the_reference(lm8):
-    """For every skipping step, row and skip layer: the positions kept equal the reference rule's on the same
-    layer inputs, with confidences tracked here from the step records and bonuses from the decode state."""
-    pol = make_policy("es-dllm", block_update_freq=BUF)
-    steps, records, run = spied_run(lm8, pol)
-    L, BL, shift, T = lm8.spec.n_layers, CFG.block_length, lm8.spec.logit_shift, run.P + run.G
+def check_against_reference(lm, policy, alpha: float) -> tuple[int, int]:
+    """Run ``policy`` (BUF = ``BUF``, default proportions/positions) and compare, for every skipping step, row
+    and skip layer, the positions kept with :func:`reference_keep` on the same layer inputs, with confidences
+    tracked here from the step records and bonuses from the decode state (+3 only when alpha < 1).
+    Returns (comparisons, skipping row-steps)."""
+    steps, records, run = spied_run(lm, policy)
+    L, BL, shift, T = lm.spec.n_layers, CFG.block_length, lm.spec.logit_shift, run.P + run.G
     layers = dict(skip_layers([1, 0.5, 0.25], [0, 0.125, 0.25], L))
     conf = torch.zeros(len(PROMPTS), T, dtype=torch.float64)  # by logit position, as the official buffer
     checked = skipped = 0
@@ -135,9 +144,9 @@ def test_kept_positions_equal_the_reference(lm8):
                     continue
                 width = len(real) if width is None else width  # the window, at the first skip layer
                 p = [int(x) for x in posn[real]]
-                bonus = [5.0 * (q == int(in_block.min())) + 3.0 * (q in last.tolist()) for q in p]
+                bonus = [5.0 * (q == int(in_block.min())) + 3.0 * (q in last.tolist() and alpha < 1) for q in p]
                 count = max(int(layers[s["layer"]] * width), min(len(last) + 2, BL))
-                want = reference_keep(s["x"][b, real], s["cached"][b, real], conf[r, p], bonus, count, 0.5)
+                want = reference_keep(s["x"][b, real], s["cached"][b, real], conf[r, p], bonus, count, alpha)
                 assert kept == sorted(p[j] for j in want), (rec.step, b, s["layer"])
                 checked += 1
             skipped += int(skipping[b])
@@ -148,7 +157,13 @@ def test_kept_positions_equal_the_reference(lm8):
                 if rec.valid[b, j]:
                     q = int(rec.targets[b, j]) - shift
                     conf[r, q] = 0.0 if rec.committed[b, j] else float(rec.prob[b, j])
-    assert skipped >= 20 and checked == 2 * skipped  # two skip layers per skipping row
+    return checked, skipped
+
+
+def test_kept_positions_equal_the_reference(lm8):
+    """The kept positions per skip layer equal the official rule's (3 prompts, 28 skipping steps each)."""
+    checked, skipped = check_against_reference(lm8, make_policy("es-dllm", block_update_freq=BUF), 0.5)
+    assert skipped == 3 * 28 and checked == 2 * skipped  # two skip layers per skipping row-step
 
 
 def test_hidden_cache_is_written_only_for_the_positions_kept(lm8):

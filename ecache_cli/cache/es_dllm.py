@@ -116,8 +116,8 @@ class ESDLLM(CachePolicy):
     update frequencies in denoising steps."""
 
     alpha: float = 0.5
-    proportions: str = "1,0.5,0.25"
-    positions: str = "0,0.125,0.25"
+    proportions: str | float = "1,0.5,0.25"  # a single number (one stage) may come typed from YAML or --policies
+    positions: str | float = "0,0.125,0.25"
     prompt_update_freq: int = 0
     block_update_freq: int = 16
     refresh_every: int = 0
@@ -130,8 +130,8 @@ class ESDLLM(CachePolicy):
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:
             raise UsageError(f"es-dllm alpha {self.alpha} must be within [0, 1] (0.5: the paper's)")
-        self.shares = parse_shares(self.proportions, "proportions")
-        self.depths = parse_shares(self.positions, "positions")
+        self.shares = parse_shares(str(self.proportions), "proportions")
+        self.depths = parse_shares(str(self.positions), "positions")
         if len(self.shares) != len(self.depths) or not self.shares:
             raise UsageError(f"es-dllm proportions {self.proportions!r} and positions {self.positions!r} must "
                              "list as many numbers (e.g. 1,0.5,0.25 and 0,0.125,0.25)")
