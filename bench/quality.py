@@ -123,6 +123,7 @@ def length_agreement(engine, lm, args, answers, domains, lengths, cfg) -> dict[i
     """
     from dataclasses import replace
 
+    from ecache_cli.cache import make_policy
     from ecache_cli.console import err
 
     out: dict[int, dict[str, float]] = {}

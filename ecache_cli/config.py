@@ -7,6 +7,7 @@ A profile is ``profiles/<model>/<task>.yaml`` (written by ``ecache calibrate``) 
     decode: {gen_length: 256, block_length: 32, steps: 256, threshold: null}
     cache: {policy: entropy, tau: 0.8, recent_k: 64, signal: max-entropy}
     measured: {score: 0.95, speedup: 9.1, date: 2026-11-30, n: 50}   # informational
+    sandbox: strict   # optional: how model-written code is isolated (tasks/sandbox.py; --sandbox overrides)
 
 Unknown sections or keys are errors (ConfigError, exit 2) naming the key.
 
@@ -32,7 +33,8 @@ from .errors import ConfigError
 DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking", "threshold",
                "factor", "ban_eos", "low_eos_confidence", "early_exit", "schedule", "compat", "eps", "alg_temp"}
 CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_every"}
-SECTIONS = {"model", "task", "decode", "cache", "measured", "note"}
+SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox"}
+SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model-written code is isolated
 
 
 def profiles_dir() -> Path:
@@ -125,6 +127,8 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
     )
 
     cache_keys = CACHE_KEYS.union(*(policy_params(n) for n in POLICIES))
+    if "sandbox" in data and data["sandbox"] not in SANDBOX_MODES:
+        raise ConfigError(f"{path}: sandbox: {data['sandbox']!r} must be one of {', '.join(SANDBOX_MODES)}")
     for section, allowed in (("decode", DECODE_KEYS), ("cache", cache_keys)):
         sec = data.get(section) or {}
         if not isinstance(sec, dict):

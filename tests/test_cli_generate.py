@@ -75,7 +75,7 @@ def test_empty_stdin_is_a_usage_error(cli, llada_dir):
 
 
 @pytest.mark.parametrize("args,needles", [
-    (["--cache", "lru"], ["'lru'", "cache", "entropy, dllm-cache"]),
+    (["--cache", "lru"], ["'lru'", "cache", "none, prefix, dual, entropy, d2cache"]),
     (["--block-length", "0"], ["--block-length 0"]),
     (["--steps", "1"], ["--steps 1", "2 blocks"]),
     (["--gen-length", "12"], ["--gen-length 12", "--block-length 8"]),
@@ -99,26 +99,28 @@ def test_unreadable_input_exits_1(cli, llada_dir, tmp_path):
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
     res = cli("generate", "--model", llada_dir, *SMALL, "--input", bad, "--jsonl")
-    one_line_error(res, 1, "latin1.jsonl:2", "UTF-8")
-    assert [r["prompt"] for r in records(res)] == ["a"]
+    one_line_error(res, 2, "latin1.jsonl:2", "UTF-8", "nothing decoded")  # every record is checked first
+    assert res.stdout == ""
 
 
 @pytest.mark.parametrize("batch", ["1", "4"])
-def test_malformed_jsonl_line_keeps_earlier_records(cli, llada_dir, tmp_path, batch):
+def test_malformed_jsonl_line_stops_the_run_before_decoding(cli, llada_dir, tmp_path, batch):
     f = tmp_path / "in.jsonl"
     f.write_text('{"prompt": "one"}\n{"messages": [{"role": "user", "content": "two"}], "id": 7}\n{"prompt": \n'
                  '{"prompt": "four"}\n')
     res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--jsonl", "-b", batch)
-    one_line_error(res, 1, "in.jsonl:3", "JSON")
+    one_line_error(res, 2, "1 of 4 record(s) invalid, nothing decoded", "in.jsonl:3", "JSON", "--skip-invalid")
+    assert res.stdout == ""
+    res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--jsonl", "-b", batch, "--skip-invalid")
     recs = records(res)
-    assert [r["index"] for r in recs] == [0, 1]
+    assert [r["index"] for r in recs] == [0, 1, 2, 3] and "error" in recs[2] and recs[3]["prompt"] == "four"
     assert recs[0]["prompt"] == "one" and recs[1]["id"] == 7 and "messages" in recs[1]
 
 
-def test_record_without_prompt_exits_1(cli, llada_dir, tmp_path):
+def test_record_without_prompt_exits_2(cli, llada_dir, tmp_path):
     f = tmp_path / "in.jsonl"
     f.write_text('{"question": "x"}\n')
-    one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--input", f), 1, "in.jsonl:1", "'prompt'")
+    one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--input", f), 2, "in.jsonl:1", "'prompt'")
 
 
 def test_profile_unknown_key_exits_2(cli, llada_dir, tmp_path):

@@ -117,8 +117,11 @@ def test_input_from_a_named_pipe_reads_its_records(cli, llada_dir, tmp_path):
 def test_bad_record_on_stdin_names_stdin_and_line(profiles_dir, llada_dir):
     res = CliRunner().invoke(app, ["generate", "--model", str(llada_dir), *SMALL, "--input", "-"],
                              input='{"prompt": "a"}\n{"prompt": "a", "messages": []}\n')
-    assert res.exit_code == 1
-    assert res.stderr.strip() == "error: stdin:2: the record has 'prompt' and 'messages'; give one of prompt, messages, prompt_ids"
+    assert res.exit_code == 2
+    assert res.stderr.strip() == ("error: --input -: 1 of 2 record(s) invalid, nothing decoded: stdin:2: the record has "
+                                  "'prompt' and 'messages'; give one of prompt, messages, prompt_ids; fix them, or pass "
+                                  "--skip-invalid to decode the others (each invalid line gets an error record)")
+    assert res.stdout == ""
 
 
 def test_crlf_stdin_and_bom_input_files(cli, llada_dir, tmp_path):

@@ -177,3 +177,43 @@ def test_torchrun_lm_eval_gathers_the_answers_of_one_process(tmp_path):
     assert two["world_size"] == 2 and [r["requests"] for r in two["ranks"]] == [3, 3]
     assert two["generated_tokens"] == one["generated_tokens"] and two["nfe"] == one["nfe"]
     assert two["wall_s"] == max(r["wall_s"] for r in two["ranks"])
+
+
+def test_generate_under_ranks_needs_an_input_and_an_output_file(cli, monkeypatch, tmp_path):
+    from cli_helpers import one_line_error
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    res = cli("generate", "Sort: 3 1 2", "-q")
+    one_line_error(res, 2, "generate under 2 ranks needs --input FILE and --output FILE")
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "a"}\n')
+    one_line_error(cli("generate", "--input", f, "-q"), 2, "under 2 ranks")
+
+
+@pytest.mark.slow
+def test_torchrun_generate_writes_each_record_once_in_input_order_and_resumes(tmp_path):
+    prompts = ["Sort: 9 3 7 1", "Reverse: 1 2 3", "Sort: 5 2 8", "Reverse: 4 5", "Sort: 6 1", "Reverse: 7 8 9 1",
+               "Sort: 2 2 1"]
+    f = tmp_path / "in.jsonl"
+    f.write_text("".join(json.dumps({"id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    args = ["generate", "--input", str(f), "-b", "2", *SMALL]
+    one = ecache(args + ["--output", str(tmp_path / "one.jsonl")], tmp_path)
+    two = ecache(args + ["--output", str(tmp_path / "two.jsonl")], tmp_path, nproc=2)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    def decided(path):
+        return [(r["index"], r["line"], r["id"], r["text"], r["token_ids"]) for r in
+                (json.loads(line) for line in path.read_text().splitlines())]
+
+    want = decided(tmp_path / "one.jsonl")
+    assert [w[0] for w in want] == list(range(7)) and want[0][3] == "1 3 7 9"
+    assert decided(tmp_path / "two.jsonl") == want
+    # a run killed while rank 0 wrote the fourth record: --resume under two ranks completes the same file
+    lines = (tmp_path / "two.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "two.jsonl").write_text("".join(lines[:3]) + lines[3][:20])
+    again = ecache(args + ["--output", str(tmp_path / "two.jsonl"), "--resume"], tmp_path, nproc=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert decided(tmp_path / "two.jsonl") == want
+    assert (tmp_path / "two.jsonl").read_text().splitlines(keepends=True)[:3] == lines[:3]  # kept as they were

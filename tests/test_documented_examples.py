@@ -114,6 +114,30 @@ def _trace_drift_sort(res, cwd):
     assert "Pearson r" in res.stderr and "wrote plot runs_out/drift.png" in res.stderr
 
 
+def _questions_written(res, cwd):  # (checks run after the whole chain: a third line was appended since)
+    assert [json.loads(line)["id"] for line in (cwd / "questions.jsonl").read_text().splitlines()[:2]] == [1, 2]
+
+
+def _answers_file(res, cwd):
+    recs = [json.loads(line) for line in (cwd / "answers.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["text"]) for r in recs] == [(1, "1 3 7 9"), (2, "3 2 1")] and res.stdout == ""
+
+
+def _answers_resumed(res, cwd):
+    _answers_file(res, cwd)
+    assert f"resuming answers.jsonl: 2 record(s) kept, 0 to decode" in res.stderr, res.stderr
+
+
+def _bad_line_added(res, cwd):
+    assert (cwd / "questions.jsonl").read_text().count("\n") == 3
+
+
+def _skip_invalid(res, cwd):
+    recs = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r.get("text") for r in recs] == ["1 3 7 9", "3 2 1", None]
+    assert recs[2]["line"] == 3 and "a record needs a string 'prompt'" in recs[2]["error"]
+
+
 #: README command → check. The commands share one folder, and the ``generate --task list`` after
 #: ``calibrate --task list`` runs after it (``CHAINS``), so it reads the profile that calibration wrote.
 CHECKS = {
@@ -131,6 +155,13 @@ CHECKS = {
     '--jsonl runs_out/steps.jsonl --tensorboard runs_out/drift --plot runs_out/trace-drift.png '
     '--json runs_out/summary.json': _trace_drift_picture,
     'ecache trace-drift "Sort: 9 3 7 1" --cache dual --plot runs_out/drift.png': _trace_drift_sort,
+    """printf '{"id": 1, "prompt": "Sort: 9 3 7 1"}\\n{"id": 2, "prompt": "Reverse: 1 2 3"}\\n' > questions.jsonl""":
+        _questions_written,
+    "ecache generate --input questions.jsonl --output answers.jsonl": _answers_file,
+    "ecache generate --input questions.jsonl --output answers.jsonl --resume": _answers_resumed,
+    """echo '{"question": "no prompt field"}' >> questions.jsonl""": _bad_line_added,
+    "ecache generate --input questions.jsonl --skip-invalid --jsonl": _skip_invalid,
+    'ecache generate --print0 "Sort: 3 1 2" "Reverse: 4 5 6" | xargs -0 -n1 echo': _prints("1 2 3\n6 5 4"),
 }
 
 OFFICIAL = "needs an official 8B checkpoint (no download on these machines)"
@@ -164,7 +195,7 @@ def test_every_readme_command_is_checked():
 
 
 #: Commands that read what an earlier one wrote run after it, in one chain; chains run side by side.
-CHAINS = ("calibrate --task list", "generate --task list")
+CHAINS = ("calibrate --task list", "generate --task list", "questions.jsonl")
 
 
 def test_readme_examples_print_the_right_answers(tmp_path):

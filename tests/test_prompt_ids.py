@@ -56,8 +56,11 @@ def test_bad_prompt_ids_are_one_line_errors_naming_the_record(cli, llada_dir, ll
     f = tmp_path / "in.jsonl"
     f.write_text('{"prompt_ids": [5, 6]}\n' + '{"prompt_ids": ' + bad + "}\n")
     res = cli("generate", "--model", llada_dir, *SMALL, "--input", f)
-    one_line_error(res, 1, "in.jsonl:2", *needles)
-    assert [r["prompt_ids"] for r in records(res)] == [[5, 6]]  # the record before it was decoded
+    one_line_error(res, 2, "in.jsonl:2", "nothing decoded", *needles)  # every record is checked first
+    assert res.stdout == ""
+    res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--jsonl", "--skip-invalid")
+    recs = records(res)
+    assert recs[0]["prompt_ids"] == [5, 6] and "text" in recs[0] and "in.jsonl:2" in recs[1]["error"]
 
 
 def test_engine_checks_ids_given_by_library_callers(llada_lm):

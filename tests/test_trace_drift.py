@@ -216,7 +216,7 @@ def test_shadow_forward_does_not_change_the_generated_tokens(lm, cache):
     for _ in plain:
         pass
     assert [r.token_ids for r in report.results] == [r.token_ids for r in plain.results()]
-    assert len(report.records) == int(plain.nfe.sum())  # one record per forward of every row
+    assert len(report.records) == int(plain.ledger.nfe.sum())  # one record per forward of every row
 
 
 def test_layer_selective_forwards_serve_only_the_layers_below_the_start(llada_lm):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 from ..contract.state import DecodeState
 from ..errors import UsageError

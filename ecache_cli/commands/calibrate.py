@@ -37,6 +37,7 @@ def calibrate_cmd(
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
     taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, comma-separated, in the signal's unit (replaces the coarse grid; --refine 0 to evaluate only these) \\[default: none: the quantile grid].", rich_help_panel=K)] = None,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code in the sandbox to score it \\[default: off].", rich_help_panel=K)] = False,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="How model-written code is isolated: strict (kernel isolation or refuse to run), auto (the strongest this machine has; warns when only the in-process guard is left), guard (in-process guard only) \\[default: the profile key sandbox, else auto].", rich_help_panel=K)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
@@ -98,8 +99,35 @@ def calibrate_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
+    from ..tasks import sandbox as code_sandbox
+
+    code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
+    settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
+    from ..distributed import from_environment
+
+    if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
+        base = f"; base settings from profile {settings.profile}" if settings.profile else ""
+        err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate){base}"), markup=False,
+                  highlight=False)
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # the ranks share the batches
-    outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
+    if dist.is_main:
+        from ..runs.confidence import warn_untrained
+
+        warn_untrained(lm, task)
+    from ..runs.calibrate import Interrupted
+
+    try:
+        outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
+    except Interrupted as e:  # Ctrl-C: the run file keeps the records; --json gets what finished
+        from ..console import error
+
+        wrote = ""
+        if e.outcome is not None and json_path is not None and not dry_run and dist.is_main:
+            doc = json_document(e.outcome, manifest(lm, settings, seed, {"command": "calibrate"}), opts)
+            write_json({**doc, "incomplete": True}, json_path)
+            wrote = f"; --json {json_path} holds none and the {len(e.outcome.points)} finished τ(s) (\"incomplete\": true)"
+        error(f"interrupted; no profile written; finished records are kept in the run file (rerun with --resume){wrote}")
+        raise typer.Exit(code=130) from None
     if not dist.is_main:  # rank 0 prints and writes every file; the others exit with its status
         if outcome.choice.point is None:
             raise typer.Exit(code=1)
@@ -118,7 +146,8 @@ def calibrate_cmd(
         err.print(line, markup=False, highlight=False)
     if not dry_run:
         if json_path is not None:
-            write_json(json_document(outcome, manifest(lm, settings, seed, {"command": "calibrate"}), opts), json_path)
+            write_json({**json_document(outcome, manifest(lm, settings, seed, {"command": "calibrate"}), opts),
+                        "incomplete": False}, json_path)
         if plot is not None:
             plot_frontier(outcome, metric, max_frac, plot)
     choice = outcome.choice

@@ -29,6 +29,10 @@ def generate(
     seed: o.Seed = 0,
     stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr (ignored, with a warning, under --quiet) \\[default: off].", rich_help_panel=o.O)] = False,
     quiet: o.Quiet = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the JSONL records (as --jsonl prints them) to FILE, each flushed as it is done, in input order; stdout then gets nothing. An existing FILE needs --resume \\[default: none: stdout].", rich_help_panel=o.O)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue --output FILE: decode only the records it lacks (same input, model and settings; a torn last line is dropped) \\[default: off].", rich_help_panel=o.O)] = False,
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help="--input records that cannot be decoded (bad JSON, no prompt, too long for the canvas) get an error record and the others are decoded \\[default: off: one error names every bad line, nothing is decoded].", rich_help_panel=o.O)] = False,
+    print0: Annotated[bool, typer.Option("--print0", help="Plain text: end each answer with a NUL byte instead of a newline, so answers that hold newlines split exactly (xargs -0, read -d '') \\[default: off].", rich_help_panel=o.O)] = False,
 ):
     """Generate text with a cached denoising loop. Results go to stdout, progress to stderr.
 
@@ -46,8 +50,24 @@ def generate(
     from ..runs.generate import GenerateOptions, run
     from ..runtime import load_for_command
 
+    from ..distributed import from_environment
+    from ..runs.confidence import warn_untrained
+
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
+    if resume and output is None:
+        raise UsageError("--resume continues an --output FILE; pass --output FILE (the file an earlier run wrote)")
+    if output is not None and str(output) == "-":
+        raise UsageError("--output - : leave --output out to write to stdout (with --jsonl for records)")
+    if print0 and (jsonl or output is not None):
+        raise UsageError("--print0 separates plain-text answers; --jsonl and --output write JSON records, one per line")
+    if skip_invalid and input_file is None:
+        raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are checked "
+                         "one by one")
+    ranks = from_environment()
+    if ranks.active and (input_file is None or str(input_file) == "-" or output is None):
+        raise UsageError(f"generate under {ranks.world_size} ranks needs --input FILE and --output FILE (rank 0 "
+                         "writes every record to FILE, in input order); stdin and stdout are one process's")
     if input_file is not None and prompts:
         raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way, "
                          "as arguments or in the file")
@@ -74,7 +94,25 @@ def generate(
     if quiet and stream:  # --quiet wins: no output on stderr at all
         warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
-    lm, _ = load_for_command(model, device, dtype, threads)  # one process: no ranks
+    if output is not None:
+        from ..outputs import check_file
+
+        check_file(output, "--output")  # before the model loads
+    if not quiet and ranks.is_main:  # what this run uses, before the (maybe long) load
+        err.print(settings.describe(model), markup=False, highlight=False)
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # torchrun: this rank's share
+    if task is not None and dist.is_main:
+        warn_untrained(lm, task)
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
-                           batch_size=batch_size, seed=seed, stream=stream, quiet=quiet)
-    run(lm, settings, opts, sys.stdout, err)
+                           batch_size=batch_size, seed=seed, stream=stream, quiet=quiet, output=output,
+                           resume=resume, skip_invalid=skip_invalid, print0=print0)
+    try:
+        run(lm, settings, opts, sys.stdout, err, dist=dist)
+    except KeyboardInterrupt:
+        if output is None:
+            raise
+        from ..console import error
+
+        error(f"interrupted; --output {output} keeps every record written so far; rerun the same command with "
+              "--resume to decode only the rest")
+        raise typer.Exit(code=130) from None

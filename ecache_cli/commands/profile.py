@@ -21,7 +21,8 @@ def profile_cmd(
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (e.g. ../shared/data/gsm8k/test.jsonl) \\[default: none].", rich_help_panel=T)] = None,
     shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question \\[default: the task's, e.g. 8 for gsm8k].", rich_help_panel=T)] = None,
     limit: Annotated[Optional[int], typer.Option(help="Number of task examples (or at most this many prompts) \\[default: 8 with --task].", rich_help_panel=T)] = None,
-    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it (best-effort sandbox) \\[default: off].", rich_help_panel=T)] = False,
+    allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Let code tasks run model-written code to score it in the sandbox (see --sandbox) \\[default: off].", rich_help_panel=T)] = False,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="How model-written code is isolated: strict (kernel isolation or refuse to run), auto (the strongest this machine has; warns when only the in-process guard is left), guard (in-process guard only) \\[default: the profile key sandbox, else auto].", rich_help_panel=T)] = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
@@ -122,7 +123,19 @@ def profile_cmd(
         err.print("note: --policies has no 'none': speedup, work share and fidelity vs none are not measured",
                   markup=False, highlight=False)
 
+    from ..tasks import sandbox as code_sandbox
+
+    code_sandbox.configure(sandbox, settings.sandbox,
+                           bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
+    from ..distributed import from_environment
+
+    if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
+        err.print(settings.describe(model, policies=names), markup=False, highlight=False)
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # this rank's share, rank 0 reports
+    if dist.is_main:
+        from ..runs.confidence import warn_untrained
+
+        warn_untrained(lm, task)
     from ..engine.core import Engine
 
     engine = Engine.from_loaded(lm)
@@ -133,16 +146,24 @@ def profile_cmd(
         return
     report.extra["task"] = task_info
     report.extra["world_size"] = dist.world_size
+    report.extra["prompts_done"] = report.prompts_done  # all of them unless interrupted
 
     to_stdout = json_out == "-"
     table_console = err if to_stdout else out
     if not table_console.is_terminal:  # a file or pipe: wide enough that no column wraps
         table_console = Console(file=table_console.file, width=240, soft_wrap=True)
-    title = (f"ecache profile · {lm.name} · {len(requests)} prompts · batch {opts.batch_size} · "
+    shown = f"{report.prompts_done} of {len(requests)} (interrupted)" if report.incomplete else len(requests)
+    title = (f"ecache profile · {lm.name} · {shown} prompts · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
     table_console.print(render_table(report, title))
     for line in timing_warnings(report):
         err.print(line, markup=False, highlight=False)
+    texts = [row.text for p in report.policies for run in report.runs[p] for row in run.rows]
+    if texts and all(not t.strip() for t in texts):
+        from ..console import warn
+
+        warn(f"every answer is empty ({len(texts)} runs of {report.prompts_done} prompts): the model ended each answer "
+             "at once, so the scores and speedups measure nothing useful; check --model, --task and --chat")
     if report.trace:
         err.print(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
                   f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing", markup=False, highlight=False)
@@ -161,6 +182,13 @@ def profile_cmd(
                 Path(json_out).write_text(json_line(doc) + "\n")
             except OSError as e:
                 raise DataError(f"--json {json_out}: cannot write ({e.strerror})") from None
+    if report.incomplete:  # Ctrl-C: what every policy finished was reported and written; exit as interrupted
+        from ..console import error
+
+        wrote = f"; --json {json_out} holds them (\"incomplete\": true)" if json_out not in (None, "-") else ""
+        error(f"interrupted; the table covers the {report.prompts_done} of {len(requests)} prompts every policy "
+              f"finished{wrote}")
+        raise typer.Exit(code=130)
 
 
 def _progress(console, opts, n_requests: int, quiet: bool):

@@ -92,7 +92,12 @@ def trace_drift_cmd(
     kind = signal or settings.cache_params.get("signal", "max-entropy")
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=kind, volatility_level=volatility_level)
+    if not quiet:  # what this run uses, before the (maybe long) load
+        err.print(settings.describe(model), markup=False, highlight=False)
     lm, _ = load_for_command(model, device, dtype, threads)  # one process: no ranks
+    from ..runs.confidence import warn_untrained
+
+    warn_untrained(lm, task)
     settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
     sinks = []
     if jsonl is not None:

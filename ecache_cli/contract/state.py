@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import rows as row_fields
 from .rows import ROW
+
+if TYPE_CHECKING:
+    from .hooks import ModelProbe
 
 SIGNALS = ("max-entropy", "sum-entropy", "max-confidence")
 
@@ -51,7 +55,7 @@ class DecodeState:
     n_layers: int
     schedule: torch.Tensor | None = None
     step: int = 0
-    probe: "ModelProbe | None" = None  # contract/hooks.py
+    probe: ModelProbe | None = None
 
     #: the per-row fields (rows along dimension 0)
     ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",

@@ -229,8 +229,24 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
                         f"{path}: tensor {k} has shape {tuple(t.shape)} but config.json implies {expected[k]}"
                     )
                 state[k] = t.to(device=device, dtype=dtype)
+                _check_finite(state[k], t, k, path, dtype)
                 del t
     model.load_state_dict(state, strict=True, assign=True)
+
+
+def _check_finite(loaded: torch.Tensor, stored: torch.Tensor, name: str, path: Path, dtype: torch.dtype) -> None:
+    """Refuse a weight with NaN or infinite values: decoding with it gives garbage (often empty answers)
+    with exit 0. One check per tensor at load (``torch.isfinite``); the stored tensor is examined only
+    to say whether the checkpoint holds them or the conversion to ``dtype`` overflowed.
+    Raises ModelLoadError (one line)."""
+    if not loaded.is_floating_point() or bool(torch.isfinite(loaded).all()):
+        return
+    if bool(torch.isfinite(stored).all()):
+        raise ModelLoadError(f"{path}: tensor {name} overflows {str(dtype).replace('torch.', '')} (values beyond its "
+                             "range become inf); load it with --dtype float32 or bfloat16")
+    bad = int((~torch.isfinite(stored)).sum())
+    raise ModelLoadError(f"{path}: tensor {name} holds {bad} non-finite value(s) (NaN or inf) of {stored.numel()}; the "
+                         "checkpoint is broken (a diverged training run or a bad conversion): use another checkpoint")
 
 
 def load_tokenizer(path: Path):

@@ -61,21 +61,89 @@ class ModelSpec:
 
 
 def _need(cfg: dict, key: str, path: Path):
+    """``cfg[key]`` as a whole number; ModelLoadError when it is missing or not one."""
     if key not in cfg:
         raise ModelLoadError(f"{path}: config.json has no '{key}' field; is this an official LLaDA or Dream checkpoint?")
-    return cfg[key]
+    return _num(cfg, key, path)
 
 
 def spec_from_config(cfg: dict, path: Path | str = "config.json") -> ModelSpec:
     """Build a :class:`ModelSpec` from a parsed ``config.json``.
 
-    Raises :class:`ModelLoadError` for an unknown ``model_type`` or a missing required field.
+    Raises :class:`ModelLoadError` for an unknown ``model_type``, a missing required field, or a value
+    no model can have (:func:`check_spec`).
     """
-    path = Path(path)
+    spec = _spec_from_config(cfg, Path(path))
+    check_spec(spec, Path(path))
+    return spec
+
+
+def check_spec(spec: ModelSpec, path: Path | str = "config.json") -> None:
+    """Refuse architecture values no checkpoint can have, with one line naming the field: sizes and
+    counts must be ≥ 1, ``n_heads`` must divide the hidden size and ``n_kv_heads`` divide ``n_heads``
+    (grouped-query attention shares each K/V head among n_heads / n_kv_heads query heads), the special
+    token ids must lie in [0, vocab_size), RMSNorm's eps and RoPE's theta must be finite and > 0.
+    Field names are the family's config.json names. Raises ModelLoadError."""
+    import math
+
+    names = {"llada": {"d_model": "d_model", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
+                       "mlp_hidden": "mlp_hidden_size", "vocab_size": "embedding_size/vocab_size",
+                       "max_positions": "max_sequence_length"},
+             "dream": {"d_model": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+                       "n_kv_heads": "num_key_value_heads", "mlp_hidden": "intermediate_size",
+                       "vocab_size": "vocab_size", "max_positions": "max_position_embeddings"}}[spec.family]
+
+    def bad(msg: str):
+        return ModelLoadError(f"{path}: {msg}; the config.json is not a working checkpoint's (fix the value or "
+                              "use the official config)")
+
+    for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "vocab_size", "max_positions"):
+        v = getattr(spec, field)
+        if v < 1:
+            raise bad(f"{names[field]} is {v}; it must be ≥ 1")
+    if spec.d_model % spec.n_heads:
+        raise bad(f"{names['n_heads']} {spec.n_heads} does not divide {names['d_model']} {spec.d_model} "
+                  "(each head takes hidden size / heads dimensions)")
+    if spec.n_heads % spec.n_kv_heads:
+        raise bad(f"{names['n_kv_heads']} {spec.n_kv_heads} does not divide {names['n_heads']} {spec.n_heads}")
+    if spec.head_dim % 2:
+        raise bad(f"the head size {spec.head_dim} ({names['d_model']} / {names['n_heads']}) is odd; RoPE rotates "
+                  "pairs of dimensions")
+    for field in ("mask_id", "eos_id", "pad_id"):
+        v = getattr(spec, field)
+        if not 0 <= v < spec.vocab_size:
+            raise bad(f"{field.replace('_id', '_token_id')} {v} is outside the vocabulary [0, {spec.vocab_size})")
+    for field, key in (("rms_eps", "rms_norm_eps"), ("rope_theta", "rope_theta")):
+        v = getattr(spec, field)
+        if not (math.isfinite(v) and v > 0):
+            raise bad(f"{key} is {v}; it must be a finite number > 0")
+
+
+def _num(cfg: dict, key: str, path: Path, default=None, kind=int):
+    """``cfg[key]`` (or ``default``) as ``kind``; a value of another type is a ModelLoadError naming it."""
+    v = cfg.get(key, default)
+    if v is None:
+        return None
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
+    if not ok:
+        raise ModelLoadError(f"{path}: config.json field {key!r} is {v!r}; it must be "
+                             f"{'a whole number' if kind is int else 'a number'}")
+    return kind(v)
+
+
+def _heads(n: int, key: str, path: Path) -> int:
+    """The head count, checked before it divides the hidden size."""
+    if n < 1:
+        raise ModelLoadError(f"{path}: {key} is {n}; it must be ≥ 1; the config.json is not a working checkpoint's "
+                             "(fix the value or use the official config)")
+    return n
+
+
+def _spec_from_config(cfg: dict, path: Path) -> ModelSpec:
     mtype = str(cfg.get("model_type", "")).lower()
     if mtype == "llada":
         d = int(_need(cfg, "d_model", path))
-        n_heads = int(_need(cfg, "n_heads", path))
+        n_heads = _heads(_need(cfg, "n_heads", path), "n_heads", path)
         n_kv = cfg.get("n_kv_heads") or (1 if cfg.get("multi_query_attention") else n_heads)
         mlp = cfg.get("mlp_hidden_size") or int(cfg.get("mlp_ratio", 4) * d)
         vocab = int(cfg.get("embedding_size") or _need(cfg, "vocab_size", path))
@@ -84,26 +152,26 @@ def spec_from_config(cfg: dict, path: Path | str = "config.json") -> ModelSpec:
         return ModelSpec(
             family="llada", d_model=d, n_layers=int(_need(cfg, "n_layers", path)), n_heads=n_heads,
             n_kv_heads=int(n_kv), head_dim=d // n_heads, mlp_hidden=int(mlp), vocab_size=vocab,
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rms_eps=_num(cfg, "rms_norm_eps", path, 1e-5, float), rope_theta=_num(cfg, "rope_theta", path, 10000.0, float),
             rope_full_precision=bool(cfg.get("rope_full_precision", True)),
             qkv_bias=bool(cfg.get("include_qkv_bias", False)), tie_embeddings=bool(cfg.get("weight_tying", False)),
-            mask_id=int(cfg.get("mask_token_id", 126336)), eos_id=int(cfg.get("eos_token_id", 126081)),
-            pad_id=int(cfg.get("pad_token_id", cfg.get("eos_token_id", 126081))),
+            mask_id=_num(cfg, "mask_token_id", path, 126336), eos_id=_num(cfg, "eos_token_id", path, 126081),
+            pad_id=_num(cfg, "pad_token_id", path, cfg.get("eos_token_id", 126081)),
             bos_id=cfg.get("bos_token_id"), logit_shift=0,
-            max_positions=int(cfg.get("max_sequence_length", 4096)),
+            max_positions=_num(cfg, "max_sequence_length", path, 4096),
         )
     if mtype == "dream":
         d = int(_need(cfg, "hidden_size", path))
-        n_heads = int(_need(cfg, "num_attention_heads", path))
+        n_heads = _heads(_need(cfg, "num_attention_heads", path), "num_attention_heads", path)
         return ModelSpec(
             family="dream", d_model=d, n_layers=int(_need(cfg, "num_hidden_layers", path)), n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)), head_dim=d // n_heads,
+            n_kv_heads=_num(cfg, "num_key_value_heads", path, n_heads), head_dim=d // n_heads,
             mlp_hidden=int(_need(cfg, "intermediate_size", path)), vocab_size=int(_need(cfg, "vocab_size", path)),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(cfg.get("rope_theta", 1e6)),
+            rms_eps=_num(cfg, "rms_norm_eps", path, 1e-6, float), rope_theta=_num(cfg, "rope_theta", path, 1e6, float),
             rope_full_precision=False, qkv_bias=True, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            mask_id=int(cfg.get("mask_token_id", 151666)), eos_id=int(cfg.get("eos_token_id", 151643)),
-            pad_id=int(cfg.get("pad_token_id", 151643)), bos_id=cfg.get("bos_token_id"), logit_shift=1,
-            max_positions=int(cfg.get("max_position_embeddings", 2048)),
+            mask_id=_num(cfg, "mask_token_id", path, 151666), eos_id=_num(cfg, "eos_token_id", path, 151643),
+            pad_id=_num(cfg, "pad_token_id", path, 151643), bos_id=cfg.get("bos_token_id"), logit_shift=1,
+            max_positions=_num(cfg, "max_position_embeddings", path, 2048),
         )
     raise ModelLoadError(
         f"{path}: model_type {cfg.get('model_type')!r} is not supported; ecache runs LLaDA ('llada') and Dream ('Dream') checkpoints"

@@ -7,6 +7,7 @@ import datetime
 import json
 from pathlib import Path
 
+from ..cache.entropy import EntropyCache
 from ..decoding.config import DecodeConfig
 from .tau_search import Point, qualifies
 
@@ -161,8 +162,8 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
               "threshold": d["threshold"]}
     decode.update({k: v for k, v in d.items() if k not in decode and v != defaults[k]})
     params = settings.cache_params
-    cache = {"policy": "entropy", "tau": chosen.tau, "recent_k": params.get("recent_k", 64),
-             "signal": params.get("signal", "max-entropy")}
+    cache = {"policy": EntropyCache.name, "tau": chosen.tau, "recent_k": params.get("recent_k", EntropyCache.recent_k),
+             "signal": params.get("signal", EntropyCache.signal)}
     if params.get("block_refresh"):
         cache["block_refresh"] = True
     r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731

@@ -309,6 +309,7 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     say = (lambda *a, **k: None) if opts.quiet or err_console is None else err_console.print
     if store.loaded:
         say(f"resuming from {run_path}: {store.loaded} records" + (" (a torn last line was dropped)" if store.dropped_partial else ""))
+    base, points, signals, ev = None, {}, [], None
     try:
         with _Progress(err_console, opts.quiet, len(examples)) as progress:
             ev = Evaluator(engine, task, examples, prompt_ids, settings, opts, store, can_score, progress, dist)
@@ -336,7 +337,14 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     except KeyboardInterrupt:
         if not opts.dry_run and err_console is not None:
             err_console.print(f"calibrate: records so far are in {run_path}; rerun with --resume to continue")
-        raise
+        partial = None
+        if base is not None and signals and not dist.active:  # what finished: none and the τs done
+            pts = [points[t] for t in sorted(points)]
+            partial = Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], opts.metric),
+                              choice=Choice(None, "interrupted before the search ended: no τ chosen", []),
+                              signal_summary=_signal_summary(ev.signal, signals), profile=None, profile_data=None,
+                              run_file=run_path, resumed_records=store.loaded)
+        raise Interrupted(partial) from None
     finally:
         store.close()
     pts = [points[t] for t in sorted(points)]
@@ -345,8 +353,7 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
         pts = [parallel_wall(p, [store.get(p.tau, i) for i in range(len(examples))], base, base_recs, dist.world_size)
                for p in pts]
     choice = choose(pts, base, opts.metric, max_drop, min_fid)
-    summary = {"kind": ev.signal, "n_steps": len(signals), "min": signals[0], "max": signals[-1],
-               "median": signals[len(signals) // 2]}
+    summary = _signal_summary(ev.signal, signals)
     outcome = Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], opts.metric), choice=choice,
                       signal_summary=summary, profile=None, profile_data=None, run_file=run_path,
                       resumed_records=store.loaded)
@@ -360,6 +367,21 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
                 write_profile(target, outcome.profile_data)
             outcome.profile = target
     return outcome
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the search; ``outcome``: the partial :class:`Outcome` (``none`` and the τs that
+    finished, no choice), or None when ``none`` had not finished."""
+
+    def __init__(self, outcome: "Outcome | None"):
+        super().__init__()
+        self.outcome = outcome
+
+
+def _signal_summary(kind: str, signals: list[float]) -> dict:
+    """The none run's signal distribution: its kind, step count, min, max, median (sorted ``signals``)."""
+    return {"kind": kind, "n_steps": len(signals), "min": signals[0], "max": signals[-1],
+            "median": signals[len(signals) // 2]}
 
 
 def parallel_wall(p: Point, recs: list[dict], base: Point, base_recs: list[dict], world: int) -> Point:

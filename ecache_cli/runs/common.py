@@ -33,6 +33,10 @@ class Settings:
     cache_params: dict
     profile: str | None = None
     all_cache_params: dict = field(default_factory=dict)
+    sandbox: str | None = None  # the profile's ``sandbox`` mode, if it has one (``--sandbox`` overrides)
+    tau_source: str = "default"  # where τ came from: "flag" (--tau), "profile" (the file ``profile``), "default",
+    # or "search" (ecache calibrate: τ is what it searches)
+    profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -46,9 +50,48 @@ class Settings:
             params["tau"] = self.cache_params.get("tau", DEFAULT_TAU)
         return make_policy(name, **params)
 
+    @property
+    def tau(self) -> float | None:
+        """EntropyCache's τ (nats) this run uses: the resolved one (defaults < profile < flags)."""
+        return self.all_cache_params.get("tau", self.cache_params.get("tau", DEFAULT_TAU))
+
     def as_dict(self) -> dict:
+        """JSON-ready: decode settings, cache policy and parameters, the profile file read (None when
+        none), τ and where it came from (``tau_source``: flag, profile or default)."""
         return {"decode": self.decode.as_dict(), "cache": self.cache, "cache_params": self.cache_params,
-                "profile": self.profile}
+                "profile": self.profile, "tau": None if self.tau_source == "search" else self.tau,
+                "tau_source": self.tau_source}
+
+    def tau_origin(self) -> str:
+        """Where τ came from, for people: ``--tau``, ``profile PATH (shipped with ecache; calibrated on N
+        examples)``, or ``built-in default``."""
+        if self.tau_source == "flag":
+            return "--tau"
+        if self.tau_source == "profile" and self.profile:
+            from ..config import packaged_profiles_dir
+
+            notes = []
+            try:
+                if Path(self.profile).resolve().is_relative_to(packaged_profiles_dir()):
+                    notes.append("shipped with ecache")
+            except (OSError, ValueError):
+                pass
+            if self.profile_note:
+                notes.append(self.profile_note)
+            return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
+        return "built-in default"
+
+    def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None) -> str:
+        """The one stderr line naming what a run uses: model, cache policy (or ``policies``), τ and its
+        source (``tau``: another text for τ, e.g. calibrate's search). τ is named only when an
+        entropy policy runs."""
+        pols = policies or [self.cache]
+        text = f"using model {model}, " + (f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}")
+        if tau is not None:
+            return f"{text}, τ {tau}"
+        if any(p.split(":")[0] == "entropy" for p in pols):
+            return f"{text}, τ {self.tau:g} from {self.tau_origin()}"
+        return f"{text} (no τ: only the entropy policy takes one)"
 
 
 def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
@@ -81,8 +124,17 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     make_policy(name, **params)  # validates name and values early
     decode_cfg = DecodeConfig(**decode)
     warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
+    if cache_flags.get("tau") is not None:
+        tau_source = "flag"
+    elif p_cache.get("tau") is not None:
+        tau_source = "profile"
+    else:
+        tau_source = "default"
+    n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     return Settings(decode=decode_cfg, cache=name, cache_params=params,
-                    profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None})
+                    profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None},
+                    sandbox=(prof or {}).get("sandbox"),
+                    tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
 
 
 def _model_key(name) -> str:
@@ -210,16 +262,38 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
             yield (prompt, rec, n) if lines else (prompt, rec)
         return
     if stdin is not None:
+        warned = False
         try:
             for n, line in enumerate(stdin, 1):
                 line = line.rstrip("\n").removesuffix("\r")  # CRLF files piped in
                 _check_utf8(line, f"stdin line {n}", DataError, "pipe UTF-8 prompts, one per line")
+                if not warned and line.lstrip().startswith("{") and _looks_like_record(line):
+                    warned = True  # once per input
+                    _warn_jsonl_stdin(n)
                 if line.strip():
                     yield (line, {"prompt": line}, n) if lines else (line, {"prompt": line})
         except UnicodeDecodeError:
             raise DataError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
         return
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) or use --input FILE.jsonl")
+
+
+def _looks_like_record(line: str) -> bool:
+    """A stdin line that parses as a JSON object with a prompt field (``prompt``, ``messages`` or
+    ``prompt_ids``): a JSONL record, piped without ``--input -``."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and any(k in rec for k in ("prompt", "messages", "prompt_ids"))
+
+
+def _warn_jsonl_stdin(n: int) -> None:
+    """Warn that stdin line ``n`` looks like a JSONL record but is decoded as a plain prompt."""
+    from ..console import warn
+
+    warn(f"stdin line {n} looks like a JSONL record, but without --input - each stdin line is a plain prompt "
+         "(the braces and quotes included); pass --input - to read JSONL records from stdin")
 
 
 def is_stdin(input_file: Path | str | None) -> bool:
@@ -239,10 +313,11 @@ def check_input_file(input_file: Path | None) -> None:
     raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
 
 
-def _jsonl_lines(input_file: Path) -> Iterator[tuple[int, str]]:
+def _jsonl_lines(input_file: Path, lenient: bool = False) -> Iterator[tuple[int, str | None]]:
     """(1-based line number, text) of each line of an ``--input`` file (``-``: stdin), decoded line by
     line so a bad byte fails at its line, after earlier ones; a UTF-8 BOM at the start is accepted
-    (``utf-8-sig``) and a CRLF line end is dropped."""
+    (``utf-8-sig``) and a CRLF line end is dropped. ``lenient``: a line that is not UTF-8 is yielded
+    as (n, None) instead of raising DataError."""
     if is_stdin(input_file):
         stream = getattr(sys.stdin, "buffer", None)
         if stream is None:  # a text stream without bytes underneath (e.g. a test runner's)
@@ -260,6 +335,9 @@ def _jsonl_lines(input_file: Path) -> Iterator[tuple[int, str]]:
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError:
+                if lenient:
+                    yield n, None
+                    continue
                 where = "stdin" if is_stdin(input_file) else input_file
                 raise DataError(f"{where}:{n}: not UTF-8 text; save the file as UTF-8 JSONL") from None
             yield n, line.rstrip("\r\n")
@@ -340,8 +418,11 @@ def write_jsonl(fh: IO, record: dict) -> None:
 
 
 def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None = None) -> dict:
-    """Reproducibility manifest: versions, git commit, device, dtype, threads, seed, settings, model."""
+    """Reproducibility manifest: versions, git commit, device, dtype, threads, seed, settings, model, and
+    how model-written code was isolated (``sandbox``: mode and programs per isolation; None if none ran)."""
     import transformers
+
+    from ..tasks.sandbox import manifest_entry as sandbox_manifest
 
     dev = lm.device
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
@@ -351,7 +432,7 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
         "device": str(dev), "device_name": device_name, "dtype": str(lm.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "seed": seed, "model": lm.name, "model_path": str(lm.path),
         "model_family": lm.spec.family, "config_sha256": lm.config_hash,
-        "settings": settings.as_dict() if settings else None, **(extra or {}),
+        "settings": settings.as_dict() if settings else None, "sandbox": sandbox_manifest(), **(extra or {}),
     }
 
 

@@ -119,11 +119,17 @@ class ProfileReport:
     decode: DecodeConfig
     trace: dict | None = None
     extra: dict = field(default_factory=dict)
+    incomplete: bool = False  # interrupted (Ctrl-C): only the batches every policy finished
+
+    @property
+    def prompts_done(self) -> int:
+        """Distinct prompts measured (every policy has the same ones)."""
+        return len({row.prompt for run in next(iter(self.runs.values()), []) for row in run.rows})
 
     def to_dict(self, manifest: dict | None = None) -> dict:
         """JSON-ready: manifest, per-policy numbers, and one record per measured request."""
         requests = [row_record(p, row) for p in self.policies for run in self.runs[p] for row in run.rows]
-        return {"command": "profile", "manifest": manifest, "memory_kind": self.memory_kind,
+        return {"command": "profile", "incomplete": self.incomplete, "manifest": manifest, "memory_kind": self.memory_kind,
                 "decode": self.decode.as_dict(), "policies": self.summaries, **self.extra,
                 "trace": self.trace, "requests": requests}
 
@@ -200,18 +206,28 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
                           sampling_s=run.timer.sampling_s, steps=run.steps_done, rows=rows, peak_memory_bytes=peak,
                           batch_size=len(idx))
 
-    for _ in range(opts.warmup):
-        for p in names:
-            if on_run:
-                on_run("warmup", p)
-            one(p, mine[0] if mine else 0, -1)
-    for repeat in range(opts.repeats):
-        for b in mine:
-            k = (b + repeat) % len(names)
-            for p in names[k:] + names[:k]:  # rotated order: each policy takes its turn first
+    incomplete = False
+    try:
+        for _ in range(opts.warmup):
+            for p in names:
                 if on_run:
-                    on_run("measure", p)
-                runs[p].append(one(p, b, repeat))
+                    on_run("warmup", p)
+                one(p, mine[0] if mine else 0, -1)
+        for repeat in range(opts.repeats):
+            for b in mine:
+                k = (b + repeat) % len(names)
+                for p in names[k:] + names[:k]:  # rotated order: each policy takes its turn first
+                    if on_run:
+                        on_run("measure", p)
+                    runs[p].append(one(p, b, repeat))
+    except KeyboardInterrupt:
+        # Ctrl-C: keep the batches every policy finished (the same prompts for each, so the comparison
+        # holds); one process only (ranks stop together through the launcher)
+        done = min(len(r) for r in runs.values())
+        if dist.active or done == 0:
+            raise
+        runs = {p: r[:done] for p, r in runs.items()}
+        incomplete = True
     runs, rank_speed = merge_ranks(dist, runs)
     if runs is None:  # not rank 0: its runs are on rank 0 now
         return None
@@ -230,7 +246,7 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
         apply_rank_speed(summaries, rank_speed, names)
 
     trace = None
-    if opts.trace_dir is not None:
+    if opts.trace_dir is not None and not incomplete:
         from .tracing import trace_run
 
         trace = {"dir": str(opts.trace_dir), "steps": opts.trace_steps, "policies": {}}
@@ -241,7 +257,7 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
             trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p.replace(":", "_").replace("=", "-"),
                                              opts.trace_steps)
     return ProfileReport(policies=names, summaries=summaries, runs=runs, memory_kind=probe.kind, decode=cfg,
-                         trace=trace)
+                         trace=trace, incomplete=incomplete)
 
 
 def merge_ranks(dist: DistEnv, runs: dict[str, list[RunMeasure]]):

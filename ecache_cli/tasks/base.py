@@ -24,7 +24,7 @@ SPLITS = ("train", "test")
 TEST_FRACTION_PER_MILLE = 200  # 20% of the synthetic problem space is held out for the test split
 CONSENT_MESSAGE = (
     "running model-written code needs --allow-code-execution (scoring {name} executes the completion "
-    "in a best-effort sandbox: separate process, resource limits, no network; not a security boundary)"
+    "in the sandbox: kernel isolation where the machine has it, see --sandbox)"
 )
 
 

@@ -1,0 +1,121 @@
+"""Progress of ``ecache generate`` on stderr: records done, rate and ETA over the whole input.
+
+- stderr is a terminal: a rich progress bar (records done of the total, the rate, elapsed time and
+  ETA, and the current batch's block and step), redrawn in place and removed at the end;
+- stderr is not a terminal (a batch job's log): one plain line every ``$ECACHE_PROGRESS_INTERVAL``
+  seconds (default 30), e.g. ``generate: 120/500 records (24%), 2.1 records/min, elapsed 57:10,
+  ETA 3:01:02``, so the log shows the run is alive and how long it has left;
+- ``--quiet``: nothing.
+
+The rate is the run's records over its elapsed time (steady for a long run); the ETA is the records
+left at that rate. The clock is read once per denoising step (no sync, no thread).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+#: Environment variable: seconds between two progress lines when stderr is not a terminal.
+INTERVAL_ENV = "ECACHE_PROGRESS_INTERVAL"
+DEFAULT_INTERVAL = 30.0
+
+
+def interval() -> float:
+    """``$ECACHE_PROGRESS_INTERVAL`` in seconds (default 30; a bad value falls back to it)."""
+    try:
+        v = float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL))
+    except ValueError:
+        return DEFAULT_INTERVAL
+    return v if v >= 0 else DEFAULT_INTERVAL
+
+
+def clock(seconds: float) -> str:
+    """``M:SS`` or ``H:MM:SS``."""
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def rate_text(done: int, elapsed: float) -> str:
+    """Records per second, per minute or per hour, whichever reads as a number ≥ 1."""
+    if done <= 0 or elapsed <= 0:
+        return "rate unknown"
+    r = done / elapsed
+    for unit, f in (("s", 1), ("min", 60), ("h", 3600)):
+        if r * f >= 1 or unit == "h":
+            return f"{r * f:.1f} records/{unit}"
+    return "rate unknown"
+
+
+class Reporter:
+    """Progress over ``total`` records (None: unknown, a stream). ``console``: stderr's rich Console."""
+
+    def __init__(self, console, total: int | None, quiet: bool, stream: bool = False, what: str = "generate"):
+        self.console, self.total, self.what = console, total, what
+        self.mode = "off" if quiet or stream else ("bar" if console.is_terminal else "lines")
+        self.done = 0
+        self.t0 = time.monotonic()
+        self.every = interval()
+        self.last = self.t0
+        self.where = ""
+        self.bar = self.task = None
+
+    def __enter__(self):
+        if self.mode == "bar":
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
+            self.bar = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                TextColumn("{task.fields[where]}"), console=self.console, transient=True,
+                                speed_estimate_period=600)
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.what, total=self.total, rate="", where="")
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False
+
+    def step(self, first: int, n: int, block, blocks: int, step: int) -> None:
+        """A denoising step of the batch of records ``first`` .. ``first + n - 1`` (0-based); ``block``: the
+        rows' blocks, (B,) long (the earliest is shown)."""
+        if self.mode == "off":
+            return
+        block = int(block.min()) if hasattr(block, "min") else int(block)
+        self.where = f"prompts {first + 1}-{first + n} · block {block + 1}/{blocks} · step {step + 1}"
+        self._tick()
+
+    def advance(self, k: int) -> None:
+        """``k`` more records done."""
+        self.done += k
+        if self.mode != "off":
+            self._tick()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.mode == "bar":
+            self.bar.update(self.task, completed=self.done, rate=rate_text(self.done, now - self.t0), where=self.where)
+        elif self.mode == "lines" and now - self.last >= self.every:
+            self.last = now
+            self.console.print(self.line(now), markup=False, highlight=False, soft_wrap=True)
+
+    def line(self, now: float | None = None) -> str:
+        """The plain progress line (non-terminal stderr)."""
+        now = time.monotonic() if now is None else now
+        el = now - self.t0
+        if self.total:
+            head = f"{self.what}: {self.done}/{self.total} records ({100 * self.done / self.total:.0f}%)"
+        else:
+            head = f"{self.what}: {self.done} records"
+        eta = "ETA unknown"
+        if self.total and self.done:
+            eta = f"ETA {clock((self.total - self.done) * el / self.done)}"
+        parts = [head, rate_text(self.done, el), f"elapsed {clock(el)}"]
+        if self.total:
+            parts.append(eta)
+        if self.where:
+            parts.append(f"now {self.where}")
+        return ", ".join(parts)

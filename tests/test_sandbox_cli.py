@@ -1,0 +1,56 @@
+"""``--sandbox`` and the profile key ``sandbox`` on the commands that run model-written code."""
+
+import json
+
+import yaml
+
+from ecache_cli.tasks import sandbox
+
+SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
+
+
+def _profile(cli, llada_dir, *extra):
+    return cli("profile", "--model", llada_dir, "--task", "code", "--limit", 2, "--policies", "none",
+               "--allow-code-execution", *SMALL, *extra)
+
+
+def test_profile_records_the_isolation_in_its_manifest(cli, llada_dir, profiles_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_state", {"mode": "auto", "isolation": {}, "warned": True})
+    expected = sandbox.check("auto")
+    out = tmp_path / "p.json"
+    res = _profile(cli, llada_dir, "--json", out)
+    assert res.exit_code == 0, res.stderr
+    record = json.loads(out.read_text())["manifest"]["sandbox"]
+    assert record["mode"] == "auto" and list(record["isolation"]) == [expected]
+    assert record["isolation"][expected] >= 2  # both examples scored (the check before is not counted)
+
+
+def test_strict_without_kernel_isolation_fails_before_loading(cli, llada_dir, profiles_dir, monkeypatch):
+    monkeypatch.setattr(sandbox, "_TRY_LAYERS", ("landlock",))  # as on a machine without namespaces and seccomp
+    res = _profile(cli, llada_dir, "--sandbox", "strict")
+    assert res.exit_code == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --sandbox strict: no kernel isolation"), res.stderr
+    assert "namespaces (turned off)" in lines[0] and "seccomp (turned off)" in lines[0]
+
+
+def test_profile_key_sets_the_mode_and_the_flag_overrides_it(cli, llada_dir, profiles_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_TRY_LAYERS", ())  # a bare machine: only the guard
+    monkeypatch.setitem(sandbox._state, "warned", False)
+    prof = tmp_path / "strict.yaml"
+    prof.write_text(yaml.safe_dump({"sandbox": "strict"}))
+    res = _profile(cli, llada_dir, "--profile", prof)
+    assert res.exit_code == 1 and "--sandbox strict: no kernel isolation" in res.stderr, res.stderr
+    res = _profile(cli, llada_dir, "--profile", prof, "--sandbox", "auto")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("warning: model-written code runs under the in-process guard only") == 1, res.stderr
+
+
+def test_bad_modes_are_usage_errors(cli, llada_dir, profiles_dir, tmp_path):
+    res = cli("calibrate", "--model", llada_dir, "--task", "code", "--limit", 2, "--allow-code-execution",
+              "--sandbox", "off", *SMALL)
+    assert res.exit_code == 2 and "--sandbox 'off': choose one of strict, auto, guard" in res.stderr, res.stderr
+    prof = tmp_path / "bad.yaml"
+    prof.write_text("sandbox: maybe\n")
+    res = _profile(cli, llada_dir, "--profile", prof)
+    assert res.exit_code == 2 and "sandbox: 'maybe' must be one of strict, auto, guard" in res.stderr, res.stderr
