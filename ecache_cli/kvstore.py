@@ -33,6 +33,13 @@ class KVStore:
             (``keep_hidden``), read by layer-selective recomputation (``expand_from_layer``).
         queries: per-layer post-RoPE queries (B, H, R, D) of the rows a forward was asked to keep
             (``attn_pos``), or None; overwritten by every forward, read by ``model.attention_rows``.
+        shrunk: what the last forward's shrinks (``contract.hooks.Shrink``) kept, one
+            (layer, width, kept) per shrink applied: from that layer on the forward computed ``width``
+            query rows (padding included), ``kept`` (B,) long of them real positions; None when the
+            last forward applied none. Overwritten by every forward.
+        produced: (B, R) bool, which of the last forward's ``logits_pos`` reached the last layer (a
+            shrink with ``keep_logits=False`` may drop some: their logits rows are meaningless);
+            None when it produced all of them. Overwritten by every forward.
     """
 
     k: list[torch.Tensor]
@@ -43,6 +50,8 @@ class KVStore:
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     hidden: list[torch.Tensor] | None = field(default=None)  # optional per-layer inputs (B, T, d)
     queries: list[torch.Tensor] | None = field(default=None)  # per-layer (B, H, R, D) of the last forward
+    shrunk: list[tuple[int, int, torch.Tensor]] | None = field(default=None)  # the last forward's shrinks
+    produced: torch.Tensor | None = field(default=None)  # (B, R) bool logits the last forward produced
 
     @classmethod
     def allocate(
@@ -99,13 +108,13 @@ class KVStore:
         else:
             self.hidden[layer].scatter_(1, idx[:, :, None].expand(-1, -1, h.shape[-1]), h)
 
-    #: the per-row fields (not ``queries``: they belong to the last forward's batch)
+    #: the per-row fields (not ``queries``, ``shrunk``, ``produced``: they belong to the last forward's batch)
     ROW_FIELDS = {name: ROW for name in ("k", "v", "key_mask", "positions", "attn_mask", "rope", "hidden")}
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only batch rows ``keep`` (K,) long (finished rows stop costing memory and compute)."""
         row_fields.keep(self, self.ROW_FIELDS, keep)
-        self.queries = None
+        self.queries = self.shrunk = self.produced = None
 
     def scratch_rows(self, rows: torch.Tensor) -> "KVStore":
         """A store for batch rows ``rows`` (R,) long with *uninitialised* K/V (and hidden states when
@@ -147,7 +156,7 @@ class KVStore:
                                              for m, km in ((self.attn_mask, self.key_mask),
                                                            (sub.attn_mask, sub.key_mask)))
         row_fields.append(self, self.ROW_FIELDS, {name: getattr(sub, name) for name in self.ROW_FIELDS})
-        self.queries = None
+        self.queries = self.shrunk = self.produced = None
 
     def clone(self) -> "KVStore":
         """A deep copy (used by measurement code that must not disturb the live store)."""

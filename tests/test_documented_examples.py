@@ -66,7 +66,7 @@ def _reverse_jsonl(res, cwd):
 
 def _profile_list(res, cwd):
     rows = table_rows(res.stdout)
-    policies = ("none", "prefix", "dual", "entropy", "dllm-cache", "dkv", "d2cache", "elastic")
+    policies = ("none", "prefix", "dual", "entropy", "dllm-cache", "dkv", "d2cache", "elastic", "es-dllm")
     assert set(policies) <= set(rows), sorted(rows)
     for p in policies:  # the last column is the task score (0-1) on the 4 list problems
         assert float(rows[p][-1]) >= 0.75, (p, rows[p])

@@ -52,11 +52,19 @@ class CachePolicy:
     (``state.own_steps()``, ``state.step_in_block``), so a prompt decodes the same in any batch and a
     row may join a running batch. ``keeps_hidden``: the KV store must keep every layer's input hidden
     states (for ``ForwardHooks.grow_from_layer`` and shrink functions that read ``LayerView.cached``).
+
+    Two declarations let the test suite cover every registered policy from its own file:
+    ``forced_refresh``, the parameters under which every step is a full forward (the policy must then
+    decode exactly as ``none``), or None when it has no such setting; ``test_params``, parameters under
+    which it computes partial forwards inside a 16-token answer in blocks of 8 (the suite's
+    batch == alone and joining-row checks).
     """
 
     name: ClassVar[str] = "base"
     row_state: ClassVar[dict[str, PerRow]] = {}
     keeps_hidden: ClassVar[bool] = False
+    forced_refresh: ClassVar[dict | None] = None
+    test_params: ClassVar[dict] = {}
 
     def reset(self, state: DecodeState) -> None:
         """Initialise the per-row state for the rows of ``state`` (called before their first step)."""

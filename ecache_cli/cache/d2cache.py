@@ -103,6 +103,8 @@ class D2Cache(CachePolicy):
     sigma: float = 10.0
     refresh_every: int = 0
     name = "d2cache"
+    forced_refresh = {"refresh_every": 1}  # our option (the paper never refreshes after step 0)
+    test_params = {"current_k": 4}
     row_state = {"conf": ROW, "importance": ROW}
 
     def __post_init__(self):

@@ -32,6 +32,8 @@ class DKVCache(CachePolicy):
 
     refresh_every: int = DEFAULT_REFRESH_EVERY
     name = "dkv"
+    forced_refresh = {"refresh_every": 1}
+    test_params = {"refresh_every": 3}
 
     def __post_init__(self):
         if self.refresh_every < 1:

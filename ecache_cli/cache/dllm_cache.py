@@ -45,6 +45,8 @@ class DLLMCache(CachePolicy):
     rho: float = 0.25
     tol: float = 1e-3  # cosine change below this counts as unchanged (numerical noise)
     name = "dllm-cache"
+    forced_refresh = {"kp": 1, "kr": 1}  # prompt and response both due every step
+    test_params = {"kr": 3}
     row_state = {"last": ROW}
 
     def __post_init__(self):

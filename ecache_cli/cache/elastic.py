@@ -47,6 +47,8 @@ class ElasticCache(CachePolicy):
     window: int = 16
     refresh_every: int = 0
     name = "elastic"
+    forced_refresh = {"refresh_every": 1}  # our option (the paper refreshes by layer, never in full)
+    test_params = {"window": 4}
     row_state = {name: ROW for name in ("tracked", "prev_row", "has_prev", "similarity", "start_next")}
     keeps_hidden = True
 

@@ -35,6 +35,8 @@ class EntropyCache(CachePolicy):
     signal: str = "max-entropy"
     block_refresh: bool = False
     name = "entropy"
+    forced_refresh = {"tau": 0.0}  # every step commits a token with entropy > 0 nats
+    test_params = {"tau": 1.0, "recent_k": 4}
     row_state = {"refresh_next": ROW}
 
     def __post_init__(self):

@@ -13,6 +13,7 @@ class NoCache(CachePolicy):
     """Plain masked-diffusion decoding (LLaDA generate.py): recompute every position every step."""
 
     name = "none"
+    forced_refresh = {}  # every step is a full forward
 
     def plan(self, state: DecodeState) -> ForwardPlan:
         return ForwardPlan.full(state)

@@ -26,6 +26,7 @@ class PrefixCache(CachePolicy):
     refresh_every: int = 0
     name = "prefix"
     forced_refresh = {"refresh_every": 1}
+    test_params = {}
 
     def __post_init__(self):
         if self.refresh_every < 0:

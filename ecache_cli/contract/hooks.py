@@ -8,7 +8,8 @@ except to group rows whose forwards differ in shape (``grow_from_layer``). The r
   layer inputs of the positions they did not compute coming from the store's hidden states;
   Elastic-Cache) and ``shrink`` (at layer ``shrink.layer`` a policy function sees the layer's input
   states of the computed positions and keeps a subset; the others stop being computed and their
-  deeper K/V are read from the store; ES-dLLM);
+  deeper K/V are read from the store; several shrinks at increasing layers narrow the set in turn;
+  ES-dLLM);
 - extra outputs: ``attention_rows`` (head-averaged attention rows of chosen positions, per layer);
 - before planning, reads of the model through ``state.probe`` (:class:`ModelProbe`).
 
@@ -41,15 +42,20 @@ class LayerView:
 
 @dataclass(frozen=True)
 class Shrink:
-    """At ``layer``, keep only the positions ``keep(view)`` marks: a (B, S) bool over ``view.positions``.
+    """At ``layer``, keep only the positions ``keep(view, rows)`` marks: a (B, S) bool over ``view.positions``.
 
-    Positions whose logits the forward returns are always kept. Rows index the forward's batch;
-    ``rows`` (B,) long maps them to the policy's rows (set by the engine when it runs a subset).
+    ``keep`` gets the view and ``rows`` (B,) long, the policy's rows of the forward's batch rows (the
+    engine sets ``rows`` when it runs a subset of the batch). Requested attention rows are always kept;
+    the positions whose logits the forward returns are kept too unless ``keep_logits`` is False: then
+    a dropped logit position gets no logits this step, and the forward reports which ones it produced
+    (``KVStore.produced``), so the engine never samples or commits the others (ES-dLLM: a skipped
+    position cannot be committed at that step).
     """
 
     layer: int
     keep: Callable[[LayerView, torch.Tensor], torch.Tensor]
     rows: torch.Tensor | None = None
+    keep_logits: bool = True
 
     def __call__(self, view: LayerView) -> torch.Tensor:
         rows = self.rows if self.rows is not None else torch.arange(view.x.shape[0], device=view.x.device)
@@ -63,19 +69,26 @@ class ForwardHooks:
     grow_from_layer: (B,) long, from that layer on the row computes every position (≥ n_layers: never).
     attention_rows: (B, T) bool, computed positions whose head-averaged attention rows the step's record
         gets in ``record.outputs["attention"]`` as (positions (B, A) long, [per layer (B, A, T) float32]).
-    shrink: a :class:`Shrink`, or None.
+    shrink: a :class:`Shrink`, a tuple of them (applied in the order of their layers, each to the
+        survivors of the ones before), or None. Shrinks act on partial forwards only.
     """
 
     grow_from_layer: torch.Tensor | None = None
     attention_rows: torch.Tensor | None = None
-    shrink: Shrink | None = None
+    shrink: Shrink | tuple[Shrink, ...] | None = None
+
+    @property
+    def shrinks(self) -> tuple[Shrink, ...]:
+        """The requested shrinks as a tuple sorted by layer (empty when none)."""
+        if self.shrink is None:
+            return ()
+        found = (self.shrink,) if isinstance(self.shrink, Shrink) else tuple(self.shrink)
+        return tuple(sorted(found, key=lambda sh: sh.layer))
 
     def rows(self, idx: torch.Tensor) -> "ForwardHooks":
         """The same requests for batch rows ``idx`` (K,) long only."""
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
-        shrink = None
-        if self.shrink is not None:
-            shrink = replace(self.shrink, rows=idx if self.shrink.rows is None else self.shrink.rows[idx])
+        shrink = tuple(replace(sh, rows=idx if sh.rows is None else sh.rows[idx]) for sh in self.shrinks) or None
         return ForwardHooks(grow_from_layer=pick(self.grow_from_layer), attention_rows=pick(self.attention_rows),
                             shrink=shrink)
 

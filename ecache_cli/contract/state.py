@@ -132,9 +132,10 @@ class StepRecord:
     computed per row, padding included (a row in a forward of query width S costs S; a refreshing row of
     a mixed step costs T plus its share of the partial forward; layer-averaged for forwards whose
     positions change at a layer). planned: (B,) long, the plan's own positions (T for a refreshing
-    row, its ``compute`` otherwise). query_width: the partial forward's width (T when every row
+    row, its ``compute`` otherwise, layer-averaged over what shrinks kept). query_width: the partial forward's width (T when every row
     refreshed). targets: (B, R) long positions whose logits were produced (padded with repeats;
-    ``valid`` (B, R) bool marks real ones). committed: (B, R) bool, targets committed this step; x0
+    ``valid`` (B, R) bool marks real ones that got logits: a shrink with ``keep_logits=False``
+    may leave a target without). committed: (B, R) bool, targets committed this step; x0
     (B, R) long chosen tokens; prob (B, R) float64 probability of x0; entropy (B, R) float64 nats of
     softmax(raw logits). Times in seconds: forward_s (model), decision_s (policy plan + observe and the
     extra outputs it asked for), sampling_s (sampling, remasking, commit); on CUDA they are read from

@@ -55,10 +55,14 @@ class StepDecoder:
         return cls(cfg, rule, banned, end_ids, blocks)
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, state,
-                 draw: Callable[..., torch.Tensor]) -> tuple[Sampled, torch.Tensor]:
+                 draw: Callable[..., torch.Tensor],
+                 produced: torch.Tensor | None = None) -> tuple[Sampled, torch.Tensor]:
         """Sample ``logits`` (B, R, V) for ``targets`` (B, R) long (``valid`` (B, R) bool real ones) and
         choose the commits under ``state``'s per-row schedule, steps and blocks. ``draw(*tail)`` returns
-        U[0, 1) float64 (B, R, *tail). Returns (sampled, commit (B, R) bool)."""
+        U[0, 1) float64 (B, R, *tail). ``produced`` (B, R) bool: the targets that got logits this step
+        (None = all); the others are no candidates, but still count as the block's masks (the draws and
+        Dream's threshold quota see ``valid``). Returns (sampled, commit (B, R) bool)."""
+        cand = valid if produced is None else valid & produced
         cfg, rule = self.cfg, self.rule
         noise = draw(logits.shape[-1]) if cfg.temperature > 0 else None
         sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=None,
@@ -68,7 +72,7 @@ class StepDecoder:
         conf = confidence_scores(cfg.remasking, sampled, None, uniform=rand)  # (B, R) float64
         if cfg.low_eos_confidence:  # LLaDA confidence_eos_eot_inf: probability 0, still selectable
             conf = torch.where(torch.isin(sampled.x0, self.end_ids), torch.zeros_like(conf), conf)
-        conf = conf.masked_fill(~valid, float("-inf"))
+        conf = conf.masked_fill(~cand, float("-inf"))
         keys = draw() if rule.alg_temp else None  # (B, R)
         commit = rule.select(conf, targets, valid, state.schedule, state.step_in_block, state.block_start, noise=keys)
-        return sampled, commit & valid
+        return sampled, commit & cand

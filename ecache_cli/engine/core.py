@@ -224,13 +224,13 @@ class Run:
             self.on_forward(self, plan, fwd.query, sources, fwd.logits)
         with self._range("ecache.sampling_commit"):
             draw = self.streams.drawer(st.rows, self.ledger.row_ids, valid)  # each row from its own stream
-            sampled, commit = self.decoder(fwd.logits, targets, valid, st, draw)
+            sampled, commit = self.decoder(fwd.logits, targets, valid, st, draw, fwd.produced)
             self._apply(targets, commit, sampled.x0)
         rows, refresh = st.rows, plan.refresh
         self.ledger.count(rows, refresh, fwd.computed, fwd.planned)
         rec = StepRecord.of_step(sampled, step=st.step, block=st.block.clone(), step_in_block=st.step_in_block.clone(),
                                  rows=rows, refresh=refresh, computed=fwd.computed, query_width=fwd.width,
-                                 targets=targets, valid=valid, committed=commit, planned=fwd.planned,
+                                 targets=targets, valid=fwd.usable(valid), committed=commit, planned=fwd.planned,
                                  outputs=outputs)
         t3 = self.timer.mark()
         with self._range("ecache.decision.observe"):

@@ -11,8 +11,11 @@ Rows whose plans differ in shape get forwards of their own, so no row pays for a
   others do not compute every position from that layer on. Their logits replace the partial forward's.
 
 ``computed`` counts what the forwards computed per row, padding included (layer-averaged where a
-forward's positions change at a layer); ``planned`` the plan's own positions. The widths and counts
-are read in one host sync per step.
+forward's positions change at a layer); ``planned`` the plan's own positions (layer-averaged too:
+after a shrink, ``ForwardHooks.shrink``, the positions it kept). The widths and counts are read in one
+host sync per step (plus one per shrink, inside the model). A shrink may drop positions whose logits
+the step needs (``Shrink.keep_logits``): ``produced`` then says which targets got logits, and only those
+can be committed.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class StepForward:
     """What a step's forwards produced. logits (B, R, V) for the sources; query (B, S) long positions of
     the partial forward (None when every row refreshed); computed / planned (B,) long; width the
     partial forward's query width (T when every row refreshed); split [(rows (n,) long, their store)]
-    of the extra forwards; attn_pos (B, A) long requested attention rows or None."""
+    of the extra forwards; attn_pos (B, A) long requested attention rows or None; produced (B, R) bool
+    the targets whose logits the forwards produced (None = all)."""
 
     logits: torch.Tensor
     query: torch.Tensor | None
@@ -53,6 +57,11 @@ class StepForward:
     width: int
     split: list = field(default_factory=list)
     attn_pos: torch.Tensor | None = None
+    produced: torch.Tensor | None = None
+
+    def usable(self, valid: torch.Tensor) -> torch.Tensor:
+        """(B, R) bool: the real targets ``valid`` (B, R) bool that got logits this step."""
+        return valid if self.produced is None else valid & self.produced
 
 
 def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
@@ -88,6 +97,18 @@ def _layer_average(S: int, m: torch.Tensor, T: int, L: int) -> torch.Tensor:
     return (S * m + T * (L - m)) // L
 
 
+def _shrunk_average(width, own: torch.Tensor, shrunk: list, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer-averaged query width and per-row real positions of a forward that started at ``width`` query
+    rows, ``own`` (B,) long of them real, and shrank as ``shrunk`` says (``KVStore.shrunk``: (layer,
+    width, kept (B,) long) in layer order). Returns ((B,) long, (B,) long), rounded down."""
+    w_sum, own_sum = width * L, own * L
+    for layer, w, kept in shrunk:
+        w_sum -= (width - w) * (L - layer)
+        own_sum = own_sum - (own - kept) * (L - layer)
+        width, own = w, kept
+    return torch.full_like(own_sum, w_sum // L), own_sum // L
+
+
 def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, section) -> StepForward:
     """Run the step's forwards (see the module docstring); ``section(name)`` names each for the profiler.
 
@@ -111,8 +132,9 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
     computed = torch.full((B,), S, dtype=torch.long, device=dev)
     grow = None if hooks is None else hooks.grow_from_layer
     separate = False
-    if hooks is not None and hooks.shrink is not None:
-        kw["shrink"] = hooks.shrink
+    shrinks = () if hooks is None else hooks.shrinks
+    if shrinks:
+        kw["shrink"] = shrinks
     if grow is not None:  # refreshing rows never grow
         sl = grow.clamp(0, L).masked_fill(refresh, L)  # (B,)
         own = _layer_average(own, sl, T, L)
@@ -123,7 +145,11 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
     planned = torch.where(refresh, T, own)
     with section("ecache.forward.partial"):
         logits = model(state.tokens, store, query_pos=query, logits_pos=sources, **kw)  # (B, R, V)
-    out = StepForward(logits, query, computed, planned, S, [], attn_pos)
+    if store.shrunk:  # the positions changed at the shrinks' layers
+        computed, own = _shrunk_average(S, own, store.shrunk, L)
+        planned = torch.where(refresh, T, own)
+    produced = None if store.produced is None else store.produced | refresh[:, None]  # refreshing rows: full
+    out = StepForward(logits, query, computed, planned, S, [], attn_pos, produced)
     if separate:
         _grown_rows(model, state, store, out, sl, grp.n_grow, sources, section)
     if grp.n_refresh > 0:

@@ -9,11 +9,12 @@ with every position chosen. The model never decides what to recompute (docs/ARCH
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from ..contract.hooks import LayerView, Shrink
+from ..contract.hooks import ForwardHooks, LayerView, Shrink
 from ..contract.rows import padded_index
 from ..kvstore import KVStore
 from .layers import apply_rope, attend, gather_rows, rope_tables, swiglu
@@ -66,7 +67,7 @@ class DiffusionLM(nn.Module):
         logits_pos: torch.Tensor | None = None,
         expand_from_layer: int | list[int] | torch.Tensor | None = None,
         attn_pos: torch.Tensor | None = None,
-        shrink: Shrink | None = None,
+        shrink: Shrink | Sequence[Shrink] | None = None,
     ) -> torch.Tensor:
         """Compute ``query_pos`` at every layer against the store; return logits for ``logits_pos``.
 
@@ -84,10 +85,14 @@ class DiffusionLM(nn.Module):
                 no expansion; 0 equals a full forward for that row.
             attn_pos: (B, A) long positions (computed at every layer) whose post-RoPE queries are kept
                 in ``store.queries`` for :meth:`attention_rows`; None keeps nothing.
-            shrink: an ``engine.hooks.Shrink``: at its layer (partial forwards only) it sees the layer
-                inputs of the computed positions and keeps a subset (always with ``logits_pos`` and
-                ``attn_pos``); the others are not computed from that layer on, their K/V there being read
-                from the store (early skipping, ES-dLLM). One host sync reads the kept width.
+            shrink: a ``contract.hooks.Shrink`` or a sequence of them: at its layer (partial forwards
+                only) each sees the layer inputs of the positions still computed and keeps a subset
+                (always with ``attn_pos``, and with ``logits_pos`` unless its ``keep_logits`` is False);
+                the others are not computed from that layer on, their K/V there being read from the
+                store (early skipping, ES-dLLM). Shrinks run in the order of their layers; each one's
+                host sync reads the kept width. What they kept is left in ``store.shrunk``, and which
+                ``logits_pos`` reached the last layer in ``store.produced`` (the logits of the others
+                are meaningless).
         Gradients flow when called outside ``torch.inference_mode`` (training uses a full forward with a
         fresh store); the engine calls it under inference mode.
 
@@ -105,10 +110,14 @@ class DiffusionLM(nn.Module):
         cos, sin = (gather_rows(t, idx, 2) for t in store.rope)  # (B, 1, S, D)
         x = self.embed(gather_rows(tokens, idx, 1))  # (B, S, d)
         store.queries = [] if attn_pos is not None else None
+        shrinks = () if shrink is None or query_pos is None else ForwardHooks(shrink=shrink).shrinks
+        store.shrunk, store.produced = ([] if shrinks else None), None
         for i in range(s.n_layers):
-            if shrink is not None and idx is not None and i == shrink.layer:
-                x, idx = self._shrink(store, i, x, idx, shrink, (logits_pos, attn_pos), T)  # (B, S', d)
-                cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
+            for sh in shrinks:
+                if sh.layer == i and idx is not None:
+                    required = (logits_pos, attn_pos) if sh.keep_logits else (attn_pos,)
+                    x, idx = self._shrink(store, i, x, idx, sh, required, T)  # (B, S', d)
+                    cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
             if starts is not None and idx is not None and i in starts:
                 x, idx = self._expand(tokens, store, i, x, idx, [st <= i for st in starts])  # (B, T|S', d)
                 cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
@@ -129,7 +138,10 @@ class DiffusionLM(nn.Module):
         if logits_pos is None and idx is not query_pos:  # expanded: still the logits of query_pos
             logits_pos = query_pos
         if logits_pos is not None:
-            x = gather_rows(x, self._rows_of(logits_pos, idx, T), 1)  # (B, R, d)
+            rows = self._rows_of(logits_pos, idx, T)  # (B, R)
+            if store.shrunk and idx is not None:  # a position not computed at the last layer maps to row 0
+                store.produced = idx.gather(1, rows) == logits_pos  # (B, R)
+            x = gather_rows(x, rows, 1)  # (B, R, d)
         return self.head(self.final_norm(x))  # (B, R, V)
 
     def _starts(self, expand_from_layer, B: int) -> list[int] | None:
@@ -175,7 +187,9 @@ class DiffusionLM(nn.Module):
                 T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the positions ``shrink`` chooses at layer ``i`` (plus every position in ``required``:
         (B, R) long tensors or None). Returns (x, idx) of the kept positions, (B, S', d) and (B, S') long,
-        each row padded by repeating its first kept position."""
+        in their order in ``idx``, each row padded by repeating its first kept position (padding entries
+        of ``idx``, repeats of the row's first position, are never kept twice). Appends
+        (i, S', kept (B,) long) to ``store.shrunk``."""
         cached = None if store.hidden is None else gather_rows(store.hidden[i], idx, 1)
         keep = shrink(LayerView(layer=i, x=x, positions=idx, cached=cached)).clone()  # (B, S) bool
         need = torch.zeros(idx.shape[0], T, dtype=torch.bool, device=idx.device)
@@ -183,7 +197,11 @@ class DiffusionLM(nn.Module):
             if pos is not None:
                 need.scatter_(1, pos, True)
         keep |= need.gather(1, idx)
+        S = idx.shape[1]
+        real = (torch.arange(S, device=idx.device) == 0) | (idx != idx[:, :1])  # (B, S) not padding
+        keep &= real
         order, _ = padded_index(keep)  # (B, S') indices into the S computed positions
+        store.shrunk.append((i, order.shape[1], keep.sum(1)))
         return gather_rows(x, order, 1), idx.gather(1, order)
 
     def probe_values(self, tokens: torch.Tensor) -> torch.Tensor:
