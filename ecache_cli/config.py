@@ -22,12 +22,18 @@ Where profiles live (no command ever writes into the package or a checkout's tra
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 import yaml
 
+from .contract.fields import (  # noqa: F401 (re-exported)
+    INT_MAX,
+    Range,
+    check_value,
+    dataclass_defaults,
+    field_types,
+)
 from .errors import ConfigError
 
 DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking", "threshold",
@@ -36,94 +42,19 @@ CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_e
 SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox"}
 SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model-written code is isolated
 
-#: The largest count or length any setting takes (tokens, steps, positions, threads): 2**31 − 1, what a
-#: 32-bit index holds; far above any canvas a model takes, and a 64-bit overflow never reaches torch.
-INT_MAX = 2**31 - 1
+def setting_ranges() -> dict:
+    """The range of every numeric decode setting and cache-policy parameter by name, as the flags and
+    profile keys of that name take them: ``DecodeConfig.ranges``, then each policy's ``ranges`` in the
+    registry's order (the first policy declaring a name gives its range; a policy's own stricter range
+    is checked when it is built, e.g. dkv's ``refresh_every`` ≥ 1)."""
+    from .cache import POLICIES
+    from .decoding.config import DecodeConfig
 
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """The values a numeric setting takes: ``lo``/``hi`` bounds (None = unbounded), each inclusive
-    unless ``lo_open``/``hi_open``; never NaN, never ±inf. ``example``: a good value, for the message."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    example: str = ""
-    why: str = ""
-    integer: bool = False
-
-    def describe(self) -> str:
-        """The range in words: ``in [0, 1]``, ``≥ 1``, ``> 0``, ``in 1..2147483647`` (whole numbers)."""
-        if self.lo is not None and self.hi is not None:
-            if self.integer:
-                return f"in {self.lo}..{self.hi}"
-            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
-        if self.lo is not None:
-            return f"{'>' if self.lo_open else '≥'} {self.lo:g}"
-        if self.hi is not None:
-            return f"{'<' if self.hi_open else '≤'} {self.hi:g}"
-        return "a finite number"
-
-    def check(self, value) -> None:
-        """Raise ValueError (``must be in [0, 1] (e.g. 0.9)``) for a value outside the range, NaN or ±inf."""
-        import math
-
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return
-        finite = not isinstance(value, float) or math.isfinite(value)
-        bad = not finite
-        if not bad and self.lo is not None:
-            bad = value <= self.lo if self.lo_open else value < self.lo
-        if not bad and self.hi is not None:
-            bad = value >= self.hi if self.hi_open else value > self.hi
-        if bad:
-            hint = "; ".join(x for x in (self.why, f"e.g. {self.example}" if self.example else "") if x)
-            what = self.describe() if finite else f"a finite number {self.describe()}"
-            if finite and self.integer:  # a count: name the side it fell off
-                what = f"≥ {self.lo}" if self.lo is not None and value < self.lo else f"≤ {self.hi}"
-            raise ValueError(f"must be {what}" + (f" ({hint})" if hint else ""))
-
-
-def _count(lo: int = 0, example: str = "", why: str = "") -> Range:
-    return Range(lo, INT_MAX, example=example, why=why, integer=True)
-
-
-#: The range of every numeric decode key (``DecodeConfig``) and cache-policy parameter, by name; a
-#: ``(policy, key)`` entry overrides the name's for one policy. The sources: LLaDA's and Dream's
-#: generate code (decode keys), each policy's paper (module docstrings in ``ecache_cli/cache``).
-#: :func:`field_types` attaches them, so a profile value, a ``--policies name:key=value`` variant, a
-#: flag and an lm-eval model_arg are checked alike (:func:`check_value`).
-RANGES: dict = {
-    "gen_length": _count(1, "256"), "block_length": _count(1, "32"), "steps": _count(1, "256"),
-    "temperature": Range(0, example="0.7", why="0 = greedy"),
-    "top_k": _count(1, "50", "leave it unset to keep every token"),
-    "top_p": Range(0, 1, lo_open=True, example="0.95", why="a probability mass"),
-    "threshold": Range(0, 1, lo_open=True, example="0.9", why="a confidence"),
-    "factor": Range(0, lo_open=True, example="1.0"),
-    "eps": Range(0, 1, hi_open=True, example="1e-3", why="Dream's last timestep"),
-    "alg_temp": Range(0, example="0.5", why="0 = the top-scoring positions"),
-    # cache policies
-    "tau": Range(0, example="0.5", why="an entropy in nats"),
-    "recent_k": _count(0, "64"),
-    "refresh_every": _count(0, "8", "ecache help cache"),
-    ("dkv", "refresh_every"): _count(1, "8", "dkv refreshes every N steps of a block"),
-    "kp": _count(1, "50", "steps between prompt refreshes"),
-    "kr": _count(1, "7", "steps between response refreshes"),
-    "rho": Range(0, 1, example="0.25", why="a share of the response"),
-    "tol": Range(0, 2, example="1e-3", why="a cosine change 1 − cos"),
-    "rollout_p": Range(0, 1, example="0.1", why="a share of the total importance"),
-    "current_k": _count(1, "32"),
-    "sigma": Range(0, 65536, lo_open=True, example="10", why="a width in positions"),
-    "gamma": Range(0, 1, example="0.9", why="a cosine similarity"),
-    "window": _count(0, "16", "positions"),
-}
-
-
-def range_of(key: str, policy: str | None = None) -> Range | None:
-    """The declared :data:`RANGES` entry of setting ``key`` (``policy``'s own first), or None."""
-    return RANGES.get((policy, key)) or RANGES.get(key)
+    out = dict(DecodeConfig.ranges)
+    for cls in POLICIES.values():
+        for k, v in cls.ranges.items():
+            out.setdefault(k, v)
+    return out
 
 
 def profiles_dir() -> Path:
@@ -328,75 +259,3 @@ def write_profile(path: Path, data: dict, overwrite_same: bool = True) -> None:
                               "move it away or choose another --out")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({k: v for k, v in data.items() if not k.startswith("_")}, sort_keys=False))
-
-
-def dataclass_defaults(cls) -> dict:
-    """Field defaults of a dataclass as a dict."""
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-
-
-def field_types(cls) -> dict:
-    """``{field name: type}`` of a dataclass (annotations resolved, e.g. ``int | None``); a field with a
-    declared :class:`Range` (:func:`range_of`) comes as ``Annotated[type, Range]``, which
-    :func:`check_value` enforces."""
-    import typing
-
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        kind, rng = hints.get(f.name), range_of(f.name, getattr(cls, "name", None))
-        out[f.name] = typing.Annotated[kind, rng] if rng is not None and kind is not None else kind
-    return out
-
-
-def check_value(kind, value):
-    """``value`` as a field of type ``kind`` wants it (an int is a valid float), or ValueError saying
-    what it must be. Booleans are not numbers here, and NaN is no number: both would be silently
-    meaningless as a threshold or a count. Types other than bool/int/float/str pass unchecked.
-    ``Annotated[type, Range]`` (:func:`field_types`) also checks the value's range."""
-    import math
-    import types
-    import typing
-
-    rng = None
-    if typing.get_origin(kind) is typing.Annotated:  # field_types' declared range
-        kind, *meta = typing.get_args(kind)
-        rng = next((m for m in meta if isinstance(m, Range)), None)
-    value = _check_type(kind, value)
-    if rng is not None and value is not None:
-        rng.check(value)
-    return value
-
-
-def _check_type(kind, value):
-    """:func:`check_value` without the range: the type alone."""
-    import math
-    import types
-    import typing
-
-    args = typing.get_args(kind)
-    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
-        if value is None:
-            return None
-        rest = [a for a in args if a is not type(None)]
-        kind = rest[0] if len(rest) == 1 else None
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ValueError("must be true or false")
-    elif kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError("must be a whole number (e.g. 8)")
-    elif kind is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError("must be a number (e.g. 0.5)")
-        if math.isnan(value):
-            raise ValueError("must be a number, not NaN (e.g. 0.5)")
-        return float(value)
-    elif kind is str and not isinstance(value, str):
-        raise ValueError("must be a string")
-    return value

@@ -62,8 +62,8 @@ def cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every) -> d
 
 def _option_ranges() -> dict:
     """The range of every numeric option, by parameter name: the decode and cache settings' own
-    (``config.RANGES``, so a flag and a profile key are checked alike) and the command options'."""
-    from .config import INT_MAX, RANGES, Range
+    (``config.setting_ranges``, so a flag and a profile key are checked alike) and the command options'."""
+    from .config import INT_MAX, Range, setting_ranges
 
     def count(lo, example="", why=""):
         return Range(lo, INT_MAX, example=example, why=why, integer=True)
@@ -78,7 +78,7 @@ def _option_ranges() -> dict:
         "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
         "min_fidelity": Range(0, 100, example="95", why="percent"),
     }
-    return {**{k: v for k, v in RANGES.items() if isinstance(k, str)}, **own}
+    return {**setting_ranges(), **own}
 
 
 def check_ranges(values: dict) -> None:

@@ -90,7 +90,7 @@ def test_out_of_range_values_are_one_line_usage_errors(cli, tmp_path, args, need
 
 
 def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
-    """A numeric field added to a policy or to DecodeConfig must get a range in config.RANGES."""
+    """A numeric field added to a policy or to DecodeConfig must get a range in its class's ``ranges``."""
     import typing
 
     from ecache_cli.cache import POLICIES
@@ -105,7 +105,7 @@ def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
                 assert any(isinstance(m, Range) for m in meta)
                 continue
             numeric = {int, float} & set(typing.get_args(base) or (base,))
-            assert not numeric, f"{cls.__name__}.{name} has no declared range (config.RANGES)"
+            assert not numeric, f"{cls.__name__}.{name} has no declared range (its class's ranges)"
 
 
 # --- profile files ----------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_chat_messages_with_unknown_roles_are_rejected(cli, llada_dir, tmp_path,
     f.write_text(json.dumps({"messages": messages}) + "\n")
     res = cli("generate", "--input", f, "--model", llada_dir, *SMALL)
     _no_traceback(res)
-    one_line_error(res, 1, f"{f}:1", *needles)
+    one_line_error(res, 2, f"{f}:1", *needles)  # checked before decoding: a usage error
 
 
 def _edit_config(llada_dir: Path, tmp_path: Path, edit) -> Path:
@@ -175,7 +175,7 @@ def _edit_config(llada_dir: Path, tmp_path: Path, edit) -> Path:
                                                 "ids 0..", "fix config.json"]),
     (lambda c: {**c, "mask_token_id": -1}, ["mask_token_id -1", "outside the vocabulary"]),
     (lambda c: {**c, "eos_token_id": c.get("vocab_size", c.get("embedding_size"))}, ["eos_token_id", "outside"]),
-    (lambda c: {**c, "d_model": "abc"}, ["a config.json field has a wrong type"]),
+    (lambda c: {**c, "d_model": "abc"}, ["'d_model' is 'abc'", "whole number"]),
     (lambda c: b'{"model_type": "llada", "d_model": 64\xff}', ["not UTF-8 text", "0xff"]),
     (lambda c: b"[1, 2]", ["holds a JSON list, not an object"]),
     (lambda c: b"{", ["not valid JSON"]),

@@ -11,7 +11,7 @@ import dataclasses
 import importlib
 import pkgutil
 
-from ..config import check_value, field_types
+from ..contract.fields import check_value, field_types
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
 

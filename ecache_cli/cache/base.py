@@ -65,6 +65,7 @@ class CachePolicy:
     keeps_hidden: ClassVar[bool] = False
     forced_refresh: ClassVar[dict | None] = None
     test_params: ClassVar[dict] = {}
+    ranges: ClassVar[dict] = {}  # name → contract.fields.Range of each numeric parameter
 
     def reset(self, state: DecodeState) -> None:
         """Initialise the per-row state for the rows of ``state`` (called before their first step)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
+from ..contract.fields import count
 from ..contract.state import DecodeState
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
@@ -34,6 +34,7 @@ class DKVCache(CachePolicy):
     name = "dkv"
     forced_refresh = {"refresh_every": 1}
     test_params = {"refresh_every": 3}
+    ranges = {"refresh_every": count(1, "8", "dkv refreshes every N steps of a block")}
 
     def __post_init__(self):
         if self.refresh_every < 1:

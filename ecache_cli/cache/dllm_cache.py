@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.fields import Range, count
 from ..contract.rows import ROW
 from ..contract.state import DecodeState
 from ..errors import UsageError
@@ -47,6 +48,10 @@ class DLLMCache(CachePolicy):
     name = "dllm-cache"
     forced_refresh = {"kp": 1, "kr": 1}  # prompt and response both due every step
     test_params = {"kr": 3}
+    ranges = {"kp": count(1, "50", "steps between prompt refreshes"),
+              "kr": count(1, "7", "steps between response refreshes"),
+              "rho": Range(0, 1, example="0.25", why="a share of the response"),
+              "tol": Range(0, 2, example="1e-3", why="a cosine change 1 − cos")}
     row_state = {"last": ROW}
 
     def __post_init__(self):

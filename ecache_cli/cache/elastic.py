@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.fields import Range, count
 from ..contract.hooks import ForwardHooks
 from ..contract.rows import ROW
 from ..contract.state import DecodeState, StepRecord
@@ -49,6 +50,8 @@ class ElasticCache(CachePolicy):
     name = "elastic"
     forced_refresh = {"refresh_every": 1}  # our option (the paper refreshes by layer, never in full)
     test_params = {"window": 4}
+    ranges = {"gamma": Range(0, 1, example="0.9", why="a cosine similarity"), "window": count(0, "16", "positions"),
+              "refresh_every": count(0, "8", "0 = never")}
     row_state = {name: ROW for name in ("tracked", "prev_row", "has_prev", "similarity", "start_next")}
     keeps_hidden = True
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.fields import Range, count
 from ..contract.rows import ROW
 from ..contract.state import SIGNALS, DecodeState, StepRecord
 from .base import CachePolicy, ForwardPlan
@@ -37,6 +38,7 @@ class EntropyCache(CachePolicy):
     name = "entropy"
     forced_refresh = {"tau": 0.0}  # every step commits a token with entropy > 0 nats
     test_params = {"tau": 1.0, "recent_k": 4}
+    ranges = {"tau": Range(0, example="0.5", why="an entropy in nats"), "recent_k": count(0, "64")}
     row_state = {"refresh_next": ROW}
 
     def __post_init__(self):

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.fields import Range, count
 from ..contract.hooks import ForwardHooks, LayerView, Shrink
 from ..contract.rows import ROW
 from ..contract.state import DecodeState, StepRecord
@@ -126,6 +127,11 @@ class ESDLLM(CachePolicy):
     keeps_hidden = True
     forced_refresh = {"refresh_every": 1}  # our option (the paper refreshes in full only at its first step)
     test_params = {"proportions": "1,0.5", "positions": "0,0", "block_update_freq": 4}  # skips after layer 0
+    ranges = {"alpha": Range(0, 1, example="0.5", why="the confidence's weight"),
+              "proportions": Range(0, 1, lo_open=True, example="1,0.5,0.25", why="kept shares, one per stage"),
+              "positions": Range(0, 1, example="0,0.125,0.25", why="depth fractions, one per stage"),
+              "prompt_update_freq": count(0, "64", "0 = the block length"),
+              "block_update_freq": count(0, "16", "0 = never"), "refresh_every": count(0, "8", "0 = never")}
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.fields import count
 from ..contract.state import DecodeState
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
@@ -26,6 +27,7 @@ class PrefixCache(CachePolicy):
     refresh_every: int = 0
     name = "prefix"
     forced_refresh = {"refresh_every": 1}
+    ranges = {"refresh_every": count(0, "8", "0 = block starts only")}
     test_params = {}
 
     def __post_init__(self):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+from ..contract.fields import Range, count
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,18 @@ class DecodeConfig:
     compat: str | None = None
     eps: float | None = None
     alg_temp: float | None = None
+
+    #: the range of each numeric setting (LLaDA's and Dream's generate code; Fast-dLLM's threshold rules)
+    ranges: ClassVar[dict[str, Range]] = {
+        "gen_length": count(1, "256"), "block_length": count(1, "32"), "steps": count(1, "256"),
+        "temperature": Range(0, example="0.7", why="0 = greedy"),
+        "top_k": count(1, "50", "leave it unset to keep every token"),
+        "top_p": Range(0, 1, lo_open=True, example="0.95", why="a probability mass"),
+        "threshold": Range(0, 1, lo_open=True, example="0.9", why="a confidence"),
+        "factor": Range(0, lo_open=True, example="1.0"),
+        "eps": Range(0, 1, hi_open=True, example="1e-3", why="Dream's last timestep"),
+        "alg_temp": Range(0, example="0.5", why="0 = the top-scoring positions"),
+    }
 
     def as_dict(self) -> dict:
         return asdict(self)

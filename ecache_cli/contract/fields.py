@@ -1,0 +1,136 @@
+"""Typed, range-checked settings: what a dataclass field of a policy or of the decoding settings takes.
+
+A class declares the range of each numeric field in a ``ranges`` class attribute (name → :class:`Range`),
+beside the field itself; :func:`field_types` attaches it and :func:`check_value` enforces type and range,
+so a flag, a profile value, a ``--policies name:key=value`` variant and an lm-eval model_arg are checked
+alike. This module imports nothing of ecache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: The largest count or length any setting takes (tokens, steps, positions, threads): 2**31 − 1, what a
+#: 32-bit index holds; far above any canvas a model takes, and a 64-bit overflow never reaches torch.
+INT_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric setting takes: ``lo``/``hi`` bounds (None = unbounded), each inclusive
+    unless ``lo_open``/``hi_open``; never NaN, never ±inf. ``example``: a good value, for the message."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    example: str = ""
+    why: str = ""
+    integer: bool = False
+
+    def describe(self) -> str:
+        """The range in words: ``in [0, 1]``, ``≥ 1``, ``> 0``, ``in 1..2147483647`` (whole numbers)."""
+        if self.lo is not None and self.hi is not None:
+            if self.integer:
+                return f"in {self.lo}..{self.hi}"
+            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '≥'} {self.lo:g}"
+        if self.hi is not None:
+            return f"{'<' if self.hi_open else '≤'} {self.hi:g}"
+        return "a finite number"
+
+    def check(self, value) -> None:
+        """Raise ValueError (``must be in [0, 1] (e.g. 0.9)``) for a value outside the range, NaN or ±inf."""
+        import math
+
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        finite = not isinstance(value, float) or math.isfinite(value)
+        bad = not finite
+        if not bad and self.lo is not None:
+            bad = value <= self.lo if self.lo_open else value < self.lo
+        if not bad and self.hi is not None:
+            bad = value >= self.hi if self.hi_open else value > self.hi
+        if bad:
+            hint = "; ".join(x for x in (self.why, f"e.g. {self.example}" if self.example else "") if x)
+            what = self.describe() if finite else f"a finite number {self.describe()}"
+            if finite and self.integer:  # a count: name the side it fell off
+                what = f"≥ {self.lo}" if self.lo is not None and value < self.lo else f"≤ {self.hi}"
+            raise ValueError(f"must be {what}" + (f" ({hint})" if hint else ""))
+
+
+def count(lo: int = 0, example: str = "", why: str = "") -> Range:
+    """A whole-number count from ``lo`` up to :data:`INT_MAX`."""
+    return Range(lo, INT_MAX, example=example, why=why, integer=True)
+
+
+def dataclass_defaults(cls) -> dict:
+    """Field defaults of a dataclass as a dict."""
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def field_types(cls) -> dict:
+    """``{field name: type}`` of a dataclass (annotations resolved, e.g. ``int | None``); a field with a
+    declared :class:`Range` (the class's ``ranges`` mapping) comes as ``Annotated[type, Range]``, which
+    :func:`check_value` enforces."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    ranges = getattr(cls, "ranges", {})
+    out = {}
+    for f in dataclasses.fields(cls):
+        kind, rng = hints.get(f.name), ranges.get(f.name)
+        out[f.name] = typing.Annotated[kind, rng] if rng is not None and kind is not None else kind
+    return out
+
+
+def check_value(kind, value):
+    """``value`` as a field of type ``kind`` wants it (an int is a valid float), or ValueError saying
+    what it must be. Booleans are not numbers here, and NaN is no number: both would be silently
+    meaningless as a threshold or a count. Types other than bool/int/float/str pass unchecked.
+    ``Annotated[type, Range]`` (:func:`field_types`) also checks the value's range."""
+    import typing
+
+    rng = None
+    if typing.get_origin(kind) is typing.Annotated:  # field_types' declared range
+        kind, *meta = typing.get_args(kind)
+        rng = next((m for m in meta if isinstance(m, Range)), None)
+    value = _check_type(kind, value)
+    if rng is not None and value is not None:
+        rng.check(value)
+    return value
+
+
+def _check_type(kind, value):
+    """:func:`check_value` without the range: the type alone."""
+    import math
+    import types
+    import typing
+
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        kind = rest[0] if len(rest) == 1 else None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError("must be true or false")
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("must be a whole number (e.g. 8)")
+    elif kind is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("must be a number (e.g. 0.5)")
+        if math.isnan(value):
+            raise ValueError("must be a number, not NaN (e.g. 0.5)")
+        return float(value)
+    elif kind is str and not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value
