@@ -7,7 +7,7 @@ the time: the biggest imports (torch, typer, ...) and whether transformers was i
 should not be: models/fast_tokenizer.py). Each run is followed by a bare ``python -c "import torch"``,
 the floor no torch program goes below, so the overhead over it (median of the per-pair differences)
 is comparable across machine loads; the load average is printed beside the numbers: on the 2-core
-machine other busy processes can double them. Target: median ≤ 2.5 s (issue 15).
+machine other busy processes can double them. Target: median ≤ 2.5 s (BENCHMARKS.md, Cold start).
 Prints a table and a last stdout line of JSON.
 
     python bench/cold_start.py                 # 7 runs

@@ -2,7 +2,7 @@
 
 The embedded model may grow only while one full forward over a 1,000-token canvas (prompt + gen
 length, batch 1, float32) takes at most 60 ms on one core of the 2-core development machine
-(the issue that set the embedded model's targets). This times ``model(tokens, store)`` exactly as the
+(BENCHMARKS.md, Forward latency). This times ``model(tokens, store)`` exactly as the
 engine's full forward calls it (a fresh KV store, every position computed, logits for all of them).
 
 Prints a table, then one JSON line (the last stdout line).

@@ -133,7 +133,7 @@ def _vs_dual(wl: str, mode: str, e: dict, d: dict) -> dict:
                 note=f"latency ratio {lat:.2f}x; token agreement with none: entropy {100 * fe:.1f}% vs dual {100 * fd:.1f}%")
 
 
-BATCH_TARGET = 0.9  # entropy's speedup over none at batch 8 >= 90 % of its speedup at batch 1 (issue 13)
+BATCH_TARGET = 0.9  # entropy's speedup over none at batch 8 >= 90 % of its speedup at batch 1 (BENCHMARKS.md, Batch sizes)
 BATCH_COLUMNS = [("tok/s", "tokens_per_s", "{:.1f}"), ("speedup vs none", "speedup_vs_none", "{:.2f}x"),
                  ("latency mean ms", "mean_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"),
                  ("full/req", "full_forwards_per_request", "{:.1f}"), ("work % of none", "work_share_vs_none", "pct"),

@@ -3,7 +3,7 @@
 The store only stores. The model writes the K/V of the positions it computes (``write``) and reads the
 full tensors back for attention; cache policies never touch it. K is stored *after* RoPE: canvas
 positions never move during a request, so rotating once at write time is exact and saves the
-re-rotation of the whole key sequence that Fast-dLLM does on every call (spec/models.md D.10).
+re-rotation of the whole key sequence that Fast-dLLM does on every call (docs/MODELS.md §3.4).
 
 Rows leave, are copied out and join through ``engine/rows.py`` (``KVStore.ROW_FIELDS``).
 """

@@ -31,7 +31,7 @@ SYNTH_SCALE = 4.0
 REPO = Path(__file__).resolve().parents[1]
 
 
-# --- the suite never modifies the checkout (issue 15): `git status` at the end equals the start
+# --- the suite never modifies the checkout: `git status` at the end equals the start
 
 
 def _git_status() -> str | None:

@@ -1,5 +1,5 @@
 """Bad input, odd input and unwritable outputs end as one ``error:`` line (exit 2 usage, 1 data), nothing
-is silently ignored, and ``--help`` tells the truth (issue 15, items 1, 2 and 7).
+is silently ignored, and ``--help`` tells the truth.
 
 Most tests run in-process through CliRunner and fail before any decoding; a few use a subprocess where
 the process boundary is the point (non-UTF-8 argv bytes, a closed stdout pipe, a full device).

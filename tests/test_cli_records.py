@@ -1,5 +1,4 @@
-"""``ecache generate`` records that join back to their inputs, and batch-invariant sampling at the CLI
-(issue 15 items 4 and 5)."""
+"""``ecache generate`` records that join back to their inputs, and batch-invariant sampling at the CLI."""
 
 from __future__ import annotations
 

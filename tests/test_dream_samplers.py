@@ -1,7 +1,7 @@
 """Dream's own samplers, token for token: Dream's schedule (generation_utils.py ``diffusion_generate``), Fast-dLLM's
 Dream threshold quota (dream/model/generation_utils.py 'confidence_threshold') and Fast-dLLM's Dream block sampler
 (dream/model/generation_utils_block.py, ``--compat fastdllm``), each against a plain reference loop written here
-from the description in spec/models.md B2 / B3.5; tiny random checkpoints in the official format, CPU, float32.
+from the description in docs/MODELS.md §5.2 / §6.5; tiny random checkpoints in the official format, CPU, float32.
 
 The reference loops mirror ecache's deliberate differences only: the mask id and ids ≥ the tokenizer size are
 never chosen (maskgit_plus / topk_margin are scored on the distribution without them, the entropy on the
@@ -234,7 +234,7 @@ def varied(tokens):
 
 
 def test_dream_schedule_counts_match_dream_arithmetic():
-    # Dream's float32 arithmetic, hand-checked quirks (spec/models.md B2): steps == masks gives 0 first, 2 last
+    # Dream's float32 arithmetic, hand-checked quirks (docs/MODELS.md §5.2): steps == masks gives 0 first, 2 last
     assert dream_num_transfer_tokens(torch.tensor([16]), 16, 1e-3).tolist() == [[0] + [1] * 14 + [2]]
     c = dream_num_transfer_tokens(torch.tensor([512, 512]), 128, 1e-3)
     assert c[0, :3].tolist() == [3, 4, 4] and c[0, -1].item() == 5 and c.sum(1).tolist() == [512, 512]

@@ -29,7 +29,7 @@ def tokens_of(results) -> list[list[int]]:
     return [r.token_ids for r in results]
 
 
-# --- the official LLaDA loop (spec/models.md B1), written out plainly
+# --- the official LLaDA loop (docs/MODELS.md §5.1), written out plainly
 
 
 def reference_decode(lm, prompt_ids: list[int], gen_length: int, block_length: int, steps: int) -> list[int]:

@@ -1,5 +1,5 @@
 """``FastTokenizer`` (tokenizers without transformers, for a fast cold start) gives what transformers'
-tokenizer gives: ids, texts, vocabulary and chat templates (issue 15 item 6)."""
+tokenizer gives: ids, texts, vocabulary and chat templates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model loading and the forward API (issue: engine foundation).
+"""Model loading and the forward API.
 
 Checkpoints are tiny random ones written in exactly the official on-disk formats.
 """

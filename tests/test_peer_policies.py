@@ -1,4 +1,4 @@
-"""Peer cache policies (issue 8): dLLM-Cache, dKV-Cache, d2Cache, Elastic-Cache, and the model API they
+"""Peer cache policies (docs/METHOD.md §3): dLLM-Cache, dKV-Cache, d2Cache, Elastic-Cache, and the model API they
 need (value probe, attention rows, layer-selective recomputation). Their forced-refresh equivalence with
 ``none`` is in tests/test_policies.py (FORCED_REFRESH)."""
 

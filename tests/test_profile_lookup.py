@@ -1,4 +1,4 @@
-"""Where profiles are written and found (issue 15 item 3): calibrate writes ./profiles of the current
+"""Where profiles are written and found: calibrate writes ./profiles of the current
 directory; generate --task looks up --profile > ./profiles > the user's config folder > the package."""
 
 from __future__ import annotations

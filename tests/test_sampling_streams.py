@@ -1,4 +1,4 @@
-"""Batch-invariant sampling (issue 15 item 4): at temperature > 0 each row's random stream derives from
+"""Batch-invariant sampling: at temperature > 0 each row's random stream derives from
 (seed, that prompt's index in the input), so a prompt decodes the same alone or in any batch."""
 
 from __future__ import annotations

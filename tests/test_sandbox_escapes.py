@@ -265,7 +265,7 @@ PARTIAL = ["write: ctypes open", "read: a planted secret", "net: ctypes socket",
 def test_each_layer_combination_holds_what_it_claims(layers, kernel_mode, tmp_path, listener, signals):
     """A machine with only some layers (no user namespaces; a kernel before Landlock or seccomp) still
     stops these attempts in auto mode, except the total disk without namespaces. Without seccomp, new
-    processes are refused by RLIMIT_NPROC=0, which holds because the program no longer runs as root."""
+    processes are refused by RLIMIT_NPROC=0, which holds because the program runs as nobody, not as root."""
     if kernel_mode != "strict":
         pytest.skip("no kernel isolation on this machine")
     gaps = {("landlock", "seccomp"): {"limit: 24 MiB of disk"}}

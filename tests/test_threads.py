@@ -1,4 +1,4 @@
-"""``--threads`` on every subcommand and ``ECACHE_THREADS`` (issue 15 item 6)."""
+"""``--threads`` on every subcommand and ``ECACHE_THREADS``."""
 
 from __future__ import annotations
 

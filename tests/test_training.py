@@ -450,7 +450,7 @@ def test_drill_div_max_widens_the_quotients_and_keeps_the_old_stream_at_20():
     assert all(a == b * r and 2 <= b <= 10 and 2 <= r <= 90 and a <= 250 for a, b, r in wide)
     big = sum(r > 20 for _, _, r in wide) / len(wide)
     assert big == pytest.approx(0.5, abs=0.05) and max(r for _, _, r in wide) > 80
-    # at 20 the stream is the one from before the argument: a plain reference of the old divisions
+    # at 20 (the default) no extra draw is made: the stream equals this plain reference with quotients 2-20
     ref, w = random.Random(0), (0.0, 0.0, 0.0, 1.0)
     expected = []
     for _ in range(300):

@@ -1,5 +1,5 @@
 """``dllm-cache``: dLLM-Cache (Liu et al., "dLLM-Cache: Accelerating Diffusion Large Language Models
-with Adaptive Caching", arXiv 2506.06295, 2025; maomaocun/dLLM-Cache; spec/method.md §3).
+with Adaptive Caching", arXiv 2506.06295, 2025; maomaocun/dLLM-Cache; docs/METHOD.md §3.4).
 
 The prompt is refreshed every ``kp`` steps and the response (the generated positions) every ``kr``
 steps, counted over the whole request (step 0 refreshes both: a full forward). The steps are each

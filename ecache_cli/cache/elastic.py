@@ -1,5 +1,5 @@
 """``elastic``: Elastic-Cache (Nguyen-Tri, Ranjan, Shen, "Attention Is All You Need for KV Cache in
-Diffusion LLMs", arXiv 2510.14973, 2025; spec/method.md §3).
+Diffusion LLMs", arXiv 2510.14973, 2025; docs/METHOD.md §3.7).
 
 Elastic-Cache decides *when* to refresh with an attention-aware drift test and *where* with a
 depth-aware schedule. Per step the forward computes a sliding window (the first ``window`` masked

@@ -1,4 +1,4 @@
-"""``entropy``: EntropyCache (Cheong et al., arXiv 2603.18489, 2026; spec/method.md §2).
+"""``entropy``: EntropyCache (Cheong et al., arXiv 2603.18489, 2026; docs/METHOD.md §2).
 
 After each step, the signal E is the maximum entropy (nats) of the distributions that produced the
 tokens committed at that step. If E > tau the next step is a full forward that refreshes every
@@ -24,7 +24,7 @@ from ..contract.state import SIGNALS, DecodeState, StepRecord
 from .base import CachePolicy, ForwardPlan
 
 DEFAULT_TAU = 1.0  # nats; overridden by a calibrated profile (ecache calibrate)
-DEFAULT_RECENT_K = 64  # spec/method.md §2 (k = 64, medium confidence)
+DEFAULT_RECENT_K = 64  # docs/METHOD.md §2.4 (k = 64, medium confidence)
 
 
 @dataclass

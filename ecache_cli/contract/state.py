@@ -180,7 +180,7 @@ class StepRecord:
         return self.committed.sum(1)
 
     def signal(self, kind: str = "max-entropy") -> torch.Tensor:
-        """(B,) float64 EntropyCache signal of the tokens committed at this step (arXiv 2603.18489; docs/METHOD.md).
+        """(B,) float64 EntropyCache signal of the tokens committed at this step (arXiv 2603.18489; docs/METHOD.md §2.2).
 
         max-entropy: max entropy (nats); sum-entropy: their sum; max-confidence: 1 - min probability.
         Rows that committed nothing get -inf (max variants) or 0 (sum).

@@ -5,9 +5,9 @@ not masked or lie outside the current block). Then one rule picks the positions:
 - select_topk: the step's scheduled count k (LLaDA / Dream fixed-step decoding);
 - select_sampled: k positions drawn from softmax(conf / alg_temp) without replacement (Dream alg_temp > 0);
 - select_origin: each candidate independently with a probability (Dream alg 'origin');
-- select_threshold: Fast-dLLM confidence-threshold parallel decoding (spec B3.1);
+- select_threshold: Fast-dLLM confidence-threshold parallel decoding (docs/MODELS.md §6.1);
 - select_threshold_quota: the same with a per-step quota (Fast-dLLM's Dream generation_utils.py);
-- select_factor: Fast-dLLM's factor rule (spec B3.2).
+- select_factor: Fast-dLLM's factor rule (docs/MODELS.md §6.2).
 Each rule commits only candidates, and the two parallel rules commit at least one per row that has any,
 so a block always finishes. The parallel rules are defined on the probability of x0 (Fast-dLLM
 computes it as the float64 softmax probability of the chosen token); use validate_remasking(kind,
@@ -170,7 +170,7 @@ def select_origin(conf: torch.Tensor, p_transfer: float) -> torch.Tensor:
 
 
 def select_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Fast-dLLM confidence-threshold parallel decoding (get_transfer_index with threshold, spec B3.1).
+    """Fast-dLLM confidence-threshold parallel decoding (get_transfer_index with threshold, docs/MODELS.md §6.1).
 
     Commits every candidate with conf ≥ threshold, and always the single most confident candidate of
     each row that has any (first column on ties), so a step never commits 0 tokens; this also holds
@@ -196,7 +196,7 @@ def select_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 def select_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
-    """Fast-dLLM's factor rule (get_transfer_index_dynamic, spec B3.2), in the paper's form.
+    """Fast-dLLM's factor rule (get_transfer_index_dynamic, docs/MODELS.md §6.2), in the paper's form.
 
     With the row's candidate confidences sorted c_1 ≥ c_2 ≥ … ≥ c_M, commit the top n for the largest
     n ≤ M such that (m+1)·(1 − c_m) < factor for every rank m ≤ n, with rank 1 always committed (so
@@ -231,7 +231,7 @@ def select_factor(conf: torch.Tensor, factor: float) -> torch.Tensor:
 
 def select_threshold_quota(conf: torch.Tensor, threshold: float, cap: torch.Tensor) -> torch.Tensor:
     """Threshold decoding under a per-step quota (Fast-dLLM dream/model/generation_utils.py, alg
-    'confidence_threshold'; spec/models.md B3.5, last item).
+    'confidence_threshold'; docs/MODELS.md §6.5).
 
     Of each row's ``cap[b]`` most confident candidates, commit the first always and the others whose
     conf ≥ threshold; the rest are deferred. Fast-dLLM's quota is steps-per-block masks/steps plus the

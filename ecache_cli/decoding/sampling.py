@@ -7,7 +7,7 @@ Everything is computed in float64 from log-probabilities, batched over (B, N), w
   sample_tokens);
 - signals: probability of the chosen token under the filtered distribution at temperature 1 (the
   Fast-dLLM / LLaDA app.py confidence), top-1 minus top-2 probability (Dream topk_margin), and the
-  entropy of softmax(raw logits) in nats (the EntropyCache signal, spec method.md §2); on request
+  entropy of softmax(raw logits) in nats (the EntropyCache signal, docs/METHOD.md §2.2); on request
   (``dream_alg``), Dream's own confidence of an alg, taken from the temperature-scaled, top-p/top-k
   filtered distribution (Dream generation_utils.py sample_tokens), for the Dream rules.
 

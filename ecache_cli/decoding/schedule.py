@@ -2,9 +2,9 @@
 
 The generated span (gen_length positions) is split into equal blocks decoded left to right; each block
 gets the same number of denoising steps. Two per-step schedules: LLaDA's spreads the block's masks
-evenly over those steps (generate.py, spec models.md B1.2-3); Dream's follows its timesteps
-linspace(1, eps, steps + 1) (generation_utils.py, B2). In Fast-dLLM threshold/factor mode
-(B3.1-B3.2) a block runs until it has no masks instead, so the step count may be left unset.
+evenly over those steps (LLaDA generate.py, docs/MODELS.md §5.1); Dream's follows its timesteps
+linspace(1, eps, steps + 1) (generation_utils.py, docs/MODELS.md §5.2). In Fast-dLLM threshold/factor mode
+(docs/MODELS.md §6.1-6.2) a block runs until it has no masks instead, so the step count may be left unset.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def default_steps(gen_length: int, steps: int | None, threshold_mode: bool) -> i
 def plan_blocks(gen_length: int, block_length: int, steps: int | None, threshold_mode: bool) -> BlockPlan:
     """Check the gen-length / block-length / steps combination and return the block plan.
 
-    Rules (LLaDA generate.py, spec B1.2): gen_length ≥ 1, block_length ≥ 1,
+    Rules (LLaDA generate.py, docs/MODELS.md §5.1): gen_length ≥ 1, block_length ≥ 1,
     gen_length % block_length == 0 (num_blocks = gen_length / block_length), steps ≥ num_blocks and
     steps % num_blocks == 0 (steps_per_block = steps / num_blocks ≥ 1). In threshold/factor mode
-    (Fast-dLLM, B3.1) steps may be None. steps_per_block may exceed block_length: as in LLaDA, the
+    (Fast-dLLM, docs/MODELS.md §6.1) steps may be None. steps_per_block may exceed block_length: as in LLaDA, the
     extra steps then commit 0 tokens.
 
     Raises:
@@ -128,7 +128,7 @@ def validate_schedule(name: str) -> str:
 def dream_num_transfer_tokens(mask_count: torch.Tensor, steps: int, eps: float, first: int = 0) -> torch.Tensor:
     """How many masks each row commits at each step of a block under Dream's schedule.
 
-    Dream generation_utils.py ``_sample`` (algs maskgit_plus / topk_margin / entropy; spec/models.md B2):
+    Dream generation_utils.py ``_sample`` (algs maskgit_plus / topk_margin / entropy; docs/MODELS.md §5.2):
     timesteps t = linspace(1, eps, steps + 1) in float32; at step i the row holds n_i masks and commits
     k_i = int(n_i · (1 − t[i+1] / t[i])) (float32 product, truncated), every remaining mask at the last
     step. A step may commit 0 (e.g. 16 masks over 16 steps: [0, 1, 1, …, 1, 2]). Since every step

@@ -17,7 +17,7 @@ in mini-batches of ``batch_size``, and so do we, with the same sampler:
   ll = -(1/mc_num) Σ_samples Σ_masked CE / t (nats).
 
 The model computes the logits through its ordinary forward (a full forward with a fresh KV store);
-for Dream (logit shift 1) the hidden state at i-1 predicts token i (spec/models.md A2.5). Randomness
+for Dream (logit shift 1) the hidden state at i-1 predicts token i (docs/MODELS.md §2.5). Randomness
 comes from a ``torch.Generator`` the caller passes in, so a request's estimate does not depend on
 which process or batch evaluates it.
 """

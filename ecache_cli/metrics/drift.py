@@ -1,6 +1,6 @@
 """Drift maths for ``ecache trace-drift``: cosine drift of cached K/V, token volatility, correlations.
 
-Definitions (spec/method.md §4):
+Definitions (docs/METHOD.md §4):
 
 - drift of a cached vector against the fresh one = 1 − cos(cached, fresh), per canvas position, with
   the position's vector being all KV heads of one layer concatenated (H_kv·D values). Cosine is

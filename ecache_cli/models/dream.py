@@ -1,10 +1,10 @@
 """Dream-v0 (Dream-org/Dream-v0-Base-7B / -Instruct-7B): a bidirectional Qwen2.5 transformer.
 
-State-dict names are Qwen2's (spec/models.md A2.2): ``model.embed_tokens``, ``model.layers.{i}.
+State-dict names are Qwen2's (docs/MODELS.md §2.2): ``model.embed_tokens``, ``model.layers.{i}.
 {input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}``,
 ``model.norm``, ``lm_head``. q/k/v carry biases, attention is GQA, RoPE theta 1e6 with cos/sin cast
 to the activation dtype. Dream was trained with shifted prediction: the hidden state at position
-i-1 predicts token i (``spec.logit_shift == 1``, spec/models.md A2.5).
+i-1 predicts token i (``spec.logit_shift == 1``, docs/MODELS.md §2.5).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Layers shared by the LLaDA and Dream models: RMSNorm, RoPE, attention over the KV store, SwiGLU.
 
-Numerics follow the official modeling files (spec/models.md A1.3, A1.4, A2.3, A2.4):
+Numerics follow the official modeling files (docs/MODELS.md §3.1, §3.2):
 - RMSNorm normalises in float32, casts back to the activation dtype, *then* multiplies by the weight.
 - RoPE is half-rotation (NeoX / HF-Llama style). LLaDA rotates q/k in float32
   (``rope_full_precision``); Dream casts cos/sin to the activation dtype and rotates in it.
@@ -72,7 +72,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
     Args:
         q: (B, H, S, D); k, v: (B, H_kv, T, D) from the store; attn_mask: (B, 1, 1, T) bool (True =
         attend) or None. Pad keys are masked, pad queries are not (their outputs are never used), so
-        no row is fully masked (spec/models.md A1.5).
+        no row is fully masked (docs/MODELS.md §1.4).
     Returns:
         (B, S, H*D).
     """

@@ -1,6 +1,6 @@
 """LLaDA (GSAI-ML/LLaDA-8B-Base / -Instruct, LLaDA-1.5): a bidirectional Llama-like transformer.
 
-State-dict names and shapes are those of the official safetensors (spec/models.md A1.2):
+State-dict names and shapes are those of the official safetensors (docs/MODELS.md §1.2):
 ``model.transformer.{wte, blocks.{i}.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm, ff_proj,
 up_proj, ff_out}, ln_f, ff_out}``. ``ff_proj`` is the SiLU-gated branch (gate), ``up_proj`` the linear
 branch, the block's ``ff_out`` the down projection; the top-level ``ff_out`` is the untied LM head.

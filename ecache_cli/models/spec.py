@@ -1,6 +1,6 @@
 """ModelSpec: the architecture facts of a checkpoint, parsed from its ``config.json``.
 
-Two families are understood, keyed on ``model_type`` (spec/models.md A1.1 and A2.1):
+Two families are understood, keyed on ``model_type`` (docs/MODELS.md §1.1 and §2.1):
 
 - ``llada`` (GSAI-ML/LLaDA-8B-*, LLaDA-1.5): OLMo-style field names (``d_model``, ``n_layers``, ...),
   no biases, plain MHA, RoPE applied in float32 (``rope_full_precision``), logits aligned (no shift).
@@ -22,7 +22,7 @@ class ModelSpec:
     """Architecture and special-token facts shared by the model code, the engine and the policies.
 
     ``logit_shift`` is 0 for LLaDA (logits[i] predict token i) and 1 for Dream (logits[i] predict
-    token i+1, spec/models.md A2.5). ``eot_id`` is the end-of-turn token (``<|eot_id|>`` /
+    token i+1, docs/MODELS.md §2.5). ``eot_id`` is the end-of-turn token (``<|eot_id|>`` /
     ``<|im_end|>``), filled in from the tokenizer by the loader when present.
     """
 

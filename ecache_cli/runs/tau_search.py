@@ -2,7 +2,7 @@
 refinement step, the Pareto frontier and the choice rule. No torch, no model: plain numbers in, plain
 numbers out, so every rule here is unit-tested on hand-made sweeps.
 
-Definitions (each one is ours; spec/method.md leaves τ to calibration):
+Definitions (each one is ours; the paper gives no τ, docs/METHOD.md §2.3):
 
 - score: the task's 0–1 score (mean over the sample; ``metric="task"``), or, with
   ``metric="fidelity"``, the token agreement with ``none`` (no labels needed; ``none`` scores 1).

@@ -130,7 +130,7 @@ def arith_drill(rng: random.Random, op_weights=None, div_max: int = 20) -> tuple
 
     ``op_weights``: 4 floats for ``DRILL_OPS`` (None: uniform) setting how often each operation is drawn.
     ``div_max`` > 20 makes half of the divisions have a 21-``div_max`` quotient (dividend at most 250
-    while ``div_max`` <= 125); at 20 no extra draw is made, so the stream stays what it was without it.
+    while ``div_max`` <= 125); at 20 no extra draw is made (the stream equals a drill without the option).
 
     The operand ranges cover the computations of the ``arith`` templates (ecache_cli/tasks/arith.py):
     products of a 2-12 factor and a 2-80 factor, sums up to 250 + 100, differences with a positive
