@@ -37,7 +37,7 @@ def calibrate_cmd(
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
     taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, e.g. 0.1,0.5,1 (replaces the quantile grid).", rich_help_panel=K)] = None,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=K)] = False,
-    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard [default: auto].", rich_help_panel=K)] = None,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard \\[default: auto].", rich_help_panel=K)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,

@@ -22,7 +22,7 @@ def profile_cmd(
     shots: Annotated[Optional[int], typer.Option(help="Solved examples before each question \\[default: the task's].", rich_help_panel=T)] = None,
     limit: Annotated[Optional[int], typer.Option(help="Task examples, or at most this many prompts \\[default: 8 with --task].", rich_help_panel=T)] = None,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=T)] = False,
-    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard [default: auto].", rich_help_panel=T)] = None,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard \\[default: auto].", rich_help_panel=T)] = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
