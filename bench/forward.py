@@ -54,7 +54,7 @@ def main(argv=None) -> None:
             rows.append({"tokens": n, "median_ms": round(statistics.median(times), 2),
                          "min_ms": round(min(times), 2), "threads": args.threads})
     t = Table(title=f"full forward, {lm.name} ({lm.spec.n_params / 1e6:.2f}M params), float32, batch 1")
-    for c in ("canvas tokens", "median ms", "min ms", f"target ms (1000 tokens)"):
+    for c in ("canvas tokens", "median ms", "min ms", "target ms (1000 tokens)"):
         t.add_column(c, justify="right")
     for r in rows:
         t.add_row(str(r["tokens"]), f"{r['median_ms']:.1f}", f"{r['min_ms']:.1f}",

@@ -21,7 +21,6 @@ over ``none`` at the same batch size, mean latency and the share of wall time sp
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import string
 import sys

@@ -120,7 +120,9 @@ def summarise(steps: list[dict], shares: dict) -> dict[str, dict]:
         rows = [s for s in steps if s["kind"] == kind]
         if not rows:
             continue
-        mean = lambda k: 1e3 * statistics.fmean(r[k] for r in rows)  # noqa: E731
+        def mean(key: str, rows=rows) -> float:
+            return 1e3 * statistics.fmean(r[key] for r in rows)
+
         fwd = mean("forward_s")
         d = dict(count=len(rows), step_ms=mean("step_s"), forward_ms=fwd, sampling_commit_ms=mean("sampling_s"),
                  policy_ms=mean("policy_s"), positions=statistics.fmean(r["positions"] for r in rows))

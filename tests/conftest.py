@@ -25,9 +25,14 @@ from ecache_cli.models.loader import load_model
 # The test models are tiny: one thread is faster than two (no OpenMP hand-offs) and keeps the suite
 # from stalling when the 2-core machine is shared.
 torch.set_num_threads(1)
-from ecache_cli.models.synthetic import write_random_checkpoint
+from ecache_cli.models.synthetic import write_random_checkpoint  # noqa: E402 (after the thread setting)
 
 SYNTH_SCALE = 4.0
+
+#: The tiny decode settings of the CLI tests: a 16-position canvas in blocks of 8, no chat template, quiet.
+SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
+#: Prompts of different lengths, so a batch of them is left padded.
+PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -20,12 +20,12 @@ from types import SimpleNamespace
 
 import pytest
 import typer
+from cli_helpers import one_line_error
+from conftest import SMALL
 from typer.testing import CliRunner
 
-from cli_helpers import one_line_error
 from ecache_cli.cli import app
 
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 BIG = "99999999999999999999"  # > 2**64
 COMMANDS = ["generate", "profile", "calibrate", "trace-drift"]
 

@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import PROMPTS
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.kvstore import KVStore
 
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]  # different lengths: left padding
 CFG = DecodeConfig(gen_length=16, block_length=8, steps=16)
 # settings with partial forwards inside a 16-token answer (2 blocks of 8)
 PARAMS: dict[str, dict] = {n: c.test_params for n, c in POLICIES.items()}  # each policy's own (CachePolicy.test_params)
@@ -127,7 +127,7 @@ def test_reported_work_is_what_the_forwards_computed(lm, policy):
             for c, f in zip(rec.computed.tolist(), rec.refresh.tolist()):
                 assert c == T + S if f else (c == S or S < c < S + T)
     res = r.results()
-    for b, x in enumerate(res):
+    for x in res:
         assert x.stats["tokens_computed"] >= x.stats["tokens_planned"]
 
 

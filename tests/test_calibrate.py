@@ -9,6 +9,7 @@ import json
 
 import pytest
 import yaml
+from conftest import SMALL
 
 from ecache_cli.engine import Engine
 from ecache_cli.errors import UsageError
@@ -27,8 +28,6 @@ from ecache_cli.runs.tau_search import (
     same_decisions,
 )
 from ecache_cli.tasks import get_task
-
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 
 
 def pt(tau, score, speedup, fidelity=1.0):

@@ -19,11 +19,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from cli_helpers import CUT, one_line_error, table_rows, without_cut_warning
+from conftest import SMALL
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
 
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED = ROOT / "ecache_cli" / "data" / "tiny"
 

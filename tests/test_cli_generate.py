@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 from cli_helpers import one_line_error, records
+from conftest import SMALL
 
 from ecache_cli.cache import make_policy
 from ecache_cli.engine import DecodeConfig, Engine
 
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 STAT_KEYS = {"nfe", "full_forwards", "partial_forwards", "tokens_computed", "generated_tokens", "tokens_per_s",
              "wall_s", "prompt_tokens"}
 

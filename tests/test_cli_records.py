@@ -8,11 +8,11 @@ import threading
 
 import pytest
 from cli_helpers import records
+from conftest import SMALL
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
 
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3", "Sort: 5 2"]
 
 

@@ -125,7 +125,7 @@ def _answers_file(res, cwd):
 
 def _answers_resumed(res, cwd):
     _answers_file(res, cwd)
-    assert f"resuming answers.jsonl: 2 record(s) kept, 0 to decode" in res.stderr, res.stderr
+    assert "resuming answers.jsonl: 2 record(s) kept, 0 to decode" in res.stderr, res.stderr
 
 
 def _bad_line_added(res, cwd):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import PROMPTS as RAGGED_PROMPTS
 
 from ecache_cli.cache import make_policy
 from ecache_cli.decoding.remasking import select_sampled
@@ -22,7 +23,7 @@ from ecache_cli.decoding.streams import row_generator
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.errors import UsageError
 
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]  # different lengths: left padding
+PROMPTS = RAGGED_PROMPTS[:3]  # three of the shared prompts of different lengths
 NEG = float("-inf")
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import PROMPTS
 from torch import nn
 
 from ecache_cli.cache import make_policy
 from ecache_cli.engine import DecodeConfig, Engine
-
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]  # different lengths: left padding
 
 
 def engine_of(lm) -> Engine:

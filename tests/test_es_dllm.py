@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from conftest import PROMPTS as RAGGED_PROMPTS
 
 from ecache_cli.cache import make_policy
 from ecache_cli.cache.es_dllm import skip_layers
@@ -18,7 +19,7 @@ from ecache_cli.errors import UsageError
 from ecache_cli.models.loader import load_model
 from ecache_cli.models.synthetic import write_random_checkpoint
 
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]
+PROMPTS = RAGGED_PROMPTS[:3]  # three of the shared prompts of different lengths
 CFG = DecodeConfig(gen_length=32, block_length=16, steps=32, early_exit=False)
 BUF = 8  # block updates at steps 0 and 8 of each block (PUF = the block length: prompt update at step 0)
 

@@ -8,8 +8,8 @@ import io
 import json
 
 import pytest
-
 from cli_helpers import one_line_error, records
+
 from ecache_cli.models.synthetic import write_random_checkpoint
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat"]
@@ -18,7 +18,7 @@ PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse 4 5 6", "x=2; y=x*3", "Sort: 5 2"]
 
 def write_jsonl(path, lines) -> None:
     """``lines``: dicts (one JSON record each) or raw strings (written as they are)."""
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    path.write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
 
 
 def answers(recs) -> list[tuple]:
@@ -172,13 +172,13 @@ def test_progress_lines_on_a_non_terminal_stderr(cli, llada_dir, monkeypatch):
     assert res.exit_code == 0, res.stderr
     lines = res.stderr.splitlines()
     assert lines[0].startswith("using model ")
-    assert any(l.startswith("generate: 1/3 records (33%), ") and "records/" in l and ", ETA " in l for l in lines)
-    assert any(l.startswith("generate: 0/3 records (0%)") and "now prompts 1-1 · block 1/2 · step 1" in l for l in lines)
+    assert any(ln.startswith("generate: 1/3 records (33%), ") and "records/" in ln and ", ETA " in ln for ln in lines)
+    assert any(ln.startswith("generate: 0/3 records (0%)") and "now prompts 1-1 · block 1/2 · step 1" in ln for ln in lines)
     quiet = cli("generate", *PROMPTS[:3], "--model", llada_dir, *SMALL, "--cache", "none", "-q")
-    assert not any(l.startswith("generate: ") for l in quiet.stderr.splitlines())
+    assert not any(ln.startswith("generate: ") for ln in quiet.stderr.splitlines())
     monkeypatch.setenv("ECACHE_PROGRESS_INTERVAL", "3600")  # the default steady interval: no line in a short run
     calm = cli("generate", *PROMPTS[:3], "--model", llada_dir, *SMALL, "--cache", "none")
-    assert not any(l.startswith("generate: ") for l in calm.stderr.splitlines())
+    assert not any(ln.startswith("generate: ") for ln in calm.stderr.splitlines())
 
 
 def test_progress_bar_on_a_terminal_shows_count_rate_and_eta():

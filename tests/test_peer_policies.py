@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import PROMPTS as RAGGED_PROMPTS
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.cache.d2cache import (
@@ -23,7 +24,7 @@ from ecache_cli.models.layers import apply_rope
 from ecache_cli.models.loader import load_model
 from ecache_cli.models.synthetic import write_random_checkpoint
 
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]
+PROMPTS = RAGGED_PROMPTS[:3]  # three of the shared prompts of different lengths
 CFG = DecodeConfig(gen_length=24, block_length=8, steps=24, early_exit=False)
 
 
@@ -195,7 +196,7 @@ def test_dkv_caches_a_token_one_step_after_its_commit(family, llada_lm, dream_lm
     lm = llada_lm if family == "llada" else dream_lm
     plans, records = spy_run(lm, make_policy("dkv", refresh_every=3))
     partial = with_commits = 0
-    for i, p in enumerate(plans):
+    for p in plans:
         plan = p["plan"]
         assert plan.refresh.tolist() == (p["step_in_block"] % 3 == 0).tolist()
         if plan.refresh.all():

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import PROMPTS as RAGGED_PROMPTS
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.cache.entropy import EntropyCache
 from ecache_cli.engine import DecodeConfig, DecodeState, Engine, StepRecord
 from ecache_cli.errors import UsageError
 
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]
+PROMPTS = RAGGED_PROMPTS[:3]  # three of the shared prompts of different lengths
 
 # Parameters that make a policy refresh (full forward) at every step: each policy declares them in its own
 # file (``CachePolicy.forced_refresh``; None = it has no such setting, and the equivalence test skips it).

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import SMALL
 from typer.testing import CliRunner
 
 import ecache_cli
@@ -22,7 +23,6 @@ from ecache_cli.config import (
 )
 
 PACKAGE = Path(ecache_cli.__file__).resolve().parent
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import PROMPTS as RAGGED_PROMPTS
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.cache.base import CachePolicy, ForwardPlan
@@ -17,7 +18,7 @@ from ecache_cli.contract import rows as row_fields
 from ecache_cli.contract.rows import ROW, PerRow
 from ecache_cli.engine import DecodeConfig, Engine
 
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]
+PROMPTS = RAGGED_PROMPTS[:3]  # three of the shared prompts of different lengths
 # settings with partial forwards inside a 16-token answer (2 blocks of 8)
 PARAMS: dict[str, dict] = {n: c.test_params for n, c in POLICIES.items()}  # each policy's own (CachePolicy.test_params)
 

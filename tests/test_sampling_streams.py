@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import PROMPTS
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.decoding.streams import row_generator
 from ecache_cli.engine import DecodeConfig, Engine
-
-PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]  # ragged: left padding
 
 
 def decode(lm, prompts, cfg, policy, seed, row_ids=None):

@@ -3,10 +3,9 @@
 import json
 
 import yaml
+from conftest import SMALL
 
 from ecache_cli.tasks import sandbox
-
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 
 
 def _profile(cli, llada_dir, *extra):

@@ -191,7 +191,7 @@ def kernel_mode():
         sandbox.check("strict")
         return "strict"
     except SandboxUnavailable as e:
-        warnings.warn(f"the escape suite runs in auto mode, which gets isolation {sandbox.check('auto')!r} here: {e}")
+        warnings.warn(f"the escape suite runs in auto mode, which gets isolation {sandbox.check('auto')!r} here: {e}", stacklevel=2)
         return "auto"
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SMALL
 from scipy import stats
 
 from ecache_cli.engine import DecodeConfig, Engine
@@ -147,7 +148,7 @@ def test_deeper_layers_of_recomputed_positions_inherit_drift(tmp_path):
     of drift over *served* positions is a choice, and this shows what it leaves out."""
     lm3 = load_model(write_random_checkpoint(tmp_path / "l3", "llada", n_layers=3, scale=4.0), "cpu", "float32")
     worst = 0.0
-    for run, rec, (shadow, _, computed, _, _) in traced_steps(lm3, "entropy", tau=NEVER, recent_k=2):
+    for run, _rec, (shadow, _, computed, _, _) in traced_steps(lm3, "entropy", tau=NEVER, recent_k=2):
         comp = computed & run.store.key_mask
         assert cosine_drift(run.store.k[1], shadow.k[1])[comp].max() <= 1e-6
         worst = max(worst, float(cosine_drift(run.store.k[2], shadow.k[2])[comp].max()))
@@ -333,7 +334,6 @@ def app_():
     return app
 
 
-SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 
 
 def test_cli_writes_jsonl_tensorboard_plot_and_summary(cli, llada_dir, tmp_path):

@@ -24,11 +24,11 @@ TINY = REPO / "ecache_cli" / "data" / "tiny"
 if str(REPO / "scripts") not in sys.path:  # the training package; spawned data workers import it too
     sys.path.insert(0, str(REPO / "scripts"))
 
-import train_tiny
-from tiny_training import data, loop
-from tiny_training import evaluate as tev
-from tiny_training.config import RETIRED, TrainConfig, config_from_dict
-from tiny_training.export import tokenizer_sha256
+import train_tiny  # noqa: E402 (after the training package joins sys.path)
+from tiny_training import data, loop  # noqa: E402
+from tiny_training import evaluate as tev  # noqa: E402
+from tiny_training.config import RETIRED, TrainConfig, config_from_dict  # noqa: E402
+from tiny_training.export import tokenizer_sha256  # noqa: E402
 
 # a model small enough that a step takes milliseconds; the warmup ends before the fixture's last step
 SMALL = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--batch-tokens", "512",

@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 import yaml
+from cli_helpers import one_line_error, records
 from safetensors.torch import load_file, save_file
 
-from cli_helpers import one_line_error, records
 from ecache_cli.errors import ModelLoadError
 from ecache_cli.models.loader import embedded_dir, load_model
 from ecache_cli.models.spec import spec_from_config

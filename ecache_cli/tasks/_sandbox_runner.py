@@ -99,7 +99,9 @@ def read_only_paths():
 
 
 def mount(lib, src, target, fstype, flags, data=None):
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(s):
+        return None if s is None else s.encode()
+
     if lib.mount(enc(src), enc(target), enc(fstype), flags, enc(data)) != 0:
         raise oserror(f"mount {src or fstype} on {target}")
 

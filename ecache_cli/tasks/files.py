@@ -26,7 +26,7 @@ def read_jsonl(path: Path) -> list[dict]:
     rows, lineno = [], 0
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+            for lineno, line in enumerate(f, 1):  # noqa: B007 (lineno names the bad line below)
                 if line.strip():
                     rows.append(json.loads(line))
     except FileNotFoundError as e:
