@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-M, D, C, OUT = "Model", "Decoding", "Cache", "Output"
+M, D, C, O = "Model", "Decoding", "Cache", "Output"  # noqa: E741 (help panel names)
 
 Model = Annotated[str, typer.Option("--model", "-m", help="Alias (tiny, llada-8b, dream-7b, ...), HF repo id or folder.", rich_help_panel=M)]
 Device = Annotated[str, typer.Option(help="auto (CUDA when available), cpu, cuda, cuda:N.", rich_help_panel=M)]
@@ -41,8 +41,8 @@ Profile = Annotated[Optional[str], typer.Option("--profile", help="Settings from
 Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: if the model has one].", rich_help_panel=D)]
 BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=D)]
 Seed = Annotated[int, typer.Option(help="Random seed (sampling, remasking, task samples).", rich_help_panel=D)]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=OUT)]
-InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL records, - = stdin (ecache help input).", rich_help_panel=OUT)]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=O)]
+InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL records, - = stdin (ecache help input).", rich_help_panel=O)]
 
 
 def decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
@@ -98,7 +98,7 @@ def check_ranges(values: dict) -> None:
             raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
 
 
-Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wider than 80 columns).", rich_help_panel=OUT)]
+Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wider than 80 columns).", rich_help_panel=O)]
 
 
 def table_console(console, wide: bool):

@@ -56,10 +56,10 @@ def test_a_weight_that_overflows_the_dtype_names_the_fix(llada_dir, tmp_path):
     ("llada", {"mlp_hidden_size": -8}, "mlp_hidden_size is -8"),
     ("llada", {"d_model": "abc"}, "field 'd_model' is 'abc'; it must be a whole number"),
     ("llada", {"d_model": 64.5}, "field 'd_model' is 64.5"),
-    ("llada", {"mask_token_id": 500}, "mask_token_id 500 is outside the vocabulary [0, 128)"),
+    ("llada", {"mask_token_id": 500}, "mask_token_id 500 (the mask token) is outside the vocabulary of 128 tokens"),
     ("llada", {"rms_norm_eps": 0}, "rms_norm_eps is 0.0; it must be a finite number > 0"),
     ("dream", {"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 4"),
-    ("dream", {"vocab_size": -1}, "vocab_size is -1"),
+    ("dream", {"vocab_size": -1}, "vocab_size -1 must be ≥ 1"),
     ("dream", {"max_position_embeddings": 0}, "max_position_embeddings is 0"),
 ])
 def test_impossible_config_values_are_refused(family, change, needle):
