@@ -45,9 +45,10 @@ def main(argv=None) -> int:
     ap.add_argument("a", type=Path, help="tree A (before), a checkout holding bench/speed.py and ecache_cli/")
     ap.add_argument("b", type=Path, help="tree B (after)")
     ap.add_argument("--passes", type=int, default=3, help="passes per tree (median reported)")
-    ap.add_argument("speed_args", nargs=argparse.REMAINDER, help="-- then the arguments for bench/speed.py")
-    args = ap.parse_args(argv)
-    speed_args = [a for a in args.speed_args if a != "--"]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # after --: the arguments for bench/speed.py
+    args = ap.parse_args(argv[:cut])
+    speed_args = argv[cut + 1:]
     runs: dict[str, list[dict]] = {"a": [], "b": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.passes):

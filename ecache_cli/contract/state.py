@@ -56,10 +56,12 @@ class DecodeState:
     schedule: torch.Tensor | None = None
     step: int = 0
     probe: ModelProbe | None = None
+    block_mask: torch.Tensor | None = None  # (B, T) bool in_block(), kept by the engine as blocks change
 
     #: the per-row fields (rows along dimension 0)
     ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",
-                                          "rows", "block", "step_in_block", "row_step", "schedule")}
+                                          "rows", "block", "step_in_block", "row_step", "schedule",
+                                          "block_mask")}
 
     @property
     def batch(self) -> int:
@@ -87,8 +89,15 @@ class DecodeState:
         return ((pos >= start) & (pos < end)).expand(self.batch, -1)
 
     def in_block(self) -> torch.Tensor:
-        """(B, T) bool: the positions of each row's current block."""
+        """(B, T) bool: the positions of each row's current block (``block_mask`` when the engine keeps it)."""
+        if self.block_mask is not None:
+            return self.block_mask
         return self.span(self.block_start, self.block_end)
+
+    def enter_blocks(self) -> None:
+        """Recompute ``block_mask`` after ``block`` changed (the engine calls it; one mask per block, not per use)."""
+        self.block_mask = None
+        self.block_mask = self.span(self.block_start, self.block_end)
 
     def block_masked(self) -> torch.Tensor:
         """(B, T) bool: masked positions of each row's current block (the positions that can be committed)."""

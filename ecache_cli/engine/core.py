@@ -155,6 +155,7 @@ class Run:
                          n_committed=zeros, rows=torch.tensor(rows, dtype=torch.long, device=dev), block=zeros.clone(),
                          step_in_block=zeros.clone(), row_step=zeros.clone(), prompt_len=P, gen_length=G,
                          block_length=self.cfg.block_length, logit_shift=spec.logit_shift, n_layers=spec.n_layers)
+        st.enter_blocks()
         st.schedule = self.rule.block_schedule(st.block_masked().sum(1))
         return st
 
@@ -269,8 +270,6 @@ class Run:
         schedule, has taken its steps) enters its next block with that block's schedule."""
         st = self.state
         st.step += 1
-        if st.batch == 0:
-            return
         st.row_step = st.row_step + 1
         st.step_in_block = st.step_in_block + 1
         done = ~st.block_masked().any(1)
@@ -280,6 +279,7 @@ class Run:
             return
         st.block = torch.where(done, st.block + 1, st.block)
         st.step_in_block = torch.where(done, 0, st.step_in_block)
+        st.enter_blocks()
         if st.schedule is not None:
             st.schedule = torch.where(done[:, None], self.rule.block_schedule(st.block_masked().sum(1)), st.schedule)
         past = st.block >= self.blocks.num_blocks  # rows that used the whole canvas without an end marker
