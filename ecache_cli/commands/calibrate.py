@@ -72,7 +72,8 @@ def calibrate_cmd(
         write_json,
     )
     from ..runs.calibrate import CalibrateOptions, calibrate, preflight, validate
-    from ..runs.common import manifest, resolve_settings
+    from ..runs.manifest import manifest
+    from ..runs.settings import resolve_settings
     from ..runtime import load_for_command
     from ..tasks import get_task
 

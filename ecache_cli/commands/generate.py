@@ -41,11 +41,8 @@ def generate(
     from ..cache import policy_params
     from ..console import err, warn
     from ..errors import ConfigError, UsageError
-    from ..runs.common import (
-        check_input_file,
-        resolve_settings,
-        warn_unused_cache_flags,
-    )
+    from ..runs.inputs import check_input_file
+    from ..runs.settings import resolve_settings, warn_unused_cache_flags
     from ..runs.generate import GenerateOptions, run
     from ..runtime import load_for_command
 

@@ -52,12 +52,9 @@ def profile_cmd(
     from ..console import err, out
     from ..errors import DataError, UsageError
     from ..outputs import check_dir, check_file
-    from ..runs.common import (
-        check_input_file,
-        manifest,
-        resolve_settings,
-        warn_unused_cache_flags,
-    )
+    from ..runs.inputs import check_input_file
+    from ..runs.manifest import manifest
+    from ..runs.settings import resolve_settings, warn_unused_cache_flags
     from ..runs.profile import (
         ProfileOptions,
         json_line,
@@ -111,7 +108,7 @@ def profile_cmd(
         stdin = sys.stdin if not prompts and input_file is None and not sys.stdin.isatty() else None
         requests = prompt_requests(list(prompts or []), input_file, stdin, limit)
         if not requests:
-            from ..runs.common import no_prompts
+            from ..runs.inputs import no_prompts
 
             raise no_prompts(input_file)
     if "none" not in names:

@@ -48,11 +48,8 @@ def trace_drift_cmd(
     from ..errors import UsageError
     from ..outputs import check_dir, check_file
     from ..runs import drift_report as rep
-    from ..runs.common import (
-        check_input_file,
-        resolve_settings,
-        warn_unused_cache_flags,
-    )
+    from ..runs.inputs import check_input_file
+    from ..runs.settings import resolve_settings, warn_unused_cache_flags
     from ..runs.trace_drift import TraceOptions, summary_document, trace
     from ..runtime import load_for_command
 

@@ -37,7 +37,7 @@ from ..distributed import DistEnv
 from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import RunFile
-from .common import Settings
+from .settings import Settings
 from .tau_search import (
     Choice,
     Point,

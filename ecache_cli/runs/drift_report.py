@@ -14,10 +14,8 @@ import math
 from pathlib import Path
 
 from ..metrics.drift import SETTLE_MIN_COUNT, next_step_pairs
-from .common import write_jsonl  # noqa: I001
-from .trace_drift import (
-    TraceReport,  # first: it imports the engine before runs.common does
-)
+from .streams import write_jsonl
+from .trace_drift import TraceReport
 
 
 class JsonlSink:

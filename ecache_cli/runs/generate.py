@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import IO
 
 from ..engine.core import Engine
-from .common import Settings, read_prompts, write_jsonl
+from .inputs import read_prompts
+from .settings import Settings
+from .streams import write_jsonl
 from .confidence import EntropyMeter, threshold_for
 from .gen_input import Item
 
@@ -87,7 +89,7 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dis
     if opts.input_file is not None:
         items: list[Item] | object = read_input(opts.input_file, engine, chat, settings.decode.gen_length)
         if not items:
-            from .common import no_prompts
+            from .inputs import no_prompts
 
             raise no_prompts(opts.input_file)
         bad = [it for it in items if it.error is not None]
@@ -113,7 +115,7 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dis
         if not main:
             keep = dict.fromkeys(kept)
     if isinstance(items, list) and not items:
-        from .common import no_prompts
+        from .inputs import no_prompts
 
         raise no_prompts(opts.input_file)
     todo = None
@@ -201,7 +203,7 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dis
     if failure is not None:
         raise failure
     if not isinstance(items, list) and not decoded and not bad and not queue:
-        from .common import no_prompts
+        from .inputs import no_prompts
 
         raise no_prompts(opts.input_file)
     if main:

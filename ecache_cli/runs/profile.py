@@ -30,7 +30,9 @@ from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
 from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize
-from .common import Settings, batched, read_prompts
+from .inputs import read_prompts
+from .settings import Settings
+from .streams import batched
 
 BASELINE = "none"
 
@@ -145,7 +147,7 @@ def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") 
 
 
 def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
-    """Requests from arguments, a JSONL file or stdin (``runs.common.read_prompts``), at most ``limit``."""
+    """Requests from arguments, a JSONL file or stdin (``runs.inputs.read_prompts``), at most ``limit``."""
     out = []
     for prompt, _ in read_prompts(args, input_file, stdin):
         out.append(Request(prompt))

@@ -36,7 +36,10 @@ from ..metrics.drift import (
     layer_mean_change,
     next_step_pairs,
 )
-from .common import Settings, batched, manifest, read_prompts
+from .inputs import read_prompts
+from .manifest import manifest
+from .settings import Settings
+from .streams import batched
 
 X_LABEL = "signal E_t = {kind} of the tokens committed at step t"
 Y_LABEL = "drift_{t+1} = mean over layers of the mean K drift (1 - cos) at step t+1, over positions served from the cache (partial steps only)"
@@ -267,7 +270,7 @@ def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
     stdin = sys.stdin if not opts.prompts and opts.input_file is None and not sys.stdin.isatty() else None
     prompts = [p for p, _ in read_prompts(opts.prompts, opts.input_file, stdin)]
     if not prompts:
-        from .common import no_prompts
+        from .inputs import no_prompts
 
         raise no_prompts(opts.input_file)
     return prompts
