@@ -53,6 +53,59 @@ class GenerateOptions:
     print0: bool = False
 
 
+def check_options(opts: GenerateOptions):
+    """The generate flags that do not go together, checked before anything loads (one-line
+    UsageErrors, exit 2). Returns the launcher's ranks (``distributed.from_environment``)."""
+    from ..distributed import from_environment
+    from ..errors import UsageError
+
+    if opts.batch_size < 1:
+        raise UsageError(f"--batch-size {opts.batch_size} must be ≥ 1")
+    if opts.resume and opts.output is None:
+        raise UsageError("--resume continues an --output FILE; pass --output FILE (the file an earlier run wrote)")
+    if opts.output is not None and str(opts.output) == "-":
+        raise UsageError("--output - : leave --output out to write to stdout (with --jsonl for records)")
+    if opts.print0 and (opts.jsonl or opts.output is not None):
+        raise UsageError("--print0 separates plain-text answers; --jsonl and --output write JSON records, one per line")
+    if opts.skip_invalid and opts.input_file is None:
+        raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are checked "
+                         "one by one")
+    ranks = from_environment()
+    if ranks.active and (opts.input_file is None or str(opts.input_file) == "-" or opts.output is None):
+        raise UsageError(f"generate under {ranks.world_size} ranks needs --input FILE and --output FILE (rank 0 "
+                         "writes every record to FILE, in input order); stdin and stdout are one process's")
+    if opts.input_file is not None and opts.prompts:
+        raise UsageError(f"--input {opts.input_file} and {len(opts.prompts)} prompt argument(s) given: pass prompts "
+                         "one way, as arguments or in the file")
+    return ranks
+
+
+def check_task(task: str | None, profile: str | None) -> None:
+    """``--task`` names a task and is not given beside ``--profile`` (both choose a profile; UsageError)."""
+    if task is None:
+        return
+    from ..errors import UsageError
+    from ..tasks import TASKS
+
+    if task not in TASKS:
+        raise UsageError(f"--task {task!r} is not a task; choose one of {', '.join(TASKS)}")
+    if profile is not None:
+        raise UsageError(f"--task {task} and --profile {profile} both choose a profile; pass only one")
+
+
+def require_task_profile(settings: Settings, model: str, task: str | None) -> None:
+    """``--task``: the settings came from the model's calibrated profile ``<model>/<task>.yaml``, else
+    ConfigError naming the places looked in and the fix."""
+    if task is None or (settings.profile is not None and Path(settings.profile).stem == task):
+        return
+    from ..config import profile_candidates
+    from ..errors import ConfigError
+
+    raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
+                      f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task {task} "
+                      f"--model {model}` or drop --task")
+
+
 class _Sink:
     """Where records go: stdout (plain text or JSONL) or the ``--output`` file (JSONL)."""
 

@@ -156,6 +156,93 @@ def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limi
     return out
 
 
+def policy_names(policies: str | None) -> list[str]:
+    """The entries of ``--policies`` (comma-separated, blanks dropped); None: every policy."""
+    from ..cache import POLICIES
+
+    return [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
+
+
+def check_sources(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None,
+                  shots: int | None, limit: int | None) -> None:
+    """The prompts come one way: ``--task`` (with ``--data``, ``--shots``), prompt arguments, or
+    ``--input`` / stdin (``--limit`` takes the first N of those). UsageError otherwise."""
+    if task is not None and (prompts or input_file is not None):
+        raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
+    if task is None and (data is not None or shots is not None):
+        raise UsageError("--data and --shots go with --task NAME")
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    if limit is not None and prompts:
+        raise UsageError(f"--limit {limit} with prompt arguments: --limit takes the first N of --task, --input or "
+                         "stdin; pass the prompt arguments you want instead")
+
+
+def task_setup(task: str, data: str | None, shots: int | None, limit: int | None, seed: int,
+               allow_code_execution: bool) -> tuple[object, list[Request], dict]:
+    """``--task``: the task object, its requests (``limit`` examples, 8 when None; ``shots`` solved
+    examples, the task's default when None) and what the JSON says of it (``scored``: False for a
+    code task without ``--allow-code-execution``, whose scorer runs the code)."""
+    from ..tasks import get_task
+
+    task_obj = get_task(task, data=data, allow_code_execution=allow_code_execution)
+    n_shots = task_obj.default_shots if shots is None else shots
+    requests = task_requests(task_obj, 8 if limit is None else limit, n_shots, seed)
+    info = {"name": task, "data": data, "shots": n_shots, "limit": len(requests), "split": "test",
+            "scored": not task_obj.needs_code_execution or allow_code_execution}
+    return task_obj, requests, info
+
+
+def input_requests(prompts: list[str] | None, input_file: Path | None, limit: int | None) -> list[Request]:
+    """Requests from prompt arguments, ``--input`` or stdin (when piped), at most ``limit``; the
+    error of :func:`inputs.no_prompts` when the source gave none."""
+    import sys
+
+    from .inputs import no_prompts
+
+    stdin = sys.stdin if not prompts and input_file is None and not sys.stdin.isatty() else None
+    requests = prompt_requests(list(prompts or []), input_file, stdin, limit)
+    if not requests:
+        raise no_prompts(input_file)
+    return requests
+
+
+def run_profile(lm, settings: Settings, requests: Sequence[Request], opts: ProfileOptions, on_run=None,
+                dist: DistEnv | None = None, task_info: dict | None = None) -> tuple[ProfileReport | None, bool]:
+    """:func:`measure` on the loaded model, the chat template applied when ``opts.chat`` allows and the
+    model has one. Returns (the report with ``task``, ``world_size`` and ``prompts_done`` in its
+    ``extra``, or None on ranks other than 0; whether the chat template was applied)."""
+    dist = dist or DistEnv()
+    engine = Engine.from_loaded(lm)
+    use_chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
+    report = measure(engine, settings, requests, opts, chat=use_chat, on_run=on_run, dist=dist)
+    if report is not None:
+        report.extra["task"] = task_info
+        report.extra["world_size"] = dist.world_size
+        report.extra["prompts_done"] = report.prompts_done  # all of them unless interrupted
+    return report, use_chat
+
+
+def empty_answers(report: ProfileReport) -> int:
+    """The number of runs' answers when every one is empty (the model ended each at once), else 0."""
+    texts = [row.text for p in report.policies for run in report.runs[p] for row in run.rows]
+    return len(texts) if texts and all(not t.strip() for t in texts) else 0
+
+
+def profile_document(report: ProfileReport, lm, settings: Settings, opts: ProfileOptions, chat: bool,
+                     task_info: dict | None, n_prompts: int) -> dict:
+    """The ``--json`` document: the report (:meth:`ProfileReport.to_dict`) with a manifest holding the
+    run's options."""
+    from .manifest import manifest
+
+    extra = {"command": "profile", "policies": opts.policies, "warmup": opts.warmup, "repeats": opts.repeats,
+             "batch_size": opts.batch_size, "chat": chat, "trace_dir": str(opts.trace_dir) if opts.trace_dir else None,
+             "trace_steps": opts.trace_steps, "task": task_info, "prompts": n_prompts,
+             "memory_kind": report.memory_kind,
+             "policy_params": {p: report.summaries[p]["params"] for p in opts.policies}}
+    return report.to_dict(manifest(lm, settings, opts.seed, extra))
+
+
 def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opts: ProfileOptions,
             chat: bool = True, on_run: Callable[[str, str], None] | None = None,
             dist: DistEnv | None = None) -> ProfileReport | None:
