@@ -79,6 +79,10 @@ class CalibrateOptions:
     dry_run: bool = False
     quiet: bool = False
 
+    def fractions(self) -> tuple[float, float | None]:
+        """``max_drop`` and ``min_fidelity`` as fractions of 1 (``min_fidelity`` None when not given)."""
+        return self.max_drop / 100, None if self.min_fidelity is None else self.min_fidelity / 100
+
 
 @dataclass
 class Outcome:
@@ -124,6 +128,18 @@ def preflight(task, opts: CalibrateOptions) -> None:
     validate(opts)
     if opts.metric == "task" and task.needs_code_execution:
         task.require_consent()
+
+
+def check_outputs(opts: CalibrateOptions) -> None:
+    """The files calibrate writes (``--out``, ``--json``, ``--plot``, ``--run-file``), checked before any
+    decoding (``outputs.check_file``). The profile itself is not locked: an empty lock file there would
+    be read as an empty profile by another command meanwhile; its run file (beside it by default) is
+    the lock of a calibration."""
+    from ..outputs import check_file
+
+    for path, flag in ((opts.out, "--out"), (opts.json_path, "--json"), (opts.plot_path, "--plot"),
+                       (opts.run_file, "--run-file")):
+        check_file(path, flag, lock=flag != "--out")
 
 
 def default_run_file(model: str, task: str, out: Path | None) -> Path:
@@ -369,11 +385,6 @@ class _Search:
         self.opts, self.say, self.err_console = opts, say, err_console
         self.base, self.base_recs, self.points, self.signals, self.ev = None, None, {}, [], None
 
-    def limits(self) -> tuple[float, float | None]:
-        """``--max-drop`` and ``--min-fidelity`` as fractions (0–1)."""
-        opts = self.opts
-        return opts.max_drop / 100, None if opts.min_fidelity is None else opts.min_fidelity / 100
-
     def run(self, ev: Evaluator) -> None:
         """``none``, then the coarse grid (or ``--taus``), then up to ``--refine`` bisection steps."""
         self.ev = ev
@@ -382,7 +393,7 @@ class _Search:
         for tau in sorted(set(opts.taus)) if opts.taus else coarse_grid(self.signals, opts.grid):
             self._add(tau)
         for _ in range(opts.refine):
-            tau = refine_next(list(self.points.values()), self.base, self.signals[0], opts.metric, *self.limits())
+            tau = refine_next(list(self.points.values()), self.base, self.signals[0], opts.metric, *self.opts.fractions())
             if tau is None:
                 break
             self._add(tau, " (refine)")
@@ -423,7 +434,7 @@ class _Search:
             base = parallel_wall(base, base_recs, base, base_recs, dist.world_size)
             pts = [parallel_wall(p, [store.get(p.tau, i) for i in range(n)], base, base_recs, dist.world_size)
                    for p in pts]
-        choice = choose(pts, base, self.opts.metric, *self.limits())
+        choice = choose(pts, base, self.opts.metric, *self.opts.fractions())
         return Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], self.opts.metric), choice=choice,
                        signal_summary=_signal_summary(self.ev.signal, self.signals), profile=None, profile_data=None,
                        run_file=run_path, resumed_records=store.loaded)
