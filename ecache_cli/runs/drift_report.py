@@ -18,6 +18,30 @@ from .streams import write_jsonl
 from .trace_drift import TraceReport
 
 
+def make_sinks(jsonl: Path | None, tensorboard: Path | None, lm, settings, seed: int) -> list:
+    """The sinks asked for: a :class:`JsonlSink` for ``--jsonl``, a :class:`TensorBoardSink` for
+    ``--tensorboard`` (its text tab holds the model, the settings and the seed as JSON)."""
+    sinks = []
+    if jsonl is not None:
+        sinks.append(JsonlSink(jsonl))
+    if tensorboard is not None:
+        settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
+        sinks.append(TensorBoardSink(tensorboard, settings_text))
+    return sinks
+
+
+def figure_title(lm, settings) -> str:
+    """The figure's title: model, cache policy and its parameters, gen and block length."""
+    return (f"ecache trace-drift · {lm.name} · --cache {settings.cache} "
+            + " ".join(f"{k}={v}" for k, v in settings.cache_params.items())
+            + f" · gen {settings.decode.gen_length}, block {settings.decode.block_length}")
+
+
+def plot_tau(settings) -> float | None:
+    """The τ line of the figure: the entropy policy's τ, None for other policies."""
+    return settings.cache_params.get("tau") if settings.cache == "entropy" else None
+
+
 class JsonlSink:
     """One JSON record per (prompt, step), written and flushed as it is measured; ``-`` = stdout."""
 
