@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     from ecache_cli.engine import Engine
     from ecache_cli.models.loader import load_model
     from ecache_cli.models.synthetic import write_random_checkpoint
-    from ecache_cli.runs.common import Settings, manifest
+    from ecache_cli.runs.manifest import manifest
+    from ecache_cli.runs.settings import Settings
     from ecache_cli.runs.profile import (
         ProfileOptions,
         Request,

@@ -170,6 +170,27 @@ def test_the_engine_stays_small():
     assert long == []
 
 
+def long_functions(folder: Path, limit: int) -> list[str]:
+    """``file:function N lines`` for every function or method of the modules in ``folder`` (nested ones
+    too) longer than ``limit`` lines, its decorators and docstring included."""
+    long = []
+    for f in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                long.append(f"{f.name}:{node.name} {node.end_lineno - node.lineno + 1} lines")
+    return long
+
+
+def test_no_function_of_runs_is_over_50_lines():
+    assert long_functions(PKG / "runs", 50) == []
+
+
+def test_the_length_check_finds_a_long_function(tmp_path):
+    body = "\n".join(f"        x{i} = {i}" for i in range(50))
+    (tmp_path / "m.py").write_text(f"def short():\n    return 1\n\n\nclass C:\n    def long(self):\n{body}\n")
+    assert long_functions(tmp_path, 50) == ["m.py:long 51 lines"]
+
+
 def defined_names() -> set[str]:
     """Every module, package, class, function, method, argument and assigned attribute name in ecache_cli."""
     names = {part for mod in modules() for part in mod.split(".")}

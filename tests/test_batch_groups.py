@@ -195,7 +195,7 @@ def test_event_timings_are_read_once_per_run(lm, monkeypatch):
 
 
 def test_profile_reports_honest_and_planned_work_per_batch_size(llada_lm):
-    from ecache_cli.runs.common import Settings
+    from ecache_cli.runs.settings import Settings
     from ecache_cli.runs.profile import ProfileOptions, Request, measure
 
     cfg = DecodeConfig(gen_length=16, block_length=8)

@@ -16,7 +16,7 @@ from ecache_cli.errors import UsageError
 from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_store import RunFile
 from ecache_cli.runs.calibrate import CalibrateOptions, calibrate
-from ecache_cli.runs.common import resolve_settings
+from ecache_cli.runs.settings import resolve_settings
 from ecache_cli.runs.tau_search import (
     Point,
     aggregate,

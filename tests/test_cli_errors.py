@@ -56,7 +56,7 @@ def test_non_utf8_stdin_line_names_the_line(llada_dir):
     import io
 
     from ecache_cli.errors import DataError
-    from ecache_cli.runs.common import read_prompts
+    from ecache_cli.runs.inputs import read_prompts
 
     # UTF-8 mode / a C locale give stdin bytes as surrogates (surrogateescape)
     with pytest.raises(DataError, match=r"stdin line 2: not UTF-8 text \(byte 0xfe\)"):
@@ -425,7 +425,7 @@ def test_ecache_lm_eval_prints_ecache_errors_on_one_line(monkeypatch, capsys, ra
 
     def cli_evaluate():
         if raise_ == "usage":
-            from ecache_cli.runs.common import resolve_settings
+            from ecache_cli.runs.settings import resolve_settings
 
             resolve_settings("tiny", {}, {"policy": "foo"})
         from ecache_cli.models.loader import load_model

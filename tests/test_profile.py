@@ -8,7 +8,8 @@ import pytest
 
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.engine.core import _NO_RANGE
-from ecache_cli.runs.common import Settings, manifest
+from ecache_cli.runs.manifest import manifest
+from ecache_cli.runs.settings import Settings
 from ecache_cli.runs.profile import (
     ProfileOptions,
     ProfileReport,

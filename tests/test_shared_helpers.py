@@ -8,7 +8,7 @@ import torch
 
 from ecache_cli.errors import UsageError
 from ecache_cli.kvstore import KVStore
-from ecache_cli.runs.common import resolve_settings, warn_unused_cache_flags
+from ecache_cli.runs.settings import resolve_settings, warn_unused_cache_flags
 from ecache_cli.runtime import load_for_command
 
 

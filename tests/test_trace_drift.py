@@ -16,7 +16,7 @@ from ecache_cli.metrics.drift import VolatilityBins, correlation, cosine_drift
 from ecache_cli.models.loader import load_model
 from ecache_cli.models.synthetic import write_random_checkpoint
 from ecache_cli.runs import drift_report as rep  # noqa: I001  (after trace_drift: engine first)
-from ecache_cli.runs.common import Settings
+from ecache_cli.runs.settings import Settings
 from ecache_cli.runs.trace_drift import DriftTracer, TraceOptions, trace
 
 PROMPTS = ["Sort: 9 3 7 1", "Reverse the list 4 5 6 7 8 please"]  # different lengths: left padding in a batch

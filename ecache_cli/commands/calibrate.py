@@ -64,17 +64,18 @@ def calibrate_cmd(
     from ..console import out as out_console
     from ..errors import EcacheError
     from ..runs.calib_report import (
+        calibrate_document,
         frontier_table,
-        json_document,
         plot_frontier,
         sweep_table,
         wall_warnings,
         write_json,
     )
-    from ..runs.calibrate import CalibrateOptions, calibrate, preflight, validate
-    from ..runs.common import manifest, resolve_settings
+    from ..runs.calibrate import CalibrateOptions, Interrupted, calibrate, check_outputs, preflight, validate
+    from ..runs.settings import resolve_settings
     from ..runtime import load_for_command
     from ..tasks import get_task
+    from ..tasks import sandbox as code_sandbox
 
     opts = CalibrateOptions(task=task, data=data, limit=limit, seed=seed, shots=shots, chat=chat, metric=metric,
                             max_drop=max_drop, min_fidelity=min_fidelity, grid=grid, refine=refine, taus=_taus(taus),
@@ -86,18 +87,11 @@ def calibrate_cmd(
     task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     if not dry_run:  # output paths before any decoding (--dry-run writes nothing)
-        from ..outputs import check_file
-
-        for path, flag in ((out, "--out"), (json_path, "--json"), (plot, "--plot"), (run_file, "--run-file")):
-            # the profile itself is not locked: an empty lock file there would be read as an empty profile
-            # by another command meanwhile; its run file (beside it by default) is the lock of a calibration
-            check_file(path, flag, lock=flag != "--out")
+        check_outputs(opts)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
-    from ..tasks import sandbox as code_sandbox
-
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     from ..distributed import from_environment
@@ -111,8 +105,6 @@ def calibrate_cmd(
         from ..runs.confidence import warn_untrained
 
         warn_untrained(lm, task)
-    from ..runs.calibrate import Interrupted
-
     try:
         outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
     except Interrupted as e:  # Ctrl-C: the run file keeps the records; --json gets what finished
@@ -120,8 +112,7 @@ def calibrate_cmd(
 
         wrote = ""
         if e.outcome is not None and json_path is not None and not dry_run and dist.is_main:
-            doc = json_document(e.outcome, manifest(lm, settings, seed, {"command": "calibrate"}), opts)
-            write_json({**doc, "incomplete": True}, json_path)
+            write_json(calibrate_document(e.outcome, lm, settings, opts, incomplete=True), json_path)
             wrote = f"; --json {json_path} holds none and the {len(e.outcome.points)} finished τ(s) (\"incomplete\": true)"
         error(f"interrupted; no profile written; finished records are kept in the run file (rerun with --resume){wrote}")
         raise typer.Exit(code=130) from None
@@ -129,8 +120,7 @@ def calibrate_cmd(
         if outcome.choice.point is None:
             raise typer.Exit(code=1)
         return
-    max_frac = max_drop / 100
-    min_frac = None if min_fidelity is None else min_fidelity / 100
+    max_frac, min_frac = opts.fractions()
     tables = o.table_console(out_console, wide)
     tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide))
     tables.print(frontier_table(outcome, metric))
@@ -138,8 +128,7 @@ def calibrate_cmd(
         err.print(line, markup=False, highlight=False)
     if not dry_run:
         if json_path is not None:
-            write_json({**json_document(outcome, manifest(lm, settings, seed, {"command": "calibrate"}), opts),
-                        "incomplete": False}, json_path)
+            write_json(calibrate_document(outcome, lm, settings, opts, incomplete=False), json_path)
         if plot is not None:
             plot_frontier(outcome, metric, max_frac, plot)
     choice = outcome.choice

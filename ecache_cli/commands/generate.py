@@ -40,71 +40,36 @@ def generate(
     """
     from ..cache import policy_params
     from ..console import err, warn
-    from ..errors import ConfigError, UsageError
-    from ..runs.common import (
-        check_input_file,
-        resolve_settings,
-        warn_unused_cache_flags,
-    )
-    from ..runs.generate import GenerateOptions, run
+    from ..outputs import check_file
+    from ..runs.confidence import warn_untrained
+    from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
+    from ..runs.inputs import check_input_file
+    from ..runs.settings import resolve_settings, warn_unused_cache_flags
     from ..runtime import load_for_command
 
-    from ..distributed import from_environment
-    from ..runs.confidence import warn_untrained
-
-    if batch_size < 1:
-        raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
-    if resume and output is None:
-        raise UsageError("--resume continues an --output FILE; pass --output FILE (the file an earlier run wrote)")
-    if output is not None and str(output) == "-":
-        raise UsageError("--output - : leave --output out to write to stdout (with --jsonl for records)")
-    if print0 and (jsonl or output is not None):
-        raise UsageError("--print0 separates plain-text answers; --jsonl and --output write JSON records, one per line")
-    if skip_invalid and input_file is None:
-        raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are checked "
-                         "one by one")
-    ranks = from_environment()
-    if ranks.active and (input_file is None or str(input_file) == "-" or output is None):
-        raise UsageError(f"generate under {ranks.world_size} ranks needs --input FILE and --output FILE (rank 0 "
-                         "writes every record to FILE, in input order); stdin and stdout are one process's")
-    if input_file is not None and prompts:
-        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way, "
-                         "as arguments or in the file")
-    if task is not None:
-        from ..tasks import TASKS
-
-        if task not in TASKS:
-            raise UsageError(f"--task {task!r} is not a task; choose one of {', '.join(TASKS)}")
-        if profile is not None:
-            raise UsageError(f"--task {task} and --profile {profile} both choose a profile; pass only one")
+    opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
+                           batch_size=batch_size, seed=seed, stream=stream, quiet=quiet, output=output,
+                           resume=resume, skip_invalid=skip_invalid, print0=print0)
+    ranks = check_options(opts)
+    check_task(task, profile)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
-    if task is not None and (settings.profile is None or Path(settings.profile).stem != task):
-        from ..config import profile_candidates
-
-        raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
-                          f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task {task} --model {model}` "
-                          "or drop --task")
+    require_task_profile(settings, model, task)
     warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache} "
                             f"(it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'})")
     if quiet and stream:  # --quiet wins: no output on stderr at all
         warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
     if output is not None:
-        from ..outputs import check_file
-
         check_file(output, "--output")  # before the model loads
     if not quiet and ranks.is_main:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model), markup=False, highlight=False)
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
-    opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
-                           batch_size=batch_size, seed=seed, stream=stream, quiet=quiet, output=output,
-                           resume=resume, skip_invalid=skip_invalid, print0=print0)
     try:
         run(lm, settings, opts, sys.stdout, err, dist=dist)
     except KeyboardInterrupt:

@@ -46,44 +46,32 @@ def profile_cmd(
 
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
-    from ..runs.profile import (ProfileOptions, json_line, measure, parse_policy_spec, prompt_requests, render_table,
-                                task_requests, timing_warnings)
-    from ..cache import POLICIES  # after the engine: importing ecache_cli.cache first is circular
-    from ..console import err, out
-    from ..errors import DataError, UsageError
+    from ..console import err, out, warn
     from ..outputs import check_dir, check_file
-    from ..runs.common import (
-        check_input_file,
-        manifest,
-        resolve_settings,
-        warn_unused_cache_flags,
-    )
     from ..runs.profile import (
         ProfileOptions,
-        json_line,
-        measure,
+        check_sources,
+        empty_answers,
+        input_requests,
         parse_policy_spec,
-        prompt_requests,
+        policy_names,
+        profile_document,
         render_table,
-        task_requests,
+        run_profile,
+        task_setup,
         timing_warnings,
     )
+    from ..runs.inputs import check_input_file
+    from ..runs.settings import resolve_settings, warn_unused_cache_flags
     from ..runtime import load_for_command, resolve_threads
+    from ..tasks import sandbox as code_sandbox
 
-    names = [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
+    names = policy_names(policies)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
                           chat=chat, trace_dir=trace_dir, trace_steps=trace_steps)
     opts.validate()
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
-    if task is not None and (prompts or input_file is not None):
-        raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
-    if task is None and (data is not None or shots is not None):
-        raise UsageError("--data and --shots go with --task NAME")
-    if input_file is not None and prompts:
-        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
-    if limit is not None and prompts:
-        raise UsageError(f"--limit {limit} with prompt arguments: --limit takes the first N of --task, --input or "
-                         "stdin; pass the prompt arguments you want instead")
+    check_sources(prompts, input_file, task, data, shots, limit)
     check_file(json_out, "--json")  # output paths before any decoding
     check_dir(trace_dir, "--trace-dir")
     check_input_file(input_file)
@@ -97,29 +85,15 @@ def profile_cmd(
 
     task_obj, task_info = None, None
     if task is not None:
-        from ..tasks import get_task
-
-        task_obj = get_task(task, data=data, allow_code_execution=allow_code_execution)
-        n_shots = task_obj.default_shots if shots is None else shots
-        requests = task_requests(task_obj, 8 if limit is None else limit, n_shots, seed)
-        task_info = {"name": task, "data": data, "shots": n_shots, "limit": len(requests), "split": "test",
-                     "scored": not task_obj.needs_code_execution or allow_code_execution}
+        task_obj, requests, task_info = task_setup(task, data, shots, limit, seed, allow_code_execution)
         if not task_info["scored"]:
             err.print(f"note: task {task} is not scored without --allow-code-execution (its scorer runs the code)",
                       markup=False, highlight=False)
     else:
-        stdin = sys.stdin if not prompts and input_file is None and not sys.stdin.isatty() else None
-        requests = prompt_requests(list(prompts or []), input_file, stdin, limit)
-        if not requests:
-            from ..runs.common import no_prompts
-
-            raise no_prompts(input_file)
+        requests = input_requests(prompts, input_file, limit)
     if "none" not in names:
         err.print("note: --policies has no 'none': speedup, work share and fidelity vs none are not measured",
                   markup=False, highlight=False)
-
-    from ..tasks import sandbox as code_sandbox
-
     code_sandbox.configure(sandbox, settings.sandbox,
                            bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
     from ..distributed import from_environment
@@ -131,17 +105,10 @@ def profile_cmd(
         from ..runs.confidence import warn_untrained
 
         warn_untrained(lm, task)
-    from ..engine.core import Engine
-
-    engine = Engine.from_loaded(lm)
-    use_chat = lm.chat if chat is None else (chat and lm.chat)
-    report = measure(engine, settings, requests, opts, chat=use_chat,
-                     on_run=_progress(err, opts, len(requests), quiet or not dist.is_main), dist=dist)
+    on_run = _progress(err, opts, len(requests), quiet or not dist.is_main)
+    report, use_chat = run_profile(lm, settings, requests, opts, on_run, dist, task_info)
     if report is None:  # another rank than 0: its runs went to rank 0, which prints and writes
         return
-    report.extra["task"] = task_info
-    report.extra["world_size"] = dist.world_size
-    report.extra["prompts_done"] = report.prompts_done  # all of them unless interrupted
 
     to_stdout = json_out == "-"
     table_console = o.table_console(err if to_stdout else out, wide)
@@ -151,30 +118,14 @@ def profile_cmd(
     table_console.print(render_table(report, title, wide=wide))
     for line in timing_warnings(report):
         err.print(line, markup=False, highlight=False)
-    texts = [row.text for p in report.policies for run in report.runs[p] for row in run.rows]
-    if texts and all(not t.strip() for t in texts):
-        from ..console import warn
-
-        warn(f"every answer is empty ({len(texts)} runs of {report.prompts_done} prompts): the model ended each answer "
+    if n_empty := empty_answers(report):
+        warn(f"every answer is empty ({n_empty} runs of {report.prompts_done} prompts): the model ended each answer "
              "at once, so the scores and speedups measure nothing useful; check --model, --task and --chat")
     if report.trace:
         err.print(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
                   f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing", markup=False, highlight=False)
     if json_out is not None:
-        extra = {"command": "profile", "policies": names, "warmup": warmup, "repeats": repeats, "batch_size": batch_size,
-                 "chat": use_chat, "trace_dir": str(trace_dir) if trace_dir else None, "trace_steps": trace_steps,
-                 "task": task_info, "prompts": len(requests), "memory_kind": report.memory_kind,
-                 "policy_params": {p: report.summaries[p]["params"] for p in names}}
-        doc = report.to_dict(manifest(lm, settings, seed, extra))
-        if to_stdout:
-            sys.stdout.write(json_line(doc) + "\n")
-            sys.stdout.flush()
-        else:
-            try:
-                Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-                Path(json_out).write_text(json_line(doc) + "\n")
-            except OSError as e:
-                raise DataError(f"--json {json_out}: cannot write ({e.strerror})") from None
+        _write_json(profile_document(report, lm, settings, opts, use_chat, task_info, len(requests)), json_out)
     if report.incomplete:  # Ctrl-C: what every policy finished was reported and written; exit as interrupted
         from ..console import error
 
@@ -182,6 +133,23 @@ def profile_cmd(
         error(f"interrupted; the table covers the {report.prompts_done} of {len(requests)} prompts every policy "
               f"finished{wrote}")
         raise typer.Exit(code=130)
+
+
+def _write_json(doc: dict, json_out: str) -> None:
+    """The ``--json`` document as one line to stdout (``-``) or to the file (DataError when it cannot
+    be written)."""
+    from ..errors import DataError
+    from ..runs.profile import json_line
+
+    if json_out == "-":
+        sys.stdout.write(json_line(doc) + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json_line(doc) + "\n")
+    except OSError as e:
+        raise DataError(f"--json {json_out}: cannot write ({e.strerror})") from None
 
 
 def _progress(console, opts, n_requests: int, quiet: bool):

@@ -44,39 +44,15 @@ def trace_drift_cmd(
     Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
     from ..console import err
-    from ..contract.state import SIGNALS
-    from ..errors import UsageError
     from ..outputs import check_dir, check_file
     from ..runs import drift_report as rep
-    from ..runs.common import (
-        check_input_file,
-        resolve_settings,
-        warn_unused_cache_flags,
-    )
-    from ..runs.trace_drift import TraceOptions, summary_document, trace
+    from ..runs.confidence import warn_untrained
+    from ..runs.settings import resolve_settings, warn_unused_cache_flags
+    from ..runs.trace_drift import TraceOptions, check_flags, signal_kind, summary_document, trace
     from ..runtime import load_for_command
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
-    if limit < 1:
-        raise UsageError(f"--limit {limit} must be ≥ 1")
-    if signal is not None and signal not in SIGNALS:
-        raise UsageError(f"--signal {signal!r} is not known; use one of {', '.join(SIGNALS)}")
-    check_input_file(input_file)
-    if plot is not None and plot.suffix.lower() != ".png" and not plot.is_dir():  # a folder: check_file's hint
-        raise UsageError(f"--plot {plot}: give a .png file name")
-    if jsonl is not None and str(jsonl) == "-" and json_out == "-":
-        raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
-    if not 0 < volatility_level < float("inf"):  # NaN fails this too
-        raise UsageError(f"--volatility-level {volatility_level} must be a number > 0 (e.g. 1e-3)")
-    if rows < 0:
-        raise UsageError(f"--rows {rows} must be ≥ 0 (0 = every step)")
-    if input_file is not None and prompts:
-        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
-    if task is not None and (prompts or input_file is not None):
-        raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
-    if data is not None and task is None:
-        raise UsageError("--data needs --task (which benchmark the file holds)")
+    check_flags(prompts, input_file, task, data, limit, batch_size, signal, plot, jsonl, json_out, volatility_level,
+                rows)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
@@ -86,24 +62,14 @@ def trace_drift_cmd(
     for path, flag in ((jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")):  # before any decoding
         check_file(path, flag)
     check_dir(tensorboard, "--tensorboard")
-    kind = signal or settings.cache_params.get("signal", "max-entropy")
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
-                        chat=chat, batch_size=batch_size, seed=seed, signal=kind, volatility_level=volatility_level)
+                        chat=chat, batch_size=batch_size, seed=seed, signal=signal_kind(signal, settings),
+                        volatility_level=volatility_level)
     if not quiet:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model), markup=False, highlight=False)
     lm, _ = load_for_command(model, device, dtype, threads)  # one process: no ranks
-    from ..runs.confidence import warn_untrained
-
     warn_untrained(lm, task)
-    settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
-    sinks = []
-    if jsonl is not None:
-        sinks.append(rep.JsonlSink(jsonl))
-    if tensorboard is not None:
-        sinks.append(rep.TensorBoardSink(tensorboard, settings_text))
-    title = (f"ecache trace-drift · {lm.name} · --cache {settings.cache} "
-             + " ".join(f"{k}={v}" for k, v in settings.cache_params.items())
-             + f" · gen {settings.decode.gen_length}, block {settings.decode.block_length}")
+    sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)
     if quiet or not err.is_terminal:
         report = trace(lm, settings, opts, sinks)
     else:
@@ -113,8 +79,7 @@ def trace_drift_cmd(
     rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
     rep.render_summary(err, report)
     if plot is not None:
-        tau_line = settings.cache_params.get("tau") if settings.cache == "entropy" else None
-        rep.plot(report, plot, title, tau=tau_line)
+        rep.plot(report, plot, rep.figure_title(lm, settings), tau=rep.plot_tau(settings))
     if json_out is not None:
         doc = json.dumps(summary_document(lm, settings, opts, report), ensure_ascii=False)
         if json_out == "-":

@@ -86,7 +86,7 @@ class EcacheLM(LM):
                  greedy_check: bool = False, stats_out: str | None = None, pretrained: str | None = None, **kwargs):
         super().__init__()
         from ..models.loader import load_model
-        from ..runs.common import resolve_settings
+        from ..runs.settings import resolve_settings
 
         model = pretrained if pretrained is not None else model
         decode = {k: kwargs.pop(k) for k in list(kwargs) if k in DECODE_KEYS}
@@ -314,7 +314,7 @@ class EcacheLM(LM):
 
     def speed_report(self) -> dict:
         """Settings and aggregated speed of everything evaluated so far (JSON-ready)."""
-        from ..runs.common import manifest
+        from ..runs.manifest import manifest
 
         return {"command": "lm_eval", "speed": self.speed_all, "world_size": self._world_size,
                 "manifest": manifest(self.lm, self.settings, self.seed,

@@ -152,6 +152,15 @@ def json_document(outcome, manifest: dict, opts) -> dict:
     }
 
 
+def calibrate_document(outcome, lm, settings, opts, incomplete: bool) -> dict:
+    """The ``--json`` document of a calibration (:func:`json_document`, its manifest from
+    ``runs/manifest.py``); ``incomplete``: Ctrl-C ended the search (``none`` and the finished τs)."""
+    from .manifest import manifest
+
+    return {**json_document(outcome, manifest(lm, settings, opts.seed, {"command": "calibrate"}), opts),
+            "incomplete": incomplete}
+
+
 def write_json(doc: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from ..errors import DataError, UsageError
-from .common import write_jsonl
+from .streams import write_jsonl
 
 FORMAT = 1
 

@@ -37,7 +37,7 @@ from ..distributed import DistEnv
 from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import RunFile
-from .common import Settings
+from .settings import Settings
 from .tau_search import (
     Choice,
     Point,
@@ -78,6 +78,10 @@ class CalibrateOptions:
     resume: bool = False
     dry_run: bool = False
     quiet: bool = False
+
+    def fractions(self) -> tuple[float, float | None]:
+        """``max_drop`` and ``min_fidelity`` as fractions of 1 (``min_fidelity`` None when not given)."""
+        return self.max_drop / 100, None if self.min_fidelity is None else self.min_fidelity / 100
 
 
 @dataclass
@@ -124,6 +128,18 @@ def preflight(task, opts: CalibrateOptions) -> None:
     validate(opts)
     if opts.metric == "task" and task.needs_code_execution:
         task.require_consent()
+
+
+def check_outputs(opts: CalibrateOptions) -> None:
+    """The files calibrate writes (``--out``, ``--json``, ``--plot``, ``--run-file``), checked before any
+    decoding (``outputs.check_file``). The profile itself is not locked: an empty lock file there would
+    be read as an empty profile by another command meanwhile; its run file (beside it by default) is
+    the lock of a calibration."""
+    from ..outputs import check_file
+
+    for path, flag in ((opts.out, "--out"), (opts.json_path, "--json"), (opts.plot_path, "--plot"),
+                       (opts.run_file, "--run-file")):
+        check_file(path, flag, lock=flag != "--out")
 
 
 def default_run_file(model: str, task: str, out: Path | None) -> Path:
@@ -282,96 +298,163 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     Returns an :class:`Outcome` (its ``profile`` is None when nothing qualified or with dry-run).
     Raises EcacheError subclasses (bad data, settings mismatch with the run file, ...).
     """
-    from .calib_report import profile_data
-
     preflight(task, opts)
     model = canonical_model_name(lm.name)
     target = opts.out if opts.out is not None else profile_path(model, opts.task)
     if not opts.dry_run:
-        check_profile_target(target, model, opts.task)
-        from ..outputs import check_file
-
-        # writable, before decoding; the default folder profiles/<model>/ is created silently
-        check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None,
-                   lock=False)  # the run file beside it is the calibration's lock (claimed below)
-    examples = task.examples("test", opts.limit, opts.seed)  # DataError for a missing file, before decoding
-    if not examples:
-        raise UsageError(f"task {opts.task} has no test examples to calibrate on")
-    shots = task.default_shots if opts.shots is None else opts.shots
-    chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
-    engine = Engine.from_loaded(lm)
-    prompt_ids = engine.encode([task.prompt(ex, shots, opts.seed) for ex in examples], chat)
-    can_score = not task.needs_code_execution or task.allow_code_execution
+        _check_target(target, model, opts)
+    sample = _Sample.encode(lm, task, opts)
     run_path = opts.run_file or default_run_file(model, opts.task, opts.out)
     dist = dist or DistEnv()
-    if not opts.dry_run and dist.is_main:  # one writer per run file (the others fail at once)
-        from ..outputs import claim
-
-        claim(run_path, "--run-file")
-    key = run_key(lm, settings, task, opts, prompt_ids, shots, chat)
-    store = dist.agree(lambda: RunFile(run_path, key, resume=opts.resume, dry_run=opts.dry_run or not dist.is_main),
-                       "opening the run file")  # other ranks only read it (--resume)
+    store = _open_run_file(lm, settings, task, opts, sample, run_path, dist)
     say = (lambda *a, **k: None) if opts.quiet or err_console is None else err_console.print
     if store.loaded:
         say(f"resuming from {run_path}: {store.loaded} records" + (" (a torn last line was dropped)" if store.dropped_partial else ""))
-    base, points, signals, ev = None, {}, [], None
+    search = _Search(opts, say, err_console)
     try:
-        with _Progress(err_console, opts.quiet, len(examples)) as progress:
-            ev = Evaluator(engine, task, examples, prompt_ids, settings, opts, store, can_score, progress, dist)
-            base_recs = ev.records(None)
-            base = aggregate(None, base_recs, base_recs)
-            say(f"none: {_summary(base)}")
-            if opts.metric == "task" and base.score == 0 and err_console is not None:
-                err_console.print(f"warning: none scores 0% on these {base.n} examples, so the task score cannot "
-                                  "tell τs apart; add --min-fidelity or use --metric fidelity", markup=False)
-            signals = sorted(s for r in base_recs for s in r["signals"] if s is not None)
-            if not signals:
-                raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")
-            taus = sorted(set(opts.taus)) if opts.taus else coarse_grid(signals, opts.grid)
-            points: dict[float, Point] = {}
-            for tau in taus:
-                points[tau] = aggregate(tau, ev.records(tau), base_recs)
-                say(f"τ={tau:g}: {_summary(points[tau])}")
-            max_drop, min_fid = opts.max_drop / 100, None if opts.min_fidelity is None else opts.min_fidelity / 100
-            for _ in range(opts.refine):
-                tau = refine_next(list(points.values()), base, signals[0], opts.metric, max_drop, min_fid)
-                if tau is None:
-                    break
-                points[tau] = aggregate(tau, ev.records(tau), base_recs)
-                say(f"τ={tau:g} (refine): {_summary(points[tau])}")
+        with _Progress(err_console, opts.quiet, len(sample.examples)) as progress:
+            search.run(Evaluator(sample.engine, task, sample.examples, sample.prompt_ids, settings, opts, store,
+                                 sample.can_score, progress, dist))
     except KeyboardInterrupt:
         if not opts.dry_run and err_console is not None:
             err_console.print(f"calibrate: records so far are in {run_path}; rerun with --resume to continue")
-        partial = None
-        if base is not None and signals and not dist.active:  # what finished: none and the τs done
-            pts = [points[t] for t in sorted(points)]
-            partial = Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], opts.metric),
-                              choice=Choice(None, "interrupted before the search ended: no τ chosen", []),
-                              signal_summary=_signal_summary(ev.signal, signals), profile=None, profile_data=None,
-                              run_file=run_path, resumed_records=store.loaded)
-        raise Interrupted(partial) from None
+        raise Interrupted(None if dist.active else search.partial(run_path, store.loaded)) from None
     finally:
         store.close()
-    pts = [points[t] for t in sorted(points)]
-    if dist.active:  # the ranks ran side by side: wall-clock figures over the slowest rank
-        base = parallel_wall(base, base_recs, base, base_recs, dist.world_size)
-        pts = [parallel_wall(p, [store.get(p.tau, i) for i in range(len(examples))], base, base_recs, dist.world_size)
-               for p in pts]
-    choice = choose(pts, base, opts.metric, max_drop, min_fid)
-    summary = _signal_summary(ev.signal, signals)
-    outcome = Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], opts.metric), choice=choice,
-                      signal_summary=summary, profile=None, profile_data=None, run_file=run_path,
-                      resumed_records=store.loaded)
-    if choice.point is not None:
-        shown = run_path.name if run_path.parent.resolve() == target.parent.resolve() else str(run_path)  # beside the profile
-        outcome.profile_data = profile_data(model, settings, opts, choice.point, base, shots, shown)
-        if not opts.dry_run:
-            from ..config import write_profile
-
-            if dist.is_main:  # every rank has the same outcome; one writes it
-                write_profile(target, outcome.profile_data)
-            outcome.profile = target
+    outcome = search.outcome(store, dist, run_path, len(sample.examples))
+    if outcome.choice.point is not None:
+        _keep_choice(outcome, model, settings, opts, sample.shots, target, dist)
     return outcome
+
+
+def _check_target(target: Path, model: str, opts: CalibrateOptions) -> None:
+    """Before decoding: the profile to write holds no other model's or task's profile and is writable
+    (the default folder profiles/<model>/ is created silently)."""
+    from ..outputs import check_file
+
+    check_profile_target(target, model, opts.task)
+    check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None,
+               lock=False)  # the run file beside it is the calibration's lock (claimed in _open_run_file)
+
+
+@dataclass
+class _Sample:
+    """The examples calibrated on and their prompts: ``shots`` solved examples each, the chat template
+    applied when ``chat``; ``prompt_ids`` the token ids of each prompt."""
+
+    examples: list
+    shots: int
+    chat: bool
+    engine: Engine
+    prompt_ids: list[list[int]]
+    can_score: bool
+
+    @classmethod
+    def encode(cls, lm, task, opts: CalibrateOptions) -> "_Sample":
+        """Draw ``--limit`` test examples by ``--seed`` and encode their prompts. Raises DataError for a
+        missing data file and UsageError for a task without test examples, before decoding."""
+        examples = task.examples("test", opts.limit, opts.seed)
+        if not examples:
+            raise UsageError(f"task {opts.task} has no test examples to calibrate on")
+        shots = task.default_shots if opts.shots is None else opts.shots
+        chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
+        engine = Engine.from_loaded(lm)
+        prompt_ids = engine.encode([task.prompt(ex, shots, opts.seed) for ex in examples], chat)
+        can_score = not task.needs_code_execution or task.allow_code_execution
+        return cls(examples, shots, chat, engine, prompt_ids, can_score)
+
+
+def _open_run_file(lm, settings: Settings, task, opts: CalibrateOptions, sample: _Sample, run_path: Path,
+                   dist: DistEnv) -> RunFile:
+    """Claim the run file on rank 0 (one writer per run file: another process fails at once) and open
+    it on every rank (the others only read it, for --resume)."""
+    if not opts.dry_run and dist.is_main:
+        from ..outputs import claim
+
+        claim(run_path, "--run-file")
+    key = run_key(lm, settings, task, opts, sample.prompt_ids, sample.shots, sample.chat)
+    return dist.agree(lambda: RunFile(run_path, key, resume=opts.resume, dry_run=opts.dry_run or not dist.is_main),
+                      "opening the run file")
+
+
+class _Search:
+    """The τ search as it goes (steps 2–4 of the module docstring): ``none``'s point ``base`` and its
+    records, the sorted signals of its committed tokens, and the point of every τ evaluated so far."""
+
+    def __init__(self, opts: CalibrateOptions, say, err_console):
+        self.opts, self.say, self.err_console = opts, say, err_console
+        self.base, self.base_recs, self.points, self.signals, self.ev = None, None, {}, [], None
+
+    def run(self, ev: Evaluator) -> None:
+        """``none``, then the coarse grid (or ``--taus``), then up to ``--refine`` bisection steps."""
+        self.ev = ev
+        self._run_none()
+        opts = self.opts
+        for tau in sorted(set(opts.taus)) if opts.taus else coarse_grid(self.signals, opts.grid):
+            self._add(tau)
+        for _ in range(opts.refine):
+            tau = refine_next(list(self.points.values()), self.base, self.signals[0], opts.metric, *self.opts.fractions())
+            if tau is None:
+                break
+            self._add(tau, " (refine)")
+
+    def _run_none(self) -> None:
+        """Decode ``none``; its committed tokens' signals are the distribution the grid is drawn from.
+        Raises EcacheError when it committed nothing."""
+        self.base_recs = self.ev.records(None)
+        self.base = aggregate(None, self.base_recs, self.base_recs)
+        self.say(f"none: {_summary(self.base)}")
+        if self.opts.metric == "task" and self.base.score == 0 and self.err_console is not None:
+            self.err_console.print(f"warning: none scores 0% on these {self.base.n} examples, so the task score "
+                                   "cannot tell τs apart; add --min-fidelity or use --metric fidelity", markup=False)
+        self.signals = sorted(s for r in self.base_recs for s in r["signals"] if s is not None)
+        if not self.signals:
+            raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")
+
+    def _add(self, tau: float, note: str = "") -> None:
+        self.points[tau] = aggregate(tau, self.ev.records(tau), self.base_recs)
+        self.say(f"τ={tau:g}{note}: {_summary(self.points[tau])}")
+
+    def partial(self, run_path: Path, resumed: int) -> "Outcome | None":
+        """What finished before a Ctrl-C: ``none`` and the τs done, no choice; None before ``none`` ended."""
+        if self.base is None or not self.signals:
+            return None
+        pts = [self.points[t] for t in sorted(self.points)]
+        return Outcome(base=self.base, points=pts, frontier=pareto_frontier([self.base, *pts], self.opts.metric),
+                       choice=Choice(None, "interrupted before the search ended: no τ chosen", []),
+                       signal_summary=_signal_summary(self.ev.signal, self.signals), profile=None, profile_data=None,
+                       run_file=run_path, resumed_records=resumed)
+
+    def outcome(self, store: RunFile, dist: DistEnv, run_path: Path, n: int) -> "Outcome":
+        """The finished search: every point (ascending τ), the frontier and the choice rule's pick.
+        Several ranks ran side by side: the wall-clock figures are over the slowest rank."""
+        base, base_recs = self.base, self.base_recs
+        pts = [self.points[t] for t in sorted(self.points)]
+        if dist.active:
+            base = parallel_wall(base, base_recs, base, base_recs, dist.world_size)
+            pts = [parallel_wall(p, [store.get(p.tau, i) for i in range(n)], base, base_recs, dist.world_size)
+                   for p in pts]
+        choice = choose(pts, base, self.opts.metric, *self.opts.fractions())
+        return Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], self.opts.metric), choice=choice,
+                       signal_summary=_signal_summary(self.ev.signal, self.signals), profile=None, profile_data=None,
+                       run_file=run_path, resumed_records=store.loaded)
+
+
+def _keep_choice(outcome: "Outcome", model: str, settings: Settings, opts: CalibrateOptions, shots: int,
+                 target: Path, dist: DistEnv) -> None:
+    """The chosen τ as profile data (``outcome.profile_data``), written to ``target`` by rank 0 unless
+    ``dry_run`` (every rank has the same outcome)."""
+    from .calib_report import profile_data
+
+    run_path = outcome.run_file
+    shown = run_path.name if run_path.parent.resolve() == target.parent.resolve() else str(run_path)  # beside the profile
+    outcome.profile_data = profile_data(model, settings, opts, outcome.choice.point, outcome.base, shots, shown)
+    if not opts.dry_run:
+        from ..config import write_profile
+
+        if dist.is_main:
+            write_profile(target, outcome.profile_data)
+        outcome.profile = target
 
 
 class Interrupted(KeyboardInterrupt):

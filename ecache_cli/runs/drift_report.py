@@ -14,10 +14,32 @@ import math
 from pathlib import Path
 
 from ..metrics.drift import SETTLE_MIN_COUNT, next_step_pairs
-from .common import write_jsonl  # noqa: I001
-from .trace_drift import (
-    TraceReport,  # first: it imports the engine before runs.common does
-)
+from .streams import write_jsonl
+from .trace_drift import TraceReport
+
+
+def make_sinks(jsonl: Path | None, tensorboard: Path | None, lm, settings, seed: int) -> list:
+    """The sinks asked for: a :class:`JsonlSink` for ``--jsonl``, a :class:`TensorBoardSink` for
+    ``--tensorboard`` (its text tab holds the model, the settings and the seed as JSON)."""
+    sinks = []
+    if jsonl is not None:
+        sinks.append(JsonlSink(jsonl))
+    if tensorboard is not None:
+        settings_text = json.dumps({"model": lm.name, **settings.as_dict(), "seed": seed}, indent=1)
+        sinks.append(TensorBoardSink(tensorboard, settings_text))
+    return sinks
+
+
+def figure_title(lm, settings) -> str:
+    """The figure's title: model, cache policy and its parameters, gen and block length."""
+    return (f"ecache trace-drift · {lm.name} · --cache {settings.cache} "
+            + " ".join(f"{k}={v}" for k, v in settings.cache_params.items())
+            + f" · gen {settings.decode.gen_length}, block {settings.decode.block_length}")
+
+
+def plot_tau(settings) -> float | None:
+    """The τ line of the figure: the entropy policy's τ, None for other policies."""
+    return settings.cache_params.get("tau") if settings.cache == "entropy" else None
 
 
 class JsonlSink:
@@ -229,72 +251,91 @@ def plot(report: TraceReport, path: str | Path, title: str, tau: float | None = 
     unit = "nats" if "entropy" in sig else "1 − p"
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), constrained_layout=True)
     (a1, a2), (a3, a4) = axes
+    _plot_signal(a1, recs, sig, unit, tau)
+    _plot_drift(a2, recs)
     steps = [r["step"] for r in recs]
-    refresh = [r["step"] for r in recs if r["refresh"]]
+    if steps:
+        a1.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+        a2.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    _plot_next_step(a3, report, sig, unit, tau)
+    _plot_volatility(a4, report)
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
-    def mark_refresh(ax):
-        for i, s in enumerate(refresh):
-            ax.axvline(s, color="tab:orange", alpha=0.25, lw=1.2, label="full refresh" if i == 0 else None)
 
+def _mark_refresh(ax, recs: list[dict]) -> None:
+    """A vertical line at each full-refresh step of ``recs``."""
+    for i, s in enumerate(r["step"] for r in recs if r["refresh"]):
+        ax.axvline(s, color="tab:orange", alpha=0.25, lw=1.2, label="full refresh" if i == 0 else None)
+
+
+def _plot_signal(ax, recs: list[dict], sig: str, unit: str, tau: float | None) -> None:
+    """One prompt's signal per step, its refreshes and τ (entropy signals)."""
     xs = [(r["step"], r["signal"][sig]) for r in recs if r["signal"] and r["signal"].get(sig) is not None]
-    mark_refresh(a1)
+    _mark_refresh(ax, recs)
     if xs:
-        a1.plot(*zip(*xs), "-o", ms=2.5, lw=1, color="tab:blue", label=f"E(t−1) = {sig} of step t−1's commits")
+        ax.plot(*zip(*xs), "-o", ms=2.5, lw=1, color="tab:blue", label=f"E(t−1) = {sig} of step t−1's commits")
     if tau is not None and "entropy" in sig:
-        a1.axhline(tau, color="tab:red", ls="--", lw=1, label=f"τ = {tau:g} {unit}")
-    a1.set(title=f"Signal that decides each step's refresh (prompt {recs[0]['prompt'] if recs else 0})",
+        ax.axhline(tau, color="tab:red", ls="--", lw=1, label=f"τ = {tau:g} {unit}")
+    ax.set(title=f"Signal that decides each step's refresh (prompt {recs[0]['prompt'] if recs else 0})",
            xlabel="denoising step t", ylabel=f"signal E ({unit})")
-    a1.legend(loc="best", fontsize=8, framealpha=0.9)
+    ax.legend(loc="best", fontsize=8, framealpha=0.9)
 
-    mark_refresh(a2)
-    nan = float("nan")  # breaks the line at refresh steps (nothing served, no drift)
+
+def _plot_drift(ax, recs: list[dict]) -> None:
+    """One prompt's K and V drift per step (log scale), broken at refresh steps (nothing served)."""
+    _mark_refresh(ax, recs)
+    steps = [r["step"] for r in recs]
+    nan = float("nan")
     series = (("K drift, mean over layers", "-o", "tab:green", lambda r: r["drift_k"]),
               ("V drift, mean over layers", "-o", "tab:purple", lambda r: r["drift_v"]),
               ("K drift, max over layers and positions", ":", "tab:green", lambda r: max(r["drift_k_max"])))
     for label, style, color, get in series:
         ys = [get(r) if r["served"] > 0 and get(r) > 0 else nan for r in recs]
         if any(y == y for y in ys):
-            a2.plot(steps, ys, style, ms=2.5, lw=1, color=color, label=label)
-    a2.set_yscale("log")
-    a2.set(title="KV drift of the cache-served positions (partial steps)", xlabel="denoising step t",
+            ax.plot(steps, ys, style, ms=2.5, lw=1, color=color, label=label)
+    ax.set_yscale("log")
+    ax.set(title="KV drift of the cache-served positions (partial steps)", xlabel="denoising step t",
            ylabel="drift 1 − cos(cached, fresh)")
-    a2.legend(loc="best", fontsize=8, framealpha=0.9)
-    if steps:
-        a1.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-        a2.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    ax.legend(loc="best", fontsize=8, framealpha=0.9)
 
+
+def _plot_next_step(ax, report: TraceReport, sig: str, unit: str, tau: float | None) -> None:
+    """The signal at step t against the K drift at step t+1, every prompt, with its correlations."""
     x, y = next_step_pairs(report.records, sig)
     c = report.correlation()["next_step_drift"]
     pos = [(a, b) for a, b in zip(x, y) if b > 0]
     if pos:
-        a3.scatter(*zip(*pos), s=10, alpha=0.6, color="tab:green")
-        a3.set_yscale("log")
+        ax.scatter(*zip(*pos), s=10, alpha=0.6, color="tab:green")
+        ax.set_yscale("log")
     stat = ("undefined" if c["pearson_r"] is None else
             f"Pearson r = {c['pearson_r']:+.2f} (p={c['pearson_p']:.1g}), Spearman ρ = {c['spearman_rho']:+.2f} "
             f"(p={c['spearman_p']:.1g}), n = {c['n']}")
-    a3.set(title=f"Signal at step t vs K drift at step t+1 (partial steps t+1, all prompts)\n{stat}",
+    ax.set(title=f"Signal at step t vs K drift at step t+1 (partial steps t+1, all prompts)\n{stat}",
            xlabel=f"E_t: {sig} of step t's commits ({unit})", ylabel="K drift at t+1 (1 − cos, mean over layers)")
     if tau is not None:  # the entropy policy only serves from the cache after E_t ≤ τ
-        a3.axvline(tau, color="tab:red", ls="--", lw=1)
-        a3.text(0.02, 0.02, "entropy policy: partial steps follow E_t ≤ τ only;\nfor the full range run --cache dual or a large --tau",
-                transform=a3.transAxes, fontsize=8, color="dimgray", va="bottom")
+        ax.axvline(tau, color="tab:red", ls="--", lw=1)
+        ax.text(0.02, 0.02, "entropy policy: partial steps follow E_t ≤ τ only;\nfor the full range run --cache dual or a large --tau",
+                transform=ax.transAxes, fontsize=8, color="dimgray", va="bottom")
 
+
+def _plot_volatility(ax, report: TraceReport) -> None:
+    """Committed tokens' K change per step against the steps since their commit, the level and where
+    the curve settles below it (bins of few tokens drawn faint)."""
     curve = report.volatility.curve()
     pts = [(p["n"], p["mean"]) for p in curve if p["mean"] > 0 and p["count"] >= SETTLE_MIN_COUNT]
     few = [(p["n"], p["mean"]) for p in curve if p["mean"] > 0 and p["count"] < SETTLE_MIN_COUNT]
     if pts:
-        a4.plot(*zip(*pts), "-o", ms=3, color="tab:blue", label="mean K change per step")
+        ax.plot(*zip(*pts), "-o", ms=3, color="tab:blue", label="mean K change per step")
     if few:
-        a4.plot(*zip(*few), "o", ms=3, color="tab:blue", alpha=0.3, label=f"bins of < {SETTLE_MIN_COUNT} tokens")
+        ax.plot(*zip(*few), "o", ms=3, color="tab:blue", alpha=0.3, label=f"bins of < {SETTLE_MIN_COUNT} tokens")
     if pts or few:
-        a4.set_yscale("log")
-    a4.axhline(report.level, color="tab:red", ls="--", lw=1, label=f"level {report.level:g}")
+        ax.set_yscale("log")
+    ax.axhline(report.level, color="tab:red", ls="--", lw=1, label=f"level {report.level:g}")
     settle = report.volatility.settle_steps(report.level)
     if settle is not None:
-        a4.axvline(settle, color="tab:gray", ls=":", lw=1.2, label=f"below the level from n = {settle}")
-    a4.set(title="Volatility of committed tokens' K (fresh features, all prompts)",
+        ax.axvline(settle, color="tab:gray", ls=":", lw=1.2, label=f"below the level from n = {settle}")
+    ax.set(title="Volatility of committed tokens' K (fresh features, all prompts)",
            xlabel="steps since the token was committed n", ylabel="1 − cos(K at step n−1, K at step n)")
-    a4.legend(loc="upper right", fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.legend(loc="upper right", fontsize=8)

@@ -1,7 +1,7 @@
 """``ecache generate --input``: every record read and checked before anything is decoded.
 
 A record is invalid when its line is not UTF-8, not JSON, has no usable prompt field (``prompt``,
-``messages`` or ``prompt_ids``: ``common._prompt_of``), holds token ids the model cannot take
+``messages`` or ``prompt_ids``: ``inputs.prompt_of``), holds token ids the model cannot take
 (``Engine.check_prompt_ids``), cannot be templated or tokenized (``Engine.encode``), or does not fit
 the canvas: its token count after the chat template plus ``--gen-length`` must not exceed the
 model's positions (``ModelSpec.max_positions``; the engine's own rule, ``engine/core.py`` ``Run``).
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError, EcacheError, UsageError
-from .common import _jsonl_lines, _prompt_of, is_stdin
+from .inputs import is_stdin, jsonl_lines, prompt_of
 
 
 @dataclass
@@ -44,7 +44,7 @@ def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[It
     name = "stdin" if is_stdin(input_file) else str(input_file)
     limit = engine.spec.max_positions
     items: list[Item] = []
-    for n, line in _jsonl_lines(input_file, lenient=True):
+    for n, line in jsonl_lines(input_file, lenient=True):
         where = f"{name}:{n}"
         if line is not None and not line.strip():
             continue
@@ -59,7 +59,7 @@ def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[It
             item.error = f"{where}: not valid JSON ({e.msg}); each line must be one JSON object"
             continue
         try:
-            prompt = _prompt_of(item.rec, where)
+            prompt = prompt_of(item.rec, where)
         except DataError as e:
             item.error = str(e)
             continue

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import IO
 
 from ..engine.core import Engine
-from .common import Settings, read_prompts, write_jsonl
+from .inputs import read_prompts
+from .settings import Settings
+from .streams import write_jsonl
 from .confidence import EntropyMeter, threshold_for
 from .gen_input import Item
 
@@ -49,6 +51,59 @@ class GenerateOptions:
     resume: bool = False
     skip_invalid: bool = False
     print0: bool = False
+
+
+def check_options(opts: GenerateOptions):
+    """The generate flags that do not go together, checked before anything loads (one-line
+    UsageErrors, exit 2). Returns the launcher's ranks (``distributed.from_environment``)."""
+    from ..distributed import from_environment
+    from ..errors import UsageError
+
+    if opts.batch_size < 1:
+        raise UsageError(f"--batch-size {opts.batch_size} must be ≥ 1")
+    if opts.resume and opts.output is None:
+        raise UsageError("--resume continues an --output FILE; pass --output FILE (the file an earlier run wrote)")
+    if opts.output is not None and str(opts.output) == "-":
+        raise UsageError("--output - : leave --output out to write to stdout (with --jsonl for records)")
+    if opts.print0 and (opts.jsonl or opts.output is not None):
+        raise UsageError("--print0 separates plain-text answers; --jsonl and --output write JSON records, one per line")
+    if opts.skip_invalid and opts.input_file is None:
+        raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are checked "
+                         "one by one")
+    ranks = from_environment()
+    if ranks.active and (opts.input_file is None or str(opts.input_file) == "-" or opts.output is None):
+        raise UsageError(f"generate under {ranks.world_size} ranks needs --input FILE and --output FILE (rank 0 "
+                         "writes every record to FILE, in input order); stdin and stdout are one process's")
+    if opts.input_file is not None and opts.prompts:
+        raise UsageError(f"--input {opts.input_file} and {len(opts.prompts)} prompt argument(s) given: pass prompts "
+                         "one way, as arguments or in the file")
+    return ranks
+
+
+def check_task(task: str | None, profile: str | None) -> None:
+    """``--task`` names a task and is not given beside ``--profile`` (both choose a profile; UsageError)."""
+    if task is None:
+        return
+    from ..errors import UsageError
+    from ..tasks import TASKS
+
+    if task not in TASKS:
+        raise UsageError(f"--task {task!r} is not a task; choose one of {', '.join(TASKS)}")
+    if profile is not None:
+        raise UsageError(f"--task {task} and --profile {profile} both choose a profile; pass only one")
+
+
+def require_task_profile(settings: Settings, model: str, task: str | None) -> None:
+    """``--task``: the settings came from the model's calibrated profile ``<model>/<task>.yaml``, else
+    ConfigError naming the places looked in and the fix."""
+    if task is None or (settings.profile is not None and Path(settings.profile).stem == task):
+        return
+    from ..config import profile_candidates
+    from ..errors import ConfigError
+
+    raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
+                      f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task {task} "
+                      f"--model {model}` or drop --task")
 
 
 class _Sink:
@@ -72,86 +127,149 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dis
     EcacheError subclasses. ``dist``: this process's ``DistEnv`` (None: one process)."""
     from ..console import warn
     from ..distributed import DistEnv
-    from ..errors import EcacheError
-    from .gen_input import invalid_error, read_input
-    from .gen_progress import Reporter
+    from .inputs import no_prompts
 
-    dist = dist or DistEnv()
-    engine = Engine.from_loaded(lm)
-    chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
-    settings_doc = json.loads(json.dumps(settings.as_dict()))  # as the records carry it (JSON types)
-    common = {"settings": settings_doc, "seed": opts.seed, "model": lm.name}
-    main = dist.is_main
+    job = _Job(lm, settings, opts, err_console, dist or DistEnv())
+    items, bad = job.read_items()
+    job.plan_output(items)
+    if isinstance(items, list) and not items:
+        raise no_prompts(opts.input_file)
+    todo = job.count_todo(items) if isinstance(items, list) else None
+    job.open_output(out, todo)
+    failure = job.decode_all(items, todo)
+    if failure is not None:
+        raise failure
+    if not isinstance(items, list) and not job.decoded and not bad and not job.queue:
+        raise no_prompts(opts.input_file)
+    if job.main:
+        _warnings(lm, settings, opts, job.decoded, bad, warn)
+    return len(job.decoded)
 
-    # the items: --input records, all read and checked first; else arguments or stdin lines
-    if opts.input_file is not None:
-        items: list[Item] | object = read_input(opts.input_file, engine, chat, settings.decode.gen_length)
-        if not items:
-            from .common import no_prompts
 
-            raise no_prompts(opts.input_file)
-        bad = [it for it in items if it.error is not None]
-        if bad and not opts.skip_invalid:
-            raise invalid_error(items, opts.input_file)
-    else:
+class _Job:
+    """One generate run: the items to decode, the records kept from ``--output`` (``skip``: already
+    in the file in input order; ``keep``: index → record to copy), and the records waiting to be
+    written in input order (``queue``, with the decoded ones in ``results``)."""
+
+    def __init__(self, lm, settings: Settings, opts: GenerateOptions, err_console, dist):
+        self.lm, self.settings, self.opts, self.err_console, self.dist = lm, settings, opts, err_console, dist
+        self.engine = Engine.from_loaded(lm)
+        self.chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
+        settings_doc = json.loads(json.dumps(settings.as_dict()))  # as the records carry it (JSON types)
+        self.common = {"settings": settings_doc, "seed": opts.seed, "model": lm.name}
+        self.main = dist.is_main
+        self.skip, self.keep, self.file, self.sink = set(), {}, None, None
+        self.decoded: list[dict] = []
+        self.queue: list[Item] = []  # items in input order whose record is not written yet
+        self.results: dict[int, dict] = {}
+
+    def read_items(self) -> tuple[list[Item] | object, list[Item]]:
+        """The items and the invalid ones: ``--input`` records, all read and checked first (a list);
+        else arguments or stdin lines (a generator, a list when ``--output`` or arguments are given)."""
+        from .gen_input import invalid_error, read_input
+        from .inputs import no_prompts
+
+        opts = self.opts
+        if opts.input_file is not None:
+            items = read_input(opts.input_file, self.engine, self.chat, self.settings.decode.gen_length)
+            if not items:
+                raise no_prompts(opts.input_file)
+            bad = [it for it in items if it.error is not None]
+            if bad and not opts.skip_invalid:
+                raise invalid_error(items, opts.input_file)
+            return items, bad
         stdin = sys.stdin if not opts.prompts and not sys.stdin.isatty() else None
         src = read_prompts(opts.prompts, None, stdin, lines=True)
         items = (Item(index=i, line=line, rec=rec, prompt=p) for i, (p, rec, line) in enumerate(src))
         if opts.output is not None or opts.prompts:  # a file to resume needs the whole input first
             items = list(items)
-        bad = []
+        return items, []
 
-    skip, keep, file = set(), {}, None
-    if opts.output is not None and main:
-        from .gen_output import OutputFile
+    def plan_output(self, items) -> None:
+        """Rank 0 opens the plan of ``--output``: which records it already holds; every rank then
+        decodes the same missing records."""
+        if self.opts.output is not None and self.main:
+            from .gen_output import OutputFile
 
-        file = OutputFile(opts.output, opts.resume, common)
-        if isinstance(items, list) and items:
-            skip, keep = file.plan(items, lambda it: input_fields(it.rec))
-    if dist.active:  # every rank decodes the same missing records
-        skip, kept = dist.all_gather_object((skip, set(keep)) if main else None, "the --output file's records")[0]
-        if not main:
-            keep = dict.fromkeys(kept)
-    if isinstance(items, list) and not items:
-        from .common import no_prompts
+            self.file = OutputFile(self.opts.output, self.opts.resume, self.common)
+            if isinstance(items, list) and items:
+                self.skip, self.keep = self.file.plan(items, lambda it: input_fields(it.rec))
+        if self.dist.active:
+            shared = (self.skip, set(self.keep)) if self.main else None
+            self.skip, kept = self.dist.all_gather_object(shared, "the --output file's records")[0]
+            if not self.main:
+                self.keep = dict.fromkeys(kept)
 
-        raise no_prompts(opts.input_file)
-    todo = None
-    if isinstance(items, list):
-        todo = sum(1 for it in items if it.error is None and it.index not in skip and it.index not in keep)
-    if file is not None:
-        if file.records or file.torn:
-            err_console.print(f"resuming {opts.output}: {len(skip) + len(keep)} record(s) kept"
-                              + (" (a torn last line dropped)" if file.torn else "") + f", {todo} to decode",
-                              markup=False, highlight=False) if not opts.quiet else None
-        file.open()
-    sink = _Sink(out, opts, file)
+    def count_todo(self, items: list[Item]) -> int:
+        """The valid items neither in the ``--output`` file nor kept from it."""
+        return sum(1 for it in items if it.error is None and it.index not in self.skip and it.index not in self.keep)
 
-    decoded: list[dict] = []
-    queue: list[Item] = []  # items in input order whose record is not written yet
-    results: dict[int, dict] = {}
-    W = dist.world_size
+    def open_output(self, out: IO, todo: int | None) -> None:
+        """Say what a resumed ``--output`` keeps (stderr), open it, and set where records go."""
+        file = self.file
+        if file is not None:
+            if (file.records or file.torn) and not self.opts.quiet:
+                self.err_console.print(f"resuming {self.opts.output}: {len(self.skip) + len(self.keep)} record(s) kept"
+                                       + (" (a torn last line dropped)" if file.torn else "") + f", {todo} to decode",
+                                       markup=False, highlight=False)
+            file.open()
+        self.sink = _Sink(out, self.opts, file)
 
-    def emit() -> None:
-        while queue:
-            it = queue[0]
-            if it.index in keep:
-                rec = keep[it.index]
-            elif it.error is not None:
-                rec = {"index": it.index, "line": it.line, **input_fields(it.rec), "error": it.error, **common}
-            elif it.index in results:
-                rec = results.pop(it.index)
-            else:
-                return
-            queue.pop(0)
-            if main:
-                sink.write(rec)
+    def decode_all(self, items, todo: int | None):
+        """Decode every item to decode, writing records in input order; return the error a bad stdin
+        line raised (the prompts before it are decoded and written first), else None."""
+        from .gen_progress import Reporter
 
-    def decode_round(batches: list[list[Item]], reporter) -> None:
-        mine = [b for c, b in enumerate(batches) if c % W == dist.rank]
+        quiet = self.opts.quiet or not self.main
+        try:
+            with Reporter(self.err_console, todo, quiet, stream=self.opts.stream and not self.dist.active) as reporter:
+                return self._feed(iter(items), reporter)
+        finally:
+            if self.file is not None:
+                self.file.close()
+
+    def _feed(self, source, reporter):
+        """Cut the items into batches of ``--batch-size``; each round of ``world_size`` batches is
+        decoded across the ranks (:meth:`_decode_round`)."""
+        from ..errors import EcacheError
+
+        failure, batch, batches = None, [], []
+        while True:
+            try:
+                it = next(source)
+            except StopIteration:
+                break
+            except EcacheError as e:  # a bad stdin line: the prompts before it are still decoded
+                failure = e
+                break
+            if it.index in self.skip:
+                continue
+            self.queue.append(it)
+            if it.error is None and it.index not in self.keep:
+                batch.append(it)
+                if len(batch) == self.opts.batch_size:
+                    batches.append(batch)
+                    batch = []
+                    if len(batches) == self.dist.world_size:
+                        self._decode_round(batches, reporter)
+                        batches = []
+            elif not batch and not batches:
+                self._emit()
+        if batch:
+            batches.append(batch)
+        if batches:
+            self._decode_round(batches, reporter)
+        self._emit()
+        return failure
+
+    def _decode_round(self, batches: list[list[Item]], reporter) -> None:
+        """Batch c on rank c % world; the records of the round gathered on every rank, then written."""
+        dist = self.dist
+        mine = [b for c, b in enumerate(batches) if c % dist.world_size == dist.rank]
         got = []
         for batch in mine:
-            got += _decode(engine, lm, settings, opts, batch, chat, common, reporter, err_console, main)
+            got += _decode(self.engine, self.lm, self.settings, self.opts, batch, self.chat, self.common, reporter,
+                           self.err_console, self.main)
             if not dist.active:
                 reporter.advance(len(batch))
         if dist.active:
@@ -159,54 +277,25 @@ def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dis
             got = [r for part in parts for r in part]
             reporter.advance(len(got))
         for rec in got:
-            results[rec["index"]] = rec
-            decoded.append(rec)
-        emit()
+            self.results[rec["index"]] = rec
+            self.decoded.append(rec)
+        self._emit()
 
-    failure = None
-    try:
-        with Reporter(err_console, todo, opts.quiet or not main, stream=opts.stream and not dist.active) as reporter:
-            batch: list[Item] = []
-            batches: list[list[Item]] = []
-            source = iter(items)
-            while True:
-                try:
-                    it = next(source)
-                except StopIteration:
-                    break
-                except EcacheError as e:  # a bad stdin line: the prompts before it are still decoded
-                    failure = e
-                    break
-                if it.index in skip:
-                    continue
-                queue.append(it)
-                if it.error is None and it.index not in keep:
-                    batch.append(it)
-                    if len(batch) == opts.batch_size:
-                        batches.append(batch)
-                        batch = []
-                        if len(batches) == W:
-                            decode_round(batches, reporter)
-                            batches = []
-                elif not batch and not batches:
-                    emit()
-            if batch:
-                batches.append(batch)
-            if batches:
-                decode_round(batches, reporter)
-            emit()
-    finally:
-        if file is not None:
-            file.close()
-    if failure is not None:
-        raise failure
-    if not isinstance(items, list) and not decoded and not bad and not queue:
-        from .common import no_prompts
-
-        raise no_prompts(opts.input_file)
-    if main:
-        _warnings(lm, settings, opts, decoded, bad, warn)
-    return len(decoded)
+    def _emit(self) -> None:
+        """Write the records at the head of the queue that are ready (rank 0), in input order."""
+        while self.queue:
+            it = self.queue[0]
+            if it.index in self.keep:
+                rec = self.keep[it.index]
+            elif it.error is not None:
+                rec = {"index": it.index, "line": it.line, **input_fields(it.rec), "error": it.error, **self.common}
+            elif it.index in self.results:
+                rec = self.results.pop(it.index)
+            else:
+                return
+            self.queue.pop(0)
+            if self.main:
+                self.sink.write(rec)
 
 
 def _decode(engine, lm, settings, opts, batch: list[Item], chat: bool, common: dict, reporter, err_console,

@@ -30,7 +30,9 @@ from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
 from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize
-from .common import Settings, batched, read_prompts
+from .inputs import read_prompts
+from .settings import Settings
+from .streams import batched
 
 BASELINE = "none"
 
@@ -145,13 +147,100 @@ def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") 
 
 
 def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
-    """Requests from arguments, a JSONL file or stdin (``runs.common.read_prompts``), at most ``limit``."""
+    """Requests from arguments, a JSONL file or stdin (``runs.inputs.read_prompts``), at most ``limit``."""
     out = []
     for prompt, _ in read_prompts(args, input_file, stdin):
         out.append(Request(prompt))
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def policy_names(policies: str | None) -> list[str]:
+    """The entries of ``--policies`` (comma-separated, blanks dropped); None: every policy."""
+    from ..cache import POLICIES
+
+    return [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
+
+
+def check_sources(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None,
+                  shots: int | None, limit: int | None) -> None:
+    """The prompts come one way: ``--task`` (with ``--data``, ``--shots``), prompt arguments, or
+    ``--input`` / stdin (``--limit`` takes the first N of those). UsageError otherwise."""
+    if task is not None and (prompts or input_file is not None):
+        raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
+    if task is None and (data is not None or shots is not None):
+        raise UsageError("--data and --shots go with --task NAME")
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    if limit is not None and prompts:
+        raise UsageError(f"--limit {limit} with prompt arguments: --limit takes the first N of --task, --input or "
+                         "stdin; pass the prompt arguments you want instead")
+
+
+def task_setup(task: str, data: str | None, shots: int | None, limit: int | None, seed: int,
+               allow_code_execution: bool) -> tuple[object, list[Request], dict]:
+    """``--task``: the task object, its requests (``limit`` examples, 8 when None; ``shots`` solved
+    examples, the task's default when None) and what the JSON says of it (``scored``: False for a
+    code task without ``--allow-code-execution``, whose scorer runs the code)."""
+    from ..tasks import get_task
+
+    task_obj = get_task(task, data=data, allow_code_execution=allow_code_execution)
+    n_shots = task_obj.default_shots if shots is None else shots
+    requests = task_requests(task_obj, 8 if limit is None else limit, n_shots, seed)
+    info = {"name": task, "data": data, "shots": n_shots, "limit": len(requests), "split": "test",
+            "scored": not task_obj.needs_code_execution or allow_code_execution}
+    return task_obj, requests, info
+
+
+def input_requests(prompts: list[str] | None, input_file: Path | None, limit: int | None) -> list[Request]:
+    """Requests from prompt arguments, ``--input`` or stdin (when piped), at most ``limit``; the
+    error of :func:`inputs.no_prompts` when the source gave none."""
+    import sys
+
+    from .inputs import no_prompts
+
+    stdin = sys.stdin if not prompts and input_file is None and not sys.stdin.isatty() else None
+    requests = prompt_requests(list(prompts or []), input_file, stdin, limit)
+    if not requests:
+        raise no_prompts(input_file)
+    return requests
+
+
+def run_profile(lm, settings: Settings, requests: Sequence[Request], opts: ProfileOptions, on_run=None,
+                dist: DistEnv | None = None, task_info: dict | None = None) -> tuple[ProfileReport | None, bool]:
+    """:func:`measure` on the loaded model, the chat template applied when ``opts.chat`` allows and the
+    model has one. Returns (the report with ``task``, ``world_size`` and ``prompts_done`` in its
+    ``extra``, or None on ranks other than 0; whether the chat template was applied)."""
+    dist = dist or DistEnv()
+    engine = Engine.from_loaded(lm)
+    use_chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
+    report = measure(engine, settings, requests, opts, chat=use_chat, on_run=on_run, dist=dist)
+    if report is not None:
+        report.extra["task"] = task_info
+        report.extra["world_size"] = dist.world_size
+        report.extra["prompts_done"] = report.prompts_done  # all of them unless interrupted
+    return report, use_chat
+
+
+def empty_answers(report: ProfileReport) -> int:
+    """The number of runs' answers when every one is empty (the model ended each at once), else 0."""
+    texts = [row.text for p in report.policies for run in report.runs[p] for row in run.rows]
+    return len(texts) if texts and all(not t.strip() for t in texts) else 0
+
+
+def profile_document(report: ProfileReport, lm, settings: Settings, opts: ProfileOptions, chat: bool,
+                     task_info: dict | None, n_prompts: int) -> dict:
+    """The ``--json`` document: the report (:meth:`ProfileReport.to_dict`) with a manifest holding the
+    run's options."""
+    from .manifest import manifest
+
+    extra = {"command": "profile", "policies": opts.policies, "warmup": opts.warmup, "repeats": opts.repeats,
+             "batch_size": opts.batch_size, "chat": chat, "trace_dir": str(opts.trace_dir) if opts.trace_dir else None,
+             "trace_steps": opts.trace_steps, "task": task_info, "prompts": n_prompts,
+             "memory_kind": report.memory_kind,
+             "policy_params": {p: report.summaries[p]["params"] for p in opts.policies}}
+    return report.to_dict(manifest(lm, settings, opts.seed, extra))
 
 
 def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opts: ProfileOptions,
@@ -170,94 +259,122 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
     opts.validate()
     if not requests:
         raise UsageError("no prompts to profile")
-    ids = engine.encode([r.prompt for r in requests], chat)
-    batches = list(batched(range(len(requests)), opts.batch_size))  # lists of request indices
-    cfg, names = settings.decode, opts.policies
-    probe = MemoryProbe(engine.device)
-    runs: dict[str, list[RunMeasure]] = {p: [] for p in names}
+    bench = _Bench(engine, settings, requests, opts, chat, on_run)
     dist = dist or DistEnv()
-    mine = dist.shard(range(len(batches)))  # this rank's batch indices (all of them for one process)
+    runs, incomplete = bench.timed_runs(dist)
+    runs, rank_speed = merge_ranks(dist, runs)
+    if runs is None:  # not rank 0: its runs are on rank 0 now
+        return None
+    summaries = bench.summaries(runs)
+    if dist.active:
+        apply_rank_speed(summaries, rank_speed, opts.policies)
+    trace = bench.traces() if opts.trace_dir is not None and not incomplete else None
+    return ProfileReport(policies=opts.policies, summaries=summaries, runs=runs, memory_kind=bench.probe.kind,
+                         decode=settings.decode, trace=trace, incomplete=incomplete)
 
-    def make(spec: str):
+
+class _Bench:
+    """The requests encoded once and cut into batches (lists of request indices), decoded under each
+    policy of ``opts`` with the memory probe reset around every run."""
+
+    def __init__(self, engine: Engine, settings: Settings, requests: Sequence[Request], opts: ProfileOptions,
+                 chat: bool, on_run: Callable[[str, str], None] | None):
+        self.engine, self.settings, self.requests, self.opts, self.on_run = engine, settings, requests, opts, on_run
+        self.ids = engine.encode([r.prompt for r in requests], chat)
+        self.batches = list(batched(range(len(requests)), opts.batch_size))
+        self.probe = MemoryProbe(engine.device)
+
+    def make(self, spec: str):
+        """A fresh policy object for a ``--policies`` entry such as ``entropy:tau=2.5``."""
         name, params = parse_policy_spec(spec)
-        return settings.policy(name, **params)
+        return self.settings.policy(name, **params)
 
-    def one(policy: str, b: int, repeat: int) -> RunMeasure:
-        idx = batches[b]
-        probe.reset()
-        run = engine.start([ids[i] for i in idx], cfg, make(policy), seed=opts.seed, row_ids=idx)
+    def _announce(self, kind: str, policy: str) -> None:
+        if self.on_run:
+            self.on_run(kind, policy)
+
+    def timed_runs(self, dist: DistEnv) -> tuple[dict[str, list[RunMeasure]], bool]:
+        """Warm-up runs, then ``repeats`` passes over this rank's batches, each batch under every policy
+        in rotated order (each policy takes its turn first). Returns the runs per policy and whether a
+        Ctrl-C cut them short: then only the batches every policy finished are kept (the same prompts
+        for each, so the comparison holds); one process only (ranks stop together through the launcher)."""
+        names, opts = self.opts.policies, self.opts
+        runs: dict[str, list[RunMeasure]] = {p: [] for p in names}
+        mine = dist.shard(range(len(self.batches)))  # this rank's batch indices (all of them for one process)
+        try:
+            for _ in range(opts.warmup):
+                for p in names:
+                    self._announce("warmup", p)
+                    self.one(p, mine[0] if mine else 0, -1)
+            for repeat in range(opts.repeats):
+                for b in mine:
+                    k = (b + repeat) % len(names)
+                    for p in names[k:] + names[:k]:
+                        self._announce("measure", p)
+                        runs[p].append(self.one(p, b, repeat))
+        except KeyboardInterrupt:
+            done = min(len(r) for r in runs.values())
+            if dist.active or done == 0:
+                raise
+            return {p: r[:done] for p, r in runs.items()}, True
+        return runs, False
+
+    def one(self, policy: str, b: int, repeat: int) -> RunMeasure:
+        """Decode batch ``b`` under ``policy`` (``repeat`` -1: a warm-up) and measure it."""
+        idx = self.batches[b]
+        self.probe.reset()
+        run = self.engine.start([self.ids[i] for i in idx], self.settings.decode, self.make(policy),
+                                seed=self.opts.seed, row_ids=idx)
         for _ in run:  # nothing between steps; the step timings are the run's totals (CUDA: events, per block)
             pass
-        peak = probe.peak_bytes()
-        rows = []
-        for res in run.results():
-            req, s = requests[idx[res.index]], res.stats
-            score = None
-            if req.task is not None and (not getattr(req.task, "needs_code_execution", False)
-                                         or getattr(req.task, "allow_code_execution", False)):
-                score = float(req.task.score(req.example, res.text))
-            rows.append(RowMeasure(prompt=idx[res.index], repeat=repeat, generated_tokens=s["generated_tokens"],
-                                   latency_s=s["wall_s"], nfe=s["nfe"], full_forwards=s["full_forwards"],
-                                   partial_forwards=s["partial_forwards"], tokens_computed=s["tokens_computed"],
-                                   tokens_planned=s["tokens_planned"],
-                                   canvas=run.P + run.G, token_ids=res.token_ids, answer_ids=res.answer_ids,
-                                   text=res.text, score=score))
+        peak = self.probe.peak_bytes()
+        rows = [self._row(run, res, idx, repeat) for res in run.results()]
         return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=run.timer.forward_s, decision_s=run.timer.decision_s,
                           sampling_s=run.timer.sampling_s, steps=run.steps_done, rows=rows, peak_memory_bytes=peak,
                           batch_size=len(idx))
 
-    incomplete = False
-    try:
-        for _ in range(opts.warmup):
-            for p in names:
-                if on_run:
-                    on_run("warmup", p)
-                one(p, mine[0] if mine else 0, -1)
-        for repeat in range(opts.repeats):
-            for b in mine:
-                k = (b + repeat) % len(names)
-                for p in names[k:] + names[:k]:  # rotated order: each policy takes its turn first
-                    if on_run:
-                        on_run("measure", p)
-                    runs[p].append(one(p, b, repeat))
-    except KeyboardInterrupt:
-        # Ctrl-C: keep the batches every policy finished (the same prompts for each, so the comparison
-        # holds); one process only (ranks stop together through the launcher)
-        done = min(len(r) for r in runs.values())
-        if dist.active or done == 0:
-            raise
-        runs = {p: r[:done] for p, r in runs.items()}
-        incomplete = True
-    runs, rank_speed = merge_ranks(dist, runs)
-    if runs is None:  # not rank 0: its runs are on rank 0 now
-        return None
+    def _row(self, run, res, idx: list[int], repeat: int) -> RowMeasure:
+        """One row's measures; scored when its request has a task whose scorer may run."""
+        req, s = self.requests[idx[res.index]], res.stats
+        score = None
+        if req.task is not None and (not getattr(req.task, "needs_code_execution", False)
+                                     or getattr(req.task, "allow_code_execution", False)):
+            score = float(req.task.score(req.example, res.text))
+        return RowMeasure(prompt=idx[res.index], repeat=repeat, generated_tokens=s["generated_tokens"],
+                          latency_s=s["wall_s"], nfe=s["nfe"], full_forwards=s["full_forwards"],
+                          partial_forwards=s["partial_forwards"], tokens_computed=s["tokens_computed"],
+                          tokens_planned=s["tokens_planned"],
+                          canvas=run.P + run.G, token_ids=res.token_ids, answer_ids=res.answer_ids,
+                          text=res.text, score=score)
 
-    summaries = {}
-    base = runs.get(BASELINE)
-    base_rows = [r for run in base for r in run.rows] if base else []
-    for p in names:
-        s = summarize(runs[p], base)
-        rows = [r for run in runs[p] for r in run.rows]
-        s.update({f"fidelity_{k}": v for k, v in fidelity(rows, base_rows).items()} if base else
-                 {"fidelity_identical_share": None, "fidelity_token_agreement": None, "fidelity_pairs": 0})
-        s["params"] = make(p).params()
-        summaries[p] = s
-    if dist.active:
-        apply_rank_speed(summaries, rank_speed, names)
+    def summaries(self, runs: dict[str, list[RunMeasure]]) -> dict[str, dict]:
+        """Per policy: ``summarize`` against the baseline, fidelity to it (None without a baseline)
+        and the policy's resolved parameters."""
+        out = {}
+        base = runs.get(BASELINE)
+        base_rows = [r for run in base for r in run.rows] if base else []
+        for p in self.opts.policies:
+            s = summarize(runs[p], base)
+            rows = [r for run in runs[p] for r in run.rows]
+            s.update({f"fidelity_{k}": v for k, v in fidelity(rows, base_rows).items()} if base else
+                     {"fidelity_identical_share": None, "fidelity_token_agreement": None, "fidelity_pairs": 0})
+            s["params"] = self.make(p).params()
+            out[p] = s
+        return out
 
-    trace = None
-    if opts.trace_dir is not None and not incomplete:
+    def traces(self) -> dict:
+        """A torch.profiler trace of the first batch per policy under ``opts.trace_dir``."""
         from .tracing import trace_run
 
+        opts, first = self.opts, self.batches[0]
         trace = {"dir": str(opts.trace_dir), "steps": opts.trace_steps, "policies": {}}
-        for p in names:
-            if on_run:
-                on_run("trace", p)
-            run = engine.start([ids[i] for i in batches[0]], cfg, make(p), seed=opts.seed, row_ids=batches[0])
+        for p in opts.policies:
+            self._announce("trace", p)
+            run = self.engine.start([self.ids[i] for i in first], self.settings.decode, self.make(p), seed=opts.seed,
+                                    row_ids=first)
             trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p.replace(":", "_").replace("=", "-"),
                                              opts.trace_steps)
-    return ProfileReport(policies=names, summaries=summaries, runs=runs, memory_kind=probe.kind, decode=cfg,
-                         trace=trace, incomplete=incomplete)
+        return trace
 
 
 def merge_ranks(dist: DistEnv, runs: dict[str, list[RunMeasure]]):

@@ -36,7 +36,10 @@ from ..metrics.drift import (
     layer_mean_change,
     next_step_pairs,
 )
-from .common import Settings, batched, manifest, read_prompts
+from .inputs import read_prompts
+from .manifest import manifest
+from .settings import Settings
+from .streams import batched
 
 X_LABEL = "signal E_t = {kind} of the tokens committed at step t"
 Y_LABEL = "drift_{t+1} = mean over layers of the mean K drift (1 - cos) at step t+1, over positions served from the cache (partial steps only)"
@@ -254,6 +257,41 @@ class DriftTracer:
         self.prev_k, self.prev_rows = fresh_k, rec.rows.clone()
 
 
+def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None, limit: int,
+                batch_size: int, signal: str | None, plot: Path | None, jsonl: Path | None, json_out: str | None,
+                volatility_level: float, rows: int) -> None:
+    """The trace-drift flags, checked before anything loads: ranges (UsageError, exit 2), ``--input``
+    readable (``inputs.check_input_file``, DataError), one prompt source and one user of stdout."""
+    from .inputs import check_input_file
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
+    if limit < 1:
+        raise UsageError(f"--limit {limit} must be ≥ 1")
+    if signal is not None and signal not in SIGNALS:
+        raise UsageError(f"--signal {signal!r} is not known; use one of {', '.join(SIGNALS)}")
+    check_input_file(input_file)
+    if plot is not None and plot.suffix.lower() != ".png" and not plot.is_dir():  # a folder: check_file's hint
+        raise UsageError(f"--plot {plot}: give a .png file name")
+    if jsonl is not None and str(jsonl) == "-" and json_out == "-":
+        raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
+    if not 0 < volatility_level < float("inf"):  # NaN fails this too
+        raise UsageError(f"--volatility-level {volatility_level} must be a number > 0 (e.g. 1e-3)")
+    if rows < 0:
+        raise UsageError(f"--rows {rows} must be ≥ 0 (0 = every step)")
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    if task is not None and (prompts or input_file is not None):
+        raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
+    if data is not None and task is None:
+        raise UsageError("--data needs --task (which benchmark the file holds)")
+
+
+def signal_kind(signal: str | None, settings: Settings) -> str:
+    """The signal traced: ``--signal``, else the resolved cache setting's, else ``max-entropy``."""
+    return signal or settings.cache_params.get("signal", "max-entropy")
+
+
 def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
     """Prompts from arguments, ``--input`` JSONL, stdin, or ``--task`` (test split, ``--limit``, ``--shots``)."""
     if opts.task:
@@ -267,7 +305,7 @@ def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
     stdin = sys.stdin if not opts.prompts and opts.input_file is None and not sys.stdin.isatty() else None
     prompts = [p for p, _ in read_prompts(opts.prompts, opts.input_file, stdin)]
     if not prompts:
-        from .common import no_prompts
+        from .inputs import no_prompts
 
         raise no_prompts(opts.input_file)
     return prompts

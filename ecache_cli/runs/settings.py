@@ -1,0 +1,220 @@
+"""A run's settings: defaults < profile < flags resolved into a :class:`Settings`, the decode
+settings range-checked before the model loads, and one warning for flags the run does not use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cache import make_policy, policy_params
+from ..cache.entropy import DEFAULT_TAU
+from ..config import dataclass_defaults, find_profile, load_profile, resolve
+from ..decoding.config import DecodeConfig
+from ..errors import UsageError
+
+
+@dataclass
+class Settings:
+    """Resolved settings of a run: decoding config, cache policy name and its parameters.
+
+    ``all_cache_params``: every resolved cache setting (defaults < profile < flags) whatever policy it
+    belongs to, so a run over several policies (``ecache profile``) gives each the ones it declares.
+    """
+
+    decode: DecodeConfig
+    cache: str
+    cache_params: dict
+    profile: str | None = None
+    all_cache_params: dict = field(default_factory=dict)
+    sandbox: str | None = None  # the profile's ``sandbox`` mode, if it has one (``--sandbox`` overrides)
+    tau_source: str = "default"  # where τ came from: "flag" (--tau), "profile" (the file ``profile``), "default",
+    # or "search" (ecache calibrate: τ is what it searches)
+    profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
+
+    def policy(self, name: str | None = None, **override):
+        """A fresh policy object (``name`` defaults to the resolved cache)."""
+        name = name or self.cache
+        if name == self.cache:
+            params = {**self.cache_params, **override}
+        else:
+            known = policy_params_or_all(name)
+            params = {**{k: v for k, v in self.all_cache_params.items() if k in known}, **override}
+        if name == "entropy" and "tau" not in params:
+            params["tau"] = self.cache_params.get("tau", DEFAULT_TAU)
+        return make_policy(name, **params)
+
+    @property
+    def tau(self) -> float | None:
+        """EntropyCache's τ (nats) this run uses: the resolved one (defaults < profile < flags)."""
+        return self.all_cache_params.get("tau", self.cache_params.get("tau", DEFAULT_TAU))
+
+    def as_dict(self) -> dict:
+        """JSON-ready: decode settings, cache policy and parameters, the profile file read (None when
+        none), τ and where it came from (``tau_source``: flag, profile or default)."""
+        return {"decode": self.decode.as_dict(), "cache": self.cache, "cache_params": self.cache_params,
+                "profile": self.profile, "tau": None if self.tau_source == "search" else self.tau,
+                "tau_source": self.tau_source}
+
+    def tau_origin(self) -> str:
+        """Where τ came from, for people: ``--tau``, ``profile PATH (shipped with ecache; calibrated on N
+        examples)``, or ``built-in default``."""
+        if self.tau_source == "flag":
+            return "--tau"
+        if self.tau_source == "profile" and self.profile:
+            from ..config import packaged_profiles_dir
+
+            notes = []
+            try:
+                if Path(self.profile).resolve().is_relative_to(packaged_profiles_dir()):
+                    notes.append("shipped with ecache")
+            except (OSError, ValueError):
+                pass
+            if self.profile_note:
+                notes.append(self.profile_note)
+            return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
+        return "built-in default"
+
+    def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None) -> str:
+        """The one stderr line naming what a run uses: model, cache policy (or ``policies``), τ and its
+        source (``tau``: another text for τ, e.g. calibrate's search). τ is named only when an
+        entropy policy runs."""
+        pols = policies or [self.cache]
+        text = f"using model {model}, " + (f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}")
+        if tau is not None:
+            return f"{text}, τ {tau}"
+        if any(p.split(":")[0] == "entropy" for p in pols):
+            return f"{text}, τ {self.tau:g} from {self.tau_origin()}"
+        return f"{text} (no τ: only the entropy policy takes one)"
+
+
+def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
+                     task: str | None = None) -> Settings:
+    """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
+    ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
+    ``config.profile_dirs``) < flags. Raises ConfigError/UsageError for bad profiles or values.
+
+    Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
+    ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
+    prof = None
+    if profile:
+        prof = load_profile(profile, model)
+    elif task and (found := find_profile(model, task)) is not None:
+        prof = load_profile(found)
+    elif (found := find_profile(model, "default")) is not None:
+        prof = load_profile(found)
+    if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
+        from ..console import warn
+
+        warn(f"profile {prof['_path']} was calibrated for model {prof['model']!r}, not {model!r}; its settings "
+             "are used anyway (run `ecache calibrate` for this model)")
+    p_dec = (prof or {}).get("decode") or {}
+    p_cache = dict((prof or {}).get("cache") or {})
+    decode = resolve(dataclass_defaults(DecodeConfig), p_dec, decode_flags)
+    cache = resolve({"policy": "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
+    name = cache.pop("policy")
+    params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
+    validate_decode(decode)
+    make_policy(name, **params)  # validates name and values early
+    decode_cfg = DecodeConfig(**decode)
+    warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
+    if cache_flags.get("tau") is not None:
+        tau_source = "flag"
+    elif p_cache.get("tau") is not None:
+        tau_source = "profile"
+    else:
+        tau_source = "default"
+    n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
+    return Settings(decode=decode_cfg, cache=name, cache_params=params,
+                    profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None},
+                    sandbox=(prof or {}).get("sandbox"),
+                    tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+
+
+def _model_key(name) -> str:
+    """A profile's ``model:`` (``canonical_model_name`` of the loaded model, as calibrate writes it) and
+    a ``--model`` name compared: aliases of one repository are one model, case does not matter."""
+    from ..config import canonical_model_name
+    from ..models.loader import ALIASES, EMBEDDED
+
+    name = str(name)
+    name = "tiny" if name in EMBEDDED else ALIASES.get(name, name)
+    return canonical_model_name(name).lower()
+
+
+def unused_cache_flags(policies: list[str], cache_flags: dict) -> list[str]:
+    """The cache flags given (not None) that none of ``policies`` takes, as ``--flag`` names, e.g.
+    ``--tau`` for ``--cache dual --tau 3`` (the caller warns once; the flag is ignored)."""
+    used = set().union(*(policy_params_or_all(p) for p in policies))
+    return [f"--{k.replace('_', '-')}" for k, v in cache_flags.items()
+            if k != "policy" and v is not None and k not in used]
+
+
+def warn_unused_cache_flags(policies: list[str], cache_flags: dict, used_by: str) -> None:
+    """One warning on stderr naming the cache flags that none of ``policies`` takes
+    (:func:`unused_cache_flags`), as ``<flags> is|are <used_by>; ignored``; ``used_by`` says by what,
+    e.g. ``not used by --cache dual``. Nothing when every given flag is used."""
+    unused = unused_cache_flags(policies, cache_flags)
+    if unused:
+        from ..console import warn
+
+        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} {used_by}; ignored")
+
+
+def warn_sampling_flags(decode: DecodeConfig, top_k, top_p) -> None:
+    """One warning on stderr for ``--top-k`` / ``--top-p`` given at temperature 0 (greedy decoding
+    never samples, so they change nothing)."""
+    given = [f for f, v in (("--top-k", top_k), ("--top-p", top_p)) if v is not None]
+    if given and not decode.temperature:
+        from ..console import warn
+
+        warn(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 (greedy "
+             "decoding); ignored; pass --temperature > 0 to sample")
+
+
+def policy_params_or_all(name: str) -> set[str]:
+    try:
+        return policy_params(name)
+    except KeyError:
+        from ..cache import POLICIES
+
+        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}") from None
+
+
+def validate_decode(d: dict) -> None:
+    """Range checks for decode settings that the schedule does not check (one-line UsageErrors)."""
+    import math
+
+    for key in ("temperature", "top_p", "threshold", "factor"):  # inf or NaN would pass the range checks
+        v = d.get(key)
+        if v is not None and not math.isfinite(v):
+            raise UsageError(f"--{key.replace('_', '-')} {v} must be a finite number")
+    if d.get("temperature") is not None and d["temperature"] < 0:
+        raise UsageError(f"--temperature {d['temperature']} must be ≥ 0 (0 = greedy)")
+    if d.get("threshold") is not None and not 0 < d["threshold"] <= 1:  # a probability; 1.0 is reachable in float32
+        raise UsageError(f"--threshold {d['threshold']} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
+    if d.get("factor") is not None and d["factor"] <= 0:
+        raise UsageError(f"--factor {d['factor']} must be > 0 (Fast-dLLM uses 1.0)")
+    # the block schedule and remasking rule, checked here so that a bad flag fails before the model loads
+    # (the engine checks them again for library callers)
+    from ..decoding.remasking import validate_remasking
+    from ..decoding.schedule import default_steps, plan_blocks
+
+    parallel = d.get("threshold") is not None or d.get("factor") is not None
+    if d.get("gen_length") is not None and d.get("block_length") is not None:
+        plan_blocks(d["gen_length"], d["block_length"], default_steps(d["gen_length"], d.get("steps"), parallel), parallel)
+    if d.get("remasking") is not None:
+        validate_remasking(d["remasking"], parallel=parallel)
+    from ..decoding.commit import validate_compat, validate_eps
+    from ..decoding.schedule import validate_schedule
+
+    if d.get("schedule") is not None:
+        validate_schedule(d["schedule"])
+    validate_compat(d.get("compat"))
+    if d.get("eps") is not None:
+        validate_eps(d["eps"])
+    from ..decoding.commit import check_dream_options
+
+    # alg_temp / origin; the family's default schedule is known only once the model is loaded (engine)
+    check_dream_options(remasking=d.get("remasking") or "low_confidence", alg_temp=d.get("alg_temp"),
+                        schedule=d.get("schedule"), parallel=parallel, compat=d.get("compat"),
+                        low_eos_confidence=bool(d.get("low_eos_confidence")))
