@@ -39,7 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="tiny", help="comma-separated models (name or directory); default tiny")
     ap.add_argument("--drills", type=int, default=100, help="drills (3-6 results each); default 100")
     ap.add_argument("--seed", type=int, default=123, help="drill seed (the training stream never uses it)")
-    ap.add_argument("--problems", type=int, default=100, help="held-out arith problems (test split, seed 0); default 100")
+    ap.add_argument("--problems", type=int, default=100,
+                    help="held-out arith problems (test split, seed 0); default 100")
     ap.add_argument("--threads", type=int, default=1)
     return ap.parse_args(argv)
 
@@ -75,10 +76,12 @@ def main(argv=None) -> None:
             err.print(f"error: {e}")
             raise SystemExit(e.exit_code) from None
         tok = tt.data.Tok(lm.path)
-        res[name] = {m: tt.evaluate.drill_fact_accuracy(lm.model, tok, items, mode) for m, (items, mode) in measures.items()}
+        res[name] = {m: tt.evaluate.drill_fact_accuracy(lm.model, tok, items, mode)
+                     for m, (items, mode) in measures.items()}
         secs[name] = round(time.perf_counter() - t0, 1)
     ops = ["+", "-", "*", "/", "all"]
-    table = Table(title=f"result digits right ({args.drills} drills seed {args.seed}; {args.problems} arith test problems)")
+    table = Table(title=f"result digits right ({args.drills} drills seed {args.seed}; "
+                        f"{args.problems} arith test problems)")
     table.add_column("model")
     table.add_column("measure")
     for op in ops:

@@ -94,16 +94,19 @@ def main() -> None:
     print(f"{'run':>4} | ecache s | import torch s")
     for i, (t, f) in enumerate(zip(times, floor)):
         print(f"{i + 1:>4} | {t:8.2f} | {f:13.2f}{'  (first: not in the median)' if i == 0 and len(times) > 1 else ''}")
-    print(f"median {med:.2f} s (target ≤ {TARGET_S} s: {'met' if med <= TARGET_S else 'NOT met'}); min {min(timed):.2f}, "
+    print(f"median {med:.2f} s (target ≤ {TARGET_S} s: {'met' if med <= TARGET_S else 'NOT met'}); "
+          f"min {min(timed):.2f}, "
           f"max {max(timed):.2f}; load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, "
           f"{os.cpu_count()} CPUs")
-    print(f"bare `python -c 'import torch'`: median {med_floor:.2f} s; ecache's overhead over it: median {overhead:.2f} s")
+    print(f"bare `python -c 'import torch'`: median {med_floor:.2f} s; "
+          f"ecache's overhead over it: median {overhead:.2f} s")
     print("imports (one -X importtime run, cumulative): "
           + ", ".join(f"{m} {s:.2f} s" for m, s in mods.items())
           + f"; transformers imported: {'yes' if 'transformers' in mods else 'no'}")
     print(json.dumps({"bench": "cold_start", "command": cmd[1:] if len(cmd) > 1 else cmd, "runs_s": times,
                       "median_s": med, "import_torch_runs_s": floor,
-                      "import_torch_median_s": med_floor, "overhead_median_s": overhead, "target_s": TARGET_S, "met": med <= TARGET_S, "answers": sorted(answers),
+                      "import_torch_median_s": med_floor, "overhead_median_s": overhead, "target_s": TARGET_S,
+                      "met": med <= TARGET_S, "answers": sorted(answers),
                       "imports_s": mods, "transformers_imported": "transformers" in mods,
                       "loadavg_before": load_before, "loadavg_after": load_after, "cpus": os.cpu_count()}))
 

@@ -94,7 +94,8 @@ def main(argv=None) -> int:
                     same = [g.token_ids == r.token_ids for g, r in zip(got, ref)]
                     fam["forced"][f"{policy}/{rule_name}/b{batch}"] = all(same)
                     if not all(same):
-                        failures.append(f"{family} {policy} {rule_name} batch {batch}: forced refresh differs from none")
+                        failures.append(f"{family} {policy} {rule_name} batch {batch}: "
+                                        "forced refresh differs from none")
                     if batch == 3 and rule_name == "schedule":
                         approx = decode(lm, PROMPTS[:batch], cfg, policy)
                         n = sum(len(r.token_ids) for r in ref)
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
                         fam["default_token_agreement"][policy] = agree / n
         print(f"{family}: partial-vs-full max |dlogit| {fam['partial_vs_full_max_abs_logit_diff']:.3g}; "
               f"forced refresh == none in {sum(fam['forced'].values())}/{len(fam['forced'])} runs; "
-              f"default-setting token agreement {json.dumps({k: round(v, 3) for k, v in fam['default_token_agreement'].items()})}")
+              "default-setting token agreement "
+              f"{json.dumps({k: round(v, 3) for k, v in fam['default_token_agreement'].items()})}")
     report["failures"] = failures
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -108,8 +108,8 @@ def main(argv=None) -> int:
                                    scale=args.scale, dtype=torch.bfloat16, **SIZES[args.size])
     lm = load_model(ckpt, device=args.device, dtype=args.dtype)
     n_params = sum(p.numel() for p in lm.model.parameters())
-    print(f"checkpoint {args.size}: {n_params / 1e9:.3f}B parameters, written and loaded in {time.perf_counter() - t0:.0f} s",
-          flush=True)
+    print(f"checkpoint {args.size}: {n_params / 1e9:.3f}B parameters, "
+          f"written and loaded in {time.perf_counter() - t0:.0f} s", flush=True)
     engine = Engine.from_loaded(lm)
     requests = [Request(prompt_text(args.prompt_len, i)) for i in range(args.prompts)]
     table_file = args.out / "gpu_speed_table.txt"
@@ -136,7 +136,8 @@ def main(argv=None) -> int:
             batch.setdefault(mode, {})[str(bs)] = {p: outside_forwards(s) for p, s in rep.summaries.items()}
     for c in (con, echo):
         c.print(batch_lines(batch))
-    doc = {"bench": "gpu_speed", "size": args.size, "params": n_params, "args": {k: str(v) for k, v in vars(args).items()},
+    doc = {"bench": "gpu_speed", "size": args.size, "params": n_params,
+           "args": {k: str(v) for k, v in vars(args).items()},
            "manifest": manifest(lm, None, 0), "modes": docs, "batch": batch, "total_s": time.perf_counter() - t0}
     (args.out / "gpu_speed.json").write_text(json_line(doc) + "\n")
     print(f"table: {table_file}; numbers: {args.out / 'gpu_speed.json'}; total {time.perf_counter() - t0:.0f} s")

@@ -75,8 +75,8 @@ def main(argv=None) -> None:
             texts: list[str] = [""] * len(prompts)
             for s in range(0, len(order), args.batch):
                 idx = order[s:s + args.batch]
-                res = engine.generate([prompts[i] for i in idx], cfg, policy=make_policy(args.policy), chat=lm.chat, seed=args.seed,
-                                      row_ids=idx)
+                res = engine.generate([prompts[i] for i in idx], cfg, policy=make_policy(args.policy), chat=lm.chat,
+                                      seed=args.seed, row_ids=idx)
                 for i, r in zip(idx, res):
                     texts[i] = r.text
                 err.print(f"  {d} {shots}-shot: {min(s + args.batch, len(order))}/{len(order)}", end="\r")
@@ -137,7 +137,8 @@ def length_agreement(engine, lm, args, answers, domains, lengths, cfg) -> dict[i
             prompts, ref = (x[:args.length_limit] for x in answers[key])
             got: list[str] = []
             for s in range(0, len(prompts), args.batch):
-                res = engine.generate(prompts[s:s + args.batch], c, policy=make_policy(args.policy), chat=lm.chat, seed=args.seed)
+                res = engine.generate(prompts[s:s + args.batch], c, policy=make_policy(args.policy), chat=lm.chat,
+                                      seed=args.seed)
                 got += [r.text for r in res]
             same = sum(a == b for a, b in zip(got, ref))
             row[d] = same / max(1, len(ref))

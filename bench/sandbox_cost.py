@@ -2,8 +2,9 @@
 
 Every configuration runs the same small program (a function and three asserts, the shape of an MBPP
 item) ``--runs`` times, interleaved (each round runs every configuration once, in a new random order),
-so machine load hits them alike. Configurations: ``before`` (the guard with the previous ``Popen.wait(timeout)``, which polls
-with sleeps growing to 50 ms), ``guard`` (no kernel layer: the in-process guard and limits), each
+so machine load hits them alike. Configurations: ``before`` (the guard with the previous
+``Popen.wait(timeout)``, which polls with sleeps growing to 50 ms), ``guard`` (no kernel layer: the
+in-process guard and limits), each
 kernel layer alone, Landlock + seccomp (a machine without namespaces), and all three (what ``auto``
 and ``strict`` run here). The extra cost of a configuration is the median of its per-round
 differences to ``guard``. Target: the full isolation adds ≤ 50 ms a program.

@@ -130,10 +130,12 @@ def _vs_dual(wl: str, mode: str, e: dict, d: dict) -> dict:
     return dict(workload=wl, target=f"entropy vs dual ({mode}): faster at >= fidelity",
                 want="> 1x tok/s and latency, agree >= dual", got=x,
                 ok=x > 1 and lat > 1 and fe is not None and fd is not None and fe >= fd,
-                note=f"latency ratio {lat:.2f}x; token agreement with none: entropy {100 * fe:.1f}% vs dual {100 * fd:.1f}%")
+                note=f"latency ratio {lat:.2f}x; token agreement with none: "
+                     f"entropy {100 * fe:.1f}% vs dual {100 * fd:.1f}%")
 
 
-BATCH_TARGET = 0.9  # entropy's speedup over none at batch 8 >= 90 % of its speedup at batch 1 (BENCHMARKS.md, Batch sizes)
+# entropy's speedup over none at batch 8 >= 90 % of its speedup at batch 1 (BENCHMARKS.md, Batch sizes)
+BATCH_TARGET = 0.9
 BATCH_COLUMNS = [("tok/s", "tokens_per_s", "{:.1f}"), ("speedup vs none", "speedup_vs_none", "{:.2f}x"),
                  ("latency mean ms", "mean_ms", "{:.0f}"), ("p95 ms", "p95_ms", "{:.0f}"),
                  ("full/req", "full_forwards_per_request", "{:.1f}"), ("work % of none", "work_share_vs_none", "pct"),
@@ -164,7 +166,8 @@ def batch_summary(by_batch: dict) -> dict:
     """JSON: {"workload/mode": {batch size: {policy: {tokens_per_s, speedup_vs_none, mean_ms, ...}}}}."""
     out: dict = {}
     for (wl, mode, bs), summ in sorted(by_batch.items()):
-        out.setdefault(f"{wl}/{mode}", {})[str(bs)] = {p: {k: s.get(k) for _, k, _ in BATCH_COLUMNS} for p, s in summ.items()}
+        out.setdefault(f"{wl}/{mode}", {})[str(bs)] = {p: {k: s.get(k) for _, k, _ in BATCH_COLUMNS}
+                                                       for p, s in summ.items()}
     return out
 
 
@@ -231,7 +234,8 @@ def markdown(doc: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="tiny", help="tiny (embedded), random-tiny (random weights, same shape) or a directory")
+    ap.add_argument("--model", default="tiny",
+                    help="tiny (embedded), random-tiny (random weights, same shape) or a directory")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=None, help="torch threads [default: OMP_NUM_THREADS or torch's]")
@@ -292,7 +296,8 @@ def main(argv=None) -> int:
                                               args.min_prompt, args.max_prompt, args.seed, chat, fixed_shots=args.shots)
     workloads = {k: v for k, v in workloads.items() if v}
     lengths = {k: [len(x) for x in engine.encode([r.prompt for r in v], chat)] for k, v in workloads.items()}
-    log.print(f"model {model_label} · {lm.device} {lm.dtype} · threads {torch.get_num_threads()} · prompt tokens {lengths}")
+    log.print(f"model {model_label} · {lm.device} {lm.dtype} · threads {torch.get_num_threads()} · "
+              f"prompt tokens {lengths}")
 
     policies = args.policies.split(",")
     results, docs = {}, {}

@@ -81,7 +81,8 @@ def main(argv=None) -> None:
     batches = []
     for i in range(args.batches):
         items = stream.next()
-        batches.append((*data.make_batch(items, tok, cfg, torch.Generator().manual_seed(i)), max(it.canvas for it in items)))
+        batches.append((*data.make_batch(items, tok, cfg, torch.Generator().manual_seed(i)),
+                        max(it.canvas for it in items)))
     base = loop.build_model(loop.model_config(cfg, tok), cfg.seed)
     base.load_state_dict(weights)
     variants = {"full logits": full_logits_loss, "answer region (batch_loss)": loop.batch_loss}

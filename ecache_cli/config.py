@@ -199,7 +199,8 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
             if k not in allowed:
                 whose = ""
                 if section == "cache" and k in CACHE_KEYS.union(*(policy_params(n) for n in POLICIES)):
-                    whose = f" of policy {policy} (cache.policy{'' if 'policy' in data['cache'] else ' unset: entropy'})"
+                    whose = (f" of policy {policy} "
+                             f"(cache.policy{'' if 'policy' in data['cache'] else ' unset: entropy'})")
                 raise ConfigError(f"{path}: unknown key {section}.{k}{whose}; allowed: {', '.join(sorted(allowed))}")
     if not (data.get("decode") or data.get("cache") or "sandbox" in data):
         raise ConfigError(f"{path}: the profile holds no settings; write them under decode: and cache: (e.g. "
@@ -255,7 +256,7 @@ def write_profile(path: Path, data: dict, overwrite_same: bool = True) -> None:
             old = {}
         old = old if isinstance(old, dict) else {}
         if old.get("model") != data.get("model") or old.get("task") != data.get("task") or not overwrite_same:
-            raise ConfigError(f"{path} already holds a profile for model {old.get('model')!r} task {old.get('task')!r}; "
-                              "move it away or choose another --out")
+            raise ConfigError(f"{path} already holds a profile for model {old.get('model')!r} "
+                              f"task {old.get('task')!r}; move it away or choose another --out")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({k: v for k, v in data.items() if not k.startswith("_")}, sort_keys=False))

@@ -86,7 +86,8 @@ class DistEnv:
         try:
             torch.distributed.all_gather_object(out, obj)
         except (RuntimeError, ConnectionError) as e:  # a dead peer: gloo "connection closed", NCCL timeout
-            raise EcacheError(f"rank {self.rank}: lost the other ranks while gathering {what} ({str(e).splitlines()[0]}); "
+            raise EcacheError(f"rank {self.rank}: lost the other ranks while gathering {what} "
+                              f"({str(e).splitlines()[0]}); "
                               "the launcher's log names the rank that failed; rerun with --resume to finish") from None
         return out
 
@@ -129,10 +130,12 @@ def from_environment(environ=None) -> DistEnv:
         rank = int(env.get("RANK", "0"))
         local = int(env.get("LOCAL_RANK", str(rank)))
     except ValueError:
-        raise UsageError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} RANK={env.get('RANK')!r} LOCAL_RANK={env.get('LOCAL_RANK')!r}: "
+        raise UsageError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} RANK={env.get('RANK')!r} "
+                         f"LOCAL_RANK={env.get('LOCAL_RANK')!r}: "
                          "launcher variables must be integers (start with torchrun or accelerate launch)") from None
     if world < 1 or not 0 <= rank < world:
-        raise UsageError(f"RANK={rank} is outside WORLD_SIZE={world}; start the processes with torchrun or accelerate launch")
+        raise UsageError(f"RANK={rank} is outside WORLD_SIZE={world}; "
+                         "start the processes with torchrun or accelerate launch")
     return DistEnv(rank=rank, world_size=world, local_rank=local)
 
 

@@ -26,7 +26,8 @@ def terminal_width() -> int:
 
 
 def _names(param, ctx) -> str:
-    """``--model, -m <str>`` / ``--[no-]chat`` / ``--ban-eos/--allow-eos`` / ``PROMPTS...``: how the option is written."""
+    """``--model, -m <str>`` / ``--[no-]chat`` / ``--ban-eos/--allow-eos`` / ``PROMPTS...``: how the option
+    is written."""
     if param.param_type_name == "argument":
         return f"{param.name.upper()}{'...' if param.nargs != 1 else ''}"
     longs = [o for o in param.opts if o.startswith("--")] + [o for o in param.opts if not o.startswith("--")]
@@ -206,8 +207,9 @@ less -S); --json keeps every number. Results go to stdout, progress, warnings an
 a closed stdout (ecache profile ... | head -1) ends quietly with exit 0.
 
 Output files (--json, --jsonl, --plot, calibrate's --run-file, which also guards its profile) are
-checked before the model loads and locked while a command writes them: a second ecache process given the same file fails at once
-(exit 1), naming the other process, instead of interleaving its lines.
+checked before the model loads and locked while a command writes them: a second ecache process
+given the same file fails at once (exit 1), naming the other process, instead of interleaving its
+lines.
 
 Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage
 error (bad flag, value or profile), 130 interrupted (Ctrl-C)."""),

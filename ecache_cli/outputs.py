@@ -68,7 +68,8 @@ def check_file(path, flag: str, announce: bool = True, lock: bool = True) -> Pat
         return path
     p = Path(path).expanduser()
     if p.is_dir():
-        raise UsageError(f"{flag} {path} is a folder; give a file name (e.g. {p / EXAMPLE_NAMES.get(flag, 'out.json')})")
+        raise UsageError(f"{flag} {path} is a folder; "
+                         f"give a file name (e.g. {p / EXAMPLE_NAMES.get(flag, 'out.json')})")
     _make_folder(p.parent, flag, path, announce)
     if p.exists():
         if not os.access(p, os.W_OK):

@@ -5,8 +5,8 @@ rank and the model (:func:`load_for_command`).
 model loads. When it is not given, the embedded model gets :data:`DEFAULT_THREADS`: measured with
 ``bench/threads.py`` (BENCHMARKS.md, "Threads"), one thread decodes the 1.2M-parameter model 19×
 faster than two on the 2-core machine while one other process keeps a core busy, 24× with more load
-(OpenMP threads wait for each other at every small operator; no idle-machine measurement yet). Other models keep torch's own default
-(one thread per core), which suits their larger matrices.
+(OpenMP threads wait for each other at every small operator; no idle-machine measurement yet). Other
+models keep torch's own default (one thread per core), which suits their larger matrices.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ FLAG_HELP = {
     "drill_op_weights": "training frequency of the drills' operations * + - /",
     "drill_div_max": "largest quotient of the drills' divisions; above 20 half of them have a 21-N quotient",
     "result_cut_frac": "fraction of the arith solutions and drills without a block or prefix mask that are masked "
-                       "from the first digit of a random computed result on (its operands clean, its digit count to predict)",
+                       "from the first digit of a random computed result on "
+                       "(its operands clean, its digit count to predict)",
     "loss_norm": "masked: each example's CE over its masked tokens divided by their number; "
                  "t: divided by t * canvas (LLaDA eq. 5)",
     "adapt_by": "the curriculum's target share per domain: examples or tokens",
@@ -77,7 +78,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, TrainConfig, set[str]]:
     ap.add_argument("--init-from", type=Path, default=None,
                     help="new run only: start from the weights of an exported model directory")
     ap.add_argument("--minutes", type=float, default=0.0, help="stop after this much training wall time (0: --steps)")
-    ap.add_argument("--max-new-steps", type=int, default=0, help="stop after this many steps in this call (0: no limit)")
+    ap.add_argument("--max-new-steps", type=int, default=0,
+                    help="stop after this many steps in this call (0: no limit)")
     ap.add_argument("--export", action="store_true", help="write the (EMA) model to --out when training stops")
     ap.add_argument("--export-only", action="store_true", help="export the state's (EMA) model to --out, no training")
     ap.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")

@@ -126,7 +126,8 @@ def code_tokens(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
                 docstrings.add(first.lineno)
     out = []
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):

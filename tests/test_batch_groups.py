@@ -64,7 +64,8 @@ def test_mixed_batch_gives_each_row_its_own_tokens(lm, policy):
             assert batch[i].stats[k] == alone.stats[k], (policy, p, k)
         pad = P - len(alone.prompt_ids)  # a full forward in the batch also computes the row's left padding
         if policy != "elastic":  # (elastic's layer-selective rows also compute their padding from the start layer)
-            assert batch[i].stats["tokens_planned"] - pad * alone.stats["full_forwards"] == alone.stats["tokens_planned"]
+            assert (batch[i].stats["tokens_planned"] - pad * alone.stats["full_forwards"]
+                    == alone.stats["tokens_planned"])
 
 
 def counting(lm):

@@ -32,8 +32,9 @@ from ecache_cli.tasks import get_task
 
 def pt(tau, score, speedup, fidelity=1.0):
     """A sweep point with the fields the choice rule reads (the rest fixed)."""
-    return Point(tau=tau, n=50, score=score, fidelity=fidelity, identical=fidelity, speedup=speedup, speedup_wall=speedup,
-                 tokens_per_s=10.0 * speedup, refresh_rate=0.5, nfe=32.0, cost=int(1000 / speedup), wall_s=1.0)
+    return Point(tau=tau, n=50, score=score, fidelity=fidelity, identical=fidelity, speedup=speedup,
+                 speedup_wall=speedup, tokens_per_s=10.0 * speedup, refresh_rate=0.5, nfe=32.0,
+                 cost=int(1000 / speedup), wall_s=1.0)
 
 
 BASE = pt(None, 0.80, 1.0)
@@ -123,14 +124,16 @@ def test_refine_bisects_between_the_choice_and_the_next_tau():
 
 
 def rec(index, ids, answer_len, score, cost, nfe=4, full=4, wall=1.0):
-    return {"index": index, "token_ids": ids, "answer_len": answer_len, "score": score, "nfe": nfe, "full_forwards": full,
-            "partial_forwards": nfe - full, "cost": cost, "generated_tokens": answer_len + 1, "wall_s": wall}
+    return {"index": index, "token_ids": ids, "answer_len": answer_len, "score": score, "nfe": nfe,
+            "full_forwards": full, "partial_forwards": nfe - full, "cost": cost, "generated_tokens": answer_len + 1,
+            "wall_s": wall}
 
 
 def test_aggregate_against_none():
     E = 9  # end marker / filler
     base = [rec(0, [1, 2, 3, E, E, E], 3, 1.0, 600), rec(1, [4, 5, E, E, E, E], 2, 0.0, 600)]
-    got = [rec(0, [1, 2, 3, E, E, E], 3, 1.0, 200, full=1, wall=0.5), rec(1, [4, 6, 7, E, E, E], 3, 1.0, 100, full=2, wall=0.5)]
+    got = [rec(0, [1, 2, 3, E, E, E], 3, 1.0, 200, full=1, wall=0.5),
+           rec(1, [4, 6, 7, E, E, E], 3, 1.0, 100, full=2, wall=0.5)]
     p = aggregate(0.5, got, base)
     assert p.identical == 0.5
     assert p.fidelity == pytest.approx((4 + 2) / (4 + 4))  # pair 2 compares 4 positions, 2 agree
@@ -294,8 +297,9 @@ def test_calibrate_writes_a_profile_that_generate_uses(cli, llada_dir, profiles_
 
 
 def test_dry_run_writes_nothing(cli, llada_dir, profiles_dir, tmp_path):
-    res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity", "--max-drop", 100,
-              "--grid", 2, "--refine", 0, *SMALL, "--dry-run", "--json", tmp_path / "c.json", "--plot", tmp_path / "f.png")
+    res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
+              "--max-drop", 100, "--grid", 2, "--refine", 0, *SMALL, "--dry-run",
+              "--json", tmp_path / "c.json", "--plot", tmp_path / "f.png")
     assert res.exit_code == 0, res.stderr
     assert "dry run: no profile written" in res.stdout
     assert list(profiles_dir.rglob("*")) == [] and list(tmp_path.glob("c.json")) == list(tmp_path.glob("f.png")) == []
@@ -320,7 +324,8 @@ def test_code_tasks_need_consent_and_missing_data_is_one_line(cli, tmp_path):
     assert res.exit_code == 2 and "--allow-code-execution" in res.stderr  # before the model is looked up
     res = cli("calibrate", "--model", tmp_path / "no-such-model", "--task", "gsm8k", "--data", tmp_path / "none.jsonl")
     assert res.exit_code == 1
-    assert res.stderr.strip().count("\n") == 0 and "gsm8k data not found at" in res.stderr and "--data PATH" in res.stderr
+    assert res.stderr.strip().count("\n") == 0
+    assert "gsm8k data not found at" in res.stderr and "--data PATH" in res.stderr
 
 
 MBPP = [  # hand-written records in the MBPP format (task_id, text, code, test_list, test_setup_code)
@@ -329,8 +334,10 @@ MBPP = [  # hand-written records in the MBPP format (task_id, text, code, test_l
     {"task_id": 12, "text": "Write a function to double a number.", "code": "def double(x):\r\n  return 2 * x",
      "test_list": ["assert double(2) == 4", "assert double(0) == 0", "assert double(-3) == -6"], "test_setup_code": ""},
     {"task_id": 13, "text": "Write a function to reverse a string.", "code": "def rev(s):\r\n  return s[::-1]",
-     "test_list": ["assert rev('ab') == 'ba'", "assert rev('') == ''", "assert rev('x') == 'x'"], "test_setup_code": ""},
-    {"task_id": 14, "text": "Write a function to find the maximum of a list.", "code": "def biggest(xs):\r\n  return max(xs)",
+     "test_list": ["assert rev('ab') == 'ba'", "assert rev('') == ''", "assert rev('x') == 'x'"],
+     "test_setup_code": ""},
+    {"task_id": 14, "text": "Write a function to find the maximum of a list.",
+     "code": "def biggest(xs):\r\n  return max(xs)",
      "test_list": ["assert biggest([1, 3, 2]) == 3", "assert biggest([5]) == 5", "assert biggest([-1, -2]) == -1"],
      "test_setup_code": ""},
     {"task_id": 15, "text": "Write a function to count the vowels in a string.",

@@ -561,11 +561,13 @@ def test_ecache_lm_eval_without_lm_eval_names_the_extra(monkeypatch, capsys):
         entry.main()
     assert exc.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: lm-evaluation-harness is not installed") and "ecache[eval]" in lines[0]
+    assert len(lines) == 1
+    assert lines[0].startswith("error: lm-evaluation-harness is not installed") and "ecache[eval]" in lines[0]
 
 
 def test_a_canvas_past_the_model_positions_says_how_far_to_cut(cli, llada_dir):
-    res = cli("generate", "abc", "--model", llada_dir, "--gen-length", "8192", "--block-length", "32", "--no-chat", "-q")
+    res = cli("generate", "abc", "--model", llada_dir, "--gen-length", "8192", "--block-length", "32",
+              "--no-chat", "-q")
     one_line_error(res, 2, "--gen-length 8192 exceeds the model's", "lower --gen-length to at most")
     limit = int(res.stderr.split("at most ")[1].split()[0])
     ok = cli("generate", "abc", "--model", llada_dir, "--gen-length", str(limit - limit % 32), "--block-length", "32",

@@ -129,7 +129,8 @@ def test_profile_unknown_key_exits_2(cli, llada_dir, tmp_path):
     one_line_error(cli("generate", "hi", "--model", llada_dir, "--profile", p, "-q"), 2, "decode.gen_lenght")
     p.write_text(yaml.safe_dump({"cache": {"policy": "dual"}, "speed": 3}))
     one_line_error(cli("generate", "hi", "--model", llada_dir, "--profile", p, "-q"), 2, "'speed'")
-    one_line_error(cli("generate", "hi", "--model", llada_dir, "--profile", tmp_path / "gone.yaml", "-q"), 2, "gone.yaml")
+    one_line_error(cli("generate", "hi", "--model", llada_dir, "--profile", tmp_path / "gone.yaml", "-q"),
+                   2, "gone.yaml")
 
 
 def test_profile_values_are_used_and_flags_override(cli, llada_dir, tmp_path):

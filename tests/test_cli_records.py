@@ -35,7 +35,8 @@ def test_seed_gives_the_same_samples_at_every_batch_size(cli, llada_dir, policy)
     b1 = [(r["index"], r["token_ids"]) for r in records(cli(*args, "-b", "1"))]
     b4 = [(r["index"], r["token_ids"]) for r in records(cli(*args, "-b", "4"))]
     assert b1 == b4 and [i for i, _ in b1] == [0, 1, 2, 3, 4]
-    other = [(r["index"], r["token_ids"]) for r in records(cli(*args[:-3], "--seed", "8", "--cache", policy, "--jsonl"))]
+    other = [(r["index"], r["token_ids"])
+             for r in records(cli(*args[:-3], "--seed", "8", "--cache", policy, "--jsonl"))]
     assert other != b1  # the seed is used
 
 
@@ -117,9 +118,10 @@ def test_bad_record_on_stdin_names_stdin_and_line(profiles_dir, llada_dir):
     res = CliRunner().invoke(app, ["generate", "--model", str(llada_dir), *SMALL, "--input", "-"],
                              input='{"prompt": "a"}\n{"prompt": "a", "messages": []}\n')
     assert res.exit_code == 2
-    assert res.stderr.strip() == ("error: --input -: 1 of 2 record(s) invalid, nothing decoded: stdin:2: the record has "
-                                  "'prompt' and 'messages'; give one of prompt, messages, prompt_ids; fix them, or pass "
-                                  "--skip-invalid to decode the others (each invalid line gets an error record)")
+    assert res.stderr.strip() == (
+        "error: --input -: 1 of 2 record(s) invalid, nothing decoded: stdin:2: the record has "
+        "'prompt' and 'messages'; give one of prompt, messages, prompt_ids; fix them, or pass "
+        "--skip-invalid to decode the others (each invalid line gets an error record)")
     assert res.stdout == ""
 
 

@@ -84,7 +84,8 @@ def ecache(args: list[str], tmp_path, nproc: int = 1) -> subprocess.CompletedPro
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ECACHE_PROFILES": str(tmp_path / "profiles")}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     launch = [sys.executable, "-m", "ecache_cli"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "ecache_cli"]
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+        "-m", "ecache_cli"]
     return subprocess.run(launch + args, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
 
 
@@ -160,7 +161,8 @@ def test_torchrun_lm_eval_gathers_the_answers_of_one_process(tmp_path):
     args = ["-m", "lm_eval", "--model", "ecache", "--model_args", "model=tiny,mc_num=8,mc_batch_size=8",
             "--tasks", "ecache_list,ecache_list_mc", "--include_path", str(tasks), "--log_samples"]
     outs = {}
-    for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])):
+    for name, launch in (("one", []),
+                         ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])):
         cmd = [sys.executable, *launch, *(args if not launch else args[1:]), "--output_path", str(tmp_path / name)]
         if launch:
             cmd.insert(cmd.index("--nproc_per_node") + 2, "-m")  # torchrun ... -m lm_eval

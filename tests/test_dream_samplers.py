@@ -337,7 +337,8 @@ def test_compat_fastdllm_matches_block_sampler(dream_lm, batch, cache, threshold
 def test_compat_and_schedule_errors(llada_lm, dream_lm):
     def start(lm, **kw):
         eng = Engine.from_loaded(lm)
-        eng.start(eng.encode(["abc"], chat=False), DecodeConfig(gen_length=16, block_length=8, **kw), make_policy("none"))
+        eng.start(eng.encode(["abc"], chat=False), DecodeConfig(gen_length=16, block_length=8, **kw),
+                  make_policy("none"))
 
     cases = [
         (llada_lm, dict(compat="fastdllm"), "Dream block sampler"),

@@ -94,7 +94,8 @@ def test_cached_generation_keeps_the_correct_answers(tiny, domain):
     """EntropyCache at the default τ (1 nat, not recalibrated for these weights) on the same problems:
     at least 75% of the answers stay correct (step 274203: list 21/24, code and arith all)."""
     task, examples = _solved(domain)
-    res = Engine.from_loaded(tiny).generate([task.prompt(ex, 0, 0) for ex in examples], CFG, policy=make_policy("entropy"))
+    res = Engine.from_loaded(tiny).generate([task.prompt(ex, 0, 0) for ex in examples], CFG,
+                                            policy=make_policy("entropy"))
     assert sum(task.score(ex, r.text) for ex, r in zip(examples, res)) >= 0.75 * len(examples)
 
 

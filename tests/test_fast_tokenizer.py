@@ -45,7 +45,8 @@ def test_same_ids_texts_and_templates_as_transformers(which, llada_dir, dream_di
         for gen in (False, True):
             want = ref.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen)
             assert fast.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen) == want
-            assert fast.apply_chat_template(chat, add_generation_prompt=gen) == ref(want, add_special_tokens=False)["input_ids"]
+            assert (fast.apply_chat_template(chat, add_generation_prompt=gen)
+                    == ref(want, add_special_tokens=False)["input_ids"])
     specials = ["<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>", "<|mask|>", "<|im_end|>"]
     for t in specials:
         if t in ref.get_vocab():

@@ -132,7 +132,8 @@ def test_ctrl_c_with_output_names_resume_and_the_file_keeps_finished_records(cli
     out = tmp_path / "out.jsonl"
     res = cli("generate", *PROMPTS, "--model", llada_dir, *SMALL, "-q", "--output", out)
     assert res.exit_code == 130
-    assert f"error: interrupted; --output {out} keeps every record written so far" in res.stderr and "--resume" in res.stderr
+    assert f"error: interrupted; --output {out} keeps every record written so far" in res.stderr
+    assert "--resume" in res.stderr
     assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1]
 
 
@@ -156,7 +157,8 @@ def test_resume_decodes_a_line_fixed_since_and_keeps_input_order(cli, llada_dir,
     f = tmp_path / "in.jsonl"
     write_jsonl(f, [{"prompt": "abc"}, "{broken", {"prompt": "Sort: 5 2"}])
     out = tmp_path / "out.jsonl"
-    assert cli("generate", "--model", llada_dir, *SMALL, "-q", "--input", f, "--output", out, "--skip-invalid").exit_code == 0
+    assert cli("generate", "--model", llada_dir, *SMALL, "-q", "--input", f, "--output", out,
+               "--skip-invalid").exit_code == 0
     assert "error" in json.loads(out.read_text().splitlines()[1])
     write_jsonl(f, [{"prompt": "abc"}, {"prompt": "x=1"}, {"prompt": "Sort: 5 2"}])
     res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--output", out, "--resume")
@@ -173,7 +175,8 @@ def test_progress_lines_on_a_non_terminal_stderr(cli, llada_dir, monkeypatch):
     lines = res.stderr.splitlines()
     assert lines[0].startswith("using model ")
     assert any(ln.startswith("generate: 1/3 records (33%), ") and "records/" in ln and ", ETA " in ln for ln in lines)
-    assert any(ln.startswith("generate: 0/3 records (0%)") and "now prompts 1-1 · block 1/2 · step 1" in ln for ln in lines)
+    assert any(ln.startswith("generate: 0/3 records (0%)") and "now prompts 1-1 · block 1/2 · step 1" in ln
+               for ln in lines)
     quiet = cli("generate", *PROMPTS[:3], "--model", llada_dir, *SMALL, "--cache", "none", "-q")
     assert not any(ln.startswith("generate: ") for ln in quiet.stderr.splitlines())
     monkeypatch.setenv("ECACHE_PROGRESS_INTERVAL", "3600")  # the default steady interval: no line in a short run

@@ -199,9 +199,11 @@ def test_lm_eval_command_line_prints_ecache_errors_on_one_line(tmp_path):
 @pytest.mark.parametrize("flag, found", [("1", True), ("0", False)])
 def test_the_startup_hook_registers_ecache_unless_turned_off(tmp_path, flag, found):
     code = ("from lm_eval.api.registry import get_model\n"
-            "try:\n    print(get_model('ecache').__name__)\nexcept ValueError as e:\n    print('missing', 'hf' in str(e))")
+            "try:\n    print(get_model('ecache').__name__)\n"
+            "except ValueError as e:\n    print('missing', 'hf' in str(e))")
     env = {**os.environ, "ECACHE_LM_EVAL_HOOK": flag}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     # off: lm-eval's own models are still there, only ecache is not
     assert res.stdout.split() == (["EcacheLM"] if found else ["missing", "True"])

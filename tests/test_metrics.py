@@ -21,9 +21,9 @@ from ecache_cli.metrics.throughput import (
 
 
 def row(prompt, gen, latency, nfe=8, full=8, partial=0, computed=800, canvas=100, ids=(), answer=(), repeat=0):
-    return RowMeasure(prompt=prompt, repeat=repeat, generated_tokens=gen, latency_s=latency, nfe=nfe, full_forwards=full,
-                      partial_forwards=partial, tokens_computed=computed, canvas=canvas, token_ids=list(ids),
-                      answer_ids=list(answer))
+    return RowMeasure(prompt=prompt, repeat=repeat, generated_tokens=gen, latency_s=latency, nfe=nfe,
+                      full_forwards=full, partial_forwards=partial, tokens_computed=computed, canvas=canvas,
+                      token_ids=list(ids), answer_ids=list(answer))
 
 
 def run(policy, rows, wall, forward=0.0, decision=0.0, sampling=0.0, steps=8, peak=None):
@@ -51,7 +51,8 @@ def test_latency_ms_converts_seconds():
 
 def test_tokens_per_s_counts_generated_tokens_only():
     # two requests with long canvases (prompt + gen = 1000 positions): only generated tokens count
-    runs = [run("none", [row(0, 40, 1.0, canvas=1000)], wall=1.0), run("none", [row(1, 20, 2.0, canvas=1000)], wall=2.0)]
+    runs = [run("none", [row(0, 40, 1.0, canvas=1000)], wall=1.0),
+            run("none", [row(1, 20, 2.0, canvas=1000)], wall=2.0)]
     s = summarize(runs)
     assert s["generated_tokens"] == 60
     assert s["tokens_per_s"] == pytest.approx(60 / 3.0)

@@ -194,7 +194,8 @@ def test_logit_shift_sources(family, tmp_path):
 
     model.forward = spy
     eng = Engine.from_loaded(lm)
-    run = eng.start([[10, 11, 12]], DecodeConfig(gen_length=8, block_length=8, steps=8, early_exit=False), make_policy("none"))
+    run = eng.start([[10, 11, 12]], DecodeConfig(gen_length=8, block_length=8, steps=8, early_exit=False),
+                    make_policy("none"))
     next(iter(run))
     tokens, logits_pos = seen[0]
     targets = (tokens[0] == lm.spec.mask_id).nonzero().squeeze(1)

@@ -350,7 +350,8 @@ def _elastic_record(state, pos, rows_per_layer):
     zeros = torch.zeros(B, dtype=torch.long)
     return StepRecord(step=state.step, block=zeros, step_in_block=zeros, rows=torch.arange(B), planned=zeros,
                       refresh=torch.zeros(B, dtype=torch.bool), computed=torch.zeros(B, dtype=torch.long),
-                      query_width=0, targets=torch.zeros(B, 1, dtype=torch.long), valid=torch.ones(B, 1, dtype=torch.bool),
+                      query_width=0, targets=torch.zeros(B, 1, dtype=torch.long),
+                      valid=torch.ones(B, 1, dtype=torch.bool),
                       committed=torch.zeros(B, 1, dtype=torch.bool), x0=torch.zeros(B, 1, dtype=torch.long),
                       prob=torch.ones(B, 1, dtype=torch.float64), entropy=torch.zeros(B, 1, dtype=torch.float64),
                       outputs={"attention": (pos, rows_per_layer)})

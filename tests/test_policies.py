@@ -217,7 +217,8 @@ def test_fastdllm_windows():
         assert make_policy("dual").plan(state).refresh.all()
 
 
-@pytest.mark.parametrize("policy,params", [(p, {}) for p in sorted(POLICIES)] + [("entropy", {"tau": 1.0, "recent_k": 2})])
+@pytest.mark.parametrize("policy,params",
+                         [(p, {}) for p in sorted(POLICIES)] + [("entropy", {"tau": 1.0, "recent_k": 2})])
 def test_plans_cover_the_logit_sources(lm, policy, params):
     """Every plan computes, for rows that do not refresh, each masked target of the block and (Dream) the
     position i−1 whose hidden state predicts it."""

@@ -197,9 +197,10 @@ def test_forward_breakdown_splits_matrix_other_and_python(tmp_path):
     def ev(name, ts, dur, cat="cpu_op"):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
 
-    events = [ev("ecache.forward.partial", 0, 100, "user_annotation"), ev("aten::linear", 10, 30), ev("aten::mm", 12, 26),
-              ev("aten::mul", 50, 10), ev("aten::add", 200, 5),  # outside the range
-              ev("ecache.forward.partial", 300, 50, "user_annotation"), ev("aten::scaled_dot_product_attention", 310, 20)]
+    events = [ev("ecache.forward.partial", 0, 100, "user_annotation"), ev("aten::linear", 10, 30),
+              ev("aten::mm", 12, 26), ev("aten::mul", 50, 10), ev("aten::add", 200, 5),  # outside the range
+              ev("ecache.forward.partial", 300, 50, "user_annotation"),
+              ev("aten::scaled_dot_product_attention", 310, 20)]
     f = tmp_path / "t.json"
     f.write_text(json.dumps({"traceEvents": events}))
     got = forward_breakdown(f)["partial"]

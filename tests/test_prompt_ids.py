@@ -82,7 +82,8 @@ def test_schedule_and_compat_flags(cli, llada_dir, llada_lm, dream_dir, dream_lm
     assert records(res)[0]["settings"]["decode"]["schedule"] == "dream"
     res = cli("generate", "abc", "--model", dream_dir, *SMALL, "--no-chat", "--compat", "fastdllm", "--cache", "dual")
     assert res.exit_code == 0, res.stderr
-    one_line_error(cli("generate", "abc", "--model", llada_dir, *SMALL, "--compat", "fastdllm"), 2, "Dream block sampler")
+    one_line_error(cli("generate", "abc", "--model", llada_dir, *SMALL, "--compat", "fastdllm"),
+                   2, "Dream block sampler")
     one_line_error(cli("generate", "abc", "--model", llada_dir, *SMALL, "--schedule", "cosine"), 2, "'cosine'")
     one_line_error(cli("generate", "abc", "--model", llada_dir, *SMALL, "--compat", "x"), 2, "'x'", "fastdllm")
 

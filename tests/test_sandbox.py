@@ -183,7 +183,8 @@ def test_everyday_programs_run_in_every_mode():
            "with tempfile.NamedTemporaryFile('w') as f:\n    f.write('x')\n"
            "open('a', 'w').write('1')\nos.rename('a', 'b')\nos.remove('b')\n"
            "a, b = socket.socketpair()\na.sendall(b'x')\nassert b.recv(1) == b'x'\n"
-           "loop = asyncio.new_event_loop()\nprint(loop.run_until_complete(asyncio.sleep(0, result=5)), sorted(os.listdir('.')))\n"
+           "loop = asyncio.new_event_loop()\n"
+           "print(loop.run_until_complete(asyncio.sleep(0, result=5)), sorted(os.listdir('.')))\n"
            "loop.close()\n")
     threads = ("import threading\nts = [threading.Thread(target=print, args=(i,)) for i in range(4)]\n"
                "[t.start() for t in ts]\n[t.join() for t in ts]\n")

@@ -62,39 +62,47 @@ ATTEMPTS = [
     Attempt("write: _io.open", "import _io\n_io.open('$OUT/a', 'w').write('x')"),
     Attempt("write: FileIO class of stdout", "import sys\ntype(sys.stdout.buffer.raw)('$OUT/a', 'w').write(b'x')"),
     Attempt("write: os.open", "import os\nos.write(os.open('$OUT/a', os.O_WRONLY | os.O_CREAT), b'x')"),
-    Attempt("write: posix.open", "import posix\nposix.write(posix.open('$OUT/a', posix.O_WRONLY | posix.O_CREAT), b'x')"),
+    Attempt("write: posix.open",
+            "import posix\nposix.write(posix.open('$OUT/a', posix.O_WRONLY | posix.O_CREAT), b'x')"),
     Attempt("write: pathlib", "import pathlib\npathlib.Path('$OUT/a').write_text('x')"),
     Attempt("write: shutil", "import shutil\nshutil.copyfile('program.py', '$OUT/a')"),
-    Attempt("write: tempfile with an absolute dir", "import tempfile\ntempfile.NamedTemporaryFile(dir='$OUT', delete=False)"),
-    Attempt("write: ctypes open", CTYPES + "fd = libc.open(b'$OUT/a', 0o101, 0o644)\nassert fd >= 0, ctypes.get_errno()\n"
+    Attempt("write: tempfile with an absolute dir",
+            "import tempfile\ntempfile.NamedTemporaryFile(dir='$OUT', delete=False)"),
+    Attempt("write: ctypes open", CTYPES + "fd = libc.open(b'$OUT/a', 0o101, 0o644)\n"
+            "assert fd >= 0, ctypes.get_errno()\n"
             "libc.write(fd, b'x', 1)\nprint('GOT a file descriptor on an outside file')"),
     Attempt("remove: ctypes unlink", CTYPES + "assert libc.unlink(b'$OUT/keep.txt') == 0, ctypes.get_errno()"),
     # reading outside the work folder
     Attempt("read: a planted secret", "print(open('$SECRET').read())"),
     Attempt("read: list the outside folder", "import os\nprint(os.listdir('$OUT'))"),
     # network: a listener on 127.0.0.1
-    Attempt("net: socket", "import socket\nsocket.create_connection(('127.0.0.1', $PORT), timeout=2)\nprint('GOT a connection')"),
-    Attempt("net: _socket", "import _socket\ns = _socket.SocketType()\ns.settimeout(2)\ns.connect(('127.0.0.1', $PORT))\n"
-            "print('GOT a connection')"),
+    Attempt("net: socket",
+            "import socket\nsocket.create_connection(('127.0.0.1', $PORT), timeout=2)\nprint('GOT a connection')"),
+    Attempt("net: _socket", "import _socket\ns = _socket.SocketType()\ns.settimeout(2)\n"
+            "s.connect(('127.0.0.1', $PORT))\nprint('GOT a connection')"),
     Attempt("net: urllib", FRESH + "import urllib.request\n"
             "print('GOT', urllib.request.urlopen('http://127.0.0.1:$PORT/', timeout=2).read())"),
-    Attempt("net: ctypes socket", CTYPES + "import socket, struct\nfd = libc.socket(2, 1, 0)\nassert fd >= 0, ctypes.get_errno()\n"
+    Attempt("net: ctypes socket", CTYPES + "import socket, struct\nfd = libc.socket(2, 1, 0)\n"
+            "assert fd >= 0, ctypes.get_errno()\n"
             "addr = struct.pack('=H', 2) + struct.pack('!H', $PORT) + socket.inet_aton('127.0.0.1') + bytes(8)\n"
             "assert libc.connect(fd, addr, 16) == 0, ctypes.get_errno()\nprint('GOT a connection')"),
     # new processes, through every module
     Attempt("proc: os.fork", "import os\nos.fork()\nprint('GOT a process')"),
     Attempt("proc: posix.fork", "import posix\nposix.fork()\nprint('GOT a process')"),
-    Attempt("proc: os.posix_spawn", "import os, sys\nos.posix_spawn(sys.executable, [sys.executable, '-c', 'pass'], {})\n"
+    Attempt("proc: os.posix_spawn", "import os, sys\n"
+            "os.posix_spawn(sys.executable, [sys.executable, '-c', 'pass'], {})\nprint('GOT a process')"),
+    Attempt("proc: subprocess",
+            "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'])\nprint('GOT a process')"),
+    Attempt("proc: multiprocessing", "import sys\nfor m in ('multiprocessing', '_posixsubprocess'):\n"
+            "    sys.modules.pop(m, None)\n"
+            "import multiprocessing\np = multiprocessing.Process(target=print)\np.start()\np.join()\n"
             "print('GOT a process')"),
-    Attempt("proc: subprocess", "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'])\nprint('GOT a process')"),
-    Attempt("proc: multiprocessing", "import sys\nfor m in ('multiprocessing', '_posixsubprocess'):\n    sys.modules.pop(m, None)\n"
-            "import multiprocessing\np = multiprocessing.Process(target=print)\np.start()\np.join()\nprint('GOT a process')"),
     Attempt("proc: pty", "import pty\npid, fd = pty.fork()\nprint('GOT a process')"),
     Attempt("proc: a fresh posix module", FRESH + "import posix\nposix.fork()\nprint('GOT a process')"),
     Attempt("proc: a fresh subprocess module", FRESH + "import subprocess\n"
             "subprocess.run([sys.executable, '-c', 'pass'])\nprint('GOT a process')"),
-    Attempt("proc: ctypes fork", CTYPES + "pid = libc.fork()\nif pid == 0:\n    libc._exit(0)\nassert pid > 0, ctypes.get_errno()\n"
-            "print('GOT a process')"),
+    Attempt("proc: ctypes fork", CTYPES + "pid = libc.fork()\nif pid == 0:\n    libc._exit(0)\n"
+            "assert pid > 0, ctypes.get_errno()\nprint('GOT a process')"),
     Attempt("proc: fork bomb (32 at most)", CTYPES + "top = libc.getpid()\nfor _ in range(5):\n    pid = libc.fork()\n"
             "    assert pid >= 0, ctypes.get_errno()\n    if pid > 0:\n        print('GOT a process', flush=True)\n"
             "if libc.getpid() != top:\n    libc._exit(0)"),
@@ -107,12 +115,15 @@ ATTEMPTS = [
     Attempt("limit: raise the memory limit", "import sys\nsys.modules.pop('resource', None)\nimport resource\n"
             "resource.setrlimit(resource.RLIMIT_AS, (-1, -1))\nprint('GOT an unlimited address space')"),
     Attempt("limit: 4 GiB of memory", "x = bytearray(4 << 30)\nprint('GOT 4 GiB')"),
-    Attempt("limit: 24 MiB of disk", "n = 0\ntry:\n    for i in range(24):\n        with open(f'f{i}', 'wb') as f:\n"
-            "            f.write(bytes(1 << 20))\n        n += 1\nfinally:\n    if n == 24:\n        print('GOT 24 MiB on disk')"),
-    Attempt("limit: endless output", "import sys\nn = 0\ntry:\n    while n < 3 << 20:\n        sys.stdout.write('x' * 65536)\n"
+    Attempt("limit: 24 MiB of disk", "n = 0\ntry:\n    for i in range(24):\n"
+            "        with open(f'f{i}', 'wb') as f:\n            f.write(bytes(1 << 20))\n        n += 1\n"
+            "finally:\n    if n == 24:\n        print('GOT 24 MiB on disk')"),
+    Attempt("limit: endless output", "import sys\nn = 0\ntry:\n    while n < 3 << 20:\n"
+            "        sys.stdout.write('x' * 65536)\n"
             "        sys.stdout.flush()\n        n += 65536\nfinally:\n    if n >= 3 << 20:\n"
             "        sys.stderr.write('GOT 3 MiB of output\\n')"),
-    Attempt("limit: sleep past the timeout", "import time\ntime.sleep(5)\nprint('GOT past the timeout')", timeout_s=0.5),
+    Attempt("limit: sleep past the timeout", "import time\ntime.sleep(5)\nprint('GOT past the timeout')",
+            timeout_s=0.5),
 ]
 
 
@@ -134,7 +145,8 @@ GUARD_LETS_THROUGH = {
     "write: _io.open", "write: FileIO class of stdout", "write: ctypes open", "remove: ctypes unlink",
     "read: a planted secret", "read: list the outside folder",
     "net: _socket", "net: urllib", "net: ctypes socket",
-    "proc: a fresh posix module", "proc: a fresh subprocess module", "proc: ctypes fork", "proc: fork bomb (32 at most)",
+    "proc: a fresh posix module", "proc: a fresh subprocess module", "proc: ctypes fork",
+    "proc: fork bomb (32 at most)",
     "signal: ctypes kill this test", "signal: ctypes kill the parent",
     "limit: 24 MiB of disk",
 } | ({"limit: raise the memory limit"} if _has_capability(24) else set())  # CAP_SYS_RESOURCE (root, usually)
@@ -191,7 +203,8 @@ def kernel_mode():
         sandbox.check("strict")
         return "strict"
     except SandboxUnavailable as e:
-        warnings.warn(f"the escape suite runs in auto mode, which gets isolation {sandbox.check('auto')!r} here: {e}", stacklevel=2)
+        warnings.warn(f"the escape suite runs in auto mode, which gets isolation {sandbox.check('auto')!r} here: {e}",
+                      stacklevel=2)
         return "auto"
 
 

@@ -256,7 +256,8 @@ def test_train_gpu_script_starts_a_new_run_without_a_state(tmp_path):
     assert set(load_file(str(out / "tiny" / "model.safetensors"))) == set(st["ema"])
 
 
-@pytest.mark.parametrize("knob", ["TRAIN_COOLDOWN_FRAC=abc", "TRAIN_COOLDOWN_FRAC=1", "TRAIN_STEPS=-1", "TRAIN_MINUTES=x"])
+@pytest.mark.parametrize("knob",
+                         ["TRAIN_COOLDOWN_FRAC=abc", "TRAIN_COOLDOWN_FRAC=1", "TRAIN_STEPS=-1", "TRAIN_MINUTES=x"])
 def test_train_gpu_script_rejects_a_bad_knob_in_one_line(tmp_path, knob):
     name, value = knob.split("=")
     r = _gpu_script({"OUT": str(tmp_path / "out"), name: value}, timeout=120)
@@ -338,7 +339,8 @@ def test_copy_mask_hides_the_later_copies_of_a_masked_result():
     number masked too (Tok.result_copies finds them; numbers inside longer numbers are not copies);
     independent masking, which the test also runs, leaves some copies visible."""
     tok = data.Tok(TINY)
-    ans = "Anna bakes 6 * 7 = 42 cookies.\nAfter selling 18, 42 - 18 = 24 cookies are left.\nShe fills 24 / 4 = 6 bags.\n#### 6"
+    ans = ("Anna bakes 6 * 7 = 42 cookies.\nAfter selling 18, 42 - 18 = 24 cookies are left.\n"
+           "She fills 24 / 4 = 6 bags.\n#### 6")
     ids = tok.answer_ids(ans)
     copies = tok.result_copies(ids, tok.result_positions(ids))
     text = [("".join(tok.hf.decode([ids[i]]) for i in run), "".join(tok.hf.decode([ids[i]]) for i in later))
@@ -443,7 +445,8 @@ def test_drill_div_max_widens_the_quotients_and_keeps_the_old_stream_at_20():
         rng, out = random.Random(seed), []
         for _ in range(n):
             _, answer = data.arith_drill(rng, (0.0, 0.0, 0.0, 1.0), div_max)
-            out += [tuple(int(x) for x in line.replace("/ ", "").replace("= ", "").split()) for line in answer.split("\n")]
+            out += [tuple(int(x) for x in line.replace("/ ", "").replace("= ", "").split())
+                    for line in answer.split("\n")]
         return out
 
     wide = divisions(90)

@@ -91,12 +91,14 @@ def test_jsonl_on_stdin_without_input_dash_warns_once(cli, llada_dir):
 
 def test_a_task_the_embedded_model_was_not_trained_on_warns(cli, tmp_path):
     data = tmp_path / "gsm.jsonl"
-    data.write_text(json.dumps({"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"}) + "\n")
+    data.write_text(json.dumps({"question": "Tom has 3 apples and buys 4. How many?",
+                                "answer": "3 + 4 = 7\n#### 7"}) + "\n")
     res = cli("profile", "--task", "gsm8k", "--data", data, "--limit", "1", "--shots", "0", "--policies", "none",
               "--gen-length", "32", "--warmup", "0", "-q")
     assert res.exit_code == 0, res.stderr
     assert "warning: model tiny was trained only on arith, code, list, not gsm8k" in res.stderr
-    ok = cli("profile", "--task", "list", "--limit", "1", "--policies", "none", "--gen-length", "32", "--warmup", "0", "-q")
+    ok = cli("profile", "--task", "list", "--limit", "1", "--policies", "none", "--gen-length", "32",
+             "--warmup", "0", "-q")
     assert ok.exit_code == 0 and "trained only on" not in ok.stderr
 
 
@@ -117,8 +119,8 @@ def test_mean_entropy_flags_answers_beyond_the_models_own_99th_percentile(cli):
     p99 = card["mean_entropy_p99"]
     assert card["trained_tasks"] == ["arith", "code", "list"] and 0 < p99 < 1
     assert "scripts/entropy_percentile.py" in card["mean_entropy_reference"]["made_by"]
-    res = cli("generate", "Sort: 9 3 7 1", "Reverse: 1 2 3", "What is the capital of France?", "Write a poem about the sea",
-              "--jsonl", "-q")
+    res = cli("generate", "Sort: 9 3 7 1", "Reverse: 1 2 3", "What is the capital of France?",
+              "Write a poem about the sea", "--jsonl", "-q")
     assert res.exit_code == 0
     ent = [r["mean_entropy"] for r in records(res)]
     assert ent[0] < p99 and ent[1] < p99  # its own domain: confident
@@ -176,7 +178,8 @@ def test_every_command_names_model_policy_tau_and_its_source(cli, llada_dir, tmp
     s = records(task)[0]["settings"]
     assert (s["tau"], s["tau_source"], s["profile"]) == (0.25, "profile", str(prof))
     none = cli("generate", "hi", "--model", llada_dir, *SMALL, "--cache", "dual")
-    assert none.stderr.splitlines()[0] == f"using model {llada_dir}, cache dual (no τ: only the entropy policy takes one)"
+    assert none.stderr.splitlines()[0] == (f"using model {llada_dir}, "
+                                           "cache dual (no τ: only the entropy policy takes one)")
     assert "using model" not in cli("generate", "hi", "--model", llada_dir, *SMALL, "-q").stderr
     # the shipped default profile of the embedded model
     tiny = cli("generate", "Sort: 3 1 2")
@@ -193,8 +196,8 @@ def test_every_command_names_model_policy_tau_and_its_source(cli, llada_dir, tmp
     assert json.loads((tmp_path / "t.json").read_text())["manifest"]["settings"]["tau_source"] == "flag"
     c = cli("calibrate", "--task", "list", "--limit", "1", "--gen-length", "32", "--taus", "1", "--refine", "0",
             "--out", tmp_path / "c.yaml", "--json", tmp_path / "c.json")
-    assert c.stderr.splitlines()[0].startswith("using model tiny, cache entropy, τ searched on --task list (calibrate); "
-                                               "base settings from profile ")
+    assert c.stderr.splitlines()[0].startswith("using model tiny, cache entropy, τ searched on --task list "
+                                               "(calibrate); base settings from profile ")
     assert c.stderr.splitlines()[0].endswith("ecache_cli/profiles/tiny/default.yaml")
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["incomplete"] is False and doc["manifest"]["settings"]["tau_source"] == "search"

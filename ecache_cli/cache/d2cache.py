@@ -107,7 +107,8 @@ class D2Cache(CachePolicy):
     forced_refresh = {"refresh_every": 1}  # our option (the paper never refreshes after step 0)
     test_params = {"current_k": 4}
     ranges = {"rollout_p": Range(0, 1, example="0.1", why="a share of the total importance"),
-              "current_k": count(1, "32"), "sigma": Range(0, 65536, lo_open=True, example="10", why="a width in positions"),
+              "current_k": count(1, "32"),
+              "sigma": Range(0, 65536, lo_open=True, example="10", why="a width in positions"),
               "refresh_every": count(0, "8", "0 = never")}
     row_state = {"conf": ROW, "importance": ROW}
 

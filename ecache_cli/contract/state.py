@@ -141,8 +141,9 @@ class StepRecord:
     computed per row, padding included (a row in a forward of query width S costs S; a refreshing row of
     a mixed step costs T plus its share of the partial forward; layer-averaged for forwards whose
     positions change at a layer). planned: (B,) long, the plan's own positions (T for a refreshing
-    row, its ``compute`` otherwise, layer-averaged over what shrinks kept). query_width: the partial forward's width (T when every row
-    refreshed). targets: (B, R) long positions whose logits were produced (padded with repeats;
+    row, its ``compute`` otherwise, layer-averaged over what shrinks kept). query_width: the partial
+    forward's width (T when every row refreshed). targets: (B, R) long positions whose logits were
+    produced (padded with repeats;
     ``valid`` (B, R) bool marks real ones that got logits: a shrink with ``keep_logits=False``
     may leave a target without). committed: (B, R) bool, targets committed this step; x0
     (B, R) long chosen tokens; prob (B, R) float64 probability of x0; entropy (B, R) float64 nats of
@@ -176,7 +177,8 @@ class StepRecord:
 
     @classmethod
     def of_step(cls, sampled, **fields) -> "StepRecord":
-        """A record whose ``x0`` / ``prob`` / ``entropy`` are the step's sampled outputs (``decoding.sampling.Sampled``)."""
+        """A record whose ``x0`` / ``prob`` / ``entropy`` are the step's sampled outputs
+        (``decoding.sampling.Sampled``)."""
         return cls(x0=sampled.x0, prob=sampled.prob, entropy=sampled.entropy, **fields)
 
     @property
@@ -189,7 +191,8 @@ class StepRecord:
         return self.committed.sum(1)
 
     def signal(self, kind: str = "max-entropy") -> torch.Tensor:
-        """(B,) float64 EntropyCache signal of the tokens committed at this step (arXiv 2603.18489; docs/METHOD.md §2.2).
+        """(B,) float64 EntropyCache signal of the tokens committed at this step
+        (arXiv 2603.18489; docs/METHOD.md §2.2).
 
         max-entropy: max entropy (nats); sum-entropy: their sum; max-confidence: 1 - min probability.
         Rows that committed nothing get -inf (max variants) or 0 (sum).

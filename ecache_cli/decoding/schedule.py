@@ -121,7 +121,8 @@ SCHEDULES = ("llada", "dream")
 def validate_schedule(name: str) -> str:
     """Check a --schedule name (SCHEDULES). Returns it unchanged; raises UsageError listing the valid ones."""
     if name not in SCHEDULES:
-        raise UsageError(f"unknown --schedule {name!r}: choose llada (LLaDA's linear split) or dream (Dream's timesteps)")
+        raise UsageError(f"unknown --schedule {name!r}: "
+                         "choose llada (LLaDA's linear split) or dream (Dream's timesteps)")
     return name
 
 

@@ -16,9 +16,9 @@ then removes itself. Nothing of ecache or torch is imported until
 lm-eval is asked for the ``ecache`` model. In lm-eval's own command line (``lm_eval``, ``lm-eval``,
 ``python -m lm_eval``) an uncaught ecache error (a bad ``--model_args`` value, a model that cannot be
 loaded) prints one ``error:`` line and exits with its code (2 usage, 1 data), as ``ecache-lm-eval``
-does, and Ctrl-C prints one line and exits 130; any other exception keeps lm-eval's traceback. ``ECACHE_LM_EVAL_HOOK=0`` (or ``false``, ``off``,
-``no``) turns the hook off (the
-``ecache-lm-eval`` wrapper works either way).
+does, and Ctrl-C prints one line and exits 130; any other exception keeps lm-eval's traceback.
+``ECACHE_LM_EVAL_HOOK=0`` (or ``false``, ``off``, ``no``) turns the hook off (the ``ecache-lm-eval``
+wrapper works either way).
 """
 
 from __future__ import annotations

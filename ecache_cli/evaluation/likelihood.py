@@ -51,7 +51,8 @@ def mask_counts(length: int, batch: int, generator: torch.Generator) -> torch.Te
     """(batch,) long numbers of masked tokens in [1, length], stratified as in LLaDA's
     ``_forward_process``: k ~ U{1..length}, then round(linspace(k, k + (batch-1)·length/batch)) wrapped."""
     k = int(torch.randint(1, length + 1, (), generator=generator))
-    x = torch.round(torch.linspace(float(k), k + (batch - 1) * (length / batch), steps=batch, dtype=torch.float64)).long()
+    x = torch.round(torch.linspace(float(k), k + (batch - 1) * (length / batch), steps=batch,
+                                   dtype=torch.float64)).long()
     return (x - 1) % length + 1
 
 

@@ -13,7 +13,8 @@
   precedence defaults < profile < model_args, as ``ecache generate``;
 - chat (default: when the checkpoint has a chat template, as ``ecache generate``; ignored for prompts
   lm-eval already rendered with ``--apply_chat_template``), seed, batch_size (lm-eval's ``--batch_size``);
-- loglikelihood: mc_num (128), mc_batch_size (the largest divisor of mc_num up to 32), mc_seed (1234), greedy_check (false);
+- loglikelihood: mc_num (128), mc_batch_size (the largest divisor of mc_num up to 32), mc_seed (1234),
+  greedy_check (false);
 - stats_out: where to write the speed JSON (default: beside lm-eval's ``--output_path``).
 
 ``generate_until``: requests with the same generation kwargs are decoded in batches of batch_size by
@@ -80,8 +81,9 @@ class EcacheLM(LM):
     ModelLoadError for a model that cannot be loaded.
     """
 
-    def __init__(self, model: str = "tiny", device: str | None = "auto", dtype: str = "auto", profile: str | None = None,
-                 task: str | None = None, chat: bool | None = None, batch_size=1, max_batch_size=None, seed: int = 0,
+    def __init__(self, model: str = "tiny", device: str | None = "auto", dtype: str = "auto",
+                 profile: str | None = None, task: str | None = None, chat: bool | None = None, batch_size=1,
+                 max_batch_size=None, seed: int = 0,
                  cache=_UNSET, mc_num: int = 128, mc_batch_size: int | None = None, mc_seed: int = 1234,
                  greedy_check: bool = False, stats_out: str | None = None, pretrained: str | None = None, **kwargs):
         super().__init__()
@@ -96,7 +98,8 @@ class EcacheLM(LM):
             bad = sorted(kwargs)[0]
             raise UsageError(f"model_args: {bad}={kwargs[bad]!r} is not an ecache setting; use the decode keys "
                              f"({', '.join(sorted(DECODE_KEYS))}), cache keys (cache, {', '.join(sorted(ckeys))}), "
-                             "model, device, dtype, profile, task, chat, seed, mc_num, mc_batch_size, mc_seed, greedy_check, stats_out")
+                             "model, device, dtype, profile, task, chat, seed, mc_num, mc_batch_size, mc_seed, "
+                             "greedy_check, stats_out")
         policy = None if cache is _UNSET else ("none" if cache is None else str(cache))  # lm-eval reads "none" as None
         kinds = value_kinds()
         decode = {k: _arg(k, v, kinds["decode"].get(k)) for k, v in decode.items()}
@@ -113,7 +116,8 @@ class EcacheLM(LM):
             check_file(stats_out, "model_args stats_out=")  # before any decoding, not after the evaluation
         self.mc_num, self.mc_batch_size, self.mc_seed = mc_num, int(mc_batch_size), mc_seed
         self.greedy_check, self.seed, self.stats_out = greedy_check, seed, stats_out
-        self.settings = resolve_settings(str(model), decode, {"policy": policy, **extra_cache}, profile=profile, task=task)
+        self.settings = resolve_settings(str(model), decode, {"policy": policy, **extra_cache},
+                                         profile=profile, task=task)
         prof = load_profile(self.settings.profile) if self.settings.profile else {}
         # the canvas follows max_gen_toks unless the user (or the profile) fixed it
         self.fixed_gen_length = "gen_length" in decode or "gen_length" in (prof.get("decode") or {})
@@ -177,7 +181,8 @@ class EcacheLM(LM):
         if not getattr(self.tokenizer, "chat_template", None):
             raise UsageError(f"--apply_chat_template: model {self.lm.name} has no chat template; drop the flag")
         self._lm_eval_templates = True
-        return self.tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
 
     def _encode_context(self, context: str) -> list[int]:
         """Prompt ids exactly as ``ecache generate`` encodes a prompt (``Engine.encode``)."""
@@ -307,7 +312,8 @@ class EcacheLM(LM):
         per_rank = self.dist.all_gather_object(self.speed.get(kind, dict.fromkeys(SPEED_KEYS, 0)), "speed figures")
         agg = distributed.aggregate_speed(per_rank)
         nfe, full, n = (sum(r[k] for r in per_rank) for k in ("nfe", "full_forwards", "requests"))
-        agg.update(requests=n, nfe=nfe, full_forwards=full, partial_forwards=sum(r["partial_forwards"] for r in per_rank),
+        agg.update(requests=n, nfe=nfe, full_forwards=full,
+                   partial_forwards=sum(r["partial_forwards"] for r in per_rank),
                    forwards=sum(r["forwards"] for r in per_rank),  # generation: NFE; loglikelihood: MC forwards
                    refresh_rate=full / nfe if nfe else None, nfe_per_request=nfe / n if n and nfe else None)
         self.speed_all[kind] = agg

@@ -35,8 +35,9 @@ class RowMeasure:
     finished. nfe / full_forwards / partial_forwards: forward passes this row took part in.
     tokens_computed: positions the forwards computed for this row, padding included, summed over its
     steps; tokens_planned: the plans' own positions (None: same as tokens_computed). canvas: canvas
-    length T (prompt, left padding and gen_length) in tokens. token_ids: the gen_length generated ids (EOS filler after the
-    end); answer_ids: up to the end marker. score: task score (1.0 / 0.0), None without a task.
+    length T (prompt, left padding and gen_length) in tokens. token_ids: the gen_length generated ids
+    (EOS filler after the end); answer_ids: up to the end marker. score: task score (1.0 / 0.0), None
+    without a task.
     """
 
     prompt: int

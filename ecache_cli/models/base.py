@@ -57,7 +57,8 @@ class DiffusionLM(nn.Module):
         """Allocate an empty :class:`KVStore` for a canvas with padding ``key_mask`` (B, T) bool."""
         s = self.spec
         dtype = next(self.parameters()).dtype
-        return KVStore.allocate(s.n_layers, s.n_kv_heads, s.head_dim, key_mask, dtype, s.d_model if keep_hidden else None)
+        return KVStore.allocate(s.n_layers, s.n_kv_heads, s.head_dim, key_mask, dtype,
+                                s.d_model if keep_hidden else None)
 
     def forward(
         self,

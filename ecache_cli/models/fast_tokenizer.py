@@ -138,7 +138,8 @@ class FastTokenizer:
                 raise jinja2.exceptions.TemplateError(message)
 
             def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                  sort_keys=sort_keys)
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
             env.filters["tojson"] = tojson

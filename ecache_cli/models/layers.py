@@ -36,7 +36,8 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
     Returns:
         (cos, sin), each (B, 1, T, head_dim) float32; inv_freq = theta^(-2j/head_dim) in float32.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.int64).float()
+                                / head_dim))
     freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
     return emb.cos()[:, None], emb.sin()[:, None]

@@ -181,7 +181,8 @@ def _weight_files(path: Path) -> dict[str, Path]:
         with _readable(single):
             with safe_open(single, framework="pt") as f:
                 return {k: single for k in f.keys()}
-    raise ModelLoadError(f"{path}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints load)")
+    raise ModelLoadError(f"{path}: no model.safetensors or model.safetensors.index.json "
+                         "(only safetensors checkpoints load)")
 
 
 @contextlib.contextmanager
@@ -269,7 +270,8 @@ def load_tokenizer(path: Path):
         try:
             return FastTokenizer(path)
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for a bad file
-            raise ModelLoadError(f"{path}: cannot load tokenizer.json ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+            raise ModelLoadError(f"{path}: cannot load tokenizer.json "
+                                 f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
     import transformers
 
     transformers.utils.logging.set_verbosity_error()  # config.json's model_type is unknown to transformers
@@ -283,7 +285,8 @@ def load_tokenizer(path: Path):
                 return transformers.Qwen2TokenizerFast.from_pretrained(str(path))
             except Exception:  # noqa: BLE001
                 pass
-        raise ModelLoadError(f"{path}: cannot load the tokenizer ({type(first).__name__}: {str(first).splitlines()[0]})") from None
+        raise ModelLoadError(f"{path}: cannot load the tokenizer "
+                             f"({type(first).__name__}: {str(first).splitlines()[0]})") from None
 
 
 def _tokenizer_class(path: Path) -> str | None:
@@ -337,7 +340,8 @@ def load_model(
     eot = tok.convert_tokens_to_ids(_EOT_TOKENS[spec.family]) if _EOT_TOKENS[spec.family] in tok.get_vocab() else None
     spec = replace(spec, eot_id=eot)
     if spec.mask_id == spec.pad_id:
-        raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); the canvas needs distinct ids")
+        raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); "
+                             "the canvas needs distinct ids")
     with torch.device("meta"), _skip_init():
         model = FAMILIES[spec.family](spec)
     load_weights(model, path, dev, dt)

@@ -63,7 +63,8 @@ class ModelSpec:
 def _need(cfg: dict, key: str, path: Path):
     """``cfg[key]`` as a whole number; ModelLoadError when it is missing or not one."""
     if key not in cfg:
-        raise ModelLoadError(f"{path}: config.json has no '{key}' field; is this an official LLaDA or Dream checkpoint?")
+        raise ModelLoadError(f"{path}: config.json has no '{key}' field; "
+                             "is this an official LLaDA or Dream checkpoint?")
     return _num(cfg, key, path)
 
 
@@ -163,7 +164,8 @@ def _spec_of(cfg: dict, mtype: str, path: Path) -> ModelSpec:
         return ModelSpec(
             family="llada", d_model=d, n_layers=int(_need(cfg, "n_layers", path)), n_heads=n_heads,
             n_kv_heads=int(n_kv), head_dim=d // n_heads, mlp_hidden=int(mlp), vocab_size=vocab,
-            rms_eps=_num(cfg, "rms_norm_eps", path, 1e-5, float), rope_theta=_num(cfg, "rope_theta", path, 10000.0, float),
+            rms_eps=_num(cfg, "rms_norm_eps", path, 1e-5, float),
+            rope_theta=_num(cfg, "rope_theta", path, 10000.0, float),
             rope_full_precision=bool(cfg.get("rope_full_precision", True)),
             qkv_bias=bool(cfg.get("include_qkv_bias", False)), tie_embeddings=bool(cfg.get("weight_tying", False)),
             mask_id=_num(cfg, "mask_token_id", path, 126336), eos_id=_num(cfg, "eos_token_id", path, 126081),
@@ -185,7 +187,8 @@ def _spec_of(cfg: dict, mtype: str, path: Path) -> ModelSpec:
             max_positions=_num(cfg, "max_position_embeddings", path, 2048),
         )
     raise ModelLoadError(
-        f"{path}: model_type {cfg.get('model_type')!r} is not supported; ecache runs LLaDA ('llada') and Dream ('Dream') checkpoints"
+        f"{path}: model_type {cfg.get('model_type')!r} is not supported; "
+        "ecache runs LLaDA ('llada') and Dream ('Dream') checkpoints"
     )
 
 

@@ -57,7 +57,8 @@ class TrainConfig:
     # decode fixes the result's digit count (drawn only when > 0, so runs without it keep their stream)
     result_cut_frac: float = 0.0
     t_min: float = 1e-3
-    loss_norm: str = "masked"  # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
+    # "t": CE / (t * L) (LLaDA eq. 5); "masked": CE / n_masked (same expectation, low variance)
+    loss_norm: str = "masked"
     pool_batches: int = 16  # batches built per length-sorted pool
     # curriculum: every adapt_every_min minutes, a held-out greedy eval sets domain weights to
     # adapt_floor + error (mean over eval_shots); 0 keeps domain_weights fixed

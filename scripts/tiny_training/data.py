@@ -97,7 +97,8 @@ class Tok:
                 runs.append([i])
         return [tuple(r) for r in runs]
 
-    def result_copies(self, ids: list[int], results: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    def result_copies(self, ids: list[int],
+                      results: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
         """For each computed result in answer ``ids`` (its digit indices, ``result_runs(results)``): the
         indices of every later occurrence of the same number (the same digit run, not part of a longer
         number), e.g. the ``24`` of ``24 / 4 = 6`` and of ``#### 24``."""
