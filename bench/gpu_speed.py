@@ -93,7 +93,6 @@ def main(argv=None) -> int:
     from ecache_cli.models.loader import load_model
     from ecache_cli.models.synthetic import write_random_checkpoint
     from ecache_cli.runs.manifest import manifest
-    from ecache_cli.runs.settings import Settings
     from ecache_cli.runs.profile import (
         ProfileOptions,
         Request,
@@ -101,6 +100,7 @@ def main(argv=None) -> int:
         measure,
         render_table,
     )
+    from ecache_cli.runs.settings import Settings
 
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -270,8 +270,8 @@ def main(argv=None) -> int:
     from ecache_cli.engine.core import Engine
     from ecache_cli.models.loader import load_model
     from ecache_cli.runs.manifest import manifest
-    from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.runs.profile import ProfileOptions, json_line, measure, render_table
+    from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.tasks import get_task
 
     if args.threads:

@@ -29,8 +29,8 @@ def main() -> None:
 
     from ecache_cli.engine.core import Engine
     from ecache_cli.models.loader import embedded_dir, load_model
-    from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.runs.confidence import MODEL_CARD_FILE, measure_run
+    from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.tasks import get_task
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

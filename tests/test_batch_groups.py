@@ -196,8 +196,8 @@ def test_event_timings_are_read_once_per_run(lm, monkeypatch):
 
 
 def test_profile_reports_honest_and_planned_work_per_batch_size(llada_lm):
-    from ecache_cli.runs.settings import Settings
     from ecache_cli.runs.profile import ProfileOptions, Request, measure
+    from ecache_cli.runs.settings import Settings
 
     cfg = DecodeConfig(gen_length=16, block_length=8)
     settings = Settings(decode=cfg, cache="entropy", cache_params={"tau": 1.0}, all_cache_params={"tau": 1.0})

@@ -9,7 +9,6 @@ import pytest
 from ecache_cli.engine import DecodeConfig, Engine
 from ecache_cli.engine.core import _NO_RANGE
 from ecache_cli.runs.manifest import manifest
-from ecache_cli.runs.settings import Settings
 from ecache_cli.runs.profile import (
     ProfileOptions,
     ProfileReport,
@@ -18,6 +17,7 @@ from ecache_cli.runs.profile import (
     render_table,
     timing_warnings,
 )
+from ecache_cli.runs.settings import Settings
 
 CFG = DecodeConfig(gen_length=16, block_length=8)
 PROMPTS = ["Sort: 9 3 7 1", "Reverse: 4 5 6 7 8", "Add 12 and 30"]

@@ -48,6 +48,7 @@ def profile_cmd(
     """
     from ..console import err, out, warn
     from ..outputs import check_dir, check_file
+    from ..runs.inputs import check_input_file
     from ..runs.profile import (
         ProfileOptions,
         check_sources,
@@ -61,7 +62,6 @@ def profile_cmd(
         task_setup,
         timing_warnings,
     )
-    from ..runs.inputs import check_input_file
     from ..runs.settings import resolve_settings, warn_unused_cache_flags
     from ..runtime import load_for_command, resolve_threads
     from ..tasks import sandbox as code_sandbox

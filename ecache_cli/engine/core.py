@@ -66,8 +66,8 @@ class Engine:
         """Prepare a run over a batch of tokenized prompts; iterate it for StepRecords.
 
         ``policy``: a ``CachePolicy`` (``ecache_cli.cache.make_policy``). ``row_ids``: each prompt's index
-        in the whole input (default 0..B-1); row b's random stream is ``decoding.streams.row_generator(seed, row_ids[b])``,
-        so a prompt decodes the same whatever batch it lands in. ``prompt_width``: the canvas's prompt
+        in the whole input (default 0..B-1); row b's random stream is ``row_generator(seed, row_ids[b])``, so
+        a prompt decodes the same in any batch. ``prompt_width``: the canvas's prompt
         positions (default: the longest prompt); rows joining later (:meth:`Run.add`) must fit it.
         """
         return Run(self, [list(p) for p in prompt_ids], cfg, policy, seed, row_ids, prompt_width)

@@ -66,7 +66,8 @@ class RunFile:
                 if n == len(lines):  # the last complete-looking line may still be a torn write
                     self.dropped_partial = True
                     break
-                raise DataError(f"{self.path}:{n}: not valid JSON; the run file is damaged (delete it to start over)") from None
+                raise DataError(f"{self.path}:{n}: not valid JSON; the run file is damaged "
+                                "(delete it to start over)") from None
             if not good:
                 self._check_header(rec)
             elif rec.get("kind") == "example":
@@ -82,7 +83,8 @@ class RunFile:
         if not isinstance(rec, dict) or rec.get("kind") != "header":
             raise DataError(f"{self.path}: first line is not a calibrate run header (delete the file to start over)")
         if rec.get("format") != FORMAT:
-            raise UsageError(f"{self.path}: run file format {rec.get('format')} is not {FORMAT}; delete it to start over")
+            raise UsageError(f"{self.path}: run file format {rec.get('format')} is not {FORMAT}; "
+                             "delete it to start over")
         diff = first_difference(rec.get("key") or {}, self.key)
         if diff is not None:
             name, old, new = diff

@@ -271,7 +271,8 @@ class Evaluator:
         return out
 
 
-def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: list[list[int]], shots: int, chat: bool) -> dict:
+def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: list[list[int]], shots: int,
+            chat: bool) -> dict:
     """Everything that changes what a run-file record holds (compared on --resume)."""
     data_sha = None
     if getattr(task, "synthetic", False) is False and hasattr(task, "data_path"):
@@ -309,7 +310,8 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     store = _open_run_file(lm, settings, task, opts, sample, run_path, dist)
     say = (lambda *a, **k: None) if opts.quiet or err_console is None else err_console.print
     if store.loaded:
-        say(f"resuming from {run_path}: {store.loaded} records" + (" (a torn last line was dropped)" if store.dropped_partial else ""))
+        torn = " (a torn last line was dropped)" if store.dropped_partial else ""
+        say(f"resuming from {run_path}: {store.loaded} records{torn}")
     search = _Search(opts, say, err_console)
     try:
         with _Progress(err_console, opts.quiet, len(sample.examples)) as progress:
@@ -393,7 +395,8 @@ class _Search:
         for tau in sorted(set(opts.taus)) if opts.taus else coarse_grid(self.signals, opts.grid):
             self._add(tau)
         for _ in range(opts.refine):
-            tau = refine_next(list(self.points.values()), self.base, self.signals[0], opts.metric, *self.opts.fractions())
+            tau = refine_next(list(self.points.values()), self.base, self.signals[0], opts.metric,
+                              *self.opts.fractions())
             if tau is None:
                 break
             self._add(tau, " (refine)")
@@ -447,7 +450,8 @@ def _keep_choice(outcome: "Outcome", model: str, settings: Settings, opts: Calib
     from .calib_report import profile_data
 
     run_path = outcome.run_file
-    shown = run_path.name if run_path.parent.resolve() == target.parent.resolve() else str(run_path)  # beside the profile
+    beside = run_path.parent.resolve() == target.parent.resolve()  # the run file sits beside the profile
+    shown = run_path.name if beside else str(run_path)
     outcome.profile_data = profile_data(model, settings, opts, outcome.choice.point, outcome.base, shots, shown)
     if not opts.dry_run:
         from ..config import write_profile

@@ -179,7 +179,8 @@ def render_steps(console, report: TraceReport, rows: int, wide: bool = False) ->
     console.print(f"fwd: full refresh or partial forward; comp / srv: positions computed / served from the cache; "
                   f"E(t−1): {sig} of the previous step's commits (decides this step's refresh); drift: "
                   "1 − cos(cached, fresh) of K/V (all KV heads of a layer) over the served positions, mean over "
-                  f"layers{' (K max: over layers and positions)' if wide else ''}; worst layer: largest mean K drift; fid.: committed "
+                  f"layers{' (K max: over layers and positions)' if wide else ''}; worst layer: largest mean K drift; "
+                  "fid.: committed "
                   "tokens whose greedy choice differs under a fresh full forward / committed; ms: live forward "
                   "only (the shadow forward is timed apart).", style="dim", highlight=False)
 
@@ -194,7 +195,7 @@ def render_summary(console, report: TraceReport) -> None:
 
     corr = report.correlation()
     console.print("\n[bold]Signal vs next-step drift[/] (scipy.stats, two-sided p-values)", highlight=False)
-    for key, c in corr.items():
+    for c in corr.values():
         console.print(f"  x = {c['x']}\n  y = {c['y']}", highlight=False, style="dim")
         if c["pearson_r"] is None:
             console.print(f"  n = {c['n']} pairs: undefined (fewer than 3 pairs or a constant series)", highlight=False)
@@ -220,9 +221,11 @@ def render_summary(console, report: TraceReport) -> None:
                       f"(--volatility-level) in the bins of ≥ {SETTLE_MIN_COUNT} tokens", highlight=False)
     else:
         console.print(f"volatility: from n = {settle} steps after its commit on, a token's mean K change per step is "
-                      f"below {report.level:g} (--volatility-level; bins of ≥ {SETTLE_MIN_COUNT} tokens); at {tps:.2f} tokens committed per step that is "
+                      f"below {report.level:g} (--volatility-level; bins of ≥ {SETTLE_MIN_COUNT} tokens); "
+                      f"at {tps:.2f} tokens committed per step that is "
                       f"≈ {settle * tps:.0f} tokens, a guide for EntropyCache's --recent-k", highlight=False)
-    console.print(f"time: live steps {report.live_s:.2f} s, shadow forwards {report.shadow_s:.2f} s (excluded from the live times)",
+    console.print(f"time: live steps {report.live_s:.2f} s, shadow forwards {report.shadow_s:.2f} s "
+                  "(excluded from the live times)",
                   style="dim", highlight=False)
 
 
@@ -316,7 +319,8 @@ def _plot_next_step(ax, report: TraceReport, sig: str, unit: str, tau: float | N
            xlabel=f"E_t: {sig} of step t's commits ({unit})", ylabel="K drift at t+1 (1 − cos, mean over layers)")
     if tau is not None:  # the entropy policy only serves from the cache after E_t ≤ τ
         ax.axvline(tau, color="tab:red", ls="--", lw=1)
-        ax.text(0.02, 0.02, "entropy policy: partial steps follow E_t ≤ τ only;\nfor the full range run --cache dual or a large --tau",
+        ax.text(0.02, 0.02, "entropy policy: partial steps follow E_t ≤ τ only;\n"
+                "for the full range run --cache dual or a large --tau",
                 transform=ax.transAxes, fontsize=8, color="dimgray", va="bottom")
 
 

@@ -97,5 +97,6 @@ def invalid_error(items: list[Item], input_file: Path, shown: int = 10) -> Usage
     if len(bad) > shown:
         rest = [str(it.line) for it in bad[shown:]]
         reasons += f"; and {len(rest)} more at line{'s' if len(rest) > 1 else ''} {', '.join(rest)}"
-    return UsageError(f"--input {input_file}: {len(bad)} of {len(items)} record(s) invalid, nothing decoded: {reasons}; "
+    return UsageError(f"--input {input_file}: {len(bad)} of {len(items)} record(s) invalid, nothing decoded: "
+                      f"{reasons}; "
                       "fix them, or pass --skip-invalid to decode the others (each invalid line gets an error record)")

@@ -83,8 +83,9 @@ class OutputFile:
                 want = self.expect
                 for part in d.split("."):
                     want = want.get(part) if isinstance(want, dict) else None
-                raise UsageError(f"--output {self.path} was written with other settings ({d} {json.dumps(got)}, this run "
-                                 f"{json.dumps(want)}); resume with the same model and flags, or choose another --output")
+                raise UsageError(f"--output {self.path} was written with other settings ({d} {json.dumps(got)}, "
+                                 f"this run {json.dumps(want)}); resume with the same model and flags, or choose "
+                                 "another --output")
 
     def plan(self, items: list, fields) -> tuple[set[int], dict[int, dict]]:
         """Compare the file with the input ``items`` (``gen_input.Item``; ``fields(item)``: the record
@@ -103,7 +104,8 @@ class OutputFile:
             if ("error" in r) != (it.error is not None):  # a line fixed since (or broken): decoded again
                 if r.get("line") != it.line:
                     raise UsageError(f"--output {self.path}: the record of index {i} is from line {r.get('line')}, the "
-                                     f"input's is line {it.line}; the file belongs to another input: choose another --output")
+                                     f"input's is line {it.line}; the file belongs to another input: choose "
+                                     "another --output")
                 continue
             want = {"line": it.line, **fields(it)}
             d = _differs({k: r.get(k) for k in want}, want)

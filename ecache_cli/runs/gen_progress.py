@@ -63,10 +63,17 @@ class Reporter:
 
     def __enter__(self):
         if self.mode == "bar":
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self.bar = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+            self.bar = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]}"),
                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                 TextColumn("{task.fields[where]}"), console=self.console, transient=True,
                                 speed_estimate_period=600)

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import IO
 
 from ..engine.core import Engine
+from .confidence import EntropyMeter, threshold_for
+from .gen_input import Item
 from .inputs import read_prompts
 from .settings import Settings
 from .streams import write_jsonl
-from .confidence import EntropyMeter, threshold_for
-from .gen_input import Item
 
 
 @dataclass

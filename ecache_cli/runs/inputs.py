@@ -59,7 +59,8 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
         except UnicodeDecodeError:
             raise DataError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
         return
-    raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) or use --input FILE.jsonl")
+    raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) "
+                     "or use --input FILE.jsonl")
 
 
 def _looks_like_record(line: str) -> bool:

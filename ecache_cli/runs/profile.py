@@ -68,7 +68,8 @@ class ProfileOptions:
             parse_policy_spec(p)
         if len(set(self.policies)) != len(self.policies):
             raise UsageError(f"--policies {','.join(self.policies)} names a policy twice")
-        for flag, v, lo in (("--warmup", self.warmup, 0), ("--repeats", self.repeats, 1), ("--batch-size", self.batch_size, 1)):
+        minimums = (("--warmup", self.warmup, 0), ("--repeats", self.repeats, 1), ("--batch-size", self.batch_size, 1))
+        for flag, v, lo in minimums:
             if v < lo:
                 raise UsageError(f"{flag} {v} must be ≥ {lo}")
         if self.trace_steps is not None and self.trace_steps < 1:
@@ -131,7 +132,8 @@ class ProfileReport:
     def to_dict(self, manifest: dict | None = None) -> dict:
         """JSON-ready: manifest, per-policy numbers, and one record per measured request."""
         requests = [row_record(p, row) for p in self.policies for run in self.runs[p] for row in run.rows]
-        return {"command": "profile", "incomplete": self.incomplete, "manifest": manifest, "memory_kind": self.memory_kind,
+        return {"command": "profile", "incomplete": self.incomplete, "manifest": manifest,
+                "memory_kind": self.memory_kind,
                 "decode": self.decode.as_dict(), "policies": self.summaries, **self.extra,
                 "trace": self.trace, "requests": requests}
 
@@ -329,7 +331,8 @@ class _Bench:
             pass
         peak = self.probe.peak_bytes()
         rows = [self._row(run, res, idx, repeat) for res in run.results()]
-        return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=run.timer.forward_s, decision_s=run.timer.decision_s,
+        return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=run.timer.forward_s,
+                          decision_s=run.timer.decision_s,
                           sampling_s=run.timer.sampling_s, steps=run.steps_done, rows=rows, peak_memory_bytes=peak,
                           batch_size=len(idx))
 
@@ -454,7 +457,8 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
         cap = (f"speedup: tok/s over none's; latency speedup: none's mean latency over this one's. "
                f"work %: positions x layers the forwards computed (padding included), over none's (NFE_none x canvas) "
                f"/ over own NFE x canvas; planned: the plans' own positions over none's. "
-               f"decision: policy plan+observe time over wall time. peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
+               f"decision: policy plan+observe time over wall time. "
+               f"peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
                f"identical/token agree: outputs vs none (same prompts, same seed).")
     else:
         cap = ("speedup: tok/s over none's. work %: positions x layers computed, over none's. identical / token "

@@ -125,7 +125,8 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
         tau_source = "default"
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     return Settings(decode=decode_cfg, cache=name, cache_params=params,
-                    profile=(prof or {}).get("_path"), all_cache_params={k: v for k, v in cache.items() if v is not None},
+                    profile=(prof or {}).get("_path"),
+                    all_cache_params={k: v for k, v in cache.items() if v is not None},
                     sandbox=(prof or {}).get("sandbox"),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
 
@@ -201,7 +202,8 @@ def validate_decode(d: dict) -> None:
 
     parallel = d.get("threshold") is not None or d.get("factor") is not None
     if d.get("gen_length") is not None and d.get("block_length") is not None:
-        plan_blocks(d["gen_length"], d["block_length"], default_steps(d["gen_length"], d.get("steps"), parallel), parallel)
+        steps = default_steps(d["gen_length"], d.get("steps"), parallel)
+        plan_blocks(d["gen_length"], d["block_length"], steps, parallel)
     if d.get("remasking") is not None:
         validate_remasking(d["remasking"], parallel=parallel)
     from ..decoding.commit import validate_compat, validate_eps

@@ -42,7 +42,8 @@ from .settings import Settings
 from .streams import batched
 
 X_LABEL = "signal E_t = {kind} of the tokens committed at step t"
-Y_LABEL = "drift_{t+1} = mean over layers of the mean K drift (1 - cos) at step t+1, over positions served from the cache (partial steps only)"
+Y_LABEL = ("drift_{t+1} = mean over layers of the mean K drift (1 - cos) at step t+1, over positions served "
+           "from the cache (partial steps only)")
 Y_INC_LABEL = "drift_{t+1} - drift_t (both partial steps)"
 
 

@@ -139,7 +139,8 @@ def forward_breakdown(chrome_trace: Path) -> dict:
     other-operator and Python parts somewhat (more on small operators).
     """
     events = json.loads(Path(chrome_trace).read_text())["traceEvents"]
-    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"), key=lambda e: (e["ts"], -e["dur"]))
+    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"),
+                 key=lambda e: (e["ts"], -e["dur"]))
     out = {}
     for kind in ("full", "partial"):
         ranges = [e for e in events if e.get("ph") == "X" and e.get("name") == f"ecache.forward.{kind}"]
