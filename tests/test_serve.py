@@ -361,3 +361,17 @@ def test_serve_command_says_loopback_and_exits_0_on_sigterm_ending_running_reque
         if proc.poll() is None:
             proc.kill()
     assert "listening on loopback only" in "".join(lines) + rest and "stopped" in rest
+
+
+@pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),
+                                          (["--max-batch", "0"], "--max-batch 0"),
+                                          (["--request-timeout", "0"], "--request-timeout 0"),
+                                          (["--api-key", " "], "--api-key is empty")])
+def test_bad_serve_flags_are_one_line_usage_errors(args, needle):
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    res = CliRunner().invoke(app, ["serve", *args])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr

@@ -13,7 +13,7 @@ S = "Server"
 
 def serve_cmd(
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
-    host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback needs --api-key unless you mean it \\[default: 127.0.0.1: this machine only].", rich_help_panel=S)] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to listen on: 127.0.0.1 this machine only; 0.0.0.0 every interface (then pass --api-key).", rich_help_panel=S)] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start).", rich_help_panel=S)] = 8000,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* ($ECACHE_API_KEY) \\[default: none].", rich_help_panel=S)] = None,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Rows decoded at once, over every batching group.", rich_help_panel=S)] = 32,

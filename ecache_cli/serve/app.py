@@ -285,10 +285,10 @@ def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool 
 
 def bind(host: str, port: int):
     """A TCP socket bound to ``host``:``port`` (0: any free port) for :func:`run_server`, so a busy
-    port or a bad address fails before the model loads. Raises UsageError naming the address."""
+    port or a bad address fails before the model loads. Raises EcacheError (exit 1) naming the address."""
     import socket
 
-    from ..errors import UsageError
+    from ..errors import EcacheError
 
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -296,6 +296,6 @@ def bind(host: str, port: int):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
     except OSError as e:
-        raise UsageError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port or --host") from None
+        raise EcacheError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port or --host") from None
     sock.set_inheritable(True)
     return sock
