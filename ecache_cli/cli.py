@@ -186,11 +186,11 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 def _register() -> None:
     """Every subcommand, registered here and only here (the command modules never import ``app``)."""
-    from .commands import calibrate, generate, help, profile, trace_drift
+    from .commands import calibrate, generate, help, profile, serve, trace_drift
 
     for name, fn in (("generate", generate.generate), ("profile", profile.profile_cmd),
                      ("calibrate", calibrate.calibrate_cmd), ("trace-drift", trace_drift.trace_drift_cmd),
-                     ("help", help.help_cmd)):
+                     ("serve", serve.serve_cmd), ("help", help.help_cmd)):
         app.command(name, cls=EcacheCommand)(handle_errors(fn, INTERRUPTED.get(name, KEPT)))
 
 

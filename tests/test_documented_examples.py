@@ -184,6 +184,9 @@ NOT_RUN = {
     "torchrun --nproc_per_node 8": "8 GPUs",
     "torchrun --nproc_per_node 2 -m ecache_cli calibrate --task list --limit 8":
         "tests/test_distributed.py (slow, in .ci/run) runs it against one process",
+    'pip install -e ".[serve]"': "the install is .ci/run's (it installs the serve extra)",
+    "ecache serve": "a server runs until stopped; tests/test_serve.py starts it and drives it with the openai client",
+    "curl ": "needs a running server; tests/test_serve.py sends these requests through the openai client and httpx",
 }
 
 

@@ -1,0 +1,220 @@
+"""Serving load benchmark: Poisson arrivals against ``ecache serve``; continuous vs static batching,
+``none`` vs ``entropy``.
+
+For each batching mode (``--batching continuous`` and ``static``) the script starts ``ecache serve``
+on a free loopback port (``--max-batch``, one torch thread by default), and for each cache policy
+(the request's ``policy`` field) measures:
+
+- the unloaded latency: ``--unloaded`` requests sent one at a time (median seconds);
+- at every arrival rate of ``--rates`` (requests/s): ``--duration`` seconds of Poisson arrivals
+  (exponential gaps, seeded), each request a streamed chat completion of a ``list``-domain test
+  prompt (``max_tokens`` ``--max-tokens``, greedy); throughput = requests done / (last done − first
+  sent), generated tokens/s, p50/p95 latency (sent → last chunk), p50/p95 time to the first streamed
+  text.
+
+Then the targets: R* is the lowest rate at which static batching's p95 latency exceeds 3× its
+unloaded latency (``--policy-for-batching``, default entropy); at R*, continuous batching's p95 must be
+≤ 0.6× static's at equal or higher throughput, and under continuous batching ``entropy`` must serve
+≥ 2× ``none``'s throughput. Prints a table and, last, one JSON line.
+
+    python bench/serve_load.py                                      # ~6-8 min on a 2-core CPU
+    python bench/serve_load.py --rates 4,8,16 --duration 5 --modes continuous
+    python bench/serve_load.py --url http://127.0.0.1:8000 --modes external   # a server already running
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile (0-1) of xs, nearest rank; NaN for none."""
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * len(xs) + 0.5) - 1))]
+
+
+def start_server(args, mode: str):
+    """``ecache serve`` on a free loopback port; returns (process, base URL)."""
+    cmd = [sys.executable, "-m", "ecache_cli", "serve", "--model", args.model, "--port", "0", "--batching", mode,
+           "--max-batch", str(args.max_batch), "--max-queue", "100000", "--threads", str(args.threads),
+           "--gen-length", str(args.max_tokens)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    url = None
+    for line in proc.stderr:
+        m = re.search(r"listening on (http://\S+?:\d+)", line)
+        if m:
+            url = m.group(1)
+            break
+    if url is None:
+        raise SystemExit(f"ecache serve did not start: {proc.wait()}")
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # drain its stderr
+    return proc, url
+
+
+async def one(client, url: str, model: str, prompt: str, policy: str, max_tokens: int) -> dict:
+    """One streamed chat completion; returns sent time, first-text time, done time, tokens, reason."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "policy": policy}
+    t0 = time.perf_counter()
+    first = None
+    tokens, reason = 0, None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+            for ch in ev.get("choices", []):
+                if ch["delta"].get("content") and first is None:
+                    first = time.perf_counter()
+                reason = ch.get("finish_reason") or reason
+    t1 = time.perf_counter()
+    return {"sent": t0, "first": first if first is not None else t1, "done": t1, "tokens": tokens, "reason": reason}
+
+
+async def unloaded(url: str, args, prompts: list[str], policy: str) -> float:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        await one(client, url, args.model, prompts[0], policy, args.max_tokens)  # warm-up
+        lat = []
+        for i in range(args.unloaded):
+            r = await one(client, url, args.model, prompts[i % len(prompts)], policy, args.max_tokens)
+            lat.append(r["done"] - r["sent"])
+    return statistics.median(lat)
+
+
+async def load(url: str, args, prompts: list[str], policy: str, rate: float, seed: int) -> dict:
+    """``--duration`` seconds of Poisson arrivals at ``rate``/s (at least 8 requests); the measures."""
+    import httpx
+
+    rng = random.Random(seed)
+    n = max(8, round(rate * args.duration))
+    gaps = [rng.expovariate(rate) for _ in range(n)]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        tasks = []
+        for i, gap in enumerate(gaps):
+            await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(one(client, url, args.model, prompts[i % len(prompts)], policy,
+                                                 args.max_tokens)))
+        res = await asyncio.gather(*tasks)
+    start, end = min(r["sent"] for r in res), max(r["done"] for r in res)
+    lat = [r["done"] - r["sent"] for r in res]
+    ttft = [r["first"] - r["sent"] for r in res]
+    return {"n": n, "throughput": n / (end - start), "tokens_per_s": sum(r["tokens"] for r in res) / (end - start),
+            "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
+            "reasons": sorted({r["reason"] for r in res})}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--rates", default="2,4,8,16,32", help="arrival rates, requests/s (default 2,4,8,16,32)")
+    ap.add_argument("--duration", type=float, default=6.0, help="seconds of arrivals per rate (default 6)")
+    ap.add_argument("--policies", default="none,entropy")
+    ap.add_argument("--modes", default="static,continuous", help="batching modes to start servers for, or "
+                    "'external' with --url")
+    ap.add_argument("--url", default=None, help="a running server (with --modes external)")
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--unloaded", type=int, default=8, help="sequential requests for the unloaded latency")
+    ap.add_argument("--policy-for-batching", default="entropy", help="the policy of the static/continuous target")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    sys.path.insert(0, str(REPO))
+    from ecache_cli.tasks import get_task
+
+    task = get_task("list")
+    prompts = [task.prompt(ex, 0, 0) for ex in task.examples("test", 64, args.seed)]
+    rates = [float(r) for r in args.rates.split(",")]
+    policies = args.policies.split(",")
+    modes = args.modes.split(",")
+    rows: list[dict] = []
+    t_start = time.time()
+    for mode in modes:
+        proc, url = (None, args.url) if mode == "external" else start_server(args, mode)
+        try:
+            for policy in policies:
+                base = asyncio.run(unloaded(url, args, prompts, policy))
+                for i, rate in enumerate(rates):
+                    m = asyncio.run(load(url, args, prompts, policy, rate, args.seed * 1000 + i))
+                    row = {"mode": mode, "policy": policy, "rate": rate, "unloaded": base, **m}
+                    rows.append(row)
+                    print(f"{mode:>10} {policy:>8} rate {rate:5g}/s: {m['throughput']:6.2f} req/s, "
+                          f"p50 {m['p50']:.3f} s, "
+                          f"p95 {m['p95']:.3f} s, ttft p50 {m['ttft_p50']:.3f} s (unloaded {base:.3f} s)",
+                          file=sys.stderr, flush=True)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(60)
+
+    print(f"\n{'batching':>10} {'policy':>8} {'rate/s':>7} {'n':>4} {'req/s':>7} {'tok/s':>7} {'p50 s':>7} "
+          f"{'p95 s':>7} {'ttft50':>7} {'ttft95':>7} {'unl. s':>7}")
+    for r in rows:
+        print(f"{r['mode']:>10} {r['policy']:>8} {r['rate']:7g} {r['n']:4d} {r['throughput']:7.2f} "
+              f"{r['tokens_per_s']:7.1f} {r['p50']:7.3f} {r['p95']:7.3f} {r['ttft_p50']:7.3f} {r['ttft_p95']:7.3f} "
+              f"{r['unloaded']:7.3f}")
+
+    def at(mode, policy, rate):
+        return next((r for r in rows if r["mode"] == mode and r["policy"] == policy and r["rate"] == rate), None)
+
+    targets: dict = {}
+    pol = args.policy_for_batching
+    static = [r for r in rows if r["mode"] == "static" and r["policy"] == pol]
+    r_star = next((r["rate"] for r in static if r["p95"] > 3 * r["unloaded"]), None)
+    targets["r_star"] = r_star
+    if r_star is not None:
+        s, c = at("static", pol, r_star), at("continuous", pol, r_star)
+        if c is not None:
+            targets["continuous_p95_over_static"] = c["p95"] / s["p95"]
+            targets["continuous_throughput_over_static"] = c["throughput"] / s["throughput"]
+            targets["batching_met"] = c["p95"] <= 0.6 * s["p95"] and c["throughput"] >= s["throughput"] * 0.98
+        e, n_ = at("continuous", "entropy", r_star), at("continuous", "none", r_star)
+        if e is not None and n_ is not None:
+            targets["entropy_throughput_over_none"] = e["throughput"] / n_["throughput"]
+            targets["entropy_met"] = e["throughput"] >= 2 * n_["throughput"]
+    print("\ntargets:", json.dumps(targets))
+    print(json.dumps({"bench": "serve_load", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
+                      "cpu": _cpu(), "threads": args.threads, "model": args.model, "max_batch": args.max_batch,
+                      "max_tokens": args.max_tokens, "duration_s": args.duration, "wall_s": time.time() - t_start,
+                      "rows": rows, "targets": targets}))
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""``ecache serve``: an OpenAI-compatible HTTP server with step-level continuous batching."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .. import options as o
+
+S = "Server"
+
+
+def serve_cmd(
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
+    host: Annotated[str, typer.Option(help="Address to listen on: 127.0.0.1 this machine only; 0.0.0.0 every interface (then pass --api-key).", rich_help_panel=S)] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start).", rich_help_panel=S)] = 8000,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* ($ECACHE_API_KEY) \\[default: none].", rich_help_panel=S)] = None,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Rows decoded at once, over every batching group.", rich_help_panel=S)] = 32,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests waiting for a row; more get 429 with Retry-After.", rich_help_panel=S)] = 256,
+    batching: Annotated[str, typer.Option(help="continuous: requests join and leave running batches between denoising steps; static: an idle engine takes up to --max-batch queued requests and runs them to the end.", rich_help_panel=S)] = "continuous",
+    request_timeout: Annotated[Optional[float], typer.Option("--request-timeout", help="Seconds from arrival after which a request ends with finish_reason 'timeout' (its text so far) \\[default: none].", rich_help_panel=S)] = None,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (413 above).", rich_help_panel=S)] = 1 << 20,
+    max_prompt_tokens: Annotated[Optional[int], typer.Option("--max-prompt-tokens", help="Longest prompt in tokens, after the chat template (400 above) \\[default: the model's positions less --gen-length].", rich_help_panel=S)] = None,
+    shutdown_grace: Annotated[float, typer.Option("--shutdown-grace", help="Seconds SIGTERM leaves running requests before ending them with finish_reason 'shutdown'.", rich_help_panel=S)] = 30.0,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every HTTP request on stderr \\[default: off].", rich_help_panel=S)] = False,
+    gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
+    temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
+    threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
+    early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None, alg_temp: o.AlgTemp = None,
+    cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
+    block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
+):
+    """Serve the model over an OpenAI-compatible HTTP API (needs the extra: pip install -e ".\\[serve]").
+
+    The decode and cache flags are the server's defaults; a request may override policy, tau, threshold,
+    block_length and steps in its body, and max_tokens sets its canvas. Endpoints: /v1/models,
+    /v1/completions, /v1/chat/completions, /health, /metrics.
+
+    Examples: [cyan]ecache serve[/] · [cyan]ecache serve --model llada-8b --device cuda:0 --host 0.0.0.0 --api-key $KEY[/]
+    """
+    from ..errors import EcacheError, UsageError
+
+    if max_batch < 1:
+        raise UsageError(f"--max-batch {max_batch} must be ≥ 1")
+    if max_queue < 0:
+        raise UsageError(f"--max-queue {max_queue} must be ≥ 0")
+    if batching not in ("continuous", "static"):
+        raise UsageError(f"--batching {batching!r}: use continuous or static")
+    if request_timeout is not None and request_timeout <= 0:
+        raise UsageError(f"--request-timeout {request_timeout} must be > 0 seconds")
+    if max_body_bytes < 1024:
+        raise UsageError(f"--max-body-bytes {max_body_bytes} must be ≥ 1024")
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} must be ≥ 1")
+    if shutdown_grace < 0:
+        raise UsageError(f"--shutdown-grace {shutdown_grace} must be ≥ 0 seconds")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port} must be in 0-65535")
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty; give a key, or leave it (and $ECACHE_API_KEY) out")
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise EcacheError(f"ecache serve needs the 'serve' extra ({e.name} is missing): pip install -e \".[serve]\" "
+                          "(or pip install 'ecache[serve]')") from None
+    from ..console import err, warn
+    from ..runs.settings import resolve_settings, warn_unused_cache_flags
+    from ..runtime import load_for_command
+    from ..serve.app import ServeOptions, bind, create_app, run_server
+
+    flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
+    settings = resolve_settings(
+        model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
+                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
+        flags, profile=profile)
+    warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache}")
+    sock = bind(host, port)  # before the model loads: a busy port fails at once
+    err.print(settings.describe(model), markup=False, highlight=False)
+    lm, _ = load_for_command(model, device, dtype, threads)
+    room = lm.spec.max_positions - settings.decode.gen_length
+    if max_prompt_tokens is None:
+        max_prompt_tokens = room
+    elif max_prompt_tokens > room:
+        raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} + --gen-length {settings.decode.gen_length} exceed "
+                         f"the model's {lm.spec.max_positions} positions; use at most {room}")
+    opts = ServeOptions(model_name=model, api_key=api_key, max_batch=max_batch, max_queue=max_queue, batching=batching,
+                        request_timeout=request_timeout, max_body_bytes=max_body_bytes,
+                        max_prompt_tokens=max_prompt_tokens, shutdown_grace=shutdown_grace)
+    app = create_app(lm, settings, opts)
+    where, port_ = sock.getsockname()[:2]
+    err.print(f"ecache serve: model {model} on {lm.device}, {batching} batching, --max-batch {max_batch}; listening "
+              f"on http://{_url_host(where)}:{port_} (OpenAI API under /v1)", markup=False, highlight=False)
+    loopback = _is_loopback(where)
+    if api_key is None and loopback:
+        err.print("no --api-key: listening on loopback only, so only this machine can reach the server; pass "
+                  "--api-key (or set ECACHE_API_KEY) and --host 0.0.0.0 to serve other machines",
+                  markup=False, highlight=False)
+    elif api_key is None:
+        warn(f"no --api-key and --host {host}: anyone who can reach port {port_} can use the model; pass --api-key "
+             "(or set ECACHE_API_KEY)")
+    run_server(app, sock, access_log=access_log)
+    err.print("ecache serve: stopped", markup=False, highlight=False)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,70 @@
+"""The server's Prometheus metrics (``GET /metrics``), one registry per app.
+
+Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` histograms). What to scale
+on: ``ecache_queue_depth`` (requests waiting for a row) and ``ecache_running_rows`` against
+``--max-batch``; latency SLOs from ``ecache_request_seconds`` and ``ecache_time_to_first_token_seconds``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+#: Seconds buckets for latencies of whole requests (tiny model on a CPU to an 8B model on a GPU).
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
+#: Seconds buckets for one denoising step (one forward of a batch).
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class ServeMetrics:
+    """The metrics of one server; every update is thread-safe (prometheus-client's own locks).
+
+    - ``requests`` ``ecache_requests_total{endpoint, outcome}``: finished requests by finish reason
+      (stop, length, timeout, cancelled, shutdown) or rejection (invalid, unauthorized, too_large,
+      queue_full, unavailable, error).
+    - ``queue_depth`` ``ecache_queue_depth``: requests waiting for a row.
+    - ``running_rows`` ``ecache_running_rows``: rows in the engine's runs (at most ``--max-batch``).
+    - ``generated_tokens`` ``ecache_generated_tokens_total``: completion tokens returned.
+    - ``step_seconds`` ``ecache_step_seconds{policy}``: wall time of one denoising step of one run.
+    - ``request_seconds`` ``ecache_request_seconds{endpoint}``: arrival to last token.
+    - ``ttft_seconds`` ``ecache_time_to_first_token_seconds{endpoint}``: arrival to the first final
+      answer text.
+    - ``row_steps`` / ``row_refreshes`` ``ecache_row_steps_total{policy}``,
+      ``ecache_row_refreshes_total{policy}``: rows stepped and rows that ran a full forward (refresh);
+      ``refresh_share`` ``ecache_refresh_share{policy}`` is their ratio since the start.
+    """
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("ecache_requests", "Requests by endpoint and outcome (finish reason or rejection).",
+                                ["endpoint", "outcome"], registry=r)
+        self.queue_depth = Gauge("ecache_queue_depth", "Requests waiting for a row.", registry=r)
+        self.running_rows = Gauge("ecache_running_rows", "Rows in the engine's runs.", registry=r)
+        self.generated_tokens = Counter("ecache_generated_tokens", "Completion tokens returned.", registry=r)
+        self.step_seconds = Histogram("ecache_step_seconds", "Wall time of one denoising step of one run.",
+                                      ["policy"], buckets=STEP_BUCKETS, registry=r)
+        self.request_seconds = Histogram("ecache_request_seconds", "Request latency, arrival to last token.",
+                                         ["endpoint"], buckets=REQUEST_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram("ecache_time_to_first_token_seconds",
+                                      "Arrival to the first final answer text.", ["endpoint"],
+                                      buckets=REQUEST_BUCKETS, registry=r)
+        self.row_steps = Counter("ecache_row_steps", "Rows stepped, by cache policy.", ["policy"], registry=r)
+        self.row_refreshes = Counter("ecache_row_refreshes", "Rows that ran a full forward (refresh), by cache policy.",
+                                     ["policy"], registry=r)
+        self.refresh_share = Gauge("ecache_refresh_share",
+                                   "Refreshed rows over rows stepped since the start, by policy.",
+                                   ["policy"], registry=r)
+        self._counts: dict[str, list[int]] = {}
+
+    def step(self, policy: str, seconds: float, rows: int, refreshed: int) -> None:
+        """One denoising step of a run of ``policy``: ``rows`` rows stepped, ``refreshed`` of them refreshed."""
+        self.step_seconds.labels(policy).observe(seconds)
+        self.row_steps.labels(policy).inc(rows)
+        self.row_refreshes.labels(policy).inc(refreshed)
+        c = self._counts.setdefault(policy, [0, 0])  # only the engine thread steps
+        c[0] += rows
+        c[1] += refreshed
+        self.refresh_share.labels(policy).set(c[1] / max(c[0], 1))
+
+    def render(self) -> bytes:
+        """The text exposition format of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,353 @@
+"""Request bodies of ``ecache serve``: OpenAI's fields, the decoding extensions, their checks, and the
+OpenAI error shape.
+
+Accepted (OpenAI API reference, "Completions" and "Chat Completions"): ``model``, ``prompt``
+(completions: a string, a one-string list or a list of token ids) or ``messages`` (chat: roles
+system, developer, user, assistant; content a string or a list of ``{"type": "text"}`` parts),
+``max_tokens`` (and ``max_completion_tokens`` for chat), ``temperature`` (0 ≤ t ≤ 2; default the
+server's), ``top_p`` (0 < p ≤ 1), ``seed``, ``stop`` (a string or up to 4), ``n`` (1 only),
+``stream``, ``stream_options.include_usage``, ``user`` (ignored). Fields OpenAI has that this server
+cannot honour (``logprobs``, ``echo``, ``best_of`` > 1, ``suffix``, penalties, ``logit_bias``,
+``tools``, a non-text ``response_format``) are refused unless they hold their neutral value.
+
+Extensions, beside the standard fields (the openai client sends them with ``extra_body``):
+``policy`` (a cache policy: ``ecache_cli/cache``), ``tau`` (EntropyCache's threshold, nats),
+``threshold`` (Fast-dLLM parallel decoding, (0, 1]), ``block_length``, ``steps`` (denoising steps of
+the whole canvas) and ``ignore_eos`` (never commit EOS/EOT, so the answer runs to ``max_tokens``;
+vLLM's extension of that name). Anything else is refused.
+
+The canvas: ``gen_length`` = ``max_tokens`` (default: the server's ``--gen-length``) rounded up to
+whole blocks; steps default to the server's steps per generated token times ``gen_length`` (at least
+one a block). Every refusal is an :class:`ApiError`: HTTP status and OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..cache import POLICIES, make_policy, policy_params
+from ..cache.entropy import DEFAULT_TAU
+from ..decoding.schedule import default_steps
+from ..errors import EcacheError
+from .scheduler import PROMPT_BUCKET, GroupKey, Job
+
+#: OpenAI's limit on stop sequences.
+MAX_STOP = 4
+
+
+class ApiError(Exception):
+    """A refused request: ``status`` (HTTP), ``message`` (one line naming the value and the fix),
+    ``param`` (the field), ``type`` and ``code`` (OpenAI's), ``headers`` (e.g. Retry-After)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
+                 code: str | None = None, headers: dict | None = None, outcome: str = "invalid"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers, self.outcome = headers or {}, outcome
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: Optional[bool] = None
+
+
+class _Common(_Body):
+    model: str
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    n: Optional[int] = None
+    stream: Optional[bool] = None
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    # extensions
+    policy: Optional[str] = None
+    tau: Optional[float] = None
+    threshold: Optional[float] = None
+    block_length: Optional[int] = None
+    steps: Optional[int] = None
+    ignore_eos: Optional[bool] = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int]]
+    echo: Optional[bool] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+    logprobs: Optional[int] = None
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Body):
+    role: str
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+
+
+class ChatRequest(_Common):
+    messages: list[Message]
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+    response_format: Optional[dict[str, Any]] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Any] = None
+    parallel_tool_calls: Optional[bool] = None
+
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def parse(model: type[_Body], body: Any) -> _Body:
+    """Validate a JSON body against ``model``; the first problem becomes a 400 naming its field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(body, strict=True)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]
+                       if not (isinstance(p, str) and (p.startswith(("list[", "dict[", "union[")) or p in (
+                           "str", "int", "float", "bool", "function-after"))))
+        if first["type"] == "extra_forbidden":
+            raise ApiError(400, f"unrecognized request argument {loc!r}; see the OpenAI reference or the "
+                                "extensions policy, tau, threshold, block_length, steps, ignore_eos", loc) from None
+        if first["type"] == "missing":
+            raise ApiError(400, f"{loc!r} is required", loc) from None
+        got = first.get("input")
+        raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {_short(got)})", loc) from None
+
+
+def _short(v: Any) -> str:
+    import json
+
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclasses.dataclass
+class Limits:
+    """Server-side bounds on a request: ``max_prompt_tokens`` (prompt ids), ``model_name`` (the id
+    requests must name), ``request_timeout`` (seconds, None: none)."""
+
+    max_prompt_tokens: int
+    model_name: str
+    request_timeout: float | None = None
+
+
+class Resolver:
+    """Turns a parsed request into a :class:`Job`: token ids through the model's tokenizer (and chat
+    template for chat), decode settings over the server's (``settings``: a ``runs.settings.Settings``),
+    the policy and the batching group."""
+
+    def __init__(self, engine, lm, settings, limits: Limits):
+        self.engine, self.lm, self.settings, self.limits = engine, lm, settings, limits
+
+    # -- prompts --------------------------------------------------------------------------------------
+
+    def completion_ids(self, req: CompletionRequest) -> list[int]:
+        p = req.prompt
+        if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
+            why = self.engine.check_prompt_ids(p)
+            if why:
+                raise ApiError(400, f"prompt: {why}", "prompt")
+            return list(p)
+        if isinstance(p, list):
+            if len(p) != 1:
+                raise ApiError(400, f"prompt: {len(p)} prompts in one request; send one prompt per request "
+                                    "(requests are batched by the server)", "prompt")
+            p = p[0]
+        if not p.strip():
+            raise ApiError(400, "prompt is empty; give at least one token of text", "prompt")
+        return self._encode(p, chat=False, param="prompt")
+
+    def chat_ids(self, req: ChatRequest) -> list[int]:
+        if not self.lm.chat:
+            raise ApiError(400, f"model {self.limits.model_name} has no chat template; use /v1/completions",
+                           "messages")
+        if not req.messages:
+            raise ApiError(400, "messages is empty; give at least one {role, content} message", "messages")
+        msgs = []
+        for i, m in enumerate(req.messages):
+            if m.role not in ROLES:
+                raise ApiError(400, f"messages[{i}].role {m.role!r} is not supported; use one of {', '.join(ROLES)}",
+                               f"messages.{i}.role")
+            content = m.content if isinstance(m.content, str) or m.content is None else \
+                "".join(part.text for part in m.content)
+            msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+        if not any(m["content"].strip() for m in msgs):
+            raise ApiError(400, "messages hold no text; give at least one message with content", "messages")
+        return self._encode(msgs, chat=True, param="messages")
+
+    def _encode(self, prompt, chat: bool, param: str) -> list[int]:
+        try:
+            ids = self.engine.encode([prompt], chat=chat)[0]
+        except EcacheError as e:
+            raise ApiError(400, f"{param}: {e}", param) from None
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise ApiError(400, f"{param} has {len(ids)} tokens; this server takes at most "
+                                f"{self.limits.max_prompt_tokens} (--max-prompt-tokens)", param,
+                           code="context_length_exceeded")
+        return ids
+
+    # -- the job ----------------------------------------------------------------------------------------
+
+    def job(self, req: _Common, endpoint: str, prompt_ids: list[int]) -> Job:
+        """The :class:`Job` of a parsed request with its prompt ids. Raises ApiError (400) naming the field."""
+        lim = self.limits
+        if req.model != lim.model_name:
+            raise ApiError(400, f"model {req.model!r} is not served here; this server serves {lim.model_name!r} "
+                                "(GET /v1/models)", "model", code="model_not_found")
+        self._unsupported(req)
+        base = self.settings.decode
+        max_tokens = req.max_tokens
+        if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+            if max_tokens is not None and max_tokens != req.max_completion_tokens:
+                raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", "max_completion_tokens")
+            max_tokens = req.max_completion_tokens
+        field = "max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens is not None \
+            else "max_tokens"
+        if max_tokens is None:
+            max_tokens = base.gen_length
+        if max_tokens < 1:
+            raise ApiError(400, f"{field} {max_tokens} must be ≥ 1", field)
+        block = base.block_length if req.block_length is None else req.block_length
+        if block < 1:
+            raise ApiError(400, f"block_length {block} must be ≥ 1 (e.g. 32)", "block_length")
+        gen = -(-max_tokens // block) * block
+        room = self.lm.spec.max_positions - len(prompt_ids)
+        if gen > room:
+            raise ApiError(400, f"{field} {max_tokens} (a canvas of {gen} positions, whole blocks of {block}) and the "
+                                f"prompt's {len(prompt_ids)} tokens exceed the model's {self.lm.spec.max_positions} "
+                                f"positions; ask for at most {room // block * block} tokens", field,
+                           code="context_length_exceeded")
+        temperature = base.temperature if req.temperature is None else req.temperature
+        if not (math.isfinite(temperature) and 0 <= temperature <= 2):
+            raise ApiError(400, f"temperature {temperature} must be in [0, 2] (0 = greedy)", "temperature")
+        top_p = base.top_p if req.top_p is None else req.top_p
+        if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+            raise ApiError(400, f"top_p {top_p} must be in (0, 1]", "top_p")
+        threshold = base.threshold if req.threshold is None else req.threshold
+        if req.threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
+            raise ApiError(400, f"threshold {threshold} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)",
+                           "threshold")
+        parallel = threshold is not None or base.factor is not None
+        steps = req.steps
+        if steps is None:
+            steps = self._default_steps(gen, block, parallel)
+        elif steps < 1:
+            raise ApiError(400, f"steps {steps} must be ≥ 1", "steps")
+        cfg = dataclasses.replace(base, gen_length=gen, block_length=block, steps=steps, temperature=temperature,
+                                  top_p=top_p, threshold=threshold,
+                                  ban_eos=base.ban_eos if req.ignore_eos is None else req.ignore_eos)
+        self._check_decode(cfg, req)
+        name, params = self._policy(req)
+        stop = [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
+        if len(stop) > MAX_STOP or any(not s for s in stop):
+            raise ApiError(400, f"stop: give at most {MAX_STOP} non-empty strings (got {_short(req.stop)})", "stop")
+        width = min(-(-len(prompt_ids) // PROMPT_BUCKET) * PROMPT_BUCKET, self.lm.spec.max_positions - gen)
+        key = GroupKey(cfg=cfg, policy=name, params=tuple(sorted(params.items())), prompt_width=width)
+        seed = random.getrandbits(63) if req.seed is None else req.seed
+        return Job(endpoint=endpoint, prompt_ids=prompt_ids, key=key, make_policy=lambda: make_policy(name, **params),
+                   max_tokens=max_tokens, stop=stop, stream=bool(req.stream), seed=seed, timeout=lim.request_timeout)
+
+    def _default_steps(self, gen: int, block: int, parallel: bool) -> int | None:
+        """The server's steps per generated token × ``gen``, at least one a block; None in threshold
+        mode without steps (a block runs until it has no masks)."""
+        base = self.settings.decode
+        base_parallel = base.threshold is not None or base.factor is not None
+        base_steps = default_steps(base.gen_length, base.steps, base_parallel)
+        if base_steps is None:
+            return None if parallel else gen
+        per_block = max(1, round(block * base_steps / base.gen_length))
+        return per_block * (gen // block)
+
+    def _check_decode(self, cfg, req: _Common) -> None:
+        """The schedule and remasking checks of ``ecache generate`` (``runs.settings.validate_decode``)."""
+        from ..runs.settings import validate_decode
+
+        try:
+            validate_decode(cfg.as_dict())
+        except EcacheError as e:
+            msg = str(e)
+            param = next((f for f, flag in (("steps", "--steps"), ("block_length", "--block-length"),
+                                            ("threshold", "--threshold"), ("top_p", "--top-p")) if flag in msg), None)
+            for flag, name in (("--gen-length", "the canvas (max_tokens rounded up to whole blocks)"),
+                               ("--block-length", "block_length"), ("--steps", "steps"), ("--threshold", "threshold")):
+                msg = msg.replace(flag, name)
+            raise ApiError(400, msg, param) from None
+
+    def _policy(self, req: _Common) -> tuple[str, dict]:
+        """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
+        s = self.settings
+        name = s.cache if req.policy is None else req.policy
+        if name not in POLICIES:
+            raise ApiError(400, f"policy {name!r} is not a cache policy; use one of {', '.join(POLICIES)}", "policy")
+        known = policy_params(name)
+        if name == s.cache:
+            params = dict(s.cache_params)
+        else:
+            params = {k: v for k, v in s.all_cache_params.items() if k in known}
+        if name == "entropy" and "tau" not in params:
+            params["tau"] = s.cache_params.get("tau", DEFAULT_TAU)
+        if req.tau is not None:
+            if "tau" not in known:
+                raise ApiError(400, f"tau is EntropyCache's threshold; policy {name!r} takes none (use policy "
+                                    "'entropy' or drop tau)", "tau")
+            if not (math.isfinite(req.tau) and req.tau >= 0):
+                raise ApiError(400, f"tau {req.tau} must be a finite number ≥ 0 (nats)", "tau")
+            params["tau"] = req.tau
+        try:
+            make_policy(name, **params)
+        except EcacheError as e:
+            raise ApiError(400, f"policy {name}: {e}", "tau" if req.tau is not None else "policy") from None
+        return name, params
+
+    @staticmethod
+    def _unsupported(req: _Common) -> None:
+        """Refuse OpenAI fields this server cannot honour (neutral values pass)."""
+        checks = [("n", req.n not in (None, 1), "n must be 1: one choice per request (send more requests; they are "
+                                               "batched)")]
+        checks += [(f, getattr(req, f) not in (None, 0, 0.0), f"{f} is not supported (diffusion decoding has no "
+                                                              "per-token penalties); leave it out or 0")
+                   for f in ("presence_penalty", "frequency_penalty")]
+        checks.append(("logit_bias", bool(req.logit_bias), "logit_bias is not supported; leave it out"))
+        if isinstance(req, CompletionRequest):
+            checks += [("logprobs", req.logprobs is not None, "logprobs is not supported; leave it out"),
+                       ("echo", bool(req.echo), "echo is not supported; leave it out"),
+                       ("best_of", req.best_of not in (None, 1), "best_of must be 1"),
+                       ("suffix", bool(req.suffix), "suffix (insertion) is not supported; leave it out")]
+        if isinstance(req, ChatRequest):
+            checks += [("logprobs", bool(req.logprobs), "logprobs is not supported; leave it out"),
+                       ("top_logprobs", req.top_logprobs is not None, "top_logprobs is not supported; leave it out"),
+                       ("tools", bool(req.tools), "tools are not supported; leave them out"),
+                       ("tool_choice", req.tool_choice not in (None, "none"), "tool_choice is not supported"),
+                       ("response_format", req.response_format not in (None, {"type": "text"}),
+                        "response_format: only {\"type\": \"text\"} is supported")]
+        for field, bad, msg in checks:
+            if bad:
+                raise ApiError(400, msg, field)

@@ -1,0 +1,499 @@
+"""The engine loop of ``ecache serve``: one thread owns the model and batches requests step by step.
+
+Rows and groups. A request is one row of a run (``engine/core.py`` ``Run``). Rows of one run share
+its ``DecodeConfig``, its policy object and its canvas width, so a request joins a run only of its
+*group*: equal decode settings (gen length = ``max_tokens`` rounded up to whole blocks, block length,
+steps, threshold, temperature, top-p, ignore_eos), equal cache policy and parameters (τ ...), and
+equal prompt width bucket (the prompt's tokens rounded up to a multiple of :data:`PROMPT_BUCKET`).
+The seed is per row (:class:`RequestStreams`), so it never splits a group. Each policy keeps its
+state per row, so every row makes its own cache decisions whatever else runs beside it.
+
+Continuous batching (``--batching continuous``, the default). Between two steps the loop moves
+queued requests (first come, first served, while fewer than ``--max-batch`` rows run) into the newest
+run of their group with :meth:`Run.add` (they join at that run's next step, with their own full
+forward) or start a new run for them. Runs of different groups are stepped round-robin, one
+denoising step each, by this one thread. A row leaves its run right after the step that finished it
+(end of answer, ``max_tokens``, a stop string, a client that went away, ``--request-timeout``, or
+the end of the shutdown grace), through ``record.finished`` (``docs/ARCHITECTURE.md``, "Row
+lifecycle"). A run takes at most :data:`RUN_ROW_LIMIT` rows over its life (its ledger keeps every
+row), then its group starts a new run for later requests.
+
+Static batching (``--batching static``, the baseline of ``bench/serve_load.py``): when no run is
+active the loop takes the first queued request and up to ``--max-batch`` − 1 more of its group in
+queue order, and runs them to completion before taking more (dInfer's demo server).
+
+Results go back to the asyncio side through :class:`Job` events (``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from ..console import err
+from ..decoding.config import DecodeConfig
+from ..decoding.streams import RowStreams, row_generator
+from ..engine.core import Engine
+
+#: Prompt widths are rounded up to a multiple of this many tokens, so prompts of similar length share a run.
+PROMPT_BUCKET = 64
+#: Rows one run takes over its life before its group starts a fresh run (bounds the run's ledger).
+RUN_ROW_LIMIT = 512
+#: Finish reasons beyond OpenAI's ``stop`` and ``length``.
+TIMEOUT, CANCELLED, SHUTDOWN = "timeout", "cancelled", "shutdown"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupKey:
+    """What rows must share to be in one run: decode settings, policy and its parameters, prompt width."""
+
+    cfg: DecodeConfig
+    policy: str
+    params: tuple
+    prompt_width: int
+
+
+@dataclasses.dataclass
+class Event:
+    """A message from the engine thread to a request's handler. ``kind``: ``delta`` (``text``: newly
+    final answer text, streaming only), ``done`` (``result``: the :class:`Result`) or ``error``
+    (``status`` HTTP status, ``text`` message)."""
+
+    kind: str
+    text: str = ""
+    result: "Result | None" = None
+    status: int = 500
+
+
+@dataclasses.dataclass
+class Result:
+    """A finished request: ``text`` (the answer, cut at ``max_tokens`` and before a stop string),
+    ``finish_reason`` (stop, length, timeout, cancelled, shutdown), ``prompt_tokens``,
+    ``completion_tokens`` (answer tokens returned) and ``stats`` (the row's nfe, full_forwards,
+    partial_forwards, refresh_share, gen_length, steps, policy, group_rows: rows its run held when it left)."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    stats: dict
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One request on its way through the engine.
+
+    Set by the handler: ``endpoint`` (``completions`` | ``chat``), ``prompt_ids`` (token ids),
+    ``key`` (its :class:`GroupKey`), ``make_policy`` (a fresh policy object for a new run),
+    ``max_tokens`` (the answer's cut), ``stop`` (strings that end the answer, not returned),
+    ``stream``, ``seed`` (its random stream: ``row_generator(seed, 0)``, as ``ecache generate --seed``
+    gives the first prompt), ``timeout`` (seconds from arrival, None: none).
+    The engine thread fills the rest; ``cancelled`` is set by the handler when the client goes away.
+    """
+
+    endpoint: str
+    prompt_ids: list[int]
+    key: GroupKey
+    make_policy: Callable[[], object]
+    max_tokens: int
+    stop: list[str]
+    stream: bool
+    seed: int
+    timeout: float | None = None
+    arrived: float = dataclasses.field(default_factory=time.monotonic)
+    cancelled: bool = False
+    done: bool = False
+    # engine-side progress
+    uid: int = -1
+    seen: int = 0  # answer positions already final (no mask before them) at the last check
+    text: str = ""
+    n_answer: int = 0
+    reason: str | None = None
+    sent: str = ""  # streamed so far
+    first_token_at: float | None = None
+    in_run: bool = False
+    _loop: asyncio.AbstractEventLoop | None = None
+    _events: asyncio.Queue | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Deliver this job's events to ``loop`` (the handler's event loop)."""
+        self._loop, self._events = loop, asyncio.Queue()
+
+    async def next_event(self, timeout: float) -> Event | None:
+        """The next event, or None after ``timeout`` seconds without one."""
+        try:
+            return await asyncio.wait_for(self._events.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    def post(self, event: Event) -> None:
+        """Hand ``event`` to the handler (from any thread); a closed loop (server gone) drops it."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:
+            pass
+
+    def update(self, ids: list[int], end_ids: set[int], decode: Callable[[list[int]], str]) -> None:
+        """Read the answer's final prefix ``ids`` (generated positions before the first mask): set
+        ``text`` (cut at the end token, ``max_tokens`` and the first stop string) and, when the answer
+        is decided, ``reason`` (``stop``: end token or stop string; ``length``: ``max_tokens`` reached)."""
+        end = next((i for i, t in enumerate(ids) if t in end_ids), None)
+        answer = ids if end is None else ids[:end]
+        answer = answer[:self.max_tokens]
+        text = decode(answer)
+        cut = min((text.find(s) for s in self.stop if s in text), default=-1)
+        self.n_answer = len(answer)
+        if cut >= 0:
+            self.text, self.reason = text[:cut], "stop"
+            self.n_answer = len(answer)  # tokens decoded up to the stop string's end (an upper bound)
+        elif end is not None and end <= self.max_tokens:
+            self.text, self.reason = text, "stop"
+        elif len(ids) >= self.max_tokens:
+            self.text, self.reason = text, "length"
+        else:
+            self.text = text
+
+    def streamable(self) -> str:
+        """The part of ``text`` that can be sent now: without a trailing partial UTF-8 character
+        (decoded as U+FFFD) or a tail that may be the start of a stop string."""
+        text = self.text.rstrip("\ufffd") if self.reason is None else self.text
+        if self.reason is None:
+            hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[:len(text) - hold]
+        return text
+
+
+class RequestStreams(RowStreams):
+    """Each row's random stream from its request's seed: row ``uid`` draws from
+    ``row_generator(seeds[uid], 0)``, what ``ecache generate --seed S`` gives its first prompt."""
+
+    def __init__(self, device):
+        super().__init__(0, device)
+        self.seeds: dict[int, int] = {}
+        self._by_uid: dict[int, torch.Generator] = {}
+
+    def generator(self, row_id: int) -> torch.Generator:
+        if row_id not in self._by_uid:
+            self._by_uid[row_id] = row_generator(self.seeds[row_id], 0, self.device)
+        return self._by_uid[row_id]
+
+    def forget(self, row_id: int) -> None:
+        """Drop a finished row's stream."""
+        self._by_uid.pop(row_id, None)
+        self.seeds.pop(row_id, None)
+
+
+class _Group:
+    """One run and the jobs of its rows (by run row index)."""
+
+    def __init__(self, key: GroupKey, run, joinable: bool):
+        self.key, self.run, self.joinable = key, run, joinable
+        self.it = iter(run)
+        self.jobs: dict[int, Job] = {}
+        self.streams = RequestStreams(run.engine.device)
+        run.streams = self.streams
+
+    def add(self, job: Job, r: int) -> None:
+        self.jobs[r] = job
+        self.streams.seeds[job.uid] = job.seed
+
+    @property
+    def accepts(self) -> bool:
+        return self.joinable and len(self.jobs) < RUN_ROW_LIMIT
+
+
+class Scheduler:
+    """The queue and the engine thread (module docstring).
+
+    ``lm``: the loaded model. ``metrics``: a :class:`~ecache_cli.serve.metrics.ServeMetrics`.
+    ``max_batch``: rows running at once (≥ 1). ``max_queue``: requests waiting (≥ 0; more: 429).
+    ``batching``: ``continuous`` | ``static``. Start with :meth:`start`, end with :meth:`stop`.
+    """
+
+    def __init__(self, lm, metrics, max_batch: int, max_queue: int, batching: str = "continuous"):
+        assert batching in ("continuous", "static"), batching
+        self.engine = Engine.from_loaded(lm)
+        self.tokenizer = lm.tokenizer
+        self.end_ids = set(self.engine.end_ids.tolist())
+        self.metrics, self.max_batch, self.max_queue, self.batching = metrics, max_batch, max_queue, batching
+        self._cv = threading.Condition()
+        self._queue: collections.deque[Job] = collections.deque()
+        self._groups: list[_Group] = []
+        self._rr = 0
+        self._running = 0
+        self._uid = 0
+        self._draining = False
+        self._grace_end: float | None = None
+        self._stopping = False
+        self._threads = torch.get_num_threads()  # the engine thread uses the command's --threads
+        self._thread = threading.Thread(target=self._main, name="ecache-engine", daemon=True)
+
+    # -- the handlers' side -------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def counts(self) -> tuple[int, int]:
+        """(rows running, requests queued)."""
+        with self._cv:
+            return self._running, len(self._queue)
+
+    def submit(self, job: Job) -> str | None:
+        """Queue ``job``; returns None, or why it is refused: ``queue_full`` or ``unavailable`` (shutting down)."""
+        with self._cv:
+            if self._draining:
+                return "unavailable"
+            if len(self._queue) >= self.max_queue and self._running + len(self._queue) >= self.max_batch:
+                return "queue_full"
+            self._queue.append(job)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cv.notify()
+        return None
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: the job's row leaves after its run's next step (queued: at once)."""
+        if not job.done:
+            job.cancelled = True
+            with self._cv:
+                self._cv.notify()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def drain(self, grace: float) -> None:
+        """Stop taking requests: queued ones end at once with ``shutdown``, running rows get ``grace``
+        more seconds to finish, then end with ``shutdown`` (the text decoded so far)."""
+        with self._cv:
+            self._draining = True
+            end = time.monotonic() + max(grace, 0.0)
+            self._grace_end = end if self._grace_end is None else min(self._grace_end, end)
+            self._cv.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the engine thread (after :meth:`drain` with no grace left) and wait for it."""
+        self.drain(0.0)
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the engine thread --------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        torch.set_num_threads(self._threads)
+        # One inference-mode context around every run's steps: the runs' generators are suspended between
+        # steps, and their own inference_mode contexts nest inside this one whatever order they end in.
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    self._expire_queue()
+                    taken = self._take()
+                    if not self._groups and not taken:
+                        if self._stopping:
+                            return
+                        self._cv.wait(0.5)
+                        continue
+                try:
+                    self._admit(taken)
+                    if self._groups:
+                        self._rr %= len(self._groups)
+                        group = self._groups[self._rr]
+                        self._rr += 1
+                        self._step(group)
+                except Exception as e:  # a fault outside one run's step: fail what is in flight, keep serving
+                    self._fail_all(e)
+
+    def _expire_queue(self) -> None:
+        """(Lock held.) End queued jobs that were cancelled, timed out, or meet a shutdown."""
+        if not self._queue:
+            return
+        now, keep = time.monotonic(), collections.deque()
+        for job in self._queue:
+            if job.cancelled:
+                self._finish(job, CANCELLED, {}, running=False)
+            elif self._draining:
+                self._finish(job, SHUTDOWN, {}, running=False)
+            elif job.timeout is not None and now - job.arrived > job.timeout:
+                self._finish(job, TIMEOUT, {}, running=False)
+            else:
+                keep.append(job)
+        self._queue = keep
+        self.metrics.queue_depth.set(len(keep))
+
+    def _take(self) -> list[Job]:
+        """(Lock held.) The queued jobs to admit now, in queue order, counted as running."""
+        taken: list[Job] = []
+        if self.batching == "static":
+            if self._groups or not self._queue:
+                return taken
+            key = self._queue[0].key
+            rest = collections.deque()
+            for job in self._queue:
+                (taken if job.key == key and len(taken) < self.max_batch else rest).append(job)
+            self._queue = rest
+        else:
+            while self._queue and self._running + len(taken) < self.max_batch:
+                taken.append(self._queue.popleft())
+        self._running += len(taken)
+        self.metrics.queue_depth.set(len(self._queue))
+        self.metrics.running_rows.set(self._running)
+        return taken
+
+    def _admit(self, jobs: list[Job]) -> None:
+        """Put each job into the newest joinable run of its group, or start a run for it."""
+        for job in jobs:
+            job.uid, self._uid = self._uid, self._uid + 1
+            group = next((g for g in reversed(self._groups) if g.key == job.key and g.accepts), None)
+            try:
+                if group is not None:
+                    group.add(job, group.run.add(job.prompt_ids, row_id=job.uid))
+                    continue
+                k = job.key
+                run = self.engine.start([job.prompt_ids], k.cfg, job.make_policy(), seed=0, row_ids=[job.uid],
+                                        prompt_width=k.prompt_width)
+                group = _Group(k, run, joinable=True)
+                group.add(job, 0)
+                self._groups.append(group)
+            except Exception as e:  # e.g. a policy that cannot be built: this request fails alone
+                self._error(job, e)
+        if self.batching == "static":  # the batch is complete: no row joins it later
+            for group in self._groups:
+                group.joinable = False
+
+    def _step(self, group: _Group) -> None:
+        """One denoising step of ``group``'s run, then every row's answer checked."""
+        run = group.run
+        t0 = time.perf_counter()
+        try:
+            rec = next(group.it)
+        except StopIteration:
+            self._sweep(group, set())
+            self._groups.remove(group)
+            return
+        except Exception as e:  # the run is broken: its requests fail, the server keeps serving
+            self._drop(group, e)
+            return
+        self.metrics.step(group.key.policy, time.perf_counter() - t0, int(rec.rows.numel()),
+                          int(rec.refresh.sum()))
+        st, P, G = run.state, run.P, run.G
+        rows = rec.rows.tolist()
+        gen_masked = st.masked[:, P:]  # (B, G)
+        first = torch.where(gen_masked.any(1), gen_masked.int().argmax(1), G).tolist()  # final prefix lengths
+        engine_done = rec.finished.tolist()
+        leave = [False] * len(rows)
+        now = time.monotonic()
+        grace_over = self._grace_end is not None and now >= self._grace_end
+        for b, (r, n) in enumerate(zip(rows, first)):
+            job = group.jobs[r]
+            job.in_run = True
+            if n > job.seen:
+                job.seen = n
+                job.update(st.tokens[b, P:P + n].tolist(), self.end_ids, self._decode)
+            reason = job.reason
+            if reason is None and engine_done[b]:
+                reason = "length"
+            if reason is None:
+                if job.cancelled:
+                    reason = CANCELLED
+                elif job.timeout is not None and now - job.arrived > job.timeout:
+                    reason = TIMEOUT
+                elif grace_over:
+                    reason = SHUTDOWN
+            if reason is not None:
+                leave[b] = True
+                self._finish(job, reason, self._row_stats(group, r))
+                group.streams.forget(job.uid)
+            elif job.stream:
+                self._send(job)
+        if any(leave):
+            rec.finished = rec.finished | torch.tensor(leave, device=rec.finished.device)
+        self._sweep(group, set(rows))
+
+    def _sweep(self, group: _Group, stepped: set[int]) -> None:
+        """Finish jobs whose rows the run retired on its own (a canvas used up without an end marker)."""
+        for r, job in group.jobs.items():
+            if not job.done and job.in_run and r not in stepped:
+                ids = group.run.ledger.final[r, group.run.P:].tolist()
+                job.update(ids, self.end_ids, self._decode)
+                self._finish(job, job.reason or "length", self._row_stats(group, r))
+                group.streams.forget(job.uid)
+
+    def _send(self, job: Job) -> None:
+        text = job.streamable()
+        if len(text) > len(job.sent) and text.startswith(job.sent):
+            if job.first_token_at is None:
+                job.first_token_at = time.monotonic()
+                self.metrics.ttft_seconds.labels(job.endpoint).observe(job.first_token_at - job.arrived)
+            job.post(Event("delta", text=text[len(job.sent):]))
+            job.sent = text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _row_stats(self, group: _Group, r: int) -> dict:
+        led, run = group.run.ledger, group.run
+        nfe = int(led.nfe[r])
+        return {"nfe": nfe, "full_forwards": int(led.n_full[r]), "partial_forwards": int(led.n_partial[r]),
+                "refresh_share": int(led.n_full[r]) / max(nfe, 1), "policy": group.key.policy,
+                "gen_length": run.G, "block_length": run.cfg.block_length, "steps": run.cfg.steps,
+                "prompt_width": run.P, "group_rows": int(run.state.batch)}
+
+    def _finish(self, job: Job, reason: str, stats: dict, running: bool = True) -> None:
+        """Deliver ``job``'s result and count it (its row, when ``running``, is freed)."""
+        if job.done:
+            return
+        job.done, job.reason = True, reason
+        now = time.monotonic()
+        if job.stream and job.text != job.sent:  # the rest of the answer, before the final chunk
+            if job.first_token_at is None and job.text:
+                job.first_token_at = now
+                self.metrics.ttft_seconds.labels(job.endpoint).observe(now - job.arrived)
+            if job.text.startswith(job.sent):
+                job.post(Event("delta", text=job.text[len(job.sent):]))
+                job.sent = job.text
+        result = Result(text=job.text, finish_reason=reason, prompt_tokens=len(job.prompt_ids),
+                        completion_tokens=job.n_answer, stats=stats)
+        job.post(Event("done", result=result))
+        m = self.metrics
+        m.requests.labels(job.endpoint, reason).inc()
+        m.generated_tokens.inc(job.n_answer)
+        m.request_seconds.labels(job.endpoint).observe(now - job.arrived)
+        if running:
+            with self._cv:
+                self._running -= 1
+                m.running_rows.set(self._running)
+
+    def _error(self, job: Job, exc: BaseException, running: bool = True) -> None:
+        """Fail ``job`` with a 500 naming ``exc``."""
+        if job.done:
+            return
+        job.done = True
+        job.post(Event("error", text=f"the engine failed on this request: {type(exc).__name__}: {exc}", status=500))
+        self.metrics.requests.labels(job.endpoint, "error").inc()
+        if running:
+            with self._cv:
+                self._running -= 1
+                self.metrics.running_rows.set(self._running)
+
+    def _drop(self, group: _Group, exc: BaseException) -> None:
+        """A run's step raised: fail every request of the run and forget the run."""
+        err.print(f"ecache serve: a run failed ({type(exc).__name__}: {exc}); its {len(group.jobs)} request(s) "
+                  "get a 500, the server keeps serving", markup=False, highlight=False)
+        for job in group.jobs.values():
+            self._error(job, exc)
+        if group in self._groups:
+            self._groups.remove(group)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for group in list(self._groups):
+            self._drop(group, exc)

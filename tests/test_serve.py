@@ -1,0 +1,377 @@
+"""``ecache serve`` through the official ``openai`` client: endpoints, continuous batching, streaming,
+limits, errors, the API key and SIGTERM, on the embedded model (CPU, float32).
+
+Servers run in-process (uvicorn in a thread on a free 127.0.0.1 port, stopped at the end of the
+module), except the SIGTERM test, which starts ``ecache serve`` as a process. Answers are compared
+with ``ecache generate`` on the same prompt alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from ecache_cli.models.loader import load_model  # noqa: E402
+from ecache_cli.runs.settings import resolve_settings  # noqa: E402
+from ecache_cli.serve.app import ServeOptions, bind, create_app  # noqa: E402
+
+KEY = "sk-test-key"
+GEN = 64  # the servers' --gen-length; requests ask for at most this many tokens
+PROMPTS = ["Sort: 9 3 7 1", "Reverse: 1 2 3", "Sort descending: 4 8 1 6", "Unique: 3 3 5 1 5",
+           "Even: 1 2 3 4 5 6", "Odd: 7 2 9 4 1", "First 2: 5 6 7 8", "Last 3: 1 2 3 4 5",
+           "Reverse: 9 8 7 6 5", "Sort: 5 2 8 2 9 1", "Greater than 4: 1 5 3 7 9", "Less than 5: 8 2 6 1 4",
+           "Sort: 3 1 2", "Reverse: 7 7 1 0", "Unique: 1 1 2 2 3", "Even: 8 6 3 2 5 1"]
+#: A completions prompt: the chat template written out (the embedded model answers only in that format).
+SORT = ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nSort: 9 3 7 1<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+@contextlib.contextmanager
+def serving(lm, settings, **options):
+    """An in-process server on a free loopback port; yields (base URL, app); stops it on exit."""
+    app = create_app(lm, settings, ServeOptions(model_name="tiny", **options))
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the test server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", "cpu", None)
+
+
+@pytest.fixture(scope="module")
+def settings():
+    return resolve_settings("tiny", {"gen_length": GEN}, {})
+
+
+@pytest.fixture(scope="module")
+def server(tiny, settings):
+    """The main server: API key, --max-batch 16."""
+    with serving(tiny, settings, api_key=KEY, max_batch=16, max_prompt_tokens=200) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def small(tiny, settings):
+    """A server for the limits: one row, no queue, 0.4 s request timeout, 4 KiB bodies."""
+    with serving(tiny, settings, max_batch=1, max_queue=0, request_timeout=0.4, max_body_bytes=4096) as s:
+        yield s
+
+
+def client(url: str, key: str = KEY):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def generate(*args: str) -> list[dict]:
+    """``ecache generate --jsonl`` in-process: each prompt decoded alone (batch size 1)."""
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    res = CliRunner().invoke(app, ["generate", "--jsonl", "--quiet", "--gen-length", str(GEN), *args])
+    assert res.exit_code == 0, res.output
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def metric(url: str, name: str, **labels) -> float:
+    """A sample's value from /metrics (0 when absent)."""
+    text = httpx.get(f"{url}/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pat = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)"
+    m = re.search(r"^" + pat + "$", text, flags=re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def wait_for(cond, what: str, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+# --- endpoints and exact answers --------------------------------------------------------------------
+
+
+def test_models_health_and_metrics_endpoints(server):
+    url, _ = server
+    assert [m.id for m in client(url).models.list().data] == ["tiny"]
+    health = httpx.get(f"{url}/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny" and health["max_batch"] == 16
+    text = httpx.get(f"{url}/metrics").text
+    for name in ("ecache_queue_depth", "ecache_running_rows", "ecache_generated_tokens_total"):
+        assert re.search(rf"^{name} ", text, flags=re.M), name
+
+
+def test_sixteen_concurrent_chats_get_what_generate_gives_each_prompt_alone(server):
+    url, _ = server
+    c = client(url)
+    alone = generate(*PROMPTS)
+    sampled_alone = generate("--cache", "none", "--temperature", "0.7", "--seed", "3", PROMPTS[0])[0]
+
+    def chat(prompt):
+        return c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=GEN)
+
+    def sampled():  # another group (policy, temperature) running beside the 16
+        return c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}],
+                                         max_tokens=GEN, temperature=0.7, seed=3, extra_body={"policy": "none"})
+
+    with ThreadPoolExecutor(18) as pool:
+        other = [pool.submit(sampled) for _ in range(2)]
+        got = list(pool.map(chat, PROMPTS))
+    for prompt, ref, resp in zip(PROMPTS, alone, got):
+        assert resp.choices[0].message.content == ref["text"], prompt
+        assert resp.choices[0].finish_reason == ("stop" if ref["ended"] else "length")
+        assert resp.usage.prompt_tokens == ref["stats"]["prompt_tokens"]
+        assert resp.usage.completion_tokens == len(ref["token_ids"])
+    assert max(r.model_extra["ecache"]["group_rows"] for r in got) > 1, "the requests never shared a run"
+    for f in other:
+        assert f.result().choices[0].message.content == sampled_alone["text"]
+        assert f.result().model_extra["ecache"]["policy"] == "none"
+
+
+def test_completion_is_the_prompt_as_given_like_generate_no_chat(server):
+    url, _ = server
+    ref = generate("--no-chat", SORT)[0]
+    assert ref["text"] == "1 3 7 9"
+    resp = client(url).completions.create(model="tiny", prompt=SORT, max_tokens=GEN)
+    assert resp.object == "text_completion" and resp.choices[0].text == ref["text"]
+    assert resp.usage.prompt_tokens == ref["stats"]["prompt_tokens"]
+
+
+def test_max_tokens_cuts_the_answer_with_finish_reason_length(server):
+    url, _ = server
+    c = client(url)
+    body = dict(model="tiny", prompt="Sort: 9 3 7 1", extra_body={"ignore_eos": True})
+    full, cut = c.completions.create(max_tokens=32, **body), c.completions.create(max_tokens=5, **body)
+    assert full.choices[0].finish_reason == cut.choices[0].finish_reason == "length"
+    assert cut.usage.completion_tokens == 5 and full.usage.completion_tokens == 32
+    # 5 tokens get one whole block of 32 positions: the same canvas as 32 tokens, cut after 5
+    assert cut.model_extra["ecache"]["gen_length"] == full.model_extra["ecache"]["gen_length"] == 32
+    assert full.choices[0].text.startswith(cut.choices[0].text) and len(cut.choices[0].text) < len(full.choices[0].text)
+
+
+def test_stop_string_ends_the_answer_before_it(server):
+    url, _ = server
+    c = client(url)
+    ref = c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN).choices[0].text
+    assert ref == "1 3 7 9"
+    resp = c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN, stop=[" 7"])
+    assert resp.choices[0].text == "1 3" and resp.choices[0].finish_reason == "stop"
+
+
+# --- streaming -------------------------------------------------------------------------------------------
+
+
+def test_streaming_sends_the_final_text_in_order_then_done(server):
+    url, _ = server
+    c = client(url)
+    body = dict(model="tiny", messages=[{"role": "user", "content": "Sort: 5 2 8 2 9 1"}], max_tokens=32,
+                extra_body={"ignore_eos": True})
+    whole = c.chat.completions.create(**body).choices[0].message.content
+    chunks = list(c.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    texts = [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    assert "".join(texts) == whole and len(texts) > 3, texts  # many chunks, as tokens become final
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].usage.completion_tokens == 32 and chunks[-1].choices == []
+    raw = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                     json={"model": "tiny", "prompt": SORT, "max_tokens": 32, "stream": True}).text
+    events = [line[len("data: "):] for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == "1 3 7 9"
+
+
+def test_a_client_that_disconnects_frees_its_row(small):
+    url, app = small
+    c = client(url)
+    before = metric(url, "ecache_requests_total", endpoint="completions", outcome="cancelled")
+    stream = c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN, stream=True,
+                                  extra_body={"ignore_eos": True, "steps": 4 * GEN})
+    next(iter(stream))  # the row is decoding
+    assert app.state.scheduler.counts()[0] == 1
+    stream.close()
+    wait_for(lambda: app.state.scheduler.counts() == (0, 0), "the cancelled row to leave")
+    assert metric(url, "ecache_requests_total", endpoint="completions", outcome="cancelled") == before + 1
+    assert metric(url, "ecache_running_rows") == 0
+    # the one row is free again: the next request is served
+    assert c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN).choices[0].text == "1 3 7 9"
+
+
+# --- errors and limits ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"temperature": 3.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"n": 2}, "n"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 5000}, "max_tokens"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": "gpt-4"}, "model"),
+    ({"extra_body": {"policy": "lru"}}, "policy"),
+    ({"extra_body": {"policy": "none", "tau": 0.5}}, "tau"),
+    ({"extra_body": {"tau": -1.0}}, "tau"),
+    ({"extra_body": {"threshold": 1.5}}, "threshold"),
+    ({"extra_body": {"block_length": 0}}, "block_length"),
+    ({"max_tokens": 64, "extra_body": {"steps": 3}}, "steps"),  # 2 blocks of 32: steps must be a multiple of 2
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+    ({"extra_body": {"max_tokens": "ten"}}, "max_tokens"),
+    ({"prompt": "x " * 300}, "prompt"),  # over --max-prompt-tokens 200
+    ({"prompt": ""}, "prompt"),
+    ({"presence_penalty": 1.0}, "presence_penalty"),
+])
+def test_bad_values_are_400s_naming_the_field(server, kwargs, param):
+    url, _ = server
+    body = {"model": "tiny", "prompt": SORT, "max_tokens": 16, **kwargs}
+    with pytest.raises(openai.BadRequestError) as e:
+        client(url).completions.create(**body)
+    assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
+    assert e.value.body["type"] == "invalid_request_error" and e.value.body["message"]
+
+
+def test_chat_errors_name_the_field(server):
+    url, _ = server
+    c = client(url)
+    for messages, param in (([], "messages"), ([{"role": "wizard", "content": "hi"}], "messages.0.role")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny", messages=messages)
+        assert e.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                  max_completion_tokens=16)
+    assert e.value.body["param"] == "max_completion_tokens"
+    resp = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Sort: 9 3 7 1"}],
+                                     max_completion_tokens=3, extra_body={"ignore_eos": True})
+    assert resp.usage.completion_tokens == 3 and resp.choices[0].finish_reason == "length"
+
+
+def test_api_key_is_required_when_set(server):
+    url, _ = server
+    with pytest.raises(openai.AuthenticationError) as e:
+        client(url, key="wrong").models.list()
+    assert e.value.status_code == 401
+    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi"})  # no Authorization header
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{url}/health").status_code == 200  # probes need no key
+
+
+def test_body_too_large_is_413_and_bad_json_400(small):
+    url, _ = small
+    r = httpx.post(f"{url}/v1/completions", content=b'{"model": "tiny", "prompt": "' + b"x" * 5000 + b'"}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "4096 bytes" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+def test_full_queue_is_429_with_retry_after_and_timeout_ends_a_request(small):
+    url, app = small
+    c = client(url, key="unused")
+    long = {"model": "tiny", "prompt": SORT, "max_tokens": GEN, "ignore_eos": True, "steps": 16 * GEN}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(lambda: httpx.post(f"{url}/v1/completions", json=long, timeout=60).json())
+        wait_for(lambda: app.state.scheduler.counts()[0] == 1, "the first request to run")
+        with pytest.raises(openai.RateLimitError) as e:  # one row, no queue: refused at once
+            c.completions.create(model="tiny", prompt="Reverse: 1 2 3", max_tokens=8)
+        assert e.value.status_code == 429 and e.value.response.headers["retry-after"] == "1"
+        done = first.result()
+    # --request-timeout 0.4 s: 1024 steps of one token each take longer; the text so far comes back
+    assert done["choices"][0]["finish_reason"] == "timeout", done
+    assert 0 < done["usage"]["completion_tokens"] < GEN
+    assert metric(url, "ecache_requests_total", endpoint="completions", outcome="queue_full") == 1
+
+
+def test_an_engine_fault_fails_its_requests_with_500_and_the_server_keeps_serving(server, monkeypatch):
+    from ecache_cli.engine.core import Run
+
+    url, _ = server
+    c = client(url)
+    step = Run._step
+
+    def faulty(self):
+        if self.cfg.block_length == 16:  # only the group of block_length 16 breaks
+            raise RuntimeError("injected fault")
+        return step(self)
+
+    monkeypatch.setattr(Run, "_step", faulty)
+    with pytest.raises(openai.InternalServerError) as e:
+        c.completions.create(model="tiny", prompt=SORT, max_tokens=16, extra_body={"block_length": 16})
+    assert e.value.status_code == 500 and "injected fault" in e.value.body["message"]
+    assert c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN).choices[0].text == "1 3 7 9"
+    monkeypatch.setattr(Run, "_step", step)
+    ok = c.completions.create(model="tiny", prompt=SORT, max_tokens=16, extra_body={"block_length": 16})
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+# --- the command: loopback notice, SIGTERM ----------------------------------------------------------------
+
+
+def test_serve_command_says_loopback_and_exits_0_on_sigterm_ending_running_requests(tmp_path):
+    env = {**os.environ, "ECACHE_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    env.pop("ECACHE_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ecache_cli", "serve", "--port", "0", "--gen-length", str(GEN),
+                             "--shutdown-grace", "0.5"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:  # bounded by the process: it prints the address before serving
+            lines.append(line)
+            if "listening on" in line:
+                break
+        url = re.search(r"http://127\.0\.0\.1:\d+", "".join(lines)).group(0)
+        body = {"model": "tiny", "prompt": SORT, "max_tokens": 1024, "stream": True, "ignore_eos": True,
+                "steps": 4096}
+        finish = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    if not finish:
+                        proc.send_signal(signal.SIGTERM)  # the row is running
+                    finish.append(json.loads(line[6:])["choices"][0]["finish_reason"])
+        assert finish[-1] == "shutdown" and set(finish[:-1]) == {None}
+        assert proc.wait(30) == 0
+        rest = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "listening on loopback only" in "".join(lines) + rest and "stopped" in rest
+
+
+@pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),
+                                          (["--max-batch", "0"], "--max-batch 0"),
+                                          (["--request-timeout", "0"], "--request-timeout 0"),
+                                          (["--api-key", " "], "--api-key is empty")])
+def test_bad_serve_flags_are_one_line_usage_errors(args, needle):
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    res = CliRunner().invoke(app, ["serve", *args])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
