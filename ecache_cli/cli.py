@@ -1,4 +1,5 @@
-"""The ``ecache`` command line: four subcommands over one engine core, and ``ecache help TOPIC``.
+"""The ``ecache`` command line: generate, profile, calibrate, trace-drift and serve over one engine core,
+and ``ecache help TOPIC``.
 
 This module is thin and is the one place that registers the subcommands: each lives in
 ``ecache_cli/commands/<name>.py`` as a plain function (which never imports this module), parses
@@ -113,7 +114,7 @@ app = typer.Typer(
     name="ecache", cls=EcacheGroup, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Fast approximate KV caching for diffusion language models (LLaDA, Dream): "
-         "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/]; "
+         "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/], [bold]serve[/]; "
          "[bold]help[/] TOPIC for details.",
 )
 
