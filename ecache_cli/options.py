@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .contract.names import policy_names
+
 M, D, C, O = "Model", "Decoding", "Cache", "Output"  # noqa: E741 (help panel names)
 
 Model = Annotated[str, typer.Option("--model", "-m", help="Alias (tiny, llada-8b, dream-7b, ...), HF repo id or folder.", rich_help_panel=M)]
@@ -30,7 +32,7 @@ Schedule = Annotated[Optional[str], typer.Option("--schedule", help="Commits per
 AlgTemp = Annotated[Optional[float], typer.Option("--alg-temp", help="Dream's alg_temp (dream schedule) \\[default: 0].", rich_help_panel=D)]
 Compat = Annotated[Optional[str], typer.Option("--compat", help="fastdllm: Fast-dLLM's Dream block sampler \\[default: off].", rich_help_panel=D)]
 
-Cache = Annotated[Optional[str], typer.Option("--cache", help="none, prefix, dual, entropy, dllm-cache, dkv, d2cache, elastic \\[default: entropy].", rich_help_panel=C)]
+Cache = Annotated[Optional[str], typer.Option("--cache", help=", ".join(policy_names()) + " \\[default: entropy].", rich_help_panel=C)]
 Tau = Annotated[Optional[float], typer.Option(help="entropy: refresh when the signal exceeds τ \\[default: profile, else 1].", rich_help_panel=C)]
 RecentK = Annotated[Optional[int], typer.Option("--recent-k", help="entropy: recompute the k latest commits \\[default: 64].", rich_help_panel=C)]
 Signal = Annotated[Optional[str], typer.Option(help="entropy: sum-entropy, max-confidence \\[default: max-entropy].", rich_help_panel=C)]

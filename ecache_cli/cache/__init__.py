@@ -9,32 +9,28 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import pkgutil
 
 from ..contract.fields import check_value, field_types
+from ..contract.names import policy_modules
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
 
 
 def _discover() -> dict[str, type[CachePolicy]]:
     """Every policy module of this package, by policy name: module ``x_y.py`` holds the policy ``x-y``
-    (its one ``CachePolicy`` subclass whose ``name`` is that), in the order of ``ORDER`` then by name."""
+    (its one ``CachePolicy`` subclass whose ``name`` is that), in ``contract.names`` order."""
     found = {}
-    for mod in pkgutil.iter_modules(__path__):
-        if mod.name in ("base",) or mod.name.startswith("_"):
-            continue
-        name = mod.name.replace("_", "-")
-        module = importlib.import_module(f".{mod.name}", __name__)
+    for mod in policy_modules():
+        name = mod.replace("_", "-")
+        module = importlib.import_module(f".{mod}", __name__)
         classes = [c for c in vars(module).values()
                    if isinstance(c, type) and issubclass(c, CachePolicy) and c.__module__ == module.__name__]
         assert len(classes) == 1 and classes[0].name == name, \
-            f"cache/{mod.name}.py must define one CachePolicy subclass named {name!r}"
+            f"cache/{mod}.py must define one CachePolicy subclass named {name!r}"
         found[name] = classes[0]
-    first = [n for n in ORDER if n in found]
-    return {n: found[n] for n in first + sorted(set(found) - set(first))}
+    return found
 
 
-ORDER = ("none", "prefix", "dual", "entropy")  # listed first in help and reports; the rest by name
 POLICIES: dict[str, type[CachePolicy]] = _discover()
 
 
