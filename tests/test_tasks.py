@@ -213,7 +213,7 @@ def test_malformed_dataset_is_a_data_error(tmp_path):
 
 
 @pytest.mark.skipif(not GSM8K_FILE.is_file(),
-                    reason="needs ../shared/data/gsm8k (beside the checkout in CI and development; not in a plain clone)")
+                    reason="needs ../shared/data/gsm8k (in CI and development; not in a plain clone)")
 def test_gsm8k_real_file():
     task = get_task("gsm8k", data=str(GSM8K_FILE))
     items = task.examples("test", None, 0)
@@ -233,7 +233,7 @@ def test_gsm8k_real_file():
 
 
 @pytest.mark.skipif(not HUMANEVAL_FILE.is_file(),
-                    reason="needs ../shared/data/humaneval (beside the checkout in CI and development; not in a plain clone)")
+                    reason="needs ../shared/data/humaneval (in CI and development; not in a plain clone)")
 def test_humaneval_real_items():
     task = get_task("humaneval", data=str(HUMANEVAL_FILE), allow_code_execution=True)
     items = task.examples("test", None, 0)
