@@ -79,8 +79,9 @@ def server(tiny, settings):
 
 @pytest.fixture(scope="module")
 def small(tiny, settings):
-    """A server for the limits: one row, no queue, 0.4 s request timeout, 4 KiB bodies."""
-    with serving(tiny, settings, max_batch=1, max_queue=0, request_timeout=0.4, max_body_bytes=4096) as s:
+    """A server for the limits: one row, no queue, 4 KiB bodies, a 1.5 s request timeout (long enough for a
+    loaded machine to reach the checks, shorter than the 4096-step request that runs into it)."""
+    with serving(tiny, settings, max_batch=1, max_queue=0, request_timeout=1.5, max_body_bytes=4096) as s:
         yield s
 
 
@@ -293,7 +294,7 @@ def test_body_too_large_is_413_and_bad_json_400(small):
 def test_full_queue_is_429_with_retry_after_and_timeout_ends_a_request(small):
     url, app = small
     c = client(url, key="unused")
-    long = {"model": "tiny", "prompt": SORT, "max_tokens": GEN, "ignore_eos": True, "steps": 16 * GEN}
+    long = {"model": "tiny", "prompt": SORT, "max_tokens": 4 * GEN, "ignore_eos": True, "steps": 64 * GEN}
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(lambda: httpx.post(f"{url}/v1/completions", json=long, timeout=60).json())
         wait_for(lambda: app.state.scheduler.counts()[0] == 1, "the first request to run")
@@ -301,9 +302,9 @@ def test_full_queue_is_429_with_retry_after_and_timeout_ends_a_request(small):
             c.completions.create(model="tiny", prompt="Reverse: 1 2 3", max_tokens=8)
         assert e.value.status_code == 429 and e.value.response.headers["retry-after"] == "1"
         done = first.result()
-    # --request-timeout 0.4 s: 1024 steps of one token each take longer; the text so far comes back
+    # --request-timeout 1.5 s: 4096 steps take longer; the text so far comes back
     assert done["choices"][0]["finish_reason"] == "timeout", done
-    assert 0 < done["usage"]["completion_tokens"] < GEN
+    assert 0 < done["usage"]["completion_tokens"] < 4 * GEN
     assert metric(url, "ecache_requests_total", endpoint="completions", outcome="queue_full") == 1
 
 
