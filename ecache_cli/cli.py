@@ -87,8 +87,9 @@ class EcacheGroup(TyperGroup):
             _quiet_stdout()
             raise typer.Exit(code=0) from None
         except _ClickUsageError as e:
-            if type(e).__name__ == "NoArgsIsHelpError":  # `ecache` alone prints the help
-                raise
+            if type(e).__name__ == "NoArgsIsHelpError":  # `ecache` alone: the help (usage and commands), exit 2
+                typer.echo(e.ctx.get_help())
+                raise typer.Exit(code=2) from None
             from .console import error
 
             where = e.ctx.command_path if e.ctx is not None and e.ctx is not ctx else ctx.command_path

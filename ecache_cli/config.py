@@ -121,7 +121,13 @@ def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:
     cand = list(dict.fromkeys(cand))  # each place once (e.g. $ECACHE_PROFILES set to the user's folder)
     path = next((c for c in cand if c.is_file()), None)
     if path is None:
-        what = "is a folder, not a profile" if Path(name_or_path).is_dir() else "not found"
+        given = Path(name_or_path)
+        if given.is_dir():
+            what = "is a folder, not a profile"
+        elif given.exists():  # /dev/null, a pipe, a socket: it exists, so "not found" would mislead
+            what = "is not a regular file (a device, pipe or socket), not a profile"
+        else:
+            what = "not found"
         raise ConfigError(f"profile {str(name_or_path)!r} {what} (looked at {', '.join(str(c) for c in cand)}); "
                           "run `ecache calibrate` to write one or pass a YAML file")
     data = read_yaml(path)

@@ -83,7 +83,8 @@ def render(command, ctx) -> str:
     from rich.text import Text
 
     buf = io.StringIO()
-    console = Console(file=buf, width=terminal_width(), force_terminal=sys.stdout.isatty(), highlight=False)
+    console = Console(file=buf, width=terminal_width(), force_terminal=sys.stdout is not None and sys.stdout.isatty(),
+                      highlight=False)
     pieces = command.collect_usage_pieces(ctx)
     console.print(Text("Usage: ", style="bold") + Text(" ".join([ctx.command_path, *pieces])))
     if command.help:
@@ -126,7 +127,9 @@ TOPICS: dict[str, tuple[str, str]] = {
 (semi-autoregressive); inside a block the denoising steps commit masked positions.
 
 [bold]--steps[/]: total denoising steps; each block gets steps / blocks (default: gen-length, one token a
-step). Under --threshold or --factor a block runs until it has no masks: with the llada schedule
+step). A profile's steps belong to its gen_length: with --gen-length given and --steps not, the steps keep
+the profile's tokens per step (steps = --gen-length × profile steps / profile gen_length).
+Under --threshold or --factor a block runs until it has no masks: with the llada schedule
 --steps is then only checked (a multiple of the blocks, as Fast-dLLM does) and does not set the step
 count; with the dream schedule it sets the per-step quota (block masks / steps, Fast-dLLM's Dream rule).
 
@@ -237,7 +240,7 @@ def topic_text(name: str | None) -> str:
     if name is None:
         width = max(map(len, TOPICS))
         lines = [f"  {k.ljust(width)}  {v[0]}" for k, v in TOPICS.items()]
-        return ("Topics (ecache help TOPIC), besides each command's --help:\n" + "\n".join(lines) + "\n")
+        return ("Topics (ecache help TOPIC), besides each command's --help:\n\n" + "\n".join(lines) + "\n")
     if name not in TOPICS:
         raise UsageError(f"no help topic {name!r}; choose one of {', '.join(TOPICS)} (or run `ecache COMMAND -h`)")
     return TOPICS[name][1]

@@ -170,3 +170,44 @@ def _lock_holder(fd: int) -> str:
     except OSError:
         cmd = ""
     return f"pid {pid}" + (f": {cmd[:120]}" if cmd else "")
+
+
+# --- outputs that are inputs or each other ---------------------------------------------------------------
+
+def check_distinct(outputs, inputs=()) -> None:
+    """Refuse, before any file is opened for writing, an output file that is also an input file or
+    another output of the same command (the same file after resolving ``~``, ``..`` and symbolic links).
+
+    ``outputs`` and ``inputs``: ``(path, flag)`` pairs; ``None`` and ``-`` (stdout/stdin) are skipped.
+    Raises UsageError (exit 2) naming both flags and the path: writing would destroy the input (or one
+    output would overwrite the other) and lose data silently.
+    """
+    def key(path):
+        if path is None or str(path) in ("-", ""):
+            return None
+        return os.path.realpath(Path(path).expanduser())
+
+    seen: dict[str, str] = {}
+    for path, flag in inputs:  # an input that does not exist (a profile or task name) cannot be destroyed
+        if (k := key(path)) is not None and os.path.exists(k):
+            seen.setdefault(k, flag)
+    n_inputs = dict(seen)
+    for path, flag in outputs:
+        k = key(path)
+        if k is None:
+            continue
+        if k in seen:
+            what = "the input" if k in n_inputs else "another output"
+            raise UsageError(f"{flag} {path} is the same file as {seen[k]} ({what}); writing it would "
+                             f"{'destroy the input' if k in n_inputs else 'overwrite that output'}: "
+                             f"choose another path for {flag}")
+        seen[k] = flag
+
+
+def check_plot_name(path, flag: str = "--plot") -> None:
+    """A plot file must end in ``.png`` (matplotlib picks the format from the suffix; the plots are
+    PNG only). Checked before any decoding, so a typo never fails after a long run (UsageError).
+    A folder passes here: :func:`check_file` names the fix for it."""
+    if path is not None and Path(path).suffix.lower() != ".png" and not Path(path).is_dir():
+        raise UsageError(f"{flag} {path}: give a .png file name (e.g. {Path(path).with_suffix('.png')})")
+

@@ -416,3 +416,145 @@ def test_profile_command_table_at_80_columns(cli, llada_dir):
     assert res.exit_code == 0, res.stderr
     rows = _table_lines(res.stdout)
     assert rows and "…" not in res.stdout and max(len(ln) for ln in rows) <= 80
+
+
+# --- the new-user trial's bad inputs: outputs onto inputs, closed streams, help, profile steps ---------------
+
+def _digests(*folders: Path) -> dict:
+    import hashlib
+
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for d in folders for f in sorted(d.rglob("*"))
+            if f.is_file()}
+
+
+Q = '{"prompt": "Sort: 3 1 2"}\n{"prompt": "Sort: 2 1"}\n'
+G = '{"question": "What is 2+3?", "answer": "#### 5"}\n{"question": "What is 4+4?", "answer": "#### 8"}\n'
+CAL = ["calibrate", "--task", "list", "--limit", "2", "--taus", "0.1"]
+
+
+@pytest.mark.parametrize("args, code, needles", [
+    # an output that is an input file: refused before anything is opened for writing
+    (["profile", "--policies", "none", "--input", "{q}", "--json", "{q}"], 2,
+     ["--json {q}", "--input", "choose another path"]),
+    (["trace-drift", "--input", "{q}", "--jsonl", "{q}"], 2, ["--jsonl {q}", "--input", "destroy the input"]),
+    (["generate", "--input", "{q}", "--output", "{q}"], 2, ["--output {q}", "--input"]),
+    (["calibrate", "--task", "gsm8k", "--data", "{g}", "--limit", "2", "--shots", "0", "--taus", "1", "--out",
+      "{t}/g.yaml", "--json", "{g}"], 2, ["--json {g}", "--data", "choose another path"]),
+    # two outputs of one command on one file
+    ([*CAL, "--out", "{t}/x.yaml", "--json", "{t}/x.yaml"], 2, ["--json {t}/x.yaml", "--out", "another output"]),
+    ([*CAL, "--out", "{t}/x.yaml", "--run-file", "{t}/x.yaml"], 2, ["--run-file {t}/x.yaml", "--out"]),
+    (["trace-drift", "x", "--json", "{t}/same.json", "--jsonl", "{t}/same.json"], 2, ["{t}/same.json", "--jsonl"]),
+    # a plot name that is not a PNG, checked up front (alone and beside clashing outputs)
+    ([*CAL, "--out", "{t}/x.yaml", "--plot", "{t}/p.yaml"], 2, ["--plot {t}/p.yaml", ".png"]),
+    ([*CAL, "--out", "{t}/x.yaml", "--json", "{t}/x.yaml", "--plot", "{t}/x.yaml"], 2, ["--plot", ".png"]),
+    # a shipped profile is never rewritten
+    ([*CAL, "--out", "{pkg}/tiny/list.yaml"], 2, ["--out {pkg}/tiny/list.yaml", "never rewrites", "write to"]),
+    # a policy parameter given twice
+    (["profile", "x", "--policies", "entropy:tau=1:tau=2"], 2, ["entropy:tau=1:tau=2", "tau given twice"]),
+    # a path that exists but is no profile file
+    (["generate", "x", "--profile", "/dev/null"], 2, ["/dev/null", "not a regular file"]),
+    # a setting from the shipped default profile is named as such
+    (["generate", "x", "--model", "tiny", "--steps", "3"], 2, ["--steps 3", "from profile", "default.yaml",
+                                                                "pass the flag to override"]),
+])
+def test_trial_bad_inputs_are_refused_before_anything_is_written(cli, tmp_path, args, code, needles):
+    from ecache_cli.config import packaged_profiles_dir
+
+    pkg = packaged_profiles_dir()
+    (tmp_path / "q.jsonl").write_text(Q)
+    (tmp_path / "g.jsonl").write_text(G)
+    before = _digests(tmp_path, pkg)
+    fill = {"q": tmp_path / "q.jsonl", "g": tmp_path / "g.jsonl", "t": tmp_path, "pkg": pkg}
+    args = [a.format(**fill) for a in args]
+    model = [] if "--model" in args else ["--model", tmp_path / "no-model"]  # fails if anything loads
+    sizes = [] if "--steps" in args else ["--gen-length", "16", "--block-length", "8"]  # --steps: the profile's
+    res = cli(*args, *model, *sizes, "-q")
+    _no_traceback(res)
+    one_line_error(res, code, *[n.format(**fill) for n in needles])
+    assert _digests(tmp_path, pkg) == before  # inputs and shipped profiles untouched, no output written
+
+
+def _closed(fd: int, args: list, tmp_path) -> subprocess.CompletedProcess:
+    """``ecache ARGS`` with file descriptor ``fd`` closed (``<&-`` for 0, ``>&-`` for 1); stderr captured."""
+    return subprocess.run([sys.executable, "-m", "ecache_cli", *map(str, args)], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                          preexec_fn=lambda: os.close(fd), timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"})
+
+
+@pytest.mark.parametrize("command", [["generate"], ["profile", "--policies", "none"]])
+def test_closed_stdin_is_no_stdin(llada_dir, tmp_path, command):
+    res = _closed(0, [*command, "--model", llada_dir, *SMALL], tmp_path)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "error: no prompt given: pass it as an argument, pipe prompts on stdin (one per line) or use --input "
+        "FILE.jsonl"], res.stderr
+
+
+def test_closed_stdout_is_one_line_before_decoding(tmp_path):
+    res = _closed(1, ["generate", "Sort: 1 2", "--model", tmp_path / "no-model", *SMALL], tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines() == ["error: cannot write the output: stdout is closed; redirect it "
+                                               "(> answers.txt) or use --output FILE"]
+
+
+def test_ecache_alone_prints_the_usage_and_commands(cli):
+    res = cli()
+    assert res.exit_code == 2
+    assert res.stdout.startswith("Usage: ") and all(c in res.stdout for c in (*COMMANDS, "serve", "help"))
+
+
+def test_help_lists_one_topic_a_line(cli):
+    lines = cli("help").stdout.splitlines()
+    for topic in ("decoding", "cache", "profiles", "input", "outputs"):
+        assert sum(ln.split()[:1] == [topic] for ln in lines) == 1, (topic, lines)
+
+
+def test_steps_of_a_profile_follow_gen_length(cli):
+    res = cli("generate", "Sort: 3 1 2", "--model", "tiny", "--gen-length", "32", "--block-length", "8", "--no-chat",
+              "-q", "--jsonl", "--no-early-exit")
+    assert res.exit_code == 0, res.stderr
+    rec = json.loads(res.stdout.splitlines()[0])
+    assert rec["settings"]["profile"].endswith("default.yaml")  # 256 tokens in 256 steps
+    assert rec["settings"]["decode"]["steps"] == 32  # one token a step at the new length, not 256
+
+
+def test_model_folder_without_tokenizer_files(cli, llada_dir, tmp_path):
+    from ecache_cli.models.loader import TOKENIZER_FILES
+
+    ck = tmp_path / "m_notok"
+    shutil.copytree(llada_dir, ck)
+    for name in TOKENIZER_FILES:
+        (ck / name).unlink(missing_ok=True)
+    res = cli("generate", "x", "--model", ck, *SMALL)
+    _no_traceback(res)
+    one_line_error(res, 1, str(ck), "no tokenizer files", "tokenizer.json", "copy the tokenizer files")
+
+
+def test_lm_eval_negative_whole_number_names_the_range(profiles_dir):
+    pytest.importorskip("lm_eval")
+    from ecache_cli.errors import UsageError
+    from ecache_cli.evaluation.lm_eval_adapter import EcacheLM
+
+    with pytest.raises(UsageError) as e:
+        EcacheLM.create_from_arg_string("model=tiny,device=cpu,gen_length=-1")
+    assert str(e.value).startswith("model_args: gen_length=-1 must be ≥ 1"), str(e.value)
+
+
+def test_ctrl_c_after_the_search_keeps_the_json_and_says_what_was_written(cli, llada_dir, tmp_path, monkeypatch):
+    from ecache_cli.runs import calib_report
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calib_report, "sweep_table", interrupted)  # Ctrl-C while the tables print
+    out, doc = tmp_path / "x.yaml", tmp_path / "j.json"
+    res = cli(*CAL, "--model", llada_dir, *SMALL, "--out", out, "--json", doc)
+    _no_traceback(res)
+    assert res.exit_code == 130, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]  # (warnings on the random model)
+    assert len(errors) == 1 and res.stderr.strip().splitlines()[-1] == errors[0], res.stderr
+    line = errors[0]
+    assert "interrupted after the search finished" in line and f"--json {doc}" in line, line
+    assert json.loads(doc.read_text())["incomplete"] is False  # the search finished: the document is whole
+    assert (f"profile {out}" in line) == out.exists()

@@ -150,5 +150,6 @@ def test_profile_values_are_used_and_flags_override(cli, llada_dir, tmp_path):
     assert res.exit_code == 0, res.stderr
     (r,) = records(res)
     dec = r["settings"]["decode"]
-    assert (dec["gen_length"], dec["block_length"], dec["steps"], dec["ban_eos"]) == (16, 4, 4, False)
-    assert r["settings"]["cache"] == "none" and r["stats"]["nfe"] <= 4
+    # the profile's steps follow --gen-length at its tokens per step: 16 × 4 / 8
+    assert (dec["gen_length"], dec["block_length"], dec["steps"], dec["ban_eos"]) == (16, 4, 8, False)
+    assert r["settings"]["cache"] == "none" and r["stats"]["nfe"] <= 8

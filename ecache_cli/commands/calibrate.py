@@ -121,16 +121,29 @@ def calibrate_cmd(
             raise typer.Exit(code=1)
         return
     max_frac, min_frac = opts.fractions()
-    tables = o.table_console(out_console, wide)
-    tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide))
-    tables.print(frontier_table(outcome, metric))
-    for line in wall_warnings(outcome):
-        err.print(line, markup=False, highlight=False)
-    if not dry_run:
-        if json_path is not None:
+    written = [f"profile {outcome.profile}"] if outcome.profile is not None else []  # files this run wrote
+    try:
+        tables = o.table_console(out_console, wide)
+        tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide))
+        tables.print(frontier_table(outcome, metric))
+        for line in wall_warnings(outcome):
+            err.print(line, markup=False, highlight=False)
+        if not dry_run and json_path is not None:
             write_json(calibrate_document(outcome, lm, settings, opts, incomplete=False), json_path)
-        if plot is not None:
+            written.append(f"--json {json_path}")
+        if not dry_run and plot is not None:
             plot_frontier(outcome, metric, max_frac, plot)
+            written.append(f"--plot {plot}")
+    except KeyboardInterrupt:  # Ctrl-C after the search: the results are whole, so keep what is cheap to write
+        from ..console import error
+
+        if not dry_run and json_path is not None and f"--json {json_path}" not in written:
+            write_json(calibrate_document(outcome, lm, settings, opts, incomplete=False), json_path)
+            written.append(f"--json {json_path}")
+        lost = "" if dry_run or plot is None or f"--plot {plot}" in written else f"; --plot {plot} not written"
+        error(f"interrupted after the search finished; wrote {', '.join(written) or 'no file'}{lost} "
+              "(rerun with --resume to redo the rest from the run file)")
+        raise typer.Exit(code=130) from None
     choice = outcome.choice
     if choice.point is None:
         raise EcacheError(f"{choice.reason}; no profile written (raise --max-drop, lower --min-fidelity or add --taus)")

@@ -63,6 +63,10 @@ def generate(
     if quiet and stream:  # --quiet wins: no output on stderr at all
         warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
+    if output is None and sys.stdout is None:  # `>&-`: nowhere to put the answers; say so before decoding
+        from ..errors import DataError
+
+        raise DataError("cannot write the output: stdout is closed; redirect it (> answers.txt) or use --output FILE")
     if output is not None:
         check_file(output, "--output")  # before the model loads
     if not quiet and ranks.is_main:  # what this run uses, before the (maybe long) load

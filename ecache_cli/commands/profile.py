@@ -47,7 +47,7 @@ def profile_cmd(
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
     from ..console import err, out, warn
-    from ..outputs import check_dir, check_file
+    from ..outputs import check_dir, check_distinct, check_file
     from ..runs.inputs import check_input_file
     from ..runs.profile import (
         ProfileOptions,
@@ -72,6 +72,7 @@ def profile_cmd(
     opts.validate()
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     check_sources(prompts, input_file, task, data, shots, limit)
+    check_distinct([(json_out, "--json")], [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
     check_file(json_out, "--json")  # output paths before any decoding
     check_dir(trace_dir, "--trace-dir")
     check_input_file(input_file)

@@ -44,7 +44,7 @@ def trace_drift_cmd(
     Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
     from ..console import err
-    from ..outputs import check_dir, check_file
+    from ..outputs import check_dir, check_distinct, check_file
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
     from ..runs.settings import resolve_settings, warn_unused_cache_flags
@@ -59,6 +59,8 @@ def trace_drift_cmd(
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task)
     warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache}")
+    check_distinct([(jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")],
+                   [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
     for path, flag in ((jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")):  # before any decoding
         check_file(path, flag)
     check_dir(tensorboard, "--tensorboard")

@@ -383,10 +383,13 @@ def _request_id(text: str) -> int:
 
 def _arg(key: str, value, kind):
     """A model_arg as its setting's type wants it (:func:`ecache_cli.config.check_value`; lm-eval's
-    parser already made ``3``, ``0.5``, ``true`` numbers and booleans), else a one-line UsageError."""
+    parser already made ``3``, ``0.5``, ``true`` numbers and booleans, but ``-1`` a float, as it reads
+    only digit strings as integers), else a one-line UsageError naming the value as given."""
     try:
         return check_value(kind, value)
     except ValueError as e:
+        if isinstance(value, float) and value.is_integer() and "whole number" in str(e):  # "-1" -> -1.0
+            return _arg(key, int(value), kind)  # the range check then names -1 and the range
         raise UsageError(f"model_args: {key}={value!r} {e}") from None
 
 

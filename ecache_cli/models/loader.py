@@ -250,6 +250,11 @@ def _check_finite(loaded: torch.Tensor, stored: torch.Tensor, name: str, path: P
                          "checkpoint is broken (a diverged training run or a bad conversion): use another checkpoint")
 
 
+#: The files one of which a checkpoint folder needs for its tokenizer (Hugging Face's fast, BPE,
+#: SentencePiece and WordPiece formats; tokenizer_config.json names the class).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
+
+
 def load_tokenizer(path: Path):
     """The checkpoint directory's tokenizer, without trust_remote_code.
 
@@ -272,6 +277,9 @@ def load_tokenizer(path: Path):
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for a bad file
             raise ModelLoadError(f"{path}: cannot load tokenizer.json "
                                  f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if path.is_dir() and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelLoadError(f"{path} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy the "
+                             "tokenizer files of the checkpoint into it")
     import transformers
 
     transformers.utils.logging.set_verbosity_error()  # config.json's model_type is unknown to transformers

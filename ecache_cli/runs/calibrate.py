@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,9 @@ def validate(opts: CalibrateOptions) -> None:
         raise UsageError("--taus needs finite numbers separated by commas, e.g. 0.1,0.5,1")
     if opts.taus is not None and min(opts.taus) < 0:
         raise UsageError(f"--taus: {min(opts.taus)} must be ≥ 0 (τ is an entropy in nats); e.g. --taus 0.1,0.5,1")
+    from ..outputs import check_plot_name
+
+    check_plot_name(opts.plot_path)
 
 
 def preflight(task, opts: CalibrateOptions) -> None:
@@ -135,11 +139,29 @@ def check_outputs(opts: CalibrateOptions) -> None:
     decoding (``outputs.check_file``). The profile itself is not locked: an empty lock file there would
     be read as an empty profile by another command meanwhile; its run file (beside it by default) is
     the lock of a calibration."""
-    from ..outputs import check_file
+    from ..outputs import check_distinct, check_file
 
-    for path, flag in ((opts.out, "--out"), (opts.json_path, "--json"), (opts.plot_path, "--plot"),
-                       (opts.run_file, "--run-file")):
+    written = [(opts.out, "--out"), (opts.json_path, "--json"), (opts.plot_path, "--plot"),
+               (opts.run_file, "--run-file")]
+    check_distinct(written, [(opts.data, "--data")])
+    for path, flag in written:
+        refuse_package_path(path, flag)
+    for path, flag in written:
         check_file(path, flag, lock=flag != "--out")
+
+
+def refuse_package_path(path, flag: str) -> None:
+    """Refuse an output inside the installed package's ``profiles/`` folder (``config.packaged_profiles_dir``):
+    those shipped profiles are read-only, so a calibration never replaces one (UsageError, exit 2,
+    naming the folder to write to instead)."""
+    from ..config import packaged_profiles_dir, profiles_dir
+
+    if path is None or str(path) == "-":
+        return
+    shipped = packaged_profiles_dir()
+    if Path(os.path.realpath(Path(path).expanduser())).is_relative_to(os.path.realpath(shipped)):
+        raise UsageError(f"{flag} {path} is inside the installed package's profiles ({shipped}), which ecache never "
+                         f"rewrites; write to {profiles_dir()} (the default) or another folder")
 
 
 def default_run_file(model: str, task: str, out: Path | None) -> Path:

@@ -22,7 +22,6 @@ the records in input order, so the file is the one process's, and ``--resume`` w
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -30,7 +29,7 @@ from typing import IO
 from ..engine.core import Engine
 from .confidence import EntropyMeter, threshold_for
 from .gen_input import Item
-from .inputs import read_prompts
+from .inputs import piped_stdin, read_prompts
 from .settings import Settings
 from .streams import write_jsonl
 
@@ -70,6 +69,9 @@ def check_options(opts: GenerateOptions):
     if opts.skip_invalid and opts.input_file is None:
         raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are checked "
                          "one by one")
+    from ..outputs import check_distinct
+
+    check_distinct([(opts.output, "--output")], [(opts.input_file, "--input")])
     ranks = from_environment()
     if ranks.active and (opts.input_file is None or str(opts.input_file) == "-" or opts.output is None):
         raise UsageError(f"generate under {ranks.world_size} ranks needs --input FILE and --output FILE (rank 0 "
@@ -178,7 +180,7 @@ class _Job:
             if bad and not opts.skip_invalid:
                 raise invalid_error(items, opts.input_file)
             return items, bad
-        stdin = sys.stdin if not opts.prompts and not sys.stdin.isatty() else None
+        stdin = piped_stdin() if not opts.prompts else None
         src = read_prompts(opts.prompts, None, stdin, lines=True)
         items = (Item(index=i, line=line, rec=rec, prompt=p) for i, (p, rec, line) in enumerate(src))
         if opts.output is not None or opts.prompts:  # a file to resume needs the whole input first

@@ -81,6 +81,18 @@ def _warn_jsonl_stdin(n: int) -> None:
          "(the braces and quotes included); pass --input - to read JSONL records from stdin")
 
 
+def piped_stdin() -> IO | None:
+    """stdin when prompts may come from it: not a terminal and not closed (``<&-`` leaves
+    ``sys.stdin`` None, read as no stdin at all); else None."""
+    stdin = sys.stdin
+    if stdin is None:
+        return None
+    try:
+        return None if stdin.isatty() else stdin
+    except (ValueError, OSError):  # a closed or detached stream
+        return None
+
+
 def is_stdin(input_file: Path | str | None) -> bool:
     """``--input -``: JSONL records read from stdin."""
     return input_file is not None and str(input_file) == "-"

@@ -30,7 +30,7 @@ from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
 from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize
-from .inputs import read_prompts
+from .inputs import piped_stdin, read_prompts
 from .settings import Settings
 from .streams import batched
 
@@ -81,7 +81,7 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
 
     Values are read as int, float, true/false, else kept as strings. A spec's parameters override the
     resolved cache settings for that entry only, so one run can compare variants of one policy.
-    Raises UsageError for an unknown policy or parameter, or a malformed ``key=value``.
+    Raises UsageError for an unknown policy or parameter, a malformed ``key=value`` or a key given twice.
     """
     from ..cache import POLICIES, make_policy
 
@@ -93,6 +93,8 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise UsageError(f"--policies: {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
+        if key.replace("-", "_") in params:  # as a profile refuses a key given twice: no silent "last wins"
+            raise UsageError(f"--policies {spec!r}: parameter {key} given twice; keep one {key}=value")
         params[key.replace("-", "_")] = _scalar(value)
     try:
         make_policy(name, strict=True, **params)  # unknown parameter or bad value -> UsageError
@@ -198,11 +200,10 @@ def task_setup(task: str, data: str | None, shots: int | None, limit: int | None
 def input_requests(prompts: list[str] | None, input_file: Path | None, limit: int | None) -> list[Request]:
     """Requests from prompt arguments, ``--input`` or stdin (when piped), at most ``limit``; the
     error of :func:`inputs.no_prompts` when the source gave none."""
-    import sys
 
     from .inputs import no_prompts
 
-    stdin = sys.stdin if not prompts and input_file is None and not sys.stdin.isatty() else None
+    stdin = piped_stdin() if not prompts and input_file is None else None
     requests = prompt_requests(list(prompts or []), input_file, stdin, limit)
     if not requests:
         raise no_prompts(input_file)

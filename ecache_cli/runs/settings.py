@@ -113,7 +113,8 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     cache = resolve({"policy": "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
-    validate_decode(decode)
+    _steps_follow_gen_length(decode, p_dec, decode_flags)
+    _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
     make_policy(name, **params)  # validates name and values early
     decode_cfg = DecodeConfig(**decode)
     warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
@@ -129,6 +130,40 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
                     sandbox=(prof or {}).get("sandbox"),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+
+
+def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None) -> None:
+    """:func:`validate_decode`, and an error about a value the user never typed (it came from the
+    profile at ``path``) names the profile and the flag that overrides it."""
+    try:
+        validate_decode(decode)
+    except UsageError as e:
+        from_profile = [k for k in p_dec if decode_flags.get(k) is None and decode.get(k) is not None
+                        and f"{k.replace('_', '-')} {decode[k]}" in str(e)]
+        if not from_profile or path is None:
+            raise
+        names = ", ".join(f"{k} {decode[k]}" for k in from_profile)
+        raise UsageError(f"{e} ({names} from profile {path}; pass the flag to override)") from None
+
+
+def _steps_follow_gen_length(decode: dict, p_dec: dict, decode_flags: dict) -> None:
+    """A profile's ``steps`` belong to its own ``gen_length``: when ``--gen-length`` is given and
+    ``--steps`` is not, the steps keep the profile's tokens-per-step ratio for the new length
+    (``steps = gen_length × profile steps / profile gen_length``, rounded to a whole number of steps per
+    block, at least one a block), so ``--gen-length 512`` over a profile of 256 tokens in 256 steps
+    decodes 512 steps, one token a step. Edits ``decode`` in place. Documented in ``ecache help decoding``."""
+    given = decode_flags.get("gen_length")
+    if given is None or decode_flags.get("steps") is not None or p_dec.get("steps") is None:
+        return
+    p_gen = p_dec.get("gen_length") or dataclass_defaults(DecodeConfig).get("gen_length")
+    if not p_gen or p_gen == given:
+        return
+    steps = given * p_dec["steps"] / p_gen
+    block = decode.get("block_length")
+    if block and given % block == 0:  # a whole number of steps per block (plan_blocks checks the rest)
+        n_blocks = given // block
+        steps = max(1, round(steps / n_blocks)) * n_blocks
+    decode["steps"] = max(1, round(steps))
 
 
 def _model_key(name) -> str:

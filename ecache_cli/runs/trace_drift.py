@@ -18,7 +18,6 @@ Memory: the shadow store plus the previous step's fresh K (two stores' worth nex
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from ..metrics.drift import (
     layer_mean_change,
     next_step_pairs,
 )
-from .inputs import read_prompts
+from .inputs import piped_stdin, read_prompts
 from .manifest import manifest
 from .settings import Settings
 from .streams import batched
@@ -263,6 +262,7 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
                 volatility_level: float, rows: int) -> None:
     """The trace-drift flags, checked before anything loads: ranges (UsageError, exit 2), ``--input``
     readable (``inputs.check_input_file``, DataError), one prompt source and one user of stdout."""
+    from ..outputs import check_plot_name
     from .inputs import check_input_file
 
     if batch_size < 1:
@@ -272,8 +272,7 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
     if signal is not None and signal not in SIGNALS:
         raise UsageError(f"--signal {signal!r} is not known; use one of {', '.join(SIGNALS)}")
     check_input_file(input_file)
-    if plot is not None and plot.suffix.lower() != ".png" and not plot.is_dir():  # a folder: check_file's hint
-        raise UsageError(f"--plot {plot}: give a .png file name")
+    check_plot_name(plot)
     if jsonl is not None and str(jsonl) == "-" and json_out == "-":
         raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
     if not 0 < volatility_level < float("inf"):  # NaN fails this too
@@ -303,7 +302,7 @@ def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
         task = get_task(opts.task, opts.data)
         shots = task.default_shots if opts.shots is None else opts.shots
         return [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
-    stdin = sys.stdin if not opts.prompts and opts.input_file is None and not sys.stdin.isatty() else None
+    stdin = piped_stdin() if not opts.prompts and opts.input_file is None else None
     prompts = [p for p, _ in read_prompts(opts.prompts, opts.input_file, stdin)]
     if not prompts:
         from .inputs import no_prompts
