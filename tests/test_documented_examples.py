@@ -169,7 +169,8 @@ OFFICIAL = "needs an official 8B checkpoint (no download on these machines)"
 NOT_RUN = {
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . && ecache generate":
         "the install is .ci/run's and the fresh-venv check's; its generate line is the first check above",
-    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e \".[test,eval,serve]\"":
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+    "pip install -e \".[test,eval,serve]\"":
         "the test command itself (.ci/run runs it)",
     "ecache generate --model llada-8b": OFFICIAL,
     "ecache profile --task gsm8k --data ../shared/data/gsm8k/test.jsonl": "a dataset outside the repository",
