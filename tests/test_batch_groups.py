@@ -208,6 +208,7 @@ def test_profile_reports_honest_and_planned_work_per_batch_size(llada_lm):
         e = rep.summaries["entropy"]
         assert e["batch_size"] == bs and rep.summaries["none"]["planned_work_share_vs_none"] == 1.0
         assert e["work_share_vs_none"] >= e["planned_work_share_vs_none"] > 0
+        assert e["work_efficiency"] == pytest.approx(e["speedup_vs_none"] * e["planned_work_share_vs_none"])
         rows = rep.to_dict()["requests"]
         assert all(r["tokens_computed"] >= r["tokens_planned"] for r in rows)
     one, four = reps[1].summaries["entropy"], reps[4].summaries["entropy"]

@@ -119,3 +119,11 @@ def test_memory_probe_reads_a_positive_peak_on_cpu():
     peak = probe.peak_bytes()
     assert probe.kind in ("peak_rss", "rss_after_run")
     assert peak is not None and peak > x.numel() * 4
+
+
+def test_work_efficiency_is_speedup_times_planned_work_share():
+    from ecache_cli.metrics.throughput import work_efficiency
+
+    # a policy planning 10% of none's work and running 6x faster turns 60% of the skipped work into time
+    assert work_efficiency({"speedup_vs_none": 6.0, "planned_work_share_vs_none": 0.1}) == pytest.approx(0.6)
+    assert work_efficiency({"speedup_vs_none": None, "planned_work_share_vs_none": 0.1}) is None

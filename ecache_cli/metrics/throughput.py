@@ -150,7 +150,7 @@ def summarize(runs: Sequence[RunMeasure], baseline: Sequence[RunMeasure] | None 
         "score": _mean([r.score for r in rows if r.score is not None]),
         "batch_size": max((r.batch_size for r in runs), default=1),
         "speedup_vs_none": None, "latency_speedup_vs_none": None, "work_share_vs_none": None,
-        "planned_work_share_vs_none": None,
+        "planned_work_share_vs_none": None, "work_efficiency": None,
     }
     if baseline:
         base = summarize(baseline)
@@ -162,7 +162,16 @@ def summarize(runs: Sequence[RunMeasure], baseline: Sequence[RunMeasure] | None 
                                           sum(b.nfe * b.canvas for _, b in paired))
         out["planned_work_share_vs_none"] = ratio(sum(_planned(r) for r, _ in paired),
                                                   sum(b.nfe * b.canvas for _, b in paired))
+        out["work_efficiency"] = work_efficiency(out)
     return out
+
+
+def work_efficiency(summary: dict) -> float | None:
+    """Speedup over ``none`` × the planned work share of ``none``: 1.0 when every position × layer a
+    policy's plans skip becomes time saved, lower when fixed per-step costs eat the saving (None without
+    both figures)."""
+    speedup, share = summary.get("speedup_vs_none"), summary.get("planned_work_share_vs_none")
+    return None if speedup is None or share is None else speedup * share
 
 
 def _planned(row: RowMeasure) -> int:

@@ -29,7 +29,7 @@ from ..engine.core import Engine
 from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
-from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize
+from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize, work_efficiency
 from .inputs import piped_stdin, read_prompts
 from .settings import Settings
 from .streams import batched
@@ -407,6 +407,7 @@ def apply_rank_speed(summaries: dict[str, dict], rank_speed: dict[str, list[dict
         base = summaries[BASELINE]["tokens_per_s"]
         for p in names:
             summaries[p]["speedup_vs_none"] = summaries[p]["tokens_per_s"] / base if base else None
+            summaries[p]["work_efficiency"] = work_efficiency(summaries[p])
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -424,6 +425,7 @@ COLUMNS = [  # (header, summary key, format, in the default view)
     ("partial\n/req", "partial_forwards_per_request", "{:.1f}", False),
     ("work %\nof none", "work_share_vs_none", "pct", True),
     ("planned\nwork %", "planned_work_share_vs_none", "pct", False),
+    ("work\nefficiency", "work_efficiency", "{:.2f}", False),
     ("work %\n/forward", "work_share_per_forward", "pct", False),
     ("decision\n% time", "decision_overhead_pct", "{:.2f}", False),
     ("peak mem\nMiB", "peak_memory_bytes", "mib", False),
