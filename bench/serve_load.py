@@ -200,20 +200,12 @@ def main() -> None:
             targets["entropy_throughput_over_none"] = e["throughput"] / n_["throughput"]
             targets["entropy_met"] = e["throughput"] >= 2 * n_["throughput"]
     print("\ntargets:", json.dumps(targets))
+    from ecache_cli.runs.manifest import cpu_name
+
     print(json.dumps({"bench": "serve_load", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
-                      "cpu": _cpu(), "threads": args.threads, "model": args.model, "max_batch": args.max_batch,
+                      "cpu": cpu_name(), "threads": args.threads, "model": args.model, "max_batch": args.max_batch,
                       "max_tokens": args.max_tokens, "duration_s": args.duration, "wall_s": time.time() - t_start,
                       "rows": rows, "targets": targets}))
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Helpers shared by the CLI tests (the in-process ``cli`` fixture itself lives in conftest.py)."""
+"""Helpers shared by the tests (the in-process ``cli`` fixture itself lives in conftest.py)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,28 @@ def without_cut_warning(stderr: str) -> str:
     end token within a 16-token canvas, so most generate runs on them end with that warning; tests of
     other warnings look past it."""
     return "".join(line for line in stderr.splitlines(keepends=True) if CUT not in line)
+
+
+def step_layer_positions(lm, run) -> tuple[list, list[int]]:
+    """Iterate ``run`` to its end; return (its StepRecords, per step the positions that every layer's query
+    projection computed, summed over layers), counted by forward hooks removed afterwards."""
+    seen: list[int] = []
+
+    def hook(module, args, out):
+        seen[-1] += args[0].shape[0] * args[0].shape[1]
+
+    handles = [lm.model.parts(i).q.register_forward_hook(hook) for i in range(lm.spec.n_layers)]
+    records = []
+    try:
+        it = iter(run)
+        while True:
+            seen.append(0)  # this step's layer-positions
+            try:
+                records.append(next(it))
+            except StopIteration:
+                seen.pop()
+                break
+    finally:
+        for h in handles:
+            h.remove()
+    return records, seen

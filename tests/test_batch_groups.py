@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from cli_helpers import step_layer_positions
 from conftest import PROMPTS
 
 from ecache_cli.cache import POLICIES, make_policy
@@ -68,37 +69,12 @@ def test_mixed_batch_gives_each_row_its_own_tokens(lm, policy):
                     == alone.stats["tokens_planned"])
 
 
-def counting(lm):
-    """Forward hooks on every layer's query projection: positions computed per call, summed over layers."""
-    seen: list[int] = []
-
-    def hook(module, args, out):
-        x = args[0]
-        seen[-1] += x.shape[0] * x.shape[1]
-
-    handles = [lm.model.parts(i).q.register_forward_hook(hook) for i in range(lm.spec.n_layers)]
-    return seen, handles
-
-
 @pytest.mark.parametrize("policy", ["entropy", "dual", "dkv", "elastic", "d2cache"])
 def test_reported_work_is_what_the_forwards_computed(lm, policy):
     eng = Engine.from_loaded(lm)
     pol = ForceRows(make_policy(policy, **PARAMS[policy]))
     r = eng.start(eng.encode(PROMPTS, chat=False), CFG, pol)
-    seen, handles = counting(lm)
-    records = []
-    try:
-        it = iter(r)
-        while True:
-            seen.append(0)  # this step's layer-positions
-            try:
-                records.append(next(it))
-            except StopIteration:
-                seen.pop()
-                break
-    finally:
-        for h in handles:
-            h.remove()
+    records, seen = step_layer_positions(lm, r)
     L, T = lm.spec.n_layers, r.P + r.G
     assert len(seen) == len(records)
     n_mixed = 0

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from cli_helpers import step_layer_positions
 from conftest import PROMPTS as RAGGED_PROMPTS
 
 from ecache_cli.cache import make_policy
@@ -220,28 +221,8 @@ def test_skipped_positions_get_no_logits_and_no_commit(lm8):
 
 def layer_positions(lm, policy, prompts, cfg):
     """(records, per step the positions all layers' query projections computed)."""
-    seen: list[int] = []
-
-    def hook(module, args, out):
-        seen[-1] += args[0].shape[0] * args[0].shape[1]
-
-    handles = [lm.model.parts(i).q.register_forward_hook(hook) for i in range(lm.spec.n_layers)]
     eng = Engine.from_loaded(lm)
-    run = eng.start(eng.encode(prompts, chat=False), cfg, policy)
-    records = []
-    try:
-        it = iter(run)
-        while True:
-            seen.append(0)
-            try:
-                records.append(next(it))
-            except StopIteration:
-                seen.pop()
-                break
-    finally:
-        for h in handles:
-            h.remove()
-    return records, seen
+    return step_layer_positions(lm, eng.start(eng.encode(prompts, chat=False), cfg, policy))
 
 
 def test_a_skipping_step_computes_fewer_layer_positions_than_dual(lm8):

@@ -21,7 +21,7 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
     from ..tasks.sandbox import manifest_entry as sandbox_manifest
 
     dev = lm.device
-    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
+    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
     return {
         "ecache_version": __version__, "git_commit": _git_commit(), "python": sys.version.split()[0],
         "torch": torch.__version__, "transformers": transformers.__version__, "platform": platform.platform(),
@@ -32,7 +32,7 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
     }
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU model ("AMD EPYC ..."): /proc/cpuinfo on Linux, else what ``platform`` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
