@@ -20,10 +20,10 @@ def decode(lm, prompts, cfg, policy, seed, row_ids=None):
     return [r.token_ids for r in run.results()]
 
 
-# Under threshold decoding a batch moves to the next block only when every row has finished this one; a
-# row that has finished it is parked (takes no step) meanwhile, and every policy counts its per-row rules
-# (refresh periods, first step, previous-step commits) in the row's own steps, so each row decides alone:
-# its outputs do not depend on the batch, greedy or sampled.
+# Each row keeps its own clock: under threshold decoding a row that has finished its block goes on to the
+# next while the others finish theirs, and every policy counts its per-row rules (refresh periods, first
+# step, previous-step commits) in the row's own steps, so each row decides alone: its outputs do not
+# depend on the batch, greedy or sampled.
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
@@ -42,8 +42,8 @@ def test_every_policy_samples_the_same_alone_and_batched(lm, policy, rule):
 
 @pytest.mark.parametrize("policy", ["dllm-cache", "elastic"])
 def test_threshold_rows_count_their_own_steps(lm, policy):
-    """A row that has finished its block is parked while the others finish it: the policy sees each row at
-    its own steps only (``row_step`` 0, 1, 2, ... with no gap), which fall behind the batch's ``step``."""
+    """Rows move through their blocks at their own pace: the policy sees each row at its own steps only
+    (``row_step`` 0, 1, 2, ... with no gap), whatever the batch's ``step``."""
     eng = Engine.from_loaded(lm)
     pol = make_policy(policy)
     seen: dict[int, list[int]] = {}

@@ -246,7 +246,7 @@ class DriftTracer:
         """Bin the fresh-K change since the previous step of every committed token by steps since commit."""
         st = self.run.state
         if self.prev_k is not None:
-            # rows keep their order; a row parked at the previous step (threshold decoding) is not compared
+            # rows keep their order; a row that was not in the previous step (it joined since) is not compared
             idx = torch.searchsorted(self.prev_rows, rec.rows).clamp_max(len(self.prev_rows) - 1)
             seen = self.prev_rows[idx] == rec.rows  # (B,)
             change = layer_mean_change([k[idx] for k in self.prev_k], fresh_k)  # (B, T)
