@@ -80,12 +80,8 @@ class CachePolicy:
         """Keep rows ``keep`` (K,) long of every declared per-row attribute."""
         row_fields.keep(self, self.row_state, keep)
 
-    def take_rows(self, rows: torch.Tensor) -> dict:
-        """Rows ``rows`` (K,) long of every declared per-row attribute, copied, for :meth:`append_rows`."""
-        return row_fields.take(self, self.row_state, rows)
-
     def append_rows(self, taken: dict) -> None:
-        """Append rows taken by :meth:`take_rows` (or made by :meth:`add_rows`) after the current rows."""
+        """Append rows (``{attribute: value}`` of ``row_state``) after the current rows."""
         row_fields.append(self, self.row_state, taken)
 
     def add_rows(self, state: DecodeState) -> None:
@@ -93,7 +89,7 @@ class CachePolicy:
         them alone (a copy of the policy is reset on their rows; its per-row attributes are appended)."""
         fresh = copy.copy(self)
         fresh.reset(state)
-        self.append_rows(row_fields.take(fresh, self.row_state, torch.arange(state.batch, device=state.tokens.device)))
+        self.append_rows({name: getattr(fresh, name) for name in self.row_state})
 
     @staticmethod
     def targets_and_sources(state: DecodeState) -> torch.Tensor:

@@ -18,7 +18,7 @@ This module imports nothing of ecache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -45,21 +45,19 @@ class Shrink:
     """At ``layer``, keep only the positions ``keep(view, rows)`` marks: a (B, S) bool over ``view.positions``.
 
     ``keep`` gets the view and ``rows`` (B,) long, the policy's rows of the forward's batch rows (the
-    engine sets ``rows`` when it runs a subset of the batch). Requested attention rows are always kept;
-    the positions whose logits the forward returns are kept too unless ``keep_logits`` is False: then
-    a dropped logit position gets no logits this step, and the forward reports which ones it produced
+    engine applies shrinks in the forward of the whole batch, so row b is the policy's row b). Requested
+    attention rows are always kept; the positions whose logits the forward returns are kept too unless
+    ``keep_logits`` is False: then a dropped logit position gets no logits this step, and the forward reports which ones it produced
     (``KVStore.produced``), so the engine never samples or commits the others (ES-dLLM: a skipped
     position cannot be committed at that step).
     """
 
     layer: int
     keep: Callable[[LayerView, torch.Tensor], torch.Tensor]
-    rows: torch.Tensor | None = None
     keep_logits: bool = True
 
     def __call__(self, view: LayerView) -> torch.Tensor:
-        rows = self.rows if self.rows is not None else torch.arange(view.x.shape[0], device=view.x.device)
-        return self.keep(view, rows)
+        return self.keep(view, torch.arange(view.x.shape[0], device=view.x.device))
 
 
 @dataclass(frozen=True)
@@ -84,13 +82,6 @@ class ForwardHooks:
             return ()
         found = (self.shrink,) if isinstance(self.shrink, Shrink) else tuple(self.shrink)
         return tuple(sorted(found, key=lambda sh: sh.layer))
-
-    def rows(self, idx: torch.Tensor) -> "ForwardHooks":
-        """The same requests for batch rows ``idx`` (K,) long only."""
-        pick = lambda t: None if t is None else t[idx]  # noqa: E731
-        shrink = tuple(replace(sh, rows=idx if sh.rows is None else sh.rows[idx]) for sh in self.shrinks) or None
-        return ForwardHooks(grow_from_layer=pick(self.grow_from_layer), attention_rows=pick(self.attention_rows),
-                            shrink=shrink)
 
 
 class ModelProbe:

@@ -123,12 +123,8 @@ class DecodeState:
         """Keep only rows ``keep`` (K,) long (indices into the current batch)."""
         row_fields.keep(self, self.ROW_FIELDS, keep)
 
-    def take_rows(self, idx: torch.Tensor) -> dict:
-        """The per-row fields of rows ``idx`` (K,) long, copied, for :meth:`append_rows`."""
-        return row_fields.take(self, self.ROW_FIELDS, idx)
-
     def append_rows(self, taken: dict) -> None:
-        """Append rows (a :meth:`take_rows` result, or a new state's) after the current rows."""
+        """Append rows (``{field: value}`` of ``ROW_FIELDS``, e.g. a new state's) after the current rows."""
         row_fields.append(self, self.ROW_FIELDS, taken)
 
 

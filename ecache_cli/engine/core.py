@@ -229,7 +229,7 @@ class Run:
             self._apply(targets, commit, sampled.x0)
         rows, refresh = st.rows, plan.refresh
         self.ledger.count(rows, refresh, fwd.computed, fwd.planned)
-        rec = StepRecord.of_step(sampled, step=st.step, block=st.block.clone(), step_in_block=st.step_in_block.clone(),
+        rec = StepRecord.of_step(sampled, step=st.step, block=st.block, step_in_block=st.step_in_block,
                                  rows=rows, refresh=refresh, computed=fwd.computed, query_width=fwd.width,
                                  targets=targets, valid=fwd.usable(valid), committed=commit, planned=fwd.planned,
                                  outputs=outputs)
