@@ -47,9 +47,9 @@ class Shrink:
     ``keep`` gets the view and ``rows`` (B,) long, the policy's rows of the forward's batch rows (the
     engine applies shrinks in the forward of the whole batch, so row b is the policy's row b). Requested
     attention rows are always kept; the positions whose logits the forward returns are kept too unless
-    ``keep_logits`` is False: then a dropped logit position gets no logits this step, and the forward reports which ones it produced
-    (``KVStore.produced``), so the engine never samples or commits the others (ES-dLLM: a skipped
-    position cannot be committed at that step).
+    ``keep_logits`` is False: then a dropped logit position gets no logits this step, and the forward
+    reports which ones it produced (``KVStore.produced``), so the engine never samples or commits the
+    others (ES-dLLM: a skipped position cannot be committed at that step).
     """
 
     layer: int
