@@ -120,15 +120,15 @@ def test_resume_decodes_only_what_the_file_lacks_and_ends_with_the_full_file(cli
 def test_ctrl_c_with_output_names_resume_and_the_file_keeps_finished_records(cli, llada_dir, tmp_path, monkeypatch):
     from ecache_cli.runs import generate as gen
 
-    real, calls = gen._decode, {"n": 0}
+    real, calls = gen._Job._decode, {"n": 0}
 
-    def decode(*a, **k):  # the third batch is interrupted
+    def decode(self, *a, **k):  # the third batch is interrupted
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return real(*a, **k)
+        return real(self, *a, **k)
 
-    monkeypatch.setattr(gen, "_decode", decode)
+    monkeypatch.setattr(gen._Job, "_decode", decode)
     out = tmp_path / "out.jsonl"
     res = cli("generate", *PROMPTS, "--model", llada_dir, *SMALL, "-q", "--output", out)
     assert res.exit_code == 130

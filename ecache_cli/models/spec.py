@@ -83,9 +83,10 @@ def spec_from_config(cfg: dict, path: Path | str = "config.json") -> ModelSpec:
 def check_spec(spec: ModelSpec, path: Path | str = "config.json") -> None:
     """Refuse architecture values no checkpoint can have, with one line naming the field: sizes and
     counts must be ≥ 1, ``n_heads`` must divide the hidden size and ``n_kv_heads`` divide ``n_heads``
-    (grouped-query attention shares each K/V head among n_heads / n_kv_heads query heads), the special
-    token ids must lie in [0, vocab_size), RMSNorm's eps and RoPE's theta must be finite and > 0.
-    Field names are the family's config.json names. Raises ModelLoadError."""
+    (grouped-query attention shares each K/V head among n_heads / n_kv_heads query heads), RMSNorm's eps
+    and RoPE's theta must be finite and > 0 (the special token ids: :func:`check_token_ids`, which
+    :func:`spec_from_config` runs first). Field names are the family's config.json names. Raises
+    ModelLoadError."""
     import math
 
     names = {"llada": {"d_model": "d_model", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
@@ -111,10 +112,6 @@ def check_spec(spec: ModelSpec, path: Path | str = "config.json") -> None:
     if spec.head_dim % 2:
         raise bad(f"the head size {spec.head_dim} ({names['d_model']} / {names['n_heads']}) is odd; RoPE rotates "
                   "pairs of dimensions")
-    for field in ("mask_id", "eos_id", "pad_id"):
-        v = getattr(spec, field)
-        if not 0 <= v < spec.vocab_size:
-            raise bad(f"{field.replace('_id', '_token_id')} {v} is outside the vocabulary [0, {spec.vocab_size})")
     for field, key in (("rms_eps", "rms_norm_eps"), ("rope_theta", "rope_theta")):
         v = getattr(spec, field)
         if not (math.isfinite(v) and v > 0):

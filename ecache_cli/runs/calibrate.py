@@ -384,7 +384,7 @@ class _Sample:
         chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
         engine = Engine.from_loaded(lm)
         prompt_ids = engine.encode([task.prompt(ex, shots, opts.seed) for ex in examples], chat)
-        can_score = not task.needs_code_execution or task.allow_code_execution
+        can_score = task.can_score
         return cls(examples, shots, chat, engine, prompt_ids, can_score)
 
 

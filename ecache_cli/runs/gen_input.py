@@ -27,7 +27,8 @@ class Item:
     ``line``: 1-based line in the file or stdin (the argument's position for prompt arguments);
     ``rec``: the parsed record (None when the line is not a JSON value); ``prompt``: what to encode
     (text, messages or token ids), None when invalid; ``error``: why it is invalid (a one-line
-    reason naming ``file:line`` and the fix), else None.
+    reason naming ``file:line`` and the fix), else None; ``ids``: the prompt's token ids when
+    :func:`read_input` already encoded it (the decode reuses them), else None.
     """
 
     index: int
@@ -35,6 +36,7 @@ class Item:
     rec: object
     prompt: object
     error: str | None = None
+    ids: list[int] | None = None
 
 
 def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[Item]:
@@ -83,7 +85,7 @@ def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[It
             item.error = (f"{where}: the prompt ({len(ids)} tokens{templ}) + --gen-length {gen_length} exceeds the "
                           f"model's {limit} positions; {fix}")
             continue
-        item.prompt = prompt
+        item.prompt, item.ids = prompt, ids
     return items
 
 

@@ -31,6 +31,13 @@ def _differs(a, b, path: str = "") -> str | None:
     return None if a == b else (path or "value")
 
 
+def _at(doc, path: str):
+    """The value at a dotted key path of ``_differs`` in ``doc`` (None where a key is missing)."""
+    for part in path.split("."):
+        doc = doc.get(part) if isinstance(doc, dict) else None
+    return doc
+
+
 class OutputFile:
     """The ``--output`` file of a generate run (module docstring).
 
@@ -77,15 +84,9 @@ class OutputFile:
         for _, rec in self.records:
             d = _differs({k: rec.get(k) for k in self.expect}, self.expect)
             if d:
-                got = rec
-                for part in d.split("."):
-                    got = got.get(part) if isinstance(got, dict) else None
-                want = self.expect
-                for part in d.split("."):
-                    want = want.get(part) if isinstance(want, dict) else None
-                raise UsageError(f"--output {self.path} was written with other settings ({d} {json.dumps(got)}, "
-                                 f"this run {json.dumps(want)}); resume with the same model and flags, or choose "
-                                 "another --output")
+                raise UsageError(f"--output {self.path} was written with other settings ({d} "
+                                 f"{json.dumps(_at(rec, d))}, this run {json.dumps(_at(self.expect, d))}); resume "
+                                 "with the same model and flags, or choose another --output")
 
     def plan(self, items: list, fields) -> tuple[set[int], dict[int, dict]]:
         """Compare the file with the input ``items`` (``gen_input.Item``; ``fields(item)``: the record

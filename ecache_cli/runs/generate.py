@@ -270,8 +270,7 @@ class _Job:
         mine = [b for c, b in enumerate(batches) if c % dist.world_size == dist.rank]
         got = []
         for batch in mine:
-            got += _decode(self.engine, self.lm, self.settings, self.opts, batch, self.chat, self.common, reporter,
-                           self.err_console, self.main)
+            got += self._decode(batch, reporter)
             if not dist.active:
                 reporter.advance(len(batch))
         if dist.active:
@@ -282,6 +281,32 @@ class _Job:
             self.results[rec["index"]] = rec
             self.decoded.append(rec)
         self._emit()
+
+    def _decode(self, batch: list[Item], reporter) -> list[dict]:
+        """Decode one batch; return its records (input order). ``--input`` items carry the token ids
+        :func:`gen_input.read_input` encoded when it checked them; the others are encoded here."""
+        engine, settings, opts = self.engine, self.settings, self.opts
+        if all(it.ids is not None for it in batch):
+            ids = [it.ids for it in batch]
+        else:
+            ids = engine.encode([it.prompt for it in batch], self.chat)
+        first = batch[0].index
+        # each row's random stream is (seed, its index in the input): batch-invariant sampling
+        run_ = engine.start(ids, settings.decode, settings.policy(), seed=opts.seed,
+                            row_ids=[it.index for it in batch])
+        meter = EntropyMeter(run_.B, run_.P, run_.G, run_.state.tokens.device)
+        blocks = run_.blocks.num_blocks
+        if opts.stream and self.main and not opts.quiet:
+            _stream(run_, engine, self.err_console, batch, meter)
+        else:
+            for rec in run_:
+                meter.observe(rec)
+                reporter.step(first, len(batch), rec.block, blocks, rec.step)
+        res = run_.results()
+        ents = meter.means([r.stats["generated_tokens"] for r in res])
+        return [{"index": it.index, "line": it.line, **input_fields(it.rec), "text": r.text,
+                 "token_ids": r.answer_ids, "ended": r.ended, "mean_entropy": e, "stats": r.stats, **self.common}
+                for it, r, e in zip(batch, res, ents)]
 
     def _emit(self) -> None:
         """Write the records at the head of the queue that are ready (rank 0), in input order."""
@@ -300,26 +325,6 @@ class _Job:
                 self.sink.write(rec)
 
 
-def _decode(engine, lm, settings, opts, batch: list[Item], chat: bool, common: dict, reporter, err_console,
-            main: bool) -> list[dict]:
-    """Decode one batch; return its records (input order)."""
-    ids = engine.encode([it.prompt for it in batch], chat)
-    first = batch[0].index
-    # each row's random stream is (seed, its index in the input): batch-invariant sampling
-    run_ = engine.start(ids, settings.decode, settings.policy(), seed=opts.seed, row_ids=[it.index for it in batch])
-    meter = EntropyMeter(run_.B, run_.P, run_.G, run_.state.tokens.device)
-    blocks = run_.blocks.num_blocks
-    if opts.stream and main and not opts.quiet:
-        _stream(run_, engine, err_console, batch, meter)
-    else:
-        for rec in run_:
-            meter.observe(rec)
-            reporter.step(first, len(batch), rec.block, blocks, rec.step)
-    res = run_.results()
-    ents = meter.means([r.stats["generated_tokens"] for r in res])
-    return [{"index": it.index, "line": it.line, **input_fields(it.rec), "text": r.text, "token_ids": r.answer_ids,
-             "ended": r.ended, "mean_entropy": e, "stats": r.stats, **common}
-            for it, r, e in zip(batch, res, ents)]
 
 
 def _warnings(lm, settings: Settings, opts: GenerateOptions, decoded: list[dict], bad: list[Item], warn) -> None:

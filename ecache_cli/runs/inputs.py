@@ -12,12 +12,11 @@ from ..errors import DataError, UsageError
 
 
 def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None,
-                 lines: bool = False, check_ids=None) -> Iterator[tuple]:
+                 lines: bool = False) -> Iterator[tuple]:
     """Yield (prompt, record) pairs: arguments first, else ``--input`` JSONL (``prompt``, ``messages``
     or ``prompt_ids`` field: a list of ints, yielded as that list), else stdin (one prompt per line,
     blank lines skipped). Raises DataError naming the file and line of a malformed record, after every
-    earlier prompt has been yielded. ``check_ids``: None, or a function of a ``prompt_ids`` list that
-    returns why the model cannot take it (``Engine.check_prompt_ids``), raised as that record's error.
+    earlier prompt has been yielded (token ids are checked against the model when they are encoded).
 
     With ``lines`` the tuples are (prompt, record, line): ``line`` is the 1-based line number in the
     ``--input`` file or on stdin (blank lines are skipped but still counted, so it always points at
@@ -40,9 +39,6 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
             except json.JSONDecodeError as e:
                 raise DataError(f"{name}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
             prompt = prompt_of(rec, f"{name}:{n}")
-            why = check_ids(prompt) if check_ids is not None and isinstance(rec.get("prompt_ids"), list) else None
-            if why:
-                raise DataError(f"{name}:{n}: {why}; give ids of the model's tokenizer")
             yield (prompt, rec, n) if lines else (prompt, rec)
         return
     if stdin is not None:

@@ -193,7 +193,7 @@ def task_setup(task: str, data: str | None, shots: int | None, limit: int | None
     n_shots = task_obj.default_shots if shots is None else shots
     requests = task_requests(task_obj, 8 if limit is None else limit, n_shots, seed)
     info = {"name": task, "data": data, "shots": n_shots, "limit": len(requests), "split": "test",
-            "scored": not task_obj.needs_code_execution or allow_code_execution}
+            "scored": task_obj.can_score}
     return task_obj, requests, info
 
 
@@ -341,8 +341,7 @@ class _Bench:
         """One row's measures; scored when its request has a task whose scorer may run."""
         req, s = self.requests[idx[res.index]], res.stats
         score = None
-        if req.task is not None and (not getattr(req.task, "needs_code_execution", False)
-                                     or getattr(req.task, "allow_code_execution", False)):
+        if req.task is not None and req.task.can_score:
             score = float(req.task.score(req.example, res.text))
         return RowMeasure(prompt=idx[res.index], repeat=repeat, generated_tokens=s["generated_tokens"],
                           latency_s=s["wall_s"], nfe=s["nfe"], full_forwards=s["full_forwards"],

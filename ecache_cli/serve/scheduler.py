@@ -150,10 +150,9 @@ class Job:
         answer = answer[:self.max_tokens]
         text = decode(answer)
         cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-        self.n_answer = len(answer)
+        self.n_answer = len(answer)  # with a stop string: tokens decoded up to its end (an upper bound)
         if cut >= 0:
             self.text, self.reason = text[:cut], "stop"
-            self.n_answer = len(answer)  # tokens decoded up to the stop string's end (an upper bound)
         elif end is not None and end <= self.max_tokens:
             self.text, self.reason = text, "stop"
         elif len(ids) >= self.max_tokens:

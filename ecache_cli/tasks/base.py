@@ -89,6 +89,12 @@ class Task:
         """Return 1.0 if ``completion`` solves ``ex``, else 0.0."""
         raise NotImplementedError
 
+    @property
+    def can_score(self) -> bool:
+        """Whether :meth:`score` may run: always, unless the task runs model-written code and was built
+        without ``allow_code_execution=True``."""
+        return not self.needs_code_execution or self.allow_code_execution
+
     def require_consent(self) -> None:
         """Raise ``UsageError`` unless this task was built with ``allow_code_execution=True``."""
         if not self.allow_code_execution:
