@@ -162,7 +162,8 @@ def test_rows_joining_and_leaving_reuse_the_store_buffers_and_decode_as_alone(ll
     eng = Engine.from_loaded(llada_lm)
     cfg = DecodeConfig(gen_length=16, block_length=8, steps=16, temperature=0.7)
     ids = eng.encode(RAGGED_PROMPTS, chat=False)
-    run = eng.start(ids[:2], cfg, make_policy(policy, **PARAMS[policy]), seed=3, prompt_width=40, max_rows=8)
+    run = eng.start(ids[:2], cfg, make_policy(policy, **PARAMS[policy]), seed=3, prompt_width=40)
+    run.store.max_rows = 8
     joined, ptrs, moved = [(ids[0], 0), (ids[1], 1)], None, False
     for i, rec in enumerate(run):
         if run.store.capacity == 8:  # grown to max_rows (2 -> 4 -> 8): from then on the same buffers

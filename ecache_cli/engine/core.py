@@ -62,18 +62,15 @@ class Engine:
         return check_prompt_ids(self.spec, ids)
 
     def start(self, prompt_ids: Sequence[Sequence[int]], cfg: DecodeConfig, policy, seed: int = 0,
-              row_ids: Sequence[int] | None = None, prompt_width: int | None = None,
-              max_rows: int | None = None) -> "Run":
+              row_ids: Sequence[int] | None = None, prompt_width: int | None = None) -> "Run":
         """Prepare a run over a batch of tokenized prompts; iterate it for StepRecords.
 
         ``policy``: a ``CachePolicy`` (``ecache_cli.cache.make_policy``). ``row_ids``: each prompt's index
         in the whole input (default 0..B-1); row b's random stream is ``row_generator(seed, row_ids[b])``, so
         a prompt decodes the same in any batch. ``prompt_width``: the canvas's prompt
         positions (default: the longest prompt); rows joining later (:meth:`Run.add`) must fit it.
-        ``max_rows``: the most rows expected at once (a server's ``--max-batch``): the KV store's row
-        buffers grow by doubling up to it as rows join (``kvstore.py``); None: doubling without a bound.
         """
-        return Run(self, [list(p) for p in prompt_ids], cfg, policy, seed, row_ids, prompt_width, max_rows)
+        return Run(self, [list(p) for p in prompt_ids], cfg, policy, seed, row_ids, prompt_width)
 
     def generate(self, prompts: Sequence[str | list], cfg: DecodeConfig, policy, chat: bool = True, seed: int = 0,
                  row_ids: Sequence[int] | None = None) -> list[GenerationResult]:
@@ -88,7 +85,7 @@ class Run:
     """One denoising run over rows that may join and leave; iterate for StepRecords, then ``results()``."""
 
     def __init__(self, engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, policy, seed: int,
-                 row_ids: Sequence[int] | None = None, prompt_width: int | None = None, max_rows: int | None = None):
+                 row_ids: Sequence[int] | None = None, prompt_width: int | None = None):
         if not prompts:
             raise UsageError("no prompts to generate from")
         spec = engine.spec
@@ -114,7 +111,6 @@ class Run:
         self.state = self._new_rows(self._joining)
         self._joining.clear()
         self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden)
-        self.store.max_rows = max_rows
         self.state.probe = ModelProbe(engine.model, lambda: self.store)
         self.steps_done = 0
         self.timer = StepTimer(cuda=engine.device.type == "cuda")  # the steps' times and the run's totals
@@ -164,8 +160,7 @@ class Run:
         return st
 
     def _admit(self) -> None:
-        """Bring the queued rows into the batch: their decode state, KV store rows (written into the
-        store's free row slots, ``KVStore.add_rows``) and policy state."""
+        """Bring the queued rows into the batch: their decode state, KV store rows (free slots) and policy state."""
         if not self._joining:
             return
         new = self._new_rows(self._joining)
@@ -175,9 +170,7 @@ class Run:
         self.policy.add_rows(new)
 
     def _retire(self, done: torch.Tensor) -> None:
-        """Copy rows ``done`` (B,) bool of the batch into the output canvas (masks → EOS) and drop them.
-        The rows that stay move into the freed slots from the end of the batch (``compact_order``), so
-        the batch order changes; ``state.rows`` says which run row each batch row is."""
+        """Copy rows ``done`` (B,) bool into the output canvas (masks → EOS) and drop them (``compact_order``)."""
         st, spec = self.state, self.engine.spec
         fin = done.nonzero().squeeze(1)
         tok = st.tokens[fin]

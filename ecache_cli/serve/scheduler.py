@@ -360,7 +360,8 @@ class Scheduler:
                     continue
                 k = job.key
                 run = self.engine.start([job.prompt_ids], k.cfg, job.make_policy(), seed=0, row_ids=[job.uid],
-                                        prompt_width=k.prompt_width, max_rows=self.max_batch)
+                                        prompt_width=k.prompt_width)
+                run.store.max_rows = self.max_batch  # its KV store's buffers grow by doubling up to it
                 group = _Group(k, run, joinable=True)
                 group.add(job, 0)
                 self._groups.append(group)
