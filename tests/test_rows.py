@@ -148,6 +148,12 @@ def test_store_rows_join_and_leave_in_place_in_their_buffers():
     assert store.capacity == 10 and store.batch == 6 and store.k[0].data_ptr() != ptrs[0]
     assert store.v[1][:, 0, 0, 0].tolist() == [3.0, 2.0, 0.0, 0.0, 0.0, 0.0]
     assert store.key_mask[:4].tolist() == [[False, False, True], [True, True, True], [False, True, True], [True] * 3]
+    grown = store.k[0].data_ptr()
+    store.select_rows(torch.zeros(0, dtype=torch.long))  # every row leaves, then one joins the empty store
+    assert store.batch == 0 and store.k[0].shape == (0, 1, 3, 2)
+    store.add_rows(torch.tensor([[False, True, True]]))
+    assert store.k[0].data_ptr() == grown and store.capacity == 10 and store.k[0].abs().sum() == 0
+    assert store.positions.tolist() == [[0, 0, 1]] and store.attn_mask[:, 0, 0].tolist() == [[False, True, True]]
 
 
 def test_compact_order_fills_freed_slots_from_the_end():
