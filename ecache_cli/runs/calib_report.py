@@ -49,29 +49,36 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
         mark = ("★" if p is chosen else "") + ("◆" if id(p) in front else "")
         if p.tau is not None and p is not chosen and qualifies(p, base, metric, max_drop, min_fidelity):
             mark += "✓"
-        if fid:
-            delta = "" if p.tau is None else f"{100 * (p.fidelity - base.fidelity):+.1f}"
-        elif p.tau is None or p.score is None or base.score is None:
-            delta = ""
-        else:
-            delta = f"{100 * (p.score - base.score):+.1f}"
-            if wide and p.delta_ci is not None:
-                lo, hi = p.delta_ci
-                delta += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-        lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
-        wall = f"{p.speedup_wall:.2f}×" + ("ᶜ" if p.copied else "")  # ᶜ: some rows copied (their wall time too)
-        first, other = (p.fidelity, p.score) if fid else (p.score, p.fidelity)
-        groups_ok = ""
-        if base.parts and p.tau is not None:
-            bad = failing_groups(p, base, metric, max_drop, min_fidelity)
-            groups_ok = f"{len(base.parts) - len(bad)}/{len(base.parts)}"
-        setting = "none" if p.tau is None else f"{p.tau:g}"
-        if p.recent_k is not None:
-            setting += f" k{p.recent_k}" + (" B" if p.block_refresh else "")
-        cells = [setting, _pct(first), delta, lg, _pct(other), _pct(p.identical), f"{p.speedup:.2f}×", wall,
-                 f"{p.tokens_per_s:.1f}", f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", groups_ok, mark]
+        cells = _sweep_cells(p, base, metric, max_drop, min_fidelity, wide) + [mark]
         t.add_row(*[c for c, (_, shown) in zip(cells, cols) if shown])
     return t
+
+
+def _sweep_cells(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None,
+                 wide: bool) -> list[str]:
+    """The cells of ``p``'s sweep row before the marks, in ``sweep_table``'s column order."""
+    fid = metric == "fidelity"
+    if fid:
+        delta = "" if p.tau is None else f"{100 * (p.fidelity - base.fidelity):+.1f}"
+    elif p.tau is None or p.score is None or base.score is None:
+        delta = ""
+    else:
+        delta = f"{100 * (p.score - base.score):+.1f}"
+        if wide and p.delta_ci is not None:
+            lo, hi = p.delta_ci
+            delta += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
+    wall = f"{p.speedup_wall:.2f}×" + ("ᶜ" if p.copied else "")  # ᶜ: some rows copied (their wall time too)
+    first, other = (p.fidelity, p.score) if fid else (p.score, p.fidelity)
+    groups_ok = ""
+    if base.parts and p.tau is not None:
+        bad = failing_groups(p, base, metric, max_drop, min_fidelity)
+        groups_ok = f"{len(base.parts) - len(bad)}/{len(base.parts)}"
+    setting = "none" if p.tau is None else f"{p.tau:g}"
+    if p.recent_k is not None:
+        setting += f" k{p.recent_k}" + (" B" if p.block_refresh else "")
+    return [setting, _pct(first), delta, lg, _pct(other), _pct(p.identical), f"{p.speedup:.2f}×", wall,
+            f"{p.tokens_per_s:.1f}", f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", groups_ok]
 
 
 def wall_warnings(outcome, slack: float = 1.5) -> list[str]:
