@@ -11,11 +11,12 @@ behind ``ecache profile``: warm-up excluded, policy order rotated per prompt and
 ``none``'s in the same pass; its fidelity is the token agreement and identical share with ``none``
 and the task score (``ecache_cli/metrics``).
 
-Grids (``GRIDS``; ``--grid small|full``): entropy sweeps τ × recent_k × block_refresh (× signal in
-``full``), its τ values placed at quantiles of ``none``'s own per-step signal on the workload
-(``runs/tau_search.coarse_grid``: τ at the (1 − r) quantile refreshes about a share r of the steps),
-plus τ = 0 (refresh every step: the none-equivalent end); the shipped profiles' settings for the
-model (the workload's domain and ``default``) are extra entropy points (label ``profile:<task>``).
+Grids (``GRIDS``; ``--grid small|full``): entropy sweeps τ × recent_k × block_refresh (and the other
+signals in ``full``) and τ × recent_steps (its variant), its τ values placed at quantiles of ``none``'s
+own per-step signal on the workload (``runs/tau_search.coarse_grid``: τ at the (1 − r) quantile
+refreshes about a share r of the steps), plus τ = 0 (refresh every step: the none-equivalent end);
+the shipped profiles' settings for the model (the workload's domain and ``default``) are extra entropy
+points (label ``profile:<task>``).
 Prefix and dual sweep ``refresh_every``; dLLM-Cache kr (and kp, rho); dKV-Cache its refresh period;
 d2Cache rollout_p and current_k; Elastic-Cache gamma and window; ES-dLLM its block update period
 (and proportions). A ``--policies`` entry ``name:key=value...`` is one fixed point instead of a grid.
@@ -61,8 +62,9 @@ PEER_ORDER = ("prefix", "dual", "dllm-cache", "dkv", "d2cache", "elastic", "es-d
 
 # Knob grids per policy (values inside each policy's declared ``ranges``; settings equal to the policy's
 # forced refresh, which decode as ``none``, are left out of the peers' grids). Entropy's τ comes from the
-# workload's signal (``TAU_QUANTILES``), so these list its other knobs.
-GRIDS: dict[str, dict[str, dict[str, list]]] = {
+# workload's signal (``TAU_QUANTILES``), so its entries list its other knobs: a list of families, each
+# swept as a product with τ (the paper's rule with recent_k and block refresh; the recent_steps variant).
+GRIDS: dict[str, dict] = {
     "small": {
         "prefix": {"refresh_every": [0, 4]},
         "dual": {"refresh_every": [0, 2, 4, 8]},
@@ -72,7 +74,9 @@ GRIDS: dict[str, dict[str, dict[str, list]]] = {
         "elastic": {"gamma": [0.9, 0.95]},
         "es-dllm": {"block_update_freq": [4, 16]},
         "es-dllm-conf": {"block_update_freq": [4, 16]},
-        ENTROPY: {"recent_k": [16, 64], "block_refresh": [False, True], "signal": ["max-entropy"]},
+        ENTROPY: [{"recent_k": [16, 64], "block_refresh": [False, True], "signal": ["max-entropy"]},
+                  # the recent_steps variant: commits recomputed while young, by age instead of count
+                  {"recent_k": [0], "recent_steps": [4, 8], "signal": ["max-entropy"]}],
     },
     "full": {
         "prefix": {"refresh_every": [0, 2, 4, 8, 16]},
@@ -83,8 +87,9 @@ GRIDS: dict[str, dict[str, dict[str, list]]] = {
         "elastic": {"gamma": [0.8, 0.9, 0.95, 0.99], "window": [8, 16, 32]},
         "es-dllm": {"block_update_freq": [4, 8, 16], "proportions": ["1,0.5,0.25", "1,0.75,0.5"]},
         "es-dllm-conf": {"block_update_freq": [4, 8, 16], "proportions": ["1,0.5,0.25", "1,0.75,0.5"]},
-        ENTROPY: {"recent_k": [0, 8, 16, 32, 64, 128], "block_refresh": [False, True],
-                  "signal": ["max-entropy", "sum-entropy", "max-confidence"]},
+        ENTROPY: [{"recent_k": [0, 8, 16, 32, 64, 128], "block_refresh": [False, True], "signal": ["max-entropy"]},
+                  {"recent_k": [16, 64], "signal": ["sum-entropy", "max-confidence"]},
+                  {"recent_k": [0, 16], "recent_steps": [2, 4, 8, 16], "signal": ["max-entropy"]}],
     },
 }
 #: coarse_grid size per grid: n - 1 quantile points (refresh shares 0.5 .. 0.02) plus the largest signal
@@ -116,14 +121,15 @@ def expand(name: str, axes: dict[str, list]) -> list[str]:
     return [spec(name, dict(zip(keys, combo))) for combo in itertools.product(*(axes[k] for k in keys))] or [name]
 
 
-def entropy_axes(knobs: dict[str, list], taus_by_signal: dict[str, list[float]]) -> list[str]:
-    """Entropy's specs: for each signal of ``knobs["signal"]``, τ from ``taus_by_signal[signal]`` ×
-    recent_k × block_refresh (every other knob of ``knobs`` swept too)."""
+def entropy_axes(families: list[dict[str, list]], taus_by_signal: dict[str, list[float]]) -> list[str]:
+    """Entropy's specs: for each family (knob → values) and each of its signals, τ from
+    ``taus_by_signal[signal]`` × every other knob of the family; duplicates dropped, order kept."""
     out = []
-    others = {k: v for k, v in knobs.items() if k != "signal"}
-    for sig in knobs.get("signal", ["max-entropy"]):
-        out += expand(ENTROPY, {"tau": sorted(set(taus_by_signal[sig])), **others, "signal": [sig]})
-    return out
+    for knobs in families:
+        others = {k: v for k, v in knobs.items() if k != "signal"}
+        for sig in knobs.get("signal", ["max-entropy"]):
+            out += expand(ENTROPY, {"tau": sorted(set(taus_by_signal[sig])), **others, "signal": [sig]})
+    return list(dict.fromkeys(out))
 
 
 def tau_grid(signals: list[float], n: int) -> list[float]:
@@ -567,7 +573,7 @@ def run(args) -> int:
     else:
         lm = load_model(args.model, args.device, args.dtype)
     engine, chat = Engine.from_loaded(lm), lm.chat
-    grid_signals = GRIDS[args.grid][ENTROPY].get("signal", ["max-entropy"])
+    grid_signals = [s for fam in GRIDS[args.grid][ENTROPY] for s in fam.get("signal", ["max-entropy"])]
     kinds = sorted({*grid_signals, *(parse_policy_spec(p)[1].get("signal", "max-entropy") for p in policies
                                       if p.startswith(ENTROPY + ":"))})
     doc = {"command": "bench/frontier.py", "date": datetime.date.today().isoformat(), "model": args.model,

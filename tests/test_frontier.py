@@ -58,8 +58,14 @@ def test_every_grid_point_is_a_valid_setting_and_no_peer_point_is_its_forced_ref
             if name != "entropy" and forced:
                 assert not all(params.get(k) == v for k, v in forced.items()), s
         n_entropy = sum(1 for s in specs if s.startswith("entropy:"))
-        g = grids["entropy"]
-        assert n_entropy == 3 * len(g["recent_k"]) * len(g["block_refresh"]) * len(g["signal"])
+        want = 0
+        for fam in grids["entropy"]:
+            size = 3  # τ values
+            for vs in fam.values():
+                size *= len(vs)
+            want += size
+        assert n_entropy == want
+        assert any("recent_steps=" in s for s in specs)  # the variant is swept beside the paper's rule
     assert set(fr.GRIDS["small"]) == set(fr.PEER_ORDER) | {"entropy"} == set(POLICIES) - {"none"}
 
 
