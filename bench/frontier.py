@@ -14,7 +14,7 @@ and the task score (``ecache_cli/metrics``).
 Grids (``GRIDS``; ``--grid small|full``): entropy sweeps τ × recent_k × block_refresh (and the other
 signals in ``full``) and τ × recent_steps (its variant), its τ values placed at quantiles of ``none``'s
 own per-step signal on the workload (``runs/tau_search.coarse_grid``: τ at the (1 − r) quantile
-refreshes about a share r of the steps), plus τ = 0 (refresh every step: the none-equivalent end);
+refreshes about a share r of the steps; τ = 0, which decodes as ``none``, only as a fixed point);
 the shipped profiles' settings for the model (the workload's domain and ``default``) are extra entropy
 points (label ``profile:<task>``).
 Prefix and dual sweep ``refresh_every``; dLLM-Cache kr (and kp, rho); dKV-Cache its refresh period;
@@ -133,14 +133,15 @@ def entropy_axes(families: list[dict[str, list]], taus_by_signal: dict[str, list
 
 
 def tau_grid(signals: list[float], n: int) -> list[float]:
-    """τ values for one signal: 0 (refresh every step that commits a token: decodes as ``none``) and
-    ``tau_search.coarse_grid(signals, n)`` (quantiles of ``none``'s per-step signal, the largest rounded
-    up). Signals that are None or not finite (steps that committed nothing) are ignored; only 0 when
-    none is left."""
+    """τ values for one signal: ``tau_search.coarse_grid(signals, n)``, quantiles of ``none``'s per-step
+    signal (a τ at the (1 − r) quantile refreshes about a share r of the steps, r from 0.5 down to 0.02)
+    and the largest signal rounded up. Signals that are None or not finite (steps that committed
+    nothing) are ignored; [1.0] (the policy's default) when none is left. τ = 0 (a refresh every step,
+    decoding as ``none`` at its cost) is left out; ``--policies entropy:tau=0`` adds it."""
     from ecache_cli.runs.tau_search import coarse_grid
 
     vals = [s for s in signals if s is not None and math.isfinite(s)]
-    return [0.0] + [t for t in coarse_grid(vals, n) if t > 0] if vals else [0.0]
+    return coarse_grid(vals, n) if vals else [1.0]
 
 
 @dataclass
@@ -464,6 +465,7 @@ def main(argv=None) -> int:
     ap.add_argument("--domains", default="arith,code,list,gsm8k",
                     help="task domains (gsm8k: the out-of-distribution stress case, --data)")
     ap.add_argument("--shots", default="0,4", help="comma list: solved examples per prompt (each a workload)")
+    ap.add_argument("--gsm8k-shots", default="4", help="comma list: the shots of the gsm8k workload(s)")
     ap.add_argument("--n", type=int, default=48, help="held-out test prompts per workload")
     ap.add_argument("--passes", type=int, default=3, help="measured passes (speedup: their median)")
     ap.add_argument("--warmup", type=int, default=1)
@@ -499,27 +501,34 @@ def main(argv=None) -> int:
         return 1
 
 
-def _check_args(args) -> tuple[list[str], list[int], list[str], list[str]]:
+def _shot_list(text: str, flag: str) -> list[int]:
+    from ecache_cli.errors import UsageError
+
+    try:
+        out = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: give whole numbers separated by commas, e.g. 0,4") from None
+    if not out or min(out) < 0:
+        raise UsageError(f"{flag} {text!r}: give whole numbers ≥ 0 separated by commas, e.g. 0,4")
+    return out
+
+
+def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[str]]:
     from ecache_cli.cache import POLICIES
     from ecache_cli.errors import UsageError
     from ecache_cli.outputs import check_plot_name
     from ecache_cli.runs.profile import parse_policy_spec
 
     domains = [d.strip() for d in args.domains.split(",") if d.strip()]
-    try:
-        shots = [int(s) for s in args.shots.split(",") if s.strip()]
-    except ValueError:
-        raise UsageError(f"--shots {args.shots!r}: give whole numbers separated by commas, e.g. 0,4") from None
+    shots, gsm8k_shots = _shot_list(args.shots, "--shots"), _shot_list(args.gsm8k_shots, "--gsm8k-shots")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for flag, v, lo in (("--n", args.n, 1), ("--passes", args.passes, 1), ("--warmup", args.warmup, 0),
                         ("--batch-size", args.batch_size, 1)):
         if v < lo:
             raise UsageError(f"{flag} {v} must be ≥ {lo}")
-    if not domains or not shots or not modes or not policies:
-        raise UsageError("--domains, --shots, --modes and --policies each need at least one entry")
-    if any(s < 0 for s in shots):
-        raise UsageError(f"--shots {args.shots}: shots must be ≥ 0")
+    if not domains or not modes or not policies:
+        raise UsageError("--domains, --modes and --policies each need at least one entry")
     bad = [m for m in modes if m not in ("plain", "threshold")]
     if bad:
         raise UsageError(f"--modes {bad[0]!r} is not a mode; use plain, threshold")
@@ -532,12 +541,12 @@ def _check_args(args) -> tuple[list[str], list[int], list[str], list[str]]:
         raise UsageError(f"--slack {args.slack} must be in (0, 1] and --margin {args.margin} > 0")
     if args.plot is not None:
         check_plot_name(args.plot)
-    return domains, shots, modes, policies
+    return domains, shots, gsm8k_shots, modes, policies
 
 
 def run(args) -> int:
     """The benchmark (module docstring); returns the exit status."""
-    domains, shots, modes, policies = _check_args(args)
+    domains, shots, gsm8k_shots, modes, policies = _check_args(args)
     import torch
     from rich.console import Console
 
@@ -586,7 +595,7 @@ def run(args) -> int:
     for d in domains:
         exs = held_out(tasks[d], args.n, args.seed, calib_questions.get(d, set()))
         labels_of = {} if args.no_profiles or d == "gsm8k" else profile_points(model_key, d)
-        for k in shots:
+        for k in gsm8k_shots if d == "gsm8k" else shots:
             reqs = [Request(tasks[d].prompt(ex, k, args.seed), ex, tasks[d]) for ex in exs]
             for mode in modes:
                 flags = dict(gen_length=args.gen_length, block_length=args.block_length,

@@ -49,7 +49,7 @@ def test_every_grid_point_is_a_valid_setting_and_no_peer_point_is_its_forced_ref
     from ecache_cli.runs.profile import parse_policy_spec
 
     for size, grids in fr.GRIDS.items():
-        taus = {s: [0.0, 0.5, 2.0] for s in ("max-entropy", "sum-entropy", "max-confidence")}
+        taus = {s: [0.1, 0.5, 2.0] for s in ("max-entropy", "sum-entropy", "max-confidence")}
         specs = fr.policy_specs([*fr.PEER_ORDER, "entropy"], size, taus)
         assert len(specs) == len(set(specs))
         for s in specs:
@@ -69,15 +69,16 @@ def test_every_grid_point_is_a_valid_setting_and_no_peer_point_is_its_forced_ref
     assert set(fr.GRIDS["small"]) == set(fr.PEER_ORDER) | {"entropy"} == set(POLICIES) - {"none"}
 
 
-def test_fixed_points_are_kept_and_tau_grid_starts_at_zero(fr):
+def test_fixed_points_are_kept_and_tau_grid_follows_the_signal(fr):
     assert fr.policy_specs(["dual:refresh_every=2", "entropy:tau=1"], "small", {}) == \
         ["dual:refresh_every=2", "entropy:tau=1"]
     sig = [0.1 * i for i in range(1, 101)] + [None, float("-inf")]
     taus = fr.tau_grid(sig, 4)
-    assert taus[0] == 0.0 and taus == sorted(taus)
+    assert len(taus) == 4 and taus == sorted(taus)
     assert taus[-1] == 10.0  # the largest signal (rounded up): no step of none refreshes
-    assert taus[1] == pytest.approx(5.05, rel=1e-3)  # the median: about half the steps refresh
-    assert fr.tau_grid([None], 4) == [0.0]
+    assert taus[0] == pytest.approx(5.05, rel=1e-3)  # the median: about half the steps refresh
+    assert taus[1] == pytest.approx(9.01, rel=1e-3)  # the 0.9 quantile: a tenth of the steps
+    assert fr.tau_grid([None], 4) == [1.0]
 
 
 def test_pareto_keeps_exactly_the_undominated_points(fr):
@@ -163,6 +164,8 @@ def test_markdown_and_plot_from_a_document(fr, tmp_path):
 
 
 def test_bad_input_is_one_line_exit_2(fr, capsys):
+    assert fr.main(["--gsm8k-shots", "x"]) == 2
+    assert "--gsm8k-shots 'x'" in capsys.readouterr().err
     assert fr.main(["--modes", "fast"]) == 2
     assert capsys.readouterr().err.strip() == "error: --modes 'fast' is not a mode; use plain, threshold"
     assert fr.main(["--policies", "dual:nope=1"]) == 2
@@ -191,6 +194,6 @@ def test_end_to_end_tiny_run(fr, tmp_path, capsys):
     assert len(ent["speedups"]) == 1 and ent["speedup"] > 0
     assert 0 <= pts["dual:refresh_every=0"]["agreement"] <= 1
     assert set(wl["verdicts"]["dominance"]) == {"dual"}
-    assert wl["taus"]["max-entropy"][0] == 0.0
+    assert wl["taus"]["max-entropy"] == sorted(wl["taus"]["max-entropy"]) and wl["taus"]["max-entropy"][0] > 0
     assert "| list@0shot | plain | dual |" in md.read_text()
     assert png.stat().st_size > 1000
