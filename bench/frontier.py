@@ -31,11 +31,15 @@ Verdicts (``verdicts``), per workload and mode, on (speedup, token agreement):
 - each shipped profile point lies within ``--slack`` of the entropy frontier at its agreement (its
   speedup ≥ 0.97 × the fastest entropy point at ≥ its agreement) and is not slower than ``none``.
 Prints each frontier, the verdict tables and a last stdout line of JSON; ``--markdown`` writes the
-tables for BENCHMARKS.md, ``--plot`` one panel per workload and mode (PNG), ``--json`` every point.
+tables for BENCHMARKS.md, ``--plot`` one panel per workload and mode (PNG), ``--json`` every point;
+``--merge a.json b.json ...`` combines runs made side by side (one per domain) without measuring.
 
     python bench/frontier.py --n 48 --passes 3 --markdown docs/frontier.md --plot docs/frontier.png
     python bench/frontier.py --domains list --shots 0 --n 2 --passes 1 --modes plain --grid small  # a quick look
     python bench/frontier.py --model /path/to/LLaDA-8B-Instruct --device cuda --dtype bfloat16 --n 48
+    python bench/frontier.py --domains list --json runs_out/list.json   # one per domain, side by side, then:
+    python bench/frontier.py --merge runs_out/{arith,code,list,gsm8k}.json --markdown docs/frontier.md \
+        --plot docs/frontier.png
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import json
 import math
 import os
 import statistics
@@ -487,6 +492,9 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: one panel per workload and mode")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="measure nothing: combine the --json files of several runs (e.g. one per domain) into one "
+                         "set of tables, plot and JSON")
     ap.add_argument("--verbose", "-v", action="store_true")
     args = ap.parse_args(argv)
     from ecache_cli.errors import EcacheError, UsageError
@@ -550,15 +558,18 @@ def run(args) -> int:
     import torch
     from rich.console import Console
 
+    log = Console(stderr=True, width=240).print
+    if args.merge:
+        return finish(merge(args.merge), args, log)
+
     from ecache_cli.engine.core import Engine
     from ecache_cli.errors import UsageError
     from ecache_cli.models.loader import load_model
     from ecache_cli.runs.manifest import manifest
-    from ecache_cli.runs.profile import Request, json_line, parse_policy_spec
+    from ecache_cli.runs.profile import Request, parse_policy_spec
     from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.tasks import get_task
 
-    log = Console(stderr=True, width=240).print
     data = args.data or next((str(p) for p in GSM8K_CANDIDATES if p.is_file()), str(GSM8K_CANDIDATES[0]))
 
     def task_of(d):
@@ -619,6 +630,40 @@ def run(args) -> int:
                                          "seconds": time.perf_counter() - t0}
                 _print_workload(key, pts, v, log)
     doc["total_s"] = time.perf_counter() - t_all
+    return finish(doc, args, log)
+
+
+def merge(paths: list[Path]) -> dict:
+    """One document from the ``--json`` files of several runs (e.g. one per domain, run side by side):
+    their workloads together (a workload in two files: UsageError), the first file's settings, every
+    run's ``total_s`` summed. The runs must agree on model, n, seed, passes, grid, gen/block length,
+    threshold, slack and margin (UsageError naming the first difference)."""
+    from ecache_cli.errors import UsageError
+
+    same = ("model", "n", "seed", "passes", "grid", "gen_length", "block_length", "threshold", "slack", "margin")
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(Path(p).read_text().strip().splitlines()[-1]))
+        except (OSError, ValueError, IndexError) as e:
+            raise UsageError(f"--merge {p}: not a bench/frontier.py --json file ({e})") from None
+    out = {**docs[0], "workloads": {}, "total_s": 0.0, "merged": [str(p) for p in paths]}
+    for p, d in zip(paths, docs):
+        diff = next((k for k in same if d.get(k) != docs[0].get(k)), None)
+        if diff is not None:
+            raise UsageError(f"--merge {p}: {diff}={d.get(diff)!r} differs from {paths[0]}'s {docs[0].get(diff)!r}")
+        for key, wl in d["workloads"].items():
+            if key in out["workloads"]:
+                raise UsageError(f"--merge {p}: workload {key} is in two files")
+            out["workloads"][key] = wl
+        out["total_s"] += d.get("total_s", 0.0)
+    return out
+
+
+def finish(doc: dict, args, log) -> int:
+    """Summary lines on stderr, then ``--markdown``, ``--plot``, ``--json`` and the JSON line on stdout."""
+    from ecache_cli.runs.profile import json_line
+
     doc["summary"] = summary(doc)
     for line in _summary_lines(doc["summary"]):
         log(line, markup=False, highlight=False)

@@ -197,3 +197,18 @@ def test_end_to_end_tiny_run(fr, tmp_path, capsys):
     assert wl["taus"]["max-entropy"] == sorted(wl["taus"]["max-entropy"]) and wl["taus"]["max-entropy"][0] > 0
     assert "| list@0shot | plain | dual |" in md.read_text()
     assert png.stat().st_size > 1000
+
+    # --merge: two runs' JSON files, one set of tables; a workload in both files is refused
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc) + "\n")
+    b.write_text(json.dumps({**doc, "workloads": {"arith@0shot|plain": wl}}) + "\n")
+    assert fr.main(["--merge", str(a), str(b), "--markdown", str(md)]) == 0
+    merged = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(merged["workloads"]) == {"list@0shot|plain", "arith@0shot|plain"}
+    assert set(merged["summary"]["plain"]["dominates_all"]) == {"list", "arith"}
+    assert "| arith@0shot | plain | dual |" in md.read_text()
+    assert fr.main(["--merge", str(a), str(a)]) == 2
+    assert "is in two files" in capsys.readouterr().err
+    b.write_text(json.dumps({**doc, "seed": 7}) + "\n")
+    assert fr.main(["--merge", str(a), str(b)]) == 2
+    assert "seed=7 differs" in capsys.readouterr().err
