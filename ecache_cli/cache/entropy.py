@@ -61,8 +61,8 @@ class EntropyCache(CachePolicy):
 
     def recent(self, state: DecodeState) -> torch.Tensor:
         """(B, T) bool: the ``recent_k`` most recently committed positions of each row."""
-        cutoff = (state.n_committed - self.recent_k)[:, None]  # (B, 1)
-        return (state.commit_order >= 0) & (state.commit_order >= cutoff)
+        cutoff = (state.n_committed - self.recent_k).clamp_(min=0)[:, None]  # (B, 1); uncommitted: order −1
+        return state.commit_order >= cutoff
 
     def plan(self, state: DecodeState) -> ForwardPlan:
         refresh = self.refresh_next
@@ -72,4 +72,7 @@ class EntropyCache(CachePolicy):
         return ForwardPlan(refresh=refresh, compute=compute)
 
     def observe(self, state: DecodeState, record: StepRecord) -> None:
-        self.refresh_next = record.signal(self.signal) > self.tau  # (B,) bool
+        if self.signal == "max-entropy":  # max over the committed tokens > tau, as one comparison (entropy ≥ 0)
+            self.refresh_next = ((record.entropy > self.tau) & record.committed).any(1)  # (B,) bool
+        else:
+            self.refresh_next = record.signal(self.signal) > self.tau  # (B,) bool
