@@ -90,12 +90,11 @@ class EntropyCache(CachePolicy):
     def recent(self, state: DecodeState) -> torch.Tensor:
         """(B, T) bool: the ``recent_k`` most recently committed positions of each row, and with
         ``recent_steps`` every position committed within the row's last ``recent_steps`` steps."""
-        cutoff = (state.n_committed - self.recent_k)[:, None]  # (B, 1)
-        committed = state.commit_order >= 0
-        out = committed & (state.commit_order >= cutoff)
+        cutoff = (state.n_committed - self.recent_k).clamp_(min=0)[:, None]  # (B, 1); uncommitted: order −1
+        out = state.commit_order >= cutoff
         if self.recent_steps > 0:
             age = state.row_step[:, None] - state.commit_step  # (B, T) steps since commit (1 = previous step)
-            out = out | (committed & (age <= self.recent_steps))
+            out = out | ((state.commit_order >= 0) & (age <= self.recent_steps))
         return out
 
     def plan(self, state: DecodeState) -> ForwardPlan:
@@ -111,7 +110,10 @@ class EntropyCache(CachePolicy):
         return ForwardPlan(refresh=refresh, compute=compute)
 
     def observe(self, state: DecodeState, record: StepRecord) -> None:
-        sig = record.signal(self.signal)  # (B,) float64
-        self.refresh_next = sig > self.tau  # (B,) bool
-        if self.block_tau is not None:
-            self.block_signal = torch.maximum(self.block_signal, sig.to(self.block_signal.dtype))
+        if self.block_tau is not None or self.signal != "max-entropy":
+            sig = record.signal(self.signal)  # (B,) float64
+            self.refresh_next = sig > self.tau  # (B,) bool
+            if self.block_tau is not None:
+                self.block_signal = torch.maximum(self.block_signal, sig.to(self.block_signal.dtype))
+        else:  # max over the committed tokens > tau, as one comparison (entropy ≥ 0)
+            self.refresh_next = ((record.entropy > self.tau) & record.committed).any(1)  # (B,) bool
