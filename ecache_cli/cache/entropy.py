@@ -99,13 +99,14 @@ class EntropyCache(CachePolicy):
 
     def plan(self, state: DecodeState) -> ForwardPlan:
         refresh = self.refresh_next
-        at_start = state.step_in_block == 0
-        if self.block_refresh:
-            refresh = refresh | at_start
-        elif self.block_tau is not None:
-            refresh = refresh | (at_start & (self.block_signal > self.block_tau))
-        if self.block_tau is not None:  # a new block's signal starts afresh
-            self.block_signal = self.block_signal.masked_fill(at_start, float("-inf"))
+        if self.block_refresh or self.block_tau is not None:
+            at_start = state.step_in_block == 0
+            if self.block_refresh:
+                refresh = refresh | at_start
+            else:
+                refresh = refresh | (at_start & (self.block_signal > self.block_tau))
+            if self.block_tau is not None:  # a new block's signal starts afresh
+                self.block_signal = self.block_signal.masked_fill(at_start, float("-inf"))
         compute = self.targets_and_sources(state) | self.recent(state)
         return ForwardPlan(refresh=refresh, compute=compute)
 

@@ -139,6 +139,13 @@ def sample(
     entropy = torch.einsum("bnv,bnv->bn", p, logp).neg_().clamp_(min=0.0)
     if dream_alg == "entropy":  # before the banned ids are removed: Dream scores its whole distribution
         dream_conf = _dream_neg_entropy(logp, p, t_score, top_k, top_p)
+    filtered = (top_p is not None and top_p < 1) or (top_k is not None and top_k < vocab)
+    kept_mass = None
+    if not filtered:  # only banned ids leave: the kept ids' probability mass as one matrix-vector product
+        keep = torch.ones(vocab, dtype=torch.float64, device=logp.device)
+        if banned_ids is not None and banned_ids.numel() > 0:
+            keep.index_fill_(0, banned_ids.to(device=logp.device, dtype=torch.long).reshape(-1), 0.0)
+        kept_mass = (p @ keep)[..., None]  # (B, N, 1)
     del p
 
     # --- filters: set excluded logits to −inf (log-probs stay unnormalised; renormalised at the end)
@@ -166,7 +173,8 @@ def sample(
         del g
 
     # --- signals under the filtered distribution at temperature 1
-    lse = torch.logsumexp(logp, dim=-1, keepdim=True)  # (B, N, 1)
+    # log of the kept ids' mass: the renormaliser of the filtered log-probabilities
+    lse = kept_mass.log_() if kept_mass is not None else torch.logsumexp(logp, dim=-1, keepdim=True)  # (B, N, 1)
     prob = (logp.gather(-1, x0[..., None]) - lse).exp_().squeeze(-1)  # (B, N)
     out = Sampled(x0=x0, prob=prob, entropy=entropy, filtered=logp, lse=lse)
     if dream_alg in ("maskgit_plus", "topk_margin"):
