@@ -39,8 +39,9 @@ class KVStore:
             real tokens get the same positions alone or left-padded inside a batch.
         attn_mask: (B, 1, 1, T) bool for SDPA (a view of ``key_mask``), or None when the batch has no
             padding (faster kernel).
-        rope: (cos, sin) tables filled by the model on first use, each (B, 1, T, D) float32; None until
-            then, and again after rows joined without tables of their own (the model rebuilds them).
+        rope: (cos, signed_sin) tables (``models.layers.rope_tables``) filled by the model on first use,
+            each (B, 1, T, D) float32; None until then, and again after rows joined without tables of
+            their own (the model rebuilds them).
         hidden: optional per-layer *input* hidden states (B, T, d) of every position as last computed
             (``keep_hidden``), read by layer-selective recomputation (``expand_from_layer``).
         queries: per-layer post-RoPE queries (B, H, R, D) of the rows a forward was asked to keep
@@ -101,8 +102,9 @@ class KVStore:
         if keep_hidden:
             hidden = [torch.zeros(cap, T, keep_hidden, dtype=dtype, device=dev) for _ in range(n_layers)]
         store = cls(k=k, v=v, key_mask=mask, positions=positions, attn_mask=None, hidden=hidden)
-        for name, _, bufs in store._each():
-            store._put(name, bufs, B)
+        for name, bufs in (("k", k), ("v", v), ("key_mask", [mask]), ("positions", [positions]), ("hidden", hidden)):
+            if bufs is not None:
+                store._put(name, bufs, B)
         store.attn_mask = None if bool(key_mask.all()) else store.key_mask[:, None, None, :]  # (B, 1, 1, T)
         return store
 
@@ -118,7 +120,8 @@ class KVStore:
     @property
     def capacity(self) -> int:
         """Rows the K/V buffers hold room for (>= B) before a join must reallocate them."""
-        return self._each_buffers("k")[0].shape[0]
+        bufs, views = self._buffers.get("k", ((), ()))
+        return bufs[0].shape[0] if views and views[0] is self.k[0] else self.batch
 
     def write(self, layer: int, idx: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write K/V of the computed positions of one layer.
@@ -250,7 +253,8 @@ class KVStore:
     def _each(self):
         """(name, live tensors, their buffers) of every buffered per-row field present. A field whose
         tensor is not the view this store handed out (set from outside, e.g. RoPE tables the model
-        built, or a store built from tensors) is its own buffer, with room for its rows alone."""
+        built, or a store built from tensors) is first copied into a buffer of the store's own, with
+        room for its rows alone: rows never move inside memory the store may share."""
         for name in _BUFFERED:
             value = getattr(self, name)
             if value is None:
@@ -258,10 +262,7 @@ class KVStore:
             live = [value] if isinstance(value, torch.Tensor) else list(value)
             bufs, views = self._buffers.get(name, ((), ()))
             known = len(views) == len(live) and all(t is w for t, w in zip(live, views))
-            yield name, live, list(bufs) if known else live
-
-    def _each_buffers(self, name: str) -> list[torch.Tensor]:
-        return next(bufs for n, _, bufs in self._each() if n == name)
+            yield name, live, list(bufs) if known else [t.clone(memory_format=torch.contiguous_format) for t in live]
 
     def _put(self, name: str, bufs: list[torch.Tensor], n: int) -> None:
         """Set field ``name`` to the first ``n`` rows of ``bufs`` (views) and remember both."""

@@ -156,6 +156,16 @@ def test_store_rows_join_and_leave_in_place_in_their_buffers():
     assert store.positions.tolist() == [[0, 0, 1]] and store.attn_mask[:, 0, 0].tolist() == [[False, True, True]]
 
 
+def test_store_rows_never_move_inside_tensors_set_from_outside():
+    from ecache_cli.kvstore import KVStore
+
+    store = KVStore.allocate(1, 1, 2, torch.ones(3, 4, dtype=torch.bool), torch.float32)
+    cos = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 1, 4, 2).contiguous()
+    store.rope = (cos, cos)  # as the model sets its tables; the caller may hold them elsewhere
+    store.select_rows(torch.tensor([2, 1]))
+    assert store.rope[0][:, 0, 0, 0].tolist() == [2.0, 1.0] and cos[:, 0, 0, 0].tolist() == [0.0, 1.0, 2.0]
+
+
 def test_compact_order_fills_freed_slots_from_the_end():
     leaving = torch.tensor([True, False, True, False, False, True, False])
     assert row_fields.compact_order(leaving).tolist() == [4, 1, 6, 3]  # slots 0 and 2 get rows 4 and 6
