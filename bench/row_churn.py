@@ -7,20 +7,21 @@ Two runs of the embedded ``tiny`` model over the same number of rows (``--batch`
   ``record.finished`` set, as ``ecache serve`` does) and as many new rows join (``Run.add``), so the
   batch keeps its size while rows come and go, as under continuous batching at capacity.
 
-Rows never end on their own (``early_exit`` off, a canvas longer than the measured steps), so both
-runs step the same batch size throughout. The time of a step is that of one ``next()`` of the run
-(its joins and leaves included), wall clock and the thread's CPU time (less disturbed by other jobs
-on a shared machine). Prints, per cache policy, the mean and median ms per step of each run and the
-churn/fixed ratios, then each run's step split into its sections (forward, sampling, the policy's
-decisions, the rest: joins, leaves, grouping, clocks), its full-forward rows per step, target
-width R and partial-forward query width. ``none``: every step a full forward, so the two runs
+Rows never end on their own before the last measured step (``early_exit`` off, one step per
+generated position), so both runs step the same batch size throughout. The time of a step is that of
+one ``next()`` of the run (its joins and leaves included), wall clock and the thread's CPU time
+(less disturbed by other jobs on a shared machine). Prints, per cache policy, the mean and median ms
+per step of each run and the churn/fixed ratios; each run's step split into its sections (forward,
+sampling, the policy's decisions, the rest: joins, leaves, grouping, clocks), its full-forward rows
+per step, target width R and partial-forward query width; and the CPU time of one swap's joins and
+leaves (``Run._admit`` + ``Run._retire``). ``none``: every step a full forward, so the two runs
 compute the same positions; ``entropy``: joining rows add their own full forwards, which a fixed
 batch does not have. Under churn the rows are at different steps of their blocks, so the step's
 target width R (the most masked positions any row has left in its block) stays near the block
 length, where a fixed batch's shrinks as its block fills.
 
-    python bench/row_churn.py                          # ~1 min on one thread
-    python bench/row_churn.py --policies none --profile   # where a churning step's time goes
+    python bench/row_churn.py                             # ~2 min on one thread
+    python bench/row_churn.py --policies none --profile   # torch.profiler's top operators of a churn run
 """
 
 from __future__ import annotations
@@ -53,18 +54,31 @@ def one_run(eng, cfg, prompts, policy, args, churn: bool) -> tuple[list[float], 
     """One run: per-step wall seconds and thread CPU seconds (the first ``--warmup`` steps left out), and
     sums over those steps: ``full`` rows that ran a full forward, ``forward`` / ``sampling`` / ``decision``
     seconds (the run's own step sections), ``targets`` the steps' target widths R, ``width`` their
-    partial forwards' query widths (T for an all-full step)."""
+    partial forwards' query widths (T for an all-full step), ``moves`` thread CPU seconds of the joins
+    and leaves."""
     B = args.batch
     run = eng.start(prompts[:B], cfg, policy, prompt_width=args.prompt_width)
+    moves = [0.0]  # thread CPU seconds in the run's joins and leaves (Run._admit, Run._retire)
+
+    def timed(f):
+        def call(*a):
+            c = time.thread_time()
+            f(*a)
+            moves[0] += time.thread_time() - c
+        return call
+
+    run._admit, run._retire = timed(run._admit), timed(run._retire)
     it = iter(run)
     nxt, times, cpu = B, [], []
-    sums = dict.fromkeys(("full", "forward", "sampling", "decision", "targets", "width"), 0.0)
+    sums = dict.fromkeys(("full", "forward", "sampling", "decision", "targets", "width", "moves"), 0.0)
     order = list(range(B))  # run row indices, oldest first
     for i in range(args.steps):
         t0, c0 = time.perf_counter(), time.thread_time()
         rec = next(it)
         times.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
+        if i == args.warmup - 1:
+            moves[0] = 0.0
         if i >= args.warmup:
             for k, v in (("full", int(rec.refresh.sum())), ("forward", rec.forward_s), ("sampling", rec.sampling_s),
                          ("decision", rec.decision_s), ("targets", rec.targets.shape[1]), ("width", rec.query_width)):
@@ -76,6 +90,7 @@ def one_run(eng, cfg, prompts, policy, args, churn: bool) -> tuple[list[float], 
             for _ in range(args.swap):
                 order.append(run.add(prompts[nxt % len(prompts)]))
                 nxt += 1
+    sums["moves"] = moves[0]
     return times[args.warmup:], cpu[args.warmup:], sums
 
 
@@ -128,6 +143,9 @@ def main() -> None:
                       f"{m['sampling'] * 1e3:.2f}, decision {m['decision'] * 1e3:.2f}, rest (joins, leaves, grouping, "
                       f"clocks) {rest * 1e3:.2f}; full-forward rows {m['full']:.2f}, targets R {m['targets']:.1f}, "
                       f"query width {m['width']:.1f}", flush=True)
+            swaps = args.repeats * len([i for i in range(args.warmup, args.steps) if i % args.every == args.every - 1])
+            print(f"{name:8s} joins and leaves: {sums['churn']['moves'] / swaps * 1e3:.2f} ms CPU per swap "
+                  f"({args.swap} leaving, {args.swap} joining)", flush=True)
 
 
 if __name__ == "__main__":
