@@ -373,3 +373,13 @@ def test_mbpp_end_to_end_scores_in_the_sandbox(cli, llada_dir, profiles_dir, tmp
     assert all("assert " in p for p in programs)
     prof = yaml.safe_load((profiles_dir / "llada-rand" / "mbpp.yaml").read_text())
     assert prof["measured"]["score"] == 0.0 and prof["measured"]["metric"] == "task"
+
+
+def test_json_dash_writes_the_document_to_stdout(cli, llada_dir, profiles_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
+              "--max-drop", 100, "--grid", 2, "--refine", 0, *SMALL, "--json", "-")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)  # stdout holds the JSON alone; the tables went to stderr
+    assert doc["choice"] is not None and len(doc["points"]) >= 2
+    assert not (tmp_path / "-").exists() and "chosen" in res.stderr

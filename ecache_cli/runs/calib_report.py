@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 from pathlib import Path
 
 from ..cache.entropy import EntropyCache
@@ -182,8 +183,14 @@ def calibrate_document(outcome, lm, settings, opts, incomplete: bool) -> dict:
 
 
 def write_json(doc: dict, path: Path) -> None:
+    """Write ``doc`` as indented JSON to ``path``, or to stdout when ``path`` is ``-``."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
 
 
 def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: str) -> dict:
