@@ -25,7 +25,7 @@ def _taus(value: Optional[str]) -> Optional[list[float]]:
 
 def calibrate_cmd(
     task: Annotated[str, typer.Option("--task", "-t", help="Task domain: arith, code, list, or gsm8k, math500, humaneval, mbpp.", rich_help_panel=K)],
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Data file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
     shots: Annotated[Optional[int], typer.Option("--shots", help="Solved examples in each prompt \\[default: the task's].", rich_help_panel=K)] = None,
@@ -91,7 +91,7 @@ def calibrate_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile)
+        o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile, compile=compile_step)
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     from ..distributed import from_environment
@@ -100,7 +100,7 @@ def calibrate_cmd(
         base = f"; base settings from profile {settings.profile}" if settings.profile else ""
         err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate){base}"), markup=False,
                   highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # the ranks share the batches
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile)  # the ranks share the batches
     if dist.is_main:
         from ..runs.confidence import warn_untrained
 

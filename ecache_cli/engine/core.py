@@ -214,8 +214,10 @@ class Run:
         targets, valid = padded_index(tmask, grp.targets)  # (B, R)
         targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])  # never committed
         sources = targets - st.logit_shift  # the hidden states whose logits predict the targets
+        compiled = self._compile_s()
         fwd = forward.run_forwards(model, st, self.store, plan, grp, sources, self._range)
         t2 = t2b = self.timer.mark()
+        compiled = self._compile_s() - compiled  # seconds the forwards spent compiling (--compile): not forward time
         outputs = {}
         if fwd.attn_pos is not None:  # outputs the policy asked for beyond logits: decision time
             with self._range("ecache.decision.outputs"):
@@ -237,7 +239,7 @@ class Run:
         with self._range("ecache.decision.observe"):
             self.policy.observe(st, rec)
         t4 = self.timer.mark()
-        self.timer.add(rec, (t0, t1, t2, t2b, t3, t4), now=self.step_timing)
+        self.timer.add(rec, (t0, t1, t2, t2b, t3, t4), now=self.step_timing, paused=compiled)
         self.steps_done += 1
         return rec
 
@@ -291,9 +293,15 @@ class Run:
         return torch.profiler.record_function(name) if self.ranges else _NO_RANGE
 
     def _now(self) -> float:
+        """The run's clock in seconds: wall time less the seconds the model spent compiling (a
+        ``--compile`` model's ``compile_s``), so compiling never counts as decoding."""
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
-        return time.perf_counter()
+        return time.perf_counter() - self._compile_s()
+
+    def _compile_s(self) -> float:
+        """Seconds the model has spent compiling so far (0 for a model that never compiles)."""
+        return getattr(self.engine.model, "compile_s", 0.0)
 
     def results(self) -> list[GenerationResult]:
         """Per-row outputs in run order (``engine/ledger.py`` ``Ledger.results`` lists the stats)."""

@@ -27,10 +27,11 @@ class StepTimer:
             return ev
         return time.perf_counter()
 
-    def add(self, rec, marks: tuple, now: bool) -> None:
+    def add(self, rec, marks: tuple, now: bool, paused: float = 0.0) -> None:
         """Queue step ``rec``'s marks (t0 plan t1 forward t2 outputs t2b sampling t3 observe t4); ``now``
-        resolves at once (always on CPU)."""
-        self.pending.append((rec, marks))
+        resolves at once (always on CPU). ``paused``: seconds of the forward section that were not
+        decoding (compiling a graph, ``--compile``), left out of its ``forward_s``."""
+        self.pending.append((rec, marks, paused))
         if not self.cuda or now or len(self.pending) >= 256:
             self.resolve()
 
@@ -44,8 +45,8 @@ class StepTimer:
             dt = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (milliseconds between events)
         else:
             dt = lambda a, b: b - a  # noqa: E731
-        for rec, (t0, t1, t2, t2b, t3, t4) in self.pending:
-            rec.forward_s, rec.sampling_s = dt(t1, t2), dt(t2b, t3)
+        for rec, (t0, t1, t2, t2b, t3, t4), paused in self.pending:
+            rec.forward_s, rec.sampling_s = max(dt(t1, t2) - paused, 0.0), dt(t2b, t3)
             rec.decision_s = dt(t0, t1) + dt(t3, t4) + (dt(t2, t2b) if t2b is not t2 else 0.0)
             self.forward_s += rec.forward_s
             self.sampling_s += rec.sampling_s

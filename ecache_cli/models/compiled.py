@@ -1,0 +1,306 @@
+"""The static-shape step: the model's forward compiled once per shape bucket (``--compile``).
+
+A denoising step's forward changes shape with every plan (query width, targets, rows in the batch).
+Compiled code wants fixed shapes, so :class:`StaticStep` pads each forward to a small fixed set of
+buckets and compiles one graph per bucket (``torch.compile(dynamic=False)``; on CUDA with
+``mode="reduce-overhead"``, i.e. CUDA graphs, on CPU inductor's C++ code):
+
+- batch rows to a power of two (1, 2, 4, 8, ...), as nano-vLLM does for its CUDA-graph batch sizes
+  (``nanovllm/engine/model_runner.py``, ``capture_cudagraph``); padded rows repeat row 0 and their
+  outputs are dropped;
+- query width to a power of two ≥ :data:`MIN_WIDTH` (at most the canvas), by repeating a row's first
+  query position: duplicates write identical K/V (``DiffusionLM.forward``); a full forward is the
+  canvas width;
+- logits positions to a power of two ≥ :data:`MIN_LOGITS` (at most the width), by repeating the row's
+  first one; the padded logits are dropped.
+
+A full forward is the partial forward of every position in order (the same K/V and logits), so it
+shares the graphs of width T.
+
+The K/V of a store the compiled forward writes live in one preallocated buffer per layer of the bucket's
+batch rows and the run's canvas (a *slot*): the store's ``k[i]`` / ``v[i]`` become views of its first B
+rows, so every step of a bucket hands the graph the same tensors (fixed addresses, what a CUDA graph
+needs) and the graph writes the computed positions in place. A store is bound to a slot at its first
+compiled forward and again after rows join or leave (one copy of its K/V then, none per step).
+
+Forwards with hooks (``expand_from_layer``, ``attn_pos``, ``shrink``), over a store that keeps hidden
+states, or with gradients on run eager (:attr:`StaticStep.stats` counts them). Graphs are bounded by
+``max_graphs``: past it a new shape pads up to the cheapest compiled bucket that holds it (more rows,
+a wider query or more logits rows, the same canvas), and runs eager when none does. Compile seconds are counted apart
+(:attr:`StaticStep.compile_s`) and the engine's clock leaves them out of every time it reports.
+Compiled artefacts are cached on disk (inductor's FX graph cache under :func:`cache_dir`), so a second
+process compiles the same buckets from the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch._dynamo.utils import counters
+
+from ..errors import EcacheError
+from ..kvstore import KVStore
+from .layers import rope_tables
+
+#: The smallest query-width bucket (positions): narrower partial forwards pad up to it.
+MIN_WIDTH = 32
+#: The smallest logits-rows bucket: a block of 32 masks needs one bucket all block long.
+MIN_LOGITS = 32
+#: Graphs compiled at most by default; shapes beyond run eager.
+MAX_GRAPHS = 16
+
+
+def bucket(n: int, floor: int = 1, cap: int | None = None) -> int:
+    """The smallest power of two ≥ max(n, floor), at most ``cap`` (when given, ``cap`` ≥ n)."""
+    b = 1 << (max(int(n), int(floor), 1) - 1).bit_length()
+    return b if cap is None else min(b, cap)
+
+
+def cache_dir() -> str:
+    """The folder of the compiled artefacts: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
+    ``$XDG_CACHE_HOME/ecache/inductor`` (``~/.cache/ecache/inductor``)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ecache", "inductor")
+
+
+def check_compiler(device: torch.device) -> None:
+    """Raise EcacheError (one line naming the fix) when inductor cannot build code on ``device``'s host:
+    on CPU it compiles C++ with ``$CXX`` or ``g++`` / ``clang++`` / ``c++`` (``torch._inductor.cpp_builder``);
+    CUDA kernels are Triton's, whose launchers are built with a C compiler (``$CC``, ``gcc``, ``cc``,
+    ``clang``)."""
+    if device.type == "cpu":
+        names = [os.environ.get("CXX"), "g++", "clang++", "c++"]
+        what = "a C++ compiler"
+    else:
+        names = [os.environ.get("CC"), "gcc", "cc", "clang"]
+        what = "a C compiler (Triton builds its launchers)"
+    if any(n and shutil.which(n) for n in names):
+        return
+    raise EcacheError(f"--compile needs {what} and none is on PATH; install one (Debian/Ubuntu: apt-get install "
+                      "build-essential; conda: conda install gxx_linux-64) or drop --compile")
+
+
+@dataclass
+class CompileStats:
+    """What the static step did: ``graphs`` buckets compiled (their keys (rows, width, logits rows,
+    canvas) in ``buckets``), ``traces`` graphs dynamo traced for them (one per bucket; more when a guard
+    failed), ``compile_s`` seconds spent compiling (the calls that traced or compiled, outside every
+    reported decode time),
+    ``compiled_calls`` forwards run by a graph, ``eager_calls`` forwards run eager (hooks, kept hidden
+    states, gradients, or beyond ``max_graphs``), ``rebinds`` stores bound to a slot (K/V copies)."""
+
+    graphs: int = 0
+    traces: int = 0
+    compile_s: float = 0.0
+    compiled_calls: int = 0
+    eager_calls: int = 0
+    rebinds: int = 0
+    max_graphs: int = MAX_GRAPHS
+    mode: str = ""
+    buckets: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        """JSON-ready (``compile`` key of the profile document and the manifest)."""
+        return {"graphs": self.graphs, "traces": self.traces, "max_graphs": self.max_graphs,
+                "compile_s": round(self.compile_s, 3), "compiled_calls": self.compiled_calls,
+                "eager_calls": self.eager_calls, "rebinds": self.rebinds, "mode": self.mode,
+                "buckets": [list(b) for b in self.buckets]}
+
+
+class _Slot:
+    """Preallocated K/V of ``rows`` batch rows and a canvas of T positions, one (rows, H_kv, T, D) tensor
+    per layer, and the store bound to it (a weak reference: a store that dies frees its slot)."""
+
+    def __init__(self, like: KVStore, rows: int):
+        self.k = [t.new_zeros((rows, *t.shape[1:])) for t in like.k]
+        self.v = [t.new_zeros((rows, *t.shape[1:])) for t in like.v]
+        if self.k[0].device.type == "cuda":  # fixed addresses: the CUDA graphs read and write them in place
+            for t in self.k + self.v:
+                torch._dynamo.mark_static_address(t, guard=False)
+        self.owner = None
+
+    def owned_by(self, store: KVStore) -> bool:
+        return self.owner is not None and self.owner() is store
+
+    def free(self) -> bool:
+        return self.owner is None or self.owner() is None
+
+    def holds(self, store: KVStore) -> bool:
+        """Whether ``store``'s K/V are this slot's first B rows (no join or leave since binding)."""
+        return self.owned_by(store) and all(
+            a.data_ptr() == b.data_ptr() and a.is_contiguous() for a, b in zip(store.k + store.v, self.k + self.v))
+
+    def bind(self, store: KVStore, copy: bool) -> None:
+        """Make ``store``'s K/V views of this slot's first B rows (copying them in when ``copy``)."""
+        B = store.k[0].shape[0]
+        if copy:
+            for dst, src in zip(self.k + self.v, store.k + store.v):
+                dst[:B].copy_(src)
+        store.k = [t[:B] for t in self.k]
+        store.v = [t[:B] for t in self.v]
+        self.owner = weakref.ref(store)
+
+
+def _core(model, tokens, k, v, attn_mask, cos, sin, query_pos, logits_pos):
+    """The traced forward: ``model.forward`` over a store made of the slot's tensors, no hooks. Shapes
+    fixed per bucket: tokens (Bb, T); k, v lists of (Bb, H_kv, T, D) (written in place); attn_mask
+    (Bb, 1, 1, T) bool or None; cos, sin (Bb, 1, T, D); query_pos (Bb, Sb); logits_pos (Bb, Rb).
+    Returns logits (Bb, Rb, V)."""
+    store = KVStore(k=list(k), v=list(v), key_mask=None, positions=None, attn_mask=attn_mask, rope=(cos, sin))
+    return model(tokens, store, query_pos=query_pos, logits_pos=logits_pos)
+
+
+class StaticStep(torch.nn.Module):
+    """The model with its hook-free forwards compiled per shape bucket (module docstring); every other
+    attribute (``spec``, ``new_store``, ``attention_rows``, ...) is the wrapped model's.
+
+    ``model``: a ``DiffusionLM``. ``max_graphs``: graphs compiled at most (then eager). ``mode``: the
+    ``torch.compile`` mode (default ``"reduce-overhead"`` on CUDA, inductor's default on CPU).
+    Raises EcacheError when the host has no compiler (:func:`check_compiler`).
+    """
+
+    def __init__(self, model, max_graphs: int = MAX_GRAPHS, mode: str | None = None):
+        super().__init__()
+        self.model = model
+        device = next(model.parameters()).device
+        check_compiler(device)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
+        # one graph per bucket, all from one code object: allow them all before dynamo gives up on it
+        dyn = torch._dynamo.config
+        dyn.recompile_limit = max(dyn.recompile_limit, max_graphs + 1)
+        dyn.accumulated_recompile_limit = max(dyn.accumulated_recompile_limit, max_graphs + 1)
+        self.mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else "default")
+        self._fn = torch.compile(_core, dynamic=False, fullgraph=True,
+                                 mode=None if self.mode == "default" else self.mode)
+        self._cuda = device.type == "cuda"
+        self._seen: set = set()
+        self._slots: dict[tuple, list[_Slot]] = {}
+        self.stats = CompileStats(max_graphs=max_graphs, mode=f"{self.mode} ({device.type})")
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["model"], name)
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent compiling so far (the engine's clock leaves them out)."""
+        return self.stats.compile_s
+
+    def forward(self, tokens, store: KVStore, query_pos=None, logits_pos=None, expand_from_layer=None,
+                attn_pos=None, shrink=None):
+        """``DiffusionLM.forward``, same arguments and result; compiled when no hook is asked for, the
+        store keeps no hidden states, gradients are off and the bucket is (or may become) one of the
+        ``max_graphs`` graphs, else the wrapped model's eager forward."""
+        model = self.model
+        if (expand_from_layer is not None or attn_pos is not None or shrink is not None
+                or store.hidden is not None or torch.is_grad_enabled()):
+            self.stats.eager_calls += 1
+            return model(tokens, store, query_pos, logits_pos, expand_from_layer, attn_pos, shrink)
+        B, T = tokens.shape
+        full = query_pos is None
+        if full:  # every position, in order: the partial forward's graph at width T computes the same
+            query_pos = torch.arange(T, device=tokens.device).expand(B, T)
+        if logits_pos is None:
+            logits_pos = query_pos
+        S, R = query_pos.shape[1], logits_pos.shape[1]
+        Sb = bucket(S, MIN_WIDTH, T)
+        key = (bucket(B), Sb, bucket(R, MIN_LOGITS, Sb), T, store.attn_mask is not None)
+        new = key not in self._seen
+        if new and len(self._seen) >= self.stats.max_graphs:
+            key, new = self._larger(key), False
+            if key is None:
+                self.stats.eager_calls += 1
+                return model(tokens, store, None if full else query_pos, logits_pos)
+        Bb, Sb, Rb = key[:3]
+        if store.rope is None:  # what DiffusionLM.forward does on a store's first forward
+            s = model.spec
+            store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)
+        slot = self._slot(store, Bb, full=full)
+        rows = None  # padded rows repeat row 0
+        if Bb > B:
+            rows = torch.cat([torch.arange(B), torch.zeros(Bb - B, dtype=torch.long)]).to(tokens.device)
+
+        def pad(t, width=None):  # (B, n, ...) -> (Bb, width, ...): rows, then positions repeated
+            if t is None:
+                return None
+            if width is not None and width > t.shape[1]:
+                t = torch.cat([t, t[:, :1].expand(B, width - t.shape[1], *t.shape[2:])], 1)
+            return (t if rows is None else t.index_select(0, rows)).contiguous()  # strides fixed too
+
+        args = (model, pad(tokens), slot.k, slot.v, pad(store.attn_mask), pad(store.rope[0]), pad(store.rope[1]),
+                pad(query_pos, Sb), pad(logits_pos, Rb))
+        traced = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        if self._cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = self._fn(*args)
+        if new:
+            self._seen.add(key)
+            self.stats.graphs = len(self._seen)
+            self.stats.buckets.append(list(key[:4]))
+        if new or counters["stats"]["unique_graphs"] != traced:  # compiled (or recorded) in this call
+            if self._cuda:
+                torch.cuda.synchronize()
+            self.stats.compile_s += time.perf_counter() - t0
+            self.stats.traces += counters["stats"]["unique_graphs"] - traced
+        self.stats.compiled_calls += 1
+        store.queries = store.shrunk = store.produced = None  # what the eager forward leaves without hooks
+        out = logits[:B, :R]
+        return out.clone() if self._cuda else out  # a CUDA graph's outputs are overwritten by its next replay
+
+    def _larger(self, key: tuple) -> tuple | None:
+        """The cheapest compiled bucket that holds ``key``'s forward (as many rows, width and logits rows or
+        more, the same canvas and padding mask), or None."""
+        fits = [k for k in self._seen if k[3:] == key[3:] and all(a >= b for a, b in zip(k[:3], key[:3]))]
+        return min(fits, key=lambda k: (k[0] * k[1], k[2]), default=None)
+
+    def _slot(self, store: KVStore, Bb: int, full: bool) -> _Slot:
+        """The slot ``store`` is bound to for batch bucket ``Bb``, binding it first when needed (a copy
+        of its K/V, skipped for a full forward, which writes every position before reading any)."""
+        T = store.k[0].shape[2]
+        slots = self._slots.setdefault((Bb, T, store.k[0].dtype), [])
+        for s in slots:
+            if s.holds(store):
+                return s
+        slot = next((s for s in slots if s.owned_by(store)), None) or next((s for s in slots if s.free()), None)
+        if slot is None:
+            slot = _Slot(store, Bb)
+            slots.append(slot)
+        for other in (s for group in self._slots.values() for s in group):
+            if other is not slot and other.owned_by(store):  # the store moved to another bucket
+                other.owner = None
+        self._drop_free_slots(keep=slot)
+        slot.bind(store, copy=not full)
+        self.stats.rebinds += 1
+        return slot
+
+    def _drop_free_slots(self, keep: _Slot) -> None:
+        """Free the memory of slots whose stores are gone, but one per bucket (the next scratch store's)."""
+        for slots in self._slots.values():
+            free = [s for s in slots if s is not keep and s.free()]
+            for s in free[1:]:
+                slots.remove(s)
+
+
+def compile_report(model) -> dict | None:
+    """What ``model``'s static step did (:meth:`CompileStats.as_dict`), or None for an eager model."""
+    return model.stats.as_dict() if isinstance(model, StaticStep) else None
+
+
+def compile_line(model) -> str | None:
+    """One line for stderr on what ``model``'s static step compiled, or None for an eager model."""
+    if not isinstance(model, StaticStep):
+        return None
+    s = model.stats
+    return (f"--compile: {s.graphs} graph(s) compiled in {s.compile_s:.1f} s (not in any reported time; "
+            f"at most {s.max_graphs}), {s.compiled_calls} compiled forward(s), {s.eager_calls} eager")
+
