@@ -1,7 +1,8 @@
 """``--compile``: the static-shape compiled step (``ecache_cli/models/compiled.py``) on CPU (inductor).
 
-Every test here uses one canvas of 29 positions (a 13-token prompt + 16 generated) and batches of 3-4
-rows, so each forward lands in the same bucket (4 rows, width 29): the file compiles one graph (the
+Every test here uses one canvas of 32 positions (prompts of up to 13 tokens widen to the 16-token prompt
+bucket, + 16 generated) and batches of 3-4 rows, so each forward lands in the same bucket (4 rows,
+width 32): the file compiles one graph (the
 second process and the CLI read it from the inductor cache of this module's temporary folder), which
 keeps it near a minute on 2 cores. Compiled and eager forwards are compared in float32.
 """
@@ -24,7 +25,7 @@ from ecache_cli.decoding.config import DecodeConfig
 from ecache_cli.engine.core import Engine
 from ecache_cli.errors import EcacheError
 from ecache_cli.models import compiled
-from ecache_cli.models.compiled import StaticStep, bucket
+from ecache_cli.models.compiled import StaticStep, bucket, prompt_bucket
 
 PROMPTS = ["Sort: 9 3 7 1", "abc", "x=2; y=x*3"]  # 13, 3 and 10 tokens: left padded
 JOINING = "1 2 3 4"
@@ -66,13 +67,16 @@ def test_buckets_are_powers_of_two_within_the_canvas():
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
     assert bucket(5, 32) == 32 and bucket(40, 32) == 64
     assert bucket(40, 32, 44) == 44 and bucket(29, 32, 29) == 29  # never wider than the canvas
+    # prompt widths: powers of two and 1.5 times them, unless the canvas would pass the model's positions
+    assert [prompt_bucket(p, 16, 4096) for p in (1, 13, 17, 25, 600, 1000, 1025)] == [16, 16, 24, 32, 768, 1024, 1536]
+    assert prompt_bucket(4000, 256, 4096) == 4000
 
 
 def test_compiled_forward_matches_eager(llada_lm, step):
     """Full forward, then a partial one with padded (repeated) query positions: logits within 1e-4 and
     the K/V written into the store equal the eager forward's."""
     model = llada_lm.model
-    run = _start(Engine.from_loaded(llada_lm), "none")
+    run = _start(Engine(step, llada_lm.tokenizer, llada_lm.spec), "none")  # the compiled canvas: 32
     tokens, key_mask = run.state.tokens.clone(), run.state.key_mask
     T = tokens.shape[1]
     logits_pos = torch.arange(T - 16, T - 8).expand(3, 8)  # the first block's positions
@@ -110,7 +114,7 @@ def test_graphs_are_bounded_and_hooks_run_eager(llada_lm, step):
     (``max_graphs=0``) it runs eager, with the eager result; a forward with a hook (attention rows) runs
     eager."""
     model = llada_lm.model
-    run = _start(Engine.from_loaded(llada_lm), "none")
+    run = _start(Engine(step, llada_lm.tokenizer, llada_lm.spec), "none")  # the compiled canvas: 32
     tokens, key_mask = run.state.tokens, run.state.key_mask
     pos = torch.arange(20, 24).expand(3, 4)
     one = slice(1, 2)  # a left-padded row: the bucket's padding mask
@@ -190,4 +194,4 @@ def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path
     assert res.exit_code == 0, res.stderr
     report = json.loads(doc.read_text())["manifest"]["compile"]
     assert report["graphs"] == 1 and report["compiled_calls"] > 0 and report["eager_calls"] == 0
-    assert report["buckets"] == [[4, 29, 29, 29]] and report["compile_s"] >= 0
+    assert report["buckets"] == [[4, 32, 32, 32]] and report["compile_s"] >= 0

@@ -93,6 +93,9 @@ class Run:
         self.blocks, self.rule = self.decoder.blocks, self.decoder.rule
         self.engine, self.cfg, self.policy, self.seed = engine, cfg, policy, seed
         self.P, self.G = max([len(p) for p in prompts] + [prompt_width or 0]), cfg.gen_length
+        widen = getattr(engine.model, "prompt_bucket", None)  # a compiled model's fixed canvas sizes
+        if widen is not None:
+            self.P = widen(self.P, self.G, spec.max_positions)
         if self.P + self.G > spec.max_positions:
             fit = spec.max_positions - self.P
             fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0

@@ -14,6 +14,10 @@ buckets and compiles one graph per bucket (``torch.compile(dynamic=False)``; on 
 - logits positions to a power of two ≥ :data:`MIN_LOGITS` (at most the width), by repeating the row's
   first one; the padded logits are dropped.
 
+The canvas itself is bucketed: a run's prompt width widens to the next of 16, 24, 32, 48, 64, 96, ...
+(:func:`prompt_bucket`; more left padding, masked, changes no token), so runs over prompts of
+different lengths share graphs.
+
 A full forward is the partial forward of every position in order (the same K/V and logits), so it
 shares the graphs of width T.
 
@@ -59,6 +63,16 @@ def bucket(n: int, floor: int = 1, cap: int | None = None) -> int:
     """The smallest power of two ≥ max(n, floor), at most ``cap`` (when given, ``cap`` ≥ n)."""
     b = 1 << (max(int(n), int(floor), 1) - 1).bit_length()
     return b if cap is None else min(b, cap)
+
+
+def prompt_bucket(P: int, G: int, limit: int) -> int:
+    """The canvas's prompt width for prompts of at most ``P`` tokens: the smallest of 16, 24, 32, 48, 64,
+    96, ... (powers of two and 1.5 times them) ≥ P, so runs over different prompts share canvases (and
+    graphs); ``P`` itself when that bucket + ``G`` would pass the model's ``limit`` positions."""
+    b = bucket(P, 16)
+    if b // 4 * 3 >= P and b >= 32:
+        b = b // 4 * 3
+    return b if b + G <= limit else P
 
 
 def cache_dir() -> str:
@@ -189,6 +203,13 @@ class StaticStep(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["model"], name)
+
+    @staticmethod
+    def prompt_bucket(P: int, G: int, limit: int) -> int:
+        """The prompt width a run's canvas gets (:func:`prompt_bucket`): the engine widens its left
+        padding to it, which changes no row's tokens (padding is masked, RoPE positions count real
+        tokens only)."""
+        return prompt_bucket(P, G, limit)
 
     @property
     def compile_s(self) -> float:
