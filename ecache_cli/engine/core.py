@@ -16,7 +16,6 @@ any batch. Rows join between steps (:meth:`Run.add`) and leave as soon as their 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Iterator, Sequence
 
 import torch
@@ -93,9 +92,7 @@ class Run:
         self.blocks, self.rule = self.decoder.blocks, self.decoder.rule
         self.engine, self.cfg, self.policy, self.seed = engine, cfg, policy, seed
         self.P, self.G = max([len(p) for p in prompts] + [prompt_width or 0]), cfg.gen_length
-        widen = getattr(engine.model, "prompt_bucket", None)  # a compiled model's fixed canvas sizes
-        if widen is not None:
-            self.P = widen(self.P, self.G, spec.max_positions)
+        self.P = getattr(engine.model, "prompt_bucket", lambda p, g, n: p)(self.P, self.G, spec.max_positions)
         if self.P + self.G > spec.max_positions:
             fit = spec.max_positions - self.P
             fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0
@@ -116,7 +113,8 @@ class Run:
         self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden)
         self.state.probe = ModelProbe(engine.model, lambda: self.store)
         self.steps_done = 0
-        self.timer = StepTimer(cuda=engine.device.type == "cuda")  # the steps' times and the run's totals
+        # the steps' times and the run's totals, on a clock that leaves out the model's compiling (--compile)
+        self.timer = StepTimer(engine.device.type == "cuda", paused=lambda: getattr(engine.model, "compile_s", 0.0))
         self.wall_s = 0.0
         self.step_timing = False  # CUDA: True reads each step's times at once (one sync per step)
         self.ranges = False  # True: name each step section for torch.profiler (runs/tracing.py)
@@ -217,10 +215,8 @@ class Run:
         targets, valid = padded_index(tmask, grp.targets)  # (B, R)
         targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])  # never committed
         sources = targets - st.logit_shift  # the hidden states whose logits predict the targets
-        compiled = self._compile_s()
         fwd = forward.run_forwards(model, st, self.store, plan, grp, sources, self._range)
         t2 = t2b = self.timer.mark()
-        compiled = self._compile_s() - compiled  # seconds the forwards spent compiling (--compile): not forward time
         outputs = {}
         if fwd.attn_pos is not None:  # outputs the policy asked for beyond logits: decision time
             with self._range("ecache.decision.outputs"):
@@ -242,7 +238,7 @@ class Run:
         with self._range("ecache.decision.observe"):
             self.policy.observe(st, rec)
         t4 = self.timer.mark()
-        self.timer.add(rec, (t0, t1, t2, t2b, t3, t4), now=self.step_timing, paused=compiled)
+        self.timer.add(rec, (t0, t1, t2, t2b, t3, t4), now=self.step_timing)
         self.steps_done += 1
         return rec
 
@@ -296,15 +292,7 @@ class Run:
         return torch.profiler.record_function(name) if self.ranges else _NO_RANGE
 
     def _now(self) -> float:
-        """The run's clock in seconds: wall time less the seconds the model spent compiling (a
-        ``--compile`` model's ``compile_s``), so compiling never counts as decoding."""
-        if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)
-        return time.perf_counter() - self._compile_s()
-
-    def _compile_s(self) -> float:
-        """Seconds the model has spent compiling so far (0 for a model that never compiles)."""
-        return getattr(self.engine.model, "compile_s", 0.0)
+        return self.timer.clock()
 
     def results(self) -> list[GenerationResult]:
         """Per-row outputs in run order (``engine/ledger.py`` ``Ledger.results`` lists the stats)."""
