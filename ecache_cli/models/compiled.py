@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import types
 import weakref
 from dataclasses import dataclass, field
 
@@ -186,15 +187,9 @@ class StaticStep(torch.nn.Module):
         device = next(model.parameters()).device
         check_compiler(device)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
-        # one graph per bucket, all from one code object: allow them all before dynamo gives up on it
-        dyn = torch._dynamo.config
-        dyn.recompile_limit = max(dyn.recompile_limit, max_graphs + 1)
-        dyn.accumulated_recompile_limit = max(dyn.accumulated_recompile_limit, max_graphs + 1)
         self.mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else "default")
-        self._fn = torch.compile(_core, dynamic=False, fullgraph=True,
-                                 mode=None if self.mode == "default" else self.mode)
         self._cuda = device.type == "cuda"
-        self._seen: set = set()
+        self._seen: dict[tuple, object] = {}  # bucket key -> its compiled function
         self._slots: dict[tuple, list[_Slot]] = {}
         self.stats = CompileStats(max_graphs=max_graphs, mode=f"{self.mode} ({device.type})")
 
@@ -255,7 +250,10 @@ class StaticStep(torch.nn.Module):
                 return None
             if width is not None and width > t.shape[1]:
                 t = torch.cat([t, t[:, :1].expand(B, width - t.shape[1], *t.shape[2:])], 1)
-            return (t if rows is None else t.index_select(0, rows)).contiguous()  # strides fixed too
+            t = (t if rows is None else t.index_select(0, rows)).contiguous()  # strides fixed too
+            return t.clone() if inference and not t.is_inference() else t  # one kind of tensor: no retrace
+
+        inference = torch.is_inference_mode_enabled()
 
         args = (model, pad(tokens), slot.k, slot.v, pad(store.attn_mask), pad(store.rope[0]), pad(store.rope[1]),
                 pad(query_pos, Sb), pad(logits_pos, Rb))
@@ -263,9 +261,10 @@ class StaticStep(torch.nn.Module):
         t0 = time.perf_counter()
         if self._cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        logits = self._fn(*args)
         if new:
-            self._seen.add(key)
+            self._seen[key] = self._compile()
+        logits = self._seen[key](*args)
+        if new:
             self.stats.graphs = len(self._seen)
             self.stats.buckets.append(list(key[:4]))
         if new or counters["stats"]["unique_graphs"] != traced:  # compiled (or recorded) in this call
@@ -277,6 +276,13 @@ class StaticStep(torch.nn.Module):
         store.queries = store.shrunk = store.produced = None  # what the eager forward leaves without hooks
         out = logits[:B, :R]
         return out.clone() if self._cuda else out  # a CUDA graph's outputs are overwritten by its next replay
+
+    def _compile(self):
+        """A compiled copy of :func:`_core` for one bucket: a code object of its own, so dynamo keeps one
+        cache entry (one guard check per call) per bucket."""
+        code = _core.__code__.replace(co_name=f"_core_{len(self._seen)}")
+        fn = types.FunctionType(code, _core.__globals__, code.co_name)
+        return torch.compile(fn, dynamic=False, fullgraph=True, mode=None if self.mode == "default" else self.mode)
 
     def _larger(self, key: tuple) -> tuple | None:
         """The cheapest compiled bucket that holds ``key``'s forward (as many rows, width and logits rows or
