@@ -1,8 +1,8 @@
 """``--compile``: the static-shape compiled step (``ecache_cli/models/compiled.py``) on CPU (inductor).
 
-Every test here uses one canvas of 32 positions (prompts of up to 13 tokens widen to the 16-token prompt
-bucket, + 16 generated) and batches of 3-4 rows, so each forward lands in the same bucket (4 rows,
-width 32): the file compiles one graph (the
+Every test here uses batches of 3-4 rows and canvases of at most 32 positions (e.g. a 13-token prompt +
+16 generated), so each forward lands in the same bucket (4 rows, queries and logits rows as wide as
+the canvas, whose length is symbolic in the graph): the file compiles one graph (the
 second process and the CLI read it from the inductor cache of this module's temporary folder), which
 keeps it near a minute on 2 cores. Compiled and eager forwards are compared in float32.
 """
@@ -76,7 +76,7 @@ def test_compiled_forward_matches_eager(llada_lm, step):
     """Full forward, then a partial one with padded (repeated) query positions: logits within 1e-4 and
     the K/V written into the store equal the eager forward's."""
     model = llada_lm.model
-    run = _start(Engine(step, llada_lm.tokenizer, llada_lm.spec), "none")  # the compiled canvas: 32
+    run = _start(Engine(step, llada_lm.tokenizer, llada_lm.spec), "none")  # (the canvas: 29)
     tokens, key_mask = run.state.tokens.clone(), run.state.key_mask
     T = tokens.shape[1]
     logits_pos = torch.arange(T - 16, T - 8).expand(3, 8)  # the first block's positions
@@ -92,8 +92,12 @@ def test_compiled_forward_matches_eager(llada_lm, step):
         assert (got - want).abs().max().item() <= 1e-4
         for a, b in zip(eager.k + eager.v, comp.k + comp.v):
             assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-4
+        cut = slice(2, None)  # a canvas 2 positions shorter: the same graph (its length is symbolic)
+        want = model(tokens[:, cut], model.new_store(key_mask[:, cut]), None, logits_pos - 2)
+        got = step(tokens[:, cut], step.new_store(key_mask[:, cut]), None, logits_pos - 2)
+        assert (got - want).abs().max().item() <= 1e-4
     assert eager.shrunk is None and comp.shrunk is None and comp.produced is None
-    assert step.stats.graphs == 1 and step.stats.buckets == [[4, T, T, T]]
+    assert step.stats.graphs == step.stats.traces == 1 and step.stats.buckets == [[4, "T", "T"]]
 
 
 @pytest.mark.parametrize("policy", ["none", "entropy"])
@@ -114,7 +118,7 @@ def test_graphs_are_bounded_and_hooks_run_eager(llada_lm, step):
     (``max_graphs=0``) it runs eager, with the eager result; a forward with a hook (attention rows) runs
     eager."""
     model = llada_lm.model
-    run = _start(Engine(step, llada_lm.tokenizer, llada_lm.spec), "none")  # the compiled canvas: 32
+    run = _start(Engine(step, llada_lm.tokenizer, llada_lm.spec), "none")  # (the canvas: 29)
     tokens, key_mask = run.state.tokens, run.state.key_mask
     pos = torch.arange(20, 24).expand(3, 4)
     one = slice(1, 2)  # a left-padded row: the bucket's padding mask
@@ -194,4 +198,4 @@ def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path
     assert res.exit_code == 0, res.stderr
     report = json.loads(doc.read_text())["manifest"]["compile"]
     assert report["graphs"] == 1 and report["compiled_calls"] > 0 and report["eager_calls"] == 0
-    assert report["buckets"] == [[4, 32, 32, 32]] and report["compile_s"] >= 0
+    assert report["buckets"] == [[4, "T", "T"]] and report["compile_s"] >= 0

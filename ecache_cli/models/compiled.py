@@ -60,6 +60,15 @@ MIN_LOGITS = 32
 MAX_GRAPHS = 16
 
 
+#: The width class of a query or logits bucket as wide as the canvas (its length is symbolic in the graph).
+CANVAS = "T"
+
+
+def _width(w, T: int) -> int:
+    """A bucket width: ``w``, or the canvas length ``T`` for :data:`CANVAS`."""
+    return T if w == CANVAS else w
+
+
 def bucket(n: int, floor: int = 1, cap: int | None = None) -> int:
     """The smallest power of two ≥ max(n, floor), at most ``cap`` (when given, ``cap`` ≥ n)."""
     b = 1 << (max(int(n), int(floor), 1) - 1).bit_length()
@@ -199,12 +208,12 @@ class StaticStep(torch.nn.Module):
         except AttributeError:
             return getattr(self._modules["model"], name)
 
-    @staticmethod
-    def prompt_bucket(P: int, G: int, limit: int) -> int:
-        """The prompt width a run's canvas gets (:func:`prompt_bucket`): the engine widens its left
-        padding to it, which changes no row's tokens (padding is masked, RoPE positions count real
-        tokens only)."""
-        return prompt_bucket(P, G, limit)
+    def prompt_bucket(self, P: int, G: int, limit: int) -> int:
+        """The prompt width a run's canvas gets: on CUDA :func:`prompt_bucket` (each canvas length is a
+        CUDA-graph recording of its own; the engine widens the left padding, which changes no row's
+        tokens: padding is masked, RoPE positions count real tokens only), on CPU ``P`` (the graphs
+        take any canvas length)."""
+        return prompt_bucket(P, G, limit) if self._cuda else P
 
     @property
     def compile_s(self) -> float:
@@ -229,14 +238,16 @@ class StaticStep(torch.nn.Module):
             logits_pos = query_pos
         S, R = query_pos.shape[1], logits_pos.shape[1]
         Sb = bucket(S, MIN_WIDTH, T)
-        key = (bucket(B), Sb, bucket(R, MIN_LOGITS, Sb), T, store.attn_mask is not None)
+        Rb = bucket(R, MIN_LOGITS, Sb)
+        # the canvas length T is symbolic in the graphs: a width equal to it is the class "T"
+        key = (bucket(B), CANVAS if Sb == T else Sb, CANVAS if Rb == T else Rb, store.attn_mask is not None)
         new = key not in self._seen
         if new and len(self._seen) >= self.stats.max_graphs:
-            key, new = self._larger(key), False
+            key, new = self._larger(key, T), False
             if key is None:
                 self.stats.eager_calls += 1
                 return model(tokens, store, None if full else query_pos, logits_pos)
-        Bb, Sb, Rb = key[:3]
+        Bb, Sb, Rb = key[0], _width(key[1], T), _width(key[2], T)
         if store.rope is None:  # what DiffusionLM.forward does on a store's first forward
             s = model.spec
             store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)
@@ -244,19 +255,24 @@ class StaticStep(torch.nn.Module):
         rows = None  # padded rows repeat row 0
         if Bb > B:
             rows = torch.cat([torch.arange(B), torch.zeros(Bb - B, dtype=torch.long)]).to(tokens.device)
+        inference = torch.is_inference_mode_enabled()
 
-        def pad(t, width=None):  # (B, n, ...) -> (Bb, width, ...): rows, then positions repeated
+        def pad(t, width=None, dim=None):  # (B, n, ...) -> (Bb, width, ...): rows, then positions repeated
             if t is None:
                 return None
             if width is not None and width > t.shape[1]:
                 t = torch.cat([t, t[:, :1].expand(B, width - t.shape[1], *t.shape[2:])], 1)
             t = (t if rows is None else t.index_select(0, rows)).contiguous()  # strides fixed too
-            return t.clone() if inference and not t.is_inference() else t  # one kind of tensor: no retrace
+            t = t.clone() if inference and not t.is_inference() else t  # one kind of tensor: no retrace
+            if dim is not None:  # this dimension is the canvas length: symbolic
+                torch._dynamo.mark_dynamic(t, dim)
+            return t
 
-        inference = torch.is_inference_mode_enabled()
-
-        args = (model, pad(tokens), slot.k, slot.v, pad(store.attn_mask), pad(store.rope[0]), pad(store.rope[1]),
-                pad(query_pos, Sb), pad(logits_pos, Rb))
+        for t in slot.k + slot.v:
+            torch._dynamo.mark_dynamic(t, 2)
+        args = (model, pad(tokens, dim=1), slot.k, slot.v, pad(store.attn_mask, dim=3), pad(store.rope[0], dim=2),
+                pad(store.rope[1], dim=2), pad(query_pos, Sb, 1 if key[1] == CANVAS else None),
+                pad(logits_pos, Rb, 1 if key[2] == CANVAS else None))
         traced = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         if self._cuda:
@@ -266,7 +282,7 @@ class StaticStep(torch.nn.Module):
         logits = self._seen[key](*args)
         if new:
             self.stats.graphs = len(self._seen)
-            self.stats.buckets.append(list(key[:4]))
+            self.stats.buckets.append(list(key[:3]))
         if new or counters["stats"]["unique_graphs"] != traced:  # compiled (or recorded) in this call
             if self._cuda:
                 torch.cuda.synchronize()
@@ -284,11 +300,14 @@ class StaticStep(torch.nn.Module):
         fn = types.FunctionType(code, _core.__globals__, code.co_name)
         return torch.compile(fn, dynamic=False, fullgraph=True, mode=None if self.mode == "default" else self.mode)
 
-    def _larger(self, key: tuple) -> tuple | None:
-        """The cheapest compiled bucket that holds ``key``'s forward (as many rows, width and logits rows or
-        more, the same canvas and padding mask), or None."""
-        fits = [k for k in self._seen if k[3:] == key[3:] and all(a >= b for a, b in zip(k[:3], key[:3]))]
-        return min(fits, key=lambda k: (k[0] * k[1], k[2]), default=None)
+    def _larger(self, key: tuple, T: int) -> tuple | None:
+        """The cheapest compiled bucket that holds ``key``'s forward on a canvas of ``T`` (as many rows,
+        width and logits rows or more, the same padding mask), or None."""
+        def size(k):
+            return k[0], _width(k[1], T), _width(k[2], T)
+
+        fits = [k for k in self._seen if k[3] == key[3] and all(a >= b for a, b in zip(size(k), size(key)))]
+        return min(fits, key=lambda k: (size(k)[0] * size(k)[1], size(k)[2]), default=None)
 
     def _slot(self, store: KVStore, Bb: int, full: bool) -> _Slot:
         """The slot ``store`` is bound to for batch bucket ``Bb``, binding it first when needed (a copy
