@@ -8,18 +8,17 @@ buckets and compiles one graph per bucket (``torch.compile(dynamic=False)``; on 
 - batch rows to a power of two (1, 2, 4, 8, ...), as nano-vLLM does for its CUDA-graph batch sizes
   (``nanovllm/engine/model_runner.py``, ``capture_cudagraph``); padded rows repeat row 0 and their
   outputs are dropped;
-- query width to a power of two ≥ :data:`MIN_WIDTH` (at most the canvas), by repeating a row's first
-  query position: duplicates write identical K/V (``DiffusionLM.forward``); a full forward is the
-  canvas width;
+- query width to a power of two ≥ :data:`MIN_WIDTH`, or the whole canvas when that is narrower, by
+  repeating a row's first query position: duplicates write identical K/V (``DiffusionLM.forward``);
 - logits positions to a power of two ≥ :data:`MIN_LOGITS` (at most the width), by repeating the row's
   first one; the padded logits are dropped.
 
-The canvas itself is bucketed: a run's prompt width widens to the next of 16, 24, 32, 48, 64, 96, ...
-(:func:`prompt_bucket`; more left padding, masked, changes no token), so runs over prompts of
-different lengths share graphs.
-
-A full forward is the partial forward of every position in order (the same K/V and logits), so it
-shares the graphs of width T.
+The canvas length T is symbolic in the graphs (``torch._dynamo.mark_dynamic`` on every T dimension),
+so one graph per bucket serves prompts of every length; a width as wide as the canvas is the bucket
+class ``"T"`` (:data:`CANVAS`). A full forward is the partial forward of every position in order (the
+same K/V and logits), so it shares the class-``"T"`` graphs. On CUDA, where a CUDA graph is recorded
+per concrete shape, the engine also widens a run's prompt width to the next of 16, 24, 32, 48, 64, 96,
+... (:func:`prompt_bucket`; more left padding, masked, changes no token), bounding the recordings.
 
 The K/V of a store the compiled forward writes live in one preallocated buffer per layer of the bucket's
 batch rows and the run's canvas (a *slot*): the store's ``k[i]`` / ``v[i]`` become views of its first B
@@ -30,10 +29,10 @@ compiled forward and again after rows join or leave (one copy of its K/V then, n
 Forwards with hooks (``expand_from_layer``, ``attn_pos``, ``shrink``), over a store that keeps hidden
 states, or with gradients on run eager (:attr:`StaticStep.stats` counts them). Graphs are bounded by
 ``max_graphs``: past it a new shape pads up to the cheapest compiled bucket that holds it (more rows,
-a wider query or more logits rows, the same canvas), and runs eager when none does. Compile seconds are counted apart
-(:attr:`StaticStep.compile_s`) and the engine's clock leaves them out of every time it reports.
-Compiled artefacts are cached on disk (inductor's FX graph cache under :func:`cache_dir`), so a second
-process compiles the same buckets from the cache.
+a wider query or more logits rows, the same padding mask), and runs eager when none does. Compile
+seconds are counted apart (:attr:`StaticStep.compile_s`) and the engine's clock leaves them out of
+every time it reports. Compiled artefacts are cached on disk (inductor's FX graph cache under
+:func:`cache_dir`), so a second process compiles the same buckets from the cache.
 """
 
 from __future__ import annotations
@@ -330,11 +329,16 @@ class StaticStep(torch.nn.Module):
         return slot
 
     def _drop_free_slots(self, keep: _Slot) -> None:
-        """Free the memory of slots whose stores are gone, but one per bucket (the next scratch store's)."""
-        for slots in self._slots.values():
+        """Free the memory of slots whose stores are gone: all of them but one beside ``keep`` in its own
+        bucket and canvas (the next scratch store's), so a long-lived process over many canvases holds
+        only its live stores' slots."""
+        for key in list(self._slots):
+            slots = self._slots[key]
             free = [s for s in slots if s is not keep and s.free()]
-            for s in free[1:]:
+            for s in free[1:] if keep in slots else free:
                 slots.remove(s)
+            if not slots:
+                del self._slots[key]
 
 
 def compile_report(model) -> dict | None:
