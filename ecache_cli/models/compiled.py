@@ -112,12 +112,12 @@ def check_compiler(device: torch.device) -> None:
 
 @dataclass
 class CompileStats:
-    """What the static step did: ``graphs`` buckets compiled (their keys (rows, width, logits rows,
-    canvas) in ``buckets``), ``traces`` graphs dynamo traced for them (one per bucket; more when a guard
-    failed), ``compile_s`` seconds spent compiling (the calls that traced or compiled, outside every
-    reported decode time),
-    ``compiled_calls`` forwards run by a graph, ``eager_calls`` forwards run eager (hooks, kept hidden
-    states, gradients, or beyond ``max_graphs``), ``rebinds`` stores bound to a slot (K/V copies)."""
+    """What the static step did: ``graphs`` buckets compiled (their [rows, query width, logits rows] in
+    ``buckets``, ``"T"`` for as wide as the canvas), ``traces`` graphs dynamo traced for them (one per
+    bucket; more when a guard failed), ``compile_s`` seconds spent compiling (the calls that traced or
+    compiled, outside every reported decode time), ``compiled_calls`` forwards run by a graph,
+    ``eager_calls`` forwards run eager (hooks, kept hidden states, gradients, or beyond ``max_graphs``),
+    ``rebinds`` stores bound to a slot (K/V copies)."""
 
     graphs: int = 0
     traces: int = 0
@@ -278,7 +278,14 @@ class StaticStep(torch.nn.Module):
             torch.compiler.cudagraph_mark_step_begin()
         if new:
             self._seen[key] = self._compile()
-        logits = self._seen[key](*args)
+        try:
+            logits = self._seen[key](*args)
+        except Exception as e:  # a compiler that fails on this machine: one line, not inductor's traceback
+            if not new:
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise EcacheError(f"--compile: compiling the forward failed ({type(e).__name__}: {first}); "
+                              "run without --compile") from None
         if new:
             self.stats.graphs = len(self._seen)
             self.stats.buckets.append(list(key[:3]))
