@@ -1,11 +1,11 @@
-"""``--compile``: the static-shape compiled step (``ecache_cli/models/compiled.py``) on CPU (inductor).
+"""``--compile``: the compiled step (``ecache_cli/models/compiled.py``) on CPU (inductor).
 
-Every test here uses batches of 3-4 rows and canvases of at most 32 positions (e.g. a 13-token prompt +
-16 generated), so each forward lands in the same bucket (4 rows, queries and logits rows as wide as
-the canvas, whose length is symbolic in the graph): the file compiles one graph (the
-second process and the CLI read it from the inductor cache of this module's temporary folder), which
-keeps it near a minute on 2 cores. Compiled and eager forwards are compared in float32.
-"""
+Both forms are tested: the bucketed one with slots (``pad=True``, CUDA's default, CUDA graphs aside)
+and the CPU default, every size symbolic. The bucketed tests use batches of 3-4 rows and canvases of
+at most 32 positions (a 13-token prompt + 16 generated), so each forward lands in one bucket (4 rows,
+queries and logits rows as wide as the canvas, whose length is symbolic): the file compiles two
+graphs (the second process and the CLI read them from the inductor cache of this module's temporary
+folder), which keeps it near a minute on 2 cores. Compiled and eager forwards are compared in float32."""
 
 from __future__ import annotations
 
@@ -44,9 +44,16 @@ def inductor_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def step(llada_lm, inductor_cache):
-    """The random LLaDA checkpoint's static step, shared by the tests (its graphs stay compiled): one
-    graph at most, so the sub-batches of refreshing rows pad up to the 4-row bucket."""
-    return StaticStep(llada_lm.model, max_graphs=1)
+    """The random LLaDA checkpoint's static step with buckets and slots (``pad=True``: CUDA's default),
+    shared by the tests (its graphs stay compiled): one graph at most, so the sub-batches of refreshing
+    rows pad up to the 4-row bucket."""
+    return StaticStep(llada_lm.model, max_graphs=1, pad=True)
+
+
+@pytest.fixture(scope="module")
+def free(llada_lm, inductor_cache):
+    """The CPU default: every size symbolic, no padding, the store's own tensors."""
+    return StaticStep(llada_lm.model)
 
 
 def _start(engine: Engine, policy: str, prompts=PROMPTS):
@@ -113,6 +120,18 @@ def test_compiled_decoding_is_token_identical(llada_lm, step, policy):
     assert run.wall_s >= 0 and all(r.stats["tokens_per_s"] > 0 for r in run.results() if r.stats["generated_tokens"])
 
 
+@pytest.mark.parametrize("policy", ["none", "entropy"])
+def test_unpadded_decoding_is_token_identical(llada_lm, free, policy):
+    """The CPU default (every size symbolic): the same tokens as eager, rows joining and leaving and
+    sub-batches of every size served by one graph per padding mask (plus the variants where a size of 1
+    is specialised), never padded, never bound to a slot."""
+    want, _ = _decode(Engine.from_loaded(llada_lm), policy, join_at=3)
+    got, _ = _decode(Engine(free, llada_lm.tokenizer, llada_lm.spec), policy, join_at=3)
+    assert got == want and len(got) == 4
+    assert free.stats.graphs == 1 and free.stats.buckets == [["any", "any", "any"]]
+    assert free.stats.traces <= 4 and free.stats.eager_calls == 0 and free.stats.rebinds == 0
+
+
 def test_graphs_are_bounded_and_hooks_run_eager(llada_lm, step):
     """At ``max_graphs`` a 1-row forward pads up to the compiled 4-row bucket; with no bucket to hold it
     (``max_graphs=0``) it runs eager, with the eager result; a forward with a hook (attention rows) runs
@@ -144,10 +163,10 @@ def test_no_compiler_is_one_line_error(monkeypatch, cli, llada_dir, llada_lm):
     one_line_error(res, 1, "--compile needs a C++ compiler", "build-essential")
 
 
-def test_second_process_reuses_compiled_artefacts(llada_dir, step, inductor_cache):
-    """A fresh process compiling the same bucket loads it from the inductor cache: FX graph cache hits,
-    no miss (``step`` compiled it in this process first)."""
-    assert step.stats.graphs == 1
+def test_second_process_reuses_compiled_artefacts(llada_dir, free, inductor_cache):
+    """A fresh process compiling the same graph loads it from the inductor cache: FX graph cache hits,
+    no miss (``free`` compiled it in this process first)."""
+    assert free.stats.graphs == 1
     script = textwrap.dedent(f"""
         import json, torch
         torch.set_num_threads(1)
@@ -171,7 +190,7 @@ def test_second_process_reuses_compiled_artefacts(llada_dir, step, inductor_cach
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"hit": 1, "miss": 0, "graphs": 1}, got
+    assert got["hit"] >= 1 and got["miss"] == 0 and got["graphs"] == 1, got
 
 
 def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path):
@@ -183,7 +202,7 @@ def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path
     comp = cli(*args, "--compile")
     assert comp.exit_code == 0, comp.stderr
     assert comp.stdout == eager.stdout
-    assert "--compile: 1 graph(s) compiled" in comp.stderr and "--compile" not in eager.stderr
+    assert "--compile: 1 graph(s)" in comp.stderr and "--compile" not in eager.stderr
     prof = tmp_path / "on.yaml"
     prof.write_text("compile: true\ncache: {policy: none}\n")
     on = cli(*args, "--profile", prof)
@@ -198,4 +217,4 @@ def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path
     assert res.exit_code == 0, res.stderr
     report = json.loads(doc.read_text())["manifest"]["compile"]
     assert report["graphs"] == 1 and report["compiled_calls"] > 0 and report["eager_calls"] == 0
-    assert report["buckets"] == [[4, "T", "T"]] and report["compile_s"] >= 0
+    assert report["buckets"] == [["any", "any", "any"]] and report["compile_s"] >= 0

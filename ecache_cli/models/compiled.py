@@ -185,14 +185,18 @@ class StaticStep(torch.nn.Module):
     attribute (``spec``, ``new_store``, ``attention_rows``, ...) is the wrapped model's.
 
     ``model``: a ``DiffusionLM``. ``max_graphs``: graphs compiled at most (then eager). ``mode``: the
-    ``torch.compile`` mode (default ``"reduce-overhead"`` on CUDA, inductor's default on CPU).
+    ``torch.compile`` mode (default ``"reduce-overhead"`` on CUDA, inductor's default on CPU). ``pad``:
+    the buckets and slots above (default: on CUDA, where CUDA graphs need them); without, every size is
+    symbolic (rows, canvas, query and logits widths) and the graphs run on the store's own tensors
+    unpadded: on CPU, where compute grows with every padded row or position, the faster choice.
     Raises EcacheError when the host has no compiler (:func:`check_compiler`).
     """
 
-    def __init__(self, model, max_graphs: int = MAX_GRAPHS, mode: str | None = None):
+    def __init__(self, model, max_graphs: int = MAX_GRAPHS, mode: str | None = None, pad: bool | None = None):
         super().__init__()
         self.model = model
         device = next(model.parameters()).device
+        self.pad = device.type == "cuda" if pad is None else pad
         check_compiler(device)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
         self.mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else "default")
@@ -229,6 +233,9 @@ class StaticStep(torch.nn.Module):
                 or store.hidden is not None or torch.is_grad_enabled()):
             self.stats.eager_calls += 1
             return model(tokens, store, query_pos, logits_pos, expand_from_layer, attn_pos, shrink)
+        store.queries = store.shrunk = store.produced = None  # what an eager forward without hooks leaves
+        if not self.pad:
+            return self._unpadded(tokens, store, query_pos, logits_pos)
         B, T = tokens.shape
         full = query_pos is None
         if full:  # every position, in order: the partial forward's graph at width T computes the same
@@ -272,6 +279,54 @@ class StaticStep(torch.nn.Module):
         args = (model, pad(tokens, dim=1), slot.k, slot.v, pad(store.attn_mask, dim=3), pad(store.rope[0], dim=2),
                 pad(store.rope[1], dim=2), pad(query_pos, Sb, 1 if key[1] == CANVAS else None),
                 pad(logits_pos, Rb, 1 if key[2] == CANVAS else None))
+        logits = self._call(key, new, args)
+        out = logits[:B, :R]
+        return out.clone() if self._cuda else out  # a CUDA graph's outputs are overwritten by its next replay
+
+    def _unpadded(self, tokens, store: KVStore, query_pos, logits_pos):
+        """The forward with every size symbolic, on the store's own tensors (``pad=False``): one graph for
+        a padding mask or none (more where a size of 1 is specialised), no padding, no slot."""
+        model = self.model
+        if store.rope is None:  # what DiffusionLM.forward does on a store's first forward
+            s = model.spec
+            store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)
+        B, T = tokens.shape
+        if query_pos is None:
+            query_pos = torch.arange(T, device=tokens.device).expand(B, T)
+        if logits_pos is None:
+            logits_pos = query_pos
+        R = logits_pos.shape[1]
+        # a width of 1 would be specialised (a graph of its own): repeat the first position once
+        query_pos, logits_pos = (p.repeat(1, 2) if p.shape[1] == 1 else p for p in (query_pos, logits_pos))
+        inference = torch.is_inference_mode_enabled()
+
+        def ready(t, *dims):  # contiguous, one kind of tensor, the given dimensions symbolic
+            if t is None:
+                return None
+            t = t.contiguous()
+            t = t.clone() if inference and not t.is_inference() else t
+            for d in dims:
+                torch._dynamo.maybe_mark_dynamic(t, d)
+            return t
+
+        if inference and not store.k[0].is_inference():  # a store made outside inference mode: once
+            store.k, store.v = [t.clone() for t in store.k], [t.clone() for t in store.v]
+        for t in store.k + store.v:  # written in place: passed as they are
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(t, 2)
+        key = ("any", "any", "any", store.attn_mask is not None)
+        new = key not in self._seen
+        if new and len(self._seen) >= self.stats.max_graphs:
+            self.stats.eager_calls += 1
+            return model(tokens, store, query_pos, logits_pos)
+        args = (model, ready(tokens, 0, 1), store.k, store.v, ready(store.attn_mask, 0, 3),
+                ready(store.rope[0], 0, 2), ready(store.rope[1], 0, 2), ready(query_pos, 0, 1),
+                ready(logits_pos, 0, 1))
+        return self._call(key, new, args)[:, :R]
+
+    def _call(self, key: tuple, new: bool, args: tuple) -> torch.Tensor:
+        """Run bucket ``key``'s graph on ``args`` (compiling it when ``new``), counting compile seconds
+        and traces."""
         traced = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         if self._cuda:
@@ -295,9 +350,7 @@ class StaticStep(torch.nn.Module):
             self.stats.compile_s += time.perf_counter() - t0
             self.stats.traces += counters["stats"]["unique_graphs"] - traced
         self.stats.compiled_calls += 1
-        store.queries = store.shrunk = store.produced = None  # what the eager forward leaves without hooks
-        out = logits[:B, :R]
-        return out.clone() if self._cuda else out  # a CUDA graph's outputs are overwritten by its next replay
+        return logits
 
     def _compile(self):
         """A compiled copy of :func:`_core` for one bucket: a code object of its own, so dynamo keeps one
