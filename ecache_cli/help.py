@@ -218,14 +218,14 @@ Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, bus
 error (bad flag, value or profile), 130 interrupted (Ctrl-C)."""),
     "compile": ("--compile: the forward compiled per shape bucket", """\
 [bold]--compile[/] (every command; profile key compile: true; --no-compile overrides) runs the
-model's forward as a few compiled graphs: torch.compile with CUDA graphs (mode reduce-overhead) on
-GPU, inductor's C++ code on CPU. Each forward is padded to a bucket: batch rows to 1, 2, 4, 8, ...,
-query positions and logits rows to 32, 64, 128, ... or the whole canvas. The canvas length is
-symbolic in the graphs, so prompts of any length share them; on GPU, where each canvas length is a
-CUDA-graph recording of its own, the prompt width is widened to 16, 24, 32, 48, 64, 96, ... (more
-left padding, masked: no token changes). Rows joining or leaving reuse their bucket's graph. At most
-16 graphs; past that a forward pads up to a compiled bucket that holds it, else it runs eager.
-Forwards with hooks (elastic, es-dllm, d2cache's attention rows) run eager.
+model's forward as a few compiled graphs. On CPU: inductor's C++ code, one graph whose sizes are all
+symbolic (any batch, prompt and query width; a batch of one row and a canvas without padding get
+graphs of their own), nothing padded. On GPU: CUDA graphs (torch.compile mode reduce-overhead), one
+per bucket: batch rows padded to 1, 2, 4, 8, ..., query positions and logits rows to 32, 64, 128, ...
+or the whole canvas, the prompt width to 16, 24, 32, 48, 64, 96, ... (more left padding, masked: no
+token changes). Rows joining or leaving reuse the graphs. At most 16 graphs; past that a forward pads
+up to a compiled bucket that holds it, else it runs eager. Forwards with hooks (elastic, es-dllm,
+d2cache's attention rows) run eager.
 
 Compiling takes seconds to minutes per graph; it is reported apart (a stderr line, the manifest's
 compile key in --json) and is in no time or tokens/s. The compiled code is cached in

@@ -1,9 +1,12 @@
 """The static-shape step: the model's forward compiled once per shape bucket (``--compile``).
 
 A denoising step's forward changes shape with every plan (query width, targets, rows in the batch).
-Compiled code wants fixed shapes, so :class:`StaticStep` pads each forward to a small fixed set of
-buckets and compiles one graph per bucket (``torch.compile(dynamic=False)``; on CUDA with
-``mode="reduce-overhead"``, i.e. CUDA graphs, on CPU inductor's C++ code):
+CUDA graphs want fixed shapes and fixed addresses, so on CUDA :class:`StaticStep` pads each forward to
+a small fixed set of buckets and compiles one graph per bucket (``torch.compile(dynamic=False,
+mode="reduce-overhead")``, i.e. CUDA graphs); on CPU, where every padded row or position costs its
+compute, it compiles with inductor one graph whose sizes are all symbolic (rows, canvas, query and
+logits widths) and runs it on the store's own tensors, unpadded (``pad=False``, the CPU default; a
+padding mask or none are two graphs, a batch of one row a third). The bucketed form (``pad=True``):
 
 - batch rows to a power of two (1, 2, 4, 8, ...), as nano-vLLM does for its CUDA-graph batch sizes
   (``nanovllm/engine/model_runner.py``, ``capture_cudagraph``); padded rows repeat row 0 and their
