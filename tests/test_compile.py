@@ -104,7 +104,7 @@ def test_compiled_forward_matches_eager(llada_lm, step):
         got = step(tokens[:, cut], step.new_store(key_mask[:, cut]), None, logits_pos - 2)
         assert (got - want).abs().max().item() <= 1e-4
     assert eager.shrunk is None and comp.shrunk is None and comp.produced is None
-    assert step.stats.graphs == step.stats.traces == 1 and step.stats.buckets == [[4, "T", "T"]]
+    assert step.stats.graphs == step.stats.traces == 1 and step.stats.buckets == [[4, "T", "T", True]]
 
 
 @pytest.mark.parametrize("policy", ["none", "entropy"])
@@ -128,7 +128,7 @@ def test_unpadded_decoding_is_token_identical(llada_lm, free, policy):
     want, _ = _decode(Engine.from_loaded(llada_lm), policy, join_at=3)
     got, _ = _decode(Engine(free, llada_lm.tokenizer, llada_lm.spec), policy, join_at=3)
     assert got == want and len(got) == 4
-    assert free.stats.graphs == 1 and free.stats.buckets == [["any", "any", "any"]]
+    assert free.stats.graphs == 1 and free.stats.buckets == [["any", "any", "any", True]]
     assert free.stats.traces <= 4 and free.stats.eager_calls == 0 and free.stats.rebinds == 0
 
 
@@ -217,4 +217,4 @@ def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path
     assert res.exit_code == 0, res.stderr
     report = json.loads(doc.read_text())["manifest"]["compile"]
     assert report["graphs"] == 1 and report["compiled_calls"] > 0 and report["eager_calls"] == 0
-    assert report["buckets"] == [["any", "any", "any"]] and report["compile_s"] >= 0
+    assert report["buckets"] == [["any", "any", "any", True]] and report["compile_s"] >= 0

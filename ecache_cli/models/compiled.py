@@ -115,8 +115,8 @@ def check_compiler(device: torch.device) -> None:
 
 @dataclass
 class CompileStats:
-    """What the static step did: ``graphs`` buckets compiled (their [rows, query width, logits rows] in
-    ``buckets``, ``"T"`` for as wide as the canvas), ``traces`` graphs dynamo traced for them (one per
+    """What the static step did: ``graphs`` buckets compiled (their [rows, query width, logits rows,
+    padding mask or not] in ``buckets``: ``"T"`` as wide as the canvas, ``"any"`` symbolic), ``traces`` graphs dynamo traced for them (one per
     bucket; more when a guard failed), ``compile_s`` seconds spent compiling (the calls that traced or
     compiled, outside every reported decode time), ``compiled_calls`` forwards run by a graph,
     ``eager_calls`` forwards run eager (hooks, kept hidden states, gradients, or beyond ``max_graphs``),
@@ -346,7 +346,7 @@ class StaticStep(torch.nn.Module):
                               "run without --compile") from None
         if new:
             self.stats.graphs = len(self._seen)
-            self.stats.buckets.append(list(key[:3]))
+            self.stats.buckets.append(list(key))
         if new or counters["stats"]["unique_graphs"] != traced:  # compiled (or recorded) in this call
             if self._cuda:
                 torch.cuda.synchronize()
