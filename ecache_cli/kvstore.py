@@ -28,7 +28,8 @@ class KVStore:
         positions: (B, T) long RoPE position ids, ``cumsum(key_mask) - 1`` with pads at 0, so a row's
             real tokens get the same positions alone or left-padded inside a batch.
         attn_mask: (B, 1, 1, T) bool for SDPA, or None when the batch has no padding (faster kernel).
-        rope: (cos, sin) tables filled by the model on first use, each (B, 1, T, D).
+        rope: (cos, signed_sin) tables (``models.layers.rope_tables``) filled by the model on first use,
+            each (B, 1, T, D).
         hidden: optional per-layer *input* hidden states (B, T, d) of every position as last computed
             (``keep_hidden``), read by layer-selective recomputation (``expand_from_layer``).
         queries: per-layer post-RoPE queries (B, H, R, D) of the rows a forward was asked to keep

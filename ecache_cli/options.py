@@ -11,7 +11,7 @@ from .contract.names import policy_names
 
 M, D, C, O = "Model", "Decoding", "Cache", "Output"  # noqa: E741 (help panel names)
 
-Model = Annotated[str, typer.Option("--model", "-m", help="Alias (tiny, llada-8b, dream-7b, ...), HF repo id or folder.", rich_help_panel=M)]
+Model = Annotated[str, typer.Option("--model", "-m", help="Alias (tiny, llada-8b, ...), HF repo id or folder.", rich_help_panel=M)]
 Device = Annotated[str, typer.Option(help="auto (CUDA when available), cpu, cuda, cuda:N.", rich_help_panel=M)]
 Dtype = Annotated[str, typer.Option(help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16", rich_help_panel=M)]
 Threads = Annotated[Optional[int], typer.Option("--threads", envvar="ECACHE_THREADS", help="CPU threads, at most the cores \\[default: 1 for tiny]", rich_help_panel=M)]

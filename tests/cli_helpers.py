@@ -41,14 +41,14 @@ def without_cut_warning(stderr: str) -> str:
 
 
 def step_layer_positions(lm, run) -> tuple[list, list[int]]:
-    """Iterate ``run`` to its end; return (its StepRecords, per step the positions that every layer's query
-    projection computed, summed over layers), counted by forward hooks removed afterwards."""
+    """Iterate ``run`` to its end; return (its StepRecords, per step the positions that every layer's
+    attention norm saw, summed over layers), counted by forward hooks removed afterwards."""
     seen: list[int] = []
 
     def hook(module, args, out):
         seen[-1] += args[0].shape[0] * args[0].shape[1]
 
-    handles = [lm.model.parts(i).q.register_forward_hook(hook) for i in range(lm.spec.n_layers)]
+    handles = [lm.model.parts(i).attn_norm.register_forward_hook(hook) for i in range(lm.spec.n_layers)]
     records = []
     try:
         it = iter(run)

@@ -208,3 +208,74 @@ def test_logit_shift_sources(family, tmp_path):
     with torch.inference_mode():
         got = orig(tokens, model.new_store(torch.ones_like(tokens, dtype=torch.bool)), logits_pos=torch.tensor([[src]]))
     assert torch.allclose(got[0, 0], direct[0, src], atol=1e-6)
+
+
+def _unfused_copy(lm):
+    """The same weights in a model whose projections were never fused (separate parameters)."""
+    ref = type(lm.model)(lm.spec)
+    ref.load_state_dict(lm.model.state_dict())
+    return ref.eval()
+
+
+def test_fused_projections_keep_names_and_outputs(ckpt):
+    fam, d, lm = ckpt
+    m, ref = lm.model, _unfused_copy(lm)
+    p = m.parts(0)
+    assert p.fused() and not ref.parts(0).fused()
+    # the parameters are views of the fused matrices, under their official names
+    assert p.k.weight.data_ptr() == p.qkv.data_ptr() + p.q.weight.numel() * p.qkv.element_size()
+    assert torch.equal(p.qkv, torch.cat([p.q.weight, p.k.weight, p.v.weight]))
+    assert torch.equal(p.gate_up, torch.cat([p.gate.weight, p.up.weight]))
+    assert set(m.state_dict()) == set(_stored_tensors(d))
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(3, 90, (2, 24), generator=g)
+    key_mask = torch.ones(2, 24, dtype=torch.bool)
+    key_mask[1, :5] = False
+    q = torch.tensor([[3, 9, 17, 20], [6, 7, 8, 23]])
+    with torch.inference_mode():
+        a_store, b_store = m.new_store(key_mask), ref.new_store(key_mask)
+        full = (m(tokens, a_store), ref(tokens, b_store))
+        tokens[:, 17:] = 2  # the canvas changes at query positions
+        part = (m(tokens, a_store, query_pos=q), ref(tokens, b_store, query_pos=q))
+    for a, b in (full, part):
+        assert (a - b).abs().max().item() <= 1e-5
+    for i in range(lm.spec.n_layers):
+        assert (a_store.k[i] - b_store.k[i]).abs().max().item() <= 1e-5
+    # a dtype move gives the parameters storage of their own: the forward runs them one by one
+    m64 = _unfused_copy(lm)
+    m64.fuse_projections()
+    m64.to(torch.float64)
+    assert not m64.parts(0).fused()
+    with torch.inference_mode():
+        out = m64(tokens.clone(), m64.new_store(key_mask))
+    assert out.dtype == torch.float64 and torch.isfinite(out).all()
+
+
+def test_rms_norm_fast_path_is_the_float32_formula():
+    from ecache_cli.models.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(64, 1e-5)
+    norm.weight.data = torch.randn(64, generator=g)
+    x = torch.randn(3, 17, 64, generator=g) * 4
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(norm(x), h * norm.weight, rtol=0, atol=1e-6)
+    xb = x.bfloat16()  # the official path: normalise in float32, cast back, then scale
+    hb = (xb.float() * torch.rsqrt(xb.float().pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16() * norm.weight
+    assert norm(xb).dtype == torch.float32 and torch.equal(norm(xb), hb)
+
+
+@pytest.mark.parametrize("full_precision", [True, False])
+def test_rope_equals_rotate_half(full_precision):
+    from ecache_cli.models.layers import apply_rope, rope_tables
+
+    D = 8
+    positions = torch.tensor([[0, 0, 1, 2, 3, 40]])
+    cos, signed_sin = rope_tables(positions, D, 10000.0)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
+    ang = positions.float()[..., None] * inv
+    ang = torch.cat([ang, ang], -1)[:, None]  # (1, 1, T, D)
+    t = torch.randn(1, 3, 6, D, generator=torch.Generator().manual_seed(1))
+    rotated = torch.cat([-t[..., D // 2:], t[..., :D // 2]], -1)  # rotate_half
+    want = t * ang.cos() + rotated * ang.sin()
+    torch.testing.assert_close(apply_rope(t, cos, signed_sin, full_precision), want, rtol=0, atol=1e-6)

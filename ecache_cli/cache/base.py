@@ -95,7 +95,7 @@ class CachePolicy:
     def targets_and_sources(state: DecodeState) -> torch.Tensor:
         """(B, T) bool: each row's current-block masked positions and the positions whose logits predict them."""
         t = state.block_masked()
-        return t | state.sources(t)
+        return t if state.logit_shift == 0 else t | state.sources(t)  # LLaDA: each position predicts itself
 
     @staticmethod
     def span(state: DecodeState, start, end) -> torch.Tensor:

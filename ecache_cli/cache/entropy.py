@@ -10,6 +10,19 @@ Our choices where the paper is silent (each an option): ``signal`` max-entropy (
 sum-entropy or max-confidence (1 - min probability); entropy of softmax(raw logits) in nats;
 ``block_refresh`` off by default (forced refresh at each block start); decisions are per row, so a
 batch decodes each row exactly as it would alone. The first step always refreshes.
+
+Variants inside the same idea (refresh when decoding is uncertain, recompute what is still moving;
+docs/METHOD.md §2.7), both off by default so the paper's rule is exactly the default:
+- ``recent_steps`` > 0: also recompute every committed position younger than that many of the row's
+  own steps (age = row_step − commit_step, 1 for the previous step's commits). A token's K/V keep
+  moving for a few steps after its commit (the volatility curve of ``ecache trace-drift``, which is a
+  function of steps since commit); a window in steps follows that curve whatever the number of tokens
+  committed per step, where the count ``recent_k`` covers fewer steps the more tokens a step commits
+  (threshold decoding). The recomputed set is the union of both rules (``recent_k=0`` for steps alone).
+- ``block_tau``: at a row's block start, refresh when the largest signal of any step of the block just
+  finished exceeds ``block_tau`` (the signal decides whether the finished block's K/V need the refresh
+  that ``block_refresh`` forces every time). None: off; ``block_refresh`` on refreshes every block
+  start whatever ``block_tau``.
 """
 
 from __future__ import annotations
@@ -35,11 +48,15 @@ class EntropyCache(CachePolicy):
     recent_k: int = DEFAULT_RECENT_K
     signal: str = "max-entropy"
     block_refresh: bool = False
+    recent_steps: int = 0
+    block_tau: float | None = None
     name = "entropy"
     forced_refresh = {"tau": 0.0}  # every step commits a token with entropy > 0 nats
     test_params = {"tau": 1.0, "recent_k": 4}
-    ranges = {"tau": Range(0, example="0.5", why="an entropy in nats"), "recent_k": count(0, "64")}
-    row_state = {"refresh_next": ROW}
+    ranges = {"tau": Range(0, example="0.5", why="an entropy in nats"), "recent_k": count(0, "64"),
+              "recent_steps": count(0, "4", "0 = off: the recent_k latest commits only"),
+              "block_tau": Range(0, example="0.5", why="an entropy in nats, like tau")}
+    row_state = {"refresh_next": ROW, "block_signal": ROW}
 
     def __post_init__(self):
         if self.signal not in SIGNALS:
@@ -54,22 +71,50 @@ class EntropyCache(CachePolicy):
             from ..errors import UsageError
 
             raise UsageError(f"--tau {self.tau} must be ≥ 0 (τ is an entropy in nats; e.g. --tau 0.5)")
+        if self.recent_steps < 0:
+            from ..errors import UsageError
+
+            raise UsageError(f"entropy recent_steps {self.recent_steps} must be ≥ 0 (0 = off)")
+        if self.block_tau is not None and self.block_tau < 0:
+            from ..errors import UsageError
+
+            raise UsageError(f"entropy block_tau {self.block_tau} must be ≥ 0 nats (or unset: off)")
         self.refresh_next: torch.Tensor | None = None
+        self.block_signal: torch.Tensor | None = None
 
     def reset(self, state: DecodeState) -> None:
         self.refresh_next = torch.ones(state.batch, dtype=torch.bool, device=state.tokens.device)
+        # (B,) float64: the largest signal of the row's current block so far (-inf: none yet)
+        self.block_signal = torch.full((state.batch,), float("-inf"), dtype=torch.float64, device=state.tokens.device)
 
     def recent(self, state: DecodeState) -> torch.Tensor:
-        """(B, T) bool: the ``recent_k`` most recently committed positions of each row."""
-        cutoff = (state.n_committed - self.recent_k)[:, None]  # (B, 1)
-        return (state.commit_order >= 0) & (state.commit_order >= cutoff)
+        """(B, T) bool: the ``recent_k`` most recently committed positions of each row, and with
+        ``recent_steps`` every position committed within the row's last ``recent_steps`` steps."""
+        cutoff = (state.n_committed - self.recent_k).clamp_(min=0)[:, None]  # (B, 1); uncommitted: order −1
+        out = state.commit_order >= cutoff
+        if self.recent_steps > 0:
+            age = state.row_step[:, None] - state.commit_step  # (B, T) steps since commit (1 = previous step)
+            out = out | ((state.commit_order >= 0) & (age <= self.recent_steps))
+        return out
 
     def plan(self, state: DecodeState) -> ForwardPlan:
         refresh = self.refresh_next
-        if self.block_refresh:
-            refresh = refresh | (state.step_in_block == 0)
+        if self.block_refresh or self.block_tau is not None:
+            at_start = state.step_in_block == 0
+            if self.block_refresh:
+                refresh = refresh | at_start
+            else:
+                refresh = refresh | (at_start & (self.block_signal > self.block_tau))
+            if self.block_tau is not None:  # a new block's signal starts afresh
+                self.block_signal = self.block_signal.masked_fill(at_start, float("-inf"))
         compute = self.targets_and_sources(state) | self.recent(state)
         return ForwardPlan(refresh=refresh, compute=compute)
 
     def observe(self, state: DecodeState, record: StepRecord) -> None:
-        self.refresh_next = record.signal(self.signal) > self.tau  # (B,) bool
+        if self.block_tau is not None or self.signal != "max-entropy":
+            sig = record.signal(self.signal)  # (B,) float64
+            self.refresh_next = sig > self.tau  # (B,) bool
+            if self.block_tau is not None:
+                self.block_signal = torch.maximum(self.block_signal, sig.to(self.block_signal.dtype))
+        else:  # max over the committed tokens > tau, as one comparison (entropy ≥ 0)
+            self.refresh_next = ((record.entropy > self.tau) & record.committed).any(1)  # (B,) bool

@@ -23,12 +23,25 @@ def _taus(value: Optional[str]) -> Optional[list[float]]:
         raise UsageError(f"--taus {value!r}: give numbers separated by commas, e.g. 0.1,0.5,1") from None
 
 
+def _recent_ks(value: Optional[str]) -> Optional[list[int]]:
+    """``--recent-k``: one whole number, or a comma list searched jointly with τ."""
+    if value is None:
+        return None
+    from ..errors import UsageError
+
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--recent-k {value!r}: give a whole number ≥ 0, or several separated by commas "
+                         "(searched with τ), e.g. 16,32,64") from None
+
+
 def calibrate_cmd(
-    task: Annotated[str, typer.Option("--task", "-t", help="Task domain: arith, code, list, or gsm8k, math500, humaneval, mbpp.", rich_help_panel=K)],
+    task: Annotated[str, typer.Option("--task", "-t", help="Task: arith, code, list, gsm8k, math500, humaneval, mbpp; a,b,c: one setting for all, the default profile.", rich_help_panel=K)],
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Data file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
-    shots: Annotated[Optional[int], typer.Option("--shots", help="Solved examples in each prompt \\[default: the task's].", rich_help_panel=K)] = None,
+    shots: Annotated[Optional[str], typer.Option("--shots", help="Solved examples per prompt; 0,4: both qualify \\[default: the task's].", rich_help_panel=K)] = None,
     chat: Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: if the model has one].", rich_help_panel=K)] = None,
     metric: Annotated[str, typer.Option("--metric", help="task (its score) or fidelity (agreement with none).", rich_help_panel=K)] = "task",
     max_drop: Annotated[float, typer.Option("--max-drop", help="Allowed score drop below none, in points of 100.", rich_help_panel=K)] = 1.0,
@@ -36,6 +49,7 @@ def calibrate_cmd(
     grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of none's signal).", rich_help_panel=K)] = 8,
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
     taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, e.g. 0.1,0.5,1 (replaces the quantile grid).", rich_help_panel=K)] = None,
+    joint: Annotated[bool, typer.Option("--joint", help="Also search block refresh off/on (and recent_k 16,32,64 unless given).", rich_help_panel=K)] = False,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=K)] = False,
     sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard \\[default: auto].", rich_help_panel=K)] = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
@@ -43,7 +57,8 @@ def calibrate_cmd(
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
-    recent_k: o.RecentK = None, signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
+    recent_k: Annotated[Optional[str], typer.Option("--recent-k", help="entropy: recompute the k latest commits; 16,64: searched \\[default: 64].", rich_help_panel=o.C)] = None,
+    signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (its τ is ignored).", rich_help_panel=o.C)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together.", rich_help_panel=o.D)] = 1,
     seed: o.Seed = 0,
@@ -63,6 +78,7 @@ def calibrate_cmd(
     from ..console import err
     from ..console import out as out_console
     from ..errors import EcacheError
+    from ..runs.calib_groups import TaskGroups, parse_list, parse_shots
     from ..runs.calib_report import (
         calibrate_document,
         frontier_table,
@@ -71,18 +87,41 @@ def calibrate_cmd(
         wall_warnings,
         write_json,
     )
-    from ..runs.calibrate import CalibrateOptions, Interrupted, calibrate, check_outputs, preflight, validate
+    from ..runs.calibrate import (
+        JOINT_BLOCK_REFRESHES,
+        JOINT_RECENT_KS,
+        CalibrateOptions,
+        Interrupted,
+        calibrate,
+        check_outputs,
+        preflight,
+        validate,
+    )
     from ..runs.settings import resolve_settings
     from ..runtime import load_for_command
     from ..tasks import get_task
     from ..tasks import sandbox as code_sandbox
 
-    opts = CalibrateOptions(task=task, data=data, limit=limit, seed=seed, shots=shots, chat=chat, metric=metric,
+    names, shot_list = parse_list(task, "--task"), parse_shots(shots)
+    ks = _recent_ks(recent_k)
+    one_k = ks[0] if ks is not None and len(ks) == 1 else None  # one value: a fixed setting, as before
+    ks = None if ks is not None and len(ks) == 1 else ks
+    brs = None
+    if joint:  # a --recent-k list is searched as given, one value stays fixed, none: the joint default list
+        ks = ks if ks is not None else [one_k] if one_k is not None else list(JOINT_RECENT_KS)
+        brs = list(JOINT_BLOCK_REFRESHES)
+    grouped = len(names) > 1 or (shot_list is not None and len(shot_list) > 1)
+    opts = CalibrateOptions(task=",".join(names), data=data, limit=limit, seed=seed,
+                            shots=None if grouped or shot_list is None else shot_list[0], chat=chat, metric=metric,
+                            recent_ks=ks, block_refreshes=brs,
                             max_drop=max_drop, min_fidelity=min_fidelity, grid=grid, refine=refine, taus=_taus(taus),
                             batch_size=batch_size, allow_code_execution=allow_code_execution, out=out,
                             json_path=json_path, plot_path=plot, run_file=run_file, resume=resume, dry_run=dry_run,
                             quiet=quiet)
-    task_obj = get_task(task, data, allow_code_execution=allow_code_execution)
+    if grouped:
+        task_obj = TaskGroups.build(names, shot_list, lambda n: get_task(n, data, allow_code_execution=allow_code_execution))
+    else:
+        task_obj = get_task(names[0], data, allow_code_execution=allow_code_execution)
     validate(opts)  # option ranges: exit 2 before anything is read
     task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
@@ -91,7 +130,7 @@ def calibrate_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        o.cache_flags("entropy", None, recent_k, signal, block_refresh, None), profile=profile, compile=compile_step)
+        o.cache_flags("entropy", None, one_k, signal, block_refresh, None), profile=profile, compile=compile_step)
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     from ..distributed import from_environment
@@ -104,7 +143,8 @@ def calibrate_cmd(
     if dist.is_main:
         from ..runs.confidence import warn_untrained
 
-        warn_untrained(lm, task)
+        for name in names:
+            warn_untrained(lm, name)
     try:
         outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
     except Interrupted as e:  # Ctrl-C: the run file keeps the records; --json gets what finished

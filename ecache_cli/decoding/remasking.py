@@ -82,8 +82,8 @@ def confidence_scores(kind: str, sampled: Sampled, generator: torch.Generator | 
         return torch.rand(sampled.x0.shape, dtype=torch.float64, device=sampled.x0.device, generator=generator)
     if sampled.dream_conf is not None:
         return sampled.dream_conf.to(torch.float64, copy=True)
-    score = {"low_confidence": sampled.prob, "maskgit_plus": sampled.prob, "topk_margin": sampled.margin,
-             "entropy": sampled.neg_entropy}[kind]
+    score = {"low_confidence": "prob", "maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}[kind]
+    score = getattr(sampled, score)  # read only the score in use (margin is computed on first read)
     return score.to(torch.float64, copy=True)
 
 

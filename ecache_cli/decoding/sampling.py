@@ -13,12 +13,14 @@ Everything is computed in float64 from log-probabilities, batched over (B, N), w
 
 Memory: at most two float64 (B, N, V) buffers are alive at once (three with top_p, whose sort also
 returns int64 indices, one more when the caller passes pre-drawn ``uniform`` noise, one or two more
-for Dream's confidence at T ≠ 1 or with a filter); for V = 126464 one buffer is ~1 MB per row.
+for Dream's confidence at T ≠ 1 or with a filter); for V = 126464 one buffer is ~1 MB per row. The
+returned :class:`Sampled` keeps the filtered log-probabilities (one buffer) until it is dropped, for its
+``margin``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,7 +36,8 @@ class Sampled:
     x0: long, the chosen token id.
     prob: float64, softmax probability of x0 under the filtered logits at temperature 1.
     entropy: float64 nats, entropy of softmax(raw logits) (before banned ids, top_k/top_p, temperature).
-    margin: float64, top-1 minus top-2 probability under the same distribution as prob.
+    margin: float64, top-1 minus top-2 probability under the same distribution as prob; computed when
+        first read (only the topk_margin rules read it), from the filtered log-probabilities kept here.
     neg_entropy: float64, −entropy (higher = more certain; the 'entropy' score of the LLaDA rules).
     dream_conf: float64, or None unless ``sample(..., dream_alg=...)``: Dream's own confidence of that alg
         (Dream generation_utils.py ``sample_tokens``), see :func:`sample`.
@@ -43,9 +46,19 @@ class Sampled:
     x0: torch.Tensor
     prob: torch.Tensor
     entropy: torch.Tensor
-    margin: torch.Tensor
-    neg_entropy: torch.Tensor
     dream_conf: torch.Tensor | None = None
+    filtered: torch.Tensor | None = field(default=None, repr=False)  # (B, N, V) f64 filtered log-probs
+    lse: torch.Tensor | None = field(default=None, repr=False)  # (B, N, 1) f64 their logsumexp
+
+    @property
+    def margin(self) -> torch.Tensor:
+        vocab = self.filtered.shape[-1]
+        top2 = (self.filtered.topk(min(2, vocab), dim=-1).values - self.lse).exp_()  # (B, N, ≤2)
+        return top2[..., 0] - top2[..., 1] if vocab > 1 else top2[..., 0]  # (B, N)
+
+    @property
+    def neg_entropy(self) -> torch.Tensor:
+        return -self.entropy
 
 
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # the confidences of Dream's sample_tokens
@@ -126,6 +139,13 @@ def sample(
     entropy = torch.einsum("bnv,bnv->bn", p, logp).neg_().clamp_(min=0.0)
     if dream_alg == "entropy":  # before the banned ids are removed: Dream scores its whole distribution
         dream_conf = _dream_neg_entropy(logp, p, t_score, top_k, top_p)
+    filtered = (top_p is not None and top_p < 1) or (top_k is not None and top_k < vocab)
+    kept_mass = None
+    if not filtered:  # only banned ids leave: the kept ids' probability mass as one matrix-vector product
+        keep = torch.ones(vocab, dtype=torch.float64, device=logp.device)
+        if banned_ids is not None and banned_ids.numel() > 0:
+            keep.index_fill_(0, banned_ids.to(device=logp.device, dtype=torch.long).reshape(-1), 0.0)
+        kept_mass = (p @ keep)[..., None]  # (B, N, 1)
     del p
 
     # --- filters: set excluded logits to −inf (log-probs stay unnormalised; renormalised at the end)
@@ -153,13 +173,13 @@ def sample(
         del g
 
     # --- signals under the filtered distribution at temperature 1
-    lse = torch.logsumexp(logp, dim=-1, keepdim=True)  # (B, N, 1)
+    # log of the kept ids' mass: the renormaliser of the filtered log-probabilities
+    lse = kept_mass.log_() if kept_mass is not None else torch.logsumexp(logp, dim=-1, keepdim=True)  # (B, N, 1)
     prob = (logp.gather(-1, x0[..., None]) - lse).exp_().squeeze(-1)  # (B, N)
-    top2 = (logp.topk(min(2, vocab), dim=-1).values - lse).exp_()  # (B, N, ≤2)
-    margin = top2[..., 0] - top2[..., 1] if vocab > 1 else top2[..., 0]  # (B, N)
+    out = Sampled(x0=x0, prob=prob, entropy=entropy, filtered=logp, lse=lse)
     if dream_alg in ("maskgit_plus", "topk_margin"):
         if t_score == 1.0:  # Dream's q is the distribution of prob and margin
-            dream_conf = (prob if dream_alg == "maskgit_plus" else margin).clone()
+            dream_conf = (prob if dream_alg == "maskgit_plus" else out.margin).clone()
         else:  # q = softmax(logp / T) over the kept ids (logp is log-softmax(logits) plus a constant per row)
             lse_t = torch.logsumexp(logp / t_score, dim=-1, keepdim=True)  # (B, N, 1)
             if dream_alg == "maskgit_plus":
@@ -167,7 +187,7 @@ def sample(
             else:
                 q2 = (logp.topk(min(2, vocab), dim=-1).values / t_score - lse_t).exp_()  # (B, N, ≤2)
                 dream_conf = q2[..., 0] - q2[..., 1] if vocab > 1 else q2[..., 0]
-    return Sampled(x0=x0, prob=prob, entropy=entropy, margin=margin, neg_entropy=-entropy, dream_conf=dream_conf)
+    return out if dream_conf is None else replace(out, dream_conf=dream_conf)
 
 
 def _dream_neg_entropy(logp: torch.Tensor, p: torch.Tensor, temperature: float, top_k: int | None,

@@ -28,7 +28,8 @@ COUNTERS = ("nfe", "n_full", "n_partial", "computed", "planned")
 class Ledger:
     """Per run row r: ``prompts[r]``, ``row_ids[r]`` (its random stream's input index), ``final[r]`` (T,) long
     canvas once finished, counters (N,) long ``nfe``, ``n_full``, ``n_partial``, ``computed``,
-    ``planned``, and ``start_s[r]`` / ``finish_s[r]`` seconds from the run's start."""
+    ``planned`` (columns of one (N, 5) long tensor ``counts``, added to in one operation per step), and
+    ``start_s[r]`` / ``finish_s[r]`` seconds from the run's start."""
 
     def __init__(self, width: int, device: torch.device):
         self.prompts: list[list[int]] = []
@@ -36,8 +37,14 @@ class Ledger:
         self.start_s: list[float] = []
         self.finish_s: list[float] = []
         self.final = torch.empty(0, width, dtype=torch.long, device=device)
-        for name in COUNTERS:
-            setattr(self, name, torch.zeros(0, dtype=torch.long, device=device))
+        self.counts = torch.zeros(0, len(COUNTERS), dtype=torch.long, device=device)  # (N, 5)
+
+    # each counter: (N,) long, a view of its column of ``counts``
+    nfe = property(lambda self: self.counts[:, 0])
+    n_full = property(lambda self: self.counts[:, 1])
+    n_partial = property(lambda self: self.counts[:, 2])
+    computed = property(lambda self: self.counts[:, 3])
+    planned = property(lambda self: self.counts[:, 4])
 
     def add(self, prompt_ids: list[int], row_id: int | None, now: float) -> int:
         """Open a row; returns its index in the run."""
@@ -47,17 +54,13 @@ class Ledger:
         self.start_s.append(now)
         self.finish_s.append(0.0)
         self.final = torch.cat([self.final, self.final.new_zeros(1, self.final.shape[1])])
-        for name in COUNTERS:
-            setattr(self, name, torch.cat([getattr(self, name), getattr(self, name).new_zeros(1)]))
+        self.counts = torch.cat([self.counts, self.counts.new_zeros(1, len(COUNTERS))])
         return r
 
     def count(self, rows: torch.Tensor, refresh: torch.Tensor, computed: torch.Tensor, planned: torch.Tensor) -> None:
         """Add one step of rows ``rows`` (B,) long: a forward each, full where ``refresh``."""
-        self.nfe[rows] += 1
-        self.n_full[rows] += refresh.long()
-        self.n_partial[rows] += (~refresh).long()
-        self.computed[rows] += computed
-        self.planned[rows] += planned
+        full = refresh.long()
+        self.counts.index_add_(0, rows, torch.stack([torch.ones_like(full), full, 1 - full, computed, planned], 1))
 
     def finish(self, rows: torch.Tensor, tokens: torch.Tensor, now: float) -> None:
         """Rows ``rows`` (K,) long finished with canvases ``tokens`` (K, T) at ``now`` seconds."""
@@ -73,7 +76,7 @@ class Ledger:
         marker), prompt_tokens, wall_s (seconds from the row's joining to its finishing), tokens_per_s."""
         out = []
         T = self.final.shape[1]
-        nfe, full, part, comp, planned = (getattr(self, name).tolist() for name in COUNTERS)
+        nfe, full, part, comp, planned = zip(*self.counts.tolist()) if len(self.counts) else ((),) * 5
         for b, ids in enumerate(self.final[:, P:].tolist()):
             end = next((i for i, t in enumerate(ids) if t in end_ids), None)
             answer = ids if end is None else ids[:end]

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..contract.hooks import ForwardHooks, LayerView, Shrink
 from ..contract.rows import padded_index
 from ..kvstore import KVStore
-from .layers import apply_rope, attend, gather_rows, rope_tables, swiglu
+from .layers import apply_rope, attend, gather_rows, rope_tables, swiglu, swiglu_fused
 from .spec import ModelSpec
 
 
@@ -34,6 +35,15 @@ class BlockParts:
     gate: nn.Linear
     up: nn.Linear
     down: nn.Linear
+    qkv: torch.Tensor | None = None  # (H*D + 2*H_kv*D, d) rows of q, k, v's weights (fuse_projections)
+    qkv_bias: torch.Tensor | None = None  # (H*D + 2*H_kv*D,) or None
+    gate_up: torch.Tensor | None = None  # (2*mlp_hidden, d) rows of gate's then up's weight
+
+    def fused(self) -> bool:
+        """True while the fused weights still hold the projections' parameters (a dtype or device move
+        gives the parameters storage of their own: the forward then runs the projections one by one)."""
+        return (self.qkv is not None and self.q.weight.data_ptr() == self.qkv.data_ptr()
+                and self.gate.weight.data_ptr() == self.gate_up.data_ptr())
 
 
 class DiffusionLM(nn.Module):
@@ -52,6 +62,25 @@ class DiffusionLM(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Lay each block's q, k, v weights (and biases) out as one matrix, and gate and up as another,
+        so that a layer runs two matmuls where it ran five (fewer, larger operations per step).
+
+        The parameters keep their names and shapes: each becomes a view of its rows of the fused
+        matrix (``BlockParts.qkv``, ``qkv_bias``, ``gate_up``), so state dicts, weight loading and
+        forward hooks on the norms and output projections are unchanged; the projections' own
+        forward hooks no longer fire. Outputs are the same matmuls' rows: in float32 each output
+        element is the same dot product. Call outside ``torch.inference_mode`` (the views become the
+        parameters' storage); a later ``.to()`` of the model undoes the fusion (see ``BlockParts.fused``).
+        """
+        for i in range(self.spec.n_layers):
+            p = self.parts(i)
+            p.qkv = _fuse([p.q.weight, p.k.weight, p.v.weight])
+            if p.q.bias is not None:
+                p.qkv_bias = _fuse([p.q.bias, p.k.bias, p.v.bias])
+            p.gate_up = _fuse([p.gate.weight, p.up.weight])
 
     def new_store(self, key_mask: torch.Tensor, keep_hidden: bool = False) -> KVStore:
         """Allocate an empty :class:`KVStore` for a canvas with padding ``key_mask`` (B, T) bool."""
@@ -122,20 +151,15 @@ class DiffusionLM(nn.Module):
             if starts is not None and idx is not None and i in starts:
                 x, idx = self._expand(tokens, store, i, x, idx, [st <= i for st in starts])  # (B, T|S', d)
                 cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
-            B, S, _ = x.shape
             p = self.parts(i)
             store.write_hidden(i, idx, x)
-            h = p.attn_norm(x)
-            q = p.q(h).view(B, S, s.n_heads, s.head_dim).transpose(1, 2)  # (B, H, S, D)
-            k = p.k(h).view(B, S, s.n_kv_heads, s.head_dim).transpose(1, 2)  # (B, H_kv, S, D)
-            v = p.v(h).view(B, S, s.n_kv_heads, s.head_dim).transpose(1, 2)
-            q = apply_rope(q, cos, sin, s.rope_full_precision)
-            k = apply_rope(k, cos, sin, s.rope_full_precision)
+            q, k, v = self._attention_inputs(p, p.attn_norm(x), cos, sin)  # (B, H|H_kv, S, D)
             store.write(i, idx, k, v)
             if attn_pos is not None:
                 store.queries.append(gather_rows(q, self._rows_of(attn_pos, idx, T), 2))  # (B, H, A, D)
             x = x + p.o(attend(q, store.k[i], store.v[i], store.attn_mask))  # (B, S, d)
-            x = x + swiglu(p.mlp_norm(x), p.gate, p.up, p.down)
+            h = p.mlp_norm(x)
+            x = x + (swiglu_fused(h, p.gate_up, p.down) if p.fused() else swiglu(h, p.gate, p.up, p.down))
         if logits_pos is None and idx is not query_pos:  # expanded: still the logits of query_pos
             logits_pos = query_pos
         if logits_pos is not None:
@@ -144,6 +168,23 @@ class DiffusionLM(nn.Module):
                 store.produced = idx.gather(1, rows) == logits_pos  # (B, R)
             x = gather_rows(x, rows, 1)  # (B, R, d)
         return self.head(self.final_norm(x))  # (B, R, V)
+
+    def _attention_inputs(self, p: BlockParts, h: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of one layer from its normed input h (B, S, d): q (B, H, S, D) and k (B, H_kv, S, D)
+        rotated by cos/sin (B, 1, S, D), v (B, H_kv, S, D); contiguous slices of one (B, H + 2 H_kv, S, D)
+        tensor (the attention kernel is slower on strided queries). q and k are rotated together: RoPE
+        acts on each head's vector alone."""
+        s = self.spec
+        B, S, _ = h.shape
+        H, Hk, D = s.n_heads, s.n_kv_heads, s.head_dim
+        if p.fused():
+            qkv = F.linear(h, p.qkv, p.qkv_bias)  # (B, S, (H + 2 H_kv) D)
+        else:
+            qkv = torch.cat([p.q(h), p.k(h), p.v(h)], -1)
+        qkv = qkv.view(B, S, H + 2 * Hk, D).transpose(1, 2).contiguous()  # (B, H + 2 H_kv, S, D)
+        qk = apply_rope(qkv[:, :H + Hk], cos, sin, s.rope_full_precision)
+        return qk[:, :H], qk[:, H:], qkv[:, H + Hk:]
 
     def _starts(self, expand_from_layer, B: int) -> list[int] | None:
         """Per-row start layers as a Python list (one sync for a tensor), or None when no row expands."""
@@ -245,3 +286,13 @@ class DiffusionLM(nn.Module):
         inv = torch.zeros(B, T, dtype=torch.long, device=query_pos.device)
         inv.scatter_(1, query_pos, torch.arange(S, device=query_pos.device).expand(B, S))
         return inv.gather(1, logits_pos)
+
+
+def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
+    """Concatenate ``params`` along dim 0 and make each parameter a view of its rows; returns the whole."""
+    whole = torch.cat([t.detach() for t in params])
+    start = 0
+    for t in params:
+        t.data = whole[start:start + t.shape[0]]
+        start += t.shape[0]
+    return whole

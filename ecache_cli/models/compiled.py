@@ -115,12 +115,13 @@ def check_compiler(device: torch.device) -> None:
 
 @dataclass
 class CompileStats:
-    """What the static step did: ``graphs`` buckets compiled (their [rows, query width, logits rows,
-    padding mask or not] in ``buckets``: ``"T"`` as wide as the canvas, ``"any"`` symbolic), ``traces`` graphs dynamo traced for them (one per
-    bucket; more when a guard failed), ``compile_s`` seconds spent compiling (the calls that traced or
-    compiled, outside every reported decode time), ``compiled_calls`` forwards run by a graph,
-    ``eager_calls`` forwards run eager (hooks, kept hidden states, gradients, or beyond ``max_graphs``),
-    ``rebinds`` stores bound to a slot (K/V copies)."""
+    """What the static step did: ``graphs`` buckets compiled (each as [rows, query width, logits rows,
+    padding mask or not] in ``buckets``: ``"T"`` as wide as the canvas, ``"any"`` symbolic),
+    ``traces`` graphs dynamo traced for them (one per bucket; more when a guard failed),
+    ``compile_s`` seconds spent compiling (the calls that traced or compiled, outside every reported
+    decode time), ``compiled_calls`` forwards run by a graph, ``eager_calls`` forwards run eager (hooks,
+    kept hidden states, gradients, or beyond ``max_graphs``), ``rebinds`` stores bound to a slot (K/V
+    copies)."""
 
     graphs: int = 0
     traces: int = 0

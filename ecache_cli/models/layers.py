@@ -22,6 +22,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel; in float32 it is the same arithmetic as below
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -29,32 +31,37 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for RoPE.
+    """cos/sin tables for RoPE, in the form :func:`apply_rope` takes.
 
     Args:
         positions: (B, T) long position ids.
     Returns:
-        (cos, sin), each (B, 1, T, head_dim) float32; inv_freq = theta^(-2j/head_dim) in float32.
+        (cos, signed_sin), each (B, 1, T, head_dim) float32; inv_freq = theta^(-2j/head_dim) in float32,
+        angle j and j + D/2 equal (half rotation). ``signed_sin`` is sin with its first half negated: the
+        sign of rotate_half (−x2, x1) folded into the table, so a rotation is t·cos + roll(t)·signed_sin.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.int64).float()
                                 / head_dim))
     freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
-    return emb.cos()[:, None], emb.sin()[:, None]
+    sin = emb.sin()
+    sin[..., :head_dim // 2].neg_()
+    return emb.cos()[:, None], sin[:, None]
 
 
-def _rotate_half(t: torch.Tensor) -> torch.Tensor:
-    h = t.shape[-1] // 2
-    return torch.cat((-t[..., h:], t[..., :h]), dim=-1)
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
+    """Rotate t (..., D) by half rotation (NeoX / HF-Llama ``rotate_half``) with the :func:`rope_tables`
+    tables, float32, broadcast against t (e.g. t (B, H, S, D) with (B, 1, S, D)); returns t's dtype.
 
-
-def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
-    """Rotate t (B, H, S, D) with cos/sin (B, 1, S, D) float32; returns t's dtype."""
+    t·cos + rotate_half(t)·sin with rotate_half(t) = (−t2, t1), computed as t·cos + (t2, t1)·signed_sin:
+    the same products, negated exactly, so the same values in any dtype.
+    """
     if full_precision:  # LLaDA: fp32 rotation, cast back
-        tf = t.float()
-        return (tf * cos + _rotate_half(tf) * sin).to(t.dtype)
-    cos, sin = cos.to(t.dtype), sin.to(t.dtype)  # Dream: tables cast to activation dtype
-    return t * cos + _rotate_half(t) * sin
+        tf = t if t.dtype == torch.float32 else t.float()
+        out = tf * cos + tf.roll(t.shape[-1] // 2, -1) * signed_sin
+        return out if out.dtype == t.dtype else out.to(t.dtype)
+    cos, signed_sin = cos.to(t.dtype), signed_sin.to(t.dtype)  # Dream: tables cast to activation dtype
+    return t * cos + t.roll(t.shape[-1] // 2, -1) * signed_sin
 
 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor | None, dim: int) -> torch.Tensor:
@@ -86,3 +93,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
 def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); x: (B, S, d) -> (B, S, d)."""
     return down(F.silu(gate(x)) * up(x))
+
+
+def swiglu_fused(x: torch.Tensor, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
+    """swiglu with gate's and up's weights stacked as ``gate_up`` (2M, d): one matmul for both branches."""
+    a, b = F.linear(x, gate_up).chunk(2, dim=-1)  # (B, S, M) each
+    return down(F.silu(a) * b)

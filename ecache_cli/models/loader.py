@@ -354,6 +354,7 @@ def load_model(
         model = FAMILIES[spec.family](spec)
     load_weights(model, path, dev, dt)
     model.eval()
+    model.fuse_projections()
     config_hash = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
     return LoadedModel(model=model, tokenizer=tok, spec=spec, path=path, name=name,
                        config_hash=config_hash, device=dev, dtype=dt)

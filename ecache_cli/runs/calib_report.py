@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..cache.entropy import EntropyCache
 from ..decoding.config import DecodeConfig
-from .tau_search import Point, qualifies
+from .tau_search import Point, failing_groups, qualifies
 
 
 def _pct(x: float | None) -> str:
@@ -23,20 +23,25 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
 
     The default view fits 80 columns: τ, the constrained metric and its change against none, the other
     metric, speedup (cost proxy), wall speedup, refresh share and the marks; ``wide`` adds the change's
-    95% CI, examples lost/gained, identical answers, tokens/s and NFE (``--json`` keeps every number)."""
+    95% CI, examples lost/gained, identical answers, tokens/s and NFE (``--json`` keeps every number).
+    A joint search shows each setting as ``τ k<recent_k>`` (`` B``: block refresh on) and leaves the other
+    metric to ``wide``; with groups, ``wide`` adds how many groups each setting qualifies on."""
     from rich.table import Table
 
     base, chosen = outcome.base, outcome.choice.point
     front = {id(p) for p in outcome.frontier}
     fid = metric == "fidelity"
     unit = "fidelity-scored" if fid else "task-scored"
-    t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it)", title_justify="left")
+    joint = any(p.recent_k is not None for p in outcome.points)
+    arms = "; k = recent_k, B = block refresh" if joint else ""
+    t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it{arms})", title_justify="left")
     # the metric the choice constrains comes first, with its change against none: fidelity under
     # --metric fidelity (the task score, if any, moves to fidelity's place)
-    cols = [("τ", True), ("fidelity %" if fid else "score %", True),
+    cols = [("τ k B" if joint else "τ", True), ("fidelity %" if fid else "score %", True),
             ("Δ pts" if fid or not wide else "Δ pts [95% CI]", True), ("lost/gained", wide),
-            ("score %" if fid else "fidelity %", True), ("identical %", wide), ("speedup", True),
-            ("wall ×", True), ("tok/s", wide), ("refresh %", True), ("NFE", wide), ("", True)]
+            ("score %" if fid else "fidelity %", wide or not joint), ("identical %", wide), ("speedup", True),
+            ("wall ×", True), ("tok/s", wide), ("refresh %", True), ("NFE", wide),
+            ("groups ok", wide and bool(base.parts)), ("", True)]
     for name, shown in cols:
         if shown:
             t.add_column(name, justify="left" if name == "" else "right", no_wrap=True)
@@ -44,23 +49,36 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
         mark = ("★" if p is chosen else "") + ("◆" if id(p) in front else "")
         if p.tau is not None and p is not chosen and qualifies(p, base, metric, max_drop, min_fidelity):
             mark += "✓"
-        if fid:
-            delta = "" if p.tau is None else f"{100 * (p.fidelity - base.fidelity):+.1f}"
-        elif p.tau is None or p.score is None or base.score is None:
-            delta = ""
-        else:
-            delta = f"{100 * (p.score - base.score):+.1f}"
-            if wide and p.delta_ci is not None:
-                lo, hi = p.delta_ci
-                delta += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-        lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
-        wall = f"{p.speedup_wall:.2f}×" + ("ᶜ" if p.copied else "")  # ᶜ: some rows copied (their wall time too)
-        first, other = (p.fidelity, p.score) if fid else (p.score, p.fidelity)
-        cells = ["none" if p.tau is None else f"{p.tau:g}", _pct(first), delta, lg, _pct(other),
-                 _pct(p.identical), f"{p.speedup:.2f}×", wall, f"{p.tokens_per_s:.1f}",
-                 f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", mark]
+        cells = _sweep_cells(p, base, metric, max_drop, min_fidelity, wide) + [mark]
         t.add_row(*[c for c, (_, shown) in zip(cells, cols) if shown])
     return t
+
+
+def _sweep_cells(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None,
+                 wide: bool) -> list[str]:
+    """The cells of ``p``'s sweep row before the marks, in ``sweep_table``'s column order."""
+    fid = metric == "fidelity"
+    if fid:
+        delta = "" if p.tau is None else f"{100 * (p.fidelity - base.fidelity):+.1f}"
+    elif p.tau is None or p.score is None or base.score is None:
+        delta = ""
+    else:
+        delta = f"{100 * (p.score - base.score):+.1f}"
+        if wide and p.delta_ci is not None:
+            lo, hi = p.delta_ci
+            delta += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    lg = "" if p.tau is None or p.lost is None else f"{p.lost}/{p.gained}"
+    wall = f"{p.speedup_wall:.2f}×" + ("ᶜ" if p.copied else "")  # ᶜ: some rows copied (their wall time too)
+    first, other = (p.fidelity, p.score) if fid else (p.score, p.fidelity)
+    groups_ok = ""
+    if base.parts and p.tau is not None:
+        bad = failing_groups(p, base, metric, max_drop, min_fidelity)
+        groups_ok = f"{len(base.parts) - len(bad)}/{len(base.parts)}"
+    setting = "none" if p.tau is None else f"{p.tau:g}"
+    if p.recent_k is not None:
+        setting += f" k{p.recent_k}" + (" B" if p.block_refresh else "")
+    return [setting, _pct(first), delta, lg, _pct(other), _pct(p.identical), f"{p.speedup:.2f}×", wall,
+            f"{p.tokens_per_s:.1f}", f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", groups_ok]
 
 
 def wall_warnings(outcome, slack: float = 1.5) -> list[str]:
@@ -75,7 +93,8 @@ def wall_warnings(outcome, slack: float = 1.5) -> list[str]:
            and (p.speedup_wall > slack * p.speedup or (p.speedup > 1 and p.speedup_wall < 1 / slack))]
     if not bad:
         return []
-    pts = ", ".join(f"τ {p.tau:g} ({p.speedup_wall:.2f}× wall vs {p.speedup:.2f}× proxy)" for p in bad)
+    pts = ", ".join(f"{p.label().replace('τ=', 'τ ', 1)} ({p.speedup_wall:.2f}× wall vs {p.speedup:.2f}× proxy)"
+                    for p in bad)
     return [f"warning: the wall-clock speedup disagrees with the cost proxy for {pts}: the timings look disturbed "
             "(other load on the machine, CPU frequency); the choice uses the proxy; rerun on an idle machine or pin "
             "--threads for trustworthy wall-clock numbers"]
@@ -87,11 +106,10 @@ def frontier_table(outcome, metric: str):
 
     t = Table(title=f"Pareto frontier ({'fidelity' if metric == 'fidelity' else 'task score'} vs speedup)",
               title_justify="left")
-    for name in ("τ", "speedup", "score %", "fidelity %"):
+    for name in ("setting", "speedup", "score %", "fidelity %"):
         t.add_column(name, justify="right", no_wrap=True)
     for p in outcome.frontier:
-        t.add_row("none" if p.tau is None else f"{p.tau:g}", f"{p.speedup:.2f}×", _pct(p.metric_score(metric)),
-                  _pct(p.fidelity))
+        t.add_row(p.label(), f"{p.speedup:.2f}×", _pct(p.metric_score(metric)), _pct(p.fidelity))
     return t
 
 
@@ -108,7 +126,7 @@ def plot_frontier(outcome, metric: str, max_drop: float, path: Path) -> None:
     pts = [p for p in outcome.points if p.metric_score(metric) is not None]
     ax.scatter([p.speedup for p in pts], [100 * p.metric_score(metric) for p in pts], color="tab:blue", label="τ")
     for p in pts:
-        ax.annotate(f"{p.tau:g}", (p.speedup, 100 * p.metric_score(metric)), textcoords="offset points",
+        ax.annotate(p.label().removeprefix("τ="), (p.speedup, 100 * p.metric_score(metric)), textcoords="offset points",
                     xytext=(4, 3), fontsize=7)
     s0 = base.metric_score(metric)
     if s0 is not None:
@@ -121,7 +139,7 @@ def plot_frontier(outcome, metric: str, max_drop: float, path: Path) -> None:
     c = outcome.choice.point
     if c is not None:
         ax.scatter([c.speedup], [100 * c.metric_score(metric)], marker="*", s=220, color="tab:green",
-                   zorder=5, label=f"chosen τ={c.tau:g}")
+                   zorder=5, label=f"chosen {c.label()}")
     ax.set_xlabel("speedup over none (cost proxy: computed positions)")
     ax.set_ylabel("fidelity to none (%)" if metric == "fidelity" else "task score (%)")
     ax.grid(alpha=0.3)
@@ -140,11 +158,13 @@ def json_document(outcome, manifest: dict, opts) -> dict:
         "calibrate": {"task": opts.task, "data": opts.data, "limit": opts.limit, "seed": opts.seed,
                       "metric": opts.metric, "max_drop_points": opts.max_drop, "min_fidelity_pct": opts.min_fidelity,
                       "grid": opts.grid, "refine": opts.refine, "taus": opts.taus, "batch_size": opts.batch_size,
+                      "recent_ks": opts.recent_ks, "block_refreshes": opts.block_refreshes,
+                      "groups": list(outcome.base.parts or {}) or None,
                       "run_file": str(outcome.run_file), "speedup_basis": "cost proxy (computed positions)"},
         "signal": outcome.signal_summary,
         "none": outcome.base.as_dict(),
         "points": [p.as_dict() for p in outcome.points],
-        "frontier": [p.tau for p in outcome.frontier],
+        "frontier": [p.tau if p.recent_k is None else [p.tau, p.recent_k, p.block_refresh] for p in outcome.frontier],
         "choice": None if c.point is None else c.point.as_dict(),
         "reason": c.reason,
         "profile": None if outcome.profile is None else str(outcome.profile),
@@ -169,8 +189,9 @@ def write_json(doc: dict, path: Path) -> None:
 def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: str) -> dict:
     """The profile written for the choice (config.py's sections). decode: gen/block length, steps
     (effective), threshold, plus every other decode setting that differs from the defaults; cache:
-    entropy with τ, recent_k, signal (block_refresh when on); measured: informational (0–1 scores;
-    ``run_file`` as a bare name when it sits beside the profile)."""
+    entropy with τ, recent_k, signal (block_refresh when on), τ and, from a joint search, recent_k and
+    block_refresh being the chosen point's; measured: informational (0–1 scores; ``run_file`` as a bare
+    name when it sits beside the profile; ``groups``: each group's numbers when several were calibrated)."""
     d = settings.decode.as_dict()
     defaults = DecodeConfig().as_dict()
     steps = d["steps"]
@@ -180,9 +201,11 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
               "threshold": d["threshold"]}
     decode.update({k: v for k, v in d.items() if k not in decode and v != defaults[k]})
     params = settings.cache_params
-    cache = {"policy": EntropyCache.name, "tau": chosen.tau, "recent_k": params.get("recent_k", EntropyCache.recent_k),
+    recent_k = chosen.recent_k if chosen.recent_k is not None else params.get("recent_k", EntropyCache.recent_k)
+    block_refresh = chosen.block_refresh if chosen.block_refresh is not None else params.get("block_refresh", False)
+    cache = {"policy": EntropyCache.name, "tau": chosen.tau, "recent_k": recent_k,
              "signal": params.get("signal", EntropyCache.signal)}
-    if params.get("block_refresh"):
+    if block_refresh:
         cache["block_refresh"] = True
     r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
     measured = {"metric": opts.metric, "score": r4(chosen.score), "score_none": r4(base.score),
@@ -192,5 +215,13 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
                 "seed": opts.seed, "shots": shots, "run_file": run_file}
     if opts.min_fidelity is not None:
         measured["min_fidelity_pct"] = opts.min_fidelity
-    return {"model": model, "task": opts.task, "decode": decode, "cache": cache, "measured": measured,
-            "note": "written by ecache calibrate; measured.* is informational (scores are 0-1 fractions)"}
+    if chosen.parts and base.parts:
+        measured["groups"] = {g: {"score": r4(p.score), "score_none": r4(base.parts[g].score),
+                                  "speedup": r4(p.speedup), "fidelity": r4(p.fidelity)}
+                              for g, p in chosen.parts.items()}
+    note = "written by ecache calibrate; measured.* is informational (scores are 0-1 fractions)"
+    if opts.profile_task != opts.task:
+        note = (f"the one setting meeting the tolerance on every group of --task {opts.task} "
+                f"(measured.groups); " + note)
+    return {"model": model, "task": opts.profile_task,
+            "decode": decode, "cache": cache, "measured": measured, "note": note}

@@ -3,7 +3,9 @@ and flushed the moment it exists, so an interrupted calibration loses nothing an
 continues from it.
 
 Layout: line 1 is a header ``{"kind": "header", "format": 1, "key": {...}}``; every later line is an
-example record ``{"kind": "example", "tau": <float or null for none>, "index": i, ...}``. The key holds
+example record ``{"kind": "example", "tau": <float or null for none>, "index": i, ...}``; in a joint
+search a record of a setting whose recent_k / block_refresh differ from the run's own also holds
+``"arm": [recent_k, block_refresh]``. The key holds
 everything that changes what a record would contain (model fingerprint, task, prompts hash, decode
 settings, signal, recent_k, ...); resuming with a different key is a one-line error naming the first
 differing field. A last line cut short by a crash (no trailing newline, or not JSON) is dropped and
@@ -21,8 +23,14 @@ from .streams import write_jsonl
 FORMAT = 1
 
 
+def arm_of(rec: dict) -> tuple | None:
+    """A record's arm: (recent_k, block_refresh) when it names one, else None (the run's own settings)."""
+    arm = rec.get("arm")
+    return None if arm is None else tuple(arm)
+
+
 class RunFile:
-    """Records of one calibration, keyed by (τ or None, example index).
+    """Records of one calibration, keyed by (τ or None, example index, arm: None or (recent_k, block_refresh)).
 
     ``resume``: load an existing file (its key must equal ``key``). Without it an existing file is an
     error (nothing is ever overwritten). ``dry_run``: never write (an existing file is read only when
@@ -32,7 +40,7 @@ class RunFile:
     def __init__(self, path: Path, key: dict, resume: bool = False, dry_run: bool = False):
         self.path, self.dry_run = Path(path), dry_run
         self.key = json.loads(json.dumps(key))  # as it reads back (tuples -> lists)
-        self.records: dict[tuple[float | None, int], dict] = {}
+        self.records: dict[tuple[float | None, int, tuple | None], dict] = {}
         self.loaded = 0
         self.dropped_partial = False
         self._fh = None
@@ -71,7 +79,7 @@ class RunFile:
             if not good:
                 self._check_header(rec)
             elif rec.get("kind") == "example":
-                self.records[(rec["tau"], rec["index"])] = rec
+                self.records[(rec["tau"], rec["index"], arm_of(rec))] = rec
             good.append(line)
         if not good:
             raise DataError(f"{self.path}: no header line; the run file is damaged (delete it to start over)")
@@ -91,13 +99,13 @@ class RunFile:
             raise UsageError(f"run file {self.path} was made with {name}={old!r}, this run has {name}={new!r}; "
                              "rerun with the same settings, pass another --run-file, or delete it")
 
-    def get(self, tau: float | None, index: int) -> dict | None:
-        """The record of (τ, example index), or None."""
-        return self.records.get((tau, index))
+    def get(self, tau: float | None, index: int, arm: tuple | None = None) -> dict | None:
+        """The record of (τ, example index, arm), or None."""
+        return self.records.get((tau, index, None if arm is None else tuple(arm)))
 
     def add(self, rec: dict) -> None:
-        """Keep ``rec`` (which has ``tau`` and ``index``) and append it to the file at once."""
-        self.records[(rec["tau"], rec["index"])] = rec
+        """Keep ``rec`` (which has ``tau``, ``index`` and maybe ``arm``) and append it to the file at once."""
+        self.records[(rec["tau"], rec["index"], arm_of(rec))] = rec
         if self._fh is not None:
             write_jsonl(self._fh, {"kind": "example", **rec})
 

@@ -13,6 +13,16 @@ Procedure (the rules themselves live in ``runs/tau_search.py``):
    an evaluated τ is copied from it, not decoded: ``Evaluator``); score, fidelity to ``none``, cost
    proxy, wall-clock, refresh rate and NFE are aggregated per τ, and the choice rule picks one (or none).
 
+Joint search (``--recent-k 16,32,64``: several values; ``--joint``: block refresh off and on, and recent_k
+16, 32, 64 unless listed): steps 3–4 run once per arm, an arm being one (recent_k, block_refresh) pair
+of the product of the searched values, every arm against the
+same ``none`` records; the choice rule then takes the qualifying setting with the highest cost-proxy
+speedup (the least planned work) over every arm's points (``tau_search.choose``), and the profile gets
+its τ, recent_k and block_refresh. Groups (``--task arith,code,list``, ``--shots 0,4``;
+``runs/calib_groups.py``): the sample is every group's examples, each point is also aggregated per
+group, and a setting qualifies only when it meets the tolerance on every group; such a run writes the
+model's ``default`` profile.
+
 Every (τ, example) record is appended to the run file (``runs/calib_store.py``) as soon as its batch
 finishes; ``--resume`` reuses them. Batches are fixed chunks of the sample, re-run whole if any of
 their records is missing, so a resumed run decodes exactly what an uninterrupted one would; the choice
@@ -33,6 +43,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache.entropy import EntropyCache
 from ..config import canonical_model_name, profile_path
 from ..distributed import DistEnv
 from ..engine.core import Engine
@@ -65,6 +76,8 @@ class CalibrateOptions:
     shots: int | None = None
     chat: bool | None = None
     metric: str = "task"
+    recent_ks: list[int] | None = None
+    block_refreshes: list[bool] | None = None
     max_drop: float = 1.0
     min_fidelity: float | None = None
     grid: int = 8
@@ -79,6 +92,14 @@ class CalibrateOptions:
     resume: bool = False
     dry_run: bool = False
     quiet: bool = False
+
+    @property
+    def profile_task(self) -> str:
+        """The profile's task name: ``--task``, or ``default`` for several domains (``--task a,b``) or
+        several shot counts."""
+        from .calib_groups import DEFAULT_PROFILE_TASK
+
+        return DEFAULT_PROFILE_TASK if "," in self.task else self.task
 
     def fractions(self) -> tuple[float, float | None]:
         """``max_drop`` and ``min_fidelity`` as fractions of 1 (``min_fidelity`` None when not given)."""
@@ -121,9 +142,29 @@ def validate(opts: CalibrateOptions) -> None:
         raise UsageError("--taus needs finite numbers separated by commas, e.g. 0.1,0.5,1")
     if opts.taus is not None and min(opts.taus) < 0:
         raise UsageError(f"--taus: {min(opts.taus)} must be ≥ 0 (τ is an entropy in nats); e.g. --taus 0.1,0.5,1")
+    if opts.recent_ks is not None:
+        if not opts.recent_ks or len(set(opts.recent_ks)) != len(opts.recent_ks) or min(opts.recent_ks) < 0:
+            raise UsageError(f"--recent-k {','.join(map(str, opts.recent_ks))}: give distinct whole numbers ≥ 0 "
+                             "separated by commas, e.g. 16,32,64")
+    if opts.block_refreshes is not None and (not opts.block_refreshes
+                                             or len(set(opts.block_refreshes)) != len(opts.block_refreshes)):
+        raise UsageError(f"block_refreshes {opts.block_refreshes}: give [False], [True] or [False, True]")
     from ..outputs import check_plot_name
 
     check_plot_name(opts.plot_path)
+
+
+JOINT_RECENT_KS = [16, 32, 64]  # --joint: recent_k searched with τ (64: the paper's medium setting)
+JOINT_BLOCK_REFRESHES = [False, True]  # --joint: the paper's rule (off) and a refresh at each block start
+
+
+def arms(opts: CalibrateOptions, settings: Settings) -> list[tuple[int, bool]]:
+    """The (recent_k, block_refresh) pairs searched: the product of ``opts.recent_ks`` and
+    ``opts.block_refreshes``, each defaulting to the resolved setting alone (so one arm without them)."""
+    params = settings.cache_params
+    ks = opts.recent_ks if opts.recent_ks is not None else [int(params.get("recent_k", EntropyCache.recent_k))]
+    brs = opts.block_refreshes if opts.block_refreshes is not None else [bool(params.get("block_refresh", False))]
+    return [(k, b) for b in brs for k in ks]
 
 
 def preflight(task, opts: CalibrateOptions) -> None:
@@ -165,7 +206,8 @@ def refuse_package_path(path, flag: str) -> None:
 
 
 def default_run_file(model: str, task: str, out: Path | None) -> Path:
-    """``profiles/<model>/.<task>.calib.jsonl``, or ``.<stem>.calib.jsonl`` beside ``--out``."""
+    """``profiles/<model>/.<task>.calib.jsonl``, or ``.<stem>.calib.jsonl`` beside ``--out`` (``task``: the
+    profile's task name, :attr:`CalibrateOptions.profile_task`)."""
     target = out if out is not None else profile_path(model, task)
     return target.with_name(f".{target.stem}.calib.jsonl")
 
@@ -210,7 +252,11 @@ class Evaluator:
     row's own prompt + gen length, so the number does not depend on batch padding), generated_tokens,
     wall_s (the batch's wall seconds / its rows), signals (per step of this row, the signal the policy
     compares with τ, in the signal's unit, full precision; None for -inf, a step that committed
-    nothing), and ``reused_from`` when copied from another τ's record.
+    nothing), ``reused_from`` when copied from another τ's record, and ``arm`` ([recent_k, block_refresh])
+    when decoded under an arm other than the run's own settings.
+
+    ``arm``: the (recent_k, block_refresh) the next ``records`` calls decode with (None: the resolved
+    settings'); set by the search before each arm of a joint search.
 
     Reuse (exact, no decoding): a τ decision is ``signal > τ``, so a run at τ' makes the same decision
     as one at τ at every step whose signal lies outside (min(τ, τ'), max(τ, τ')]; same decisions mean
@@ -226,27 +272,37 @@ class Evaluator:
         self.settings, self.opts, self.store, self.can_score = settings, opts, store, can_score
         self.signal = settings.cache_params.get("signal", "max-entropy")
         self.progress = progress
+        self.arm: tuple[int, bool] | None = None
+        self.own_arm = (int(settings.cache_params.get("recent_k", EntropyCache.recent_k)),
+                        bool(settings.cache_params.get("block_refresh", False)))
         n, bs = len(examples), opts.batch_size
         order = sorted(range(n), key=lambda i: (len(prompt_ids[i]), i)) if bs > 1 else list(range(n))
         self.chunks = [order[s:s + bs] for s in range(0, n, bs)]  # fixed: a resumed run re-runs the same batches
 
+    @property
+    def tag(self) -> tuple[int, bool] | None:
+        """The run-file arm of the records decoded now: None for ``none`` and for the run's own settings."""
+        return None if self.arm is None or tuple(self.arm) == self.own_arm else tuple(self.arm)
+
     def records(self, tau: float | None) -> list[dict]:
-        """Records of every example under ``tau`` (None = ``none``), decoding only missing batches.
+        """Records of every example under ``tau`` (None = ``none``) and the current ``arm``, decoding only
+        missing batches.
 
         Several ranks (``self.dist``): the batches go round by round, one per rank (batch c on rank
         c % world), and after each round every rank receives the round's records, so every rank holds
         the same records (and makes the same τ choices); rank 0's run file gets them as each round ends.
         """
         W = self.dist.world_size
+        tag = None if tau is None else self.tag
         for start in range(0, len(self.chunks), W):
             new = []
             for c in range(start, min(start + W, len(self.chunks))):
                 idx = self.chunks[c]
-                missing = [i for i in idx if self.store.get(tau, i) is None]
+                missing = [i for i in idx if self.store.get(tau, i, tag) is None]
                 if missing and self.dist.owns(c):
                     src = None if tau is None else self._reusable(tau, idx)
                     if src is not None:
-                        recs = [{**self.store.get(src, i), "tau": tau, "reused_from": src} for i in idx]
+                        recs = [{**self.store.get(src, i, tag), "tau": tau, "reused_from": src} for i in idx]
                     else:
                         recs = self._run_chunk(tau, c, idx)
                     new += [rec for rec in recs if rec["index"] in missing]
@@ -255,23 +311,27 @@ class Evaluator:
             for part in self.dist.all_gather_object(new, "calibration records"):
                 for rec in part:
                     self.store.add(rec)
-        out = [self.store.get(tau, i) for i in range(len(self.examples))]
+        out = [self.store.get(tau, i, tag) for i in range(len(self.examples))]
         for rec in out:
             if rec.get("score") is None and self.can_score:  # e.g. decoded earlier under --metric fidelity
                 rec["score"] = float(self.task.score(self.examples[rec["index"]], rec["text"]))
         return out
 
     def _reusable(self, tau: float, idx: list[int]) -> float | None:
-        """An evaluated τ' whose records of the batch ``idx`` provably equal τ's (nearest first), or None."""
-        taus = sorted({t for t, _ in self.store.records if t is not None and t != tau}, key=lambda t: (abs(t - tau), t))
+        """An evaluated τ' of the same arm whose records of the batch ``idx`` provably equal τ's (nearest
+        first), or None. (A block refresh does not depend on τ, so the rule holds within an arm.)"""
+        tag = self.tag
+        taus = sorted({t for t, _, a in self.store.records if t is not None and t != tau and a == tag},
+                      key=lambda t: (abs(t - tau), t))
         for t in taus:
-            recs = [self.store.get(t, i) for i in idx]
+            recs = [self.store.get(t, i, tag) for i in idx]
             if all(r is not None and "signals" in r and same_decisions(r["signals"], t, tau) for r in recs):
                 return t
         return None
 
     def _run_chunk(self, tau: float | None, c: int, idx: list[int]) -> list[dict]:
-        policy = self.settings.policy("none") if tau is None else self.settings.policy("entropy", tau=tau)
+        arm = {} if self.arm is None else {"recent_k": self.arm[0], "block_refresh": self.arm[1]}
+        policy = self.settings.policy("none") if tau is None else self.settings.policy("entropy", tau=tau, **arm)
         run = self.engine.start([self.prompt_ids[i] for i in idx], self.settings.decode, policy, seed=self.opts.seed,
                                 row_ids=idx)  # an example's random stream: (seed, its index)
         signals: list[list[float]] = [[] for _ in idx]
@@ -289,6 +349,8 @@ class Evaluator:
                    "cost": st["tokens_planned"] - st["full_forwards"] * pad,  # batch-independent
                    "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
                    "wall_s": run.wall_s / len(idx), "signals": signals[j]}
+            if tau is not None and self.tag is not None:
+                rec["arm"] = list(self.tag)
             out.append(rec)
         return out
 
@@ -297,18 +359,30 @@ def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: li
             chat: bool) -> dict:
     """Everything that changes what a run-file record holds (compared on --resume)."""
     data_sha = None
-    if getattr(task, "synthetic", False) is False and hasattr(task, "data_path"):
-        p = task.data_path()
-        data_sha = hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.is_file() else None
+    files = task.data_files() if hasattr(task, "data_files") else (
+        [task.data_path()] if getattr(task, "synthetic", False) is False and hasattr(task, "data_path") else [])
+    if files:
+        h = hashlib.sha256()
+        for p in files:
+            h.update(p.read_bytes() if p.is_file() else b"missing")
+        data_sha = h.hexdigest()[:16] if len(files) > 1 or files[0].is_file() else None
     prompts_sha = hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16]
     params = settings.cache_params
     return {"model": canonical_model_name(lm.name), "task": opts.task, "data_sha256": data_sha, "limit": opts.limit,
             "seed": opts.seed, "shots": shots, "chat": chat, "decode": settings.decode.as_dict(),
             "signal": params.get("signal", "max-entropy"), "recent_k": params.get("recent_k"),
-            "block_refresh": params.get("block_refresh", False), "batch_size": opts.batch_size,
+            "block_refresh": params.get("block_refresh", False), **_arms_key(opts, settings),
+            "batch_size": opts.batch_size,
             "dtype": str(lm.dtype).replace("torch.", ""), "device": lm.device.type,
             "config_sha256": lm.config_hash[:16], "weights": weights_fingerprint(lm.path),
             "prompts_sha256": prompts_sha}  # checked in this order: the flags a user sets come first
+
+
+def _arms_key(opts: CalibrateOptions, settings: Settings) -> dict:
+    """``{"arms": [[recent_k, block_refresh], ...]}`` for a joint search, else {} (a one-arm run's key
+    is what it always was, so its run files resume)."""
+    a = arms(opts, settings)
+    return {"arms": [list(x) for x in a]} if len(a) > 1 else {}
 
 
 def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=None,
@@ -323,18 +397,18 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     """
     preflight(task, opts)
     model = canonical_model_name(lm.name)
-    target = opts.out if opts.out is not None else profile_path(model, opts.task)
+    target = opts.out if opts.out is not None else profile_path(model, opts.profile_task)
     if not opts.dry_run:
         _check_target(target, model, opts)
     sample = _Sample.encode(lm, task, opts)
-    run_path = opts.run_file or default_run_file(model, opts.task, opts.out)
+    run_path = opts.run_file or default_run_file(model, opts.profile_task, opts.out)
     dist = dist or DistEnv()
     store = _open_run_file(lm, settings, task, opts, sample, run_path, dist)
     say = (lambda *a, **k: None) if opts.quiet or err_console is None else err_console.print
     if store.loaded:
         torn = " (a torn last line was dropped)" if store.dropped_partial else ""
         say(f"resuming from {run_path}: {store.loaded} records{torn}")
-    search = _Search(opts, say, err_console)
+    search = _Search(opts, say, err_console, arms(opts, settings), sample.groups)
     try:
         with _Progress(err_console, opts.quiet, len(sample.examples)) as progress:
             search.run(Evaluator(sample.engine, task, sample.examples, sample.prompt_ids, settings, opts, store,
@@ -356,7 +430,7 @@ def _check_target(target: Path, model: str, opts: CalibrateOptions) -> None:
     (the default folder profiles/<model>/ is created silently)."""
     from ..outputs import check_file
 
-    check_profile_target(target, model, opts.task)
+    check_profile_target(target, model, opts.profile_task)
     check_file(target, "--out" if opts.out is not None else "the profile", announce=opts.out is not None,
                lock=False)  # the run file beside it is the calibration's lock (claimed in _open_run_file)
 
@@ -367,11 +441,12 @@ class _Sample:
     applied when ``chat``; ``prompt_ids`` the token ids of each prompt."""
 
     examples: list
-    shots: int
+    shots: int | list[int]
     chat: bool
     engine: Engine
     prompt_ids: list[list[int]]
     can_score: bool
+    groups: dict[str, list[int]] | None = None
 
     @classmethod
     def encode(cls, lm, task, opts: CalibrateOptions) -> "_Sample":
@@ -385,7 +460,8 @@ class _Sample:
         engine = Engine.from_loaded(lm)
         prompt_ids = engine.encode([task.prompt(ex, shots, opts.seed) for ex in examples], chat)
         can_score = task.can_score
-        return cls(examples, shots, chat, engine, prompt_ids, can_score)
+        groups = task.groups(examples) if hasattr(task, "groups") else None
+        return cls(examples, shots, chat, engine, prompt_ids, can_score, groups)
 
 
 def _open_run_file(lm, settings: Settings, task, opts: CalibrateOptions, sample: _Sample, run_path: Path,
@@ -403,31 +479,57 @@ def _open_run_file(lm, settings: Settings, task, opts: CalibrateOptions, sample:
 
 class _Search:
     """The τ search as it goes (steps 2–4 of the module docstring): ``none``'s point ``base`` and its
-    records, the sorted signals of its committed tokens, and the point of every τ evaluated so far."""
+    records, the sorted signals of its committed tokens, and the point of every (arm, τ) evaluated so
+    far. ``arms``: the (recent_k, block_refresh) pairs searched (one: the plain τ search, whose points
+    carry no arm); ``groups``: {group: example indices} when several groups are calibrated (each point
+    then carries a part per group), else None."""
 
-    def __init__(self, opts: CalibrateOptions, say, err_console):
+    def __init__(self, opts: CalibrateOptions, say, err_console, arms: list[tuple[int, bool]] | None = None,
+                 groups: dict[str, list[int]] | None = None):
         self.opts, self.say, self.err_console = opts, say, err_console
+        self.arms = arms or [None]
+        self.groups = groups
         self.base, self.base_recs, self.points, self.signals, self.ev = None, None, {}, [], None
+        self.tags: dict[tuple, tuple | None] = {}  # (arm index, τ) -> the run-file arm of its records
+
+    @property
+    def joint(self) -> bool:
+        return len(self.arms) > 1
 
     def run(self, ev: Evaluator) -> None:
-        """``none``, then the coarse grid (or ``--taus``), then up to ``--refine`` bisection steps."""
+        """``none``, then per arm the coarse grid (or ``--taus``), then up to ``--refine`` bisection steps."""
         self.ev = ev
         self._run_none()
         opts = self.opts
-        for tau in sorted(set(opts.taus)) if opts.taus else coarse_grid(self.signals, opts.grid):
-            self._add(tau)
-        for _ in range(opts.refine):
-            tau = refine_next(list(self.points.values()), self.base, self.signals[0], opts.metric,
-                              *self.opts.fractions())
-            if tau is None:
-                break
-            self._add(tau, " (refine)")
+        for a, arm in enumerate(self.arms):
+            ev.arm = arm
+            if self.joint:
+                self.say(f"recent_k={arm[0]}, block_refresh={'on' if arm[1] else 'off'}:")
+            for tau in sorted(set(opts.taus)) if opts.taus else coarse_grid(self.signals, opts.grid):
+                self._add(a, tau)
+            for _ in range(opts.refine):
+                mine = [p for (b, _), p in self.points.items() if b == a]
+                tau = refine_next(mine, self.base, self.signals[0], opts.metric, *self.opts.fractions())
+                if tau is None:
+                    break
+                self._add(a, tau, " (refine)")
+        ev.arm = None
+
+    def _point(self, tau: float | None, recs: list[dict], arm: tuple[int, bool] | None = None) -> Point:
+        """The aggregate of ``recs`` against ``none``'s, with its arm (joint search) and a part per group."""
+        p = aggregate(tau, recs, self.base_recs)
+        if self.joint and arm is not None:
+            p.recent_k, p.block_refresh = arm
+        if self.groups:
+            p.parts = {g: aggregate(tau, [recs[i] for i in idx], [self.base_recs[i] for i in idx])
+                       for g, idx in self.groups.items() if idx}
+        return p
 
     def _run_none(self) -> None:
         """Decode ``none``; its committed tokens' signals are the distribution the grid is drawn from.
         Raises EcacheError when it committed nothing."""
         self.base_recs = self.ev.records(None)
-        self.base = aggregate(None, self.base_recs, self.base_recs)
+        self.base = self._point(None, self.base_recs)
         self.say(f"none: {_summary(self.base)}")
         if self.opts.metric == "task" and self.base.score == 0 and self.err_console is not None:
             self.err_console.print(f"warning: none scores 0% on these {self.base.n} examples, so the task score "
@@ -436,29 +538,33 @@ class _Search:
         if not self.signals:
             raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")
 
-    def _add(self, tau: float, note: str = "") -> None:
-        self.points[tau] = aggregate(tau, self.ev.records(tau), self.base_recs)
-        self.say(f"τ={tau:g}{note}: {_summary(self.points[tau])}")
+    def _add(self, a: int, tau: float, note: str = "") -> None:
+        self.points[(a, tau)] = self._point(tau, self.ev.records(tau), self.arms[a])
+        self.tags[(a, tau)] = self.ev.tag
+        self.say(f"τ={tau:g}{note}: {_summary(self.points[(a, tau)])}")
+
+    def _ordered(self) -> list[tuple[tuple, Point]]:
+        return sorted(self.points.items(), key=lambda kv: kv[0])
 
     def partial(self, run_path: Path, resumed: int) -> "Outcome | None":
         """What finished before a Ctrl-C: ``none`` and the τs done, no choice; None before ``none`` ended."""
         if self.base is None or not self.signals:
             return None
-        pts = [self.points[t] for t in sorted(self.points)]
+        pts = [p for _, p in self._ordered()]
         return Outcome(base=self.base, points=pts, frontier=pareto_frontier([self.base, *pts], self.opts.metric),
                        choice=Choice(None, "interrupted before the search ended: no τ chosen", []),
                        signal_summary=_signal_summary(self.ev.signal, self.signals), profile=None, profile_data=None,
                        run_file=run_path, resumed_records=resumed)
 
     def outcome(self, store: RunFile, dist: DistEnv, run_path: Path, n: int) -> "Outcome":
-        """The finished search: every point (ascending τ), the frontier and the choice rule's pick.
-        Several ranks ran side by side: the wall-clock figures are over the slowest rank."""
+        """The finished search: every point (by arm, then ascending τ), the frontier and the choice rule's
+        pick. Several ranks ran side by side: the wall-clock figures are over the slowest rank."""
         base, base_recs = self.base, self.base_recs
-        pts = [self.points[t] for t in sorted(self.points)]
+        pts = [p for _, p in self._ordered()]
         if dist.active:
             base = parallel_wall(base, base_recs, base, base_recs, dist.world_size)
-            pts = [parallel_wall(p, [store.get(p.tau, i) for i in range(n)], base, base_recs, dist.world_size)
-                   for p in pts]
+            pts = [parallel_wall(p, [store.get(p.tau, i, self.tags[key]) for i in range(n)], base, base_recs,
+                                 dist.world_size) for key, p in self._ordered()]
         choice = choose(pts, base, self.opts.metric, *self.opts.fractions())
         return Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], self.opts.metric), choice=choice,
                        signal_summary=_signal_summary(self.ev.signal, self.signals), profile=None, profile_data=None,

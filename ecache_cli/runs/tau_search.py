@@ -19,6 +19,13 @@ Definitions (each one is ours; the paper gives no τ, docs/METHOD.md §2.3):
   ``max_drop`` (a 0–1 fraction; the CLI takes points, 1 point = 0.01) and, optionally, whose
   fidelity is at least ``min_fidelity``, the one with the highest speedup; equal speedups go to the
   lower (safer) τ.
+- joint search (``recent_k`` and ``block_refresh`` searched with τ): a point also carries its
+  ``recent_k`` and ``block_refresh``; the rule is the same over every point (the highest cost-proxy
+  speedup is the least planned work), equal speedups going to the lower τ, then the larger
+  ``recent_k``, then ``block_refresh`` off (the paper's rule).
+- groups (several task domains, or several shot counts, calibrated as one setting): a point also
+  carries one point per group (``parts``), and qualifies only when every group's part qualifies
+  against ``none``'s part of that group, so the setting meets the tolerance on every group.
 """
 
 from __future__ import annotations
@@ -64,10 +71,28 @@ class Point:
     gained: int | None = None
     delta_ci: tuple[float, float] | None = None
     copied: int = 0
+    recent_k: int | None = None
+    block_refresh: bool | None = None
+    parts: dict[str, "Point"] | None = None
 
     def metric_score(self, metric: str) -> float | None:
         """The number the choice constrains: the task score, or the fidelity."""
         return self.fidelity if metric == "fidelity" else self.score
+
+    def label(self) -> str:
+        """``τ=0.5``, with ``k=16`` and ``block refresh`` after it in a joint search; ``none`` for the baseline."""
+        if self.tau is None:
+            return "none"
+        out = f"τ={self.tau:g}"
+        if self.recent_k is not None:
+            out += f" k={self.recent_k}"
+        if self.block_refresh:
+            out += " block-refresh"
+        return out
+
+    def safety(self) -> tuple:
+        """Sort key of equally fast settings, safest first: lower τ, larger recent_k, block refresh off."""
+        return (self.tau, -(self.recent_k or 0), bool(self.block_refresh))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -235,13 +260,30 @@ def pareto_frontier(points: Sequence[Point], metric: str) -> list[Point]:
 
 def qualifies(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None = None) -> bool:
     """True when ``p`` is faster than ``none`` (proxy speedup > 1), drops at most ``max_drop`` (0–1)
-    of the metric's score, and, with ``min_fidelity`` (0–1), agrees with ``none`` at least that much."""
+    of the metric's score, and, with ``min_fidelity`` (0–1), agrees with ``none`` at least that much;
+    with groups (``base.parts``), every group's part must qualify against ``none``'s part too."""
+    if not _qualifies_one(p, base, metric, max_drop, min_fidelity):
+        return False
+    return not base.parts or failing_groups(p, base, metric, max_drop, min_fidelity) == []
+
+
+def _qualifies_one(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None) -> bool:
     s, s0 = p.metric_score(metric), base.metric_score(metric)
     if s is None or s0 is None or p.speedup <= 1.0:
         return False
     if s0 - s > max_drop + EPS:
         return False
     return min_fidelity is None or p.fidelity >= min_fidelity - EPS
+
+
+def failing_groups(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None = None) -> list[str]:
+    """The groups (``base.parts`` names, in order) where ``p``'s part does not qualify against ``none``'s
+    (a group ``p`` has no part for counts as failing); [] without groups."""
+    if not base.parts:
+        return []
+    mine = p.parts or {}
+    return [g for g, b in base.parts.items()
+            if g not in mine or not _qualifies_one(mine[g], b, metric, max_drop, min_fidelity)]
 
 
 def choose(points: Sequence[Point], base: Point, metric: str, max_drop: float,
@@ -257,12 +299,14 @@ def choose(points: Sequence[Point], base: Point, metric: str, max_drop: float,
     best = ok[0]
     for p in ok[1:]:
         tie = abs(p.speedup - best.speedup) <= REL_TIE * max(abs(best.speedup), 1.0)
-        if (tie and p.tau < best.tau) or (not tie and p.speedup > best.speedup):
+        if (tie and p.safety() < best.safety()) or (not tie and p.speedup > best.speedup):
             best = p
     s, s0 = best.metric_score(metric), base.metric_score(metric)
-    reason = (f"τ={best.tau:g}: {best.speedup:.2f}× (cost proxy), {metric} score {100 * s:.1f}% vs "
+    reason = (f"{best.label()}: {best.speedup:.2f}× (cost proxy), {metric} score {100 * s:.1f}% vs "
               f"{100 * s0:.1f}% for none (drop {100 * (s0 - s):.1f} ≤ {100 * max_drop:g} points)")
-    return Choice(best, reason, sorted(p.tau for p in ok))
+    if base.parts:
+        reason += f"; within the tolerance on every group ({', '.join(base.parts)})"
+    return Choice(best, reason, sorted({p.tau for p in ok}))
 
 
 def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
@@ -271,8 +315,12 @@ def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
     if s0 is None or not cands:
         return f"no τ has a {metric} score to compare"
     best = max(cands, key=lambda p: (p.metric_score(metric), -p.tau))
+    groups = f" on every group ({', '.join(base.parts)})" if base.parts else ""
     msg = (f"no τ keeps the {metric} score within {100 * max_drop:g} points of none ({100 * s0:.1f}%)"
-           f"{f' with fidelity ≥ {100 * min_fidelity:g}%' if min_fidelity is not None else ''} and runs faster; "
-           f"closest: τ={best.tau:g} at {100 * best.metric_score(metric):.1f}%, "
+           f"{f' with fidelity ≥ {100 * min_fidelity:g}%' if min_fidelity is not None else ''}{groups} and runs "
+           f"faster; closest: {best.label()} at {100 * best.metric_score(metric):.1f}%, "
            f"fidelity {100 * best.fidelity:.1f}%, {best.speedup:.2f}×")
+    failing = failing_groups(best, base, metric, max_drop, min_fidelity)
+    if failing:
+        msg += f" (fails on {', '.join(failing)})"
     return msg

@@ -1,0 +1,726 @@
+"""Frontier benchmark: every cache policy swept over its own knobs, speed against fidelity, on held-out prompts.
+
+For each workload (a task domain at a number of shots: arith, code, list at 0 and 4 shots by default;
+gsm8k as the out-of-distribution stress case) and each decoding mode (``plain``: one token committed per
+step; ``threshold``: Fast-dLLM threshold decoding, ``--threshold``), every point of every policy's knob
+grid decodes the same ``--n`` held-out test prompts (``held_out``: drawn with ``--seed``, which must
+differ from every shipped profile's calibration seed, and never a question of a calibration sample).
+The points of one workload and mode go through one ``ecache_cli.runs.profile.measure`` call (the code
+behind ``ecache profile``: warm-up excluded, policy order rotated per prompt and pass), so they share
+``none``'s baseline; a point's speedup is the median over ``--passes`` passes of its tokens/s over
+``none``'s in the same pass; its fidelity is the token agreement and identical share with ``none``
+and the task score (``ecache_cli/metrics``).
+
+Grids (``GRIDS``; ``--grid small|full``): entropy sweeps τ × recent_k × block_refresh (and the other
+signals in ``full``) and τ × recent_steps (its variant), its τ values placed at quantiles of ``none``'s
+own per-step signal on the workload (``runs/tau_search.coarse_grid``: τ at the (1 − r) quantile
+refreshes about a share r of the steps; τ = 0, which decodes as ``none``, only as a fixed point);
+the shipped profiles' settings for the model (the workload's domain and ``default``) are extra entropy
+points (label ``profile:<task>``).
+Prefix and dual sweep ``refresh_every``; dLLM-Cache kr (and kp, rho); dKV-Cache its refresh period;
+d2Cache rollout_p and current_k; Elastic-Cache gamma and window; ES-dLLM its block update period
+(and proportions). A ``--policies`` entry ``name:key=value...`` is one fixed point instead of a grid.
+
+Verdicts (``verdicts``), per workload and mode, on (speedup, token agreement):
+- the Pareto frontier of each policy (``pareto``: no other point of the policy at least as fast and
+  as faithful, better in one);
+- entropy dominates a peer when every peer point is matched by an entropy point with speedup ≥
+  ``--slack`` (0.97) × the peer's and agreement ≥ the peer's (``dominates``);
+- entropy has a point ≥ ``--margin`` (1.10) × as fast as dual's fastest point at ≥ that point's
+  agreement (``beats_fastest``);
+- each shipped profile point lies within ``--slack`` of the entropy frontier at its agreement (its
+  speedup ≥ 0.97 × the fastest entropy point at ≥ its agreement) and is not slower than ``none``.
+Prints each frontier, the verdict tables and a last stdout line of JSON; ``--markdown`` writes the
+tables for BENCHMARKS.md, ``--plot`` one panel per workload and mode (PNG), ``--json`` every point;
+``--merge a.json b.json ...`` combines runs made side by side (one per domain) without measuring.
+
+    python bench/frontier.py --n 48 --passes 3 --markdown docs/frontier.md --plot docs/frontier.png
+    python bench/frontier.py --domains list --shots 0 --n 2 --passes 1 --modes plain --grid small  # a quick look
+    python bench/frontier.py --model /path/to/LLaDA-8B-Instruct --device cuda --dtype bfloat16 --n 48
+    python bench/frontier.py --domains list --json runs_out/list.json   # one per domain, side by side, then:
+    python bench/frontier.py --merge runs_out/{arith,code,list,gsm8k}.json --markdown docs/frontier.md \
+        --plot docs/frontier.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GSM8K_CANDIDATES = [REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl",
+                    REPO.parent.parent / "shared" / "data" / "gsm8k" / "test.jsonl"]
+ENTROPY = "entropy"
+BASELINE = "none"
+SLACK = 0.97  # a peer point is matched by an entropy point at >= 0.97x its speedup (the issue's tolerance)
+MARGIN = 1.10  # entropy's point >= 10 % faster than dual's fastest point, at >= its agreement
+PEER_ORDER = ("prefix", "dual", "dllm-cache", "dkv", "d2cache", "elastic", "es-dllm", "es-dllm-conf")
+
+# Knob grids per policy (values inside each policy's declared ``ranges``; settings equal to the policy's
+# forced refresh, which decode as ``none``, are left out of the peers' grids). Entropy's τ comes from the
+# workload's signal (``TAU_QUANTILES``), so its entries list its other knobs: a list of families, each
+# swept as a product with τ (the paper's rule with recent_k and block refresh; the recent_steps variant).
+GRIDS: dict[str, dict] = {
+    "small": {
+        "prefix": {"refresh_every": [0, 4]},
+        "dual": {"refresh_every": [0, 2, 4, 8]},
+        # each peer at its paper's default and on both sides of it (a faster and a more faithful point)
+        "dllm-cache": {"kr": [4, 7, 14]},
+        "dkv": {"refresh_every": [4, 8, 16]},
+        "d2cache": {"rollout_p": [0.05, 0.1, 0.3]},
+        "elastic": {"gamma": [0.8, 0.9, 0.95]},
+        "es-dllm": {"block_update_freq": [0, 4, 16]},
+        "es-dllm-conf": {"block_update_freq": [0, 4, 16]},
+        ENTROPY: [{"recent_k": [16, 64], "block_refresh": [False, True], "signal": ["max-entropy"]},
+                  # the recent_steps variant: commits recomputed while young, by age instead of count
+                  {"recent_k": [0], "recent_steps": [4, 8], "signal": ["max-entropy"]}],
+    },
+    "full": {
+        "prefix": {"refresh_every": [0, 2, 4, 8, 16]},
+        "dual": {"refresh_every": [0, 2, 3, 4, 6, 8, 16]},
+        "dllm-cache": {"kp": [25, 50], "kr": [2, 4, 7, 14], "rho": [0.1, 0.25, 0.5]},
+        "dkv": {"refresh_every": [2, 4, 8, 16]},
+        "d2cache": {"rollout_p": [0.05, 0.1, 0.2, 0.4], "current_k": [16, 32]},
+        "elastic": {"gamma": [0.8, 0.9, 0.95, 0.99], "window": [8, 16, 32]},
+        "es-dllm": {"block_update_freq": [0, 4, 8, 16], "proportions": ["1,0.5,0.25", "1,0.75,0.5"]},
+        "es-dllm-conf": {"block_update_freq": [0, 4, 8, 16], "proportions": ["1,0.5,0.25", "1,0.75,0.5"]},
+        ENTROPY: [{"recent_k": [0, 8, 16, 32, 64, 128], "block_refresh": [False, True], "signal": ["max-entropy"]},
+                  {"recent_k": [16, 64], "signal": ["sum-entropy", "max-confidence"]},
+                  {"recent_k": [0, 16], "recent_steps": [2, 4, 8, 16], "signal": ["max-entropy"]}],
+    },
+}
+#: coarse_grid size per grid: n - 1 quantile points (refresh shares 0.5 .. 0.02) plus the largest signal
+TAU_QUANTILES = {"small": 4, "full": 8}
+
+
+# --- pure parts: grids, points, frontiers, verdicts ------------------------------------------------------
+
+
+def spec(name: str, params: dict) -> str:
+    """The ``--policies`` entry of policy ``name`` with ``params`` (``runs/profile.parse_policy_spec``
+    reads it back): ``entropy:tau=0.5:recent_k=16:block_refresh=false``; keys in the given order."""
+    def text(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return repr(v) if isinstance(v, float) else str(v)
+
+    return ":".join([name, *(f"{k}={text(v)}" for k, v in params.items())])
+
+
+def expand(name: str, axes: dict[str, list]) -> list[str]:
+    """Every combination of the values in ``axes`` (name → list of values, in order) as specs of policy
+    ``name``, the last axis varying fastest; ``[name]`` when ``axes`` is empty. Raises ValueError for an
+    axis without values."""
+    for k, vs in axes.items():
+        if not vs:
+            raise ValueError(f"{name}: knob {k} has no values")
+    keys = list(axes)
+    return [spec(name, dict(zip(keys, combo))) for combo in itertools.product(*(axes[k] for k in keys))] or [name]
+
+
+def entropy_axes(families: list[dict[str, list]], taus_by_signal: dict[str, list[float]]) -> list[str]:
+    """Entropy's specs: for each family (knob → values) and each of its signals, τ from
+    ``taus_by_signal[signal]`` × every other knob of the family; duplicates dropped, order kept."""
+    out = []
+    for knobs in families:
+        others = {k: v for k, v in knobs.items() if k != "signal"}
+        for sig in knobs.get("signal", ["max-entropy"]):
+            out += expand(ENTROPY, {"tau": sorted(set(taus_by_signal[sig])), **others, "signal": [sig]})
+    return list(dict.fromkeys(out))
+
+
+def tau_grid(signals: list[float], n: int) -> list[float]:
+    """τ values for one signal: ``tau_search.coarse_grid(signals, n)``, quantiles of ``none``'s per-step
+    signal (a τ at the (1 − r) quantile refreshes about a share r of the steps, r from 0.5 down to 0.02)
+    and the largest signal rounded up. Signals that are None or not finite (steps that committed
+    nothing) are ignored; [1.0] (the policy's default) when none is left. τ = 0 (a refresh every step,
+    decoding as ``none`` at its cost) is left out; ``--policies entropy:tau=0`` adds it."""
+    from ecache_cli.runs.tau_search import coarse_grid
+
+    vals = [s for s in signals if s is not None and math.isfinite(s)]
+    return coarse_grid(vals, n) if vals else [1.0]
+
+
+@dataclass
+class Point:
+    """One measured setting of one workload and mode. speedup: median over passes of tokens/s over
+    ``none``'s in the same pass (``speedups`` per pass); agreement, identical: 0–1 shares against
+    ``none``; score: mean task score (None when unscored); work: computed positions over none's.
+    ``label``: ``profile:<task>`` for a shipped profile's setting, else the spec."""
+
+    policy: str
+    spec: str
+    speedup: float
+    agreement: float
+    identical: float | None = None
+    score: float | None = None
+    speedups: list[float] = field(default_factory=list)
+    work: float | None = None
+    label: str = ""
+
+    def name(self) -> str:
+        return self.label or self.spec
+
+
+def pareto(points: list[Point]) -> list[Point]:
+    """The points no other point dominates in (speedup, agreement): none at least as fast and at least as
+    faithful and strictly better in one. Exact duplicates both stay. Sorted by speedup, then agreement."""
+    front = [p for p in points
+             if not any(q.speedup >= p.speedup and q.agreement >= p.agreement
+                        and (q.speedup > p.speedup or q.agreement > p.agreement) for q in points)]
+    return sorted(front, key=lambda p: (p.speedup, p.agreement))
+
+
+def match(entropy: list[Point], peer: Point, slack: float = SLACK) -> Point | None:
+    """The fastest entropy point with speedup ≥ ``slack`` × the peer's and agreement ≥ the peer's, or None."""
+    ok = [e for e in entropy if e.speedup >= slack * peer.speedup and e.agreement >= peer.agreement]
+    return max(ok, key=lambda e: (e.speedup, e.agreement)) if ok else None
+
+
+def dominates(entropy: list[Point], peer: list[Point], slack: float = SLACK) -> dict:
+    """Whether every ``peer`` point is matched (:func:`match`) by an entropy point. Returns {dominated,
+    points (peer points checked), unmatched (their specs)}; a peer without points is not dominated."""
+    unmatched = [p.name() for p in peer if match(entropy, p, slack) is None]
+    return {"dominated": bool(peer) and not unmatched, "points": len(peer), "unmatched": unmatched}
+
+
+def beats_fastest(entropy: list[Point], dual: list[Point], margin: float = MARGIN) -> dict:
+    """Whether an entropy point is ≥ ``margin`` × as fast as dual's fastest point at ≥ that point's
+    agreement. Returns {ok, dual_fastest: (spec, speedup, agreement) or None, entropy: the fastest such
+    entropy point's (spec, speedup, agreement) or None, ratio: its speedup over dual's fastest}."""
+    if not dual:
+        return {"ok": False, "dual_fastest": None, "entropy": None, "ratio": None}
+    d = max(dual, key=lambda p: (p.speedup, p.agreement))
+    ok = [e for e in entropy if e.agreement >= d.agreement]
+    best = max(ok, key=lambda e: (e.speedup, e.agreement)) if ok else None
+    ratio = best.speedup / d.speedup if best is not None and d.speedup > 0 else None
+    return {"ok": ratio is not None and ratio >= margin, "dual_fastest": (d.name(), d.speedup, d.agreement),
+            "entropy": None if best is None else (best.name(), best.speedup, best.agreement), "ratio": ratio}
+
+
+def frontier_gap(point: Point, entropy: list[Point], slack: float = SLACK) -> dict:
+    """How far ``point`` (a shipped profile's setting) lies from the entropy frontier at its agreement:
+    ratio = its speedup over the fastest entropy point with agreement ≥ its own (itself included, so
+    ≤ 1). ok when ratio ≥ ``slack`` and the point is not slower than ``none`` (speedup ≥ 1)."""
+    ok = [e for e in entropy if e.agreement >= point.agreement]
+    best = max(ok, key=lambda e: e.speedup) if ok else point
+    ratio = point.speedup / best.speedup if best.speedup > 0 else 1.0
+    return {"label": point.name(), "speedup": point.speedup, "agreement": point.agreement, "ratio": ratio,
+            "frontier_point": best.name(), "frontier_speedup": best.speedup,
+            "ok": ratio >= slack and point.speedup >= 1.0}
+
+
+def verdicts(points: list[Point], slack: float = SLACK, margin: float = MARGIN) -> dict:
+    """Frontiers and checks of one workload and mode: {frontiers: {policy: [spec]}, dominance: {peer:
+    :func:`dominates`}, beats_dual_fastest: :func:`beats_fastest`, profiles: [:func:`frontier_gap`]}.
+    Entropy's points include the profile points."""
+    by: dict[str, list[Point]] = {}
+    for p in points:
+        by.setdefault(p.policy, []).append(p)
+    ent = by.get(ENTROPY, [])
+    peers = [q for q in by if q not in (ENTROPY, BASELINE)]
+    return {"frontiers": {q: [p.name() for p in pareto(ps)] for q, ps in by.items() if q != BASELINE},
+            "dominance": {q: dominates(ent, by[q], slack) for q in sorted(peers, key=_peer_rank)},
+            "beats_dual_fastest": beats_fastest(ent, by.get("dual", []), margin),
+            "profiles": [frontier_gap(p, ent, slack) for p in ent if p.label.startswith("profile:")]}
+
+
+def _peer_rank(name: str) -> tuple:
+    return (PEER_ORDER.index(name) if name in PEER_ORDER else len(PEER_ORDER), name)
+
+
+def pass_speedups(runs: list, base_runs: list) -> list[float]:
+    """Per pass (``RowMeasure.repeat``), a policy's tokens/s over ``none``'s in the same pass: generated
+    tokens over the wall seconds of the runs of that pass (``metrics.throughput`` definitions). ``runs``,
+    ``base_runs``: the ``RunMeasure`` lists of the policy and of ``none``; passes missing in either are
+    skipped."""
+    from ecache_cli.metrics.throughput import tokens_per_s
+
+    def per_pass(rs) -> dict[int, float]:
+        acc: dict[int, list[float]] = {}
+        for r in rs:
+            a = acc.setdefault(r.rows[0].repeat, [0, 0.0])
+            a[0] += sum(row.generated_tokens for row in r.rows)
+            a[1] += r.wall_s
+        return {k: tokens_per_s(g, w) for k, (g, w) in acc.items()}
+
+    mine, base = per_pass(runs), per_pass(base_runs)
+    return [mine[k] / base[k] for k in sorted(mine) if k in base and base[k] > 0]
+
+
+def summary_table(points: list[Point]) -> list[str]:
+    """Markdown rows (header included) of ``points``: policy, setting, speedup, agreement, identical, score."""
+    def pct(x):
+        return "–" if x is None else f"{100 * x:.1f}"
+
+    lines = ["| policy | setting | speedup (median) | token agree % | identical % | score |",
+             "|---|---|---:|---:|---:|---:|"]
+    for p in points:
+        lines.append(f"| {p.policy} | `{p.name()}` | {p.speedup:.2f}x | {pct(p.agreement)} | {pct(p.identical)} | "
+                     f"{'–' if p.score is None else f'{p.score:.2f}'} |")
+    return lines
+
+
+def markdown(doc: dict) -> str:
+    """The benchmark's frontiers and verdicts as Markdown (for BENCHMARKS.md)."""
+    lines = [f"Model {doc['model']} · {doc['n']} held-out prompts per workload (seed {doc['seed']}) · "
+             f"{doc['passes']} passes (speedup: median) · grid {doc['grid']} · gen {doc['gen_length']} "
+             f"block {doc['block_length']} · threshold {doc['threshold']}", ""]
+    lines += ["| workload | mode | peer | peer points | dominated by entropy | unmatched peer points |",
+              "|---|---|---|---:|---|---|"]
+    for key, wl in doc["workloads"].items():
+        w, mode = key.split("|")
+        for peer, d in wl["verdicts"]["dominance"].items():
+            lines.append(f"| {w} | {mode} | {peer} | {d['points']} | {'yes' if d['dominated'] else 'NO'} | "
+                         f"{', '.join(f'`{u}`' for u in d['unmatched']) or '–'} |")
+    lines += ["", f"| workload | mode | dual's fastest | entropy's fastest at >= its agreement | ratio | "
+              f">= {doc['margin']:.2f}x |", "|---|---|---|---|---:|---|"]
+    for key, wl in doc["workloads"].items():
+        w, mode = key.split("|")
+        b = wl["verdicts"]["beats_dual_fastest"]
+        if b["dual_fastest"] is None:
+            continue
+        d, e = b["dual_fastest"], b["entropy"]
+        lines.append(f"| {w} | {mode} | `{d[0]}` {d[1]:.2f}x at {100 * d[2]:.1f}% | "
+                     + ("–" if e is None else f"`{e[0]}` {e[1]:.2f}x at {100 * e[2]:.1f}%")
+                     + f" | {_ratio(b['ratio'])} | {'yes' if b['ok'] else 'NO'} |")
+    prof = [(k, g) for k, wl in doc["workloads"].items() for g in wl["verdicts"]["profiles"]]
+    if prof:
+        lines += ["", "| workload | mode | profile | speedup | token agree % | entropy frontier at >= its agreement "
+                  "| ratio | ok |", "|---|---|---|---:|---:|---|---:|---|"]
+        for key, g in prof:
+            w, mode = key.split("|")
+            lines.append(f"| {w} | {mode} | {g['label']} | {g['speedup']:.2f}x | {100 * g['agreement']:.1f} | "
+                         f"`{g['frontier_point']}` {g['frontier_speedup']:.2f}x | {g['ratio']:.3f} | "
+                         f"{'yes' if g['ok'] else 'NO'} |")
+    for key, wl in doc["workloads"].items():
+        w, mode = key.split("|")
+        pts = [Point(**p) for p in wl["points"]]
+        front = {s for ss in wl["verdicts"]["frontiers"].values() for s in ss}
+        lines += ["", f"**{w} · {mode}** (Pareto frontier of each policy; every point is in the JSON)", ""]
+        lines += summary_table([p for p in pts if p.name() in front])
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(x) -> str:
+    return "–" if x is None else f"{x:.2f}x"
+
+
+def plot(doc: dict, path: Path) -> None:
+    """One panel per workload (rows) and mode (columns): each policy's points (speedup over none vs
+    token agreement) and its Pareto frontier as a line; entropy drawn last and thicker; shipped
+    profile points starred. matplotlib (Agg), written as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wls = list(dict.fromkeys(k.split("|")[0] for k in doc["workloads"]))
+    modes = list(dict.fromkeys(k.split("|")[1] for k in doc["workloads"]))
+    fig, axes = plt.subplots(len(wls), len(modes), figsize=(5.2 * len(modes), 3.6 * len(wls)), dpi=100,
+                             squeeze=False)
+    colors = dict(zip([ENTROPY, *PEER_ORDER], plt.get_cmap("tab10").colors))
+    for i, w in enumerate(wls):
+        for j, mode in enumerate(modes):
+            ax = axes[i][j]
+            wl = doc["workloads"].get(f"{w}|{mode}")
+            ax.set_title(f"{w} · {mode}", fontsize=9)
+            if wl is None:
+                ax.axis("off")
+                continue
+            pts = [Point(**p) for p in wl["points"]]
+            names = sorted({p.policy for p in pts if p.policy != BASELINE}, key=lambda q: (q == ENTROPY, _peer_rank(q)))
+            for q in names:
+                mine = [p for p in pts if p.policy == q]
+                c = colors.get(q, "gray")
+                ax.scatter([p.speedup for p in mine], [100 * p.agreement for p in mine], s=12, color=c, alpha=0.5)
+                fr = pareto(mine)
+                ax.plot([p.speedup for p in fr], [100 * p.agreement for p in fr], marker="o", ms=3, color=c,
+                        lw=2.2 if q == ENTROPY else 1.0, label=q)
+            prof = [p for p in pts if p.label.startswith("profile:")]
+            if prof:
+                ax.scatter([p.speedup for p in prof], [100 * p.agreement for p in prof], marker="*", s=120,
+                           color=colors[ENTROPY], edgecolor="black", zorder=5, label="shipped profile")
+            ax.axvline(1.0, color="black", lw=0.6, ls=":")
+            ax.set_xlabel("speedup over none (tok/s, median of passes)", fontsize=8)
+            ax.set_ylabel("token agreement with none (%)", fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=6, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# --- measurement --------------------------------------------------------------------------------------
+
+
+def held_out(task, n: int, seed: int, exclude: set[str]) -> list:
+    """``n`` test examples of ``task`` drawn with ``seed`` whose question is not in ``exclude`` (the
+    calibration samples' questions). Raises UsageError when the split cannot supply ``n`` of them."""
+    from ecache_cli.errors import UsageError
+
+    want = n + len(exclude)
+    exs = [ex for ex in task.examples("test", want, seed) if ex.question not in exclude][:n]
+    if len(exs) < n:
+        raise UsageError(f"--n {n}: {task.name} has only {len(exs)} test examples outside its calibration samples; "
+                         "lower --n")
+    return exs
+
+
+def calibration_samples(model: str, domains: list[str], get_task) -> tuple[set[int], dict[str, set[str]]]:
+    """The seeds and the questions of every calibration sample behind the model's shipped profiles
+    (``measured.seed``, ``measured.n`` and ``measured.shots`` of ``<model>/<domain>.yaml``), per domain."""
+    from ecache_cli.config import find_profile, load_profile
+
+    seeds, questions = set(), {}
+    for d in domains:
+        path = find_profile(model, d)
+        m = (load_profile(path).get("measured") or {}) if path else {}
+        if isinstance(m, dict) and m.get("seed") is not None and m.get("n"):
+            seeds.add(int(m["seed"]))
+            questions[d] = {ex.question for ex in get_task(d).examples("test", int(m["n"]), int(m["seed"]))}
+    return seeds, questions
+
+
+def profile_points(model: str, domain: str) -> dict[str, str]:
+    """``{label: entropy spec}`` of the shipped profiles that apply to ``domain`` (its own and the model's
+    ``default``), when they exist and use entropy."""
+    from ecache_cli.cache.entropy import EntropyCache
+    from ecache_cli.config import find_profile, load_profile
+
+    out = {}
+    for task in (domain, "default"):
+        path = find_profile(model, task)
+        if path is None:
+            continue
+        cache = load_profile(path).get("cache") or {}
+        if cache.get("policy", ENTROPY) != ENTROPY or cache.get("tau") is None:
+            continue
+        params = {"tau": float(cache["tau"])}
+        for k in ("recent_k", "block_refresh", "signal"):  # every knob, so it matches a grid point's spec
+            params[k] = cache[k] if cache.get(k) is not None else getattr(EntropyCache, k)
+        out[f"profile:{task}"] = spec(ENTROPY, params)
+    return out
+
+
+def none_signals(engine, settings, ids: list[list[int]], kinds: list[str], seed: int) -> dict[str, list[float]]:
+    """Per signal kind, ``none``'s per-step signal over the prompts ``ids`` (one row at a time, the
+    streams of ``measure``), the distribution entropy's τ grid is drawn from."""
+    out: dict[str, list[float]] = {k: [] for k in kinds}
+    for i, row in enumerate(ids):
+        run = engine.start([row], settings.decode, settings.policy(BASELINE), seed=seed, row_ids=[i])
+        for step in run:
+            for k in kinds:
+                out[k] += step.signal(k).tolist()
+    return out
+
+
+def policy_specs(policies: list[str], grid: str, taus_by_signal: dict[str, list[float]]) -> list[str]:
+    """The measured specs: each ``policies`` entry with ``:`` as given, each bare name expanded by ``grid``."""
+    out = []
+    for p in policies:
+        if ":" in p or p == BASELINE:
+            out.append(p)
+        elif p == ENTROPY:
+            out += entropy_axes(GRIDS[grid][ENTROPY], taus_by_signal)
+        else:
+            out += expand(p, GRIDS[grid].get(p, {}))
+    return list(dict.fromkeys(out))
+
+
+def measure_workload(engine, settings, requests, specs: list[str], labels: dict[str, str], args, chat: bool,
+                     log) -> list[Point]:
+    """Decode ``requests`` under ``none`` and every spec (``runs.profile.measure``, ``args.passes``
+    passes) and return one :class:`Point` per spec (``labels``: spec → profile label)."""
+    from ecache_cli.runs.profile import ProfileOptions, measure
+
+    names = [BASELINE, *[s for s in specs if s != BASELINE]]
+    opts = ProfileOptions(policies=names, warmup=args.warmup, repeats=args.passes, seed=args.seed,
+                          batch_size=args.batch_size)
+    rep = measure(engine, settings, requests, opts, chat=chat,
+                  on_run=(lambda kind, p: log(f"  {kind} {p}")) if args.verbose else None)
+    out = []
+    for s in names[1:]:
+        summ = rep.summaries[s]
+        sp = pass_speedups(rep.runs[s], rep.runs[BASELINE])
+        out.append(Point(policy=s.split(":")[0], spec=s, speedup=statistics.median(sp) if sp else math.nan,
+                         agreement=summ["fidelity_token_agreement"], identical=summ["fidelity_identical_share"],
+                         score=summ.get("score"), speedups=sp, work=summ.get("work_share_vs_none"),
+                         label=labels.get(s, "")))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="tiny (embedded), random-tiny (random weights) or a checkpoint")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--domains", default="arith,code,list,gsm8k",
+                    help="task domains (gsm8k: the out-of-distribution stress case, --data)")
+    ap.add_argument("--shots", default="0,4", help="comma list: solved examples per prompt (each a workload)")
+    ap.add_argument("--gsm8k-shots", default="4", help="comma list: the shots of the gsm8k workload(s)")
+    ap.add_argument("--n", type=int, default=48, help="held-out test prompts per workload")
+    ap.add_argument("--passes", type=int, default=3, help="measured passes (speedup: their median)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--modes", default="plain,threshold")
+    ap.add_argument("--policies", default=",".join([*PEER_ORDER, ENTROPY]),
+                    help="policies to sweep (bare names: their --grid; name:key=value: one fixed point)")
+    ap.add_argument("--grid", default="small", choices=sorted(GRIDS))
+    ap.add_argument("--no-profiles", action="store_true", help="leave out the shipped profiles' points")
+    ap.add_argument("--seed", type=int, default=20261203,
+                    help="draws the prompts; must differ from every shipped profile's calibration seed")
+    ap.add_argument("--data", default=None, help="GSM8K test.jsonl [default: shared/data/gsm8k/test.jsonl]")
+    ap.add_argument("--allow-code-execution", action="store_true", help="score the code domain (runs its code)")
+    ap.add_argument("--gen-length", type=int, default=256)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--slack", type=float, default=SLACK)
+    ap.add_argument("--margin", type=float, default=MARGIN)
+    ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="PNG: one panel per workload and mode")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="measure nothing: combine the --json files of several runs (e.g. one per domain) into one "
+                         "set of tables, plot and JSON")
+    ap.add_argument("--verbose", "-v", action="store_true")
+    args = ap.parse_args(argv)
+    from ecache_cli.errors import EcacheError, UsageError
+
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EcacheError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _shot_list(text: str, flag: str) -> list[int]:
+    from ecache_cli.errors import UsageError
+
+    try:
+        out = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: give whole numbers separated by commas, e.g. 0,4") from None
+    if not out or min(out) < 0:
+        raise UsageError(f"{flag} {text!r}: give whole numbers ≥ 0 separated by commas, e.g. 0,4")
+    return out
+
+
+def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[str]]:
+    from ecache_cli.cache import POLICIES
+    from ecache_cli.errors import UsageError
+    from ecache_cli.outputs import check_plot_name
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    domains = [d.strip() for d in args.domains.split(",") if d.strip()]
+    shots, gsm8k_shots = _shot_list(args.shots, "--shots"), _shot_list(args.gsm8k_shots, "--gsm8k-shots")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for flag, v, lo in (("--n", args.n, 1), ("--passes", args.passes, 1), ("--warmup", args.warmup, 0),
+                        ("--batch-size", args.batch_size, 1)):
+        if v < lo:
+            raise UsageError(f"{flag} {v} must be ≥ {lo}")
+    if not domains or not modes or not policies:
+        raise UsageError("--domains, --modes and --policies each need at least one entry")
+    bad = [m for m in modes if m not in ("plain", "threshold")]
+    if bad:
+        raise UsageError(f"--modes {bad[0]!r} is not a mode; use plain, threshold")
+    for p in policies:
+        if ":" in p:
+            parse_policy_spec(p)
+        elif p not in POLICIES:
+            raise UsageError(f"--policies {p!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+    if not 0 < args.slack <= 1 or args.margin <= 0:
+        raise UsageError(f"--slack {args.slack} must be in (0, 1] and --margin {args.margin} > 0")
+    if args.plot is not None:
+        check_plot_name(args.plot)
+    return domains, shots, gsm8k_shots, modes, policies
+
+
+def run(args) -> int:
+    """The benchmark (module docstring); returns the exit status."""
+    domains, shots, gsm8k_shots, modes, policies = _check_args(args)
+    import torch
+    from rich.console import Console
+
+    log = Console(stderr=True, width=240).print
+    if args.merge:
+        return finish(merge(args.merge), args, log)
+
+    from ecache_cli.engine.core import Engine
+    from ecache_cli.errors import UsageError
+    from ecache_cli.models.loader import load_model
+    from ecache_cli.runs.manifest import manifest
+    from ecache_cli.runs.profile import Request, parse_policy_spec
+    from ecache_cli.runs.settings import resolve_settings
+    from ecache_cli.tasks import get_task
+
+    data = args.data or next((str(p) for p in GSM8K_CANDIDATES if p.is_file()), str(GSM8K_CANDIDATES[0]))
+
+    def task_of(d):
+        return get_task(d, data=data if d == "gsm8k" else None, allow_code_execution=args.allow_code_execution)
+
+    tasks = {d: task_of(d) for d in domains}  # unknown domain: UsageError here, before the model loads
+    model_key = "random-tiny" if args.model == "random-tiny" else args.model
+    seeds, calib_questions = calibration_samples(model_key, [d for d in domains if d != "gsm8k"], task_of)
+    if args.seed in seeds:
+        raise UsageError(f"--seed {args.seed} is a seed the shipped profiles were calibrated with ({sorted(seeds)}); "
+                         "pick another so the prompts are held out")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model == "random-tiny":
+        import tempfile
+
+        sys.path.insert(0, str(REPO / "bench"))
+        from speed import random_tiny
+
+        lm = load_model(random_tiny(Path(tempfile.mkdtemp(prefix="ecache-random-tiny-"))), args.device, args.dtype)
+    else:
+        lm = load_model(args.model, args.device, args.dtype)
+    engine, chat = Engine.from_loaded(lm), lm.chat
+    grid_signals = [s for fam in GRIDS[args.grid][ENTROPY] for s in fam.get("signal", ["max-entropy"])]
+    kinds = sorted({*grid_signals, *(parse_policy_spec(p)[1].get("signal", "max-entropy") for p in policies
+                                      if p.startswith(ENTROPY + ":"))})
+    doc = {"command": "bench/frontier.py", "date": datetime.date.today().isoformat(), "model": args.model,
+           "n": args.n, "seed": args.seed, "passes": args.passes, "grid": args.grid, "gen_length": args.gen_length,
+           "block_length": args.block_length, "threshold": args.threshold, "slack": args.slack, "margin": args.margin,
+           "grids": GRIDS[args.grid], "args": {k: str(v) for k, v in vars(args).items()},
+           "manifest": manifest(lm, None, args.seed, {"omp_num_threads": os.environ.get("OMP_NUM_THREADS")}),
+           "workloads": {}}
+    t_all = time.perf_counter()
+    for d in domains:
+        exs = held_out(tasks[d], args.n, args.seed, calib_questions.get(d, set()))
+        labels_of = {} if args.no_profiles or d == "gsm8k" else profile_points(model_key, d)
+        for k in gsm8k_shots if d == "gsm8k" else shots:
+            reqs = [Request(tasks[d].prompt(ex, k, args.seed), ex, tasks[d]) for ex in exs]
+            for mode in modes:
+                flags = dict(gen_length=args.gen_length, block_length=args.block_length,
+                             threshold=args.threshold if mode == "threshold" else None)
+                settings = resolve_settings(model_key, flags, {})
+                t0 = time.perf_counter()
+                ids = engine.encode([r.prompt for r in reqs], chat)
+                taus = {s: tau_grid(v, TAU_QUANTILES[args.grid])
+                        for s, v in none_signals(engine, settings, ids, kinds, args.seed).items()}
+                specs = policy_specs(policies, args.grid, taus)
+                labels: dict[str, str] = {}
+                if any(p.split(":")[0] == ENTROPY for p in policies):  # profile points join entropy's
+                    for label, s in labels_of.items():
+                        labels[s] = f"{labels[s]},{label}" if s in labels else label
+                specs = list(dict.fromkeys([*specs, *labels]))
+                key = f"{d}@{k}shot|{mode}"
+                log(f"{key}: {len(reqs)} prompts × {len(specs)} settings × {args.passes} passes")
+                pts = measure_workload(engine, settings, reqs, specs, labels, args, chat, log)
+                v = verdicts(pts, args.slack, args.margin)
+                doc["workloads"][key] = {"taus": taus, "points": [asdict(p) for p in pts], "verdicts": v,
+                                         "seconds": time.perf_counter() - t0}
+                _print_workload(key, pts, v, log)
+    doc["total_s"] = time.perf_counter() - t_all
+    return finish(doc, args, log)
+
+
+def merge(paths: list[Path]) -> dict:
+    """One document from the ``--json`` files of several runs (e.g. one per domain, run side by side):
+    their workloads together (a workload in two files: UsageError), the first file's settings, every
+    run's ``total_s`` summed. The runs must agree on model, n, seed, passes, grid, gen/block length,
+    threshold, slack and margin (UsageError naming the first difference)."""
+    from ecache_cli.errors import UsageError
+
+    same = ("model", "n", "seed", "passes", "grid", "gen_length", "block_length", "threshold", "slack", "margin")
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(Path(p).read_text().strip().splitlines()[-1]))
+        except (OSError, ValueError, IndexError) as e:
+            raise UsageError(f"--merge {p}: not a bench/frontier.py --json file ({e})") from None
+    out = {**docs[0], "workloads": {}, "total_s": 0.0, "merged": [str(p) for p in paths]}
+    for p, d in zip(paths, docs):
+        diff = next((k for k in same if d.get(k) != docs[0].get(k)), None)
+        if diff is not None:
+            raise UsageError(f"--merge {p}: {diff}={d.get(diff)!r} differs from {paths[0]}'s {docs[0].get(diff)!r}")
+        for key, wl in d["workloads"].items():
+            if key in out["workloads"]:
+                raise UsageError(f"--merge {p}: workload {key} is in two files")
+            out["workloads"][key] = wl
+        out["total_s"] += d.get("total_s", 0.0)
+    return out
+
+
+def finish(doc: dict, args, log) -> int:
+    """Summary lines on stderr, then ``--markdown``, ``--plot``, ``--json`` and the JSON line on stdout."""
+    from ecache_cli.runs.profile import json_line
+
+    doc["summary"] = summary(doc)
+    for line in _summary_lines(doc["summary"]):
+        log(line, markup=False, highlight=False)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(doc))
+    if args.plot:
+        plot(doc, args.plot)
+    line = json_line(doc)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(line + "\n")
+    sys.stdout.write(line + "\n")
+    return 0
+
+
+def summary(doc: dict) -> dict:
+    """The issue's targets over all workloads: per mode, the domains where entropy dominates every peer
+    (at every shots setting), the domains where it beats dual's fastest point by the margin, and whether
+    every profile point holds (within the slack of the frontier, not slower than none)."""
+    out: dict = {}
+    for key, wl in doc["workloads"].items():
+        w, mode = key.split("|")
+        domain = w.split("@")[0]
+        m = out.setdefault(mode, {"dominates_all": {}, "beats_dual_fastest": {}, "profiles_ok": True})
+        v = wl["verdicts"]
+        dom = all(d["dominated"] for d in v["dominance"].values())
+        m["dominates_all"][domain] = m["dominates_all"].get(domain, True) and dom
+        m["beats_dual_fastest"][domain] = m["beats_dual_fastest"].get(domain, True) and v["beats_dual_fastest"]["ok"]
+        m["profiles_ok"] = m["profiles_ok"] and all(g["ok"] for g in v["profiles"])
+    for m in out.values():
+        m["beats_dual_fastest_domains"] = sum(m["beats_dual_fastest"].values())
+    return out
+
+
+def _summary_lines(s: dict) -> list[str]:
+    out = []
+    for mode, m in s.items():
+        dom = ", ".join(f"{d} {'yes' if ok else 'NO'}" for d, ok in m["dominates_all"].items())
+        beat = ", ".join(f"{d} {'yes' if ok else 'no'}" for d, ok in m["beats_dual_fastest"].items())
+        out.append(f"{mode}: entropy dominates every peer: {dom}; >= margin over dual's fastest: {beat} "
+                   f"({m['beats_dual_fastest_domains']} domains); profiles within the frontier slack and not slower "
+                   f"than none: {'yes' if m['profiles_ok'] else 'NO'}")
+    return out
+
+
+def _print_workload(key: str, pts: list[Point], v: dict, log) -> None:
+    for q, names in v["frontiers"].items():
+        front = [p for p in pts if p.policy == q and p.name() in names]
+        log(f"{key} {q} frontier: " + "; ".join(f"{p.name()} {p.speedup:.2f}x {100 * p.agreement:.1f}%"
+                                                for p in sorted(front, key=lambda p: p.speedup)),
+            markup=False, highlight=False)
+    for q, d in v["dominance"].items():
+        log(f"{key} entropy dominates {q}: {'yes' if d['dominated'] else 'NO'}"
+            + (f" (unmatched: {', '.join(d['unmatched'])})" if d["unmatched"] else ""), markup=False, highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""``ecache calibrate``'s joint search (τ with recent_k and block refresh) and its groups (several task
+domains or shot counts that must each meet the tolerance): the choice rule on hand-made points, the run
+file's arms, and the command end to end on the tiny random checkpoint (``--metric fidelity``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import SMALL
+
+from ecache_cli.errors import UsageError
+from ecache_cli.runs import calibrate as calib_mod
+from ecache_cli.runs.calib_groups import TaskGroups, parse_list, parse_shots
+from ecache_cli.runs.calib_store import RunFile
+from ecache_cli.runs.calibrate import CalibrateOptions, arms, calibrate
+from ecache_cli.runs.settings import resolve_settings
+from ecache_cli.runs.tau_search import Point, choose, failing_groups, qualifies
+from ecache_cli.tasks import get_task
+
+
+def pt(tau, score, speedup, fidelity=1.0, k=None, br=None, parts=None):
+    return Point(tau=tau, n=10, score=score, fidelity=fidelity, identical=fidelity, speedup=speedup,
+                 speedup_wall=speedup, tokens_per_s=1.0, refresh_rate=0.5, nfe=8.0, cost=int(1000 / speedup),
+                 wall_s=1.0, recent_k=k, block_refresh=br, parts=parts)
+
+
+def test_joint_choice_takes_the_least_work_over_every_arm_and_breaks_ties_safely():
+    base = pt(None, 0.8, 1.0)
+    sweep = [pt(0.5, 0.80, 3.0, k=64, br=False), pt(2.0, 0.80, 4.0, k=16, br=True),
+             pt(3.0, 0.70, 6.0, k=16, br=False)]  # the fastest drops 10 points
+    c = choose(sweep, base, "task", max_drop=0.01)
+    assert (c.point.tau, c.point.recent_k, c.point.block_refresh) == (2.0, 16, True)
+    assert c.reason.startswith("τ=2 k=16 block-refresh: 4.00× (cost proxy)")
+    ties = [pt(1.0, 0.8, 3.0, k=16, br=True), pt(1.0, 0.8, 3.0, k=64, br=True), pt(1.0, 0.8, 3.0, k=64, br=False)]
+    assert choose(ties, base, "task", 0.0).point.safety() == (1.0, -64, False)  # larger k, then the paper's rule
+    assert pt(0.5, 0.8, 2.0).label() == "τ=0.5" and base.label() == "none"
+
+
+def test_groups_must_each_meet_the_tolerance():
+    base = pt(None, 0.8, 1.0, parts={"arith": pt(None, 0.9, 1.0), "list": pt(None, 0.7, 1.0)})
+    good = pt(1.0, 0.8, 3.0, parts={"arith": pt(1.0, 0.9, 3.5), "list": pt(1.0, 0.7, 2.5)})
+    # the pooled score drops 1 point, but list loses 10 (arith gains 8)
+    bad = pt(2.0, 0.79, 5.0, parts={"arith": pt(2.0, 0.98, 5.0), "list": pt(2.0, 0.60, 5.0)})
+    slow = pt(3.0, 0.80, 1.5, parts={"arith": pt(3.0, 0.9, 2.5), "list": pt(3.0, 0.7, 0.9)})  # list slower than none
+    assert qualifies(good, base, "task", 0.02)
+    assert not qualifies(bad, base, "task", 0.02) and failing_groups(bad, base, "task", 0.02) == ["list"]
+    assert not qualifies(slow, base, "task", 0.02) and failing_groups(slow, base, "task", 0.02) == ["list"]
+    c = choose([good, bad, slow], base, "task", 0.02)
+    assert c.point is good and c.reason.endswith("within the tolerance on every group (arith, list)")
+    none = choose([bad], base, "task", 0.02)
+    assert none.point is None and "on every group (arith, list)" in none.reason and "(fails on list)" in none.reason
+
+
+def test_arms_and_list_parsing():
+    settings = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 32})
+    assert arms(CalibrateOptions(task="list"), settings) == [(32, False)]
+    opts = CalibrateOptions(task="list", recent_ks=[16, 64], block_refreshes=[False, True])
+    assert arms(opts, settings) == [(16, False), (64, False), (16, True), (64, True)]
+    assert parse_list(" arith, code ,list", "--task") == ["arith", "code", "list"]
+    assert parse_shots("0,4") == [0, 4] and parse_shots(None) is None
+    for bad, msg in (("list,list", "names list twice"), (",", "names nothing")):
+        with pytest.raises(UsageError, match=msg):
+            parse_list(bad, "--task")
+    with pytest.raises(UsageError, match="--shots -1 must be ≥ 0"):
+        parse_shots("0,-1")
+
+
+def test_task_groups_dispatch_prompts_and_scores_to_their_own_task():
+    g = TaskGroups.build(["arith", "list"], [0, 2], get_task)
+    exs = g.examples("test", 2, 0)
+    assert [e.id.split(":")[0] for e in exs] == ["arith@0"] * 2 + ["arith@2"] * 2 + ["list@0"] * 2 + ["list@2"] * 2
+    assert g.groups(exs) == {"arith@0": [0, 1], "arith@2": [2, 3], "list@0": [4, 5], "list@2": [6, 7]}
+    arith, lst = get_task("arith"), get_task("list")
+    ex0 = arith.examples("test", 2, 0)[0]
+    assert g.prompt(exs[0], 99, 0) == arith.prompt(ex0, 0, 0) and g.prompt(exs[2], None, 0) == arith.prompt(ex0, 2, 0)
+    ex_l = lst.examples("test", 2, 0)[1]
+    assert g.score(exs[5], ex_l.answer) == lst.score(ex_l, ex_l.answer) == 1.0
+    assert g.score(exs[5], "nonsense") == 0.0
+    assert g.name == "arith,list" and g.can_score and not g.needs_code_execution and g.default_shots == [0, 2]
+
+
+def run_joint(lm, tmp_path, name="run.jsonl", **kw):
+    settings = resolve_settings(str(lm.path), {"gen_length": 16, "block_length": 8}, {"policy": "entropy"})
+    kw = {"task": "list", "limit": 2, "metric": "fidelity", "grid": 2, "refine": 1, "max_drop": 100.0,
+          "recent_ks": [0, 4], "block_refreshes": [False, True], "run_file": tmp_path / name,
+          "out": tmp_path / "p.yaml", "chat": False, "quiet": True, **kw}
+    return calibrate(lm, settings, get_task("list"), CalibrateOptions(**kw), err_console=None)
+
+
+def test_joint_search_decodes_each_arm_and_writes_the_chosen_arm(llada_lm, tmp_path, profiles_dir, monkeypatch):
+    calls = []
+    real = calib_mod.Evaluator._run_chunk
+
+    def spy(self, tau, c, idx):
+        calls.append((tau, self.arm))
+        return real(self, tau, c, idx)
+
+    monkeypatch.setattr(calib_mod.Evaluator, "_run_chunk", spy)
+    out = run_joint(llada_lm, tmp_path)
+    got = {(p.recent_k, p.block_refresh) for p in out.points}
+    assert got == {(0, False), (4, False), (0, True), (4, True)}
+    assert {a for t, a in calls if t is not None} <= got and (None, None) in calls  # none decoded once, no arm
+    assert sum(1 for t, _ in calls if t is None) == 2  # two examples, batch size 1
+    # --max-drop 100: every faster setting qualifies; the least work (highest proxy speedup) wins
+    c = out.choice.point
+    assert c.speedup == max(p.speedup for p in out.points if p.speedup > 1)
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert prof["cache"]["tau"] == c.tau and prof["cache"]["recent_k"] == c.recent_k
+    assert prof["cache"].get("block_refresh", False) == c.block_refresh
+    # the run file: records of arms other than the run's own (recent_k 64, off) name their arm
+    recs = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert recs[0]["key"]["arms"] == [[0, False], [4, False], [0, True], [4, True]]
+    assert {tuple(r["arm"]) for r in recs[1:] if r["tau"] is not None} == got
+    assert all("arm" not in r for r in recs[1:] if r["tau"] is None)
+    for r in recs[1:]:  # a copied record comes from the same arm
+        if "reused_from" in r:
+            src = next(s for s in recs[1:] if s["tau"] == r["reused_from"] and s["index"] == r["index"]
+                       and s.get("arm") == r["arm"])
+            assert src["token_ids"] == r["token_ids"]
+    # resuming decodes nothing and reaches the same choice
+    (tmp_path / "p.yaml").unlink()
+    n = len(calls)
+    again = run_joint(llada_lm, tmp_path, resume=True)
+    assert len(calls) == n and again.choice.point == out.choice.point
+    f = RunFile(tmp_path / "run.jsonl", recs[0]["key"], resume=True, dry_run=True)
+    assert f.get(c.tau, 0, (c.recent_k, c.block_refresh)) is not None  # the run's own arm (64, off) is not searched
+
+
+def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profiles_dir, tmp_path):
+    res = cli("calibrate", "--model", llada_dir, "--task", "arith,list", "--limit", 2, "--metric", "fidelity",
+              "--max-drop", 100, "--grid", 2, "--refine", 0, "--recent-k", "4,64",
+              *SMALL, "--json", tmp_path / "c.json")
+    assert res.exit_code == 0, res.stderr
+    assert "within the tolerance on every group (arith, list)" in res.stdout
+    prof = yaml.safe_load((profiles_dir / "llada-rand" / "default.yaml").read_text())
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert prof["task"] == "default" and set(prof["measured"]["groups"]) == {"arith", "list"}
+    assert prof["cache"]["recent_k"] == doc["choice"]["recent_k"] in (4, 64)
+    assert set(doc["choice"]["parts"]) == {"arith", "list"} and doc["calibrate"]["groups"] == ["arith", "list"]
+    assert doc["none"]["n"] == 4 and doc["none"]["parts"]["arith"]["n"] == 2
+    assert (profiles_dir / "llada-rand" / ".default.calib.jsonl").is_file()
+    gen = cli("generate", "--model", llada_dir, "--jsonl", "--no-chat", "-q", "Sort: 3 1 2")
+    assert gen.exit_code == 0, gen.stderr
+    assert json.loads(gen.stdout)["settings"]["cache_params"]["tau"] == prof["cache"]["tau"]
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--task", "arith,nope"], "unknown task 'nope'"),
+    (["--task", "list,list"], "names list twice"),
+    (["--task", "list", "--recent-k", "4,x"], "--recent-k '4,x'"),
+    (["--task", "list", "--recent-k", "4,4"], "distinct whole numbers"),
+    (["--task", "list", "--recent-k", "-1"], "recent_k=-1 must be ≥ 0"),
+    (["--task", "list", "--recent-k", "4,-1"], "distinct whole numbers ≥ 0"),
+    (["--task", "list", "--shots", "0,a"], "--shots '0,a'"),
+])
+def test_cli_bad_lists_are_one_line_usage_errors(cli, args, msg):
+    res = cli("calibrate", *args, "--metric", "fidelity", *SMALL)
+    assert res.exit_code == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0]
+
+
+def test_cli_joint_with_one_recent_k_searches_block_refresh_only(cli, llada_dir, profiles_dir, tmp_path):
+    res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
+              "--max-drop", 100, "--taus", "0.5,100", "--refine", 0, "--joint", "--recent-k", 4, *SMALL,
+              "--json", tmp_path / "c.json", "--out", tmp_path / "p.yaml")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    got = [(p["tau"], p["recent_k"], p["block_refresh"]) for p in doc["points"]]
+    assert got == [(0.5, 4, False), (100.0, 4, False), (0.5, 4, True), (100.0, 4, True)]
+    assert "100 k4 B" in res.stdout and "k = recent_k, B = block refresh" in res.stdout
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert prof["cache"]["recent_k"] == 4
+    assert prof["cache"].get("block_refresh", False) == doc["choice"]["block_refresh"]

@@ -1,0 +1,214 @@
+"""bench/frontier.py: knob grids, Pareto frontiers, the dominance rule (0.97 slack), the margin over dual's
+fastest point, the profile gap, per-pass speedups, and one tiny end-to-end run on the embedded model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fr():
+    if str(REPO / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("frontier", REPO / "bench" / "frontier.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["frontier"] = mod  # its dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def P(fr, policy, speedup, agreement, spec=None, label=""):
+    return fr.Point(policy=policy, spec=spec or f"{policy}:{speedup}:{agreement}", speedup=speedup,
+                    agreement=agreement, label=label)
+
+
+def test_expand_is_the_cartesian_product_in_order_and_specs_parse_back(fr):
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    specs = fr.expand("entropy", {"tau": [0.0, 0.5], "recent_k": [16, 64], "block_refresh": [False, True]})
+    assert len(specs) == 8
+    assert specs[0] == "entropy:tau=0.0:recent_k=16:block_refresh=false"
+    assert specs[1] == "entropy:tau=0.0:recent_k=16:block_refresh=true"
+    assert specs[-1] == "entropy:tau=0.5:recent_k=64:block_refresh=true"
+    assert parse_policy_spec(specs[-1]) == ("entropy", {"tau": 0.5, "recent_k": 64, "block_refresh": True})
+    assert parse_policy_spec(fr.spec("entropy", {"tau": 0.00271}))[1] == {"tau": 0.00271}
+    assert fr.expand("dual", {}) == ["dual"]
+    with pytest.raises(ValueError, match="knob kr has no values"):
+        fr.expand("dllm-cache", {"kr": []})
+
+
+def test_every_grid_point_is_a_valid_setting_and_no_peer_point_is_its_forced_refresh(fr):
+    from ecache_cli.cache import POLICIES
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    for size, grids in fr.GRIDS.items():
+        taus = {s: [0.1, 0.5, 2.0] for s in ("max-entropy", "sum-entropy", "max-confidence")}
+        specs = fr.policy_specs([*fr.PEER_ORDER, "entropy"], size, taus)
+        assert len(specs) == len(set(specs))
+        for s in specs:
+            name, params = parse_policy_spec(s)  # raises for an unknown knob or a value out of range
+            forced = POLICIES[name].forced_refresh
+            if name != "entropy" and forced:
+                assert not all(params.get(k) == v for k, v in forced.items()), s
+        n_entropy = sum(1 for s in specs if s.startswith("entropy:"))
+        want = 0
+        for fam in grids["entropy"]:
+            size = 3  # τ values
+            for vs in fam.values():
+                size *= len(vs)
+            want += size
+        assert n_entropy == want
+        assert any("recent_steps=" in s for s in specs)  # the variant is swept beside the paper's rule
+    assert set(fr.GRIDS["small"]) == set(fr.PEER_ORDER) | {"entropy"} == set(POLICIES) - {"none"}
+
+
+def test_fixed_points_are_kept_and_tau_grid_follows_the_signal(fr):
+    assert fr.policy_specs(["dual:refresh_every=2", "entropy:tau=1"], "small", {}) == \
+        ["dual:refresh_every=2", "entropy:tau=1"]
+    sig = [0.1 * i for i in range(1, 101)] + [None, float("-inf")]
+    taus = fr.tau_grid(sig, 4)
+    assert len(taus) == 4 and taus == sorted(taus)
+    assert taus[-1] == 10.0  # the largest signal (rounded up): no step of none refreshes
+    assert taus[0] == pytest.approx(5.05, rel=1e-3)  # the median: about half the steps refresh
+    assert taus[1] == pytest.approx(9.01, rel=1e-3)  # the 0.9 quantile: a tenth of the steps
+    assert fr.tau_grid([None], 4) == [1.0]
+
+
+def test_pareto_keeps_exactly_the_undominated_points(fr):
+    pts = [P(fr, "dual", 1.0, 1.0), P(fr, "dual", 2.0, 0.9), P(fr, "dual", 1.5, 0.8), P(fr, "dual", 2.0, 0.95),
+           P(fr, "dual", 3.0, 0.5), P(fr, "dual", 0.9, 1.0)]
+    front = fr.pareto(pts)
+    assert [(p.speedup, p.agreement) for p in front] == [(1.0, 1.0), (2.0, 0.95), (3.0, 0.5)]
+
+
+def test_dominance_uses_the_097_slack_and_needs_agreement_at_least_the_peers(fr):
+    ent = [P(fr, "entropy", 1.94, 0.95, "e1"), P(fr, "entropy", 3.0, 0.80, "e2")]
+    # 1.94 >= 0.97 * 2.0 = 1.94 (matched at the edge); agreement 0.95 >= 0.95
+    assert fr.dominates(ent, [P(fr, "dual", 2.0, 0.95)])["dominated"] is True
+    # 1.94 < 0.97 * 2.01
+    r = fr.dominates(ent, [P(fr, "dual", 2.01, 0.95, "d-fast"), P(fr, "dual", 1.0, 0.9, "d-slow")])
+    assert r == {"dominated": False, "points": 2, "unmatched": ["d-fast"]}
+    # faster entropy points do not count when less faithful
+    assert fr.dominates(ent, [P(fr, "dual", 1.0, 0.96, "d")])["unmatched"] == ["d"]
+    assert fr.dominates(ent, [])["dominated"] is False
+    assert fr.match(ent, P(fr, "dual", 1.5, 0.8)).spec == "e2"  # the fastest qualifying entropy point
+
+
+def test_margin_over_duals_fastest_point(fr):
+    dual = [P(fr, "dual", 1.0, 1.0, "d0"), P(fr, "dual", 2.0, 0.9, "d-fast")]
+    ent = [P(fr, "entropy", 2.3, 0.91, "e-ok"), P(fr, "entropy", 4.0, 0.85, "e-unfaithful")]
+    r = fr.beats_fastest(ent, dual)
+    assert r["ok"] is True and r["ratio"] == pytest.approx(1.15)
+    assert r["dual_fastest"] == ("d-fast", 2.0, 0.9) and r["entropy"][0] == "e-ok"
+    assert fr.beats_fastest([P(fr, "entropy", 2.1, 0.95)], dual)["ok"] is False  # 1.05x < 1.10x
+    assert fr.beats_fastest(ent, [])["ok"] is False
+
+
+def test_profile_gap_and_not_slower_than_none(fr):
+    ent = [P(fr, "entropy", 3.0, 0.95, "e"), P(fr, "entropy", 2.95, 0.96, "prof", "profile:list")]
+    g = fr.frontier_gap(ent[1], ent)
+    assert g["ratio"] == 1.0 and g["ok"] is True  # nothing at >= 0.96 agreement is faster
+    low = P(fr, "entropy", 2.8, 0.95, "p2", "profile:arith")
+    g = fr.frontier_gap(low, ent + [low])
+    assert g["ratio"] == pytest.approx(2.8 / 3.0) and g["ok"] is False and g["frontier_point"] == "e"
+    slow = P(fr, "entropy", 0.99, 1.0, "p3", "profile:code")
+    assert fr.frontier_gap(slow, [slow])["ok"] is False  # on the frontier, but slower than none
+
+
+def test_verdicts_group_points_per_policy(fr):
+    pts = [P(fr, "dual", 1.5, 0.99, "d1"), P(fr, "prefix", 1.2, 1.0, "p1"), P(fr, "entropy", 1.6, 1.0, "e1"),
+           P(fr, "entropy", 1.5, 0.9, "e2", "profile:list")]
+    v = fr.verdicts(pts)
+    assert v["frontiers"] == {"dual": ["d1"], "prefix": ["p1"], "entropy": ["e1"]}
+    assert list(v["dominance"]) == ["prefix", "dual"]
+    assert all(d["dominated"] for d in v["dominance"].values())
+    assert v["beats_dual_fastest"]["ok"] is False and v["beats_dual_fastest"]["ratio"] == pytest.approx(1.6 / 1.5)
+    assert [g["label"] for g in v["profiles"]] == ["profile:list"] and v["profiles"][0]["ok"] is False
+
+
+def test_pass_speedups_pair_passes_with_nones(fr):
+    from ecache_cli.metrics.throughput import RowMeasure, RunMeasure
+
+    def run(policy, repeat, tokens, wall):
+        row = RowMeasure(prompt=0, repeat=repeat, generated_tokens=tokens, latency_s=wall, nfe=1, full_forwards=1,
+                         partial_forwards=0, tokens_computed=1, canvas=1)
+        return RunMeasure(policy=policy, wall_s=wall, forward_s=wall, decision_s=0, sampling_s=0, steps=1, rows=[row])
+
+    base = [run("none", 0, 10, 1.0), run("none", 1, 10, 2.0), run("none", 2, 10, 1.0)]
+    mine = [run("e", 0, 10, 0.5), run("e", 1, 10, 0.5), run("e", 2, 10, 0.25)]
+    assert fr.pass_speedups(mine, base) == [2.0, 4.0, 4.0]
+
+
+def test_markdown_and_plot_from_a_document(fr, tmp_path):
+    from dataclasses import asdict
+
+    pts = [P(fr, "dual", 1.5, 0.99, "dual:refresh_every=0"), P(fr, "entropy", 1.8, 1.0, "entropy:tau=1.0")]
+    doc = {"model": "tiny", "n": 2, "seed": 5, "passes": 3, "grid": "small", "gen_length": 32, "block_length": 32,
+           "threshold": 0.9, "margin": 1.1,
+           "workloads": {"list@0shot|plain": {"points": [asdict(p) for p in pts], "verdicts": fr.verdicts(pts)}}}
+    md = fr.markdown(doc)
+    assert "| list@0shot | plain | dual | 1 | yes | – |" in md
+    assert "| entropy | `entropy:tau=1.0` | 1.80x | 100.0 | – | – |" in md
+    out = tmp_path / "f.png"
+    fr.plot(doc, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    s = fr.summary(doc)
+    assert s["plain"]["dominates_all"] == {"list": True} and s["plain"]["beats_dual_fastest_domains"] == 1
+
+
+def test_bad_input_is_one_line_exit_2(fr, capsys):
+    assert fr.main(["--gsm8k-shots", "x"]) == 2
+    assert "--gsm8k-shots 'x'" in capsys.readouterr().err
+    assert fr.main(["--modes", "fast"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --modes 'fast' is not a mode; use plain, threshold"
+    assert fr.main(["--policies", "dual:nope=1"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert fr.main(["--domains", "poetry", "--n", "1"]) == 2
+    assert "poetry" in capsys.readouterr().err
+    assert fr.main(["--seed", "0", "--domains", "list", "--n", "1"]) == 2  # the shipped list profile's seed
+    assert "calibrated with" in capsys.readouterr().err
+
+
+def test_end_to_end_tiny_run(fr, tmp_path, capsys):
+    """One workload, two points besides none, on the embedded model: the JSON line holds both points with
+    their per-pass speedups, fidelity in [0, 1] and the verdicts; the Markdown and the PNG are written."""
+    md, png = tmp_path / "f.md", tmp_path / "f.png"
+    rc = fr.main(["--domains", "list", "--shots", "0", "--n", "1", "--passes", "1", "--warmup", "0",
+                  "--modes", "plain", "--policies", "dual:refresh_every=0,entropy:tau=0.0:recent_k=16",
+                  "--no-profiles", "--gen-length", "32", "--block-length", "16", "--threads", "1",
+                  "--markdown", str(md), "--plot", str(png)])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    wl = doc["workloads"]["list@0shot|plain"]
+    pts = {p["spec"]: p for p in wl["points"]}
+    assert set(pts) == {"dual:refresh_every=0", "entropy:tau=0.0:recent_k=16"}
+    ent = pts["entropy:tau=0.0:recent_k=16"]
+    assert ent["agreement"] == 1.0 and ent["identical"] == 1.0  # τ = 0 refreshes every step: decodes as none
+    assert len(ent["speedups"]) == 1 and ent["speedup"] > 0
+    assert 0 <= pts["dual:refresh_every=0"]["agreement"] <= 1
+    assert set(wl["verdicts"]["dominance"]) == {"dual"}
+    assert wl["taus"]["max-entropy"] == sorted(wl["taus"]["max-entropy"]) and wl["taus"]["max-entropy"][0] > 0
+    assert "| list@0shot | plain | dual |" in md.read_text()
+    assert png.stat().st_size > 1000
+
+    # --merge: two runs' JSON files, one set of tables; a workload in both files is refused
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc) + "\n")
+    b.write_text(json.dumps({**doc, "workloads": {"arith@0shot|plain": wl}}) + "\n")
+    assert fr.main(["--merge", str(a), str(b), "--markdown", str(md)]) == 0
+    merged = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(merged["workloads"]) == {"list@0shot|plain", "arith@0shot|plain"}
+    assert set(merged["summary"]["plain"]["dominates_all"]) == {"list", "arith"}
+    assert "| arith@0shot | plain | dual |" in md.read_text()
+    assert fr.main(["--merge", str(a), str(a)]) == 2
+    assert "is in two files" in capsys.readouterr().err
+    b.write_text(json.dumps({**doc, "seed": 7}) + "\n")
+    assert fr.main(["--merge", str(a), str(b)]) == 2
+    assert "seed=7 differs" in capsys.readouterr().err
