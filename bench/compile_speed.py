@@ -108,6 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tau", type=float, default=None, help="EntropyCache tau [default: the model's profile, else 1]")
     ap.add_argument("--max-graphs", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds per engine, alternating; the best is kept")
+    ap.add_argument("--pad", action=argparse.BooleanOptionalAction, default=None,
+                    help="buckets and slots (StaticStep pad) [default: on CUDA only]")
     ap.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
                     help="the float32 equivalence check [default: on in float32]")
     ap.add_argument("--seed", type=int, default=0)
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
                                        scale=4.0, dtype=torch.bfloat16, **SIZES[args.size])
     lm = load_model(name, device=args.device, dtype=args.dtype)
     eager = Engine.from_loaded(lm)
-    step = StaticStep(lm.model, max_graphs=args.max_graphs)
+    step = StaticStep(lm.model, max_graphs=args.max_graphs, pad=args.pad)
     comp = Engine(step, lm.tokenizer, lm.spec)
     cache = {"tau": args.tau} if args.tau is not None else {}
     settings = resolve_settings(args.model if args.size is None else "random", {
