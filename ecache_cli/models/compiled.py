@@ -176,10 +176,10 @@ class _Slot:
 
 
 def _core(model, tokens, k, v, attn_mask, cos, sin, query_pos, logits_pos):
-    """The traced forward: ``model.forward`` over a store made of the slot's tensors, no hooks. Shapes
-    fixed per bucket: tokens (Bb, T); k, v lists of (Bb, H_kv, T, D) (written in place); attn_mask
-    (Bb, 1, 1, T) bool or None; cos, sin (Bb, 1, T, D); query_pos (Bb, Sb); logits_pos (Bb, Rb).
-    Returns logits (Bb, Rb, V)."""
+    """The traced forward: ``model.forward`` over a store made of the given K/V, no hooks. tokens (B, T);
+    k, v lists of (B, H_kv, T, D) (written in place); attn_mask (B, 1, 1, T) bool or None; cos, sin
+    (B, 1, T, D) float32; query_pos (B, S) long; logits_pos (B, R) long. Returns logits (B, R, V).
+    Bucketed form: B, S, R fixed per bucket, T symbolic; unpadded form: every size symbolic."""
     store = KVStore(k=list(k), v=list(v), key_mask=None, positions=None, attn_mask=attn_mask, rope=(cos, sin))
     return model(tokens, store, query_pos=query_pos, logits_pos=logits_pos)
 
