@@ -383,3 +383,20 @@ def test_parallel_rules_reject_nan():
         select_threshold(conf, float("nan"))
     with pytest.raises(UsageError):
         select_factor(conf, float("nan"))
+
+
+def test_packed_sampling_equals_the_padded_grid_at_real_entries():
+    """Sampling only the real targets (``Sampled.spread``) gives the padded grid's values there; padding
+    entries repeat their row's first entry, margin included."""
+    from ecache_cli.decoding.sampling import sample
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 5, 40, generator=g) * 3
+    valid = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    kw = dict(temperature=0.0, top_k=None, top_p=None, generator=None, banned_ids=torch.tensor([2]))
+    grid = sample(logits, **kw)
+    packed = sample(logits[valid][None], **kw).spread(valid)
+    for name in ("x0", "prob", "entropy", "margin", "neg_entropy"):
+        got, want = getattr(packed, name), getattr(grid, name)
+        assert torch.equal(got[valid], want[valid]), name
+        assert torch.equal(got[~valid], got[:, :1].expand_as(got)[~valid]), name

@@ -63,7 +63,8 @@ def test_registered_with_published_defaults():
     caps = {n: (sorted(POLICIES[n].row_state), POLICIES[n].keeps_hidden) for n in POLICIES}
     assert caps["dllm-cache"] == (["last"], False) and caps["d2cache"] == (["conf", "importance"], False)
     assert caps["elastic"] == (["has_prev", "prev_row", "similarity", "start_next", "tracked"], True)
-    assert caps["dkv"] == caps["none"] == caps["dual"] == ([], False) and caps["entropy"] == (["refresh_next"], False)
+    assert caps["dkv"] == caps["none"] == caps["dual"] == ([], False)
+    assert caps["entropy"] == (["block_signal", "refresh_next"], False)
 
 
 @pytest.mark.parametrize("name,params,match", [

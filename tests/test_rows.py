@@ -122,3 +122,80 @@ def test_a_joining_prompt_longer_than_the_canvas_is_refused(llada_lm):
     run = eng.start(eng.encode(["abc"], chat=False), DecodeConfig(gen_length=8, block_length=8), make_policy("none"))
     with pytest.raises(Exception, match="prompt width 3"):
         run.add([5, 6, 7, 8])
+
+
+# --- rows moving in place in the KV store's buffers
+
+
+def test_store_rows_join_and_leave_in_place_in_their_buffers():
+    from ecache_cli.kvstore import KVStore
+
+    km = torch.tensor([[False, True, True], [True, True, True], [False, False, True]])
+    store = KVStore.allocate(2, 1, 2, km, torch.float32, keep_hidden=4, capacity=5)
+    for t in store.k + store.v + store.hidden:  # each row's entries hold its index + 1
+        t.copy_(torch.arange(1, 4, dtype=torch.float32).view(3, *[1] * (t.dim() - 1)).expand_as(t))
+    ptrs = [t.data_ptr() for t in store.k + store.v + store.hidden + [store.key_mask, store.positions]]
+    assert store.capacity == 5 and store.k[0].shape == (3, 1, 3, 2) and store.attn_mask.shape == (3, 1, 1, 3)
+    store.select_rows(torch.tensor([2, 1]))  # row 0 leaves, row 2 takes its slot
+    assert store.k[1][:, 0, 0, 0].tolist() == [3.0, 2.0] and store.hidden[0][:, 0, 0].tolist() == [3.0, 2.0]
+    assert store.key_mask.tolist() == [[False, False, True], [True, True, True]]
+    assert store.positions.tolist() == [[0, 0, 0], [0, 1, 2]]
+    store.add_rows(torch.tensor([[False, True, True], [True, True, True]]))  # two fresh rows join
+    assert store.k[0][:, 0, 0, 0].tolist() == [3.0, 2.0, 0.0, 0.0] and store.positions[2].tolist() == [0, 0, 1]
+    assert store.attn_mask[:, 0, 0].tolist() == store.key_mask.tolist() and store.rope is None
+    assert [t.data_ptr() for t in store.k + store.v + store.hidden + [store.key_mask, store.positions]] == ptrs
+    store.add_rows(torch.ones(2, 3, dtype=torch.bool))  # 6 rows > capacity 5: the buffers grow (doubling)
+    assert store.capacity == 10 and store.batch == 6 and store.k[0].data_ptr() != ptrs[0]
+    assert store.v[1][:, 0, 0, 0].tolist() == [3.0, 2.0, 0.0, 0.0, 0.0, 0.0]
+    assert store.key_mask[:4].tolist() == [[False, False, True], [True, True, True], [False, True, True], [True] * 3]
+    grown = store.k[0].data_ptr()
+    store.select_rows(torch.zeros(0, dtype=torch.long))  # every row leaves, then one joins the empty store
+    assert store.batch == 0 and store.k[0].shape == (0, 1, 3, 2)
+    store.add_rows(torch.tensor([[False, True, True]]))
+    assert store.k[0].data_ptr() == grown and store.capacity == 10 and store.k[0].abs().sum() == 0
+    assert store.positions.tolist() == [[0, 0, 1]] and store.attn_mask[:, 0, 0].tolist() == [[False, True, True]]
+
+
+def test_store_rows_never_move_inside_tensors_set_from_outside():
+    from ecache_cli.kvstore import KVStore
+
+    store = KVStore.allocate(1, 1, 2, torch.ones(3, 4, dtype=torch.bool), torch.float32)
+    cos = torch.arange(3.0).view(3, 1, 1, 1).expand(3, 1, 4, 2).contiguous()
+    store.rope = (cos, cos)  # as the model sets its tables; the caller may hold them elsewhere
+    store.select_rows(torch.tensor([2, 1]))
+    assert store.rope[0][:, 0, 0, 0].tolist() == [2.0, 1.0] and cos[:, 0, 0, 0].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_compact_order_fills_freed_slots_from_the_end():
+    leaving = torch.tensor([True, False, True, False, False, True, False])
+    assert row_fields.compact_order(leaving).tolist() == [4, 1, 6, 3]  # slots 0 and 2 get rows 4 and 6
+    assert row_fields.compact_order(torch.tensor([False, False, True])).tolist() == [0, 1]
+    assert row_fields.compact_order(torch.tensor([True, True])).tolist() == []
+
+
+@pytest.mark.parametrize("policy", ["entropy", "elastic"])  # partial forwards; elastic keeps hidden states too
+def test_rows_joining_and_leaving_reuse_the_store_buffers_and_decode_as_alone(llada_lm, policy):
+    eng = Engine.from_loaded(llada_lm)
+    cfg = DecodeConfig(gen_length=16, block_length=8, steps=16, temperature=0.7)
+    ids = eng.encode(RAGGED_PROMPTS, chat=False)
+    run = eng.start(ids[:2], cfg, make_policy(policy, **PARAMS[policy]), seed=3, prompt_width=40)
+    run.store.max_rows = 8
+    joined, ptrs, moved = [(ids[0], 0), (ids[1], 1)], None, False
+    for i, rec in enumerate(run):
+        if run.store.capacity == 8:  # grown to max_rows (2 -> 4 -> 8): from then on the same buffers
+            now = [t.data_ptr() for t in run.store.k + run.store.v + (run.store.hidden or [])]
+            assert ptrs is None or now == ptrs, i
+            ptrs = now
+        moved |= bool((rec.rows[1:] < rec.rows[:-1]).any())  # a later row took a freed slot
+        if i % 3 == 2 and len(joined) < 10:
+            p = ids[len(joined) % len(ids)]
+            joined.append((p, 10 + len(joined)))
+            run.add(p, row_id=joined[-1][1])
+        assert run.store.k[0].shape[0] == run.state.batch <= 8
+    assert ptrs is not None and moved, "the buffers never reached max_rows or no row moved: weak test"
+    got = run.results()
+    assert len(got) == len(joined) == 10
+    for b, (prompt, row_id) in enumerate(joined):
+        alone = _alone(eng, prompt, cfg, policy, row_id, seed=3)
+        assert got[b].token_ids == alone.token_ids, (policy, b)
+        assert got[b].stats["nfe"] == alone.stats["nfe"], (policy, b)

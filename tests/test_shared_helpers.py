@@ -50,7 +50,7 @@ def test_kv_store_parks_and_restores_rows():
     for t in store.k + store.v + store.hidden:
         t.normal_()
     store.rope = (torch.randn(3, 1, 3, 4), torch.randn(3, 1, 3, 4))
-    ref = store.clone()  # K/V and hidden states copied; masks, positions and RoPE tables shared (replaced below)
+    ref = store.clone()  # a deep copy: the store moves its rows in place
     sub = store.take_rows(torch.tensor([1]))
     store.select_rows(torch.tensor([0, 2]))
     store.append_rows(sub)

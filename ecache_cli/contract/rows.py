@@ -3,7 +3,9 @@
 Everything that holds one entry per batch row (the decode state, the KV store, a cache policy's
 bookkeeping) declares which of its attributes are per row and along which dimensions, with
 :class:`PerRow`. Rows leave the batch (``keep``), are copied out (``take``) and come back or join
-(``append``) through the functions here alone, so no caller guesses which tensors are per row.
+(``append``) through the functions here alone, so no caller guesses which tensors are per row. (The
+KV store, whose rows are the large ones, moves them in place in preallocated buffers instead:
+``kvstore.py``; ``compact_order`` is the order that moves fewest.)
 This module imports nothing of ecache.
 """
 
@@ -92,6 +94,18 @@ def append(obj, fields: Mapping[str, PerRow], taken: dict) -> None:
     """Append the rows ``taken`` (a :func:`take` result, or fields of new rows) after ``obj``'s rows."""
     for name, spec in fields.items():
         setattr(obj, name, cat_value(getattr(obj, name), taken[name], spec))
+
+
+def compact_order(leaving: torch.Tensor) -> torch.Tensor:
+    """The rows that stay when rows ``leaving`` (B,) bool leave, as a ``keep`` index (K,) long that moves
+    as few rows as possible: every staying row below K keeps its slot, and the staying rows from K on
+    fill the freed slots below K in order. Row order is not kept (each row carries its run index, e.g.
+    ``DecodeState.rows``). Reads the count K from the device (one sync, in ``nonzero``)."""
+    stay = (~leaving).nonzero().squeeze(1)  # (K,) ascending
+    K = stay.numel()
+    keep = torch.arange(K, device=leaving.device)
+    keep[leaving[:K].nonzero().squeeze(1)] = stay[stay >= K]  # as many freed slots below K as stayers above
+    return keep
 
 
 def padded_index(mask: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,12 +49,34 @@ class Sampled:
     dream_conf: torch.Tensor | None = None
     filtered: torch.Tensor | None = field(default=None, repr=False)  # (B, N, V) f64 filtered log-probs
     lse: torch.Tensor | None = field(default=None, repr=False)  # (B, N, 1) f64 their logsumexp
+    layout: torch.Tensor | None = field(default=None, repr=False)  # (B, N) bool: filtered/lse hold these only
 
     @property
     def margin(self) -> torch.Tensor:
         vocab = self.filtered.shape[-1]
         top2 = (self.filtered.topk(min(2, vocab), dim=-1).values - self.lse).exp_()  # (B, N, ≤2)
-        return top2[..., 0] - top2[..., 1] if vocab > 1 else top2[..., 0]  # (B, N)
+        margin = top2[..., 0] - top2[..., 1] if vocab > 1 else top2[..., 0]  # (B, N) or (1, K) packed
+        return margin if self.layout is None else _spread(margin[0], self.layout)
+
+    @property
+    def neg_entropy(self) -> torch.Tensor:
+        return -self.entropy
+
+    def spread(self, layout: torch.Tensor) -> "Sampled":
+        """This (1, K) result of the K True entries of ``layout`` (B, N) bool, laid out as (B, N): each
+        False entry takes its row's first entry (a padding repeat of the row's first target; 0 for a row
+        with none)."""
+        return Sampled(x0=_spread(self.x0[0], layout), prob=_spread(self.prob[0], layout),
+                       entropy=_spread(self.entropy[0], layout),
+                       dream_conf=None if self.dream_conf is None else _spread(self.dream_conf[0], layout),
+                       filtered=self.filtered, lse=self.lse, layout=layout)
+
+
+def _spread(packed: torch.Tensor, layout: torch.Tensor) -> torch.Tensor:
+    """(K,) values of the True entries of ``layout`` (B, N) bool → (B, N); False entries repeat column 0."""
+    out = packed.new_zeros(layout.shape)
+    out[layout] = packed
+    return torch.where(layout, out, out[:, :1])
 
     @property
     def neg_entropy(self) -> torch.Tensor:
@@ -141,11 +163,12 @@ def sample(
         dream_conf = _dream_neg_entropy(logp, p, t_score, top_k, top_p)
     filtered = (top_p is not None and top_p < 1) or (top_k is not None and top_k < vocab)
     kept_mass = None
-    if not filtered:  # only banned ids leave: the kept ids' probability mass as one matrix-vector product
+    if not filtered:  # only banned ids leave: the kept ids' probability mass, a row-wise sum (the same
+        # for a row in any batch, unlike a matrix product, whose blocking follows the shape)
         keep = torch.ones(vocab, dtype=torch.float64, device=logp.device)
         if banned_ids is not None and banned_ids.numel() > 0:
             keep.index_fill_(0, banned_ids.to(device=logp.device, dtype=torch.long).reshape(-1), 0.0)
-        kept_mass = (p @ keep)[..., None]  # (B, N, 1)
+        kept_mass = (p * keep).sum(-1, keepdim=True)  # (B, N, 1)
     del p
 
     # --- filters: set excluded logits to −inf (log-probs stay unnormalised; renormalised at the end)

@@ -61,12 +61,19 @@ class StepDecoder:
         choose the commits under ``state``'s per-row schedule, steps and blocks. ``draw(*tail)`` returns
         U[0, 1) float64 (B, R, *tail). ``produced`` (B, R) bool: the targets that got logits this step
         (None = all); the others are no candidates, but still count as the block's masks (the draws and
-        Dream's threshold quota see ``valid``). Returns (sampled, commit (B, R) bool)."""
+        Dream's threshold quota see ``valid``). Only the real targets are sampled (a padding entry repeats
+        its row's first target's outputs); each row's draws are the same as unpadded. Returns (sampled,
+        commit (B, R) bool)."""
         cand = valid if produced is None else valid & produced
         cfg, rule = self.cfg, self.rule
         noise = draw(logits.shape[-1]) if cfg.temperature > 0 else None
+        packed = int(valid.sum()) < valid.numel()  # padded targets (rows with fewer masks): sample the real ones
+        if packed:
+            logits, noise = logits[valid][None], None if noise is None else noise[valid][None]  # (1, K, V)
         sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=None,
                          banned_ids=self.banned, uniform=noise, dream_alg=rule.dream_alg(cfg.remasking))
+        if packed:
+            sampled = sampled.spread(valid)
         del noise
         rand = draw() if self._scores_drawn else None  # (B, R)
         conf = confidence_scores(cfg.remasking, sampled, None, uniform=rand)  # (B, R) float64

@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..contract.hooks import ModelProbe
-from ..contract.rows import padded_index
+from ..contract.rows import compact_order, padded_index
 from ..contract.state import DecodeState, StepRecord
 from ..decoding.config import DecodeConfig
 from ..decoding.step import StepDecoder
@@ -161,23 +161,23 @@ class Run:
         return st
 
     def _admit(self) -> None:
-        """Bring the queued rows into the batch: their decode state, KV store rows and policy state."""
+        """Bring the queued rows into the batch: their decode state, KV store rows (free slots) and policy state."""
         if not self._joining:
             return
         new = self._new_rows(self._joining)
         self._joining.clear()
         self.state.append_rows({name: getattr(new, name) for name in DecodeState.ROW_FIELDS})
-        self.store.append_rows(self.engine.model.new_store(new.key_mask, keep_hidden=self.policy.keeps_hidden))
+        self.store.add_rows(new.key_mask)
         self.policy.add_rows(new)
 
     def _retire(self, done: torch.Tensor) -> None:
-        """Copy rows ``done`` (B,) bool of the batch into the output canvas (masks → EOS) and drop them."""
+        """Copy rows ``done`` (B,) bool into the output canvas (masks → EOS) and drop them (``compact_order``)."""
         st, spec = self.state, self.engine.spec
         fin = done.nonzero().squeeze(1)
         tok = st.tokens[fin]
         tok = torch.where(tok == spec.mask_id, torch.full_like(tok, spec.eos_id), tok)
         self.ledger.finish(st.rows[fin], tok, self._now() - self._t0)
-        keep = (~done).nonzero().squeeze(1)
+        keep = compact_order(done)
         st.select_rows(keep)
         self.store.select_rows(keep)
         self.policy.select_rows(keep)

@@ -31,7 +31,7 @@ from ..contract.rows import padded_index
 
 #: a CPU forward computing at most this many positions (rows × query width) runs on one thread: on a
 #: narrow forward the threads' synchronisation costs more than they share (BENCHMARKS "Step cost")
-NARROW_POSITIONS = 256
+NARROW_POSITIONS = 64
 
 
 @contextmanager

@@ -246,9 +246,10 @@ class DriftTracer:
         """Bin the fresh-K change since the previous step of every committed token by steps since commit."""
         st = self.run.state
         if self.prev_k is not None:
-            # rows keep their order; a row that was not in the previous step (it joined since) is not compared
-            idx = torch.searchsorted(self.prev_rows, rec.rows).clamp_max(len(self.prev_rows) - 1)
-            seen = self.prev_rows[idx] == rec.rows  # (B,)
+            # each row's place in the previous step (rows move when others leave); a row that was not in it
+            # (it joined since) is not compared
+            same = rec.rows[:, None] == self.prev_rows[None, :]  # (B, B_prev)
+            seen, idx = same.any(1), same.int().argmax(1)  # (B,) bool, (B,) long
             change = layer_mean_change([k[idx] for k in self.prev_k], fresh_k)  # (B, T)
             age = st.own_steps()[:, None] - st.commit_step  # (B, T) in the row's own steps; this step's: 0
             ok = (st.commit_step >= 0) & (age >= 2) & st.key_mask & seen[:, None]  # both canvases hold the token

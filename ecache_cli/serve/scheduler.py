@@ -11,12 +11,13 @@ state per row, so every row makes its own cache decisions whatever else runs bes
 Continuous batching (``--batching continuous``, the default). Between two steps the loop moves
 queued requests (first come, first served, while fewer than ``--max-batch`` rows run) into the newest
 run of their group with :meth:`Run.add` (they join at that run's next step, with their own full
-forward) or start a new run for them. Runs of different groups are stepped round-robin, one
-denoising step each, by this one thread. A row leaves its run right after the step that finished it
-(end of answer, ``max_tokens``, a stop string, a client that went away, ``--request-timeout``, or
-the end of the shutdown grace), through ``record.finished`` (``docs/ARCHITECTURE.md``, "Row
-lifecycle"). A run takes at most :data:`RUN_ROW_LIMIT` rows over its life (its ledger keeps every
-row), then its group starts a new run for later requests.
+forward, in a free row slot of the run's KV store, whose buffers grow by doubling up to
+``--max-batch`` rows: ``kvstore.py``) or start a new run for them. Runs of different groups are
+stepped round-robin, one denoising step each, by this one thread. A row leaves its run right after
+the step that finished it (end of answer, ``max_tokens``, a stop string, a client that went away,
+``--request-timeout``, or the end of the shutdown grace), through ``record.finished``
+(``docs/ARCHITECTURE.md``, "Row lifecycle"). A run takes at most :data:`RUN_ROW_LIMIT` rows over its
+life (its ledger keeps every row), then its group starts a new run for later requests.
 
 Static batching (``--batching static``, the baseline of ``bench/serve_load.py``): when no run is
 active the loop takes the first queued request and up to ``--max-batch`` − 1 more of its group in
@@ -360,6 +361,7 @@ class Scheduler:
                 k = job.key
                 run = self.engine.start([job.prompt_ids], k.cfg, job.make_policy(), seed=0, row_ids=[job.uid],
                                         prompt_width=k.prompt_width)
+                run.store.max_rows = self.max_batch  # its KV store's buffers grow by doubling up to it
                 group = _Group(k, run, joinable=True)
                 group.add(job, 0)
                 self._groups.append(group)
