@@ -313,8 +313,6 @@ class StaticStep(torch.nn.Module):
                 torch._dynamo.maybe_mark_dynamic(t, d)
             return t
 
-        if inference and not store.k[0].is_inference():  # a store made outside inference mode: once
-            store.k, store.v = [t.clone() for t in store.k], [t.clone() for t in store.v]
         for t in store.k + store.v:  # written in place: passed as they are
             torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(t, 2)
