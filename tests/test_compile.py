@@ -1,11 +1,12 @@
 """``--compile``: the compiled step (``ecache_cli/models/compiled.py``) on CPU (inductor).
 
 Both forms are tested: the bucketed one with slots (``pad=True``, CUDA's default, CUDA graphs aside)
-and the CPU default, every size symbolic. The bucketed tests use batches of 3-4 rows and canvases of
-at most 32 positions (a 13-token prompt + 16 generated), so each forward lands in one bucket (4 rows,
-queries and logits rows as wide as the canvas, whose length is symbolic): the file compiles two
-graphs (the second process and the CLI read them from the inductor cache of this module's temporary
-folder), which keeps it near a minute on 2 cores. Compiled and eager forwards are compared in float32."""
+and the CPU default (rows symbolic, none padded, the store's own tensors). The tests use batches of
+3-4 rows and canvases of at most 32 positions (a 13-token prompt + 16 generated), so each forward
+lands in one bucket per form (queries and logits rows as wide as the canvas, whose length is
+symbolic): the file compiles two graphs (the second process and the CLI read them from the inductor
+cache of this module's temporary folder), which keeps it near a minute on 2 cores. Compiled and eager
+forwards are compared in float32."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def step(llada_lm, inductor_cache):
 
 @pytest.fixture(scope="module")
 def free(llada_lm, inductor_cache):
-    """The CPU default: every size symbolic, no padding, the store's own tensors."""
+    """The CPU default: rows and canvas length symbolic, no row padded, the store's own tensors."""
     return StaticStep(llada_lm.model)
 
 
@@ -122,13 +123,13 @@ def test_compiled_decoding_is_token_identical(llada_lm, step, policy):
 
 @pytest.mark.parametrize("policy", ["none", "entropy"])
 def test_unpadded_decoding_is_token_identical(llada_lm, free, policy):
-    """The CPU default (every size symbolic): the same tokens as eager, rows joining and leaving and
-    sub-batches of every size served by one graph per padding mask (plus the variants where a size of 1
-    is specialised), never padded, never bound to a slot."""
+    """The CPU default (rows and canvas length symbolic, no row padded): the same tokens as eager, rows
+    joining and leaving and sub-batches of every size served by one graph (plus a variant where a
+    batch of one row is specialised), never bound to a slot."""
     want, _ = _decode(Engine.from_loaded(llada_lm), policy, join_at=3)
     got, _ = _decode(Engine(free, llada_lm.tokenizer, llada_lm.spec), policy, join_at=3)
     assert got == want and len(got) == 4
-    assert free.stats.graphs == 1 and free.stats.buckets == [["any", "any", "any", True]]
+    assert free.stats.graphs == 1 and free.stats.buckets == [["any", "T", "T", True]]
     assert free.stats.traces <= 4 and free.stats.eager_calls == 0 and free.stats.rebinds == 0
 
 
@@ -217,4 +218,4 @@ def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path
     assert res.exit_code == 0, res.stderr
     report = json.loads(doc.read_text())["manifest"]["compile"]
     assert report["graphs"] == 1 and report["compiled_calls"] > 0 and report["eager_calls"] == 0
-    assert report["buckets"] == [["any", "any", "any", True]] and report["compile_s"] >= 0
+    assert report["buckets"] == [["any", "T", "T", True]] and report["compile_s"] >= 0

@@ -3,10 +3,10 @@
 A denoising step's forward changes shape with every plan (query width, targets, rows in the batch).
 CUDA graphs want fixed shapes and fixed addresses, so on CUDA :class:`StaticStep` pads each forward to
 a small fixed set of buckets and compiles one graph per bucket (``torch.compile(dynamic=False,
-mode="reduce-overhead")``, i.e. CUDA graphs); on CPU, where every padded row or position costs its
-compute, it compiles with inductor one graph whose sizes are all symbolic (rows, canvas, query and
-logits widths) and runs it on the store's own tensors, unpadded (``pad=False``, the CPU default; a
-padding mask or none are two graphs, a batch of one row a third). The bucketed form (``pad=True``):
+mode="reduce-overhead")``, i.e. CUDA graphs); on CPU, where every padded row costs its compute, it
+compiles with inductor graphs whose number of rows is symbolic too and runs them on the store's own
+tensors with no row padded (``pad=False``, the CPU default: a bucket per query and logits width and
+padding mask or none; a batch of one row may get a graph of its own). The bucketed form (``pad=True``):
 
 - batch rows to a power of two (1, 2, 4, 8, ...), as nano-vLLM does for its CUDA-graph batch sizes
   (``nanovllm/engine/model_runner.py``, ``capture_cudagraph``); padded rows repeat row 0 and their
@@ -190,9 +190,9 @@ class StaticStep(torch.nn.Module):
 
     ``model``: a ``DiffusionLM``. ``max_graphs``: graphs compiled at most (then eager). ``mode``: the
     ``torch.compile`` mode (default ``"reduce-overhead"`` on CUDA, inductor's default on CPU). ``pad``:
-    the buckets and slots above (default: on CUDA, where CUDA graphs need them); without, every size is
-    symbolic (rows, canvas, query and logits widths) and the graphs run on the store's own tensors
-    unpadded: on CPU, where compute grows with every padded row or position, the faster choice.
+    the buckets and slots above (default: on CUDA, where CUDA graphs need them); without, rows are not
+    padded (their number is symbolic, like the canvas length) and the graphs run on the store's own
+    tensors: on CPU, where compute grows with every padded row, the faster choice.
     Raises EcacheError when the host has no compiler (:func:`check_compiler`).
     """
 
@@ -288,8 +288,8 @@ class StaticStep(torch.nn.Module):
         return out.clone() if self._cuda else out  # a CUDA graph's outputs are overwritten by its next replay
 
     def _unpadded(self, tokens, store: KVStore, query_pos, logits_pos):
-        """The forward with every size symbolic, on the store's own tensors (``pad=False``): one graph for
-        a padding mask or none (more where a size of 1 is specialised), no padding, no slot."""
+        """The CPU form (``pad=False``), on the store's own tensors: rows and canvas length symbolic,
+        nothing padded but the query and logits widths (to the buckets above, or the whole canvas)."""
         model = self.model
         if store.rope is None:  # what DiffusionLM.forward does on a store's first forward
             s = model.spec
@@ -299,14 +299,21 @@ class StaticStep(torch.nn.Module):
             query_pos = torch.arange(T, device=tokens.device).expand(B, T)
         if logits_pos is None:
             logits_pos = query_pos
-        R = logits_pos.shape[1]
-        # a width of 1 would be specialised (a graph of its own): repeat the first position once
-        query_pos, logits_pos = (p.repeat(1, 2) if p.shape[1] == 1 else p for p in (query_pos, logits_pos))
+        S, R = query_pos.shape[1], logits_pos.shape[1]
+        Sb = bucket(S, MIN_WIDTH, T)
+        Rb = bucket(R, MIN_LOGITS, Sb)
+        key = ("any", CANVAS if Sb == T else Sb, CANVAS if Rb == T else Rb, store.attn_mask is not None)
+        new = key not in self._seen
+        if new and len(self._seen) >= self.stats.max_graphs:
+            self.stats.eager_calls += 1
+            return model(tokens, store, query_pos, logits_pos)
         inference = torch.is_inference_mode_enabled()
 
-        def ready(t, *dims):  # contiguous, one kind of tensor, the given dimensions symbolic
+        def ready(t, width=None, *dims):  # widened by repeats, contiguous, one kind of tensor, dims symbolic
             if t is None:
                 return None
+            if width is not None and width > t.shape[1]:
+                t = torch.cat([t, t[:, :1].expand(B, width - t.shape[1])], 1)
             t = t.contiguous()
             t = t.clone() if inference and not t.is_inference() else t
             for d in dims:
@@ -316,14 +323,10 @@ class StaticStep(torch.nn.Module):
         for t in store.k + store.v:  # written in place: passed as they are
             torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(t, 2)
-        key = ("any", "any", "any", store.attn_mask is not None)
-        new = key not in self._seen
-        if new and len(self._seen) >= self.stats.max_graphs:
-            self.stats.eager_calls += 1
-            return model(tokens, store, query_pos, logits_pos)
-        args = (model, ready(tokens, 0, 1), store.k, store.v, ready(store.attn_mask, 0, 3),
-                ready(store.rope[0], 0, 2), ready(store.rope[1], 0, 2), ready(query_pos, 0, 1),
-                ready(logits_pos, 0, 1))
+        args = (model, ready(tokens, None, 0, 1), store.k, store.v, ready(store.attn_mask, None, 0, 3),
+                ready(store.rope[0], None, 0, 2), ready(store.rope[1], None, 0, 2),
+                ready(query_pos, Sb, *((0, 1) if key[1] == CANVAS else (0,))),
+                ready(logits_pos, Rb, *((0, 1) if key[2] == CANVAS else (0,))))
         return self._call(key, new, args)[:, :R]
 
     def _call(self, key: tuple, new: bool, args: tuple) -> torch.Tensor:
