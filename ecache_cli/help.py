@@ -219,12 +219,11 @@ Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, bus
 error (bad flag, value or profile), 130 interrupted (Ctrl-C)."""),
     "compile": ("--compile: the forward compiled per shape bucket", """\
 [bold]--compile[/] (every command; profile key compile: true; --no-compile overrides) runs the
-model's forward as a few compiled graphs. On CPU: inductor's C++ code, one graph whose sizes are all
-symbolic (any batch, prompt and query width; a batch of one row and a canvas without padding get
-graphs of their own), nothing padded. On GPU: CUDA graphs (torch.compile mode reduce-overhead), one
-per bucket: batch rows padded to 1, 2, 4, 8, ..., query positions and logits rows to 32, 64, 128, ...
-or the whole canvas, the prompt width to 16, 24, 32, 48, 64, 96, ... (more left padding, masked: no
-token changes). Rows joining or leaving reuse the graphs. At most 16 graphs; past that a forward pads
+model's forward as a few compiled graphs, one per bucket: query positions and logits rows padded to
+32, 64, 128, ... or the whole canvas (whose length is symbolic). On CPU: inductor's C++ code, any
+number of rows, none padded. On GPU: CUDA graphs (torch.compile mode reduce-overhead), batch rows
+padded to 1, 2, 4, 8, ... and the prompt width to 16, 24, 32, 48, 64, 96, ... (more left padding,
+masked: no token changes). Rows joining or leaving reuse the graphs. At most 16 graphs; past that a forward pads
 up to a compiled bucket that holds it, else it runs eager. Forwards with hooks (elastic, es-dllm,
 d2cache's attention rows) run eager.
 
