@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# One prepared GPU check for a CUDA machine (about 4-7 minutes on one H100/H200; budgeted < 10 min):
+# One prepared GPU check for a CUDA machine (about 6-9 minutes on one H100/H200; budgeted < 10 min):
 #   1. the equivalence checks on CUDA in bfloat16 (bench/gpu_equivalence.py: every policy forced to
 #      refresh at every step == none, token for token; LLaDA and Dream; schedule and threshold decoding),
 #      plus any tests marked `gpu` (pytest -m gpu);
 #   2. the speed comparison on a ~1B-parameter random-weight LLaDA-shaped model, prompt 1024, gen 256,
 #      block 32, with and without threshold decoding (bench/gpu_speed.py -> ecache profile's measure());
-#   3. batch sizes 1/8/16 on the same checkpoint shape: tokens/s and speedup over none at the same batch
-#      size for none/dual/entropy, mean latency, and the share of wall time spent outside forwards
-#      (16 prompts x 512 tokens, gen 128; batch/gpu_speed_table.txt, batch/gpu_speed.json).
+#   3. batch size 16 on the same checkpoint shape: tokens/s and speedup over none for none/dual/entropy,
+#      mean latency, and the share of wall time spent outside forwards (16 prompts x 512 tokens, gen 128;
+#      batch/gpu_speed_table.txt, batch/gpu_speed.json); batches 1 and 8 of none and entropy are step 4's
+#      eager column;
+#   4. eager vs compiled (--compile: CUDA graphs per shape bucket) on the same checkpoint shape, batch 1
+#      and 8, none and entropy: tokens/s side by side, compile seconds apart (bench/compile_speed.py,
+#      8 prompts x 512 tokens, gen 64, at most 4 graphs; compile.json, compile.log).
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
-#   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log.
+#   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log.
 # Dry run of the CPU-runnable parts with a tiny model:
 #   ECACHE_GPU_CHECK_SIZE=tiny ECACHE_GPU_CHECK_DEVICE=cpu ECACHE_GPU_CHECK_DTYPE=float32 bash bench/gpu_check.sh
 set -uo pipefail
@@ -23,6 +27,14 @@ PY=${PYTHON:-python3}
 mkdir -p "$DEST"
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
+# the whole call ends within $ECACHE_GPU_CHECK_BUDGET seconds (default 570): each step's timeout is cut
+# to the time left (a step cut short fails; the steps after it are skipped when under 20 s remain)
+BUDGET=${ECACHE_GPU_CHECK_BUDGET:-570}
+cap() {  # min(the step's own limit $1, seconds left), at least 1 (timeout 0 would mean no limit)
+    local left=$(( start + BUDGET - $(date +%s) ))
+    [ "$left" -lt 1 ] && left=1
+    [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 
 "$PY" - "$DEVICE" <<'EOF' || exit 1
 import sys, torch, ecache_cli
@@ -35,22 +47,29 @@ EOF
 
 rc=0
 echo "== 1. equivalence on $DEVICE in $DTYPE"
-timeout 180 "$PY" bench/gpu_equivalence.py --device "$DEVICE" --dtype "$DTYPE" --out "$DEST/equivalence.json" \
+timeout "$(cap 180)" "$PY" bench/gpu_equivalence.py --device "$DEVICE" --dtype "$DTYPE" --out "$DEST/equivalence.json" \
     2>&1 | tee "$DEST/equivalence.log" || rc=1
 if [ "$DEVICE" != cpu ]; then
-    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$DEST/pytest_gpu.log"
+    timeout "$(cap 120)" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$DEST/pytest_gpu.log"
     prc=${PIPESTATUS[0]}
     [ "$prc" = 0 ] || [ "$prc" = 5 ] || rc=1   # 5: no test is marked gpu yet
 fi
 
 echo "== 2. speed: $SIZE random LLaDA on $DEVICE $DTYPE"
-timeout 300 "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$DEST" \
+timeout "$(cap 300)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$DEST" \
     2>&1 | tee "$DEST/speed.log" || rc=1
 
-echo "== 3. batch sizes 1/8/16: $SIZE random LLaDA on $DEVICE $DTYPE"
-timeout 240 "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --modes plain \
-    --batch-sizes 1,8,16 --prompts 16 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 128 \
+echo "== 3. batch size 16: $SIZE random LLaDA on $DEVICE $DTYPE"
+timeout "$(cap 150)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --modes plain \
+    --batch-sizes 16 --prompts 16 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 128 \
     --policies none,dual,entropy --out "$DEST/batch" 2>&1 | tee "$DEST/batch.log" || rc=1
+
+echo "== 4. eager vs compiled, batch 1 and 8: $SIZE random LLaDA on $DEVICE $DTYPE"
+[ "$(cap 270)" -ge 20 ] || { echo "gpu_check: no time left for step 4"; exit 1; }
+timeout "$(cap 270)" "$PY" bench/compile_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --batch-sizes 1,8 \
+    --n 8 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,entropy --max-graphs 4 \
+    --no-check --json "$DEST/compile.json" 2>&1 | grep -v '^{' | tee "$DEST/compile.log"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

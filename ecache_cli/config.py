@@ -8,6 +8,7 @@ A profile is ``profiles/<model>/<task>.yaml`` (written by ``ecache calibrate``) 
     cache: {policy: entropy, tau: 0.8, recent_k: 64, signal: max-entropy}
     measured: {score: 0.95, speedup: 9.1, date: 2026-11-30, n: 50}   # informational
     sandbox: strict   # optional: how model-written code is isolated (tasks/sandbox.py; --sandbox overrides)
+    compile: true     # optional: the static-shape compiled step (models/compiled.py; --compile/--no-compile override)
 
 Unknown sections or keys are errors (ConfigError, exit 2) naming the key.
 
@@ -39,7 +40,7 @@ from .errors import ConfigError
 DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking", "threshold",
                "factor", "ban_eos", "low_eos_confidence", "early_exit", "schedule", "compat", "eps", "alg_temp"}
 CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_every"}
-SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox"}
+SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox", "compile"}
 SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model-written code is isolated
 
 def setting_ranges() -> dict:
@@ -193,6 +194,8 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
 
     if "sandbox" in data and data["sandbox"] not in SANDBOX_MODES:
         raise ConfigError(f"{path}: sandbox: {data['sandbox']!r} must be one of {', '.join(SANDBOX_MODES)}")
+    if "compile" in data and not isinstance(data["compile"], bool):
+        raise ConfigError(f"{path}: compile: {data['compile']!r} must be true or false")
     for section in ("decode", "cache"):
         if not isinstance(data.get(section) or {}, dict):
             raise ConfigError(f"{path}: '{section}' must be a mapping")
@@ -208,7 +211,7 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
                     whose = (f" of policy {policy} "
                              f"(cache.policy{'' if 'policy' in data['cache'] else ' unset: entropy'})")
                 raise ConfigError(f"{path}: unknown key {section}.{k}{whose}; allowed: {', '.join(sorted(allowed))}")
-    if not (data.get("decode") or data.get("cache") or "sandbox" in data):
+    if not (data.get("decode") or data.get("cache") or "sandbox" in data or "compile" in data):
         raise ConfigError(f"{path}: the profile holds no settings; write them under decode: and cache: (e.g. "
                           "cache: {policy: entropy, tau: 0.5})")
     _check_types(data, path, policy)

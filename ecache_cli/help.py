@@ -217,6 +217,21 @@ lines.
 
 Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage
 error (bad flag, value or profile), 130 interrupted (Ctrl-C)."""),
+    "compile": ("--compile: the forward compiled per shape bucket", """\
+[bold]--compile[/] (every command; profile key compile: true; --no-compile overrides) runs the
+model's forward as a few compiled graphs, one per bucket: query positions and logits rows padded to
+32, 64, 128, ... or the whole canvas (whose length is symbolic). On CPU: inductor's C++ code, any
+number of rows, none padded. On GPU: CUDA graphs (torch.compile mode reduce-overhead), batch rows
+padded to 1, 2, 4, 8, ... and the prompt width to 16, 24, 32, 48, 64, 96, ... (more left padding,
+masked: no token changes). Rows joining or leaving reuse the graphs. At most 16 graphs; past that a forward pads
+up to a compiled bucket that holds it, else it runs eager. Forwards with hooks (elastic, es-dllm,
+d2cache's attention rows) run eager.
+
+Compiling takes seconds to minutes per graph; it is reported apart (a stderr line, the manifest's
+compile key in --json) and is in no time or tokens/s. The compiled code is cached in
+~/.cache/ecache/inductor ($TORCHINDUCTOR_CACHE_DIR), so a second process starts faster. It needs a
+C++ compiler on CPU (a C compiler for Triton on GPU): without one, a one-line error says what to
+install."""),
 }
 
 

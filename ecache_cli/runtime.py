@@ -60,14 +60,18 @@ def set_threads(threads: int | None, model: str | None) -> int:
     return torch.get_num_threads()
 
 
-def load_for_command(model: str, device: str | None, dtype: str | None, threads: int | None, ranks: bool = False):
+def load_for_command(model: str, device: str | None, dtype: str | None, threads: int | None, ranks: bool = False,
+                     compile: bool = False):
     """A subcommand's set-up before its runs: :func:`set_threads` (before the model loads; ``$ECACHE_THREADS``
     too), then with ``ranks`` this process's rank (``distributed.setup()``: torchrun / accelerate launch;
-    the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype)``.
+    the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype)``; with
+    ``compile`` the model's forward is the static-shape compiled step (``models/compiled.py``
+    ``StaticStep``: ``lm.model`` wraps the loaded model).
 
     Returns ``(lm, dist)``: the ``LoadedModel`` and the ``DistEnv``, None without ``ranks`` (one process).
     Raises UsageError for a bad thread count, device or dtype (``cuda:N`` under several ranks too),
-    ModelLoadError for a model that cannot be loaded.
+    ModelLoadError for a model that cannot be loaded, EcacheError for ``compile`` without a compiler
+    (before the model loads).
     """
     from .models.loader import load_model
 
@@ -78,4 +82,30 @@ def load_for_command(model: str, device: str | None, dtype: str | None, threads:
 
         dist = distributed.setup()
         device = dist.device(device)
-    return load_model(model, device, dtype), dist
+    if compile:
+        from .models.compiled import check_compiler
+
+        check_compiler(_device_kind(device))
+    lm = load_model(model, device, dtype)
+    if compile:
+        from .models.compiled import StaticStep
+
+        lm.model = StaticStep(lm.model)
+    return lm, dist
+
+
+def _device_kind(device: str | None):
+    """The torch device type a ``--device`` value will load on (``auto``: CUDA when available)."""
+    import torch
+
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(str(device).split(":")[0] if str(device).startswith("cuda") else "cpu")
+
+
+def compile_line(model) -> str | None:
+    """The stderr line on what a ``--compile`` model compiled (``models/compiled.py``), None for eager."""
+    from .models.compiled import compile_line as line
+
+    return line(model)
+

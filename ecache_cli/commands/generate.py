@@ -13,7 +13,7 @@ from .. import options as o
 
 def generate(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = read stdin (one per line) or --input.")] = None,
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
     input_file: o.InputFile = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
@@ -45,7 +45,7 @@ def generate(
     from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
     from ..runs.inputs import check_input_file
     from ..runs.settings import resolve_settings, warn_unused_cache_flags
-    from ..runtime import load_for_command
+    from ..runtime import compile_line, load_for_command
 
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
                            batch_size=batch_size, seed=seed, stream=stream, quiet=quiet, output=output,
@@ -56,7 +56,7 @@ def generate(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        flags, profile=profile, task=task)
+        flags, profile=profile, task=task, compile=compile_step)
     require_task_profile(settings, model, task)
     warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache} "
                             f"(it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'})")
@@ -71,11 +71,13 @@ def generate(
         check_file(output, "--output")  # before the model loads
     if not quiet and ranks.is_main:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model), markup=False, highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # torchrun: this rank's share
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
     try:
         run(lm, settings, opts, sys.stdout, err, dist=dist)
+        if (line := compile_line(lm.model)) and not quiet and dist.is_main:
+            err.print(line, markup=False, highlight=False)
     except KeyboardInterrupt:
         if output is None:
             raise

@@ -15,7 +15,7 @@ T = "Task"
 
 def profile_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
     input_file: o.InputFile = None,
     task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split, scored: arith, code, list, gsm8k, ...", rich_help_panel=T)] = None,
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (gsm8k, math500, humaneval, mbpp).", rich_help_panel=T)] = None,
@@ -63,7 +63,7 @@ def profile_cmd(
         timing_warnings,
     )
     from ..runs.settings import resolve_settings, warn_unused_cache_flags
-    from ..runtime import load_for_command, resolve_threads
+    from ..runtime import compile_line, load_for_command, resolve_threads
     from ..tasks import sandbox as code_sandbox
 
     names = policy_names(policies)
@@ -80,7 +80,7 @@ def profile_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        flags, profile=profile, task=task)
+        flags, profile=profile, task=task, compile=compile_step)
     warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
                             f"used by none of --policies {','.join(names)}")
 
@@ -101,7 +101,7 @@ def profile_cmd(
 
     if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model, policies=names), markup=False, highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True)  # this rank's share, rank 0 reports
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile)  # this rank's share, rank 0 reports
     if dist.is_main:
         from ..runs.confidence import warn_untrained
 
@@ -117,6 +117,8 @@ def profile_cmd(
     title = (f"ecache profile · {lm.name} · {shown} prompts · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
     table_console.print(render_table(report, title, wide=wide))
+    if (line := compile_line(lm.model)) and not quiet:
+        err.print(line, markup=False, highlight=False)
     for line in timing_warnings(report):
         err.print(line, markup=False, highlight=False)
     if n_empty := empty_answers(report):

@@ -12,7 +12,7 @@ S = "Server"
 
 
 def serve_cmd(
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
     host: Annotated[str, typer.Option(help="Address to listen on: 127.0.0.1 this machine only; 0.0.0.0 every interface (then pass --api-key).", rich_help_panel=S)] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start).", rich_help_panel=S)] = 8000,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* ($ECACHE_API_KEY) \\[default: none].", rich_help_panel=S)] = None,
@@ -75,11 +75,11 @@ def serve_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        flags, profile=profile)
+        flags, profile=profile, compile=compile_step)
     warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache}")
     sock = bind(host, port)  # before the model loads: a busy port fails at once
     err.print(settings.describe(model), markup=False, highlight=False)
-    lm, _ = load_for_command(model, device, dtype, threads)
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile)
     room = lm.spec.max_positions - settings.decode.gen_length
     if max_prompt_tokens is None:
         max_prompt_tokens = room

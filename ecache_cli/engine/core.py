@@ -16,7 +16,6 @@ any batch. Rows join between steps (:meth:`Run.add`) and leave as soon as their 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Iterator, Sequence
 
 import torch
@@ -93,6 +92,7 @@ class Run:
         self.blocks, self.rule = self.decoder.blocks, self.decoder.rule
         self.engine, self.cfg, self.policy, self.seed = engine, cfg, policy, seed
         self.P, self.G = max([len(p) for p in prompts] + [prompt_width or 0]), cfg.gen_length
+        self.P = getattr(engine.model, "prompt_bucket", lambda p, g, n: p)(self.P, self.G, spec.max_positions)
         if self.P + self.G > spec.max_positions:
             fit = spec.max_positions - self.P
             fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0
@@ -113,7 +113,8 @@ class Run:
         self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden)
         self.state.probe = ModelProbe(engine.model, lambda: self.store)
         self.steps_done = 0
-        self.timer = StepTimer(cuda=engine.device.type == "cuda")  # the steps' times and the run's totals
+        # the steps' times and the run's totals, on a clock that leaves out the model's compiling (--compile)
+        self.timer = StepTimer(engine.device.type == "cuda", paused=lambda: getattr(engine.model, "compile_s", 0.0))
         self.wall_s = 0.0
         self.step_timing = False  # CUDA: True reads each step's times at once (one sync per step)
         self.ranges = False  # True: name each step section for torch.profiler (runs/tracing.py)
@@ -291,9 +292,7 @@ class Run:
         return torch.profiler.record_function(name) if self.ranges else _NO_RANGE
 
     def _now(self) -> float:
-        if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)
-        return time.perf_counter()
+        return self.timer.clock()
 
     def results(self) -> list[GenerationResult]:
         """Per-row outputs in run order (``engine/ledger.py`` ``Ledger.results`` lists the stats)."""

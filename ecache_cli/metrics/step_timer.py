@@ -3,6 +3,9 @@
 On CPU a mark is ``time.perf_counter()``; on CUDA it is an event recorded on the current stream, and
 the events are read in one sync when the pending steps are resolved (at the end of a run, every 256
 steps, or after each step when a consumer needs the times at once), never per section.
+
+Seconds the model spent compiling (``--compile``: ``paused()``, a running total) are left out of every
+time: each mark carries the total at that moment and a section's time is its span less their growth.
 """
 
 from __future__ import annotations
@@ -15,17 +18,25 @@ import torch
 class StepTimer:
     """Marks per step and the run's totals: forward_s, decision_s, sampling_s (seconds)."""
 
-    def __init__(self, cuda: bool):
+    def __init__(self, cuda: bool, paused=None):
         self.cuda = cuda
+        self.paused = paused or (lambda: 0.0)  # seconds not spent decoding so far (compiling)
         self.pending: list = []  # (record, marks) not yet turned into seconds
         self.forward_s = self.decision_s = self.sampling_s = 0.0
 
     def mark(self):
+        """Now, as (CUDA event or ``time.perf_counter()``, seconds paused so far)."""
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            return ev
-        return time.perf_counter()
+            return ev, self.paused()
+        return time.perf_counter(), self.paused()
+
+    def clock(self) -> float:
+        """Seconds on the run's clock: ``time.perf_counter()`` (after a CUDA sync) less the seconds paused."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - self.paused()
 
     def add(self, rec, marks: tuple, now: bool) -> None:
         """Queue step ``rec``'s marks (t0 plan t1 forward t2 outputs t2b sampling t3 observe t4); ``now``
@@ -40,10 +51,14 @@ class StepTimer:
         if not self.pending:
             return
         if self.cuda:
-            self.pending[-1][1][-1].synchronize()
-            dt = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (milliseconds between events)
+            self.pending[-1][1][-1][0].synchronize()
+            span = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (milliseconds between events)
         else:
-            dt = lambda a, b: b - a  # noqa: E731
+            span = lambda a, b: b - a  # noqa: E731
+
+        def dt(a, b):  # the time between marks a and b, less what was paused between them
+            return max(span(a[0], b[0]) - (b[1] - a[1]), 0.0)
+
         for rec, (t0, t1, t2, t2b, t3, t4) in self.pending:
             rec.forward_s, rec.sampling_s = dt(t1, t2), dt(t2b, t3)
             rec.decision_s = dt(t0, t1) + dt(t3, t4) + (dt(t2, t2b) if t2b is not t2 else 0.0)

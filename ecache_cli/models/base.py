@@ -39,6 +39,7 @@ class BlockParts:
     qkv_bias: torch.Tensor | None = None  # (H*D + 2*H_kv*D,) or None
     gate_up: torch.Tensor | None = None  # (2*mlp_hidden, d) rows of gate's then up's weight
 
+    @torch.compiler.assume_constant_result  # compiled forwards (--compile) read it once, when traced
     def fused(self) -> bool:
         """True while the fused weights still hold the projections' parameters (a dtype or device move
         gives the parameters storage of their own: the forward then runs the projections one by one)."""

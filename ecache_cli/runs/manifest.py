@@ -14,10 +14,13 @@ from .settings import Settings
 
 
 def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None = None) -> dict:
-    """Reproducibility manifest: versions, git commit, device, dtype, threads, seed, settings, model, and
-    how model-written code was isolated (``sandbox``: mode and programs per isolation; None if none ran)."""
+    """Reproducibility manifest: versions, git commit, device, dtype, threads, seed, settings, model,
+    how model-written code was isolated (``sandbox``: mode and programs per isolation; None if none ran)
+    and the compiled step's graphs and compile seconds (``compile``: ``CompileStats.as_dict``; None
+    without ``--compile``)."""
     import transformers
 
+    from ..models.compiled import compile_report
     from ..tasks.sandbox import manifest_entry as sandbox_manifest
 
     dev = lm.device
@@ -28,7 +31,8 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
         "device": str(dev), "device_name": device_name, "dtype": str(lm.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "seed": seed, "model": lm.name, "model_path": str(lm.path),
         "model_family": lm.spec.family, "config_sha256": lm.config_hash,
-        "settings": settings.as_dict() if settings else None, "sandbox": sandbox_manifest(), **(extra or {}),
+        "settings": settings.as_dict() if settings else None, "sandbox": sandbox_manifest(),
+        "compile": compile_report(lm.model), **(extra or {}),
     }
 
 

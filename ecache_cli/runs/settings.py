@@ -30,6 +30,7 @@ class Settings:
     tau_source: str = "default"  # where τ came from: "flag" (--tau), "profile" (the file ``profile``), "default",
     # or "search" (ecache calibrate: τ is what it searches)
     profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
+    compile: bool = False  # the static-shape compiled step (--compile, profile key ``compile``)
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -88,10 +89,11 @@ class Settings:
 
 
 def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
-                     task: str | None = None) -> Settings:
+                     task: str | None = None, compile: bool | None = None) -> Settings:
     """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
     ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
     ``config.profile_dirs``) < flags. Raises ConfigError/UsageError for bad profiles or values.
+    ``compile``: ``--compile`` / ``--no-compile`` (None: the profile's ``compile`` key, default off).
 
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
     ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
@@ -129,6 +131,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
                     profile=(prof or {}).get("_path"),
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
                     sandbox=(prof or {}).get("sandbox"),
+                    compile=bool((prof or {}).get("compile", False) if compile is None else compile),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
 
 
