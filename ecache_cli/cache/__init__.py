@@ -39,6 +39,14 @@ def policy_params(name: str) -> set[str]:
     return {f.name for f in dataclasses.fields(POLICIES[name])}
 
 
+def spec_hint(name: str) -> str:
+    """For a ``name:key=value`` spec given where a bare policy name is expected: where its parameters go."""
+    if ":" not in name:
+        return ""
+    return (f" (a policy's parameters go in a profile's cache: section, e.g. cache: {{policy: {name.split(':')[0]}, "
+            "key: value}, or in `ecache profile --policies name:key=value`; --tau and --recent-k are flags)")
+
+
 def make_policy(name: str, strict: bool = False, **params) -> CachePolicy:
     """Build policy ``name``; params it does not declare are ignored (``strict`` rejects them).
 
@@ -46,7 +54,7 @@ def make_policy(name: str, strict: bool = False, **params) -> CachePolicy:
     NaN, ``block_refresh='maybe'``) or, with ``strict``, an unknown parameter.
     """
     if name not in POLICIES:
-        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}")
+        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}{spec_hint(name)}")
     known = policy_params(name)
     unknown = sorted(k for k in params if k not in known)
     if strict and unknown:

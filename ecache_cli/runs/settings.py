@@ -214,9 +214,10 @@ def policy_params_or_all(name: str) -> set[str]:
     try:
         return policy_params(name)
     except KeyError:
-        from ..cache import POLICIES
+        from ..cache import POLICIES, spec_hint
 
-        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}") from None
+        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}"
+                         f"{spec_hint(name)}") from None
 
 
 def validate_decode(d: dict) -> None:
