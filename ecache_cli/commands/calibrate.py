@@ -63,7 +63,7 @@ def calibrate_cmd(
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together.", rich_help_panel=o.D)] = 1,
     seed: o.Seed = 0,
     out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write \\[default: ./profiles/<model>/<task>.yaml].", rich_help_panel=o.O)] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Every point, the frontier, the choice and a manifest as JSON ('-': stdout).", rich_help_panel=o.O)] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Points, frontier, choice and manifest as JSON ('-': stdout).", rich_help_panel=o.O)] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="The score-vs-speedup frontier as a PNG.", rich_help_panel=o.O)] = None,
     run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: beside the profile].", rich_help_panel=o.O)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required).", rich_help_panel=o.O)] = False,
