@@ -52,6 +52,7 @@ import math
 import os
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -188,17 +189,20 @@ def match(entropy: list[Point], peer: Point, slack: float = SLACK) -> Point | No
 
 def dominates(entropy: list[Point], peer: list[Point], slack: float = SLACK) -> dict:
     """Whether every ``peer`` point is matched (:func:`match`) by an entropy point. Returns {dominated,
-    points (peer points checked), unmatched (their specs)}; a peer without points is not dominated."""
+    points (peer points checked), unmatched (their specs)}; dominated is None (no verdict) when either
+    side has no points."""
     unmatched = [p.name() for p in peer if match(entropy, p, slack) is None]
-    return {"dominated": bool(peer) and not unmatched, "points": len(peer), "unmatched": unmatched}
+    return {"dominated": (not unmatched) if peer and entropy else None, "points": len(peer),
+            "unmatched": unmatched if entropy else []}
 
 
 def beats_fastest(entropy: list[Point], dual: list[Point], margin: float = MARGIN) -> dict:
     """Whether an entropy point is ≥ ``margin`` × as fast as dual's fastest point at ≥ that point's
     agreement. Returns {ok, dual_fastest: (spec, speedup, agreement) or None, entropy: the fastest such
-    entropy point's (spec, speedup, agreement) or None, ratio: its speedup over dual's fastest}."""
-    if not dual:
-        return {"ok": False, "dual_fastest": None, "entropy": None, "ratio": None}
+    entropy point's (spec, speedup, agreement) or None, ratio: its speedup over dual's fastest}; ok is None
+    (no verdict) when either side has no points."""
+    if not dual or not entropy:
+        return {"ok": None, "dual_fastest": None, "entropy": None, "ratio": None}
     d = max(dual, key=lambda p: (p.speedup, p.agreement))
     ok = [e for e in entropy if e.agreement >= d.agreement]
     best = max(ok, key=lambda e: (e.speedup, e.agreement)) if ok else None
@@ -275,12 +279,14 @@ def markdown(doc: dict) -> str:
     lines = [f"Model {doc['model']} · {doc['n']} held-out prompts per workload (seed {doc['seed']}) · "
              f"{doc['passes']} passes (speedup: median) · grid {doc['grid']} · gen {doc['gen_length']} "
              f"block {doc['block_length']} · threshold {doc['threshold']}", ""]
+    if doc.get("incomplete"):
+        lines += ["**Incomplete run** (interrupted): only the workloads below were measured.", ""]
     lines += ["| workload | mode | peer | peer points | dominated by entropy | unmatched peer points |",
               "|---|---|---|---:|---|---|"]
     for key, wl in doc["workloads"].items():
         w, mode = key.split("|")
         for peer, d in wl["verdicts"]["dominance"].items():
-            lines.append(f"| {w} | {mode} | {peer} | {d['points']} | {'yes' if d['dominated'] else 'NO'} | "
+            lines.append(f"| {w} | {mode} | {peer} | {d['points']} | {_word(d['dominated'])} | "
                          f"{', '.join(f'`{u}`' for u in d['unmatched']) or '–'} |")
     lines += ["", f"| workload | mode | dual's fastest | entropy's fastest at >= its agreement | ratio | "
               f">= {doc['margin']:.2f}x |", "|---|---|---|---|---:|---|"]
@@ -292,7 +298,7 @@ def markdown(doc: dict) -> str:
         d, e = b["dual_fastest"], b["entropy"]
         lines.append(f"| {w} | {mode} | `{d[0]}` {d[1]:.2f}x at {100 * d[2]:.1f}% | "
                      + ("–" if e is None else f"`{e[0]}` {e[1]:.2f}x at {100 * e[2]:.1f}%")
-                     + f" | {_ratio(b['ratio'])} | {'yes' if b['ok'] else 'NO'} |")
+                     + f" | {_ratio(b['ratio'])} | {_word(b['ok'])} |")
     prof = [(k, g) for k, wl in doc["workloads"].items() for g in wl["verdicts"]["profiles"]]
     if prof:
         lines += ["", "| workload | mode | profile | speedup | token agree % | entropy frontier at >= its agreement "
@@ -462,82 +468,140 @@ def measure_workload(engine, settings, requests, specs: list[str], labels: dict[
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: <message>`` on stderr, exit 2 (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Help with every option's default; the description as written."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of the benchmark (every option with its default in ``--help``)."""
+    ap = _Parser(description=textwrap.fill(__doc__.split("\n\n")[0], 79), formatter_class=_Formatter)
     ap.add_argument("--model", default="tiny", help="tiny (embedded), random-tiny (random weights) or a checkpoint")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="torch device")
+    ap.add_argument("--dtype", default="float32", help="model dtype")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (≥ 1; None: torch's default)")
     ap.add_argument("--domains", default="arith,code,list,gsm8k",
-                    help="task domains (gsm8k: the out-of-distribution stress case, --data)")
+                    help="comma list of task domains (gsm8k: the out-of-distribution stress case, --data)")
     ap.add_argument("--shots", default="0,4", help="comma list: solved examples per prompt (each a workload)")
     ap.add_argument("--gsm8k-shots", default="4", help="comma list: the shots of the gsm8k workload(s)")
-    ap.add_argument("--n", type=int, default=48, help="held-out test prompts per workload")
-    ap.add_argument("--passes", type=int, default=3, help="measured passes (speedup: their median)")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--modes", default="plain,threshold")
+    ap.add_argument("--n", type=int, default=48, help="held-out test prompts per workload (≥ 1)")
+    ap.add_argument("--passes", type=int, default=3, help="measured passes (≥ 1; speedup: their median)")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up passes left out of the times (≥ 0)")
+    ap.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (≥ 1)")
+    ap.add_argument("--modes", default="plain,threshold", help="comma list of decoding modes: plain, threshold")
     ap.add_argument("--policies", default=",".join([*PEER_ORDER, ENTROPY]),
-                    help="policies to sweep (bare names: their --grid; name:key=value: one fixed point)")
-    ap.add_argument("--grid", default="small", choices=sorted(GRIDS))
+                    help="comma list of policies to sweep (bare names: their --grid; name:key=value: one fixed point)")
+    ap.add_argument("--grid", default="small", choices=sorted(GRIDS), help="knob grid size")
     ap.add_argument("--no-profiles", action="store_true", help="leave out the shipped profiles' points")
     ap.add_argument("--seed", type=int, default=20261203,
                     help="draws the prompts; must differ from every shipped profile's calibration seed")
-    ap.add_argument("--data", default=None, help="GSM8K test.jsonl [default: shared/data/gsm8k/test.jsonl]")
+    ap.add_argument("--data", default=None, help="GSM8K test.jsonl (None: shared/data/gsm8k/test.jsonl)")
     ap.add_argument("--allow-code-execution", action="store_true", help="score the code domain (runs its code)")
-    ap.add_argument("--gen-length", type=int, default=256)
-    ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--threshold", type=float, default=0.9)
-    ap.add_argument("--slack", type=float, default=SLACK)
-    ap.add_argument("--margin", type=float, default=MARGIN)
-    ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--gen-length", type=int, default=256, help="generated tokens per prompt (≥ 1)")
+    ap.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block (divides --gen-length)")
+    ap.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of the threshold mode, (0, 1]")
+    ap.add_argument("--slack", type=float, default=SLACK, help="dominance tolerance on speedup, (0, 1]")
+    ap.add_argument("--margin", type=float, default=MARGIN, help="entropy's required ratio over dual's fastest (> 0)")
+    ap.add_argument("--markdown", type=Path, default=None, help="write the tables (Markdown) here")
     ap.add_argument("--plot", type=Path, default=None, help="PNG: one panel per workload and mode")
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write the JSON document (every point) here")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="measure nothing: combine the --json files of several runs (e.g. one per domain) into one "
                          "set of tables, plot and JSON")
-    ap.add_argument("--verbose", "-v", action="store_true")
-    args = ap.parse_args(argv)
-    from ecache_cli.errors import EcacheError, UsageError
+    ap.add_argument("--verbose", "-v", action="store_true", help="log every run")
+    return ap
 
+
+def main(argv=None) -> int:
+    """Parse ``argv``, check every option and output path before any measurement (one-line error, exit 2
+    via ``SystemExit``), run; returns 0, 1 (runtime error), 2 (usage error found later) or 130 (Ctrl-C)."""
+    from ecache_cli.errors import EcacheError, UsageError
+    from ecache_cli.outputs import release_all
+
+    ap = parser()
+    args = ap.parse_args(argv)
+    try:
+        args.checked = _check_args(args)
+    except UsageError as e:
+        ap.error(str(e))
+    except EcacheError as e:  # an output that cannot be written
+        print(f"error: {e}", file=sys.stderr)
+        release_all()
+        return 1
     try:
         return run(args)
+    except KeyboardInterrupt:  # before any workload finished (or while writing): nothing to keep
+        print("interrupted (Ctrl-C) before any workload finished; nothing written", file=sys.stderr)
+        return 130
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except EcacheError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        release_all()
+
+
+def _items(text: str, flag: str) -> list[str]:
+    """The entries of comma list ``text``; UsageError for an empty entry (``list,``) or one given twice."""
+    from ecache_cli.errors import UsageError
+
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip():
+        raise UsageError(f"{flag} {text!r} names nothing; give a comma list, e.g. {flag} {_EXAMPLES.get(flag, 'a,b')}")
+    if "" in items:
+        raise UsageError(f"{flag} {text!r}: entry {items.index('') + 1} is empty; remove the extra comma")
+    dup = next((t for i, t in enumerate(items) if t in items[:i]), None)
+    if dup is not None:
+        raise UsageError(f"{flag} {text!r} names {dup} twice; name each once")
+    return items
+
+
+_EXAMPLES = {"--domains": "arith,list", "--modes": "plain,threshold", "--policies": "dual,entropy",
+             "--shots": "0,4", "--gsm8k-shots": "4"}
 
 
 def _shot_list(text: str, flag: str) -> list[int]:
     from ecache_cli.errors import UsageError
 
     try:
-        out = [int(s) for s in text.split(",") if s.strip()]
+        out = [int(s) for s in _items(text, flag)]
     except ValueError:
         raise UsageError(f"{flag} {text!r}: give whole numbers separated by commas, e.g. 0,4") from None
-    if not out or min(out) < 0:
+    if min(out) < 0:
         raise UsageError(f"{flag} {text!r}: give whole numbers ≥ 0 separated by commas, e.g. 0,4")
+    dup = next((k for i, k in enumerate(out) if k in out[:i]), None)
+    if dup is not None:
+        raise UsageError(f"{flag} {text!r} names {dup} twice; name each once")
     return out
 
 
 def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[str]]:
+    """Every check that needs no model: list entries, ranges, the decode schedule
+    (``runs.settings.validate_decode``: gen length ≥ 1, a multiple of the block length) and the output
+    paths (``ecache_cli.outputs``: parent folder, writable, no two outputs on one file, none the
+    ``--merge`` input). Raises UsageError (exit 2) or DataError."""
     from ecache_cli.cache import POLICIES
     from ecache_cli.errors import UsageError
-    from ecache_cli.outputs import check_plot_name
+    from ecache_cli.outputs import check_distinct, check_file, check_plot_name
     from ecache_cli.runs.profile import parse_policy_spec
+    from ecache_cli.runs.settings import validate_decode
 
-    domains = [d.strip() for d in args.domains.split(",") if d.strip()]
+    domains = _items(args.domains, "--domains")
     shots, gsm8k_shots = _shot_list(args.shots, "--shots"), _shot_list(args.gsm8k_shots, "--gsm8k-shots")
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    modes = _items(args.modes, "--modes")
+    policies = _items(args.policies, "--policies")
     for flag, v, lo in (("--n", args.n, 1), ("--passes", args.passes, 1), ("--warmup", args.warmup, 0),
-                        ("--batch-size", args.batch_size, 1)):
-        if v < lo:
+                        ("--batch-size", args.batch_size, 1), ("--threads", args.threads, 1)):
+        if v is not None and v < lo:
             raise UsageError(f"{flag} {v} must be ≥ {lo}")
-    if not domains or not modes or not policies:
-        raise UsageError("--domains, --modes and --policies each need at least one entry")
     bad = [m for m in modes if m not in ("plain", "threshold")]
     if bad:
         raise UsageError(f"--modes {bad[0]!r} is not a mode; use plain, threshold")
@@ -546,16 +610,22 @@ def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[
             parse_policy_spec(p)
         elif p not in POLICIES:
             raise UsageError(f"--policies {p!r} is not a cache policy; use names from {', '.join(POLICIES)}")
-    if not 0 < args.slack <= 1 or args.margin <= 0:
+    if not (math.isfinite(args.slack) and 0 < args.slack <= 1) or not (math.isfinite(args.margin) and args.margin > 0):
         raise UsageError(f"--slack {args.slack} must be in (0, 1] and --margin {args.margin} > 0")
+    validate_decode({"gen_length": args.gen_length, "block_length": args.block_length,
+                     "threshold": args.threshold if "threshold" in modes else None})
     if args.plot is not None:
         check_plot_name(args.plot)
+    outputs = [(args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")]
+    check_distinct(outputs, [(m, "--merge") for m in args.merge or []])
+    for path, flag in outputs:
+        check_file(path, flag)
     return domains, shots, gsm8k_shots, modes, policies
 
 
 def run(args) -> int:
     """The benchmark (module docstring); returns the exit status."""
-    domains, shots, gsm8k_shots, modes, policies = _check_args(args)
+    domains, shots, gsm8k_shots, modes, policies = getattr(args, "checked", None) or _check_args(args)
     import torch
     from rich.console import Console
 
@@ -567,8 +637,7 @@ def run(args) -> int:
     from ecache_cli.errors import UsageError
     from ecache_cli.models.loader import load_model
     from ecache_cli.runs.manifest import manifest
-    from ecache_cli.runs.profile import Request, parse_policy_spec
-    from ecache_cli.runs.settings import resolve_settings
+    from ecache_cli.runs.profile import parse_policy_spec
     from ecache_cli.tasks import get_task
 
     data = args.data or next((str(p) for p in GSM8K_CANDIDATES if p.is_file()), str(GSM8K_CANDIDATES[0]))
@@ -582,7 +651,7 @@ def run(args) -> int:
     if args.seed in seeds:
         raise UsageError(f"--seed {args.seed} is a seed the shipped profiles were calibrated with ({sorted(seeds)}); "
                          "pick another so the prompts are held out")
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.model == "random-tiny":
         import tempfile
@@ -600,10 +669,50 @@ def run(args) -> int:
     doc = {"command": "bench/frontier.py", "date": datetime.date.today().isoformat(), "model": args.model,
            "n": args.n, "seed": args.seed, "passes": args.passes, "grid": args.grid, "gen_length": args.gen_length,
            "block_length": args.block_length, "threshold": args.threshold, "slack": args.slack, "margin": args.margin,
-           "grids": GRIDS[args.grid], "args": {k: str(v) for k, v in vars(args).items()},
+           "grids": GRIDS[args.grid], "args": _native_args(args),
            "manifest": manifest(lm, None, args.seed, {"omp_num_threads": os.environ.get("OMP_NUM_THREADS")}),
            "workloads": {}}
     t_all = time.perf_counter()
+    try:
+        _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, modes, policies, kinds,
+                     model_key, calib_questions, log)
+    except KeyboardInterrupt:  # keep the finished workloads: write what they give, then exit 130
+        if not doc["workloads"]:
+            raise
+        doc["incomplete"] = True
+        doc["total_s"] = time.perf_counter() - t_all
+        finish(doc, args, log)
+        written = ", ".join(str(p) for p in (args.json, args.markdown, args.plot) if p is not None)
+        print(f"interrupted (Ctrl-C): kept the {len(doc['workloads'])} finished workload(s)"
+              + (f", written to {written}" if written else " (JSON line on stdout)") + " marked incomplete",
+              file=sys.stderr)
+        return 130
+    doc["total_s"] = time.perf_counter() - t_all
+    return finish(doc, args, log)
+
+
+def _native_args(args) -> dict:
+    """The options as JSON values: paths as strings, everything else (ints, floats, None, lists) as is."""
+    def native(v):
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, list):
+            return [native(x) for x in v]
+        return v
+
+    out = {k: native(v) for k, v in vars(args).items() if k != "checked"}
+    if getattr(args, "checked", None):  # the comma lists as parsed: lists of names and of shot counts
+        out.update(zip(("domains", "shots", "gsm8k_shots", "modes", "policies"), args.checked))
+    return out
+
+
+def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, modes, policies, kinds, model_key,
+                 calib_questions, log) -> None:
+    """Measure every workload and mode into ``doc["workloads"]``, one at a time (a Ctrl-C keeps the
+    finished ones)."""
+    from ecache_cli.runs.profile import Request
+    from ecache_cli.runs.settings import resolve_settings
+
     for d in domains:
         exs = held_out(tasks[d], args.n, args.seed, calib_questions.get(d, set()))
         labels_of = {} if args.no_profiles or d == "gsm8k" else profile_points(model_key, d)
@@ -630,8 +739,6 @@ def run(args) -> int:
                 doc["workloads"][key] = {"taus": taus, "points": [asdict(p) for p in pts], "verdicts": v,
                                          "seconds": time.perf_counter() - t0}
                 _print_workload(key, pts, v, log)
-    doc["total_s"] = time.perf_counter() - t_all
-    return finish(doc, args, log)
 
 
 def merge(paths: list[Path]) -> dict:
@@ -649,6 +756,9 @@ def merge(paths: list[Path]) -> dict:
         except (OSError, ValueError, IndexError) as e:
             raise UsageError(f"--merge {p}: not a bench/frontier.py --json file ({e})") from None
     out = {**docs[0], "workloads": {}, "total_s": 0.0, "merged": [str(p) for p in paths]}
+    out.pop("incomplete", None)
+    if any(d.get("incomplete") for d in docs):  # an interrupted run's workloads stay marked
+        out["incomplete"] = True
     for p, d in zip(paths, docs):
         diff = next((k for k in same if d.get(k) != docs[0].get(k)), None)
         if diff is not None:
@@ -684,30 +794,47 @@ def finish(doc: dict, args, log) -> int:
 def summary(doc: dict) -> dict:
     """The issue's targets over all workloads: per mode, the domains where entropy dominates every peer
     (at every shots setting), the domains where it beats dual's fastest point by the margin, and whether
-    every profile point holds (within the slack of the frontier, not slower than none)."""
+    every profile point holds (within the slack of the frontier, not slower than none). A verdict without
+    the points to decide it (no entropy point, no peer, no dual, no profile point) is None, never True."""
     out: dict = {}
     for key, wl in doc["workloads"].items():
         w, mode = key.split("|")
         domain = w.split("@")[0]
-        m = out.setdefault(mode, {"dominates_all": {}, "beats_dual_fastest": {}, "profiles_ok": True})
+        m = out.setdefault(mode, {"dominates_all": {}, "beats_dual_fastest": {}, "profiles_ok": None})
         v = wl["verdicts"]
-        dom = all(d["dominated"] for d in v["dominance"].values())
-        m["dominates_all"][domain] = m["dominates_all"].get(domain, True) and dom
-        m["beats_dual_fastest"][domain] = m["beats_dual_fastest"].get(domain, True) and v["beats_dual_fastest"]["ok"]
-        m["profiles_ok"] = m["profiles_ok"] and all(g["ok"] for g in v["profiles"])
+        doms = [d["dominated"] for d in v["dominance"].values()]
+        dom = None if not doms or None in doms else all(doms)
+        m["dominates_all"][domain] = _both(m["dominates_all"].get(domain), dom)
+        m["beats_dual_fastest"][domain] = _both(m["beats_dual_fastest"].get(domain), v["beats_dual_fastest"]["ok"])
+        if v["profiles"]:
+            m["profiles_ok"] = _both(m["profiles_ok"], all(g["ok"] for g in v["profiles"]))
     for m in out.values():
-        m["beats_dual_fastest_domains"] = sum(m["beats_dual_fastest"].values())
+        m["beats_dual_fastest_domains"] = sum(1 for ok in m["beats_dual_fastest"].values() if ok is True)
     return out
+
+
+def _both(a: bool | None, b: bool | None) -> bool | None:
+    """Two verdicts together: False when either fails, None when neither was decided, else True."""
+    if a is False or b is False:
+        return False
+    return None if a is None and b is None else True
+
+
+def _word(ok: bool | None, no: str = "NO", why: str = "no entropy points") -> str:
+    """A verdict as text: yes, ``no`` (NO or no), or ``n/a (<why>)`` when it was not decided."""
+    return f"n/a ({why})" if ok is None else "yes" if ok else no
 
 
 def _summary_lines(s: dict) -> list[str]:
     out = []
     for mode, m in s.items():
-        dom = ", ".join(f"{d} {'yes' if ok else 'NO'}" for d, ok in m["dominates_all"].items())
-        beat = ", ".join(f"{d} {'yes' if ok else 'no'}" for d, ok in m["beats_dual_fastest"].items())
+        dom = ", ".join(f"{d} {_word(ok, why='no entropy or no peer points')}"
+                        for d, ok in m["dominates_all"].items())
+        beat = ", ".join(f"{d} {_word(ok, 'no', 'no entropy or no dual points')}"
+                         for d, ok in m["beats_dual_fastest"].items())
         out.append(f"{mode}: entropy dominates every peer: {dom}; >= margin over dual's fastest: {beat} "
                    f"({m['beats_dual_fastest_domains']} domains); profiles within the frontier slack and not slower "
-                   f"than none: {'yes' if m['profiles_ok'] else 'NO'}")
+                   f"than none: {_word(m['profiles_ok'], why='no profile points')}")
     return out
 
 
@@ -718,7 +845,7 @@ def _print_workload(key: str, pts: list[Point], v: dict, log) -> None:
                                                 for p in sorted(front, key=lambda p: p.speedup)),
             markup=False, highlight=False)
     for q, d in v["dominance"].items():
-        log(f"{key} entropy dominates {q}: {'yes' if d['dominated'] else 'NO'}"
+        log(f"{key} entropy dominates {q}: {_word(d['dominated'])}"
             + (f" (unmatched: {', '.join(d['unmatched'])})" if d["unmatched"] else ""), markup=False, highlight=False)
 
 

@@ -20,8 +20,8 @@ batch does not have. Under churn the rows are at different steps of their blocks
 target width R (the most masked positions any row has left in its block) stays near the block
 length, where a fixed batch's shrinks as its block fills.
 
-    python bench/row_churn.py                             # ~2 min on one thread
-    python bench/row_churn.py --policies none --profile   # torch.profiler's top operators of a churn run
+    python bench/row_churn.py                            # ~2 min, one thread
+    python bench/row_churn.py --policies none --profile  # top operators
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
+import sys
+import textwrap
 import time
 
 import torch
@@ -42,12 +44,13 @@ def build(args):
 
     lm = load_model("tiny", device="cpu", dtype="float32")
     eng = Engine.from_loaded(lm)
-    cfg = DecodeConfig(gen_length=args.gen_length, block_length=32, steps=args.gen_length, early_exit=False)
+    cfg = DecodeConfig(gen_length=args.gen_length, block_length=args.block_length, steps=args.gen_length,
+                       early_exit=False)
     words = "apple pear plum fig kiwi lime date melon grape peach".split()
     prompts = [eng.encode([f"list {i}: " + " ".join(words[(i + j) % 10] for j in range(3 + i % 5))], chat=False)[0]
                for i in range(64)]
     params = {"none": {}, "entropy": {"tau": 0.00271, "recent_k": 64, "signal": "max-entropy"}}
-    return eng, cfg, prompts, lambda name: make_policy(name, **params[name])
+    return eng, cfg, prompts, lambda name: make_policy(name, **params.get(name, {}))
 
 
 def one_run(eng, cfg, prompts, policy, args, churn: bool) -> tuple[list[float], list[float], dict]:
@@ -94,26 +97,110 @@ def one_run(eng, cfg, prompts, policy, args, churn: bool) -> tuple[list[float], 
     return times[args.warmup:], cpu[args.warmup:], sums
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=16, help="rows in the batch (default 16, serve's --max-batch)")
-    ap.add_argument("--steps", type=int, default=56, help="steps measured per run, after the warm-up")
-    ap.add_argument("--warmup", type=int, default=8, help="first steps left out of the times")
-    ap.add_argument("--every", type=int, default=3, help="churn: rows swap every this many steps")
-    ap.add_argument("--swap", type=int, default=1, help="churn: rows leaving (and joining) at each swap")
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: <message>`` on stderr, exit 2 (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Help with every option's default; the description as :func:`_wrapped` laid it out."""
+
+
+def _wrapped(doc: str, width: int = 79) -> str:
+    """``doc`` wrapped to ``width`` columns: each paragraph and ``- `` item refilled, indented lines
+    (the examples) kept as they are."""
+    out = []
+    for para in doc.strip().split("\n\n"):
+        lines = para.split("\n")
+        if lines[0].startswith("    "):
+            out.append(para)
+            continue
+        items, cur = [], []
+        for ln in lines:
+            if ln.startswith("- ") and cur:
+                items.append(cur)
+                cur = []
+            cur.append(ln.strip())
+        items.append(cur)
+        out.append("\n".join(textwrap.fill(" ".join(it), width, subsequent_indent="  " if it[0].startswith("- ")
+                                             else "") for it in items))
+    return "\n\n".join(out)
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The options, checked (one-line error and exit 2 for a bad value, before the model loads).
+    ``steps`` comes back as the warm-up plus the measured steps (the run's total)."""
+    from ecache_cli.cache import POLICIES
+    from ecache_cli.errors import UsageError
+    from ecache_cli.runs.settings import validate_decode
+
+    ap = _Parser(description=_wrapped(__doc__), formatter_class=_Formatter)
+    ap.add_argument("--batch", type=int, default=16, help="rows in the batch (serve's --max-batch)")
+    ap.add_argument("--steps", type=int, default=56, help="steps measured per run, after the warm-up (≥ 1)")
+    ap.add_argument("--warmup", type=int, default=8, help="first steps left out of the times (≥ 0)")
+    ap.add_argument("--every", type=int, default=3, help="churn: rows swap every this many steps (1..--steps)")
+    ap.add_argument("--swap", type=int, default=1,
+                    help="churn: rows leaving (and joining) at each swap (1..--batch - 1)")
     ap.add_argument("--gen-length", type=int, default=64,
-                    help="canvas gen length, one step per position: at least --steps + --warmup (default 64)")
+                    help="canvas gen length, one step per position: at least --steps + --warmup")
+    ap.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block (divides --gen-length)")
     ap.add_argument("--prompt-width", type=int, default=64, help="canvas prompt positions (serve's bucket)")
-    ap.add_argument("--policies", default="none,entropy")
+    ap.add_argument("--policies", default="none,entropy", help="comma list of cache policies")
     ap.add_argument("--repeats", type=int, default=5, help="alternating fixed/churn runs per policy")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one churn run")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for flag, v, lo in (("--batch", args.batch, 2), ("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                        ("--every", args.every, 1), ("--swap", args.swap, 1), ("--prompt-width", args.prompt_width, 1),
+                        ("--repeats", args.repeats, 1), ("--threads", args.threads, 1)):
+        if v < lo:
+            ap.error(f"{flag} {v} must be ≥ {lo}" + (" (a swap needs a row that stays)" if flag == "--batch" else ""))
+    if args.swap >= args.batch:
+        ap.error(f"--swap {args.swap} must be < --batch {args.batch}: at least one row stays; lower --swap")
+    if args.every > args.steps:
+        ap.error(f"--every {args.every} must be ≤ --steps {args.steps}, so the measured steps hold a swap")
+    try:
+        validate_decode({"gen_length": args.gen_length, "block_length": args.block_length})
+    except UsageError as e:
+        ap.error(str(e))
+    if args.steps + args.warmup > args.gen_length:
+        need = -(-(args.steps + args.warmup) // args.block_length) * args.block_length
+        ap.error(f"--steps {args.steps} + --warmup {args.warmup} exceed --gen-length {args.gen_length} (one step "
+                 f"per position); raise --gen-length to {need} or lower --steps")
+    names = [t.strip() for t in args.policies.split(",")]
+    for i, name in enumerate(names):
+        if not name:
+            ap.error(f"--policies {args.policies!r}: entry {i + 1} is empty; remove the extra comma")
+        if name not in POLICIES:
+            ap.error(f"--policies {name!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+    dup = next((t for i, t in enumerate(names) if t in names[:i]), None)
+    if dup is not None:
+        ap.error(f"--policies {args.policies!r} names {dup} twice; name each once")
+    args.policies = names
     args.steps += args.warmup
+    return args
+
+
+def main(argv=None) -> int:
+    """The benchmark (module docstring); returns 0, or 1/2 for an error found once the model is loaded."""
+    from ecache_cli.errors import EcacheError
+
+    args = parse(argv)
+    try:
+        _bench(args)
+    except EcacheError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+def _bench(args) -> None:
     torch.set_num_threads(args.threads)
     eng, cfg, prompts, policy = build(args)
     with torch.inference_mode():
-        for name in args.policies.split(","):
+        for name in args.policies:
             if args.profile:
                 from torch.profiler import ProfilerActivity, profile
                 with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -149,4 +236,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

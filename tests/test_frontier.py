@@ -97,7 +97,8 @@ def test_dominance_uses_the_097_slack_and_needs_agreement_at_least_the_peers(fr)
     assert r == {"dominated": False, "points": 2, "unmatched": ["d-fast"]}
     # faster entropy points do not count when less faithful
     assert fr.dominates(ent, [P(fr, "dual", 1.0, 0.96, "d")])["unmatched"] == ["d"]
-    assert fr.dominates(ent, [])["dominated"] is False
+    assert fr.dominates(ent, [])["dominated"] is None  # no peer point: no verdict
+    assert fr.dominates([], [P(fr, "dual", 1.0, 0.9)])["dominated"] is None  # no entropy point: no verdict
     assert fr.match(ent, P(fr, "dual", 1.5, 0.8)).spec == "e2"  # the fastest qualifying entropy point
 
 
@@ -108,7 +109,8 @@ def test_margin_over_duals_fastest_point(fr):
     assert r["ok"] is True and r["ratio"] == pytest.approx(1.15)
     assert r["dual_fastest"] == ("d-fast", 2.0, 0.9) and r["entropy"][0] == "e-ok"
     assert fr.beats_fastest([P(fr, "entropy", 2.1, 0.95)], dual)["ok"] is False  # 1.05x < 1.10x
-    assert fr.beats_fastest(ent, [])["ok"] is False
+    assert fr.beats_fastest(ent, [])["ok"] is None
+    assert fr.beats_fastest([], dual)["ok"] is None
 
 
 def test_profile_gap_and_not_slower_than_none(fr):
@@ -163,13 +165,27 @@ def test_markdown_and_plot_from_a_document(fr, tmp_path):
     assert s["plain"]["dominates_all"] == {"list": True} and s["plain"]["beats_dual_fastest_domains"] == 1
 
 
+def exit_code(fr, argv) -> int:
+    """``fr.main(argv)``'s status, whether returned or raised (argparse-level errors exit via SystemExit)."""
+    try:
+        return fr.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
 def test_bad_input_is_one_line_exit_2(fr, capsys):
-    assert fr.main(["--gsm8k-shots", "x"]) == 2
-    assert "--gsm8k-shots 'x'" in capsys.readouterr().err
-    assert fr.main(["--modes", "fast"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --modes 'fast' is not a mode; use plain, threshold"
-    assert fr.main(["--policies", "dual:nope=1"]) == 2
-    assert "nope" in capsys.readouterr().err
+    assert exit_code(fr, ["--gsm8k-shots", "x"]) == 2
+    assert "--gsm8k-shots 'x'" in one_line_error(capsys)
+    assert exit_code(fr, ["--modes", "fast"]) == 2
+    assert one_line_error(capsys) == "error: --modes 'fast' is not a mode; use plain, threshold"
+    assert exit_code(fr, ["--policies", "dual:nope=1"]) == 2
+    assert "nope" in one_line_error(capsys)
     assert fr.main(["--domains", "poetry", "--n", "1"]) == 2
     assert "poetry" in capsys.readouterr().err
     assert fr.main(["--seed", "0", "--domains", "list", "--n", "1"]) == 2  # the shipped list profile's seed
@@ -212,3 +228,95 @@ def test_end_to_end_tiny_run(fr, tmp_path, capsys):
     b.write_text(json.dumps({**doc, "seed": 7}) + "\n")
     assert fr.main(["--merge", str(a), str(b)]) == 2
     assert "seed=7 differs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--domains", "list,list"], "--domains 'list,list' names list twice"),
+    (["--domains", "list,"], "--domains 'list,': entry 2 is empty"),
+    (["--shots", "0,0"], "--shots '0,0' names 0 twice"),
+    (["--shots", "0,00"], "--shots '0,00' names 0 twice"),
+    (["--gsm8k-shots", ",4"], "--gsm8k-shots ',4': entry 1 is empty"),
+    (["--modes", "plain,plain"], "--modes 'plain,plain' names plain twice"),
+    (["--policies", "none,none"], "--policies 'none,none' names none twice"),
+    (["--threads", "0"], "--threads 0 must be ≥ 1"),
+    (["--threads", "-3"], "--threads -3 must be ≥ 1"),
+    (["--gen-length", "0"], "--gen-length 0 must be ≥ 1"),
+    (["--gen-length", "48"], "--gen-length 48 is not a multiple of --block-length 32"),
+    (["--passes", "0"], "--passes 0 must be ≥ 1"),
+    (["--threshold", "1.5"], "--threshold 1.5 must be in (0, 1]"),
+])
+def test_bad_lists_and_ranges_are_refused_in_one_line(fr, capsys, argv, words):
+    assert exit_code(fr, argv) == 2
+    line = one_line_error(capsys)
+    assert line.startswith("error: ") and words in line
+
+
+def test_output_paths_are_checked_before_any_measurement(fr, tmp_path, capsys, monkeypatch):
+    def no_model(*a, **k):
+        raise AssertionError("an output check must fail before the model loads")
+
+    monkeypatch.setattr("ecache_cli.models.loader.load_model", no_model)
+    top = Path("/") / f"ecache-no-such-folder-{tmp_path.name}"
+    assert exit_code(fr, ["--json", str(top / "x.json")]) == 2
+    assert f"folder {top} does not exist" in one_line_error(capsys)
+    assert not top.exists()  # nothing created at the filesystem root
+    f = tmp_path / "out.json"
+    assert exit_code(fr, ["--json", str(f), "--markdown", str(f)]) == 2
+    assert one_line_error(capsys).startswith(f"error: --markdown {f} is the same file as --json")
+    src = tmp_path / "a.json"
+    src.write_text("{}\n")
+    assert exit_code(fr, ["--merge", str(src), "--json", str(tmp_path / ".." / tmp_path.name / "a.json")]) == 2
+    assert "is the same file as --merge (the input)" in one_line_error(capsys)
+    assert src.read_text() == "{}\n"  # the input is untouched
+    assert exit_code(fr, ["--plot", str(tmp_path)]) == 2  # a folder where a file is wanted
+    assert f"--plot {tmp_path} is a folder; give a file name" in one_line_error(capsys)
+    assert not f.exists()
+
+
+def test_no_entropy_points_give_no_verdict_never_yes(fr):
+    from dataclasses import asdict
+
+    pts = [P(fr, "dual", 1.5, 0.99, "dual:refresh_every=0")]
+    only_none = {"points": [], "verdicts": fr.verdicts([])}
+    no_entropy = {"points": [asdict(p) for p in pts], "verdicts": fr.verdicts(pts)}
+    for wl in (only_none, no_entropy):
+        doc = {"model": "tiny", "n": 1, "seed": 5, "passes": 1, "grid": "small", "gen_length": 32,
+               "block_length": 32, "threshold": 0.9, "margin": 1.1, "workloads": {"list@0shot|plain": wl}}
+        s = fr.summary(doc)["plain"]
+        assert s["dominates_all"] == {"list": None} and s["beats_dual_fastest"] == {"list": None}
+        assert s["profiles_ok"] is None and s["beats_dual_fastest_domains"] == 0
+        line = fr._summary_lines(fr.summary(doc))[0]
+        assert "yes" not in line and line.count("n/a (") == 3
+        assert json.loads(json.dumps(s))["profiles_ok"] is None  # JSON null
+        md = fr.markdown(doc)
+        assert "| yes |" not in md
+    assert "| list@0shot | plain | dual | 1 | n/a (no entropy points) | – |" in md
+
+
+def test_ctrl_c_keeps_the_finished_workloads(fr, tmp_path, capsys, monkeypatch):
+    """A KeyboardInterrupt in the second workload's measurement: the first workload's points are written
+    (JSON marked incomplete, a note in the Markdown, the plot) and the run exits 130 with one stderr line."""
+    calls = []
+
+    def measure(engine, settings, requests, specs, labels, args, chat, log):
+        calls.append(specs)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return [fr.Point(policy="dual", spec="dual:refresh_every=0", speedup=1.4, agreement=0.9, speedups=[1.4])]
+
+    monkeypatch.setattr(fr, "measure_workload", measure)
+    js, md, png = tmp_path / "f.json", tmp_path / "f.md", tmp_path / "f.png"
+    rc = fr.main(["--domains", "list", "--shots", "0", "--n", "1", "--passes", "1", "--modes", "plain,threshold",
+                  "--policies", "dual:refresh_every=0", "--no-profiles", "--gen-length", "32", "--threads", "1",
+                  "--json", str(js), "--markdown", str(md), "--plot", str(png)])
+    assert rc == 130 and len(calls) == 2
+    out = capsys.readouterr()
+    assert out.err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C): kept the 1 finished workload(s)")
+    doc = json.loads(js.read_text())
+    assert doc["incomplete"] is True and list(doc["workloads"]) == ["list@0shot|plain"]
+    assert doc["workloads"]["list@0shot|plain"]["points"][0]["speedup"] == 1.4
+    assert doc["args"]["n"] == 1 and doc["args"]["threads"] == 1 and doc["args"]["data"] is None
+    assert doc["args"]["modes"] == ["plain", "threshold"] and doc["args"]["json"] == str(js)
+    assert json.loads(out.out.strip().splitlines()[-1])["incomplete"] is True
+    assert "**Incomplete run**" in md.read_text() and "| list@0shot | plain | dual |" in md.read_text()
+    assert png.read_bytes()[:4] == b"\x89PNG"

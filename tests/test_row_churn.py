@@ -1,0 +1,57 @@
+"""bench/row_churn.py: every bad option is a one-line error (exit 2) before the model loads."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def rc():
+    spec = importlib.util.spec_from_file_location("row_churn", REPO / "bench" / "row_churn.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--every", "0"], "--every 0 must be ≥ 1"),
+    (["--every", "57"], "--every 57 must be ≤ --steps 56"),
+    (["--steps", "40", "--gen-length", "32"], "--steps 40 + --warmup 8 exceed --gen-length 32"),
+    (["--policies", "foo"], "--policies 'foo' is not a cache policy; use names from none, "),
+    (["--policies", "none,"], "--policies 'none,': entry 2 is empty"),
+    (["--policies", "none,none"], "--policies 'none,none' names none twice"),
+    (["--repeats", "0"], "--repeats 0 must be ≥ 1"),
+    (["--threads", "0"], "--threads 0 must be ≥ 1"),
+    (["--gen-length", "8"], "--gen-length 8 is not a multiple of --block-length 32"),
+    (["--prompt-width", "0"], "--prompt-width 0 must be ≥ 1"),
+    (["--swap", "3", "--batch", "2"], "--swap 3 must be < --batch 2"),
+    (["--swap", "0"], "--swap 0 must be ≥ 1"),
+    (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+])
+def test_bad_options_exit_2_with_one_line(rc, capsys, argv, words):
+    with pytest.raises(SystemExit) as e:
+        rc.parse(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err
+
+
+def test_good_options_parse_to_the_runs_values(rc):
+    args = rc.parse(["--steps", "4", "--warmup", "2", "--every", "2", "--batch", "3", "--swap", "2",
+                     "--gen-length", "32", "--block-length", "16", "--policies", "none,dual"])
+    assert args.steps == 6 and args.policies == ["none", "dual"] and args.block_length == 16
+    assert rc.parse([]).policies == ["none", "entropy"]  # the defaults pass their own checks
+
+
+def test_help_fits_80_columns_and_names_defaults(rc, capsys):
+    with pytest.raises(SystemExit) as e:
+        rc.parse(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "(default: 16)" in out and "(default: none,entropy)" in out
