@@ -169,9 +169,10 @@ none,elastic:gamma=0.8).
               refresh_every (≥ 0, 0)
   elastic     gamma (cosine similarity, [0, 1], 0.9), window (≥ 0, 16),
               refresh_every (≥ 0, 0)
-  es-dllm     alpha ([0, 1], 0.5), proportions (kept shares per stage, 1,0.5,0.25),
-              positions (depth fractions per stage, 0,0.125,0.25), prompt_update_freq
-              (≥ 0, 0 = the block length), block_update_freq (≥ 0, 16), refresh_every (≥ 0, 0)
+  es-dllm     alpha ([0, 1], 0.5), proportions (kept shares per stage,
+              1,0.5,0.25), positions (depth fractions per stage, 0,0.125,0.25),
+              prompt_update_freq (≥ 0, 0 = the block length), block_update_freq
+              (≥ 0, 16), refresh_every (≥ 0, 0)
   es-dllm-conf  es-dllm's parameters with alpha 1 (confidence only)
 
 [bold]--refresh-every N[/]: prefix, dual: a refresh every N steps inside each block besides its start (0 = block

@@ -34,7 +34,7 @@ class StepTimer:
 
     def clock(self) -> float:
         """Seconds on the run's clock: ``time.perf_counter()`` (after a CUDA sync) less the seconds paused."""
-        if self.cuda:
+        if self.cuda and torch.cuda.is_available():
             torch.cuda.synchronize()
         return time.perf_counter() - self.paused()
 
