@@ -67,7 +67,8 @@ class StepDecoder:
         cand = valid if produced is None else valid & produced
         cfg, rule = self.cfg, self.rule
         noise = draw(logits.shape[-1]) if cfg.temperature > 0 else None
-        packed = int(valid.sum()) < valid.numel()  # padded targets (rows with fewer masks): sample the real ones
+        # padded targets (rows with fewer masks than the widest): sample the real ones; one row has none
+        packed = valid.shape[0] > 1 and int(valid.sum()) < valid.numel()
         if packed:
             logits, noise = logits[valid][None], None if noise is None else noise[valid][None]  # (1, K, V)
         sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=None,

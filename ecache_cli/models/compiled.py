@@ -242,15 +242,9 @@ class StaticStep(torch.nn.Module):
             return self._unpadded(tokens, store, query_pos, logits_pos)
         B, T = tokens.shape
         full = query_pos is None
-        if full:  # every position, in order: the partial forward's graph at width T computes the same
-            query_pos = torch.arange(T, device=tokens.device).expand(B, T)
-        if logits_pos is None:
-            logits_pos = query_pos
-        S, R = query_pos.shape[1], logits_pos.shape[1]
-        Sb = bucket(S, MIN_WIDTH, T)
-        Rb = bucket(R, MIN_LOGITS, Sb)
-        # the canvas length T is symbolic in the graphs: a width equal to it is the class "T"
-        key = (bucket(B), CANVAS if Sb == T else Sb, CANVAS if Rb == T else Rb, store.attn_mask is not None)
+        query_pos, logits_pos, widths = self._widths(tokens, store, query_pos, logits_pos)
+        R = logits_pos.shape[1]
+        key = (bucket(B), *widths, store.attn_mask is not None)
         new = key not in self._seen
         if new and len(self._seen) >= self.stats.max_graphs:
             key, new = self._larger(key, T), False
@@ -258,9 +252,6 @@ class StaticStep(torch.nn.Module):
                 self.stats.eager_calls += 1
                 return model(tokens, store, None if full else query_pos, logits_pos)
         Bb, Sb, Rb = key[0], _width(key[1], T), _width(key[2], T)
-        if store.rope is None:  # what DiffusionLM.forward does on a store's first forward
-            s = model.spec
-            store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)
         slot = self._slot(store, Bb, full=full)
         rows = None  # padded rows repeat row 0
         if Bb > B:
@@ -287,22 +278,30 @@ class StaticStep(torch.nn.Module):
         out = logits[:B, :R]
         return out.clone() if self._cuda else out  # a CUDA graph's outputs are overwritten by its next replay
 
+    def _widths(self, tokens, store: KVStore, query_pos, logits_pos):
+        """The forward's query and logits positions ((B, S), (B, R) long; every position when None) and
+        their width classes (a bucket, or ``CANVAS`` for the whole canvas: T is symbolic in the graphs);
+        fills the store's RoPE tables on its first forward, as ``DiffusionLM.forward`` does."""
+        if store.rope is None:
+            s = self.model.spec
+            store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)
+        B, T = tokens.shape
+        if query_pos is None:  # every position, in order: the partial forward's graph at width T computes the same
+            query_pos = torch.arange(T, device=tokens.device).expand(B, T)
+        if logits_pos is None:
+            logits_pos = query_pos
+        Sb = bucket(query_pos.shape[1], MIN_WIDTH, T)
+        Rb = bucket(logits_pos.shape[1], MIN_LOGITS, Sb)
+        return query_pos, logits_pos, (CANVAS if Sb == T else Sb, CANVAS if Rb == T else Rb)
+
     def _unpadded(self, tokens, store: KVStore, query_pos, logits_pos):
         """The CPU form (``pad=False``), on the store's own tensors: rows and canvas length symbolic,
         nothing padded but the query and logits widths (to the buckets above, or the whole canvas)."""
         model = self.model
-        if store.rope is None:  # what DiffusionLM.forward does on a store's first forward
-            s = model.spec
-            store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)
-        B, T = tokens.shape
-        if query_pos is None:
-            query_pos = torch.arange(T, device=tokens.device).expand(B, T)
-        if logits_pos is None:
-            logits_pos = query_pos
-        S, R = query_pos.shape[1], logits_pos.shape[1]
-        Sb = bucket(S, MIN_WIDTH, T)
-        Rb = bucket(R, MIN_LOGITS, Sb)
-        key = ("any", CANVAS if Sb == T else Sb, CANVAS if Rb == T else Rb, store.attn_mask is not None)
+        B = tokens.shape[0]
+        query_pos, logits_pos, widths = self._widths(tokens, store, query_pos, logits_pos)
+        Sb, Rb, R = _width(widths[0], tokens.shape[1]), _width(widths[1], tokens.shape[1]), logits_pos.shape[1]
+        key = ("any", *widths, store.attn_mask is not None)
         new = key not in self._seen
         if new and len(self._seen) >= self.stats.max_graphs:
             self.stats.eager_calls += 1
