@@ -33,10 +33,13 @@ Verdicts (``verdicts``), per workload and mode, on (speedup, token agreement):
 Prints each frontier, the verdict tables and a last stdout line of JSON; ``--markdown`` writes the
 tables for BENCHMARKS.md, ``--plot`` one panel per workload and mode (PNG), ``--json`` every point;
 ``--merge a.json b.json ...`` combines runs made side by side (one per domain) without measuring.
+With ``--json``, every finished workload is saved there at once; ``--resume`` then measures only the
+workloads that file lacks (same settings required), so a run of many hours can stop and go on.
 
     python bench/frontier.py --n 48 --passes 3 --markdown docs/frontier.md --plot docs/frontier.png
     python bench/frontier.py --domains list --shots 0 --n 2 --passes 1 --modes plain --grid small  # a quick look
     python bench/frontier.py --model /path/to/LLaDA-8B-Instruct --device cuda --dtype bfloat16 --n 48
+    python bench/frontier.py --json runs_out/all.json --resume   # stop at any time; the same line goes on
     python bench/frontier.py --domains list --json runs_out/list.json   # one per domain, side by side, then:
     python bench/frontier.py --merge runs_out/{arith,code,list,gsm8k}.json --markdown docs/frontier.md \
         --plot docs/frontier.png
@@ -514,6 +517,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="measure nothing: combine the --json files of several runs (e.g. one per domain) into one "
                          "set of tables, plot and JSON")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --json: keep the workloads an earlier run of the same settings saved there and measure "
+                         "only the others (every finished workload is saved to --json at once)")
     ap.add_argument("--verbose", "-v", action="store_true", help="log every run")
     return ap
 
@@ -614,6 +620,8 @@ def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[
         raise UsageError(f"--slack {args.slack} must be in (0, 1] and --margin {args.margin} > 0")
     validate_decode({"gen_length": args.gen_length, "block_length": args.block_length,
                      "threshold": args.threshold if "threshold" in modes else None})
+    if args.resume and (args.json is None or args.merge):
+        raise UsageError("--resume continues the run saved in --json FILE; add --json FILE (and no --merge)")
     if args.plot is not None:
         check_plot_name(args.plot)
     outputs = [(args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")]
@@ -672,6 +680,11 @@ def run(args) -> int:
            "grids": GRIDS[args.grid], "args": _native_args(args),
            "manifest": manifest(lm, None, args.seed, {"omp_num_threads": os.environ.get("OMP_NUM_THREADS")}),
            "workloads": {}}
+    if args.resume:
+        doc["workloads"] = resumed_workloads(doc, args.json)
+        if doc["workloads"]:
+            log(f"--resume: {len(doc['workloads'])} workload(s) kept from {args.json}: "
+                + ", ".join(doc["workloads"]))
     t_all = time.perf_counter()
     try:
         _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, modes, policies, kinds,
@@ -733,12 +746,52 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                         labels[s] = f"{labels[s]},{label}" if s in labels else label
                 specs = list(dict.fromkeys([*specs, *labels]))
                 key = f"{d}@{k}shot|{mode}"
+                if key in doc["workloads"]:  # kept by --resume
+                    continue
                 log(f"{key}: {len(reqs)} prompts × {len(specs)} settings × {args.passes} passes")
                 pts = measure_workload(engine, settings, reqs, specs, labels, args, chat, log)
                 v = verdicts(pts, args.slack, args.margin)
                 doc["workloads"][key] = {"taus": taus, "points": [asdict(p) for p in pts], "verdicts": v,
                                          "seconds": time.perf_counter() - t0}
                 _print_workload(key, pts, v, log)
+                if args.json is not None:  # saved at once: a killed run keeps it (--resume)
+                    save_progress(doc, args.json)
+
+
+#: the settings two runs must share for their workloads to be comparable (--merge, --resume)
+SAME_SETTINGS = ("model", "n", "seed", "passes", "grid", "gen_length", "block_length", "threshold", "slack", "margin")
+
+
+def save_progress(doc: dict, path: Path) -> None:
+    """Write ``doc`` (its finished workloads, marked incomplete) to ``path`` as one JSON line, so an
+    interrupted run leaves every finished workload saved. Written in place: the file is the one this
+    run claimed (``ecache_cli.outputs.check_file``), and its lock stays on it."""
+    from ecache_cli.runs.profile import json_line
+
+    path.write_text(json_line({**doc, "incomplete": True}) + "\n")
+
+
+def resumed_workloads(doc: dict, path: Path) -> dict:
+    """The workloads saved in ``path`` (a ``--json`` file) by an earlier run with ``doc``'s settings (and
+    its policies): {} when the file does not exist. Raises UsageError when it is not such a file or was
+    made with other settings (naming the first difference)."""
+    from ecache_cli.errors import UsageError
+
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(path.read_text().strip().splitlines()[-1])
+        workloads = old["workloads"]
+    except (OSError, ValueError, IndexError, KeyError, TypeError) as e:
+        raise UsageError(f"--resume: {path} is not a bench/frontier.py --json file ({e}); pass another --json "
+                         "path or delete it") from None
+    pairs = [(k, old.get(k), doc.get(k)) for k in SAME_SETTINGS]
+    pairs.append(("policies", old.get("args", {}).get("policies"), doc["args"].get("policies")))
+    diff = next(((k, a, b) for k, a, b in pairs if a != b), None)
+    if diff is not None:
+        raise UsageError(f"--resume: {path} was made with {diff[0]}={diff[1]!r}, this run has {diff[2]!r}; rerun with "
+                         "the same settings or a new --json path")
+    return workloads
 
 
 def merge(paths: list[Path]) -> dict:
@@ -748,7 +801,7 @@ def merge(paths: list[Path]) -> dict:
     threshold, slack and margin (UsageError naming the first difference)."""
     from ecache_cli.errors import UsageError
 
-    same = ("model", "n", "seed", "passes", "grid", "gen_length", "block_length", "threshold", "slack", "margin")
+    same = SAME_SETTINGS
     docs = []
     for p in paths:
         try:

@@ -320,3 +320,41 @@ def test_ctrl_c_keeps_the_finished_workloads(fr, tmp_path, capsys, monkeypatch):
     assert json.loads(out.out.strip().splitlines()[-1])["incomplete"] is True
     assert "**Incomplete run**" in md.read_text() and "| list@0shot | plain | dual |" in md.read_text()
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resume_measures_only_the_workloads_not_yet_saved(fr, tmp_path, capsys, monkeypatch):
+    """Each finished workload is saved to --json at once, so a run that dies in its second workload keeps
+    the first; --resume measures only the rest; other settings or no --json are refused in one line."""
+    calls = []
+
+    def measure(engine, settings, requests, specs, labels, args, chat, log):
+        calls.append(settings.decode.threshold)
+        if len(calls) == 2:
+            raise RuntimeError("the machine went away")
+        return [fr.Point(policy="dual", spec="dual:refresh_every=0", speedup=1.0 + len(calls), agreement=0.9,
+                         speedups=[1.0 + len(calls)])]
+
+    monkeypatch.setattr(fr, "measure_workload", measure)
+    js = tmp_path / "f.json"
+    argv = ["--domains", "list", "--shots", "0", "--n", "1", "--passes", "1", "--modes", "plain,threshold",
+            "--policies", "dual:refresh_every=0", "--no-profiles", "--gen-length", "32", "--threads", "1",
+            "--json", str(js)]
+    with pytest.raises(RuntimeError):
+        fr.main(argv)
+    saved = json.loads(js.read_text())
+    assert saved["incomplete"] is True and list(saved["workloads"]) == ["list@0shot|plain"]
+
+    assert fr.main([*argv, "--resume"]) == 0
+    assert calls == [None, 0.9, 0.9]  # plain, threshold (died), threshold again; plain not measured again
+    doc = json.loads(js.read_text())
+    assert "incomplete" not in doc and list(doc["workloads"]) == ["list@0shot|plain", "list@0shot|threshold"]
+    assert doc["workloads"]["list@0shot|plain"]["points"][0]["speedup"] == 2.0  # kept from the first run
+    assert doc["workloads"]["list@0shot|threshold"]["points"][0]["speedup"] == 4.0
+    capsys.readouterr()
+
+    assert fr.main([*argv[:argv.index("--n") + 1], "2", *argv[argv.index("--n") + 2:], "--resume"]) == 2
+    assert "was made with n=1, this run has 2" in capsys.readouterr().err
+    assert len(calls) == 3
+    with pytest.raises(SystemExit) as e:
+        fr.main(["--domains", "list", "--resume"])
+    assert e.value.code == 2 and "add --json FILE" in capsys.readouterr().err
