@@ -7,10 +7,16 @@ on a free loopback port (``--max-batch``, one torch thread by default), and for 
 
 - the unloaded latency: ``--unloaded`` requests sent one at a time (median seconds);
 - at every arrival rate of ``--rates`` (requests/s): ``--duration`` seconds of Poisson arrivals
-  (exponential gaps, seeded), each request a streamed chat completion of a ``list``-domain test
-  prompt (``max_tokens`` ``--max-tokens``, greedy); throughput = requests done / (last done − first
-  sent), generated tokens/s, p50/p95 latency (sent → last chunk), p50/p95 time to the first streamed
-  text.
+  (exponential gaps, seeded), each request a streamed chat completion of a test prompt of
+  ``--domains`` (``list`` by default: short answers of one block; ``arith`` answers take 2-4 blocks,
+  so rows of one batch end at different steps; several domains are interleaved), ``max_tokens``
+  ``--max-tokens``, greedy; throughput = requests done / (last done − first sent), generated tokens/s,
+  p50/p95 latency (sent → last chunk), p50/p95 time to the first streamed text, and the share of
+  answers identical to ``none``'s answer to the same prompt (the fidelity the policy's speed costs;
+  greedy answers do not depend on the batch, so ``none``'s are its answers alone).
+
+The server's EntropyCache setting is its profile's unless ``--tau`` / ``--recent-k`` set it (requests
+name only the policy).
 
 Then the targets: R* is the lowest rate at which static batching's p95 latency exceeds 3× its
 unloaded latency (``--policy-for-batching``, default entropy); at R*, continuous batching's p95 must be
@@ -19,6 +25,7 @@ unloaded latency (``--policy-for-batching``, default entropy); at R*, continuous
 
     python bench/serve_load.py                                      # ~6-8 min on a 2-core CPU
     python bench/serve_load.py --rates 4,8,16 --duration 5 --modes continuous
+    python bench/serve_load.py --domains arith --max-tokens 128 --tau 3 --recent-k 16   # rows of mixed length
     python bench/serve_load.py --url http://127.0.0.1:8000 --modes external   # a server already running
 """
 
@@ -55,6 +62,10 @@ def start_server(args, mode: str):
     cmd = [sys.executable, "-m", "ecache_cli", "serve", "--model", args.model, "--port", "0", "--batching", mode,
            "--max-batch", str(args.max_batch), "--max-queue", "100000", "--threads", str(args.threads),
            "--gen-length", str(args.max_tokens)]
+    if args.tau is not None:  # the server's EntropyCache setting (requests name only the policy)
+        cmd += ["--cache", "entropy", "--tau", str(args.tau)]
+    if args.recent_k is not None:
+        cmd += ["--cache", "entropy", "--recent-k", str(args.recent_k)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
@@ -76,7 +87,7 @@ async def one(client, url: str, model: str, prompt: str, policy: str, max_tokens
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "policy": policy}
     t0 = time.perf_counter()
     first = None
-    tokens, reason = 0, None
+    tokens, reason, text = 0, None, []
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
@@ -87,23 +98,25 @@ async def one(client, url: str, model: str, prompt: str, policy: str, max_tokens
             if ev.get("usage"):
                 tokens = ev["usage"]["completion_tokens"]
             for ch in ev.get("choices", []):
-                if ch["delta"].get("content") and first is None:
-                    first = time.perf_counter()
+                if ch["delta"].get("content"):
+                    text.append(ch["delta"]["content"])
+                    if first is None:
+                        first = time.perf_counter()
                 reason = ch.get("finish_reason") or reason
     t1 = time.perf_counter()
-    return {"sent": t0, "first": first if first is not None else t1, "done": t1, "tokens": tokens, "reason": reason}
+    return {"sent": t0, "first": first if first is not None else t1, "done": t1, "tokens": tokens, "reason": reason,
+            "prompt": prompt, "text": "".join(text)}
 
 
-async def unloaded(url: str, args, prompts: list[str], policy: str) -> float:
+async def unloaded(url: str, args, prompts: list[str], policy: str) -> tuple[float, dict[str, str]]:
+    """The median latency of ``--unloaded`` requests sent one at a time, and their answers by prompt."""
     import httpx
 
     async with httpx.AsyncClient(timeout=600) as client:
         await one(client, url, args.model, prompts[0], policy, args.max_tokens)  # warm-up
-        lat = []
-        for i in range(args.unloaded):
-            r = await one(client, url, args.model, prompts[i % len(prompts)], policy, args.max_tokens)
-            lat.append(r["done"] - r["sent"])
-    return statistics.median(lat)
+        res = [await one(client, url, args.model, prompts[i % len(prompts)], policy, args.max_tokens)
+               for i in range(args.unloaded)]
+    return statistics.median(r["done"] - r["sent"] for r in res), {r["prompt"]: r["text"] for r in res}
 
 
 async def load(url: str, args, prompts: list[str], policy: str, rate: float, seed: int) -> dict:
@@ -126,7 +139,15 @@ async def load(url: str, args, prompts: list[str], policy: str, rate: float, see
     ttft = [r["first"] - r["sent"] for r in res]
     return {"n": n, "throughput": n / (end - start), "tokens_per_s": sum(r["tokens"] for r in res) / (end - start),
             "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
-            "reasons": sorted({r["reason"] for r in res})}
+            "reasons": sorted({r["reason"] for r in res}), "answers": {r["prompt"]: r["text"] for r in res}}
+
+
+def identical_share(answers: dict[str, str], reference: dict[str, str]) -> float | None:
+    """The share of ``answers`` (prompt -> text) equal to ``reference``'s answer to the same prompt (the
+    reference policy's; greedy answers do not depend on what else runs in the batch); None when no
+    prompt is shared."""
+    shared = [p for p in answers if p in reference]
+    return sum(answers[p] == reference[p] for p in shared) / len(shared) if shared else None
 
 
 def main() -> None:
@@ -144,13 +165,19 @@ def main() -> None:
     ap.add_argument("--unloaded", type=int, default=8, help="sequential requests for the unloaded latency")
     ap.add_argument("--policy-for-batching", default="entropy", help="the policy of the static/continuous target")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--domains", default="list", help="task domains of the prompts, interleaved (default list)")
+    ap.add_argument("--tau", type=float, default=None, help="the server's EntropyCache τ (default: its profile's)")
+    ap.add_argument("--recent-k", type=int, default=None, help="the server's EntropyCache recent_k (default: its "
+                    "profile's)")
     args = ap.parse_args()
 
     sys.path.insert(0, str(REPO))
     from ecache_cli.tasks import get_task
 
-    task = get_task("list")
-    prompts = [task.prompt(ex, 0, 0) for ex in task.examples("test", 64, args.seed)]
+    domains = args.domains.split(",")
+    per_domain = [[get_task(d).prompt(ex, 0, 0) for ex in get_task(d).examples("test", 64, args.seed)]
+                  for d in domains]
+    prompts = [p for group in zip(*per_domain) for p in group]  # one of each domain in turn
     rates = [float(r) for r in args.rates.split(",")]
     policies = args.policies.split(",")
     modes = args.modes.split(",")
@@ -160,10 +187,11 @@ def main() -> None:
         proc, url = (None, args.url) if mode == "external" else start_server(args, mode)
         try:
             for policy in policies:
-                base = asyncio.run(unloaded(url, args, prompts, policy))
+                base, answers = asyncio.run(unloaded(url, args, prompts, policy))
                 for i, rate in enumerate(rates):
                     m = asyncio.run(load(url, args, prompts, policy, rate, args.seed * 1000 + i))
-                    row = {"mode": mode, "policy": policy, "rate": rate, "unloaded": base, **m}
+                    row = {"mode": mode, "policy": policy, "rate": rate, "unloaded": base,
+                           "unloaded_answers": answers, **m}
                     rows.append(row)
                     print(f"{mode:>10} {policy:>8} rate {rate:5g}/s: {m['throughput']:6.2f} req/s, "
                           f"p50 {m['p50']:.3f} s, "
@@ -174,12 +202,22 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(60)
 
-    print(f"\n{'batching':>10} {'policy':>8} {'rate/s':>7} {'n':>4} {'req/s':>7} {'tok/s':>7} {'p50 s':>7} "
-          f"{'p95 s':>7} {'ttft50':>7} {'ttft95':>7} {'unl. s':>7}")
+    reference: dict[str, str] = {}  # none's answer per prompt, from every none measurement
     for r in rows:
+        if r["policy"] == "none":
+            reference.update(r["unloaded_answers"])
+            reference.update(r["answers"])
+    for r in rows:
+        r["identical"] = identical_share(r.pop("answers"), reference)
+        r.pop("unloaded_answers")
+
+    print(f"\n{'batching':>10} {'policy':>8} {'rate/s':>7} {'n':>4} {'req/s':>7} {'tok/s':>7} {'p50 s':>7} "
+          f"{'p95 s':>7} {'ttft50':>7} {'ttft95':>7} {'unl. s':>7} {'same':>5}")
+    for r in rows:
+        same = "-" if r["identical"] is None else f"{100 * r['identical']:.0f}%"
         print(f"{r['mode']:>10} {r['policy']:>8} {r['rate']:7g} {r['n']:4d} {r['throughput']:7.2f} "
               f"{r['tokens_per_s']:7.1f} {r['p50']:7.3f} {r['p95']:7.3f} {r['ttft_p50']:7.3f} {r['ttft_p95']:7.3f} "
-              f"{r['unloaded']:7.3f}")
+              f"{r['unloaded']:7.3f} {same:>5}")
 
     def at(mode, policy, rate):
         return next((r for r in rows if r["mode"] == mode and r["policy"] == policy and r["rate"] == rate), None)
@@ -204,7 +242,8 @@ def main() -> None:
 
     print(json.dumps({"bench": "serve_load", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
                       "cpu": cpu_name(), "threads": args.threads, "model": args.model, "max_batch": args.max_batch,
-                      "max_tokens": args.max_tokens, "duration_s": args.duration, "wall_s": time.time() - t_start,
+                      "max_tokens": args.max_tokens, "duration_s": args.duration, "domains": domains,
+                      "tau": args.tau, "recent_k": args.recent_k, "wall_s": time.time() - t_start,
                       "rows": rows, "targets": targets}))
 
 
