@@ -752,7 +752,8 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                 pts = measure_workload(engine, settings, reqs, specs, labels, args, chat, log)
                 v = verdicts(pts, args.slack, args.margin)
                 doc["workloads"][key] = {"taus": taus, "points": [asdict(p) for p in pts], "verdicts": v,
-                                         "seconds": time.perf_counter() - t0}
+                                         "seconds": time.perf_counter() - t0, "date": datetime.date.today().isoformat(),
+                                         "git_commit": doc["manifest"].get("git_commit")}  # per workload: --resume
                 _print_workload(key, pts, v, log)
                 if args.json is not None:  # saved at once: a killed run keeps it (--resume)
                     save_progress(doc, args.json)

@@ -350,6 +350,7 @@ def test_resume_measures_only_the_workloads_not_yet_saved(fr, tmp_path, capsys, 
     assert "incomplete" not in doc and list(doc["workloads"]) == ["list@0shot|plain", "list@0shot|threshold"]
     assert doc["workloads"]["list@0shot|plain"]["points"][0]["speedup"] == 2.0  # kept from the first run
     assert doc["workloads"]["list@0shot|threshold"]["points"][0]["speedup"] == 4.0
+    assert all(wl["date"] and "git_commit" in wl for wl in doc["workloads"].values())
     capsys.readouterr()
 
     assert fr.main([*argv[:argv.index("--n") + 1], "2", *argv[argv.index("--n") + 2:], "--resume"]) == 2
