@@ -161,10 +161,12 @@ def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limi
 
 
 def policy_names(policies: str | None) -> list[str]:
-    """The entries of ``--policies`` (comma-separated, blanks dropped); None: every policy."""
+    """The entries of ``--policies`` (comma-separated); None: every policy. UsageError as
+    :func:`comma_lists.parse_list` (nothing named, an empty entry, an entry given twice)."""
     from ..cache import POLICIES
+    from .comma_lists import parse_list
 
-    return [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
+    return parse_list(policies, "--policies", example="none,dual,entropy") if policies is not None else list(POLICIES)
 
 
 def check_sources(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None,
