@@ -359,6 +359,38 @@ def test_no_qualifying_tau_exits_1_and_writes_no_profile(cli, llada_dir, profile
     assert not (profiles_dir / "llada-rand" / "list.yaml").exists()
 
 
+def test_zero_score_warning_says_the_tolerance_is_void_and_what_to_do():
+    from ecache_cli.runs.calibrate import zero_score_warning
+
+    task = CalibrateOptions(task="list", limit=4)
+    line = zero_score_warning(pt(None, 0.0, 1.0), task)
+    assert line == ("none scores 0% on the 50 examples of --task list, so --max-drop cannot reject any τ there; add "
+                    "--min-fidelity 95 (agreement with none) or use --metric fidelity; for a score that tells τs "
+                    "apart use more examples (--limit), more shots (--shots), another task or another model")
+    with_fid = zero_score_warning(pt(None, 0.0, 1.0), CalibrateOptions(task="list", min_fidelity=90.0))
+    assert "cannot reject any τ there (--min-fidelity 90 still can); for a score" in with_fid
+    assert zero_score_warning(pt(None, 0.02, 1.0), task) is None  # one example right: the score means something
+    assert zero_score_warning(pt(None, 0.0, 1.0), CalibrateOptions(task="list", metric="fidelity")) is None
+    grouped = pt(None, 0.4, 1.0)
+    grouped.parts = {"arith": pt(None, 0.8, 1.0), "list": pt(None, 0.0, 1.0)}  # list's tolerance is void alone
+    assert zero_score_warning(grouped, CalibrateOptions(task="arith,list")).startswith(
+        "none scores 0% on group list of --task arith,list, so --max-drop cannot reject any τ there")
+
+
+def test_cli_warns_once_when_none_scores_0_and_goes_on(cli, llada_dir, tmp_path):
+    res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--taus", "1", "--refine", 0,
+              *SMALL, "--out", tmp_path / "p.yaml", "--json", tmp_path / "c.json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["none"]["score"] == 0.0  # the random model answers no list question right
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning: none scores 0%")]
+    assert warned == ["warning: none scores 0% on the 2 examples of --task list, so --max-drop cannot reject any τ "
+                      "there; add --min-fidelity 95 (agreement with none) or use --metric fidelity; for a score that "
+                      "tells τs apart use more examples (--limit), more shots (--shots), another task or another "
+                      "model"]
+    assert doc["choice"]["tau"] == 1  # the search went on
+
+
 def test_code_tasks_need_consent_and_missing_data_is_one_line(cli, tmp_path):
     res = cli("calibrate", "--model", tmp_path / "no-such-model", "--task", "code", "--limit", 2)
     assert res.exit_code == 2 and "--allow-code-execution" in res.stderr  # before the model is looked up
