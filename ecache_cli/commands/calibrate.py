@@ -160,8 +160,8 @@ def calibrate_cmd(
         if json_path is not None and str(json_path) == "-":  # stdout carries the JSON: tables go to stderr
             out_console = err
         tables = o.table_console(out_console, wide)
-        tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide))
-        tables.print(frontier_table(outcome, metric))
+        tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide), soft_wrap=False)  # captions wrap
+        tables.print(frontier_table(outcome, metric), soft_wrap=False)
         for line in wall_warnings(outcome):
             err.print(line, markup=False, highlight=False)
         if not dry_run and json_path is not None:
