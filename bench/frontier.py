@@ -555,37 +555,26 @@ def main(argv=None) -> int:
         release_all()
 
 
-def _items(text: str, flag: str) -> list[str]:
-    """The entries of comma list ``text``; UsageError for an empty entry (``list,``) or one given twice."""
-    from ecache_cli.errors import UsageError
-
-    items = [t.strip() for t in text.split(",")]
-    if not text.strip():
-        raise UsageError(f"{flag} {text!r} names nothing; give a comma list, e.g. {flag} {_EXAMPLES.get(flag, 'a,b')}")
-    if "" in items:
-        raise UsageError(f"{flag} {text!r}: entry {items.index('') + 1} is empty; remove the extra comma")
-    dup = next((t for i, t in enumerate(items) if t in items[:i]), None)
-    if dup is not None:
-        raise UsageError(f"{flag} {text!r} names {dup} twice; name each once")
-    return items
-
-
 _EXAMPLES = {"--domains": "arith,list", "--modes": "plain,threshold", "--policies": "dual,entropy",
              "--shots": "0,4", "--gsm8k-shots": "4"}
 
 
-def _shot_list(text: str, flag: str) -> list[int]:
-    from ecache_cli.errors import UsageError
+def _items(text: str, flag: str) -> list[str]:
+    """The entries of comma list ``text``: ``ecache_cli.runs.comma_lists.parse_list`` (UsageError for a
+    list naming nothing, an empty entry or an entry given twice), as the CLI's list options."""
+    from ecache_cli.runs.comma_lists import parse_list
 
-    try:
-        out = [int(s) for s in _items(text, flag)]
-    except ValueError:
-        raise UsageError(f"{flag} {text!r}: give whole numbers separated by commas, e.g. 0,4") from None
+    return parse_list(text, flag, example=_EXAMPLES.get(flag, "a,b"))
+
+
+def _shot_list(text: str, flag: str) -> list[int]:
+    """A comma list of distinct whole numbers ≥ 0 (``--shots``, ``--gsm8k-shots``)."""
+    from ecache_cli.errors import UsageError
+    from ecache_cli.runs.comma_lists import parse_list
+
+    out = parse_list(text, flag, int, what="a whole number", example=_EXAMPLES.get(flag, "0,4"))
     if min(out) < 0:
         raise UsageError(f"{flag} {text!r}: give whole numbers ≥ 0 separated by commas, e.g. 0,4")
-    dup = next((k for i, k in enumerate(out) if k in out[:i]), None)
-    if dup is not None:
-        raise UsageError(f"{flag} {text!r} names {dup} twice; name each once")
     return out
 
 

@@ -169,15 +169,15 @@ def parse(argv=None) -> argparse.Namespace:
         need = -(-(args.steps + args.warmup) // args.block_length) * args.block_length
         ap.error(f"--steps {args.steps} + --warmup {args.warmup} exceed --gen-length {args.gen_length} (one step "
                  f"per position); raise --gen-length to {need} or lower --steps")
-    names = [t.strip() for t in args.policies.split(",")]
-    for i, name in enumerate(names):
-        if not name:
-            ap.error(f"--policies {args.policies!r}: entry {i + 1} is empty; remove the extra comma")
-        if name not in POLICIES:
-            ap.error(f"--policies {name!r} is not a cache policy; use names from {', '.join(POLICIES)}")
-    dup = next((t for i, t in enumerate(names) if t in names[:i]), None)
-    if dup is not None:
-        ap.error(f"--policies {args.policies!r} names {dup} twice; name each once")
+    from ecache_cli.runs.comma_lists import parse_list
+
+    try:
+        names = parse_list(args.policies, "--policies", example="none,entropy")
+    except UsageError as e:
+        ap.error(str(e))
+    bad = next((name for name in names if name not in POLICIES), None)
+    if bad is not None:
+        ap.error(f"--policies {bad!r} is not a cache policy; use names from {', '.join(POLICIES)}")
     args.policies = names
     args.steps += args.warmup
     return args

@@ -355,21 +355,50 @@ def _profile_report(names):
                          decode=None)
 
 
+def _policy_cells(text: str) -> list[list[str]]:
+    """The policy column of a printed profile table: per row (a row starts where its tok/s cell is
+    filled), the lines of its policy cell."""
+    out = []
+    for ln in text.splitlines():
+        if ln.startswith("│"):
+            cells = [c.strip() for c in ln.strip("│").split("│")]
+            if cells[1]:
+                out.append([])
+            out[-1].append(cells[0])
+    return out
+
+
 def test_profile_table_fits_80_columns_and_wide_has_every_column():
     from ecache_cli.runs.profile import COLUMNS, render_table
 
-    names = ["none", "dllm-cache", "entropy", "entropy:tau=2.5:recent_k=16"]
+    names = ["none", "dllm-cache", "entropy", "entropy:tau=2.5:recent_k=16", "entropy:tau=3:recent_k=16"]
     rep = _profile_report(names)
     text = _render(render_table(rep, "title"), 80)
     rows = _table_lines(text)
     assert "…" not in text and max(len(ln) for ln in rows) <= 80
-    for needle in ("tok/s", "speedup", "NFE", "work %", "identical", "agree", "score", "12345.6", "12.34×", "0.875"):
+    for needle in ("tok/s", "speedup", "NFE", "work %", "identical", "agree", "score", "12346", "12.34×", "0.875"):
         assert needle in text, needle
+    # a policy spec breaks only between its parts (before ':' or '='), never inside a name or a value
+    assert _policy_cells(text) == [["none"], ["dllm-cache"], ["entropy"], ["entropy", ":tau=2.5", ":recent_k", "=16"],
+                                   ["entropy", ":tau=3", ":recent_k", "=16"]]
+    assert [c[0] for c in _policy_cells(_render(render_table(rep, "title"), 120))] == names  # room: one line each
     wide = _render(render_table(rep, "title", wide=True), 240)
     assert "…" not in wide
     for header, *_ in COLUMNS:
         assert header.split("\n")[0] in wide, header
     assert "p95" not in text and "p95" in wide  # a wide-only column
+
+
+def test_spec_lines_break_between_parts_then_before_values_then_between_words():
+    from ecache_cli.runs.profile import spec_lines
+
+    spec = "entropy:recent_steps=4:recent_k=0:block_refresh=true"
+    assert spec_lines(spec, 80) == [spec]
+    assert spec_lines(spec, 20) == ["entropy", ":recent_steps=4", ":recent_k=0", ":block_refresh=true"]
+    assert spec_lines(spec, 11) == ["entropy", ":recent_", "steps=4", ":recent_k=0", ":block_", "refresh", "=true"]
+    assert spec_lines("entropy:tau=2.5:recent_k=16", 16) == ["entropy:tau=2.5", ":recent_k=16"]
+    assert spec_lines("dllm-cache", 7) == ["dllm-", "cache"] and spec_lines("dllm-cache", 10) == ["dllm-cache"]
+    assert spec_lines("abcdefghijkl", 5) == ["abcdefghijkl"]  # no break left: the cell folds it
 
 
 def test_sweep_table_fits_80_columns():
@@ -415,7 +444,10 @@ def test_profile_command_table_at_80_columns(cli, llada_dir):
                                    "--model", str(llada_dir), *SMALL, "--warmup", "0"], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.stderr
     rows = _table_lines(res.stdout)
-    assert rows and "…" not in res.stdout and max(len(ln) for ln in rows) <= 80
+    assert rows and "…" not in res.stdout and max(len(ln) for ln in res.stdout.splitlines()) <= 80  # caption too
+    cells = _policy_cells(res.stdout)
+    assert ["".join(c) for c in cells] == ["none", "entropy", "entropy:tau=2.5:recent_k=16"]
+    assert len(cells[2]) > 1 and all(line[:1] in ":=" for line in cells[2][1:])  # broken before ':' or '=' only
 
 
 # --- the new-user trial's bad inputs: outputs onto inputs, closed streams, help, profile steps ---------------

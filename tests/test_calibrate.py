@@ -9,6 +9,7 @@ import json
 
 import pytest
 import yaml
+from cli_helpers import one_line_error
 from conftest import SMALL
 
 from ecache_cli.engine import Engine
@@ -155,7 +156,9 @@ def test_run_file_refuses_to_overwrite_and_checks_settings(tmp_path):
     f.close()
     with pytest.raises(UsageError, match="already exists; pass --resume"):
         RunFile(path, {"limit": 5, "decode": {"gen_length": 16}})
-    with pytest.raises(UsageError, match="made with decode.gen_length=16, this run has decode.gen_length=32"):
+    with pytest.raises(UsageError, match="made with --gen-length 16, this run has --gen-length 32; to continue it, "
+                                         "rerun with --gen-length 16; to start over, drop --resume and pass another "
+                                         "--run-file"):
         RunFile(path, {"limit": 5, "decode": {"gen_length": 32}}, resume=True)
     with open(path, "a") as fh:  # a crash in the middle of a line
         fh.write('{"kind": "example", "tau": 0.5, "ind')
@@ -254,8 +257,45 @@ def test_copied_batches_equal_decoded_ones(llada_lm, tmp_path, profiles_dir):
 
 def test_resume_with_other_settings_is_an_error(llada_lm, tmp_path, profiles_dir):
     run_calibrate(llada_lm, tmp_path, grid=1, refine=0)
-    with pytest.raises(UsageError, match="made with seed=0, this run has seed=1"):
+    with pytest.raises(UsageError, match="made with --seed 0, this run has --seed 1; to continue it, rerun with "
+                                         "--seed 0"):
         run_calibrate(llada_lm, tmp_path, grid=1, refine=0, seed=1, resume=True)
+
+
+@pytest.mark.parametrize("name, old, new, words", [
+    ("recent_k", 16, 32,
+     "made with --recent-k 16, this run has --recent-k 32; to continue it, rerun with --recent-k 16"),
+    ("shots", 4, [0, 4], "made with --shots 4, this run has --shots 0,4; to continue it, rerun with --shots 4"),
+    ("chat", True, False, "made with --chat, this run has --no-chat; to continue it, rerun with --chat"),
+    ("decode.ban_eos", False, True,
+     "made with --allow-eos, this run has --ban-eos; to continue it, rerun with --allow-eos"),
+    ("decode.steps", None, 8, "made with no --steps, this run has --steps 8; to continue it, rerun without --steps"),
+    ("arms", None, [[16, False], [16, True]],
+     "made with one --recent-k value and no --joint, this run has --recent-k 16 --joint"),
+    ("arms", [[16, False], [32, False]], [[16, False]], "made with --recent-k 16,32, this run has --recent-k 16"),
+    ("weights", "abc", "def", "the model's weights changed (abc in the file, def now); to continue it, rerun with "
+                              "the model it was made with"),
+    ("decode.eps", None, 0.001, "decode setting eps changed (None in the file, 0.001 now); to continue it, rerun "
+                                "with decode: {eps: null} in the profile"),
+])
+def test_resume_mismatch_names_the_option_both_values_and_the_fix(tmp_path, name, old, new, words):
+    from ecache_cli.runs.calib_store import mismatch_message
+
+    line = mismatch_message(tmp_path / "r.jsonl", name, old, new)
+    assert line.startswith(f"run file {tmp_path / 'r.jsonl'} ") and words in line and "\n" not in line
+    assert line.endswith(f"to start over, drop --resume and pass another --run-file (or delete {tmp_path / 'r.jsonl'})")
+    assert "recent_k=" not in line and "decode." not in line  # user-facing option names, not run-key names
+
+
+def test_cli_resume_with_another_recent_k_is_a_one_line_usage_error(cli, llada_dir, tmp_path):
+    run = tmp_path / "run.jsonl"
+    args = ["calibrate", "--model", llada_dir, "--task", "list", "--limit", 1, "--metric", "fidelity", "--max-drop",
+            100, "--taus", "1", "--refine", 0, *SMALL, "--out", tmp_path / "p.yaml", "--run-file", run]
+    first = cli(*args, "--recent-k", 4)
+    assert first.exit_code == 0, first.stderr
+    res = cli(*args, "--recent-k", 8, "--resume")
+    one_line_error(res, 2, f"run file {run} was made with --recent-k 4, this run has --recent-k 8; to continue it, "
+                           "rerun with --recent-k 4; to start over, drop --resume and pass another --run-file")
 
 
 # --- the command end to end --------------------------------------------------------------------------
@@ -317,6 +357,38 @@ def test_no_qualifying_tau_exits_1_and_writes_no_profile(cli, llada_dir, profile
     assert len(err) == 1 and err[0].startswith("error: no τ keeps the fidelity score within 0 points") and \
         "no profile written" in err[0]
     assert not (profiles_dir / "llada-rand" / "list.yaml").exists()
+
+
+def test_zero_score_warning_says_the_tolerance_is_void_and_what_to_do():
+    from ecache_cli.runs.calibrate import zero_score_warning
+
+    task = CalibrateOptions(task="list", limit=4)
+    line = zero_score_warning(pt(None, 0.0, 1.0), task)
+    assert line == ("none scores 0% on the 50 examples of --task list, so --max-drop cannot reject any τ there; add "
+                    "--min-fidelity 95 (agreement with none) or use --metric fidelity; for a score that tells τs "
+                    "apart use more examples (--limit), more shots (--shots), another task or another model")
+    with_fid = zero_score_warning(pt(None, 0.0, 1.0), CalibrateOptions(task="list", min_fidelity=90.0))
+    assert "cannot reject any τ there (--min-fidelity 90 still can); for a score" in with_fid
+    assert zero_score_warning(pt(None, 0.02, 1.0), task) is None  # one example right: the score means something
+    assert zero_score_warning(pt(None, 0.0, 1.0), CalibrateOptions(task="list", metric="fidelity")) is None
+    grouped = pt(None, 0.4, 1.0)
+    grouped.parts = {"arith": pt(None, 0.8, 1.0), "list": pt(None, 0.0, 1.0)}  # list's tolerance is void alone
+    assert zero_score_warning(grouped, CalibrateOptions(task="arith,list")).startswith(
+        "none scores 0% on group list of --task arith,list, so --max-drop cannot reject any τ there")
+
+
+def test_cli_warns_once_when_none_scores_0_and_goes_on(cli, llada_dir, tmp_path):
+    res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--taus", "1", "--refine", 0,
+              *SMALL, "--out", tmp_path / "p.yaml", "--json", tmp_path / "c.json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["none"]["score"] == 0.0  # the random model answers no list question right
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning: none scores 0%")]
+    assert warned == ["warning: none scores 0% on the 2 examples of --task list, so --max-drop cannot reject any τ "
+                      "there; add --min-fidelity 95 (agreement with none) or use --metric fidelity; for a score that "
+                      "tells τs apart use more examples (--limit), more shots (--shots), another task or another "
+                      "model"]
+    assert doc["choice"]["tau"] == 1  # the search went on
 
 
 def test_code_tasks_need_consent_and_missing_data_is_one_line(cli, tmp_path):

@@ -60,9 +60,15 @@ def test_arms_and_list_parsing():
     assert arms(opts, settings) == [(16, False), (64, False), (16, True), (64, True)]
     assert parse_list(" arith, code ,list", "--task") == ["arith", "code", "list"]
     assert parse_shots("0,4") == [0, 4] and parse_shots(None) is None
-    for bad, msg in (("list,list", "names list twice"), (",", "names nothing")):
+    for bad, msg in (("list,list", "--task list,list lists list twice; give each value once: --task list"),
+                     (",", "--task , names nothing"), ("", "--task '' names nothing"),
+                     ("arith,,code",
+                      "--task arith,,code has an empty entry; remove the extra comma: --task arith,code"),
+                     ("arith,", "--task arith, has an empty entry; remove the extra comma: --task arith")):
         with pytest.raises(UsageError, match=msg):
             parse_list(bad, "--task")
+    with pytest.raises(UsageError, match="--shots 0,00 lists 0 twice; give each value once: --shots 0"):
+        parse_shots("0,00")
     with pytest.raises(UsageError, match="--shots -1 must be ≥ 0"):
         parse_shots("0,-1")
 
@@ -148,12 +154,23 @@ def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profi
 
 @pytest.mark.parametrize("args, msg", [
     (["--task", "arith,nope"], "unknown task 'nope'"),
-    (["--task", "list,list"], "names list twice"),
-    (["--task", "list", "--recent-k", "4,x"], "--recent-k '4,x'"),
-    (["--task", "list", "--recent-k", "4,4"], "distinct whole numbers"),
+    (["--task", "list,list"], "error: --task list,list lists list twice; give each value once: --task list"),
+    (["--task", "arith,,code"],
+     "error: --task arith,,code has an empty entry; remove the extra comma: --task arith,code"),
+    (["--task", "list", "--recent-k", "4,x"], "error: --recent-k 4,x: 'x' is not a whole number; e.g. --recent-k 16"),
+    (["--task", "list", "--recent-k", "4,4"],
+     "error: --recent-k 4,4 lists 4 twice; give each value once: --recent-k 4"),
+    (["--task", "list", "--recent-k", "16,,32"],
+     "error: --recent-k 16,,32 has an empty entry; remove the extra comma: --recent-k 16,32"),
+    (["--task", "list", "--taus", "0.1,0.1"],
+     "error: --taus 0.1,0.1 lists 0.1 twice; give each value once: --taus 0.1"),
+    (["--task", "list", "--taus", "0.5,0.50,1"],
+     "error: --taus 0.5,0.50,1 lists 0.5 twice; give each value once: --taus 0.5,1"),
+    (["--task", "list", "--taus", "0.1,x"], "error: --taus 0.1,x: 'x' is not a number; e.g. --taus 0.1,0.5,1"),
+    (["--task", "list", "--shots", "0,0"], "error: --shots 0,0 lists 0 twice; give each value once: --shots 0"),
     (["--task", "list", "--recent-k", "-1"], "recent_k=-1 must be ≥ 0"),
     (["--task", "list", "--recent-k", "4,-1"], "distinct whole numbers ≥ 0"),
-    (["--task", "list", "--shots", "0,a"], "--shots '0,a'"),
+    (["--task", "list", "--shots", "0,a"], "error: --shots 0,a: 'a' is not a whole number; e.g. --shots 0,4"),
 ])
 def test_cli_bad_lists_are_one_line_usage_errors(cli, args, msg):
     res = cli("calibrate", *args, "--metric", "fidelity", *SMALL)

@@ -181,7 +181,7 @@ def one_line_error(capsys) -> str:
 
 def test_bad_input_is_one_line_exit_2(fr, capsys):
     assert exit_code(fr, ["--gsm8k-shots", "x"]) == 2
-    assert "--gsm8k-shots 'x'" in one_line_error(capsys)
+    assert "--gsm8k-shots x: 'x' is not a whole number" in one_line_error(capsys)
     assert exit_code(fr, ["--modes", "fast"]) == 2
     assert one_line_error(capsys) == "error: --modes 'fast' is not a mode; use plain, threshold"
     assert exit_code(fr, ["--policies", "dual:nope=1"]) == 2
@@ -231,13 +231,18 @@ def test_end_to_end_tiny_run(fr, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--domains", "list,list"], "--domains 'list,list' names list twice"),
-    (["--domains", "list,"], "--domains 'list,': entry 2 is empty"),
-    (["--shots", "0,0"], "--shots '0,0' names 0 twice"),
-    (["--shots", "0,00"], "--shots '0,00' names 0 twice"),
-    (["--gsm8k-shots", ",4"], "--gsm8k-shots ',4': entry 1 is empty"),
-    (["--modes", "plain,plain"], "--modes 'plain,plain' names plain twice"),
-    (["--policies", "none,none"], "--policies 'none,none' names none twice"),
+    (["--domains", "list,list"], "--domains list,list lists list twice; give each value once: --domains list"),
+    (["--domains", "list,"], "--domains list, has an empty entry; remove the extra comma: --domains list"),
+    (["--domains", "arith,,code"],
+     "--domains arith,,code has an empty entry; remove the extra comma: --domains arith,code"),
+    (["--shots", "0,0"], "--shots 0,0 lists 0 twice; give each value once: --shots 0"),
+    (["--shots", "0,00,4"], "--shots 0,00,4 lists 0 twice; give each value once: --shots 0,4"),
+    (["--shots", "0,x"], "--shots 0,x: 'x' is not a whole number"),
+    (["--gsm8k-shots", ",4"], "--gsm8k-shots ,4 has an empty entry; remove the extra comma: --gsm8k-shots 4"),
+    (["--modes", "plain,plain"], "--modes plain,plain lists plain twice; give each value once: --modes plain"),
+    (["--policies", "none,none"], "--policies none,none lists none twice; give each value once: --policies none"),
+    (["--policies", "none,,dual"],
+     "--policies none,,dual has an empty entry; remove the extra comma: --policies none,dual"),
     (["--threads", "0"], "--threads 0 must be ≥ 1"),
     (["--threads", "-3"], "--threads -3 must be ≥ 1"),
     (["--gen-length", "0"], "--gen-length 0 must be ≥ 1"),

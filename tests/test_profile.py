@@ -177,7 +177,10 @@ def test_cli_profile_task_prompts_and_score(cli, llada_dir):
 
 @pytest.mark.parametrize("args,needle", [
     (["--policies", "none,bogus", "x"], "bogus"),
-    (["--policies", "none,none", "x"], "twice"),
+    (["--policies", "none,none", "x"], "--policies none,none lists none twice; give each value once: --policies none"),
+    (["--policies", "none,,dual", "x"], "--policies none,,dual has an empty entry; remove the extra comma: "
+                                        "--policies none,dual"),
+    (["--policies", "", "x"], "--policies '' names nothing"),
     (["--repeats", "0", "x"], "--repeats"),
     (["--task", "arith", "x"], "--task"),
     (["--shots", "2", "x"], "--shots"),

@@ -364,6 +364,38 @@ def test_serve_command_says_loopback_and_exits_0_on_sigterm_ending_running_reque
     assert "listening on loopback only" in "".join(lines) + rest and "stopped" in rest
 
 
+def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
+    import socket
+
+    from typer.testing import CliRunner
+
+    import ecache_cli.serve.app as serve_app
+    from ecache_cli.cli import app
+
+    served = []
+    monkeypatch.setattr(serve_app, "run_server", lambda app, sock, **kw: served.append(sock.close()))
+    monkeypatch.delenv("ECACHE_API_KEY", raising=False)
+    with socket.socket() as s:  # a port free now (the command binds it again)
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+
+    def stderr(*args):
+        res = CliRunner().invoke(app, ["serve", "--gen-length", str(GEN), "--port", port, *args])
+        assert res.exit_code == 0, res.stderr
+        return res.stderr.splitlines()
+
+    loud = stderr()
+    assert loud[0].startswith("using model tiny, cache entropy") and f"listening on http://127.0.0.1:{port} " in loud[1]
+    assert loud[2].startswith("no --api-key: listening on loopback only") and loud[3:] == ["ecache serve: stopped"]
+    assert stderr("-q") == [] and stderr("--quiet") == []
+    opened = stderr("-q", "--host", "0.0.0.0")  # a warning is not progress: it stays
+    assert len(opened) == 1 and opened[0].startswith("warning: no --api-key and --host 0.0.0.0")
+    res = CliRunner().invoke(app, ["serve", "--gen-length", str(GEN), "--port", "0", "-q"])
+    line = res.stderr.splitlines()  # --port 0: the address it picked is printed nowhere else, so it stays
+    assert res.exit_code == 0 and len(line) == 1 and re.search(r"listening on http://127\.0\.0\.1:\d+ ", line[0])
+    assert len(served) == 5  # every run reached the server loop
+
+
 @pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),
                                           (["--max-batch", "0"], "--max-batch 0"),
                                           (["--request-timeout", "0"], "--request-timeout 0"),

@@ -13,27 +13,21 @@ K = "Calibration"
 
 
 def _taus(value: Optional[str]) -> Optional[list[float]]:
+    """``--taus``: a comma list of distinct numbers (their range is checked by ``runs.calibrate.validate``)."""
     if value is None:
         return None
-    from ..errors import UsageError
+    from ..runs.comma_lists import parse_list
 
-    try:
-        return [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"--taus {value!r}: give numbers separated by commas, e.g. 0.1,0.5,1") from None
+    return parse_list(value, "--taus", float, what="a number", example="0.1,0.5,1")
 
 
 def _recent_ks(value: Optional[str]) -> Optional[list[int]]:
-    """``--recent-k``: one whole number, or a comma list searched jointly with τ."""
+    """``--recent-k``: one whole number, or a comma list of distinct ones searched jointly with τ."""
     if value is None:
         return None
-    from ..errors import UsageError
+    from ..runs.comma_lists import parse_list
 
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"--recent-k {value!r}: give a whole number ≥ 0, or several separated by commas "
-                         "(searched with τ), e.g. 16,32,64") from None
+    return parse_list(value, "--recent-k", int, what="a whole number", example="16,32,64")
 
 
 def calibrate_cmd(
@@ -166,8 +160,8 @@ def calibrate_cmd(
         if json_path is not None and str(json_path) == "-":  # stdout carries the JSON: tables go to stderr
             out_console = err
         tables = o.table_console(out_console, wide)
-        tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide))
-        tables.print(frontier_table(outcome, metric))
+        tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide), soft_wrap=False)  # captions wrap
+        tables.print(frontier_table(outcome, metric), soft_wrap=False)
         for line in wall_warnings(outcome):
             err.print(line, markup=False, highlight=False)
         if not dry_run and json_path is not None:

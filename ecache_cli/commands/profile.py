@@ -116,7 +116,7 @@ def profile_cmd(
     shown = f"{report.prompts_done} of {len(requests)} (interrupted)" if report.incomplete else len(requests)
     title = (f"ecache profile · {lm.name} · {shown} prompts · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
-    table_console.print(render_table(report, title, wide=wide))
+    table_console.print(render_table(report, title, wide=wide), soft_wrap=False)  # title and caption wrap at words
     if (line := compile_line(lm.model)) and not quiet:
         err.print(line, markup=False, highlight=False)
     for line in timing_warnings(report):

@@ -14,7 +14,7 @@ S = "Server"
 def serve_cmd(
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
     host: Annotated[str, typer.Option(help="Address to listen on: 127.0.0.1 this machine only; 0.0.0.0 every interface (then pass --api-key).", rich_help_panel=S)] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start).", rich_help_panel=S)] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start, also under --quiet).", rich_help_panel=S)] = 8000,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* ($ECACHE_API_KEY) \\[default: none].", rich_help_panel=S)] = None,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Rows decoded at once, over every batching group.", rich_help_panel=S)] = 32,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests waiting for a row; more get 429 with Retry-After.", rich_help_panel=S)] = 256,
@@ -30,6 +30,7 @@ def serve_cmd(
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None, alg_temp: o.AlgTemp = None,
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
+    quiet: o.Quiet = False,
 ):
     """Serve the model over an OpenAI-compatible HTTP API (needs the extra: pip install -e ".\\[serve]").
 
@@ -78,7 +79,10 @@ def serve_cmd(
         flags, profile=profile, compile=compile_step)
     warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache}")
     sock = bind(host, port)  # before the model loads: a busy port fails at once
-    err.print(settings.describe(model), markup=False, highlight=False)
+    # --quiet: no start-up or stop lines; warnings and errors stay, and so does the address when --port 0
+    # picked it (printed nowhere else)
+    say = (lambda *a, **k: None) if quiet else err.print
+    say(settings.describe(model), markup=False, highlight=False)
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile)
     room = lm.spec.max_positions - settings.decode.gen_length
     if max_prompt_tokens is None:
@@ -91,18 +95,19 @@ def serve_cmd(
                         max_prompt_tokens=max_prompt_tokens, shutdown_grace=shutdown_grace)
     app = create_app(lm, settings, opts)
     where, port_ = sock.getsockname()[:2]
-    err.print(f"ecache serve: model {model} on {lm.device}, {batching} batching, --max-batch {max_batch}; listening "
-              f"on http://{_url_host(where)}:{port_} (OpenAI API under /v1)", markup=False, highlight=False)
+    (err.print if port == 0 else say)(
+        f"ecache serve: model {model} on {lm.device}, {batching} batching, --max-batch {max_batch}; listening "
+        f"on http://{_url_host(where)}:{port_} (OpenAI API under /v1)", markup=False, highlight=False)
     loopback = _is_loopback(where)
     if api_key is None and loopback:
-        err.print("no --api-key: listening on loopback only, so only this machine can reach the server; pass "
-                  "--api-key (or set ECACHE_API_KEY) and --host 0.0.0.0 to serve other machines",
-                  markup=False, highlight=False)
+        say("no --api-key: listening on loopback only, so only this machine can reach the server; pass "
+            "--api-key (or set ECACHE_API_KEY) and --host 0.0.0.0 to serve other machines",
+            markup=False, highlight=False)
     elif api_key is None:
         warn(f"no --api-key and --host {host}: anyone who can reach port {port_} can use the model; pass --api-key "
              "(or set ECACHE_API_KEY)")
     run_server(app, sock, access_log=access_log)
-    err.print("ecache serve: stopped", markup=False, highlight=False)
+    say("ecache serve: stopped", markup=False, highlight=False)
 
 
 def _is_loopback(host: str) -> bool:

@@ -13,36 +13,26 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..tasks.base import Example
+from .comma_lists import parse_list as comma_list
 
 #: The profile task name a multi-domain calibration writes: the model's default settings (config.py).
 DEFAULT_PROFILE_TASK = "default"
 
 
 def parse_list(text: str, flag: str) -> list[str]:
-    """The comma-separated entries of ``text`` (blanks dropped). Raises UsageError when there is none or
-    one is repeated."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise UsageError(f"{flag} {text!r} names nothing; e.g. {flag} arith,code,list")
-    dup = next((t for i, t in enumerate(items) if t in items[:i]), None)
-    if dup is not None:
-        raise UsageError(f"{flag} {text!r} names {dup} twice; name each once")
-    return items
+    """The names of a comma list such as ``--task arith,code,list``; UsageError as
+    :func:`comma_lists.parse_list` (nothing named, an empty entry, a name given twice)."""
+    return comma_list(text, flag, example="arith,code,list")
 
 
 def parse_shots(text: str | None) -> list[int] | None:
-    """``--shots``: None, one count (``4``) or a comma list (``0,4``) of whole numbers ≥ 0."""
+    """``--shots``: None, one count (``4``) or a comma list (``0,4``) of distinct whole numbers ≥ 0."""
     if text is None:
         return None
-    out = []
-    for t in parse_list(str(text), "--shots"):
-        try:
-            v = int(t)
-        except ValueError:
-            raise UsageError(f"--shots {text!r}: give whole numbers ≥ 0 separated by commas, e.g. 0,4") from None
-        if v < 0:
-            raise UsageError(f"--shots {v} must be ≥ 0")
-        out.append(v)
+    out = comma_list(str(text), "--shots", int, what="a whole number", example="0,4")
+    bad = next((v for v in out if v < 0), None)
+    if bad is not None:
+        raise UsageError(f"--shots {bad} must be ≥ 0")
     return out
 
 

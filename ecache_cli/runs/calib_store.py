@@ -8,8 +8,8 @@ search a record of a setting whose recent_k / block_refresh differ from the run'
 ``"arm": [recent_k, block_refresh]``. The key holds
 everything that changes what a record would contain (model fingerprint, task, prompts hash, decode
 settings, signal, recent_k, ...); resuming with a different key is a one-line error naming the first
-differing field. A last line cut short by a crash (no trailing newline, or not JSON) is dropped and
-cut from the file before appending.
+differing setting as the option that sets it (:func:`mismatch_message`). A last line cut short by a
+crash (no trailing newline, or not JSON) is dropped and cut from the file before appending.
 """
 
 from __future__ import annotations
@@ -95,9 +95,7 @@ class RunFile:
                              "delete it to start over")
         diff = first_difference(rec.get("key") or {}, self.key)
         if diff is not None:
-            name, old, new = diff
-            raise UsageError(f"run file {self.path} was made with {name}={old!r}, this run has {name}={new!r}; "
-                             "rerun with the same settings, pass another --run-file, or delete it")
+            raise UsageError(mismatch_message(self.path, *diff))
 
     def get(self, tau: float | None, index: int, arm: tuple | None = None) -> dict | None:
         """The record of (τ, example index, arm), or None."""
@@ -127,3 +125,63 @@ def first_difference(old: dict, new: dict, prefix: str = "") -> tuple[str, objec
         elif a != b:
             return (f"{prefix}{k}", a, b)
     return None
+
+
+#: Run-key fields set by a flag of ``ecache calibrate`` whose value is shown as given (``--limit 8``).
+_FLAGS = {"model": "--model", "task": "--task", "limit": "--limit", "seed": "--seed", "shots": "--shots",
+          "signal": "--signal", "recent_k": "--recent-k", "batch_size": "--batch-size", "dtype": "--dtype",
+          "device": "--device"}
+#: Boolean run-key fields: (flag when true, flag when false).
+_SWITCHES = {"chat": ("--chat", "--no-chat"), "block_refresh": ("--block-refresh", "--no-block-refresh"),
+             "decode.ban_eos": ("--ban-eos", "--allow-eos"),
+             "decode.low_eos_confidence": ("--low-eos-confidence", "--no-low-eos-confidence"),
+             "decode.early_exit": ("--early-exit", "--no-early-exit")}
+#: Run-key fields no flag sets: (what differs, what to continue with).
+_FINGERPRINTS = {"data_sha256": ("the --data file's contents", "the data file it was made with"),
+                 "config_sha256": ("the model's config.json", "the model it was made with"),
+                 "weights": ("the model's weights", "the model it was made with"),
+                 "prompts_sha256": ("the prompts' token ids (tokenizer, chat template or task data)",
+                                    "the model and data it was made with")}
+_DECODE_FLAGS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking",
+                 "threshold", "factor", "schedule", "compat", "alg_temp"}
+
+
+def _as_option(name: str, value) -> tuple[str, str] | None:
+    """``value`` of run-key field ``name`` as the command-line option that gives it (``--recent-k 16``,
+    ``--no-chat``, ``--shots 0,4``) and as what to rerun with (``--recent-k 16``, ``without --steps``),
+    or None when no flag sets the field."""
+    if name in _SWITCHES:
+        flag = _SWITCHES[name][0 if value else 1]
+        return flag, f"with {flag}"
+    if name == "arms":  # a joint search's (recent_k, block_refresh) pairs; None: one pair, no joint search
+        if not isinstance(value, list):
+            return "one --recent-k value and no --joint", "with one --recent-k value and no --joint"
+        ks = ",".join(dict.fromkeys(str(a[0]) for a in value))
+        text = f"--recent-k {ks}" + (" --joint" if len({bool(a[1]) for a in value}) > 1 else "")
+        return text, f"with {text}"
+    field = name.removeprefix("decode.")
+    flag = _FLAGS.get(name) or ("--" + field.replace("_", "-") if name.startswith("decode.")
+                                and field in _DECODE_FLAGS else None)
+    if flag is None:
+        return None
+    if value is None:
+        return f"no {flag}", f"without {flag}"
+    text = f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}"
+    return text, f"with {text}"
+
+
+def mismatch_message(path: Path, name: str, old, new) -> str:
+    """The one-line error of ``--resume`` with a run file made under other settings: the first differing
+    run-key field ``name`` (dotted, e.g. ``decode.gen_length``; see :func:`first_difference`) as the option
+    that sets it with both values, and the fixes (continue with the earlier value; start over with
+    another --run-file or without the file)."""
+    start_over = f"to start over, drop --resume and pass another --run-file (or delete {path})"
+    was, now = _as_option(name, old), _as_option(name, new)
+    if was is not None and now is not None:
+        return (f"run file {path} was made with {was[0]}, this run has {now[0]}; to continue it, rerun {was[1]}; "
+                f"{start_over}")
+    field = name.removeprefix("decode.")
+    what, keep = _FINGERPRINTS.get(name) or (f"the profile's decode setting {field}",
+                                             f"decode: {{{field}: {'null' if old is None else old}}} in the profile")
+    return (f"run file {path} does not match this run: {what} changed ({old} in the file, {new} now); to continue "
+            f"it, rerun with {keep}; {start_over}")

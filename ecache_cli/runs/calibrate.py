@@ -477,6 +477,27 @@ def _open_run_file(lm, settings: Settings, task, opts: CalibrateOptions, sample:
                       "opening the run file")
 
 
+def zero_score_warning(base: Point, opts: CalibrateOptions) -> str | None:
+    """The warning for a ``--metric task`` search whose ``none`` point ``base`` scores 0 on the sample (or,
+    with groups, on some group), else None. A τ's score drop is then ≤ 0 there, so ``--max-drop`` accepts
+    every τ: the score says nothing, and only ``--min-fidelity`` (agreement with ``none``) can still
+    reject a τ. The search goes on; the warning says what makes the score informative."""
+    if opts.metric != "task" or base.score is None:
+        return None
+    zero = [g for g, p in (base.parts or {}).items() if p.score == 0]
+    if base.score != 0 and not zero:
+        return None
+    where = (f"the {base.n} examples of --task {opts.task}" if base.score == 0 else
+             f"group{'s' if len(zero) > 1 else ''} {', '.join(zero)} of --task {opts.task}")
+    if opts.min_fidelity is not None:
+        judge = f"cannot reject any τ there (--min-fidelity {opts.min_fidelity:g} still can)"
+    else:
+        judge = ("cannot reject any τ there; add --min-fidelity 95 (agreement with none) or use --metric "
+                 "fidelity")
+    return (f"none scores 0% on {where}, so --max-drop {judge}; for a score that tells τs apart use more "
+            "examples (--limit), more shots (--shots), another task or another model")
+
+
 class _Search:
     """The τ search as it goes (steps 2–4 of the module docstring): ``none``'s point ``base`` and its
     records, the sorted signals of its committed tokens, and the point of every (arm, τ) evaluated so
@@ -531,9 +552,9 @@ class _Search:
         self.base_recs = self.ev.records(None)
         self.base = self._point(None, self.base_recs)
         self.say(f"none: {_summary(self.base)}")
-        if self.opts.metric == "task" and self.base.score == 0 and self.err_console is not None:
-            self.err_console.print(f"warning: none scores 0% on these {self.base.n} examples, so the task score "
-                                   "cannot tell τs apart; add --min-fidelity or use --metric fidelity", markup=False)
+        warning = zero_score_warning(self.base, self.opts)
+        if warning is not None and self.err_console is not None:
+            self.err_console.print("warning: " + warning, style="yellow", markup=False, highlight=False)
         self.signals = sorted(s for r in self.base_recs for s in r["signals"] if s is not None)
         if not self.signals:
             raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")

@@ -161,10 +161,12 @@ def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limi
 
 
 def policy_names(policies: str | None) -> list[str]:
-    """The entries of ``--policies`` (comma-separated, blanks dropped); None: every policy."""
+    """The entries of ``--policies`` (comma-separated); None: every policy. UsageError as
+    :func:`comma_lists.parse_list` (nothing named, an empty entry, an entry given twice)."""
     from ..cache import POLICIES
+    from .comma_lists import parse_list
 
-    return [p.strip() for p in policies.split(",") if p.strip()] if policies is not None else list(POLICIES)
+    return parse_list(policies, "--policies", example="none,dual,entropy") if policies is not None else list(POLICIES)
 
 
 def check_sources(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None,
@@ -413,13 +415,13 @@ def apply_rank_speed(summaries: dict[str, dict], rank_speed: dict[str, list[dict
 
 COLUMNS = [  # (header, summary key, format, in the default view)
     ("policy", None, None, True),
-    ("tok/s", "tokens_per_s", "{:.1f}", True),
+    ("tok/s", "tokens_per_s", "num", True),
     ("speedup\nvs none", "speedup_vs_none", "{:.2f}×", True),
     ("latency\nspeedup", "latency_speedup_vs_none", "{:.2f}×", False),
     ("latency ms\nmean", "mean_ms", "{:.0f}", False),
     ("p50", "p50_ms", "{:.0f}", False),
     ("p95", "p95_ms", "{:.0f}", False),
-    ("NFE\n/req", "nfe_per_request", "{:.1f}", True),
+    ("NFE\n/req", "nfe_per_request", "num", True),
     ("full\n/req", "full_forwards_per_request", "{:.1f}", False),
     ("partial\n/req", "partial_forwards_per_request", "{:.1f}", False),
     ("work %\nof none", "work_share_vs_none", "pct", True),
@@ -442,6 +444,8 @@ def cell(value, fmt: str | None) -> str:
         return f"{100 * value:.1f}"
     if fmt == "mib":
         return f"{value / 2**20:.0f}"
+    if fmt == "num":  # a tenth matters below 100, not above (keeps the 80-column view narrow; --json has all)
+        return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
     return fmt.format(value)
 
 
@@ -449,7 +453,8 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
     """A rich Table, one row per policy. The default view (sized for 80 columns): tokens/s, speedup,
     NFE, work share, identical and token-agreement shares vs none, and the score (with a task);
     ``wide``: every column of ``COLUMNS`` (latency, full/partial forwards, planned work, decision time,
-    peak memory too). No cell is ever cut: a long policy name wraps (``--json`` keeps every number)."""
+    peak memory too). No cell is ever cut: a long policy spec breaks between its parts
+    (:class:`PolicySpec`); ``--json`` keeps every number unrounded."""
     from rich.table import Table
 
     has_score = any(report.summaries[p].get("score") is not None for p in report.policies)
@@ -470,7 +475,7 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
         t.add_column(header, justify="left" if key is None else "right", overflow="fold", no_wrap=key is not None)
     for p in report.policies:
         s = report.summaries[p]
-        t.add_row(p, *[cell(s.get(key), fmt) for _, key, fmt, _ in cols[1:]])
+        t.add_row(PolicySpec(p), *[cell(s.get(key), fmt) for _, key, fmt, _ in cols[1:]])
     return t
 
 
@@ -500,3 +505,51 @@ def timing_warnings(report: ProfileReport, slack: float = 1.5) -> list[str]:
 def json_line(data: dict) -> str:
     """One compact JSON line (the last stdout line with ``--json -``)."""
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+#: Where a policy spec may break, preferred first: before ``:`` (between policy and parameters), before
+#: ``=`` (between a key and its value), then after ``_`` or ``-`` (between the words of a name).
+SPEC_BREAKS = ((":", True), ("=", True), ("_", False), ("-", False))
+
+
+def spec_lines(text: str, width: int, level: int = 0) -> list[str]:
+    """``text`` (a ``--policies`` entry or a piece of one) laid out in ``width`` columns. Text that does
+    not fit is cut into pieces at ``SPEC_BREAKS[level]`` (none there: one piece), each piece laid out
+    the same way one level down; a piece that fits whole joins the line before it when there is room, a
+    broken one starts a new line. A line is wider than ``width`` only when a piece with no break left is
+    (e.g. a 12-letter word in 10 columns; the cell then folds it)."""
+    if len(text) <= width or level == len(SPEC_BREAKS):
+        return [text]
+    sep, before = SPEC_BREAKS[level]
+    parts = text.split(sep)
+    pieces = [parts[0], *(sep + p for p in parts[1:])] if before else [*(p + sep for p in parts[:-1]), parts[-1]]
+    lines: list[str] = []
+    for piece in filter(None, pieces):
+        sub = spec_lines(piece, width, level + 1)
+        if len(sub) == 1 and lines and len(lines[-1]) + len(sub[0]) <= width:  # a whole piece joins the line
+            lines[-1] += sub[0]
+        else:  # a piece broken over lines starts a line of its own
+            lines += sub
+    return lines
+
+
+class PolicySpec:
+    """A ``--policies`` entry (``entropy:tau=2.5:recent_k=16``) as a table cell that never cuts a name
+    when the column is at least as wide as its widest ``:`` part: :func:`spec_lines` breaks it between
+    its parts (a part that starts a line starts it with ``:``), and in a narrower column before
+    ``=`` and between the words of a name. A rich renderable: ``__rich_measure__`` asks for the widest
+    ``:`` part as the column's minimum and the whole spec as its maximum."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        widest = max(len(p) + (i > 0) for i, p in enumerate(self.spec.split(":")))
+        return Measurement(widest, len(self.spec)).clamp(max_width=options.max_width)
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        yield Text("\n".join(spec_lines(self.spec, options.max_width)), overflow="fold")

@@ -1,0 +1,47 @@
+"""Comma-list option values (``--task arith,code``, ``--taus 0.1,0.5``, ``--recent-k 16,32``,
+``--shots 0,4``, ``--policies none,dual``): one parser for every command and benchmark, so each refuses an
+empty entry and a repeated value the same way, with a usage error that names the flag, the value and
+the fix."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Callable, TypeVar
+
+from ..errors import UsageError
+
+T = TypeVar("T")
+
+
+def parse_list(text: str, flag: str, kind: Callable[[str], T] = str, what: str = "", example: str = "") -> list[T]:
+    """The entries of the comma list ``text`` (each stripped, then converted by ``kind``), in order.
+
+    ``what`` names an entry for the error of one that ``kind`` refuses (e.g. ``"a number"``);
+    ``example`` is a good value of ``flag`` for the error of a list that names nothing.
+    Raises UsageError (exit 2), one line naming ``flag``, ``text`` and the fix, when the list names
+    nothing (``''``, ``,``), has an empty entry (``16,,32``, ``arith,``), an entry ``kind`` refuses
+    (``4,x``), or a value given twice (``0.1,0.1``; values compare after ``kind``, so ``0,00`` too).
+    """
+    shown = shlex.quote(text)  # as typed in a shell: quoted only when it must be
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise UsageError(f"{flag} {shown} names nothing; give a comma list, e.g. {flag} {example or 'a,b'}")
+    given = [t for t in items if t]
+    values: list[T] = []
+    for item in given:
+        try:
+            values.append(kind(item))
+        except ValueError:
+            raise UsageError(f"{flag} {shown}: {item!r} is not {what or 'a valid entry'}; "
+                             f"e.g. {flag} {example or 'a,b'}") from None
+    once = [i for i, v in enumerate(values) if v not in values[:i]]  # each value's first entry
+    fix = f"{flag} {shlex.quote(','.join(given[i] for i in once))}"
+    if len(given) < len(items):
+        raise UsageError(f"{flag} {shown} has an empty entry; remove the extra comma: {fix}")
+    if len(once) < len(values):
+        first = next(i for i, v in enumerate(values) if v in values[:i])
+        v = values[first]
+        n = sum(1 for u in values if u == v)
+        times = "twice" if n == 2 else f"{n} times"
+        raise UsageError(f"{flag} {shown} lists {given[values.index(v)]} {times}; give each value once: {fix}")
+    return values
