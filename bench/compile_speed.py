@@ -16,6 +16,7 @@ final answers token for token, every differing token listed.
     OMP_NUM_THREADS=1 python bench/compile_speed.py --threads 1                       # CPU, embedded model
     python bench/compile_speed.py --size 1b --device cuda --dtype bfloat16 --batch-sizes 1,8 --no-check
     python bench/compile_speed.py --size tiny --n 2 --gen-length 32 --no-check         # quick dry run
+    python bench/compile_speed.py --domains arith,code,list --shots 4 --gen-length 256  # speed.py --shots 4's prompts
 
 Prints a table and, last, one JSON line.
 """
@@ -49,7 +50,8 @@ def requests_for(args, engine) -> list:
 
     out = []
     for name in args.domains.split(","):
-        out += fewshot_requests(engine, get_task(name), args.n, args.min_prompt, args.max_prompt, args.seed, False)
+        out += fewshot_requests(engine, get_task(name), args.n, args.min_prompt, args.max_prompt, args.seed, False,
+                                fixed_shots=args.shots)
     return out
 
 
@@ -100,12 +102,15 @@ def main(argv=None) -> int:
     ap.add_argument("--domains", default="arith,list")
     ap.add_argument("--min-prompt", type=int, default=100)
     ap.add_argument("--max-prompt", type=int, default=300)
+    ap.add_argument("--shots", type=int, default=None, help="exactly this many solved examples per prompt instead of "
+                    "--min/--max-prompt tokens (bench/speed.py --shots)")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--batch-sizes", default="1")
     ap.add_argument("--policies", default="none,entropy")
     ap.add_argument("--tau", type=float, default=None, help="EntropyCache tau [default: the model's profile, else 1]")
+    ap.add_argument("--recent-k", type=int, default=None, help="EntropyCache recent_k [default: the model's profile]")
     ap.add_argument("--max-graphs", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds per engine, alternating; the best is kept")
     ap.add_argument("--pad", action=argparse.BooleanOptionalAction, default=None,
@@ -137,7 +142,7 @@ def main(argv=None) -> int:
     eager = Engine.from_loaded(lm)
     step = StaticStep(lm.model, max_graphs=args.max_graphs, pad=args.pad)
     comp = Engine(step, lm.tokenizer, lm.spec)
-    cache = {"tau": args.tau} if args.tau is not None else {}
+    cache = {k: v for k, v in (("tau", args.tau), ("recent_k", args.recent_k)) if v is not None}
     settings = resolve_settings(args.model if args.size is None else "random", {
         "gen_length": args.gen_length, "block_length": args.block_length}, cache)
     requests = requests_for(args, eager)
