@@ -20,8 +20,8 @@ def _pct(x: float | None) -> str:
 def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | None, wide: bool = False):
     """A rich Table: one row per setting (``none`` first, then ascending τ). Marks: ★ chosen,
     ◆ on the Pareto frontier, ✓ qualifies, ✗ qualifies but the wall-clock speed check found it (or a
-    setting deciding exactly as it) slower than ``none``; ᶜ after the wall speedup: some examples were copied from a
-    τ with the same decisions (wall time included). ``max_drop``/``min_fidelity`` are 0–1 fractions.
+    setting deciding exactly as it) slower than ``none``; ᶜ after the wall speedup: some examples
+    were copied from a τ with the same decisions (wall time included). ``max_drop``/``min_fidelity`` are 0–1 fractions.
 
     The default view fits 80 columns: τ, the constrained metric and its change against none, the other
     metric, speedup (cost proxy), wall speedup, refresh share and the marks; ``wide`` adds the change's

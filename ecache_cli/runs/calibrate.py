@@ -28,9 +28,8 @@ best qualifying setting is timed against ``none`` on ``--speed-check-limit`` exa
 under plain decoding (the run's own) and under threshold decoding (the run's ``--threshold``, else
 0.9), each the median of 3 alternated passes; one slower than ``none`` in either mode is passed over
 for the next in the ranking (at most ``speed_check_tries`` are timed), and when none passes nothing
-is chosen. The check is timing-dependent by nature; it
-runs after the ranking and writes nothing to the run file, so it leaves ``--resume``'s determinism of
-the proxy ranking intact.
+is chosen. The check is timing-dependent by nature; it runs after the ranking and writes nothing to
+the run file, so it leaves ``--resume``'s determinism of the proxy ranking intact.
 
 Every (τ, example) record is appended to the run file (``runs/calib_store.py``) as soon as its batch
 finishes; ``--resume`` reuses them. Batches are fixed chunks of the sample, re-run whole if any of
@@ -39,9 +38,10 @@ depends only on records and the deterministic cost proxy, so it is the same (bef
 which measures anew).
 
 Measurement: fidelity, tokens/s and ratios come from ``ecache_cli/metrics`` (shared with ``ecache
-profile``); ``profile``'s ``measure`` protocol (warm-up, rotated policy order) is not reused because
-calibrate evaluates settings one after another and resumably. The cost proxy is per row here
-(``Evaluator``): positions computed, a full forward counting the row's own prompt + gen length.
+profile``); ``profile``'s ``measure`` protocol (warm-up, rotated policy order) is not reused for the
+search because calibrate evaluates settings one after another and resumably (the speed check uses
+it). The cost proxy is per row here (``Evaluator``): positions computed, a full forward counting the
+row's own prompt + gen length.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def validate(opts: CalibrateOptions) -> None:
     if opts.speed_check_limit < 1:
         raise UsageError(f"--speed-check-limit {opts.speed_check_limit} must be ≥ 1 (examples timed)")
     if opts.speed_check_tries < 1:
-        raise UsageError(f"--speed-check-tries {opts.speed_check_tries} must be ≥ 1 (settings timed at most)")
+        raise UsageError(f"speed_check_tries {opts.speed_check_tries} must be ≥ 1 (settings timed at most)")
     t = opts.speed_check_threshold
     if t is not None and not (math.isfinite(t) and 0 < t <= 1):
         raise UsageError(f"speed_check_threshold {t} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
@@ -489,6 +489,8 @@ def _speed_check(outcome: "Outcome", search: "_Search", clock, err_console, say,
 
 
 def _run_guard(outcome: "Outcome", search: "_Search", clock, err_console, say) -> None:
+    """:func:`_speed_check`'s work: nothing to time without a proxy choice; else ``SpeedGuard.run`` over
+    ``tau_search.ranking`` and its verdict as the choice (its reason carrying both speedups)."""
     guard, opts = clock.guard, search.opts
     if outcome.choice.point is None:
         outcome.speed_check = guard.document(None, opts.batch_size)

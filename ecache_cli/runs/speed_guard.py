@@ -2,7 +2,7 @@
 
 The choice rule (``tau_search.choose``) ranks settings by planned work (the cost proxy), which ignores
 the fixed cost of each denoising step and of a partial forward's gathers; on a small model a setting
-that refreshes at most steps can run slower than ``none`` though it plans less work, above all under
+that refreshes at most of its steps can run slower than ``none`` though it plans less work, above all under
 threshold decoding (few steps, several commits each). So after the proxy ranking calibrate times
 its candidates against ``none`` (:meth:`SpeedGuard.run`):
 
@@ -44,7 +44,7 @@ from .tau_search import Point
 
 PASSES = 3  # alternated passes per mode; the speedup is their median
 MIN_SPEEDUP = 1.0  # below this in either mode the candidate is slower than none: rejected
-DEFAULT_LIMIT = 8  # examples timed (calibrate's sample defaults to 50): about a sixth of a τ's decoding per mode
+DEFAULT_LIMIT = 8  # examples timed: per mode 2 × 3 passes × 8 runs + 2 warm-ups, about one τ of a 50-example search
 DEFAULT_THRESHOLD = 0.9  # Fast-dLLM's confidence threshold: the threshold mode of a run without --threshold
 DEFAULT_TRIES = 3  # candidates timed at most before the check gives up
 

@@ -18,7 +18,8 @@ Definitions (each one is ours; the paper gives no τ, docs/METHOD.md §2.3):
 - choice: among the τ with ``speedup > 1`` whose score drop ``score(none) − score(τ)`` is at most
   ``max_drop`` (a 0–1 fraction; the CLI takes points, 1 point = 0.01) and, optionally, whose
   fidelity is at least ``min_fidelity``, the one with the highest speedup; equal speedups go to the
-  lower (safer) τ.
+  lower (safer) τ. ``ranking`` lists every qualifying τ in that order: calibrate's wall-clock speed
+  check (``runs/speed_guard.py``) then passes over those that run slower than ``none``.
 - joint search (``recent_k`` and ``block_refresh`` searched with τ): a point also carries its
   ``recent_k`` and ``block_refresh``; the rule is the same over every point (the highest cost-proxy
   speedup is the least planned work), equal speedups going to the lower τ, then the larger
