@@ -60,6 +60,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ecache_cli.metrics.throughput import pass_speedups
+
 REPO = Path(__file__).resolve().parent.parent
 GSM8K_CANDIDATES = [REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl",
                     REPO.parent.parent / "shared" / "data" / "gsm8k" / "test.jsonl"]
@@ -243,25 +245,6 @@ def verdicts(points: list[Point], slack: float = SLACK, margin: float = MARGIN) 
 
 def _peer_rank(name: str) -> tuple:
     return (PEER_ORDER.index(name) if name in PEER_ORDER else len(PEER_ORDER), name)
-
-
-def pass_speedups(runs: list, base_runs: list) -> list[float]:
-    """Per pass (``RowMeasure.repeat``), a policy's tokens/s over ``none``'s in the same pass: generated
-    tokens over the wall seconds of the runs of that pass (``metrics.throughput`` definitions). ``runs``,
-    ``base_runs``: the ``RunMeasure`` lists of the policy and of ``none``; passes missing in either are
-    skipped."""
-    from ecache_cli.metrics.throughput import tokens_per_s
-
-    def per_pass(rs) -> dict[int, float]:
-        acc: dict[int, list[float]] = {}
-        for r in rs:
-            a = acc.setdefault(r.rows[0].repeat, [0, 0.0])
-            a[0] += sum(row.generated_tokens for row in r.rows)
-            a[1] += r.wall_s
-        return {k: tokens_per_s(g, w) for k, (g, w) in acc.items()}
-
-    mine, base = per_pass(runs), per_pass(base_runs)
-    return [mine[k] / base[k] for k in sorted(mine) if k in base and base[k] > 0]
 
 
 def summary_table(points: list[Point]) -> list[str]:

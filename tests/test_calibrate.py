@@ -176,7 +176,8 @@ def test_run_file_refuses_to_overwrite_and_checks_settings(tmp_path):
 def run_calibrate(lm, tmp_path, name="run.jsonl", **kw):
     settings = resolve_settings(str(lm.path), {"gen_length": 16, "block_length": 8}, {"policy": "entropy"})
     kw = {"task": "list", "limit": 4, "metric": "fidelity", "grid": 3, "refine": 2, "max_drop": 100.0,
-          "run_file": tmp_path / name, "out": tmp_path / "p.yaml", "chat": False, "quiet": True, **kw}
+          "run_file": tmp_path / name, "out": tmp_path / "p.yaml", "chat": False, "quiet": True,
+          "speed_check": False, **kw}  # the proxy's choice alone (the wall-clock check: test_speed_guard.py)
     opts = CalibrateOptions(**kw)
     return calibrate(lm, settings, get_task("list"), opts, err_console=None)
 
@@ -303,7 +304,7 @@ def test_cli_resume_with_another_recent_k_is_a_one_line_usage_error(cli, llada_d
 
 def test_calibrate_writes_a_profile_that_generate_uses(cli, llada_dir, profiles_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 3, "--metric", "fidelity",
-              "--max-drop", 100, "--grid", 3, "--refine", 1, *SMALL, "--json", tmp_path / "c.json",
+              "--max-drop", 100, "--grid", 3, "--refine", 1, "--no-speed-check", *SMALL, "--json", tmp_path / "c.json",
               "--plot", tmp_path / "f.png")
     assert res.exit_code == 0, res.stderr
     assert "τ sweep" in res.stdout and "Pareto frontier" in res.stdout and "chosen τ=" in res.stdout
@@ -338,7 +339,7 @@ def test_calibrate_writes_a_profile_that_generate_uses(cli, llada_dir, profiles_
 
 def test_dry_run_writes_nothing(cli, llada_dir, profiles_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
-              "--max-drop", 100, "--grid", 2, "--refine", 0, *SMALL, "--dry-run",
+              "--max-drop", 100, "--grid", 2, "--refine", 0, "--no-speed-check", *SMALL, "--dry-run",
               "--json", tmp_path / "c.json", "--plot", tmp_path / "f.png")
     assert res.exit_code == 0, res.stderr
     assert "dry run: no profile written" in res.stdout
@@ -436,7 +437,7 @@ def test_mbpp_end_to_end_scores_in_the_sandbox(cli, llada_dir, profiles_dir, tmp
 
     monkeypatch.setattr(mbpp, "run_program", spy)
     res = cli("calibrate", "--model", llada_dir, "--task", "mbpp", "--data", data, "--limit", 5, "--shots", 1,
-              "--allow-code-execution", "--grid", 2, "--refine", 0, "--max-drop", 100, *SMALL,
+              "--allow-code-execution", "--grid", 2, "--refine", 0, "--max-drop", 100, "--no-speed-check", *SMALL,
               "--json", tmp_path / "c.json")
     assert res.exit_code == 0, res.stderr
     doc = json.loads((tmp_path / "c.json").read_text())
@@ -450,7 +451,7 @@ def test_mbpp_end_to_end_scores_in_the_sandbox(cli, llada_dir, profiles_dir, tmp
 def test_json_dash_writes_the_document_to_stdout(cli, llada_dir, profiles_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
-              "--max-drop", 100, "--grid", 2, "--refine", 0, *SMALL, "--json", "-")
+              "--max-drop", 100, "--grid", 2, "--refine", 0, "--no-speed-check", *SMALL, "--json", "-")
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)  # stdout holds the JSON alone; the tables went to stderr
     assert doc["choice"] is not None and len(doc["points"]) >= 2

@@ -91,7 +91,7 @@ def run_joint(lm, tmp_path, name="run.jsonl", **kw):
     settings = resolve_settings(str(lm.path), {"gen_length": 16, "block_length": 8}, {"policy": "entropy"})
     kw = {"task": "list", "limit": 2, "metric": "fidelity", "grid": 2, "refine": 1, "max_drop": 100.0,
           "recent_ks": [0, 4], "block_refreshes": [False, True], "run_file": tmp_path / name,
-          "out": tmp_path / "p.yaml", "chat": False, "quiet": True, **kw}
+          "out": tmp_path / "p.yaml", "chat": False, "quiet": True, "speed_check": False, **kw}
     return calibrate(lm, settings, get_task("list"), CalibrateOptions(**kw), err_console=None)
 
 
@@ -136,7 +136,7 @@ def test_joint_search_decodes_each_arm_and_writes_the_chosen_arm(llada_lm, tmp_p
 
 def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profiles_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "arith,list", "--limit", 2, "--metric", "fidelity",
-              "--max-drop", 100, "--grid", 2, "--refine", 0, "--recent-k", "4,64",
+              "--max-drop", 100, "--grid", 2, "--refine", 0, "--recent-k", "4,64", "--no-speed-check",
               *SMALL, "--json", tmp_path / "c.json")
     assert res.exit_code == 0, res.stderr
     assert "within the tolerance on every group (arith, list)" in res.stdout
@@ -182,7 +182,7 @@ def test_cli_bad_lists_are_one_line_usage_errors(cli, args, msg):
 def test_cli_joint_with_one_recent_k_searches_block_refresh_only(cli, llada_dir, profiles_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
               "--max-drop", 100, "--taus", "0.5,100", "--refine", 0, "--joint", "--recent-k", 4, *SMALL,
-              "--json", tmp_path / "c.json", "--out", tmp_path / "p.yaml")
+              "--no-speed-check", "--json", tmp_path / "c.json", "--out", tmp_path / "p.yaml")
     assert res.exit_code == 0, res.stderr
     doc = json.loads((tmp_path / "c.json").read_text())
     got = [(p["tau"], p["recent_k"], p["block_refresh"]) for p in doc["points"]]

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import options as o
+from ..runs.speed_guard import DEFAULT_LIMIT
 
 K = "Calibration"
 
@@ -46,6 +47,8 @@ def calibrate_cmd(
     joint: Annotated[bool, typer.Option("--joint", help="Also search block refresh off/on (and recent_k 16,32,64 unless given).", rich_help_panel=K)] = False,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=K)] = False,
     sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard \\[default: auto].", rich_help_panel=K)] = None,
+    speed_check: Annotated[bool, typer.Option("--speed-check/--no-speed-check", help="Time the choice vs none, plain and threshold decoding \\[default: on].", rich_help_panel=K)] = True,
+    speed_check_limit: Annotated[int, typer.Option("--speed-check-limit", help="Examples the speed check times (spread over the sample).", rich_help_panel=K)] = DEFAULT_LIMIT,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
     temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
@@ -111,7 +114,7 @@ def calibrate_cmd(
                             max_drop=max_drop, min_fidelity=min_fidelity, grid=grid, refine=refine, taus=_taus(taus),
                             batch_size=batch_size, allow_code_execution=allow_code_execution, out=out,
                             json_path=json_path, plot_path=plot, run_file=run_file, resume=resume, dry_run=dry_run,
-                            quiet=quiet)
+                            quiet=quiet, speed_check=speed_check, speed_check_limit=speed_check_limit)
     if grouped:
         task_obj = TaskGroups.build(names, shot_list, lambda n: get_task(n, data, allow_code_execution=allow_code_execution))
     else:
@@ -182,6 +185,10 @@ def calibrate_cmd(
         raise typer.Exit(code=130) from None
     choice = outcome.choice
     if choice.point is None:
+        if (outcome.speed_check or {}).get("timed"):  # qualifying settings, each slower than none
+            raise EcacheError(f"{choice.reason}; no profile written (rerun on an idle machine, let settings that "
+                              "refresh less qualify with --max-drop or --joint, or pass --no-speed-check to keep "
+                              "the cost proxy's choice)")
         raise EcacheError(f"{choice.reason}; no profile written (raise --max-drop, lower --min-fidelity or add --taus)")
     where = "dry run: no profile written" if dry_run else f"wrote {outcome.profile}"
     out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)

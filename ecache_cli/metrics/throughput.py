@@ -166,6 +166,24 @@ def summarize(runs: Sequence[RunMeasure], baseline: Sequence[RunMeasure] | None 
     return out
 
 
+def pass_speedups(runs: Sequence[RunMeasure], base_runs: Sequence[RunMeasure]) -> list[float]:
+    """Per pass (``RowMeasure.repeat``), a policy's tokens/s over ``none``'s in the same pass: generated
+    tokens over the wall seconds of the runs of that pass (the definitions above), ascending by pass.
+    ``runs``, ``base_runs``: the :class:`RunMeasure` lists of the policy and of ``none`` (a run's rows
+    share one pass); passes missing in either, or where ``none`` measured no speed, are skipped."""
+
+    def per_pass(rs) -> dict[int, float]:
+        acc: dict[int, list[float]] = {}
+        for r in rs:
+            a = acc.setdefault(r.rows[0].repeat, [0, 0.0])
+            a[0] += sum(row.generated_tokens for row in r.rows)
+            a[1] += r.wall_s
+        return {k: tokens_per_s(g, w) for k, (g, w) in acc.items()}
+
+    mine, base = per_pass(runs), per_pass(base_runs)
+    return [mine[k] / base[k] for k in sorted(mine) if k in base and base[k] > 0]
+
+
 def work_efficiency(summary: dict) -> float | None:
     """Speedup over ``none`` × the planned work share of ``none``: 1.0 when every position × layer a
     policy's plans skip becomes time saved, lower when fixed per-step costs eat the saving (None without

@@ -19,8 +19,9 @@ def _pct(x: float | None) -> str:
 
 def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | None, wide: bool = False):
     """A rich Table: one row per setting (``none`` first, then ascending τ). Marks: ★ chosen,
-    ◆ on the Pareto frontier, ✓ qualifies; ᶜ after the wall speedup: some examples were copied from a
-    τ with the same decisions (wall time included). ``max_drop``/``min_fidelity`` are 0–1 fractions.
+    ◆ on the Pareto frontier, ✓ qualifies, ✗ qualifies but the wall-clock speed check found it (or a
+    setting deciding exactly as it) slower than ``none``; ᶜ after the wall speedup: some examples
+    were copied from a τ with the same decisions (wall time included). ``max_drop``/``min_fidelity`` are 0–1 fractions.
 
     The default view fits 80 columns: τ, the constrained metric and its change against none, the other
     metric, speedup (cost proxy), wall speedup, refresh share and the marks; ``wide`` adds the change's
@@ -31,6 +32,7 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
 
     base, chosen = outcome.base, outcome.choice.point
     front = {id(p) for p in outcome.frontier}
+    slow = slower_than_none(getattr(outcome, "speed_check", None))
     fid = metric == "fidelity"
     unit = "fidelity-scored" if fid else "task-scored"
     joint = any(p.recent_k is not None for p in outcome.points)
@@ -49,10 +51,18 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
     for p in [base, *outcome.points]:
         mark = ("★" if p is chosen else "") + ("◆" if id(p) in front else "")
         if p.tau is not None and p is not chosen and qualifies(p, base, metric, max_drop, min_fidelity):
-            mark += "✓"
+            mark += "✗" if p.label() in slow else "✓"
         cells = _sweep_cells(p, base, metric, max_drop, min_fidelity, wide) + [mark]
         t.add_row(*[c for c, (_, shown) in zip(cells, cols) if shown])
     return t
+
+
+def slower_than_none(speed_check: dict | None) -> set[str]:
+    """The labels (``Point.label``) of the settings the speed check rejected, and of those it skipped
+    as deciding exactly like a rejected one (``runs/speed_guard.py``); empty without a check."""
+    sc = speed_check or {}
+    return ({t["setting"] for t in sc.get("timed", []) if not t["passed"]}
+            | {s["setting"] for s in sc.get("skipped", [])})
 
 
 def _sweep_cells(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None,
@@ -161,6 +171,9 @@ def json_document(outcome, manifest: dict, opts) -> dict:
                       "grid": opts.grid, "refine": opts.refine, "taus": opts.taus, "batch_size": opts.batch_size,
                       "recent_ks": opts.recent_ks, "block_refreshes": opts.block_refreshes,
                       "groups": list(outcome.base.parts or {}) or None,
+                      "speed_check": opts.speed_check, "speed_check_limit": opts.speed_check_limit,
+                      "speed_check_threshold": opts.speed_check_threshold,
+                      "speed_check_tries": opts.speed_check_tries,
                       "run_file": str(outcome.run_file), "speedup_basis": "cost proxy (computed positions)"},
         "signal": outcome.signal_summary,
         "none": outcome.base.as_dict(),
@@ -168,6 +181,7 @@ def json_document(outcome, manifest: dict, opts) -> dict:
         "frontier": [p.tau if p.recent_k is None else [p.tau, p.recent_k, p.block_refresh] for p in outcome.frontier],
         "choice": None if c.point is None else c.point.as_dict(),
         "reason": c.reason,
+        "speed_check": outcome.speed_check,
         "profile": None if outcome.profile is None else str(outcome.profile),
         "profile_data": outcome.profile_data,
     }
@@ -193,12 +207,15 @@ def write_json(doc: dict, path: Path) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: str) -> dict:
+def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: str,
+                 speed_check: dict | None = None) -> dict:
     """The profile written for the choice (config.py's sections). decode: gen/block length, steps
     (effective), threshold, plus every other decode setting that differs from the defaults; cache:
     entropy with τ, recent_k, signal (block_refresh when on), τ and, from a joint search, recent_k and
     block_refresh being the chosen point's; measured: informational (0–1 scores; ``run_file`` as a bare
-    name when it sits beside the profile; ``groups``: each group's numbers when several were calibrated)."""
+    name when it sits beside the profile; ``groups``: each group's numbers when several were calibrated;
+    ``speed_check``: the chosen setting's wall-clock speedups over ``none``, plain and under threshold
+    decoding, from ``speed_check``, the Outcome's entry, when the check ran and passed)."""
     d = settings.decode.as_dict()
     defaults = DecodeConfig().as_dict()
     steps = d["steps"]
@@ -222,6 +239,11 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
                 "seed": opts.seed, "shots": shots, "run_file": run_file}
     if opts.min_fidelity is not None:
         measured["min_fidelity_pct"] = opts.min_fidelity
+    timed = (speed_check or {}).get("chosen")
+    if timed is not None:
+        measured["speed_check"] = {"plain": r4(timed["plain"]), "threshold": r4(timed["threshold"]),
+                                   "threshold_value": speed_check["threshold"], "examples": speed_check["examples"],
+                                   "passes": speed_check["passes"]}
     if chosen.parts and base.parts:
         measured["groups"] = {g: {"score": r4(p.score), "score_none": r4(base.parts[g].score),
                                   "speedup": r4(p.speedup), "fidelity": r4(p.fidelity)}

@@ -23,15 +23,25 @@ its τ, recent_k and block_refresh. Groups (``--task arith,code,list``, ``--shot
 group, and a setting qualifies only when it meets the tolerance on every group; such a run writes the
 model's ``default`` profile.
 
+Speed check (``runs/speed_guard.py``; ``--no-speed-check`` skips it): after the proxy ranking, the
+best qualifying setting is timed against ``none`` on ``--speed-check-limit`` examples of the sample,
+under plain decoding (the run's own) and under threshold decoding (the run's ``--threshold``, else
+0.9), each the median of 3 alternated passes; one slower than ``none`` in either mode is passed over
+for the next in the ranking (at most ``speed_check_tries`` are timed), and when none passes nothing
+is chosen. The check is timing-dependent by nature; it runs after the ranking and writes nothing to
+the run file, so it leaves ``--resume``'s determinism of the proxy ranking intact.
+
 Every (τ, example) record is appended to the run file (``runs/calib_store.py``) as soon as its batch
 finishes; ``--resume`` reuses them. Batches are fixed chunks of the sample, re-run whole if any of
 their records is missing, so a resumed run decodes exactly what an uninterrupted one would; the choice
-depends only on records and the deterministic cost proxy, so it is the same.
+depends only on records and the deterministic cost proxy, so it is the same (before the speed check,
+which measures anew).
 
 Measurement: fidelity, tokens/s and ratios come from ``ecache_cli/metrics`` (shared with ``ecache
-profile``); ``profile``'s ``measure`` protocol (warm-up, rotated policy order) is not reused because
-calibrate evaluates settings one after another and resumably. The cost proxy is per row here
-(``Evaluator``): positions computed, a full forward counting the row's own prompt + gen length.
+profile``); ``profile``'s ``measure`` protocol (warm-up, rotated policy order) is not reused for the
+search because calibrate evaluates settings one after another and resumably (the speed check uses
+it). The cost proxy is per row here (``Evaluator``): positions computed, a full forward counting the
+row's own prompt + gen length.
 """
 
 from __future__ import annotations
@@ -50,13 +60,16 @@ from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import RunFile
 from .settings import Settings
+from .speed_guard import DEFAULT_LIMIT, DEFAULT_TRIES, SpeedGuard, Verdict, WallClock, mode_threshold, spread
 from .tau_search import (
     Choice,
     Point,
     aggregate,
     choose,
+    chosen_reason,
     coarse_grid,
     pareto_frontier,
+    ranking,
     refine_next,
     same_decisions,
 )
@@ -92,6 +105,10 @@ class CalibrateOptions:
     resume: bool = False
     dry_run: bool = False
     quiet: bool = False
+    speed_check: bool = True
+    speed_check_limit: int = DEFAULT_LIMIT
+    speed_check_threshold: float | None = None  # None: the run's --threshold, else speed_guard.DEFAULT_THRESHOLD
+    speed_check_tries: int = DEFAULT_TRIES
 
     @property
     def profile_task(self) -> str:
@@ -109,7 +126,9 @@ class CalibrateOptions:
 @dataclass
 class Outcome:
     """What a calibration found: the ``none`` point, every τ point (ascending τ), the frontier, the
-    choice, the profile path written (None when dry-run or nothing qualified) and the run file."""
+    choice, the profile path written (None when dry-run or nothing qualified) and the run file.
+    ``speed_check``: the wall-clock check's JSON entry (``SpeedGuard.document``; ``{"enabled": false}``
+    with ``--no-speed-check``; None before the search ended)."""
 
     base: Point
     points: list[Point]
@@ -120,6 +139,7 @@ class Outcome:
     profile_data: dict | None
     run_file: Path
     resumed_records: int = 0
+    speed_check: dict | None = None
 
 
 def validate(opts: CalibrateOptions) -> None:
@@ -138,6 +158,13 @@ def validate(opts: CalibrateOptions) -> None:
         raise UsageError(f"--refine {opts.refine} must be ≥ 0")
     if opts.batch_size < 1:
         raise UsageError(f"--batch-size {opts.batch_size} must be ≥ 1")
+    if opts.speed_check_limit < 1:
+        raise UsageError(f"--speed-check-limit {opts.speed_check_limit} must be ≥ 1 (examples timed)")
+    if opts.speed_check_tries < 1:
+        raise UsageError(f"speed_check_tries {opts.speed_check_tries} must be ≥ 1 (settings timed at most)")
+    t = opts.speed_check_threshold
+    if t is not None and not (math.isfinite(t) and 0 < t <= 1):
+        raise UsageError(f"speed_check_threshold {t} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
     if opts.taus is not None and (not opts.taus or any(not math.isfinite(t) for t in opts.taus)):
         raise UsageError("--taus needs finite numbers separated by commas, e.g. 0.1,0.5,1")
     if opts.taus is not None and min(opts.taus) < 0:
@@ -403,6 +430,8 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     sample = _Sample.encode(lm, task, opts)
     run_path = opts.run_file or default_run_file(model, opts.profile_task, opts.out)
     dist = dist or DistEnv()
+    # a threshold mode the decode settings cannot run fails here, before any decoding
+    clock = _wall_clock(sample, settings, opts, dist) if opts.speed_check else None
     store = _open_run_file(lm, settings, task, opts, sample, run_path, dist)
     say = (lambda *a, **k: None) if opts.quiet or err_console is None else err_console.print
     if store.loaded:
@@ -420,9 +449,64 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     finally:
         store.close()
     outcome = search.outcome(store, dist, run_path, len(sample.examples))
+    _speed_check(outcome, search, clock, err_console if dist.is_main else None, say, dist.active)
     if outcome.choice.point is not None:
         _keep_choice(outcome, model, settings, opts, sample.shots, target, dist)
     return outcome
+
+
+def _wall_clock(sample: "_Sample", settings: Settings, opts: CalibrateOptions, dist: DistEnv) -> WallClock:
+    """The speed check's timing function over ``--speed-check-limit`` examples of the sample, evenly
+    spaced (``speed_guard.spread``). Raises UsageError when threshold decoding at
+    the run's ``--threshold`` (else 0.9), or plain decoding, cannot run with these decode settings."""
+    idx = spread(len(sample.prompt_ids), opts.speed_check_limit)
+    guard = SpeedGuard(threshold=mode_threshold(settings.decode, opts.speed_check_threshold), examples=len(idx),
+                       tries=opts.speed_check_tries)
+    return WallClock(sample.engine, settings, [sample.prompt_ids[i] for i in idx], guard, opts.batch_size,
+                     opts.seed, dist)
+
+
+def _speed_check(outcome: "Outcome", search: "_Search", clock, err_console, say, ranks: bool = False) -> None:
+    """Run the wall-clock speed check (``runs/speed_guard.py``) over the proxy ranking and set
+    ``outcome.choice`` to its verdict and ``outcome.speed_check`` to its JSON entry. ``clock``: a
+    :class:`WallClock` (or any callable point -> (plain, threshold) speedups with a ``guard``), None
+    with ``--no-speed-check``; ``err_console``: where rejections are printed (None: nowhere); ``ranks``:
+    several ranks run (a Ctrl-C then carries no partial outcome). Ctrl-C raises :class:`Interrupted`
+    with the search's points and no choice (the records are whole: ``--resume`` redoes only the check)."""
+    if clock is None:
+        outcome.speed_check = {"enabled": False}
+        return
+    try:
+        _run_guard(outcome, search, clock, err_console, say)
+    except KeyboardInterrupt:
+        from dataclasses import replace
+
+        if err_console is not None and not search.opts.dry_run:
+            err_console.print(f"calibrate: records are in {outcome.run_file}; rerun with --resume to redo the speed "
+                              "check")
+        raise Interrupted(None if ranks else replace(
+            outcome, choice=Choice(None, "interrupted during the speed check: no setting chosen", []))) from None
+
+
+def _run_guard(outcome: "Outcome", search: "_Search", clock, err_console, say) -> None:
+    """:func:`_speed_check`'s work: nothing to time without a proxy choice; else ``SpeedGuard.run`` over
+    ``tau_search.ranking`` and its verdict as the choice (its reason carrying both speedups)."""
+    guard, opts = clock.guard, search.opts
+    if outcome.choice.point is None:
+        outcome.speed_check = guard.document(None, opts.batch_size)
+        return
+    cands = ranking(outcome.points, outcome.base, opts.metric, *opts.fractions())
+    warn = (lambda line: err_console.print(line, markup=False, highlight=False)) if err_console is not None else None
+    say(f"speed check: timing {cands[0].label()} against none on {guard.examples} example(s), plain and threshold "
+        f"{guard.threshold:g} ({guard.passes} passes each)")
+    verdict: Verdict = guard.run(cands, clock, same=search.decides_alike, warn=warn)
+    outcome.speed_check = guard.document(verdict, opts.batch_size)
+    if verdict.point is None:
+        outcome.choice = Choice(None, guard.no_choice_reason(verdict), outcome.choice.qualifying)
+        return
+    reason = chosen_reason(verdict.point, outcome.base, opts.metric, opts.fractions()[0])
+    outcome.choice = Choice(verdict.point, f"{reason}; wall clock {guard.speeds(verdict.chosen)}",
+                            outcome.choice.qualifying)
 
 
 def _check_target(target: Path, model: str, opts: CalibrateOptions) -> None:
@@ -564,6 +648,21 @@ class _Search:
         self.tags[(a, tau)] = self.ev.tag
         self.say(f"τ={tau:g}{note}: {_summary(self.points[(a, tau)])}")
 
+    def decides_alike(self, a: Point, b: Point) -> bool:
+        """True when ``a`` provably decides exactly as ``b`` on every example: same arm, and no signal of
+        ``b``'s records lies between the two τs (``tau_search.same_decisions``), so both run the same
+        forwards (``Evaluator``'s reuse rule)."""
+        ka, kb = self._key(a), self._key(b)
+        if ka is None or kb is None or ka[0] != kb[0]:
+            return False
+        recs = [self.ev.store.get(b.tau, i, self.tags[kb]) for i in range(len(self.base_recs))]
+        return all(r is not None and "signals" in r and same_decisions(r["signals"], b.tau, a.tau) for r in recs)
+
+    def _key(self, p: Point) -> tuple | None:
+        """The (arm index, τ) of the evaluated point with ``p``'s setting, or None."""
+        return next((k for k, q in self.points.items()
+                     if (q.tau, q.recent_k, q.block_refresh) == (p.tau, p.recent_k, p.block_refresh)), None)
+
     def _ordered(self) -> list[tuple[tuple, Point]]:
         return sorted(self.points.items(), key=lambda kv: kv[0])
 
@@ -601,7 +700,8 @@ def _keep_choice(outcome: "Outcome", model: str, settings: Settings, opts: Calib
     run_path = outcome.run_file
     beside = run_path.parent.resolve() == target.parent.resolve()  # the run file sits beside the profile
     shown = run_path.name if beside else str(run_path)
-    outcome.profile_data = profile_data(model, settings, opts, outcome.choice.point, outcome.base, shots, shown)
+    outcome.profile_data = profile_data(model, settings, opts, outcome.choice.point, outcome.base, shots, shown,
+                                        outcome.speed_check)
     if not opts.dry_run:
         from ..config import write_profile
 

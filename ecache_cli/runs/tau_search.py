@@ -18,7 +18,8 @@ Definitions (each one is ours; the paper gives no τ, docs/METHOD.md §2.3):
 - choice: among the τ with ``speedup > 1`` whose score drop ``score(none) − score(τ)`` is at most
   ``max_drop`` (a 0–1 fraction; the CLI takes points, 1 point = 0.01) and, optionally, whose
   fidelity is at least ``min_fidelity``, the one with the highest speedup; equal speedups go to the
-  lower (safer) τ.
+  lower (safer) τ. ``ranking`` lists every qualifying τ in that order: calibrate's wall-clock speed
+  check (``runs/speed_guard.py``) then passes over those that run slower than ``none``.
 - joint search (``recent_k`` and ``block_refresh`` searched with τ): a point also carries its
   ``recent_k`` and ``block_refresh``; the rule is the same over every point (the highest cost-proxy
   speedup is the least planned work), equal speedups going to the lower τ, then the larger
@@ -296,17 +297,42 @@ def choose(points: Sequence[Point], base: Point, metric: str, max_drop: float,
     ok = [p for p in points if p.tau is not None and qualifies(p, base, metric, max_drop, min_fidelity)]
     if not ok:
         return Choice(None, _why_none(points, base, metric, max_drop, min_fidelity), [])
+    best = _best(ok)
+    return Choice(best, chosen_reason(best, base, metric, max_drop), sorted({p.tau for p in ok}))
+
+
+def ranking(points: Sequence[Point], base: Point, metric: str, max_drop: float,
+            min_fidelity: float | None = None) -> list[Point]:
+    """Every qualifying point in the choice rule's order: :func:`choose`'s pick first, then its pick
+    among the rest, and so on (highest cost-proxy speedup first, ties to the safer setting). [] when
+    nothing qualifies. The wall-clock speed check (``runs/speed_guard.py``) walks this list."""
+    rest = [p for p in points if p.tau is not None and qualifies(p, base, metric, max_drop, min_fidelity)]
+    out = []
+    while rest:
+        best = _best(rest)
+        out.append(best)
+        rest = [p for p in rest if p is not best]
+    return out
+
+
+def _best(ok: Sequence[Point]) -> Point:
+    """The highest speedup of ``ok`` (non-empty); speedups within ``REL_TIE`` go to the safer point."""
     best = ok[0]
     for p in ok[1:]:
         tie = abs(p.speedup - best.speedup) <= REL_TIE * max(abs(best.speedup), 1.0)
         if (tie and p.safety() < best.safety()) or (not tie and p.speedup > best.speedup):
             best = p
+    return best
+
+
+def chosen_reason(best: Point, base: Point, metric: str, max_drop: float) -> str:
+    """The one-line reason of choosing ``best``: its cost-proxy speedup and score against ``none``'s."""
     s, s0 = best.metric_score(metric), base.metric_score(metric)
     reason = (f"{best.label()}: {best.speedup:.2f}× (cost proxy), {metric} score {100 * s:.1f}% vs "
               f"{100 * s0:.1f}% for none (drop {100 * (s0 - s):.1f} ≤ {100 * max_drop:g} points)")
     if base.parts:
         reason += f"; within the tolerance on every group ({', '.join(base.parts)})"
-    return Choice(best, reason, sorted({p.tau for p in ok}))
+    return reason
 
 
 def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
