@@ -291,7 +291,8 @@ def test_resume_mismatch_names_the_option_both_values_and_the_fix(tmp_path, name
 def test_cli_resume_with_another_recent_k_is_a_one_line_usage_error(cli, llada_dir, tmp_path):
     run = tmp_path / "run.jsonl"
     args = ["calibrate", "--model", llada_dir, "--task", "list", "--limit", 1, "--metric", "fidelity", "--max-drop",
-            100, "--taus", "1", "--refine", 0, *SMALL, "--out", tmp_path / "p.yaml", "--run-file", run]
+            100, "--taus", "1", "--refine", 0, *SMALL, "--out", tmp_path / "p.yaml", "--run-file", run,
+            "--no-speed-check"]
     first = cli(*args, "--recent-k", 4)
     assert first.exit_code == 0, first.stderr
     res = cli(*args, "--recent-k", 8, "--resume")
@@ -380,7 +381,7 @@ def test_zero_score_warning_says_the_tolerance_is_void_and_what_to_do():
 
 def test_cli_warns_once_when_none_scores_0_and_goes_on(cli, llada_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--taus", "1", "--refine", 0,
-              *SMALL, "--out", tmp_path / "p.yaml", "--json", tmp_path / "c.json")
+              *SMALL, "--out", tmp_path / "p.yaml", "--json", tmp_path / "c.json", "--no-speed-check")
     assert res.exit_code == 0, res.stderr
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["none"]["score"] == 0.0  # the random model answers no list question right

@@ -195,7 +195,7 @@ def test_every_command_names_model_policy_tau_and_its_source(cli, llada_dir, tmp
     assert t.stderr.splitlines()[0] == f"using model {llada_dir}, cache entropy, τ 2 from --tau"
     assert json.loads((tmp_path / "t.json").read_text())["manifest"]["settings"]["tau_source"] == "flag"
     c = cli("calibrate", "--task", "list", "--limit", "1", "--gen-length", "32", "--taus", "1", "--refine", "0",
-            "--out", tmp_path / "c.yaml", "--json", tmp_path / "c.json")
+            "--out", tmp_path / "c.yaml", "--json", tmp_path / "c.json", "--no-speed-check")
     assert c.stderr.splitlines()[0].startswith("using model tiny, cache entropy, τ searched on --task list "
                                                "(calibrate); base settings from profile ")
     assert c.stderr.splitlines()[0].endswith("ecache_cli/profiles/tiny/default.yaml")
