@@ -59,26 +59,3 @@ def test_default_is_the_measured_count_for_the_embedded_model_only(keep_threads)
     assert resolve_threads(4, "tiny") == 4 and resolve_threads(2, "/some/checkpoint") == 2
     assert resolve_threads(100_000, "tiny") == 8  # clamped to the cores (8 here)
 
-
-def test_narrow_partial_forwards_run_on_one_thread(keep_threads, llada_lm, monkeypatch):
-    """A partial forward of few positions runs on one thread and the count comes back; a wide one (and
-    every full forward) keeps the run's threads."""
-    from ecache_cli.cache import make_policy
-    from ecache_cli.engine import DecodeConfig, Engine
-    from ecache_cli.engine import forward as fwd
-
-    torch.set_num_threads(2)
-    eng = Engine.from_loaded(llada_lm)
-    seen = []
-    real = eng.model.forward
-    monkeypatch.setattr(eng.model, "forward",
-                        lambda *a, **kw: seen.append((kw.get("query_pos") is None, torch.get_num_threads()))
-                        or real(*a, **kw))
-    cfg = DecodeConfig(gen_length=16, block_length=8)
-    prompts = eng.encode(["a b c", "d e"], chat=False)
-    for narrow, threads in ((fwd.NARROW_POSITIONS, 1), (0, 2)):
-        monkeypatch.setattr(fwd, "NARROW_POSITIONS", narrow)
-        seen.clear()
-        for _ in eng.start(prompts, cfg, make_policy("dual")):
-            assert torch.get_num_threads() == 2
-        assert {t for full, t in seen if full} == {2} and {t for full, t in seen if not full} == {threads}

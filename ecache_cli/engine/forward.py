@@ -10,8 +10,6 @@ Rows whose plans differ in shape get forwards of their own, so no row pays for a
   (``ForwardHooks.grow_from_layer``), the growing rows again on a copy of their store rows, so the
   others do not compute every position from that layer on. Their logits replace the partial forward's.
 
-A narrow partial forward on the CPU runs on one thread (:func:`narrow_threads`).
-
 ``computed`` counts what the forwards computed per row, padding included (layer-averaged where a
 forward's positions change at a layer); ``planned`` the plan's own positions (layer-averaged too:
 after a shrink, ``ForwardHooks.shrink``, the positions it kept). The widths and counts are read in one
@@ -22,30 +20,11 @@ can be committed.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from ..contract.rows import padded_index
-
-#: a CPU forward computing at most this many positions (rows × query width) runs on one thread: on a
-#: narrow forward the threads' synchronisation costs more than they share (BENCHMARKS "Step cost")
-NARROW_POSITIONS = 64
-
-
-@contextmanager
-def narrow_threads(positions: int, device: torch.device):
-    """Run the block on one CPU thread when ``positions`` ≤ :data:`NARROW_POSITIONS`; restores the count."""
-    wide = torch.get_num_threads()
-    if device.type != "cpu" or wide == 1 or positions > NARROW_POSITIONS:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(wide)
 
 
 @dataclass(frozen=True)
@@ -164,7 +143,7 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
             kw["expand_from_layer"] = sl
             computed = _layer_average(S, sl.amin(), T, L).expand(B).clone()
     planned = torch.where(refresh, T, own)
-    with section("ecache.forward.partial"), narrow_threads(B * (T if "expand_from_layer" in kw else S), dev):
+    with section("ecache.forward.partial"):
         logits = model(state.tokens, store, query_pos=query, logits_pos=sources, **kw)  # (B, R, V)
     if store.shrunk:  # the positions changed at the shrinks' layers
         computed, own = _shrunk_average(S, own, store.shrunk, L)
