@@ -408,3 +408,17 @@ def test_bad_serve_flags_are_one_line_usage_errors(args, needle):
     res = CliRunner().invoke(app, ["serve", *args])
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
+
+
+def test_the_bound_socket_already_listens_so_an_early_client_waits_instead_of_being_refused():
+    """The address is printed before the server's loop starts: a client connecting then is queued."""
+    import socket
+
+    from ecache_cli.serve.app import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):  # refused if bind did not listen
+            pass
+    finally:
+        sock.close()

@@ -283,9 +283,15 @@ def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool 
     _Server(config).run(sockets=[sock])
 
 
+#: connections the bound socket queues before the server accepts them (uvicorn's default backlog)
+BACKLOG = 2048
+
+
 def bind(host: str, port: int):
-    """A TCP socket bound to ``host``:``port`` (0: any free port) for :func:`run_server`, so a busy
-    port or a bad address fails before the model loads. Raises EcacheError (exit 1) naming the address."""
+    """A TCP socket bound to ``host``:``port`` (0: any free port) and listening, for :func:`run_server`,
+    so a busy port or a bad address fails before the model loads, and a client that connects as soon
+    as the address is printed waits in the backlog instead of being refused. Raises EcacheError (exit 1)
+    naming the address."""
     import socket
 
     from ..errors import EcacheError
@@ -295,6 +301,7 @@ def bind(host: str, port: int):
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
+        sock.listen(BACKLOG)
     except OSError as e:
         raise EcacheError(f"cannot listen on {host}:{port} ({e.strerror or e}); "
                           "pick another --port or --host") from None
