@@ -746,14 +746,15 @@ def save_progress(doc: dict, path: Path) -> None:
 
 def resumed_workloads(doc: dict, path: Path) -> dict:
     """The workloads saved in ``path`` (a ``--json`` file) by an earlier run with ``doc``'s settings (and
-    its policies): {} when the file does not exist. Raises UsageError when it is not such a file or was
+    its policies): {} when the file does not exist or is empty. Raises UsageError when it is not such a file or was
     made with other settings (naming the first difference)."""
     from ecache_cli.errors import UsageError
 
-    if not path.exists():
+    text = path.read_text().strip() if path.exists() else ""
+    if not text:  # no earlier run (the file this run claimed for --json is still empty)
         return {}
     try:
-        old = json.loads(path.read_text().strip().splitlines()[-1])
+        old = json.loads(text.splitlines()[-1])
         workloads = old["workloads"]
     except (OSError, ValueError, IndexError, KeyError, TypeError) as e:
         raise UsageError(f"--resume: {path} is not a bench/frontier.py --json file ({e}); pass another --json "

@@ -345,7 +345,7 @@ def test_resume_measures_only_the_workloads_not_yet_saved(fr, tmp_path, capsys, 
             "--policies", "dual:refresh_every=0", "--no-profiles", "--gen-length", "32", "--threads", "1",
             "--json", str(js)]
     with pytest.raises(RuntimeError):
-        fr.main(argv)
+        fr.main([*argv, "--resume"])  # nothing to resume yet: a fresh run
     saved = json.loads(js.read_text())
     assert saved["incomplete"] is True and list(saved["workloads"]) == ["list@0shot|plain"]
 
