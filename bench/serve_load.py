@@ -62,10 +62,10 @@ def start_server(args, mode: str):
     cmd = [sys.executable, "-m", "ecache_cli", "serve", "--model", args.model, "--port", "0", "--batching", mode,
            "--max-batch", str(args.max_batch), "--max-queue", "100000", "--threads", str(args.threads),
            "--gen-length", str(args.max_tokens)]
-    if args.tau is not None:  # the server's EntropyCache setting (requests name only the policy)
-        cmd += ["--cache", "entropy", "--tau", str(args.tau)]
-    if args.recent_k is not None:
-        cmd += ["--cache", "entropy", "--recent-k", str(args.recent_k)]
+    entropy = [*(["--tau", str(args.tau)] if args.tau is not None else []),
+               *(["--recent-k", str(args.recent_k)] if args.recent_k is not None else [])]
+    if entropy:  # the server's EntropyCache setting (requests name only the policy)
+        cmd += ["--cache", "entropy", *entropy]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)

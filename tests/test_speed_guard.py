@@ -108,8 +108,8 @@ def test_the_two_modes_and_helpers():
     with pytest.raises(UsageError, match=r"the speed check's threshold decoding at 0.9: --alg-temp .*--no-speed-check"):
         check_modes(DecodeConfig(alg_temp=0.5, schedule="dream"), 0.9)
     assert spread(50, 8) == [0, 6, 12, 18, 25, 31, 37, 43] and spread(3, 8) == [0, 1, 2]
-    assert policy_spec(pt(0.00271, 2.0), None) == "entropy:tau=0.00271"
-    assert policy_spec(pt(4.0, 2.0, 16, True), None) == "entropy:tau=4.0:recent_k=16:block_refresh=true"
+    assert policy_spec(pt(0.00271, 2.0)) == "entropy:tau=0.00271"
+    assert policy_spec(pt(4.0, 2.0, 16, True)) == "entropy:tau=4.0:recent_k=16:block_refresh=true"
 
 
 # --- in a real search, with the timing function scripted -----------------------------------------------

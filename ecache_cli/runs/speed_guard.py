@@ -192,9 +192,10 @@ def mode_name(mode: str, threshold: float) -> str:
     return "plain decoding" if mode == "plain" else f"threshold decoding at {threshold:g}"
 
 
-def policy_spec(point: Point, settings) -> str:
+def policy_spec(point: Point) -> str:
     """The ``--policies`` entry of ``point`` for ``runs.profile.measure``: ``entropy:tau=…`` with the
-    point's recent_k and block_refresh when it has them (a joint search), else the resolved settings'."""
+    point's recent_k and block_refresh when it has them (a joint search); what it leaves out,
+    ``measure`` takes from the run's resolved settings."""
     spec = f"entropy:tau={float(point.tau)!r}"
     if point.recent_k is not None:
         spec += f":recent_k={int(point.recent_k)}"
@@ -243,7 +244,7 @@ class WallClock:
         from ..metrics.throughput import pass_speedups
         from .profile import BASELINE, ProfileOptions, Request, measure
 
-        spec = policy_spec(point, self.modes[mode])
+        spec = policy_spec(point)
         opts = ProfileOptions(policies=[BASELINE, spec], warmup=1, repeats=self.guard.passes,
                               batch_size=self.batch_size, seed=self.seed)
         report = measure(self.engine, self.modes[mode], [Request(ids) for ids in self.prompt_ids], opts, chat=False,

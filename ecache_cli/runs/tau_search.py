@@ -294,7 +294,7 @@ def choose(points: Sequence[Point], base: Point, metric: str, max_drop: float,
     ``base`` is the ``none`` point (its metric score is the reference). Returns a :class:`Choice`;
     ``point`` is None when nothing qualifies, with a reason naming the closest candidate.
     """
-    ok = [p for p in points if p.tau is not None and qualifies(p, base, metric, max_drop, min_fidelity)]
+    ok = _qualifying(points, base, metric, max_drop, min_fidelity)
     if not ok:
         return Choice(None, _why_none(points, base, metric, max_drop, min_fidelity), [])
     best = _best(ok)
@@ -306,13 +306,19 @@ def ranking(points: Sequence[Point], base: Point, metric: str, max_drop: float,
     """Every qualifying point in the choice rule's order: :func:`choose`'s pick first, then its pick
     among the rest, and so on (highest cost-proxy speedup first, ties to the safer setting). [] when
     nothing qualifies. The wall-clock speed check (``runs/speed_guard.py``) walks this list."""
-    rest = [p for p in points if p.tau is not None and qualifies(p, base, metric, max_drop, min_fidelity)]
+    rest = _qualifying(points, base, metric, max_drop, min_fidelity)
     out = []
     while rest:
         best = _best(rest)
         out.append(best)
         rest = [p for p in rest if p is not best]
     return out
+
+
+def _qualifying(points: Sequence[Point], base: Point, metric: str, max_drop: float,
+                min_fidelity: float | None) -> list[Point]:
+    """The searched points (τ set) that meet the tolerance (:func:`qualifies`), in ``points``' order."""
+    return [p for p in points if p.tau is not None and qualifies(p, base, metric, max_drop, min_fidelity)]
 
 
 def _best(ok: Sequence[Point]) -> Point:
