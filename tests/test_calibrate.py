@@ -274,6 +274,9 @@ def test_resume_with_other_settings_is_an_error(llada_lm, tmp_path, profiles_dir
     ("arms", None, [[16, False], [16, True]],
      "made with one --recent-k value and no --joint, this run has --recent-k 16 --joint"),
     ("arms", [[16, False], [32, False]], [[16, False]], "made with --recent-k 16,32, this run has --recent-k 16"),
+    ("arms", [[16, False], [16, True], [0, False, 4], [0, False, 8]], [[16, False], [16, True]],
+     "made with --recent-k 16,0 --recent-steps 0,4,8 --joint, this run has --recent-k 16 --joint"),
+    ("recent_steps", None, 4, "made with no --recent-steps, this run has --recent-steps 4"),
     ("weights", "abc", "def", "the model's weights changed (abc in the file, def now); to continue it, rerun with "
                               "the model it was made with"),
     ("decode.eps", None, 0.001, "decode setting eps changed (None in the file, 0.001 now); to continue it, rerun "

@@ -13,7 +13,7 @@ from conftest import SMALL
 from ecache_cli.errors import UsageError
 from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_groups import TaskGroups, parse_list, parse_shots
-from ecache_cli.runs.calib_store import RunFile
+from ecache_cli.runs.calib_store import Arm, RunFile, as_arm
 from ecache_cli.runs.calibrate import CalibrateOptions, arms, calibrate
 from ecache_cli.runs.settings import resolve_settings
 from ecache_cli.runs.tau_search import Point, choose, failing_groups, qualifies
@@ -34,7 +34,7 @@ def test_joint_choice_takes_the_least_work_over_every_arm_and_breaks_ties_safely
     assert (c.point.tau, c.point.recent_k, c.point.block_refresh) == (2.0, 16, True)
     assert c.reason.startswith("τ=2 k=16 block-refresh: 4.00× (cost proxy)")
     ties = [pt(1.0, 0.8, 3.0, k=16, br=True), pt(1.0, 0.8, 3.0, k=64, br=True), pt(1.0, 0.8, 3.0, k=64, br=False)]
-    assert choose(ties, base, "task", 0.0).point.safety() == (1.0, -64, False)  # larger k, then the paper's rule
+    assert choose(ties, base, "task", 0.0).point.safety() == (1.0, -64, False, 0)  # larger k, then the paper's rule
     assert pt(0.5, 0.8, 2.0).label() == "τ=0.5" and base.label() == "none"
 
 
@@ -55,9 +55,19 @@ def test_groups_must_each_meet_the_tolerance():
 
 def test_arms_and_list_parsing():
     settings = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 32})
-    assert arms(CalibrateOptions(task="list"), settings) == [(32, False)]
+    assert arms(CalibrateOptions(task="list"), settings) == [(32, False, 0)]
     opts = CalibrateOptions(task="list", recent_ks=[16, 64], block_refreshes=[False, True])
-    assert arms(opts, settings) == [(16, False), (64, False), (16, True), (64, True)]
+    assert arms(opts, settings) == [(16, False, 0), (64, False, 0), (16, True, 0), (64, True, 0)]
+    # recent_steps is a third axis; extra arms follow the product, without repeating one of it
+    opts = CalibrateOptions(task="list", recent_steps=[0, 4], extra_arms=[Arm(32, False, 4), Arm(0, False, 8)])
+    assert arms(opts, settings) == [(32, False, 0), (32, False, 4), (0, False, 8)]
+    stepped = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 0, "recent_steps": 4})
+    assert arms(CalibrateOptions(task="list"), stepped) == [Arm(0, False, 4)]
+    # the run file's form: two values when recent_steps is off, three when on; both read back
+    assert Arm(16, True).as_record() == [16, True] and Arm(0, False, 8).as_record() == [0, False, 8]
+    assert as_arm([16, True]) == Arm(16, True, 0) and as_arm([0, False, 8]) == Arm(0, False, 8)
+    assert Arm(0, False, 8).params() == {"recent_k": 0, "block_refresh": False, "recent_steps": 8}
+    assert Arm(0, False, 8).describe() == "recent_k=0, block_refresh=off, recent_steps=8"
     assert parse_list(" arith, code ,list", "--task") == ["arith", "code", "list"]
     assert parse_shots("0,4") == [0, 4] and parse_shots(None) is None
     for bad, msg in (("list,list", "--task list,list lists list twice; give each value once: --task list"),
@@ -105,8 +115,8 @@ def test_joint_search_decodes_each_arm_and_writes_the_chosen_arm(llada_lm, tmp_p
 
     monkeypatch.setattr(calib_mod.Evaluator, "_run_chunk", spy)
     out = run_joint(llada_lm, tmp_path)
-    got = {(p.recent_k, p.block_refresh) for p in out.points}
-    assert got == {(0, False), (4, False), (0, True), (4, True)}
+    got = {p.arm() for p in out.points}
+    assert got == {(0, False, 0), (4, False, 0), (0, True, 0), (4, True, 0)}
     assert {a for t, a in calls if t is not None} <= got and (None, None) in calls  # none decoded once, no arm
     assert sum(1 for t, _ in calls if t is None) == 2  # two examples, batch size 1
     # --max-drop 100: every faster setting qualifies; the least work (highest proxy speedup) wins
@@ -118,7 +128,7 @@ def test_joint_search_decodes_each_arm_and_writes_the_chosen_arm(llada_lm, tmp_p
     # the run file: records of arms other than the run's own (recent_k 64, off) name their arm
     recs = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert recs[0]["key"]["arms"] == [[0, False], [4, False], [0, True], [4, True]]
-    assert {tuple(r["arm"]) for r in recs[1:] if r["tau"] is not None} == got
+    assert {(*r["arm"], 0) for r in recs[1:] if r["tau"] is not None} == got
     assert all("arm" not in r for r in recs[1:] if r["tau"] is None)
     for r in recs[1:]:  # a copied record comes from the same arm
         if "reused_from" in r:
@@ -170,6 +180,10 @@ def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profi
     (["--task", "list", "--shots", "0,0"], "error: --shots 0,0 lists 0 twice; give each value once: --shots 0"),
     (["--task", "list", "--recent-k", "-1"], "recent_k=-1 must be ≥ 0"),
     (["--task", "list", "--recent-k", "4,-1"], "distinct whole numbers ≥ 0"),
+    (["--task", "list", "--recent-steps", "4,4"],
+     "error: --recent-steps 4,4 lists 4 twice; give each value once: --recent-steps 4"),
+    (["--task", "list", "--recent-steps", "0,-4"], "--recent-steps 0,-4: give distinct whole numbers ≥ 0"),
+    (["--task", "list", "--recent-steps", "-4"], "recent_steps=-4 must be ≥ 0"),
     (["--task", "list", "--shots", "0,a"], "error: --shots 0,a: 'a' is not a whole number; e.g. --shots 0,4"),
 ])
 def test_cli_bad_lists_are_one_line_usage_errors(cli, args, msg):
@@ -177,6 +191,28 @@ def test_cli_bad_lists_are_one_line_usage_errors(cli, args, msg):
     assert res.exit_code == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0]
+
+
+def test_recent_steps_arms_decode_their_own_setting_and_reach_the_profile(llada_lm, tmp_path, profiles_dir):
+    out = run_joint(llada_lm, tmp_path, recent_ks=None, block_refreshes=None, recent_steps=[0, 2],
+                    extra_arms=[Arm(0, False, 1)], taus=[100.0], refine=0)
+    got = {p.arm(): p for p in out.points}
+    assert set(got) == {(64, False, 0), (64, False, 2), (0, False, 1)}
+    # τ 100 never refreshes after the first step: the arms differ only in what a partial step recomputes,
+    # so recomputing commits younger than 2 steps on top of k = 64 costs more than k = 64 alone
+    assert got[(64, False, 2)].cost >= got[(64, False, 0)].cost
+    assert got[(0, False, 1)].cost < got[(64, False, 0)].cost
+    c = out.choice.point
+    assert c is got[(0, False, 1)]  # the least work, every setting qualifying under --max-drop 100
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert (prof["cache"]["recent_k"], prof["cache"]["recent_steps"]) == (0, 1)
+    assert "block_refresh" not in prof["cache"]
+    recs = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert recs[0]["key"]["arms"] == [[64, False], [64, False, 2], [0, False, 1]]
+    assert {tuple(r.get("arm", ())) for r in recs[1:] if r["tau"] is not None} == {(), (64, False, 2), (0, False, 1)}
+    # the profile decodes as the chosen arm did
+    settings = resolve_settings(str(llada_lm.path), {}, {}, profile=str(tmp_path / "p.yaml"))
+    assert settings.cache_params["recent_steps"] == 1 and settings.cache_params["recent_k"] == 0
 
 
 def test_cli_joint_with_one_recent_k_searches_block_refresh_only(cli, llada_dir, profiles_dir, tmp_path):

@@ -22,17 +22,25 @@ def _taus(value: Optional[str]) -> Optional[list[float]]:
     return parse_list(value, "--taus", float, what="a number", example="0.1,0.5,1")
 
 
-def _recent_ks(value: Optional[str]) -> Optional[list[int]]:
-    """``--recent-k``: one whole number, or a comma list of distinct ones searched jointly with τ."""
+def _counts(value: Optional[str], flag: str, example: str) -> Optional[list[int]]:
+    """``--recent-k`` / ``--recent-steps``: one whole number, or a comma list of distinct ones searched
+    jointly with τ."""
     if value is None:
         return None
     from ..runs.comma_lists import parse_list
 
-    return parse_list(value, "--recent-k", int, what="a whole number", example="16,32,64")
+    return parse_list(value, flag, int, what="a whole number", example=example)
+
+
+def _one_or_list(values: Optional[list[int]]) -> tuple[Optional[int], Optional[list[int]]]:
+    """(the fixed value, the searched list): one value is a fixed setting, several are searched."""
+    if values is not None and len(values) == 1:
+        return values[0], None
+    return None, values
 
 
 def calibrate_cmd(
-    task: Annotated[str, typer.Option("--task", "-t", help="Task: arith, code, list, gsm8k, math500, humaneval, mbpp; a,b,c: one setting for all, the default profile.", rich_help_panel=K)],
+    task: Annotated[str, typer.Option("--task", "-t", help="arith|code|list|gsm8k|math500|humaneval|mbpp; a,b: default.", rich_help_panel=K)],
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Data file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
@@ -44,7 +52,7 @@ def calibrate_cmd(
     grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of none's signal).", rich_help_panel=K)] = 8,
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
     taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, e.g. 0.1,0.5,1 (replaces the quantile grid).", rich_help_panel=K)] = None,
-    joint: Annotated[bool, typer.Option("--joint", help="Also search block refresh off/on (and recent_k 16,32,64 unless given).", rich_help_panel=K)] = False,
+    joint: Annotated[bool, typer.Option("--joint", help="Also search block refresh, k 16,32,64 and steps 4,8 (unless given).", rich_help_panel=K)] = False,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=K)] = False,
     sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard \\[default: auto].", rich_help_panel=K)] = None,
     speed_check: Annotated[bool, typer.Option("--speed-check/--no-speed-check", help="Time the choice vs none, plain and threshold decoding \\[default: on].", rich_help_panel=K)] = True,
@@ -55,6 +63,7 @@ def calibrate_cmd(
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
     recent_k: Annotated[Optional[str], typer.Option("--recent-k", help="entropy: recompute the k latest commits; 16,64: searched \\[default: 64].", rich_help_panel=o.C)] = None,
+    recent_steps: Annotated[Optional[str], typer.Option("--recent-steps", help="entropy: recompute commits younger than n steps too; 0,4: searched.", rich_help_panel=o.C)] = None,
     signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (its τ is ignored).", rich_help_panel=o.C)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together.", rich_help_panel=o.D)] = 1,
@@ -87,6 +96,7 @@ def calibrate_cmd(
     from ..runs.calibrate import (
         JOINT_BLOCK_REFRESHES,
         JOINT_RECENT_KS,
+        JOINT_STEP_ARMS,
         CalibrateOptions,
         Interrupted,
         calibrate,
@@ -100,17 +110,18 @@ def calibrate_cmd(
     from ..tasks import sandbox as code_sandbox
 
     names, shot_list = parse_list(task, "--task"), parse_shots(shots)
-    ks = _recent_ks(recent_k)
-    one_k = ks[0] if ks is not None and len(ks) == 1 else None  # one value: a fixed setting, as before
-    ks = None if ks is not None and len(ks) == 1 else ks
-    brs = None
+    one_k, ks = _one_or_list(_counts(recent_k, "--recent-k", "16,32,64"))
+    one_steps, step_list = _one_or_list(_counts(recent_steps, "--recent-steps", "0,4,8"))
+    brs, extra = None, None
     if joint:  # a --recent-k list is searched as given, one value stays fixed, none: the joint default list
         ks = ks if ks is not None else [one_k] if one_k is not None else list(JOINT_RECENT_KS)
         brs = list(JOINT_BLOCK_REFRESHES)
+        if recent_k is None and recent_steps is None:  # the recent_steps variant's arms beside the paper's
+            extra = list(JOINT_STEP_ARMS)
     grouped = len(names) > 1 or (shot_list is not None and len(shot_list) > 1)
     opts = CalibrateOptions(task=",".join(names), data=data, limit=limit, seed=seed,
                             shots=None if grouped or shot_list is None else shot_list[0], chat=chat, metric=metric,
-                            recent_ks=ks, block_refreshes=brs,
+                            recent_ks=ks, block_refreshes=brs, recent_steps=step_list, extra_arms=extra,
                             max_drop=max_drop, min_fidelity=min_fidelity, grid=grid, refine=refine, taus=_taus(taus),
                             batch_size=batch_size, allow_code_execution=allow_code_execution, out=out,
                             json_path=json_path, plot_path=plot, run_file=run_file, resume=resume, dry_run=dry_run,
@@ -127,7 +138,8 @@ def calibrate_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        o.cache_flags("entropy", None, one_k, signal, block_refresh, None), profile=profile, compile=compile_step)
+        {**o.cache_flags("entropy", None, one_k, signal, block_refresh, None), "recent_steps": one_steps},
+        profile=profile, compile=compile_step)
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     from ..distributed import from_environment

@@ -26,7 +26,8 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
     The default view fits 80 columns: τ, the constrained metric and its change against none, the other
     metric, speedup (cost proxy), wall speedup, refresh share and the marks; ``wide`` adds the change's
     95% CI, examples lost/gained, identical answers, tokens/s and NFE (``--json`` keeps every number).
-    A joint search shows each setting as ``τ k<recent_k>`` (`` B``: block refresh on) and leaves the other
+    A joint search shows each setting as ``τ k<recent_k>`` (`` B``: block refresh on; `` s<n>``:
+    recent_steps n) and leaves the other
     metric to ``wide``; with groups, ``wide`` adds how many groups each setting qualifies on."""
     from rich.table import Table
 
@@ -36,7 +37,8 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
     fid = metric == "fidelity"
     unit = "fidelity-scored" if fid else "task-scored"
     joint = any(p.recent_k is not None for p in outcome.points)
-    arms = "; k = recent_k, B = block refresh" if joint else ""
+    steps = any(p.recent_steps for p in outcome.points)
+    arms = ("; k = recent_k, B = block refresh" + (", s = recent_steps" if steps else "")) if joint else ""
     t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it{arms})", title_justify="left")
     # the metric the choice constrains comes first, with its change against none: fidelity under
     # --metric fidelity (the task score, if any, moves to fidelity's place)
@@ -88,6 +90,7 @@ def _sweep_cells(p: Point, base: Point, metric: str, max_drop: float, min_fideli
     setting = "none" if p.tau is None else f"{p.tau:g}"
     if p.recent_k is not None:
         setting += f" k{p.recent_k}" + (" B" if p.block_refresh else "")
+        setting += f" s{p.recent_steps}" if p.recent_steps else ""
     return [setting, _pct(first), delta, lg, _pct(other), _pct(p.identical), f"{p.speedup:.2f}×", wall,
             f"{p.tokens_per_s:.1f}", f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", groups_ok]
 
@@ -170,6 +173,8 @@ def json_document(outcome, manifest: dict, opts) -> dict:
                       "metric": opts.metric, "max_drop_points": opts.max_drop, "min_fidelity_pct": opts.min_fidelity,
                       "grid": opts.grid, "refine": opts.refine, "taus": opts.taus, "batch_size": opts.batch_size,
                       "recent_ks": opts.recent_ks, "block_refreshes": opts.block_refreshes,
+                      "recent_steps": opts.recent_steps,
+                      "extra_arms": None if opts.extra_arms is None else [a.as_record() for a in opts.extra_arms],
                       "groups": list(outcome.base.parts or {}) or None,
                       "speed_check": opts.speed_check, "speed_check_limit": opts.speed_check_limit,
                       "speed_check_threshold": opts.speed_check_threshold,
@@ -178,7 +183,8 @@ def json_document(outcome, manifest: dict, opts) -> dict:
         "signal": outcome.signal_summary,
         "none": outcome.base.as_dict(),
         "points": [p.as_dict() for p in outcome.points],
-        "frontier": [p.tau if p.recent_k is None else [p.tau, p.recent_k, p.block_refresh] for p in outcome.frontier],
+        "frontier": [p.tau if p.recent_k is None else [p.tau, p.recent_k, p.block_refresh, p.recent_steps or 0]
+                     for p in outcome.frontier],
         "choice": None if c.point is None else c.point.as_dict(),
         "reason": c.reason,
         "speed_check": outcome.speed_check,
@@ -211,11 +217,12 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
                  speed_check: dict | None = None) -> dict:
     """The profile written for the choice (config.py's sections). decode: gen/block length, steps
     (effective), threshold, plus every other decode setting that differs from the defaults; cache:
-    entropy with τ, recent_k, signal (block_refresh when on), τ and, from a joint search, recent_k and
-    block_refresh being the chosen point's; measured: informational (0–1 scores; ``run_file`` as a bare
-    name when it sits beside the profile; ``groups``: each group's numbers when several were calibrated;
-    ``speed_check``: the chosen setting's wall-clock speedups over ``none``, plain and under threshold
-    decoding, from ``speed_check``, the Outcome's entry, when the check ran and passed)."""
+    entropy with τ, recent_k, signal (block_refresh and recent_steps when on), τ and, from a joint search,
+    recent_k, block_refresh and recent_steps being the chosen point's; measured: informational (0–1
+    scores; ``run_file`` as a bare name when it sits beside the profile; ``groups``: each group's
+    numbers when several were calibrated; ``speed_check``: the chosen setting's wall-clock speedups
+    over ``none``, plain and under threshold decoding, from ``speed_check``, the Outcome's entry, when
+    the check ran and passed)."""
     d = settings.decode.as_dict()
     defaults = DecodeConfig().as_dict()
     steps = d["steps"]
@@ -227,10 +234,13 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
     params = settings.cache_params
     recent_k = chosen.recent_k if chosen.recent_k is not None else params.get("recent_k", EntropyCache.recent_k)
     block_refresh = chosen.block_refresh if chosen.block_refresh is not None else params.get("block_refresh", False)
+    recent_steps = chosen.recent_steps if chosen.recent_steps is not None else params.get("recent_steps", 0)
     cache = {"policy": EntropyCache.name, "tau": chosen.tau, "recent_k": recent_k,
              "signal": params.get("signal", EntropyCache.signal)}
     if block_refresh:
         cache["block_refresh"] = True
+    if recent_steps:
+        cache["recent_steps"] = int(recent_steps)
     r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
     measured = {"metric": opts.metric, "score": r4(chosen.score), "score_none": r4(base.score),
                 "speedup": r4(chosen.speedup), "speedup_wall": r4(chosen.speedup_wall), "fidelity": r4(chosen.fidelity),

@@ -4,8 +4,9 @@ continues from it.
 
 Layout: line 1 is a header ``{"kind": "header", "format": 1, "key": {...}}``; every later line is an
 example record ``{"kind": "example", "tau": <float or null for none>, "index": i, ...}``; in a joint
-search a record of a setting whose recent_k / block_refresh differ from the run's own also holds
-``"arm": [recent_k, block_refresh]``. The key holds
+search a record of a setting whose recent_k / block_refresh / recent_steps differ from the run's own
+also holds ``"arm": [recent_k, block_refresh]`` (``recent_steps`` third when on, :meth:`Arm.as_record`).
+The key holds
 everything that changes what a record would contain (model fingerprint, task, prompts hash, decode
 settings, signal, recent_k, ...); resuming with a different key is a one-line error naming the first
 differing setting as the option that sets it (:func:`mismatch_message`). A last line cut short by a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import DataError, UsageError
 from .streams import write_jsonl
@@ -23,14 +25,43 @@ from .streams import write_jsonl
 FORMAT = 1
 
 
-def arm_of(rec: dict) -> tuple | None:
-    """A record's arm: (recent_k, block_refresh) when it names one, else None (the run's own settings)."""
-    arm = rec.get("arm")
-    return None if arm is None else tuple(arm)
+class Arm(NamedTuple):
+    """One setting of EntropyCache's other knobs that a joint search sweeps τ under: ``recent_k`` (the
+    k latest commits recomputed), ``block_refresh`` (a full forward at each block start) and
+    ``recent_steps`` (commits younger than that many steps also recomputed; 0 = off). The knobs'
+    meaning: ``cache/entropy.py``."""
+
+    recent_k: int
+    block_refresh: bool
+    recent_steps: int = 0
+
+    def as_record(self) -> list:
+        """The run file's form: ``[recent_k, block_refresh]``, plus ``recent_steps`` when it is on."""
+        return [self.recent_k, self.block_refresh, *([self.recent_steps] if self.recent_steps else [])]
+
+    def params(self) -> dict:
+        """The EntropyCache parameters of this arm (``recent_steps`` only when on)."""
+        out = {"recent_k": self.recent_k, "block_refresh": self.block_refresh}
+        return {**out, "recent_steps": self.recent_steps} if self.recent_steps else out
+
+    def describe(self) -> str:
+        """``recent_k=16, block_refresh=off`` (``, recent_steps=4`` when on): the progress line's heading."""
+        out = f"recent_k={self.recent_k}, block_refresh={'on' if self.block_refresh else 'off'}"
+        return out + (f", recent_steps={self.recent_steps}" if self.recent_steps else "")
+
+
+def as_arm(arm) -> Arm | None:
+    """``arm`` (an Arm, or a sequence of 2 or 3 values as the run file stores it) as an Arm; None stays None."""
+    return None if arm is None else Arm(int(arm[0]), bool(arm[1]), int(arm[2]) if len(arm) > 2 else 0)
+
+
+def arm_of(rec: dict) -> Arm | None:
+    """A record's arm when it names one, else None (the run's own settings)."""
+    return as_arm(rec.get("arm"))
 
 
 class RunFile:
-    """Records of one calibration, keyed by (τ or None, example index, arm: None or (recent_k, block_refresh)).
+    """Records of one calibration, keyed by (τ or None, example index, arm: None or an :class:`Arm`).
 
     ``resume``: load an existing file (its key must equal ``key``). Without it an existing file is an
     error (nothing is ever overwritten). ``dry_run``: never write (an existing file is read only when
@@ -40,7 +71,7 @@ class RunFile:
     def __init__(self, path: Path, key: dict, resume: bool = False, dry_run: bool = False):
         self.path, self.dry_run = Path(path), dry_run
         self.key = json.loads(json.dumps(key))  # as it reads back (tuples -> lists)
-        self.records: dict[tuple[float | None, int, tuple | None], dict] = {}
+        self.records: dict[tuple[float | None, int, Arm | None], dict] = {}
         self.loaded = 0
         self.dropped_partial = False
         self._fh = None
@@ -97,9 +128,9 @@ class RunFile:
         if diff is not None:
             raise UsageError(mismatch_message(self.path, *diff))
 
-    def get(self, tau: float | None, index: int, arm: tuple | None = None) -> dict | None:
-        """The record of (τ, example index, arm), or None."""
-        return self.records.get((tau, index, None if arm is None else tuple(arm)))
+    def get(self, tau: float | None, index: int, arm=None) -> dict | None:
+        """The record of (τ, example index, arm), or None (``arm``: anything :func:`as_arm` reads)."""
+        return self.records.get((tau, index, as_arm(arm)))
 
     def add(self, rec: dict) -> None:
         """Keep ``rec`` (which has ``tau``, ``index`` and maybe ``arm``) and append it to the file at once."""
@@ -129,7 +160,8 @@ def first_difference(old: dict, new: dict, prefix: str = "") -> tuple[str, objec
 
 #: Run-key fields set by a flag of ``ecache calibrate`` whose value is shown as given (``--limit 8``).
 _FLAGS = {"model": "--model", "task": "--task", "limit": "--limit", "seed": "--seed", "shots": "--shots",
-          "signal": "--signal", "recent_k": "--recent-k", "batch_size": "--batch-size", "dtype": "--dtype",
+          "signal": "--signal", "recent_k": "--recent-k", "recent_steps": "--recent-steps",
+          "batch_size": "--batch-size", "dtype": "--dtype",
           "device": "--device"}
 #: Boolean run-key fields: (flag when true, flag when false).
 _SWITCHES = {"chat": ("--chat", "--no-chat"), "block_refresh": ("--block-refresh", "--no-block-refresh"),
@@ -153,11 +185,14 @@ def _as_option(name: str, value) -> tuple[str, str] | None:
     if name in _SWITCHES:
         flag = _SWITCHES[name][0 if value else 1]
         return flag, f"with {flag}"
-    if name == "arms":  # a joint search's (recent_k, block_refresh) pairs; None: one pair, no joint search
+    if name == "arms":  # a joint search's arms (Arm.as_record); None: one arm, no joint search
         if not isinstance(value, list):
             return "one --recent-k value and no --joint", "with one --recent-k value and no --joint"
-        ks = ",".join(dict.fromkeys(str(a[0]) for a in value))
-        text = f"--recent-k {ks}" + (" --joint" if len({bool(a[1]) for a in value}) > 1 else "")
+        arms = [as_arm(a) for a in value]
+        ks = ",".join(dict.fromkeys(str(a.recent_k) for a in arms))
+        steps = ",".join(dict.fromkeys(str(a.recent_steps) for a in arms))
+        text = f"--recent-k {ks}" + (f" --recent-steps {steps}" if steps != "0" else "")
+        text += " --joint" if len({a.block_refresh for a in arms}) > 1 else ""
         return text, f"with {text}"
     field = name.removeprefix("decode.")
     flag = _FLAGS.get(name) or ("--" + field.replace("_", "-") if name.startswith("decode.")

@@ -13,15 +13,17 @@ Procedure (the rules themselves live in ``runs/tau_search.py``):
    an evaluated τ is copied from it, not decoded: ``Evaluator``); score, fidelity to ``none``, cost
    proxy, wall-clock, refresh rate and NFE are aggregated per τ, and the choice rule picks one (or none).
 
-Joint search (``--recent-k 16,32,64``: several values; ``--joint``: block refresh off and on, and recent_k
-16, 32, 64 unless listed): steps 3–4 run once per arm, an arm being one (recent_k, block_refresh) pair
-of the product of the searched values, every arm against the
-same ``none`` records; the choice rule then takes the qualifying setting with the highest cost-proxy
-speedup (the least planned work) over every arm's points (``tau_search.choose``), and the profile gets
-its τ, recent_k and block_refresh. Groups (``--task arith,code,list``, ``--shots 0,4``;
-``runs/calib_groups.py``): the sample is every group's examples, each point is also aggregated per
-group, and a setting qualifies only when it meets the tolerance on every group; such a run writes the
-model's ``default`` profile.
+Joint search (``--recent-k 16,32,64`` or ``--recent-steps 0,4,8``: several values; ``--joint``: block
+refresh off and on, and recent_k 16, 32, 64 unless listed, plus the recent_steps variant's arms
+``JOINT_STEP_ARMS`` unless --recent-k or --recent-steps is given): steps 3–4 run once per arm, an arm
+(``calib_store.Arm``) being one (recent_k, block_refresh, recent_steps) of the product of the searched
+values or of the extra arms, every arm against the same ``none`` records; the choice rule then takes
+the qualifying setting with the highest cost-proxy speedup (the least planned work) over every arm's
+points (``tau_search.choose``), and the profile gets its τ, recent_k, block_refresh and recent_steps.
+
+Groups (``--task arith,code,list``, ``--shots 0,4``; ``runs/calib_groups.py``): the sample is every
+group's examples, each point is also aggregated per group, and a setting qualifies only when it meets
+the tolerance on every group; such a run writes the model's ``default`` profile.
 
 Speed check (``runs/speed_guard.py``; ``--no-speed-check`` skips it): after the proxy ranking, the
 best qualifying setting is timed against ``none`` on ``--speed-check-limit`` examples of the sample,
@@ -58,7 +60,7 @@ from ..config import canonical_model_name, profile_path
 from ..distributed import DistEnv
 from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
-from .calib_store import RunFile
+from .calib_store import Arm, RunFile
 from .settings import Settings
 from .speed_guard import DEFAULT_LIMIT, DEFAULT_TRIES, SpeedGuard, Verdict, WallClock, mode_threshold, spread
 from .tau_search import (
@@ -91,6 +93,8 @@ class CalibrateOptions:
     metric: str = "task"
     recent_ks: list[int] | None = None
     block_refreshes: list[bool] | None = None
+    recent_steps: list[int] | None = None
+    extra_arms: list[Arm] | None = None  # searched besides the product of the three lists above
     max_drop: float = 1.0
     min_fidelity: float | None = None
     grid: int = 8
@@ -173,6 +177,10 @@ def validate(opts: CalibrateOptions) -> None:
         if not opts.recent_ks or len(set(opts.recent_ks)) != len(opts.recent_ks) or min(opts.recent_ks) < 0:
             raise UsageError(f"--recent-k {','.join(map(str, opts.recent_ks))}: give distinct whole numbers ≥ 0 "
                              "separated by commas, e.g. 16,32,64")
+    if opts.recent_steps is not None:
+        if not opts.recent_steps or len(set(opts.recent_steps)) != len(opts.recent_steps) or min(opts.recent_steps) < 0:
+            raise UsageError(f"--recent-steps {','.join(map(str, opts.recent_steps))}: give distinct whole numbers ≥ 0 "
+                             "separated by commas (0 = off), e.g. 0,4,8")
     if opts.block_refreshes is not None and (not opts.block_refreshes
                                              or len(set(opts.block_refreshes)) != len(opts.block_refreshes)):
         raise UsageError(f"block_refreshes {opts.block_refreshes}: give [False], [True] or [False, True]")
@@ -183,15 +191,28 @@ def validate(opts: CalibrateOptions) -> None:
 
 JOINT_RECENT_KS = [16, 32, 64]  # --joint: recent_k searched with τ (64: the paper's medium setting)
 JOINT_BLOCK_REFRESHES = [False, True]  # --joint: the paper's rule (off) and a refresh at each block start
+# --joint: the recent_steps variant (commits recomputed while younger than 4 or 8 steps, no fixed k),
+# which carries entropy's speed-fidelity frontier under plain decoding on the embedded model (BENCHMARKS.md)
+JOINT_STEP_ARMS = [Arm(0, False, 4), Arm(0, False, 8)]
 
 
-def arms(opts: CalibrateOptions, settings: Settings) -> list[tuple[int, bool]]:
-    """The (recent_k, block_refresh) pairs searched: the product of ``opts.recent_ks`` and
-    ``opts.block_refreshes``, each defaulting to the resolved setting alone (so one arm without them)."""
+def own_arm(settings: Settings) -> Arm:
+    """The arm of the resolved settings (flags over profile over EntropyCache's defaults)."""
     params = settings.cache_params
-    ks = opts.recent_ks if opts.recent_ks is not None else [int(params.get("recent_k", EntropyCache.recent_k))]
-    brs = opts.block_refreshes if opts.block_refreshes is not None else [bool(params.get("block_refresh", False))]
-    return [(k, b) for b in brs for k in ks]
+    return Arm(int(params.get("recent_k", EntropyCache.recent_k)), bool(params.get("block_refresh", False)),
+               int(params.get("recent_steps", EntropyCache.recent_steps)))
+
+
+def arms(opts: CalibrateOptions, settings: Settings) -> list[Arm]:
+    """The arms searched: the product of ``opts.recent_ks``, ``opts.block_refreshes`` and
+    ``opts.recent_steps`` (each defaulting to the resolved setting alone, so one arm without them),
+    then ``opts.extra_arms`` not already in it."""
+    own = own_arm(settings)
+    ks = opts.recent_ks if opts.recent_ks is not None else [own.recent_k]
+    brs = opts.block_refreshes if opts.block_refreshes is not None else [own.block_refresh]
+    rss = opts.recent_steps if opts.recent_steps is not None else [own.recent_steps]
+    out = [Arm(k, b, r) for r in rss for b in brs for k in ks]
+    return out + [a for a in opts.extra_arms or [] if a not in out]
 
 
 def preflight(task, opts: CalibrateOptions) -> None:
@@ -279,11 +300,11 @@ class Evaluator:
     row's own prompt + gen length, so the number does not depend on batch padding), generated_tokens,
     wall_s (the batch's wall seconds / its rows), signals (per step of this row, the signal the policy
     compares with τ, in the signal's unit, full precision; None for -inf, a step that committed
-    nothing), ``reused_from`` when copied from another τ's record, and ``arm`` ([recent_k, block_refresh])
+    nothing), ``reused_from`` when copied from another τ's record, and ``arm`` (``Arm.as_record``)
     when decoded under an arm other than the run's own settings.
 
-    ``arm``: the (recent_k, block_refresh) the next ``records`` calls decode with (None: the resolved
-    settings'); set by the search before each arm of a joint search.
+    ``arm``: the :class:`Arm` the next ``records`` calls decode with (None: the resolved settings');
+    set by the search before each arm of a joint search.
 
     Reuse (exact, no decoding): a τ decision is ``signal > τ``, so a run at τ' makes the same decision
     as one at τ at every step whose signal lies outside (min(τ, τ'), max(τ, τ')]; same decisions mean
@@ -299,17 +320,16 @@ class Evaluator:
         self.settings, self.opts, self.store, self.can_score = settings, opts, store, can_score
         self.signal = settings.cache_params.get("signal", "max-entropy")
         self.progress = progress
-        self.arm: tuple[int, bool] | None = None
-        self.own_arm = (int(settings.cache_params.get("recent_k", EntropyCache.recent_k)),
-                        bool(settings.cache_params.get("block_refresh", False)))
+        self.arm: Arm | None = None
+        self.own_arm = own_arm(settings)
         n, bs = len(examples), opts.batch_size
         order = sorted(range(n), key=lambda i: (len(prompt_ids[i]), i)) if bs > 1 else list(range(n))
         self.chunks = [order[s:s + bs] for s in range(0, n, bs)]  # fixed: a resumed run re-runs the same batches
 
     @property
-    def tag(self) -> tuple[int, bool] | None:
+    def tag(self) -> Arm | None:
         """The run-file arm of the records decoded now: None for ``none`` and for the run's own settings."""
-        return None if self.arm is None or tuple(self.arm) == self.own_arm else tuple(self.arm)
+        return None if self.arm is None or self.arm == self.own_arm else self.arm
 
     def records(self, tau: float | None) -> list[dict]:
         """Records of every example under ``tau`` (None = ``none``) and the current ``arm``, decoding only
@@ -357,7 +377,7 @@ class Evaluator:
         return None
 
     def _run_chunk(self, tau: float | None, c: int, idx: list[int]) -> list[dict]:
-        arm = {} if self.arm is None else {"recent_k": self.arm[0], "block_refresh": self.arm[1]}
+        arm = {} if self.arm is None else self.arm.params()
         policy = self.settings.policy("none") if tau is None else self.settings.policy("entropy", tau=tau, **arm)
         run = self.engine.start([self.prompt_ids[i] for i in idx], self.settings.decode, policy, seed=self.opts.seed,
                                 row_ids=idx)  # an example's random stream: (seed, its index)
@@ -377,7 +397,7 @@ class Evaluator:
                    "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
                    "wall_s": run.wall_s / len(idx), "signals": signals[j]}
             if tau is not None and self.tag is not None:
-                rec["arm"] = list(self.tag)
+                rec["arm"] = self.tag.as_record()
             out.append(rec)
         return out
 
@@ -398,7 +418,9 @@ def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: li
     return {"model": canonical_model_name(lm.name), "task": opts.task, "data_sha256": data_sha, "limit": opts.limit,
             "seed": opts.seed, "shots": shots, "chat": chat, "decode": settings.decode.as_dict(),
             "signal": params.get("signal", "max-entropy"), "recent_k": params.get("recent_k"),
-            "block_refresh": params.get("block_refresh", False), **_arms_key(opts, settings),
+            "block_refresh": params.get("block_refresh", False),
+            **({"recent_steps": params["recent_steps"]} if params.get("recent_steps") else {}),
+            **_arms_key(opts, settings),
             "batch_size": opts.batch_size,
             "dtype": str(lm.dtype).replace("torch.", ""), "device": lm.device.type,
             "config_sha256": lm.config_hash[:16], "weights": weights_fingerprint(lm.path),
@@ -406,10 +428,10 @@ def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: li
 
 
 def _arms_key(opts: CalibrateOptions, settings: Settings) -> dict:
-    """``{"arms": [[recent_k, block_refresh], ...]}`` for a joint search, else {} (a one-arm run's key
-    is what it always was, so its run files resume)."""
+    """``{"arms": [Arm.as_record(), ...]}`` for a joint search, else {} (a one-arm run's key holds its
+    recent_k and block_refresh already)."""
     a = arms(opts, settings)
-    return {"arms": [list(x) for x in a]} if len(a) > 1 else {}
+    return {"arms": [x.as_record() for x in a]} if len(a) > 1 else {}
 
 
 def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=None,
@@ -585,11 +607,11 @@ def zero_score_warning(base: Point, opts: CalibrateOptions) -> str | None:
 class _Search:
     """The τ search as it goes (steps 2–4 of the module docstring): ``none``'s point ``base`` and its
     records, the sorted signals of its committed tokens, and the point of every (arm, τ) evaluated so
-    far. ``arms``: the (recent_k, block_refresh) pairs searched (one: the plain τ search, whose points
+    far. ``arms``: the :class:`Arm` s searched (one: the plain τ search, whose points
     carry no arm); ``groups``: {group: example indices} when several groups are calibrated (each point
     then carries a part per group), else None."""
 
-    def __init__(self, opts: CalibrateOptions, say, err_console, arms: list[tuple[int, bool]] | None = None,
+    def __init__(self, opts: CalibrateOptions, say, err_console, arms: list[Arm] | None = None,
                  groups: dict[str, list[int]] | None = None):
         self.opts, self.say, self.err_console = opts, say, err_console
         self.arms = arms or [None]
@@ -609,7 +631,7 @@ class _Search:
         for a, arm in enumerate(self.arms):
             ev.arm = arm
             if self.joint:
-                self.say(f"recent_k={arm[0]}, block_refresh={'on' if arm[1] else 'off'}:")
+                self.say(f"{arm.describe()}:")
             for tau in sorted(set(opts.taus)) if opts.taus else coarse_grid(self.signals, opts.grid):
                 self._add(a, tau)
             for _ in range(opts.refine):
@@ -620,11 +642,11 @@ class _Search:
                 self._add(a, tau, " (refine)")
         ev.arm = None
 
-    def _point(self, tau: float | None, recs: list[dict], arm: tuple[int, bool] | None = None) -> Point:
+    def _point(self, tau: float | None, recs: list[dict], arm: Arm | None = None) -> Point:
         """The aggregate of ``recs`` against ``none``'s, with its arm (joint search) and a part per group."""
         p = aggregate(tau, recs, self.base_recs)
         if self.joint and arm is not None:
-            p.recent_k, p.block_refresh = arm
+            p.recent_k, p.block_refresh, p.recent_steps = arm
         if self.groups:
             p.parts = {g: aggregate(tau, [recs[i] for i in idx], [self.base_recs[i] for i in idx])
                        for g, idx in self.groups.items() if idx}
@@ -661,7 +683,7 @@ class _Search:
     def _key(self, p: Point) -> tuple | None:
         """The (arm index, τ) of the evaluated point with ``p``'s setting, or None."""
         return next((k for k, q in self.points.items()
-                     if (q.tau, q.recent_k, q.block_refresh) == (p.tau, p.recent_k, p.block_refresh)), None)
+                     if (q.tau, q.arm()) == (p.tau, p.arm())), None)
 
     def _ordered(self) -> list[tuple[tuple, Point]]:
         return sorted(self.points.items(), key=lambda kv: kv[0])

@@ -66,7 +66,7 @@ class Timed:
     def as_dict(self) -> dict:
         p = self.point
         return {"setting": p.label(), "tau": p.tau, "recent_k": p.recent_k, "block_refresh": p.block_refresh,
-                "plain": self.plain, "threshold": self.threshold, "passed": self.passed}
+                "recent_steps": p.recent_steps, "plain": self.plain, "threshold": self.threshold, "passed": self.passed}
 
 
 @dataclass
@@ -194,13 +194,15 @@ def mode_name(mode: str, threshold: float) -> str:
 
 def policy_spec(point: Point) -> str:
     """The ``--policies`` entry of ``point`` for ``runs.profile.measure``: ``entropy:tau=…`` with the
-    point's recent_k and block_refresh when it has them (a joint search); what it leaves out,
+    point's recent_k, block_refresh and recent_steps when it has them (a joint search); what it leaves out,
     ``measure`` takes from the run's resolved settings."""
     spec = f"entropy:tau={float(point.tau)!r}"
     if point.recent_k is not None:
         spec += f":recent_k={int(point.recent_k)}"
     if point.block_refresh is not None:
         spec += f":block_refresh={'true' if point.block_refresh else 'false'}"
+    if point.recent_steps is not None:
+        spec += f":recent_steps={int(point.recent_steps)}"
     return spec
 
 

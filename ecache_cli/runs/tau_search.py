@@ -20,10 +20,10 @@ Definitions (each one is ours; the paper gives no τ, docs/METHOD.md §2.3):
   fidelity is at least ``min_fidelity``, the one with the highest speedup; equal speedups go to the
   lower (safer) τ. ``ranking`` lists every qualifying τ in that order: calibrate's wall-clock speed
   check (``runs/speed_guard.py``) then passes over those that run slower than ``none``.
-- joint search (``recent_k`` and ``block_refresh`` searched with τ): a point also carries its
-  ``recent_k`` and ``block_refresh``; the rule is the same over every point (the highest cost-proxy
-  speedup is the least planned work), equal speedups going to the lower τ, then the larger
-  ``recent_k``, then ``block_refresh`` off (the paper's rule).
+- joint search (``recent_k``, ``block_refresh`` and ``recent_steps`` searched with τ): a point also
+  carries them; the rule is the same over every point (the highest cost-proxy speedup is the least
+  planned work), equal speedups going to the lower τ, then the larger ``recent_k``, then
+  ``block_refresh`` off (the paper's rule), then the larger ``recent_steps``.
 - groups (several task domains, or several shot counts, calibrated as one setting): a point also
   carries one point per group (``parts``), and qualifies only when every group's part qualifies
   against ``none``'s part of that group, so the setting meets the tolerance on every group.
@@ -74,6 +74,7 @@ class Point:
     copied: int = 0
     recent_k: int | None = None
     block_refresh: bool | None = None
+    recent_steps: int | None = None
     parts: dict[str, "Point"] | None = None
 
     def metric_score(self, metric: str) -> float | None:
@@ -81,7 +82,8 @@ class Point:
         return self.fidelity if metric == "fidelity" else self.score
 
     def label(self) -> str:
-        """``τ=0.5``, with ``k=16`` and ``block refresh`` after it in a joint search; ``none`` for the baseline."""
+        """``τ=0.5``, with ``k=16``, ``block-refresh`` and ``steps=4`` (recent_steps) after it in a joint
+        search; ``none`` for the baseline."""
         if self.tau is None:
             return "none"
         out = f"τ={self.tau:g}"
@@ -89,11 +91,18 @@ class Point:
             out += f" k={self.recent_k}"
         if self.block_refresh:
             out += " block-refresh"
+        if self.recent_steps:
+            out += f" steps={self.recent_steps}"
         return out
 
     def safety(self) -> tuple:
-        """Sort key of equally fast settings, safest first: lower τ, larger recent_k, block refresh off."""
-        return (self.tau, -(self.recent_k or 0), bool(self.block_refresh))
+        """Sort key of equally fast settings, safest first: lower τ, larger recent_k, block refresh off,
+        larger recent_steps."""
+        return (self.tau, -(self.recent_k or 0), bool(self.block_refresh), -(self.recent_steps or 0))
+
+    def arm(self) -> tuple:
+        """(recent_k, block_refresh, recent_steps): the point's other knobs (None each outside a joint search)."""
+        return (self.recent_k, self.block_refresh, self.recent_steps)
 
     def as_dict(self) -> dict:
         return asdict(self)
