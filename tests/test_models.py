@@ -141,6 +141,27 @@ def test_partial_after_full_matches_full_rows(ckpt):
             assert (sub - ref[:, -1:]).abs().max() <= 1e-5
 
 
+def test_logits_rows_run_the_head_on_those_entries_alone(ckpt):
+    _, _, lm = ckpt
+    m, ids = lm.model, _canvas(lm)
+    qp, lp = torch.tensor([[3, 5, 9, 11], [4, 6, 8, 12]]), torch.tensor([[5, 9, 11], [6, 6, 6]])
+    rows = torch.tensor([[True, True, True], [True, False, False]])  # row 1: one real entry, two padding
+    seen = []
+    head = m.head
+    m.head = lambda h: seen.append(tuple(h.shape)) or head(h)
+    try:
+        with torch.inference_mode():
+            every = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)), query_pos=qp, logits_pos=lp)
+            some = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)), query_pos=qp, logits_pos=lp,
+                     logits_rows=rows)
+    finally:
+        del m.head  # the class's own head again
+    assert seen == [(2, 3, lm.spec.d_model), (4, lm.spec.d_model)]  # the head ran on the 4 real entries
+    assert some.shape == every.shape
+    assert (some[rows] - every[rows]).abs().max() <= 1e-6
+    assert bool((some[~rows] == 0).all())
+
+
 def test_cached_kv_is_used_for_positions_not_computed(ckpt):
     """A partial forward reads stale K/V from the store: changing a token it does not compute must
     not change its output until that position is recomputed."""

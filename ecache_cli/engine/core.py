@@ -215,7 +215,7 @@ class Run:
         targets, valid = padded_index(tmask, grp.targets)  # (B, R)
         targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])  # never committed
         sources = targets - st.logit_shift  # the hidden states whose logits predict the targets
-        fwd = forward.run_forwards(model, st, self.store, plan, grp, sources, self._range)
+        fwd = forward.run_forwards(model, st, self.store, plan, grp, sources, self._range, valid)
         t2 = t2b = self.timer.mark()
         outputs = {}
         if fwd.attn_pos is not None:  # outputs the policy asked for beyond logits: decision time

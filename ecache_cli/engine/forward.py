@@ -32,7 +32,8 @@ class Group:
     """How one step's forwards are grouped: ``n_refresh`` rows refresh; ``part`` (B, T) bool positions of
     the partial forward (None when every row refreshes), ``width`` its query width; ``targets`` /
     ``attn`` the largest row counts of the targets and of the requested attention rows; ``n_grow``
-    non-refreshing rows whose positions grow at a layer < n_layers."""
+    non-refreshing rows whose positions grow at a layer < n_layers; ``total_targets`` the targets of
+    every row together (fewer than batch × ``targets``: the step's target index is padded)."""
 
     n_refresh: int
     part: torch.Tensor | None
@@ -40,6 +41,7 @@ class Group:
     targets: int
     attn: int
     n_grow: int = 0
+    total_targets: int = 0
 
 
 @dataclass
@@ -48,7 +50,8 @@ class StepForward:
     the partial forward (None when every row refreshed); computed / planned (B,) long; width the
     partial forward's query width (T when every row refreshed); split [(rows (n,) long, their store)]
     of the extra forwards; attn_pos (B, A) long requested attention rows or None; produced (B, R) bool
-    the targets whose logits the forwards produced (None = all)."""
+    the targets whose logits the forwards produced (None = all); logits_rows (B, R) bool the entries the
+    LM head ran on (None = all; the others' logits are zeros)."""
 
     logits: torch.Tensor
     query: torch.Tensor | None
@@ -58,6 +61,7 @@ class StepForward:
     split: list = field(default_factory=list)
     attn_pos: torch.Tensor | None = None
     produced: torch.Tensor | None = None
+    logits_rows: torch.Tensor | None = None
 
     def usable(self, valid: torch.Tensor) -> torch.Tensor:
         """(B, R) bool: the real targets ``valid`` (B, R) bool that got logits this step."""
@@ -74,12 +78,12 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     B, T, L = state.batch, state.length, state.n_layers
     hooks = plan.hooks
     attn = None if hooks is None else hooks.attention_rows
-    counts = [tmask.sum(1).amax()]
+    counts = [tmask.sum(1).amax(), tmask.sum()]
     if attn is not None:
         counts.append(attn.sum(1).amax())
     if plan.compute is None:  # every row refreshes (ForwardPlan.full)
         values = torch.stack(counts).tolist()
-        return Group(B, None, T, values[0], values[1] if attn is not None else 0)
+        return Group(B, None, T, values[0], values[2] if attn is not None else 0, total_targets=values[1])
     refresh = plan.refresh[:, None]  # (B, 1)
     need = state.sources(tmask) if attn is None else state.sources(tmask) | attn  # (B, T)
     bad = (need & ~(plan.compute | refresh)).any()
@@ -89,7 +93,7 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     values = torch.stack(counts + [n_grow, plan.refresh.sum(), part.sum(1).amax(), bad.long()]).tolist()
     n_grow, n_refresh, width, bad = values[-4:]
     assert not bad, f"policy {policy_name} did not plan the positions whose logits (or attention rows) this step needs"
-    return Group(n_refresh, part, width, values[0], values[1] if attn is not None else 0, n_grow)
+    return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1])
 
 
 def _layer_average(S: int, m: torch.Tensor, T: int, L: int) -> torch.Tensor:
@@ -109,10 +113,14 @@ def _shrunk_average(width, own: torch.Tensor, shrunk: list, L: int) -> tuple[tor
     return torch.full_like(own_sum, w_sum // L), own_sum // L
 
 
-def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, section) -> StepForward:
+def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, section,
+                 valid: torch.Tensor | None = None) -> StepForward:
     """Run the step's forwards (see the module docstring); ``section(name)`` names each for the profiler.
 
-    ``sources`` (B, R) long: the positions whose logits the step needs. Returns a :class:`StepForward`.
+    ``sources`` (B, R) long: the positions whose logits the step needs; ``valid`` (B, R) bool, or None:
+    which of them are real targets, the others padding. When a batch's target index is padded, the LM
+    head runs on the real ones alone (``DiffusionLM.forward``'s ``logits_rows``; padding gets zeros).
+    Returns a :class:`StepForward`.
     """
     B, T, L = state.batch, state.length, state.n_layers
     dev = state.tokens.device
@@ -120,6 +128,8 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
     attn_mask = None if hooks is None else hooks.attention_rows
     attn_pos = None if attn_mask is None else padded_index(attn_mask, grp.attn)[0]  # (B, A)
     kw = {} if attn_pos is None else {"attn_pos": attn_pos}
+    if valid is not None and B > 1 and grp.total_targets < B * grp.targets:
+        kw["logits_rows"] = valid
     if grp.n_refresh == B:
         with section("ecache.forward.full"):
             logits = model(state.tokens, store, query_pos=None, logits_pos=sources, **kw)
@@ -149,7 +159,7 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
         computed, own = _shrunk_average(S, own, store.shrunk, L)
         planned = torch.where(refresh, T, own)
     produced = None if store.produced is None else store.produced | refresh[:, None]  # refreshing rows: full
-    out = StepForward(logits, query, computed, planned, S, [], attn_pos, produced)
+    out = StepForward(logits, query, computed, planned, S, [], attn_pos, produced, kw.get("logits_rows"))
     if separate:
         _grown_rows(model, state, store, out, sl, grp.n_grow, sources, section)
     if grp.n_refresh > 0:
@@ -168,6 +178,8 @@ def _grown_rows(model, state, store, out: StepForward, sl: torch.Tensor, n: int,
     kw = {"expand_from_layer": sl[idx]}
     if out.attn_pos is not None:
         kw["attn_pos"] = out.attn_pos[idx]
+    if out.logits_rows is not None:
+        kw["logits_rows"] = out.logits_rows[idx]
     with section("ecache.forward.partial"):
         logits = model(state.tokens[idx], sub, query_pos=out.query[idx], logits_pos=sources[idx], **kw)
     out.logits = out.logits.index_copy(0, idx, logits)
@@ -182,6 +194,8 @@ def _refreshing_rows(model, state, store, out: StepForward, refresh: torch.Tenso
     idx = torch.argsort((~refresh).to(torch.int8), stable=True)[:n]  # (n,) refreshing rows
     sub = store.scratch_rows(idx)
     kw = {} if out.attn_pos is None else {"attn_pos": out.attn_pos[idx]}
+    if out.logits_rows is not None:
+        kw["logits_rows"] = out.logits_rows[idx]
     with section("ecache.forward.full"):
         logits = model(state.tokens[idx], sub, query_pos=None, logits_pos=sources[idx], **kw)
     out.logits = out.logits.index_copy(0, idx, logits)

@@ -99,6 +99,7 @@ class DiffusionLM(nn.Module):
         expand_from_layer: int | list[int] | torch.Tensor | None = None,
         attn_pos: torch.Tensor | None = None,
         shrink: Shrink | Sequence[Shrink] | None = None,
+        logits_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Compute ``query_pos`` at every layer against the store; return logits for ``logits_pos``.
 
@@ -124,6 +125,9 @@ class DiffusionLM(nn.Module):
                 host sync reads the kept width. What they kept is left in ``store.shrunk``, and which
                 ``logits_pos`` reached the last layer in ``store.produced`` (the logits of the others
                 are meaningless).
+            logits_rows: (B, R) bool, or None for all: the ``logits_pos`` entries whose logits are
+                needed. The final norm and the LM head run on those alone (a batch's padded targets
+                cost nothing there); the other entries' logits are zeros.
         Gradients flow when called outside ``torch.inference_mode`` (training uses a full forward with a
         fresh store); the engine calls it under inference mode.
 
@@ -168,7 +172,12 @@ class DiffusionLM(nn.Module):
             if store.shrunk and idx is not None:  # a position not computed at the last layer maps to row 0
                 store.produced = idx.gather(1, rows) == logits_pos  # (B, R)
             x = gather_rows(x, rows, 1)  # (B, R, d)
-        return self.head(self.final_norm(x))  # (B, R, V)
+        if logits_rows is None:
+            return self.head(self.final_norm(x))  # (B, R, V)
+        packed = self.head(self.final_norm(x[logits_rows]))  # (K, V), K = the needed entries
+        out = packed.new_zeros((*logits_rows.shape, packed.shape[-1]))  # (B, R, V)
+        out[logits_rows] = packed
+        return out
 
     def _attention_inputs(self, p: BlockParts, h: torch.Tensor, cos: torch.Tensor,
                           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
