@@ -88,7 +88,8 @@ GRIDS: dict[str, dict] = {
         "es-dllm-conf": {"block_update_freq": [0, 4, 16]},
         ENTROPY: [{"recent_k": [16, 64], "block_refresh": [False, True], "signal": ["max-entropy"]},
                   # the recent_steps variant: commits recomputed while young, by age instead of count
-                  {"recent_k": [0], "recent_steps": [4, 8], "signal": ["max-entropy"]}],
+                  # (2: the narrowest window, entropy's fastest points against dual's fastest)
+                  {"recent_k": [0], "recent_steps": [2, 4, 8], "signal": ["max-entropy"]}],
     },
     "full": {
         "prefix": {"refresh_every": [0, 2, 4, 8, 16]},
@@ -732,7 +733,8 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
 
 
 #: the settings two runs must share for their workloads to be comparable (--merge, --resume)
-SAME_SETTINGS = ("model", "n", "seed", "passes", "grid", "gen_length", "block_length", "threshold", "slack", "margin")
+SAME_SETTINGS = ("model", "n", "seed", "passes", "grid", "grids", "gen_length", "block_length", "threshold", "slack",
+                 "margin")
 
 
 def save_progress(doc: dict, path: Path) -> None:
@@ -762,6 +764,9 @@ def resumed_workloads(doc: dict, path: Path) -> dict:
     pairs = [(k, old.get(k), doc.get(k)) for k in SAME_SETTINGS]
     pairs.append(("policies", old.get("args", {}).get("policies"), doc["args"].get("policies")))
     diff = next(((k, a, b) for k, a, b in pairs if a != b), None)
+    if diff is not None and diff[0] == "grids":  # the knob values behind the same --grid name changed
+        raise UsageError(f"--resume: {path} was made with other knob values for --grid {doc.get('grid')} than this "
+                         "bench/frontier.py's GRIDS; measure into a new --json path")
     if diff is not None:
         raise UsageError(f"--resume: {path} was made with {diff[0]}={diff[1]!r}, this run has {diff[2]!r}; rerun with "
                          "the same settings or a new --json path")
@@ -771,8 +776,8 @@ def resumed_workloads(doc: dict, path: Path) -> dict:
 def merge(paths: list[Path]) -> dict:
     """One document from the ``--json`` files of several runs (e.g. one per domain, run side by side):
     their workloads together (a workload in two files: UsageError), the first file's settings, every
-    run's ``total_s`` summed. The runs must agree on model, n, seed, passes, grid, gen/block length,
-    threshold, slack and margin (UsageError naming the first difference)."""
+    run's ``total_s`` summed. The runs must agree on model, n, seed, passes, grid (and its knob values),
+    gen/block length, threshold, slack and margin (UsageError naming the first difference)."""
     from ecache_cli.errors import UsageError
 
     same = SAME_SETTINGS

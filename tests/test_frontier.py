@@ -360,6 +360,9 @@ def test_resume_measures_only_the_workloads_not_yet_saved(fr, tmp_path, capsys, 
 
     assert fr.main([*argv[:argv.index("--n") + 1], "2", *argv[argv.index("--n") + 2:], "--resume"]) == 2
     assert "was made with n=1, this run has 2" in capsys.readouterr().err
+    monkeypatch.setitem(fr.GRIDS, "small", {**fr.GRIDS["small"], "dual": {"refresh_every": [0, 3]}})
+    assert fr.main([*argv, "--resume"]) == 2  # the same --grid name with other knob values
+    assert "other knob values for --grid small" in capsys.readouterr().err
     assert len(calls) == 3
     with pytest.raises(SystemExit) as e:
         fr.main(["--domains", "list", "--resume"])
