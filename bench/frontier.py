@@ -88,8 +88,7 @@ GRIDS: dict[str, dict] = {
         "es-dllm-conf": {"block_update_freq": [0, 4, 16]},
         ENTROPY: [{"recent_k": [16, 64], "block_refresh": [False, True], "signal": ["max-entropy"]},
                   # the recent_steps variant: commits recomputed while young, by age instead of count
-                  # (2: the narrowest window, entropy's fastest points against dual's fastest)
-                  {"recent_k": [0], "recent_steps": [2, 4, 8], "signal": ["max-entropy"]}],
+                  {"recent_k": [0], "recent_steps": [4, 8], "signal": ["max-entropy"]}],
     },
     "full": {
         "prefix": {"refresh_every": [0, 2, 4, 8, 16]},
