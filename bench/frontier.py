@@ -386,24 +386,32 @@ def calibration_samples(model: str, domains: list[str], get_task) -> tuple[set[i
     return seeds, questions
 
 
-def profile_points(model: str, domain: str) -> dict[str, str]:
+def profile_points(model: str, domain: str, parallel: bool = False) -> dict[str, str]:
     """``{label: entropy spec}`` of the shipped profiles that apply to ``domain`` (its own and the model's
-    ``default``), when they exist and use entropy."""
+    ``default``) as ``ecache generate`` finds them for plain or ``parallel`` decoding (the
+    ``-parallel`` profiles first, ``config.find_mode_profile``), when they exist and use entropy; the
+    label names the file (``profile:list-parallel``)."""
     from ecache_cli.cache.entropy import EntropyCache
-    from ecache_cli.config import find_profile, load_profile
+    from ecache_cli.config import find_mode_profile, load_profile
 
     out = {}
     for task in (domain, "default"):
-        path = find_profile(model, task)
+        path = find_mode_profile(model, task, parallel)
         if path is None:
             continue
         cache = load_profile(path).get("cache") or {}
         if cache.get("policy", ENTROPY) != ENTROPY or cache.get("tau") is None:
             continue
-        params = {"tau": float(cache["tau"])}
-        for k in ("recent_k", "block_refresh", "signal"):  # every knob, so it matches a grid point's spec
-            params[k] = cache[k] if cache.get(k) is not None else getattr(EntropyCache, k)
-        out[f"profile:{task}"] = spec(ENTROPY, params)
+        knob = {k: cache[k] if cache.get(k) is not None else getattr(EntropyCache, k)
+                for k in ("recent_k", "block_refresh", "recent_steps", "signal")}
+        # every knob in the order of the grid's families, so the spec equals a grid point's
+        params = {"tau": float(cache["tau"]), "recent_k": knob["recent_k"]}
+        if knob["recent_steps"]:  # the recent_steps variant's family
+            params["recent_steps"] = int(knob["recent_steps"])
+        if not knob["recent_steps"] or knob["block_refresh"]:
+            params["block_refresh"] = knob["block_refresh"]
+        params["signal"] = knob["signal"]
+        out[f"profile:{path.stem}"] = spec(ENTROPY, params)
     return out
 
 
@@ -700,7 +708,6 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
 
     for d in domains:
         exs = held_out(tasks[d], args.n, args.seed, calib_questions.get(d, set()))
-        labels_of = {} if args.no_profiles or d == "gsm8k" else profile_points(model_key, d)
         for k in gsm8k_shots if d == "gsm8k" else shots:
             reqs = [Request(tasks[d].prompt(ex, k, args.seed), ex, tasks[d]) for ex in exs]
             for mode in modes:
@@ -712,6 +719,8 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                 taus = {s: tau_grid(v, TAU_QUANTILES[args.grid])
                         for s, v in none_signals(engine, settings, ids, kinds, args.seed).items()}
                 specs = policy_specs(policies, args.grid, taus)
+                parallel = mode == "threshold"
+                labels_of = {} if args.no_profiles or d == "gsm8k" else profile_points(model_key, d, parallel)
                 labels: dict[str, str] = {}
                 if any(p.split(":")[0] == ENTROPY for p in policies):  # profile points join entropy's
                     for label, s in labels_of.items():

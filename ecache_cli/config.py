@@ -107,6 +107,25 @@ def find_profile(model: str, task: str) -> Path | None:
     return next((c for c in profile_candidates(model, task) if c.is_file()), None)
 
 
+#: the suffix of a profile calibrated under parallel decoding (``list-parallel``): τ means something else
+#: there (a step commits several tokens, and E is their largest entropy), so such runs get their own
+PARALLEL_SUFFIX = "-parallel"
+
+
+def mode_task(task: str, parallel: bool) -> str:
+    """The profile name of ``task`` for a run that decodes in parallel (``--threshold`` / ``--factor``)
+    or not: ``list-parallel`` or ``list``."""
+    return task + PARALLEL_SUFFIX if parallel else task
+
+
+def find_mode_profile(model: str, task: str, parallel: bool) -> Path | None:
+    """The profile of (model, task) for a run that decodes in parallel or not: under parallel decoding
+    ``<task>-parallel`` first, then ``<task>`` (the only one otherwise); each the first found in lookup
+    order (:func:`find_profile`), or None."""
+    names = [mode_task(task, True), task] if parallel else [task]
+    return next((found for name in names if (found := find_profile(model, name)) is not None), None)
+
+
 def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:
     """Read and validate a profile given as a file path, ``<model>/<task>``, or a task name of ``model``.
 

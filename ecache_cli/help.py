@@ -196,7 +196,9 @@ cache: holds the keys of its own cache.policy (entropy when unset); a key of ano
 key, an empty profile or a value out of range is an error naming it. Precedence: defaults < profile <
 flags. [bold]--profile NAME[/] (or --task NAME) is looked up in ./profiles (or $ECACHE_PROFILES), then the user's
 config folder (~/.config/ecache/profiles), then the profiles shipped in the package; without either,
-the model's default.yaml is used when present. [bold]ecache calibrate[/] writes ./profiles/<model>/<task>.yaml."""),
+the model's default.yaml is used when present. With --threshold or --factor, NAME-parallel.yaml
+(default-parallel.yaml) comes first: τ calibrated under parallel decoding. [bold]ecache calibrate[/] writes
+./profiles/<model>/<task>.yaml (<task>-parallel.yaml with --threshold or --factor)."""),
     "input": ("Prompts: arguments, stdin and --input JSONL records", """\
 Prompts come as arguments, one per line on stdin, or as [bold]--input FILE.jsonl[/] records (- = stdin), one JSON
 object a line with one of:

@@ -193,10 +193,10 @@ NOT_RUN = {
     "ecache calibrate --model llada-8b": OFFICIAL,
     "ecache calibrate --task mbpp --data mbpp.jsonl": "the user's MBPP file (no download)",
     "ecache calibrate --task list --limit 50 --joint":
-        "six τ searches at gen length 256 (long on a CPU); tests/test_calibrate_joint.py runs --joint and "
+        "eight τ searches at gen length 256 (long on a CPU); tests/test_calibrate_joint.py runs --joint and "
         "--recent-k lists on a tiny checkpoint",
     "ecache calibrate --task arith,code,list --limit 50 --shots 0,4 --joint":
-        "six domain groups × six τ searches (hours on a CPU); tests/test_calibrate_joint.py runs --task a,b "
+        "six domain groups × eight τ searches (hours on a CPU); tests/test_calibrate_joint.py runs --task a,b "
         "and checks the default profile it writes",
     "ecache trace-drift --task gsm8k --data ../shared/data/gsm8k/test.jsonl": "a dataset outside the repository",
     "tensorboard --logdir runs_out/drift": "a viewer; the event files are checked after the picture's command",

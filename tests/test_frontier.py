@@ -124,6 +124,28 @@ def test_profile_gap_and_not_slower_than_none(fr):
     assert fr.frontier_gap(slow, [slow])["ok"] is False  # on the frontier, but slower than none
 
 
+def test_profile_points_follow_the_mode_and_match_grid_specs(fr, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.setenv("ECACHE_PROFILES", str(tmp_path))
+    d = tmp_path / "mymodel"
+    d.mkdir()
+    for name, cache in (("list", {"tau": 0.002, "recent_k": 0, "recent_steps": 4}),
+                        ("list-parallel", {"tau": 0.3, "recent_k": 64}),
+                        ("default", {"tau": 0.001, "recent_k": 16, "block_refresh": True})):
+        (d / f"{name}.yaml").write_text(yaml.safe_dump({"model": "mymodel", "task": name,
+                                                        "cache": {"policy": "entropy", **cache}}))
+    plain = fr.profile_points("mymodel", "list")
+    assert plain == {"profile:list": "entropy:tau=0.002:recent_k=0:recent_steps=4:signal=max-entropy",
+                     "profile:default": "entropy:tau=0.001:recent_k=16:block_refresh=true:signal=max-entropy"}
+    # the same spec as the grid's variant family writes for that point
+    assert plain["profile:list"] in fr.expand("entropy", {"tau": [0.002], "recent_k": [0], "recent_steps": [4],
+                                                          "signal": ["max-entropy"]})
+    par = fr.profile_points("mymodel", "list", parallel=True)  # no default-parallel: the plain default
+    assert par == {"profile:list-parallel": "entropy:tau=0.3:recent_k=64:block_refresh=false:signal=max-entropy",
+                   "profile:default": plain["profile:default"]}
+
+
 def test_verdicts_group_points_per_policy(fr):
     pts = [P(fr, "dual", 1.5, 0.99, "d1"), P(fr, "prefix", 1.2, 1.0, "p1"), P(fr, "entropy", 1.6, 1.0, "e1"),
            P(fr, "entropy", 1.5, 0.9, "e2", "profile:list")]

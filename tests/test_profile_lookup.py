@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 import ecache_cli
 from ecache_cli.cli import app
 from ecache_cli.config import (
+    find_mode_profile,
     find_profile,
+    mode_task,
     packaged_profiles_dir,
     profile_candidates,
     profile_dirs,
@@ -72,6 +74,25 @@ def test_generate_task_takes_the_first_profile_found(home, llada_dir):
     explicit = write(work / "elsewhere.yaml", 0.5)
     assert json.loads(run("--profile", str(explicit)).stdout)["settings"]["cache_params"]["tau"] == 0.5
     assert json.loads(run("--profile", "list").stdout)["settings"]["cache_params"]["tau"] == 2.5  # NAME: same order
+
+
+def test_parallel_decoding_takes_the_parallel_profile_first(home, llada_dir):
+    work, user = home
+    model = llada_dir.name
+    run = lambda *a: json.loads(CliRunner().invoke(  # noqa: E731
+        app, ["generate", "abc", "--model", str(llada_dir), *SMALL, "--jsonl", *a]).stdout)["settings"]
+    write(user / model / "list.yaml", 1.5)
+    write(user / model / "default.yaml", 0.7)
+    assert run("--task", "list", "--threshold", "0.9")["cache_params"]["tau"] == 1.5  # no parallel one: the plain one
+    write(user / model / "list-parallel.yaml", 3.5)
+    write(user / model / "default-parallel.yaml", 2.7)
+    for flag in (["--threshold", "0.9"], ["--factor", "1.0"]):
+        s = run("--task", "list", *flag)
+        assert s["cache_params"]["tau"] == 3.5 and s["profile"] == str(user / model / "list-parallel.yaml")
+        assert run(*flag)["cache_params"]["tau"] == 2.7  # without --task: default-parallel
+    assert run("--task", "list")["cache_params"]["tau"] == 1.5 and run()["cache_params"]["tau"] == 0.7
+    assert find_mode_profile(model, "list", parallel=False) == user / model / "list.yaml"
+    assert mode_task("default", True) == "default-parallel" and mode_task("list", False) == "list"
 
 
 def test_task_without_any_profile_names_every_place_it_looked(home, llada_dir):

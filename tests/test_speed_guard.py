@@ -52,16 +52,26 @@ def test_ranking_follows_the_choice_rule():
     assert ranking([pt(1.0, 0.9)], BASE, "task", 0.01) == []
 
 
-def test_a_candidate_slower_under_threshold_decoding_gives_way_to_the_next():
+def test_a_parallel_run_rejects_a_candidate_slower_under_threshold_decoding():
     a, b, c = pt(1.0, 3.0), pt(0.5, 2.0), pt(0.1, 1.5)
-    time_fn, calls = scripted({1.0: (1.5, 0.93), 0.5: (1.3, 1.05), 0.1: (1.2, 1.2)})
+    time_fn, calls = scripted({1.0: (1.5, 0.93), 0.5: (0.8, 1.05), 0.1: (1.2, 1.2)})
     lines = []
-    v = SpeedGuard(threshold=0.9, examples=8).run([a, b, c], time_fn, warn=lines.append)
-    assert v.point is b and calls == [1.0, 0.5]  # c is never timed
+    v = SpeedGuard(threshold=0.9, examples=8, own="threshold").run([a, b, c], time_fn, warn=lines.append)
+    assert v.point is b and calls == [1.0, 0.5]  # c is never timed; b's plain speed does not matter here
     assert [(t.point.tau, t.passed) for t in v.timed] == [(1.0, False), (0.5, True)]
-    assert v.chosen.plain == 1.3 and v.chosen.threshold == 1.05
+    assert v.chosen.plain == 0.8 and v.chosen.threshold == 1.05
     assert len(lines) == 1 and lines[0].startswith("speed check: rejected τ=1: 1.50× plain, 0.93× at threshold 0.9")
     assert "median of 3 passes on 8 examples" in lines[0] and "trying the next" in lines[0]
+
+
+def test_a_plain_run_keeps_its_choice_and_names_the_parallel_profile_when_threshold_is_slower():
+    time_fn, calls = scripted({1.0: (1.5, 0.93), 0.5: (1.3, 1.05)})
+    lines = []
+    v = SpeedGuard(threshold=0.9).run([pt(1.0, 3.0), pt(0.5, 2.0)], time_fn, warn=lines.append)
+    assert v.point.tau == 1.0 and calls == [1.0] and v.timed[0].passed
+    assert lines == ["speed check: warning: τ=1 is slower than none under threshold decoding (0.93× at 0.9); for "
+                     "such runs calibrate a parallel profile too (the same command with --threshold 0.9), which "
+                     "they then use"]
 
 
 def test_plain_slowdown_rejects_too_and_exactly_none_speed_passes():
@@ -74,21 +84,23 @@ def test_all_rejected_is_no_choice_and_tries_bound_the_timing():
     pts = [pt(t, 4.0 - t) for t in (1.0, 2.0, 3.0)]
     time_fn, calls = scripted({1.0: (0.8, 0.9), 2.0: (1.1, 0.7), 3.0: (2.0, 2.0)})
     lines = []
-    g = SpeedGuard(threshold=0.8, examples=4, tries=2)
+    g = SpeedGuard(threshold=0.8, examples=4, tries=2, own="threshold")
     v = g.run(pts, time_fn, warn=lines.append)
     assert v.point is None and v.chosen is None and calls == [1.0, 2.0]  # τ=3 would pass, but 2 tries are spent
     assert "2 setting(s) timed (--speed-check-tries), giving up" in lines[-1]
     why = g.no_choice_reason(v)
-    assert why.startswith("no qualifying setting runs at least as fast as none in wall-clock time")
+    assert why.startswith("no qualifying setting runs at least as fast as none under threshold decoding at 0.8 in "
+                          "wall-clock time")
     assert "τ=1 0.80× plain, 0.90× at threshold 0.8; τ=2 1.10× plain, 0.70× at threshold 0.8" in why
     doc = g.document(v, batch_size=2)
     assert doc["chosen"] is None and [t["passed"] for t in doc["timed"]] == [False, False]
     assert (doc["threshold"], doc["examples"], doc["passes"], doc["tries"], doc["batch_size"]) == (0.8, 4, 3, 2, 2)
+    assert doc["mode"] == "threshold" and [t["mode"] for t in doc["timed"]] == ["threshold", "threshold"]
 
 
 def test_a_setting_deciding_as_a_rejected_one_is_skipped_untimed():
     a, twin, b = pt(0.5, 3.0), pt(0.6, 3.0), pt(0.1, 2.0)
-    time_fn, calls = scripted({0.5: (1.2, 0.9), 0.6: (9.0, 9.0), 0.1: (1.4, 1.1)})
+    time_fn, calls = scripted({0.5: (0.9, 1.2), 0.6: (9.0, 9.0), 0.1: (1.4, 1.1)})
     lines = []
     v = SpeedGuard().run([a, twin, b], time_fn, same=lambda x, y: {x.tau, y.tau} == {0.5, 0.6}, warn=lines.append)
     assert v.point is b and calls == [0.5, 0.1] and v.skipped == [(twin, a)]
@@ -103,8 +115,9 @@ def test_the_two_modes_and_helpers():
     assert mode_threshold(DecodeConfig(threshold=0.8), 0.7) == 0.7
     modes = check_modes(plain, 0.9)
     assert modes["plain"] == plain and modes["threshold"] == DecodeConfig(gen_length=64, threshold=0.9)
-    modes = check_modes(DecodeConfig(gen_length=64, factor=1.0), 0.9)  # a parallel run: plain drops its rule
-    assert modes["plain"] == plain and modes["threshold"].factor is None
+    factor = DecodeConfig(gen_length=64, factor=1.0)
+    modes = check_modes(factor, 0.9)  # a factor run: plain drops its rule, the parallel mode is its own
+    assert modes["plain"] == plain and modes["threshold"] == factor
     with pytest.raises(UsageError, match=r"the speed check's threshold decoding at 0.9: --alg-temp .*--no-speed-check"):
         check_modes(DecodeConfig(alg_temp=0.5, schedule="dream"), 0.9)
     assert spread(50, 8) == [0, 6, 12, 18, 25, 31, 37, 43] and spread(3, 8) == [0, 1, 2]
@@ -115,10 +128,11 @@ def test_the_two_modes_and_helpers():
 # --- in a real search, with the timing function scripted -----------------------------------------------
 
 
-def run_search(lm, tmp_path, **kw):
+def run_search(lm, tmp_path, threshold=None, **kw):
     """A small real τ search (random tiny LLaDA, fidelity metric: every faster τ qualifies); the tests
     replace ``WallClock.__call__``, so its speed check answers from a script instead of timing."""
-    settings = resolve_settings(str(lm.path), {"gen_length": 16, "block_length": 8}, {"policy": "entropy"})
+    flags = {"gen_length": 16, "block_length": 8, "threshold": threshold}
+    settings = resolve_settings(str(lm.path), flags, {"policy": "entropy"})
     opts = CalibrateOptions(task="list", limit=3, metric="fidelity", grid=4, refine=0, max_drop=100.0,
                             run_file=tmp_path / "run.jsonl", out=tmp_path / "p.yaml", chat=False, quiet=True,
                             speed_check_limit=2, **kw)
@@ -133,7 +147,8 @@ def test_the_check_passes_over_the_proxy_pick_and_records_the_speedups(llada_lm,
         return (1.4, 0.95) if len(timed) == 1 else (1.25, 1.1)  # the proxy's pick is slower under threshold
 
     monkeypatch.setattr(calib_mod.WallClock, "__call__", fake)
-    out, opts = run_search(llada_lm, tmp_path)
+    out, opts = run_search(llada_lm, tmp_path, threshold=0.9)  # a parallel run: threshold is its own mode
+    assert out.speed_check["mode"] == "threshold"
     order = ranking(out.points, out.base, "fidelity", 1.0)
     assert len(order) >= 2 and timed[0] == order[0]
     assert out.choice.point == timed[-1] != order[0]  # the next setting that decides otherwise
@@ -143,9 +158,10 @@ def test_the_check_passes_over_the_proxy_pick_and_records_the_speedups(llada_lm,
     assert sc["chosen"] == {"plain": 1.25, "threshold": 1.1} and sc["timed"][0]["passed"] is False
     assert sc["timed"][0]["threshold"] == 0.95 and sc["examples"] == 2
     prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
-    assert prof["cache"]["tau"] == out.choice.point.tau
+    assert prof["cache"]["tau"] == out.choice.point.tau and prof["task"] == "list-parallel"
+    assert prof["decode"]["threshold"] == 0.9
     assert prof["measured"]["speed_check"] == {"plain": 1.25, "threshold": 1.1, "threshold_value": 0.9,
-                                               "examples": 2, "passes": 3}
+                                               "mode": "threshold", "examples": 2, "passes": 3}
     doc = json_document(out, {}, opts)
     assert doc["speed_check"]["chosen"] == {"plain": 1.25, "threshold": 1.1}
     assert doc["choice"]["tau"] == out.choice.point.tau and doc["calibrate"]["speed_check_limit"] == 2
@@ -155,7 +171,7 @@ def test_every_candidate_slower_means_no_profile(llada_lm, tmp_path, profiles_di
     monkeypatch.setattr(calib_mod.WallClock, "__call__", lambda self, p: (0.9, 0.8))
     out, _ = run_search(llada_lm, tmp_path, speed_check_tries=2)
     assert out.choice.point is None and out.profile is None and not (tmp_path / "p.yaml").exists()
-    assert out.choice.reason.startswith("no qualifying setting runs at least as fast as none in wall-clock time")
+    assert out.choice.reason.startswith("no qualifying setting runs at least as fast as none under plain decoding")
     assert len(out.speed_check["timed"]) == 2 and out.speed_check["chosen"] is None
 
 
@@ -188,11 +204,11 @@ def test_cli_on_the_embedded_model_reports_measured_speedups(cli, tmp_path, prof
     assert sc["enabled"] is True and sc["examples"] == 2 and sc["threshold"] == 0.9 and sc["passes"] == 3
     (t,) = sc["timed"][:1]
     assert t["tau"] == 1.0 and all(math.isfinite(t[k]) and t[k] > 0 for k in ("plain", "threshold"))
-    if res.exit_code == 0:  # faster than none in both modes (the usual case; timing-dependent by nature)
+    if res.exit_code == 0:  # faster than none in plain decoding (the usual case; timing-dependent by nature)
         assert sc["chosen"] == {"plain": t["plain"], "threshold": t["threshold"]} and t["passed"]
         m = yaml.safe_load(out.read_text())["measured"]["speed_check"]
         assert m["plain"] == round(t["plain"], 4) and m["threshold"] == round(t["threshold"], 4)
         assert "wall clock" in res.stdout and "at threshold 0.9" in res.stdout
     else:
         assert res.exit_code == 1 and sc["chosen"] is None and not out.exists(), res.stderr
-        assert "no qualifying setting runs at least as fast as none in wall-clock time" in res.stderr
+        assert "no qualifying setting runs at least as fast as none under plain decoding" in res.stderr

@@ -63,7 +63,7 @@ def calibrate_cmd(
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
     recent_k: Annotated[Optional[str], typer.Option("--recent-k", help="entropy: recompute the k latest commits; 16,64: searched \\[default: 64].", rich_help_panel=o.C)] = None,
-    recent_steps: Annotated[Optional[str], typer.Option("--recent-steps", help="entropy: recompute commits younger than n steps too; 0,4: searched.", rich_help_panel=o.C)] = None,
+    recent_steps: Annotated[Optional[str], typer.Option("--recent-steps", help="entropy: recompute commits ≤ n steps old; 0,4: searched \\[default: 0].", rich_help_panel=o.C)] = None,
     signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (its τ is ignored).", rich_help_panel=o.C)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples decoded together.", rich_help_panel=o.D)] = 1,

@@ -252,8 +252,8 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
     timed = (speed_check or {}).get("chosen")
     if timed is not None:
         measured["speed_check"] = {"plain": r4(timed["plain"]), "threshold": r4(timed["threshold"]),
-                                   "threshold_value": speed_check["threshold"], "examples": speed_check["examples"],
-                                   "passes": speed_check["passes"]}
+                                   "threshold_value": speed_check["threshold"], "mode": speed_check["mode"],
+                                   "examples": speed_check["examples"], "passes": speed_check["passes"]}
     if chosen.parts and base.parts:
         measured["groups"] = {g: {"score": r4(p.score), "score_none": r4(base.parts[g].score),
                                   "speedup": r4(p.speedup), "fidelity": r4(p.fidelity)}

@@ -27,11 +27,14 @@ the tolerance on every group; such a run writes the model's ``default`` profile.
 
 Speed check (``runs/speed_guard.py``; ``--no-speed-check`` skips it): after the proxy ranking, the
 best qualifying setting is timed against ``none`` on ``--speed-check-limit`` examples of the sample,
-under plain decoding (the run's own) and under threshold decoding (the run's ``--threshold``, else
-0.9), each the median of 3 alternated passes; one slower than ``none`` in either mode is passed over
-for the next in the ranking (at most ``speed_check_tries`` are timed), and when none passes nothing
-is chosen. The check is timing-dependent by nature; it runs after the ranking and writes nothing to
-the run file, so it leaves ``--resume``'s determinism of the proxy ranking intact.
+under plain decoding and under threshold decoding (the run's ``--threshold``, else 0.9), each the
+median of 3 alternated passes; one slower than ``none`` in the mode its profile serves (plain; or,
+for a run under parallel decoding, which writes the ``<task>-parallel`` profile, that decoding) is
+passed over for the next in the ranking (at most ``speed_check_tries`` are timed), and when none
+passes nothing is chosen; a plain run's choice slower than ``none`` under threshold decoding is kept
+with a warning naming the parallel profile. The check is timing-dependent by nature; it runs after
+the ranking and writes nothing to the run file, so it leaves ``--resume``'s determinism of the proxy
+ranking intact.
 
 Every (τ, example) record is appended to the run file (``runs/calib_store.py``) as soon as its batch
 finishes; ``--resume`` reuses them. Batches are fixed chunks of the sample, re-run whole if any of
@@ -52,7 +55,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..cache.entropy import EntropyCache
@@ -113,14 +116,16 @@ class CalibrateOptions:
     speed_check_limit: int = DEFAULT_LIMIT
     speed_check_threshold: float | None = None  # None: the run's --threshold, else speed_guard.DEFAULT_THRESHOLD
     speed_check_tries: int = DEFAULT_TRIES
+    parallel: bool = False  # the run decodes in parallel (--threshold / --factor): set by calibrate()
 
     @property
     def profile_task(self) -> str:
-        """The profile's task name: ``--task``, or ``default`` for several domains (``--task a,b``) or
-        several shot counts."""
+        """The profile's task name: ``--task``, or ``default`` for several domains (``--task a,b``);
+        with ``-parallel`` after it for a run under parallel decoding (``config.mode_task``)."""
+        from ..config import mode_task
         from .calib_groups import DEFAULT_PROFILE_TASK
 
-        return DEFAULT_PROFILE_TASK if "," in self.task else self.task
+        return mode_task(DEFAULT_PROFILE_TASK if "," in self.task else self.task, self.parallel)
 
     def fractions(self) -> tuple[float, float | None]:
         """``max_drop`` and ``min_fidelity`` as fractions of 1 (``min_fidelity`` None when not given)."""
@@ -445,6 +450,7 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     Raises EcacheError subclasses (bad data, settings mismatch with the run file, ...).
     """
     preflight(task, opts)
+    opts = replace(opts, parallel=settings.decode.threshold is not None or settings.decode.factor is not None)
     model = canonical_model_name(lm.name)
     target = opts.out if opts.out is not None else profile_path(model, opts.profile_task)
     if not opts.dry_run:
@@ -483,7 +489,7 @@ def _wall_clock(sample: "_Sample", settings: Settings, opts: CalibrateOptions, d
     the run's ``--threshold`` (else 0.9), or plain decoding, cannot run with these decode settings."""
     idx = spread(len(sample.prompt_ids), opts.speed_check_limit)
     guard = SpeedGuard(threshold=mode_threshold(settings.decode, opts.speed_check_threshold), examples=len(idx),
-                       tries=opts.speed_check_tries)
+                       tries=opts.speed_check_tries, own="threshold" if opts.parallel else "plain")
     return WallClock(sample.engine, settings, [sample.prompt_ids[i] for i in idx], guard, opts.batch_size,
                      opts.seed, dist)
 
@@ -501,8 +507,6 @@ def _speed_check(outcome: "Outcome", search: "_Search", clock, err_console, say,
     try:
         _run_guard(outcome, search, clock, err_console, say)
     except KeyboardInterrupt:
-        from dataclasses import replace
-
         if err_console is not None and not search.opts.dry_run:
             err_console.print(f"calibrate: records are in {outcome.run_file}; rerun with --resume to redo the speed "
                               "check")
@@ -752,8 +756,6 @@ def parallel_wall(p: Point, recs: list[dict], base: Point, base_recs: list[dict]
     that ran side by side: a record's batch ran on rank chunk % world (``Evaluator.records``), a rank's
     time is the sum of its records' wall_s, and the run's time is the slowest rank's
     (``distributed.aggregate_speed``). The cost proxy and the choice do not depend on it."""
-    from dataclasses import replace
-
     from ..distributed import aggregate_speed
 
     def per_rank(rs):

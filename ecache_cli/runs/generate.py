@@ -96,11 +96,13 @@ def check_task(task: str | None, profile: str | None) -> None:
 
 
 def require_task_profile(settings: Settings, model: str, task: str | None) -> None:
-    """``--task``: the settings came from the model's calibrated profile ``<model>/<task>.yaml``, else
-    ConfigError naming the places looked in and the fix."""
-    if task is None or (settings.profile is not None and Path(settings.profile).stem == task):
+    """``--task``: the settings came from the model's calibrated profile ``<model>/<task>.yaml`` (or,
+    under parallel decoding, ``<task>-parallel.yaml``), else ConfigError naming the places looked in
+    and the fix."""
+    from ..config import mode_task, profile_candidates
+
+    if task is None or (settings.profile is not None and Path(settings.profile).stem in (task, mode_task(task, True))):
         return
-    from ..config import profile_candidates
     from ..errors import ConfigError
 
     raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..cache import make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..config import dataclass_defaults, find_profile, load_profile, resolve
+from ..config import dataclass_defaults, find_mode_profile, load_profile, resolve
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
 
@@ -92,17 +92,20 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
                      task: str | None = None, compile: bool | None = None) -> Settings:
     """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
     ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
-    ``config.profile_dirs``) < flags. Raises ConfigError/UsageError for bad profiles or values.
+    ``config.profile_dirs``; with ``--threshold`` or ``--factor`` in ``decode_flags`` the
+    ``<task>-parallel.yaml`` / ``default-parallel.yaml`` calibrated under parallel decoding come first,
+    ``config.find_mode_profile``) < flags. Raises ConfigError/UsageError for bad profiles or values.
     ``compile``: ``--compile`` / ``--no-compile`` (None: the profile's ``compile`` key, default off).
 
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
     ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
     prof = None
+    parallel = decode_flags.get("threshold") is not None or decode_flags.get("factor") is not None
     if profile:
         prof = load_profile(profile, model)
-    elif task and (found := find_profile(model, task)) is not None:
+    elif task and (found := find_mode_profile(model, task, parallel)) is not None:
         prof = load_profile(found)
-    elif (found := find_profile(model, "default")) is not None:
+    elif (found := find_mode_profile(model, "default", parallel)) is not None:
         prof = load_profile(found)
     if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
         from ..console import warn

@@ -20,9 +20,13 @@ its candidates against ``none`` (:meth:`SpeedGuard.run`):
   slow drift of the machine hits both); the mode's speedup is the median over the passes of the
   candidate's tokens/s over ``none``'s in the same pass (``metrics.throughput.pass_speedups``,
   bench/frontier.py's speedup);
-- a candidate below ``MIN_SPEEDUP`` (1.0) in either mode is rejected with a stderr line, and the
-  next one is timed; a candidate that provably decides exactly as a rejected one on every example
-  (``same``: the run's records say so) is skipped untimed, as it runs the same forwards;
+- a candidate below ``MIN_SPEEDUP`` (1.0) in the mode its profile serves (``own``: ``plain`` for a
+  run without a parallel rule, ``threshold`` for a run under parallel decoding, whose profile is the
+  ``-parallel`` one, ``config.mode_task``) is rejected with a stderr line, and the next one is timed;
+  a plain run's choice that is slower than ``none`` under threshold decoding is kept with a warning
+  naming the fix (a ``-parallel`` profile, which such runs then use: τ means something else when a
+  step commits several tokens); a candidate that provably decides exactly as a rejected one on every
+  example (``same``: the run's records say so) is skipped untimed, as it runs the same forwards;
 - the first candidate that passes is the choice; when none passes there is no choice, and the
   reason names every timed setting's speedups.
 
@@ -43,7 +47,7 @@ from ..errors import UsageError
 from .tau_search import Point
 
 PASSES = 3  # alternated passes per mode; the speedup is their median
-MIN_SPEEDUP = 1.0  # below this in either mode the candidate is slower than none: rejected
+MIN_SPEEDUP = 1.0  # below this in its own mode the candidate is slower than none: rejected
 DEFAULT_LIMIT = 8  # examples timed: per mode 2 × 3 passes × 8 runs + 2 warm-ups, about one τ of a 50-example search
 DEFAULT_THRESHOLD = 0.9  # Fast-dLLM's confidence threshold: the threshold mode of a run without --threshold
 DEFAULT_TRIES = 3  # candidates timed at most before the check gives up
@@ -52,21 +56,24 @@ DEFAULT_TRIES = 3  # candidates timed at most before the check gives up
 @dataclass
 class Timed:
     """One candidate's wall-clock speedups over ``none`` (tokens/s ratios, median of the passes):
-    ``plain`` under the run's decoding without a parallel rule, ``threshold`` under threshold decoding."""
+    ``plain`` under the run's decoding without a parallel rule, ``threshold`` under threshold decoding;
+    ``own`` the mode the candidate's profile serves (the one it must not be slower in)."""
 
     point: Point
     plain: float
     threshold: float
+    own: str = "plain"
 
     @property
     def passed(self) -> bool:
-        """True when the candidate is at least as fast as ``none`` in both modes."""
-        return self.plain >= MIN_SPEEDUP and self.threshold >= MIN_SPEEDUP
+        """True when the candidate is at least as fast as ``none`` in its own mode."""
+        return getattr(self, self.own) >= MIN_SPEEDUP
 
     def as_dict(self) -> dict:
         p = self.point
         return {"setting": p.label(), "tau": p.tau, "recent_k": p.recent_k, "block_refresh": p.block_refresh,
-                "recent_steps": p.recent_steps, "plain": self.plain, "threshold": self.threshold, "passed": self.passed}
+                "recent_steps": p.recent_steps, "plain": self.plain, "threshold": self.threshold, "mode": self.own,
+                "passed": self.passed}
 
 
 @dataclass
@@ -87,17 +94,19 @@ class Verdict:
 @dataclass
 class SpeedGuard:
     """The check's settings: ``threshold`` of the threshold mode (a confidence in (0, 1]), ``examples``
-    timed, at most ``tries`` candidates timed, ``passes`` per mode."""
+    timed, at most ``tries`` candidates timed, ``passes`` per mode, ``own`` the mode the profile serves
+    (``plain`` or ``threshold``: a run under parallel decoding)."""
 
     threshold: float = DEFAULT_THRESHOLD
     examples: int = DEFAULT_LIMIT
     tries: int = DEFAULT_TRIES
     passes: int = PASSES
+    own: str = "plain"
 
     def run(self, candidates: Sequence[Point], time_fn: Callable[[Point], tuple[float, float]],
             same: Callable[[Point, Point], bool] | None = None, warn: Callable[[str], None] | None = None) -> Verdict:
         """Walk ``candidates`` (the choice rule's order) and return the first one that is not slower than
-        ``none`` in either mode (module docstring).
+        ``none`` in the guard's own mode (module docstring).
 
         ``time_fn(point)`` -> (plain speedup, threshold speedup); ``same(a, b)``: True when ``a`` provably
         decides as ``b`` on every example (None: never assumed); ``warn``: receives one line per rejected
@@ -115,10 +124,14 @@ class SpeedGuard:
                     "example, so it runs the same forwards")
                 continue
             plain, thr = time_fn(p)
-            t = Timed(p, plain, thr)
+            t = Timed(p, plain, thr, self.own)
             out.timed.append(t)
             if t.passed:
                 out.point = p
+                if self.own == "plain" and thr < MIN_SPEEDUP:
+                    say(f"speed check: warning: {p.label()} is slower than none under threshold decoding "
+                        f"({thr:.2f}× at {self.threshold:g}); for such runs calibrate a parallel profile too "
+                        f"(the same command with --threshold {self.threshold:g}), which they then use")
                 return out
             if i + 1 == len(candidates):
                 then = "no other setting qualifies"
@@ -138,15 +151,17 @@ class SpeedGuard:
         """The reason when no candidate passed: each timed setting with its two speedups."""
         timed = "; ".join(f"{t.point.label()} {t.plain:.2f}× plain, {t.threshold:.2f}× at threshold "
                           f"{self.threshold:g}" for t in verdict.timed)
-        return (f"no qualifying setting runs at least as fast as none in wall-clock time (speed check: tokens/s over "
-                f"none, median of {self.passes} passes on {self.examples} examples): {timed}")
+        mode = "plain decoding" if self.own == "plain" else f"threshold decoding at {self.threshold:g}"
+        return (f"no qualifying setting runs at least as fast as none under {mode} in wall-clock time (speed "
+                f"check: tokens/s over none, median of {self.passes} passes on {self.examples} examples): {timed}")
 
     def document(self, verdict: Verdict | None, batch_size: int) -> dict:
         """The ``speed_check`` entry of calibrate's JSON: the check's settings, every timed candidate,
         the skipped ones, and the chosen setting's speedups (``chosen``; None when none passed or the
         check did not run: ``verdict`` None means no candidate qualified by the proxy)."""
         chosen = None if verdict is None else verdict.chosen
-        return {"enabled": True, "threshold": self.threshold, "examples": self.examples, "passes": self.passes,
+        return {"enabled": True, "mode": self.own, "threshold": self.threshold, "examples": self.examples,
+                "passes": self.passes,
                 "tries": self.tries, "batch_size": batch_size, "min_speedup": MIN_SPEEDUP,
                 "basis": "tokens/s over none's in the same pass, median of the passes (ecache profile's measure)",
                 "timed": [] if verdict is None else [t.as_dict() for t in verdict.timed],
@@ -173,12 +188,13 @@ def mode_threshold(decode, threshold: float | None = None) -> float:
 def check_modes(decode, threshold: float) -> dict:
     """{"plain": ``decode`` (a ``DecodeConfig``) without a parallel rule (threshold and factor None),
     "threshold": ``decode`` with Fast-dLLM threshold decoding at ``threshold`` and no factor rule (what
-    ``generate --threshold`` sets)}. Raises UsageError (one line, naming ``--no-speed-check``) when a
+    ``generate --threshold`` sets), or ``decode`` itself when it decodes by the factor rule (a run's
+    own parallel decoding)}. Raises UsageError (one line, naming ``--no-speed-check``) when a
     mode cannot run with the other decode settings (``settings.validate_decode``)."""
     from .settings import validate_decode
 
-    out = {"plain": replace(decode, threshold=None, factor=None),
-           "threshold": replace(decode, threshold=threshold, factor=None)}
+    parallel = decode if decode.factor is not None else replace(decode, threshold=threshold, factor=None)
+    out = {"plain": replace(decode, threshold=None, factor=None), "threshold": parallel}
     for mode, cfg in out.items():
         try:
             validate_decode(cfg.as_dict())
