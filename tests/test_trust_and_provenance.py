@@ -185,6 +185,12 @@ def test_every_command_names_model_policy_tau_and_its_source(cli, llada_dir, tmp
     tiny = cli("generate", "Sort: 3 1 2")
     assert tiny.stderr.startswith("using model tiny, cache entropy, τ 0.00271 from profile ")
     assert "ecache_cli/profiles/tiny/default.yaml (shipped with ecache)" in tiny.stderr.splitlines()[0]
+    # a profile that decodes without a cache (the embedded model's, under threshold decoding) is named too
+    par = cli("generate", "Sort: 3 1 2", "--threshold", "0.9")
+    first = par.stderr.splitlines()[0]
+    assert first.startswith("using model tiny, cache none from profile ")
+    assert first.endswith("ecache_cli/profiles/tiny/default-parallel.yaml (shipped with ecache) (no τ: only the "
+                          "entropy policy takes one)")
     # profile, trace-drift, calibrate: the same line; their JSON carries it in the manifest's settings
     js = tmp_path / "p.json"
     p = cli("profile", "hi", "--model", llada_dir, *SMALL, "--policies", "none,entropy", "--warmup", "0", "--json", js)

@@ -31,6 +31,7 @@ class Settings:
     # or "search" (ecache calibrate: τ is what it searches)
     profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
     compile: bool = False  # the static-shape compiled step (--compile, profile key ``compile``)
+    policy_from_profile: bool = False  # the cache policy is the profile's (cache.policy), not --cache's
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -62,18 +63,22 @@ class Settings:
         if self.tau_source == "flag":
             return "--tau"
         if self.tau_source == "profile" and self.profile:
-            from ..config import packaged_profiles_dir
-
-            notes = []
-            try:
-                if Path(self.profile).resolve().is_relative_to(packaged_profiles_dir()):
-                    notes.append("shipped with ecache")
-            except (OSError, ValueError):
-                pass
-            if self.profile_note:
-                notes.append(self.profile_note)
-            return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
+            return self.profile_origin()
         return "built-in default"
+
+    def profile_origin(self) -> str:
+        """``profile PATH (shipped with ecache; calibrated on N examples)``: the profile read, for people."""
+        from ..config import packaged_profiles_dir
+
+        notes = []
+        try:
+            if Path(self.profile).resolve().is_relative_to(packaged_profiles_dir()):
+                notes.append("shipped with ecache")
+        except (OSError, ValueError):
+            pass
+        if self.profile_note:
+            notes.append(self.profile_note)
+        return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
 
     def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None) -> str:
         """The one stderr line naming what a run uses: model, cache policy (or ``policies``), τ and its
@@ -85,6 +90,8 @@ class Settings:
             return f"{text}, τ {tau}"
         if any(p.split(":")[0] == "entropy" for p in pols):
             return f"{text}, τ {self.tau:g} from {self.tau_origin()}"
+        if policies is None and self.policy_from_profile and self.profile:  # e.g. a profile that says: no cache
+            text += f" from {self.profile_origin()}"
         return f"{text} (no τ: only the entropy policy takes one)"
 
 
@@ -132,6 +139,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     return Settings(decode=decode_cfg, cache=name, cache_params=params,
                     profile=(prof or {}).get("_path"),
+                    policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
                     sandbox=(prof or {}).get("sandbox"),
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
