@@ -213,6 +213,21 @@ def write_json(doc: dict, path: Path) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def _profile_cache(params: dict, chosen: Point) -> dict:
+    """The profile's cache section: entropy with the chosen τ, and recent_k, block_refresh (when on) and
+    recent_steps (when on) from the chosen point (a joint search's arm) or else the run's ``params``."""
+    recent_k = chosen.recent_k if chosen.recent_k is not None else params.get("recent_k", EntropyCache.recent_k)
+    block_refresh = chosen.block_refresh if chosen.block_refresh is not None else params.get("block_refresh", False)
+    recent_steps = chosen.recent_steps if chosen.recent_steps is not None else params.get("recent_steps", 0)
+    cache = {"policy": EntropyCache.name, "tau": chosen.tau, "recent_k": recent_k,
+             "signal": params.get("signal", EntropyCache.signal)}
+    if block_refresh:
+        cache["block_refresh"] = True
+    if recent_steps:
+        cache["recent_steps"] = int(recent_steps)
+    return cache
+
+
 def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: int, run_file: str,
                  speed_check: dict | None = None) -> dict:
     """The profile written for the choice (config.py's sections). decode: gen/block length, steps
@@ -231,16 +246,7 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
     decode = {"gen_length": d["gen_length"], "block_length": d["block_length"], "steps": steps,
               "threshold": d["threshold"]}
     decode.update({k: v for k, v in d.items() if k not in decode and v != defaults[k]})
-    params = settings.cache_params
-    recent_k = chosen.recent_k if chosen.recent_k is not None else params.get("recent_k", EntropyCache.recent_k)
-    block_refresh = chosen.block_refresh if chosen.block_refresh is not None else params.get("block_refresh", False)
-    recent_steps = chosen.recent_steps if chosen.recent_steps is not None else params.get("recent_steps", 0)
-    cache = {"policy": EntropyCache.name, "tau": chosen.tau, "recent_k": recent_k,
-             "signal": params.get("signal", EntropyCache.signal)}
-    if block_refresh:
-        cache["block_refresh"] = True
-    if recent_steps:
-        cache["recent_steps"] = int(recent_steps)
+    cache = _profile_cache(settings.cache_params, chosen)
     r4 = lambda x: None if x is None else round(x, 4)  # noqa: E731
     measured = {"metric": opts.metric, "score": r4(chosen.score), "score_none": r4(base.score),
                 "speedup": r4(chosen.speedup), "speedup_wall": r4(chosen.speedup_wall), "fidelity": r4(chosen.fidelity),
