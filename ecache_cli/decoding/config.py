@@ -59,5 +59,10 @@ class DecodeConfig:
         "alg_temp": Range(0, example="0.5", why="0 = the top-scoring positions"),
     }
 
+    @property
+    def parallel(self) -> bool:
+        """True when a step may commit several tokens: Fast-dLLM's threshold or factor rule is set."""
+        return self.threshold is not None or self.factor is not None
+
     def as_dict(self) -> dict:
         return asdict(self)

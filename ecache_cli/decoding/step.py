@@ -42,7 +42,7 @@ class StepDecoder:
         """The decoder of a run with settings ``cfg`` on a model with ``spec``: its block plan (``.blocks``)
         and commit rule (``.rule``). Raises UsageError for settings that do not go together (the
         remasking under parallel decoding, --threshold with --factor, ``CommitRule.resolve``'s checks)."""
-        parallel = cfg.threshold is not None or cfg.factor is not None
+        parallel = cfg.parallel
         validate_remasking(cfg.remasking, parallel=parallel)
         if cfg.threshold is not None and cfg.factor is not None:
             raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")

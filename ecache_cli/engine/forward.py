@@ -78,7 +78,9 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     B, T, L = state.batch, state.length, state.n_layers
     hooks = plan.hooks
     attn = None if hooks is None else hooks.attention_rows
-    counts = [tmask.sum(1).amax(), tmask.sum()]
+    # [largest row's targets, all targets (a batch only: one row is never padded), largest attention rows]
+    widest = tmask.sum(1).amax()
+    counts = [widest, tmask.sum() if B > 1 else widest]
     if attn is not None:
         counts.append(attn.sum(1).amax())
     if plan.compute is None:  # every row refreshes (ForwardPlan.full)

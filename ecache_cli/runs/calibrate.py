@@ -450,7 +450,7 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     Raises EcacheError subclasses (bad data, settings mismatch with the run file, ...).
     """
     preflight(task, opts)
-    opts = replace(opts, parallel=settings.decode.threshold is not None or settings.decode.factor is not None)
+    opts = replace(opts, parallel=settings.decode.parallel)
     model = canonical_model_name(lm.name)
     target = opts.out if opts.out is not None else profile_path(model, opts.profile_task)
     if not opts.dry_run:

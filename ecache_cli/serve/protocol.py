@@ -279,7 +279,7 @@ class Resolver:
         """The server's steps per generated token × ``gen``, at least one a block; None in threshold
         mode without steps (a block runs until it has no masks)."""
         base = self.settings.decode
-        base_parallel = base.threshold is not None or base.factor is not None
+        base_parallel = base.parallel
         base_steps = default_steps(base.gen_length, base.steps, base_parallel)
         if base_steps is None:
             return None if parallel else gen
