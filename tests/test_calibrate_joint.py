@@ -67,6 +67,8 @@ def test_arms_and_list_parsing():
     assert Arm(16, True).as_record() == [16, True] and Arm(0, False, 8).as_record() == [0, False, 8]
     assert as_arm([16, True]) == Arm(16, True, 0) and as_arm([0, False, 8]) == Arm(0, False, 8)
     assert Arm(0, False, 8).params() == {"recent_k": 0, "block_refresh": False, "recent_steps": 8}
+    # an arm without recent_steps decodes without it, even over a base setting that has it
+    assert stepped.policy("entropy", tau=1.0, **Arm(16, False).params()).recent_steps == 0
     assert Arm(0, False, 8).describe() == "recent_k=0, block_refresh=off, recent_steps=8"
     assert parse_list(" arith, code ,list", "--task") == ["arith", "code", "list"]
     assert parse_shots("0,4") == [0, 4] and parse_shots(None) is None

@@ -40,9 +40,9 @@ class Arm(NamedTuple):
         return [self.recent_k, self.block_refresh, *([self.recent_steps] if self.recent_steps else [])]
 
     def params(self) -> dict:
-        """The EntropyCache parameters of this arm (``recent_steps`` only when on)."""
-        out = {"recent_k": self.recent_k, "block_refresh": self.block_refresh}
-        return {**out, "recent_steps": self.recent_steps} if self.recent_steps else out
+        """The EntropyCache parameters of this arm, every knob given (0 included), so none of the run's
+        own settings (e.g. a base profile's recent_steps) leaks into it."""
+        return {"recent_k": self.recent_k, "block_refresh": self.block_refresh, "recent_steps": self.recent_steps}
 
     def describe(self) -> str:
         """``recent_k=16, block_refresh=off`` (``, recent_steps=4`` when on): the progress line's heading."""
