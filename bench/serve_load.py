@@ -15,8 +15,9 @@ on a free loopback port (``--max-batch``, one torch thread by default), and for 
   answers identical to ``none``'s answer to the same prompt (the fidelity the policy's speed costs;
   greedy answers do not depend on the batch, so ``none``'s are its answers alone).
 
-The server's EntropyCache setting is its profile's unless ``--tau`` / ``--recent-k`` set it (requests
-name only the policy).
+The server's EntropyCache setting is its profile's (``--profile``: the embedded model's default
+profile unless given; ``--profile list`` is what a server of ``list`` prompts runs) unless ``--tau`` /
+``--recent-k`` set it (requests name only the policy).
 
 Then the targets: R* is the lowest rate at which static batching's p95 latency exceeds 3× its
 unloaded latency (``--policy-for-batching``, default entropy); at R*, continuous batching's p95 must be
@@ -61,7 +62,7 @@ def start_server(args, mode: str):
     """``ecache serve`` on a free loopback port; returns (process, base URL)."""
     cmd = [sys.executable, "-m", "ecache_cli", "serve", "--model", args.model, "--port", "0", "--batching", mode,
            "--max-batch", str(args.max_batch), "--max-queue", "100000", "--threads", str(args.threads),
-           "--gen-length", str(args.max_tokens)]
+           "--gen-length", str(args.max_tokens), *(["--profile", args.profile] if args.profile else [])]
     entropy = [*(["--tau", str(args.tau)] if args.tau is not None else []),
                *(["--recent-k", str(args.recent_k)] if args.recent_k is not None else [])]
     if entropy:  # the server's EntropyCache setting (requests name only the policy)
@@ -166,6 +167,8 @@ def main() -> None:
     ap.add_argument("--policy-for-batching", default="entropy", help="the policy of the static/continuous target")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--domains", default="list", help="task domains of the prompts, interleaved (default list)")
+    ap.add_argument("--profile", default=None, help="the server's profile (a name such as list, or a YAML file; "
+                    "default: the model's default profile)")
     ap.add_argument("--tau", type=float, default=None, help="the server's EntropyCache τ (default: its profile's)")
     ap.add_argument("--recent-k", type=int, default=None, help="the server's EntropyCache recent_k (default: its "
                     "profile's)")
@@ -243,8 +246,8 @@ def main() -> None:
     print(json.dumps({"bench": "serve_load", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
                       "cpu": cpu_name(), "threads": args.threads, "model": args.model, "max_batch": args.max_batch,
                       "max_tokens": args.max_tokens, "duration_s": args.duration, "domains": domains,
-                      "tau": args.tau, "recent_k": args.recent_k, "wall_s": time.time() - t_start,
-                      "rows": rows, "targets": targets}))
+                      "profile": args.profile, "tau": args.tau, "recent_k": args.recent_k,
+                      "wall_s": time.time() - t_start, "rows": rows, "targets": targets}))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import yaml
 from cli_helpers import one_line_error, records
 from safetensors.torch import load_file, save_file
 
+from ecache_cli.config import packaged_profiles_dir
 from ecache_cli.errors import ModelLoadError
 from ecache_cli.models.loader import embedded_dir, load_model
 from ecache_cli.models.spec import spec_from_config
@@ -183,8 +184,10 @@ def test_every_command_names_model_policy_tau_and_its_source(cli, llada_dir, tmp
     assert "using model" not in cli("generate", "hi", "--model", llada_dir, *SMALL, "-q").stderr
     # the shipped default profile of the embedded model
     tiny = cli("generate", "Sort: 3 1 2")
-    assert tiny.stderr.startswith("using model tiny, cache entropy, τ 0.00271 from profile ")
-    assert "ecache_cli/profiles/tiny/default.yaml (shipped with ecache)" in tiny.stderr.splitlines()[0]
+    shipped = yaml.safe_load((packaged_profiles_dir() / "tiny/default.yaml").read_text())
+    assert tiny.stderr.startswith(f"using model tiny, cache entropy, τ {shipped['cache']['tau']:g} from profile ")
+    assert tiny.stderr.splitlines()[0].endswith("ecache_cli/profiles/tiny/default.yaml (shipped with ecache; "
+                                                f"calibrated on {shipped['measured']['n']} examples)")
     # a profile that decodes without a cache (the embedded model's, under threshold decoding) is named too
     par = cli("generate", "Sort: 3 1 2", "--threshold", "0.9")
     first = par.stderr.splitlines()[0]
