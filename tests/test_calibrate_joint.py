@@ -54,8 +54,11 @@ def test_groups_must_each_meet_the_tolerance():
 
 
 def test_arms_and_list_parsing():
-    settings = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 32})
+    settings = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 32, "recent_steps": 0})
     assert arms(CalibrateOptions(task="list"), settings) == [(32, False, 0)]
+    # without a list, an arm takes the base setting's value of each knob
+    base = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 32, "recent_steps": 2})
+    assert arms(CalibrateOptions(task="list"), base) == [(32, False, 2)]
     opts = CalibrateOptions(task="list", recent_ks=[16, 64], block_refreshes=[False, True])
     assert arms(opts, settings) == [(16, False, 0), (64, False, 0), (16, True, 0), (64, True, 0)]
     # recent_steps is a third axis; extra arms follow the product, without repeating one of it
@@ -218,13 +221,16 @@ def test_recent_steps_arms_decode_their_own_setting_and_reach_the_profile(llada_
 
 
 def test_cli_joint_with_one_recent_k_searches_block_refresh_only(cli, llada_dir, profiles_dir, tmp_path):
+    # a base profile with the recent_steps variant: the joint search's arms are still the paper's rule
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({"cache": {"policy": "entropy", "tau": 1.0, "recent_k": 0, "recent_steps": 4}}))
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
               "--max-drop", 100, "--taus", "0.5,100", "--refine", 0, "--joint", "--recent-k", 4, *SMALL,
-              "--no-speed-check", "--json", tmp_path / "c.json", "--out", tmp_path / "p.yaml")
+              "--no-speed-check", "--json", tmp_path / "c.json", "--out", tmp_path / "p.yaml", "--profile", base)
     assert res.exit_code == 0, res.stderr
     doc = json.loads((tmp_path / "c.json").read_text())
-    got = [(p["tau"], p["recent_k"], p["block_refresh"]) for p in doc["points"]]
-    assert got == [(0.5, 4, False), (100.0, 4, False), (0.5, 4, True), (100.0, 4, True)]
+    got = [(p["tau"], p["recent_k"], p["block_refresh"], p.get("recent_steps", 0)) for p in doc["points"]]
+    assert got == [(0.5, 4, False, 0), (100.0, 4, False, 0), (0.5, 4, True, 0), (100.0, 4, True, 0)]
     assert "100 k4 B" in res.stdout and "k = recent_k, B = block refresh" in res.stdout
     prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
     assert prof["cache"]["recent_k"] == 4

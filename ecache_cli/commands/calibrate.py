@@ -116,8 +116,10 @@ def calibrate_cmd(
     if joint:  # a --recent-k list is searched as given, one value stays fixed, none: the joint default list
         ks = ks if ks is not None else [one_k] if one_k is not None else list(JOINT_RECENT_KS)
         brs = list(JOINT_BLOCK_REFRESHES)
-        if recent_k is None and recent_steps is None:  # the recent_steps variant's arms beside the paper's
-            extra = list(JOINT_STEP_ARMS)
+        if recent_steps is None:  # the paper's arms are the paper's rule, whatever the base profile says
+            step_list = [0]
+            if recent_k is None:  # the recent_steps variant's arms beside them
+                extra = list(JOINT_STEP_ARMS)
     grouped = len(names) > 1 or (shot_list is not None and len(shot_list) > 1)
     opts = CalibrateOptions(task=",".join(names), data=data, limit=limit, seed=seed,
                             shots=None if grouped or shot_list is None else shot_list[0], chat=chat, metric=metric,

@@ -14,7 +14,8 @@ Procedure (the rules themselves live in ``runs/tau_search.py``):
    proxy, wall-clock, refresh rate and NFE are aggregated per τ, and the choice rule picks one (or none).
 
 Joint search (``--recent-k 16,32,64`` or ``--recent-steps 0,4,8``: several values; ``--joint``: block
-refresh off and on, and recent_k 16, 32, 64 unless listed, plus the recent_steps variant's arms
+refresh off and on, and recent_k 16, 32, 64 unless listed, all with recent_steps 0 (the paper's rule,
+whatever the base profile's) unless --recent-steps is given, plus the recent_steps variant's arms
 ``JOINT_STEP_ARMS`` unless --recent-k or --recent-steps is given): steps 3–4 run once per arm, an arm
 (``calib_store.Arm``) being one (recent_k, block_refresh, recent_steps) of the product of the searched
 values or of the extra arms, every arm against the same ``none`` records; the choice rule then takes
