@@ -35,6 +35,11 @@ tables for BENCHMARKS.md, ``--plot`` one panel per workload and mode (PNG), ``--
 ``--merge a.json b.json ...`` combines runs made side by side (one per domain) without measuring.
 With ``--json``, every finished workload is saved there at once; ``--resume`` then measures only the
 workloads that file lacks (same settings required), so a run of many hours can stop and go on.
+``--refine N`` then bisects entropy's τ (``refine_workload``): a grid places τ at a few quantiles, so
+a peer point may fall between two of them; each round measures, per arm (recent_k, block refresh,
+recent_steps), the τ between the last one that keeps the unmatched peer point's agreement and the next
+(``tau_between``), also toward dual's fastest point while the margin is missed. The added points are
+listed in the workload's ``refined``; with ``--resume`` a saved workload gets the rounds it lacks.
 
     python bench/frontier.py --n 48 --passes 3 --markdown docs/frontier.md --plot docs/frontier.png
     python bench/frontier.py --domains list --shots 0 --n 2 --passes 1 --modes plain --grid small  # a quick look
@@ -243,6 +248,45 @@ def verdicts(points: list[Point], slack: float = SLACK, margin: float = MARGIN) 
             "profiles": [frontier_gap(p, ent, slack) for p in ent if p.label.startswith("profile:")]}
 
 
+def refine_targets(points: list[Point], v: dict) -> list[Point]:
+    """The points entropy has yet to reach in one workload and mode (``verdicts`` ``v`` of ``points``):
+    every peer point no entropy point matches, and dual's fastest point while the margin over it is
+    missed. Each at most once, in the order of ``points``."""
+    unmatched = {name for d in v["dominance"].values() for name in d["unmatched"]}
+    beat = v["beats_dual_fastest"]
+    fastest = beat["dual_fastest"][0] if beat["ok"] is False and beat["dual_fastest"] else None
+    return [p for p in points if p.policy not in (ENTROPY, BASELINE) and (p.name() in unmatched or p.name() == fastest)]
+
+
+def tau_between(entropy: list[Point], target: Point, arms: int = 2) -> list[str]:
+    """Entropy specs to measure next for ``target`` (a peer point): within each arm (one setting of every
+    knob but τ), the τ halfway on a log scale between the largest τ that keeps ≥ the target's agreement
+    and the next larger τ measured (faster, less faithful), for the ``arms`` arms whose faithful end is
+    fastest. Where ``tau = 0`` keeps the agreement, the next τ's quarter. [] when no arm brackets it."""
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    by_arm: dict[tuple, list[tuple[float, Point]]] = {}
+    for e in entropy:
+        params = dict(parse_policy_spec(e.spec)[1])
+        tau = float(params.pop("tau", 1.0))
+        by_arm.setdefault(tuple(params.items()), []).append((tau, e))
+    found = []
+    for arm, pts in by_arm.items():
+        pts.sort(key=lambda tp: tp[0])
+        faithful = [tp for tp in pts if tp[1].agreement >= target.agreement]
+        if not faithful:
+            continue
+        lo_tau, lo = faithful[-1]
+        above = [tp for tp in pts if tp[0] > lo_tau]
+        if not above:
+            continue
+        hi_tau = above[0][0]
+        tau = math.sqrt(lo_tau * hi_tau) if lo_tau > 0 else hi_tau / 4
+        found.append((lo.speedup, spec(ENTROPY, {"tau": float(f"{tau:.3g}"), **dict(arm)})))
+    found.sort(key=lambda sp: -sp[0])
+    return list(dict.fromkeys(s for _, s in found[:arms]))
+
+
 def _peer_rank(name: str) -> tuple:
     return (PEER_ORDER.index(name) if name in PEER_ORDER else len(PEER_ORDER), name)
 
@@ -298,7 +342,9 @@ def markdown(doc: dict) -> str:
         w, mode = key.split("|")
         pts = [Point(**p) for p in wl["points"]]
         front = {s for ss in wl["verdicts"]["frontiers"].values() for s in ss}
-        lines += ["", f"**{w} · {mode}** (Pareto frontier of each policy; every point is in the JSON)", ""]
+        refined = (f"; {len(wl['refined'])} entropy settings added by {wl['refine_rounds']} round(s) of τ "
+                   "bisection (--refine)") if wl.get("refined") else ""
+        lines += ["", f"**{w} · {mode}** (Pareto frontier of each policy; every point is in the JSON{refined})", ""]
         lines += summary_table([p for p in pts if p.name() in front])
     return "\n".join(lines) + "\n"
 
@@ -511,6 +557,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true",
                     help="with --json: keep the workloads an earlier run of the same settings saved there and measure "
                          "only the others (every finished workload is saved to --json at once)")
+    ap.add_argument("--refine", type=int, default=0,
+                    help="rounds of τ bisection per workload toward the peer points entropy does not yet match and "
+                         "dual's fastest point while the margin is missed (≥ 0; with --resume, saved workloads get "
+                         "the rounds they lack)")
     ap.add_argument("--verbose", "-v", action="store_true", help="log every run")
     return ap
 
@@ -585,6 +635,7 @@ def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[
     modes = _items(args.modes, "--modes")
     policies = _items(args.policies, "--policies")
     for flag, v, lo in (("--n", args.n, 1), ("--passes", args.passes, 1), ("--warmup", args.warmup, 0),
+                        ("--refine", args.refine, 0),
                         ("--batch-size", args.batch_size, 1), ("--threads", args.threads, 1)):
         if v is not None and v < lo:
             raise UsageError(f"{flag} {v} must be ≥ {lo}")
@@ -714,6 +765,11 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                 flags = dict(gen_length=args.gen_length, block_length=args.block_length,
                              threshold=args.threshold if mode == "threshold" else None)
                 settings = resolve_settings(model_key, flags, {})
+                key = f"{d}@{k}shot|{mode}"
+                if key in doc["workloads"]:  # kept by --resume; refined further when --refine asks for more rounds
+                    if doc["workloads"][key].get("refine_rounds", 0) < args.refine:
+                        refine_workload(doc, key, engine, settings, reqs, args, chat, log)
+                    continue
                 t0 = time.perf_counter()
                 ids = engine.encode([r.prompt for r in reqs], chat)
                 taus = {s: tau_grid(v, TAU_QUANTILES[args.grid])
@@ -726,9 +782,6 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                     for label, s in labels_of.items():
                         labels[s] = f"{labels[s]},{label}" if s in labels else label
                 specs = list(dict.fromkeys([*specs, *labels]))
-                key = f"{d}@{k}shot|{mode}"
-                if key in doc["workloads"]:  # kept by --resume
-                    continue
                 log(f"{key}: {len(reqs)} prompts × {len(specs)} settings × {args.passes} passes")
                 pts = measure_workload(engine, settings, reqs, specs, labels, args, chat, log)
                 v = verdicts(pts, args.slack, args.margin)
@@ -738,6 +791,35 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                 _print_workload(key, pts, v, log)
                 if args.json is not None:  # saved at once: a killed run keeps it (--resume)
                     save_progress(doc, args.json)
+                if args.refine:
+                    refine_workload(doc, key, engine, settings, reqs, args, chat, log)
+
+
+def refine_workload(doc: dict, key: str, engine, settings, requests, args, chat: bool, log) -> None:
+    """Up to ``args.refine`` rounds (counting the workload's earlier ones) of τ bisection on workload
+    ``key``: each round measures, in one ``measure_workload`` call with its own ``none`` passes, the
+    entropy specs :func:`tau_between` proposes for every point :func:`refine_targets` names, and
+    recomputes the verdicts; it stops early when nothing is left to reach or to try. The new points are
+    listed in the workload's ``refined`` and the rounds run in ``refine_rounds``; saved after each round."""
+    wl = doc["workloads"][key]
+    pts = [Point(**p) for p in wl["points"]]
+    while wl.get("refine_rounds", 0) < args.refine:
+        ent = [p for p in pts if p.policy == ENTROPY]
+        have = {p.spec for p in pts}
+        specs = list(dict.fromkeys(s for t in refine_targets(pts, wl["verdicts"]) for s in tau_between(ent, t)
+                                   if s not in have))
+        if not specs:
+            break
+        log(f"{key}: refining τ, round {wl.get('refine_rounds', 0) + 1}: {len(specs)} settings")
+        new = measure_workload(engine, settings, requests, specs, {}, args, chat, log)
+        pts += new
+        wl["points"] = [asdict(p) for p in pts]
+        wl["refined"] = [*wl.get("refined", []), *(p.spec for p in new)]
+        wl["refine_rounds"] = wl.get("refine_rounds", 0) + 1
+        wl["verdicts"] = verdicts(pts, args.slack, args.margin)
+        _print_workload(key, pts, wl["verdicts"], log)
+        if args.json is not None:
+            save_progress(doc, args.json)
 
 
 #: the settings two runs must share for their workloads to be comparable (--merge, --resume)

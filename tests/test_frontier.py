@@ -389,3 +389,57 @@ def test_resume_measures_only_the_workloads_not_yet_saved(fr, tmp_path, capsys, 
     with pytest.raises(SystemExit) as e:
         fr.main(["--domains", "list", "--resume"])
     assert e.value.code == 2 and "add --json FILE" in capsys.readouterr().err
+
+
+def test_refinement_targets_unmatched_peers_and_bisects_tau_per_arm(fr):
+    E = lambda tau, sp, ag, k=16: P(fr, "entropy", sp, ag, spec=f"entropy:tau={tau}:recent_k={k}")  # noqa: E731
+    ent = [E(0.01, 2.0, 1.0), E(0.1, 2.5, 0.99), E(1.0, 3.0, 0.95),  # k 16: 0.1 keeps 0.98, 1.0 does not
+           E(0.01, 1.5, 1.0, k=64), E(1.0, 1.9, 0.97, k=64)]
+    elastic, dual = P(fr, "elastic", 2.7, 0.98, spec="elastic:gamma=0.95"), P(fr, "dual", 2.0, 0.9, spec="dual:x")
+    pts = [*ent, elastic, dual]
+    v = fr.verdicts(pts)
+    assert v["dominance"]["elastic"]["unmatched"] == ["elastic:gamma=0.95"]  # 2.5 < 0.97 × 2.7 at ≥ 98%
+    assert v["beats_dual_fastest"]["ok"] is True  # 3.0 at 95% ≥ 1.1 × 2.0 at 90%
+    assert fr.refine_targets(pts, v) == [elastic]
+    # per arm, between the last τ at ≥ 98% and the next: k 16 between 0.1 and 1.0, k 64 between 0.01 and 1.0;
+    # the arm whose faithful end is faster comes first, and arms=1 keeps it alone
+    assert fr.tau_between(ent, elastic) == ["entropy:tau=0.316:recent_k=16", "entropy:tau=0.1:recent_k=64"]
+    assert fr.tau_between(ent, elastic, arms=1) == ["entropy:tau=0.316:recent_k=16"]
+    # τ = 0 keeping the agreement: a quarter of the next τ; no faithful τ or nothing above it: no proposal
+    assert fr.tau_between([E(0.0, 1.0, 1.0), E(0.4, 2.0, 0.5)], elastic) == ["entropy:tau=0.1:recent_k=16"]
+    assert fr.tau_between([E(0.4, 2.0, 0.5)], elastic) == [] and fr.tau_between([E(0.4, 2.0, 1.0)], elastic) == []
+    # the margin missed: dual's fastest becomes a target too
+    slow = [E(0.01, 2.0, 1.0), E(1.0, 2.1, 0.8)]
+    v2 = fr.verdicts([*slow, dual])
+    assert v2["beats_dual_fastest"]["ok"] is False and fr.refine_targets([*slow, dual], v2) == [dual]
+
+
+def test_refine_rounds_add_points_update_verdicts_and_resume(fr, tmp_path, capsys, monkeypatch):
+    """--refine measures the proposed τ in rounds until the peer point is matched; a saved workload gets the
+    rounds it lacks under --resume, and none once it has them."""
+    calls = []
+
+    def measure(engine, settings, requests, specs, labels, args, chat, log):
+        calls.append(list(specs))
+        if len(calls) == 1:  # the grid: entropy at τ 0.1 and 1.0 brackets elastic's 98%
+            return [fr.Point(policy="entropy", spec="entropy:tau=0.1", speedup=2.5, agreement=0.99),
+                    fr.Point(policy="entropy", spec="entropy:tau=1.0", speedup=3.0, agreement=0.9),
+                    fr.Point(policy="elastic", spec="elastic:gamma=0.95", speedup=2.7, agreement=0.98)]
+        tau = float(specs[0].split("=")[1])
+        return [fr.Point(policy="entropy", spec=specs[0], speedup=2.55 + tau / 2, agreement=0.99 - tau / 20)]
+
+    monkeypatch.setattr(fr, "measure_workload", measure)
+    js = tmp_path / "f.json"
+    argv = ["--domains", "list", "--shots", "0", "--n", "1", "--passes", "1", "--modes", "plain", "--policies",
+            "elastic:gamma=0.95", "--no-profiles", "--gen-length", "32", "--threads", "1", "--json", str(js)]
+    assert fr.main(argv) == 0
+    assert len(calls) == 1 and "refine_rounds" not in json.loads(js.read_text())["workloads"]["list@0shot|plain"]
+    assert fr.main([*argv, "--resume", "--refine", "3"]) == 0
+    wl = json.loads(js.read_text())["workloads"]["list@0shot|plain"]
+    # round 1: τ 0.316 (2.71x at 97.4%: not faithful enough); round 2: between 0.1 and 0.316, τ 0.178
+    # (2.64x at 98.1%, ≥ 0.97 × 2.7): matched, so round 3 has nothing to reach
+    assert calls[1:] == [["entropy:tau=0.316"], ["entropy:tau=0.178"]]
+    assert wl["refined"] == ["entropy:tau=0.316", "entropy:tau=0.178"] and wl["refine_rounds"] == 2
+    assert wl["verdicts"]["dominance"]["elastic"]["dominated"] is True and len(wl["points"]) == 5
+    assert fr.main([*argv, "--resume", "--refine", "2"]) == 0 and len(calls) == 3  # nothing left to do
+    assert "2 entropy settings added by 2 round(s) of τ bisection" in fr.markdown(json.loads(js.read_text()))
