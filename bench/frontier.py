@@ -28,8 +28,9 @@ Verdicts (``verdicts``), per workload and mode, on (speedup, token agreement):
   ``--slack`` (0.97) × the peer's and agreement ≥ the peer's (``dominates``);
 - entropy has a point ≥ ``--margin`` (1.10) × as fast as dual's fastest point at ≥ that point's
   agreement (``beats_fastest``);
-- each shipped profile point lies within ``--slack`` of the entropy frontier at its agreement (its
-  speedup ≥ 0.97 × the fastest entropy point at ≥ its agreement) and is not slower than ``none``.
+- each shipped domain profile point lies within ``--slack`` of the entropy frontier at its agreement
+  (its speedup ≥ 0.97 × the fastest entropy point at ≥ its agreement) and is not slower than ``none``;
+  the ``default`` profile (one setting for every domain) need only be not slower than ``none``.
 Prints each frontier, the verdict tables and a last stdout line of JSON; ``--markdown`` writes the
 tables for BENCHMARKS.md, ``--plot`` one panel per workload and mode (PNG), ``--json`` every point;
 ``--merge a.json b.json ...`` combines runs made side by side (one per domain) without measuring.
@@ -224,13 +225,17 @@ def beats_fastest(entropy: list[Point], dual: list[Point], margin: float = MARGI
 def frontier_gap(point: Point, entropy: list[Point], slack: float = SLACK) -> dict:
     """How far ``point`` (a shipped profile's setting) lies from the entropy frontier at its agreement:
     ratio = its speedup over the fastest entropy point with agreement ≥ its own (itself included, so
-    ≤ 1). ok when ratio ≥ ``slack`` and the point is not slower than ``none`` (speedup ≥ 1)."""
+    ≤ 1). A domain profile (a label other than ``profile:default`` among its labels) is ok when ratio ≥
+    ``slack`` and it is not slower than ``none`` (speedup ≥ 1); the ``default`` profile alone, one
+    setting for every domain (its τ is the one the most sensitive domain allows), only needs the latter,
+    its ratio being informational (``domain`` False)."""
     ok = [e for e in entropy if e.agreement >= point.agreement]
     best = max(ok, key=lambda e: e.speedup) if ok else point
     ratio = point.speedup / best.speedup if best.speedup > 0 else 1.0
+    domain = any(lab != "profile:default" for lab in point.name().split(","))
     return {"label": point.name(), "speedup": point.speedup, "agreement": point.agreement, "ratio": ratio,
-            "frontier_point": best.name(), "frontier_speedup": best.speedup,
-            "ok": ratio >= slack and point.speedup >= 1.0}
+            "frontier_point": best.name(), "frontier_speedup": best.speedup, "domain": domain,
+            "ok": (ratio >= slack or not domain) and point.speedup >= 1.0}
 
 
 def verdicts(points: list[Point], slack: float = SLACK, margin: float = MARGIN) -> dict:
@@ -337,7 +342,7 @@ def markdown(doc: dict) -> str:
             w, mode = key.split("|")
             lines.append(f"| {w} | {mode} | {g['label']} | {g['speedup']:.2f}x | {100 * g['agreement']:.1f} | "
                          f"`{g['frontier_point']}` {g['frontier_speedup']:.2f}x | {g['ratio']:.3f} | "
-                         f"{'yes' if g['ok'] else 'NO'} |")
+                         f"{'yes' if g['ok'] else 'NO'}{'' if g.get('domain', True) else ' (not slower than none)'} |")
     for key, wl in doc["workloads"].items():
         w, mode = key.split("|")
         pts = [Point(**p) for p in wl["points"]]
@@ -865,9 +870,10 @@ def resumed_workloads(doc: dict, path: Path) -> dict:
 
 def merge(paths: list[Path]) -> dict:
     """One document from the ``--json`` files of several runs (e.g. one per domain, run side by side):
-    their workloads together (a workload in two files: UsageError), the first file's settings, every
-    run's ``total_s`` summed. The runs must agree on model, n, seed, passes, grid (and its knob values),
-    gen/block length, threshold, slack and margin (UsageError naming the first difference)."""
+    their workloads together (a workload in two files: UsageError), the verdicts recomputed from their
+    points, the first file's settings, every run's ``total_s`` summed. The runs must agree on model, n,
+    seed, passes, grid (and its knob values), gen/block length, threshold, slack and margin (UsageError
+    naming the first difference)."""
     from ecache_cli.errors import UsageError
 
     same = SAME_SETTINGS
@@ -888,7 +894,8 @@ def merge(paths: list[Path]) -> dict:
         for key, wl in d["workloads"].items():
             if key in out["workloads"]:
                 raise UsageError(f"--merge {p}: workload {key} is in two files")
-            out["workloads"][key] = wl
+            pts = [Point(**q) for q in wl["points"]]  # verdicts by this file's rules, from the measured points
+            out["workloads"][key] = {**wl, "verdicts": verdicts(pts, out["slack"], out["margin"])}
         out["total_s"] += d.get("total_s", 0.0)
     return out
 

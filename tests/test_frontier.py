@@ -122,6 +122,13 @@ def test_profile_gap_and_not_slower_than_none(fr):
     assert g["ratio"] == pytest.approx(2.8 / 3.0) and g["ok"] is False and g["frontier_point"] == "e"
     slow = P(fr, "entropy", 0.99, 1.0, "p3", "profile:code")
     assert fr.frontier_gap(slow, [slow])["ok"] is False  # on the frontier, but slower than none
+    # the default profile (one setting for every domain) need only not be slower than none
+    default = P(fr, "entropy", 2.0, 0.96, "d", "profile:default")
+    g = fr.frontier_gap(default, ent + [default])
+    assert g["ratio"] == pytest.approx(2.0 / 2.95) and g["domain"] is False and g["ok"] is True
+    assert fr.frontier_gap(P(fr, "entropy", 0.9, 1.0, "d", "profile:default"), ent)["ok"] is False
+    both = P(fr, "entropy", 2.0, 0.96, "d", "profile:list,profile:default")  # also a domain's profile
+    assert fr.frontier_gap(both, ent + [both])["ok"] is False
 
 
 def test_profile_points_follow_the_mode_and_match_grid_specs(fr, tmp_path, monkeypatch):
