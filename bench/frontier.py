@@ -178,9 +178,42 @@ class Point:
     speedups: list[float] = field(default_factory=list)
     work: float | None = None
     label: str = ""
+    own_speedup: float | None = None
+    pooled: int = 1
 
     def name(self) -> str:
         return self.label or self.spec
+
+
+def pool_equivalent(points: list[Point]) -> list[Point]:
+    """The points with the passes of equivalent entropy settings pooled. τ only decides when a row
+    refreshes, so entropy settings of one arm (every knob but τ equal) whose runs computed the same work
+    and gave the same fidelity (token agreement, identical share, score) made the same refresh decisions:
+    one computation timed several times, whose speedups differ by timing noise alone. Each such point's
+    ``speedup`` becomes the median of the group's per-pass speedups together (``pooled``: the group's
+    size; ``own_speedup``: the median of its own passes). Other points keep their own median. Idempotent:
+    it reads the per-pass ``speedups`` only."""
+    from dataclasses import replace
+
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    def key(p: Point):
+        if p.policy != ENTROPY or p.work is None or not p.speedups:
+            return None
+        arm = {k: v for k, v in parse_policy_spec(p.spec)[1].items() if k != "tau"}
+        return (tuple(sorted(arm.items())), round(p.work, 9), p.agreement, p.identical, p.score)
+
+    groups: dict = {}
+    for p in points:
+        if key(p) is not None:
+            groups.setdefault(key(p), []).append(p)
+    out = []
+    for p in points:
+        own = statistics.median(p.speedups) if p.speedups else p.speedup
+        group = groups.get(key(p), [p])
+        sp = statistics.median([x for q in group for x in q.speedups]) if len(group) > 1 else own
+        out.append(replace(p, speedup=sp, own_speedup=own, pooled=len(group)))
+    return out
 
 
 def pareto(points: list[Point]) -> list[Point]:
@@ -297,15 +330,17 @@ def _peer_rank(name: str) -> tuple:
 
 
 def summary_table(points: list[Point]) -> list[str]:
-    """Markdown rows (header included) of ``points``: policy, setting, speedup, agreement, identical, score."""
+    """Markdown rows (header included) of ``points``: policy, setting, speedup (with the pooling of
+    :func:`pool_equivalent` when it applied), agreement, identical, score."""
     def pct(x):
         return "–" if x is None else f"{100 * x:.1f}"
 
     lines = ["| policy | setting | speedup (median) | token agree % | identical % | score |",
              "|---|---|---:|---:|---:|---:|"]
     for p in points:
-        lines.append(f"| {p.policy} | `{p.name()}` | {p.speedup:.2f}x | {pct(p.agreement)} | {pct(p.identical)} | "
-                     f"{'–' if p.score is None else f'{p.score:.2f}'} |")
+        pooled = f" (pooled ×{p.pooled}; own {p.own_speedup:.2f}x)" if p.pooled > 1 and p.own_speedup else ""
+        lines.append(f"| {p.policy} | `{p.name()}` | {p.speedup:.2f}x{pooled} | {pct(p.agreement)} | "
+                     f"{pct(p.identical)} | {'–' if p.score is None else f'{p.score:.2f}'} |")
     return lines
 
 
@@ -788,7 +823,7 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                         labels[s] = f"{labels[s]},{label}" if s in labels else label
                 specs = list(dict.fromkeys([*specs, *labels]))
                 log(f"{key}: {len(reqs)} prompts × {len(specs)} settings × {args.passes} passes")
-                pts = measure_workload(engine, settings, reqs, specs, labels, args, chat, log)
+                pts = pool_equivalent(measure_workload(engine, settings, reqs, specs, labels, args, chat, log))
                 v = verdicts(pts, args.slack, args.margin)
                 doc["workloads"][key] = {"taus": taus, "points": [asdict(p) for p in pts], "verdicts": v,
                                          "seconds": time.perf_counter() - t0, "date": datetime.date.today().isoformat(),
@@ -817,7 +852,7 @@ def refine_workload(doc: dict, key: str, engine, settings, requests, args, chat:
             break
         log(f"{key}: refining τ, round {wl.get('refine_rounds', 0) + 1}: {len(specs)} settings")
         new = measure_workload(engine, settings, requests, specs, {}, args, chat, log)
-        pts += new
+        pts = pool_equivalent(pts + new)
         wl["points"] = [asdict(p) for p in pts]
         wl["refined"] = [*wl.get("refined", []), *(p.spec for p in new)]
         wl["refine_rounds"] = wl.get("refine_rounds", 0) + 1
@@ -870,10 +905,10 @@ def resumed_workloads(doc: dict, path: Path) -> dict:
 
 def merge(paths: list[Path]) -> dict:
     """One document from the ``--json`` files of several runs (e.g. one per domain, run side by side):
-    their workloads together (a workload in two files: UsageError), the verdicts recomputed from their
-    points, the first file's settings, every run's ``total_s`` summed. The runs must agree on model, n,
-    seed, passes, grid (and its knob values), gen/block length, threshold, slack and margin (UsageError
-    naming the first difference)."""
+    their workloads together (a workload in two files: UsageError), equivalent settings' passes pooled
+    (:func:`pool_equivalent`) and the verdicts recomputed from the points, the first file's settings,
+    every run's ``total_s`` summed. The runs must agree on model, n, seed, passes, grid (and its knob
+    values), gen/block length, threshold, slack and margin (UsageError naming the first difference)."""
     from ecache_cli.errors import UsageError
 
     same = SAME_SETTINGS
@@ -894,8 +929,9 @@ def merge(paths: list[Path]) -> dict:
         for key, wl in d["workloads"].items():
             if key in out["workloads"]:
                 raise UsageError(f"--merge {p}: workload {key} is in two files")
-            pts = [Point(**q) for q in wl["points"]]  # verdicts by this file's rules, from the measured points
-            out["workloads"][key] = {**wl, "verdicts": verdicts(pts, out["slack"], out["margin"])}
+            pts = pool_equivalent([Point(**q) for q in wl["points"]])  # this file's rules, from the passes
+            out["workloads"][key] = {**wl, "points": [asdict(q) for q in pts],
+                                     "verdicts": verdicts(pts, out["slack"], out["margin"])}
         out["total_s"] += d.get("total_s", 0.0)
     return out
 

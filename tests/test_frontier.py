@@ -450,3 +450,31 @@ def test_refine_rounds_add_points_update_verdicts_and_resume(fr, tmp_path, capsy
     assert wl["verdicts"]["dominance"]["elastic"]["dominated"] is True and len(wl["points"]) == 5
     assert fr.main([*argv, "--resume", "--refine", "2"]) == 0 and len(calls) == 3  # nothing left to do
     assert "2 entropy settings added by 2 round(s) of τ bisection" in fr.markdown(json.loads(js.read_text()))
+
+
+def test_equivalent_entropy_settings_pool_their_passes(fr):
+    def E(spec, speedups, work=0.88, agreement=1.0, label=""):
+        return fr.Point(policy="entropy", spec=spec, speedup=sorted(speedups)[1], agreement=agreement, identical=1.0,
+                        score=1.0, speedups=speedups, work=work, label=label)
+
+    pts = [E("entropy:tau=0.5:recent_k=16", [1.06, 1.06, 1.07], label="profile:code-parallel"),
+           E("entropy:tau=0.9:recent_k=16", [1.12, 1.08, 1.12]),
+           E("entropy:tau=0.03:recent_k=16", [1.14, 1.04, 1.05]),
+           E("entropy:tau=0.9:recent_k=64", [1.20, 1.20, 1.20], agreement=0.99),  # another arm: never pooled
+           E("entropy:tau=2.0:recent_k=16", [1.30, 1.30, 1.30], work=0.80, agreement=0.99),  # other decisions
+           fr.Point(policy="dual", spec="dual:refresh_every=0", speedup=1.0, agreement=1.0, speedups=[1.0, 1.0, 1.0],
+                    work=0.88)]
+    got = {p.spec: p for p in fr.pool_equivalent(pts)}
+    same = [got[f"entropy:tau={t}:recent_k=16"] for t in ("0.5", "0.9", "0.03")]
+    # the nine passes of the three k 16 settings with the same work and fidelity: median 1.07
+    assert [p.speedup for p in same] == [1.07] * 3 and [p.pooled for p in same] == [3] * 3
+    assert [p.own_speedup for p in same] == [1.06, 1.12, 1.05]
+    assert (got["entropy:tau=0.9:recent_k=64"].speedup, got["entropy:tau=0.9:recent_k=64"].pooled) == (1.20, 1)
+    assert got["entropy:tau=2.0:recent_k=16"].speedup == 1.30 and got["dual:refresh_every=0"].pooled == 1
+    again = fr.pool_equivalent(list(got.values()))
+    assert [p.speedup for p in again] == [p.speedup for p in got.values()]  # idempotent
+    # the profile's gap is then measured against the same computation, not against its timing noise
+    # (unpooled: 1.06x against τ 0.9's 1.12x at 100% agreement, 0.95)
+    assert fr.verdicts(list(got.values()))["profiles"][0]["ratio"] == 1.0
+    assert fr.verdicts(pts)["profiles"][0]["ratio"] == pytest.approx(1.06 / 1.12)
+    assert "1.07x (pooled ×3; own 1.06x)" in "\n".join(fr.summary_table(same))
