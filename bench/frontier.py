@@ -203,14 +203,15 @@ def pool_equivalent(points: list[Point]) -> list[Point]:
         arm = {k: v for k, v in parse_policy_spec(p.spec)[1].items() if k != "tau"}
         return (tuple(sorted(arm.items())), round(p.work, 9), p.agreement, p.identical, p.score)
 
+    keys = [key(p) for p in points]
     groups: dict = {}
-    for p in points:
-        if key(p) is not None:
-            groups.setdefault(key(p), []).append(p)
+    for p, k in zip(points, keys):
+        if k is not None:
+            groups.setdefault(k, []).append(p)
     out = []
-    for p in points:
+    for p, k in zip(points, keys):
         own = statistics.median(p.speedups) if p.speedups else p.speedup
-        group = groups.get(key(p), [p])
+        group = groups.get(k, [p])
         sp = statistics.median([x for q in group for x in q.speedups]) if len(group) > 1 else own
         out.append(replace(p, speedup=sp, own_speedup=own, pooled=len(group)))
     return out
