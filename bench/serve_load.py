@@ -167,6 +167,8 @@ def main() -> None:
     ap.add_argument("--policy-for-batching", default="entropy", help="the policy of the static/continuous target")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--domains", default="list", help="task domains of the prompts, interleaved (default list)")
+    ap.add_argument("--shots", type=int, default=0, help="solved examples before each prompt (default 0; 4 gives "
+                    "the long prompts that few-shot and system-prompted traffic sends)")
     ap.add_argument("--profile", default=None, help="the server's profile (a name such as list, or a YAML file; "
                     "default: the model's default profile)")
     ap.add_argument("--tau", type=float, default=None, help="the server's EntropyCache τ (default: its profile's)")
@@ -178,7 +180,10 @@ def main() -> None:
     from ecache_cli.tasks import get_task
 
     domains = args.domains.split(",")
-    per_domain = [[get_task(d).prompt(ex, 0, 0) for ex in get_task(d).examples("test", 64, args.seed)]
+    if args.shots < 0:
+        print(f"serve_load.py: --shots must be >= 0 (solved examples per prompt), got {args.shots}", file=sys.stderr)
+        sys.exit(2)
+    per_domain = [[get_task(d).prompt(ex, args.shots, args.seed) for ex in get_task(d).examples("test", 64, args.seed)]
                   for d in domains]
     prompts = [p for group in zip(*per_domain) for p in group]  # one of each domain in turn
     rates = [float(r) for r in args.rates.split(",")]
@@ -246,6 +251,7 @@ def main() -> None:
     print(json.dumps({"bench": "serve_load", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
                       "cpu": cpu_name(), "threads": args.threads, "model": args.model, "max_batch": args.max_batch,
                       "max_tokens": args.max_tokens, "duration_s": args.duration, "domains": domains,
+                      "shots": args.shots,
                       "profile": args.profile, "tau": args.tau, "recent_k": args.recent_k,
                       "wall_s": time.time() - t_start, "rows": rows, "targets": targets}))
 
