@@ -183,19 +183,32 @@ def main() -> None:
     if args.shots < 0:
         print(f"serve_load.py: --shots must be >= 0 (solved examples per prompt), got {args.shots}", file=sys.stderr)
         sys.exit(2)
-    per_domain = [[get_task(d).prompt(ex, args.shots, args.seed) for ex in get_task(d).examples("test", 64, args.seed)]
-                  for d in domains]
+    from ecache_cli.errors import UsageError
+
+    try:
+        tasks = [get_task(d) for d in domains]
+    except UsageError as e:
+        print(f"serve_load.py: --domains: {e}", file=sys.stderr)
+        sys.exit(2)
+    per_domain = [[t.prompt(ex, args.shots, args.seed) for ex in t.examples("test", 64, args.seed)] for t in tasks]
     prompts = [p for group in zip(*per_domain) for p in group]  # one of each domain in turn
     rates = [float(r) for r in args.rates.split(",")]
     policies = args.policies.split(",")
     modes = args.modes.split(",")
     rows: list[dict] = []
     t_start = time.time()
+    import httpx
+
     for mode in modes:
         proc, url = (None, args.url) if mode == "external" else start_server(args, mode)
         try:
             for policy in policies:
-                base, answers = asyncio.run(unloaded(url, args, prompts, policy))
+                try:
+                    base, answers = asyncio.run(unloaded(url, args, prompts, policy))
+                except httpx.TransportError as e:  # no server at the URL
+                    print(f"serve_load.py: cannot reach {url} ({e}); start `ecache serve` or fix --url",
+                          file=sys.stderr)
+                    sys.exit(1)
                 for i, rate in enumerate(rates):
                     m = asyncio.run(load(url, args, prompts, policy, rate, args.seed * 1000 + i))
                     row = {"mode": mode, "policy": policy, "rate": rate, "unloaded": base,
