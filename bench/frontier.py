@@ -12,9 +12,10 @@ behind ``ecache profile``: warm-up excluded, policy order rotated per prompt and
 and the task score (``ecache_cli/metrics``).
 
 Grids (``GRIDS``; ``--grid small|full``): entropy sweeps τ × recent_k × block_refresh (and the other
-signals in ``full``) and τ × recent_steps (its variant), its τ values placed at quantiles of ``none``'s
-own per-step signal on the workload (``runs/tau_search.coarse_grid``: τ at the (1 − r) quantile
-refreshes about a share r of the steps; τ = 0, which decodes as ``none``, only as a fixed point);
+signals in ``full``) and τ × recent_steps (its variant, also with block refresh), its τ values placed
+at quantiles of ``none``'s own per-step signal on the workload (``runs/tau_search.coarse_grid``: τ at
+the (1 − r) quantile refreshes about a share r of the steps; τ = 0, which decodes as ``none``, only as
+a fixed point);
 the shipped profiles' settings for the model (the workload's domain and ``default``) are extra entropy
 points (label ``profile:<task>``).
 Prefix and dual sweep ``refresh_every``; dLLM-Cache kr (and kp, rho); dKV-Cache its refresh period;
@@ -35,7 +36,10 @@ Prints each frontier, the verdict tables and a last stdout line of JSON; ``--mar
 tables for BENCHMARKS.md, ``--plot`` one panel per workload and mode (PNG), ``--json`` every point;
 ``--merge a.json b.json ...`` combines runs made side by side (one per domain) without measuring.
 With ``--json``, every finished workload is saved there at once; ``--resume`` then measures only the
-workloads that file lacks (same settings required), so a run of many hours can stop and go on.
+workloads that file lacks (same settings required; a grid that only grew since: the saved workloads get
+the added points, ``grow_workload``), so a run of many hours can stop and go on;
+``--chunk N`` saves inside a workload too: N settings at a time, each chunk with its own ``none``
+passes (speedups are per-pass ratios within a chunk), so a workload of hours resumes from its last chunk.
 ``--refine N`` then bisects entropy's τ (``refine_workload``): a grid places τ at a few quantiles, so
 a peer point may fall between two of them; each round measures, per arm (recent_k, block refresh,
 recent_steps), the τ between the last one that keeps the unmatched peer point's agreement and the next
@@ -63,7 +67,7 @@ import statistics
 import sys
 import textwrap
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ecache_cli.metrics.throughput import pass_speedups
@@ -94,7 +98,9 @@ GRIDS: dict[str, dict] = {
         "es-dllm-conf": {"block_update_freq": [0, 4, 16]},
         ENTROPY: [{"recent_k": [16, 64], "block_refresh": [False, True], "signal": ["max-entropy"]},
                   # the recent_steps variant: commits recomputed while young, by age instead of count
-                  {"recent_k": [0], "recent_steps": [4, 8], "signal": ["max-entropy"]}],
+                  {"recent_k": [0], "recent_steps": [4, 8], "signal": ["max-entropy"]},
+                  # and with a refresh at each block start (cheap partial steps, exact at block boundaries)
+                  {"recent_k": [0], "recent_steps": [4], "block_refresh": [True], "signal": ["max-entropy"]}],
     },
     "full": {
         "prefix": {"refresh_every": [0, 2, 4, 8, 16]},
@@ -107,7 +113,8 @@ GRIDS: dict[str, dict] = {
         "es-dllm-conf": {"block_update_freq": [0, 4, 8, 16], "proportions": ["1,0.5,0.25", "1,0.75,0.5"]},
         ENTROPY: [{"recent_k": [0, 8, 16, 32, 64, 128], "block_refresh": [False, True], "signal": ["max-entropy"]},
                   {"recent_k": [16, 64], "signal": ["sum-entropy", "max-confidence"]},
-                  {"recent_k": [0, 16], "recent_steps": [2, 4, 8, 16], "signal": ["max-entropy"]}],
+                  {"recent_k": [0, 16], "recent_steps": [2, 4, 8, 16], "signal": ["max-entropy"]},
+                  {"recent_k": [0], "recent_steps": [4, 8], "block_refresh": [True], "signal": ["max-entropy"]}],
     },
 }
 #: coarse_grid size per grid: n - 1 quantile points (refresh shares 0.5 .. 0.02) plus the largest signal
@@ -193,7 +200,6 @@ def pool_equivalent(points: list[Point]) -> list[Point]:
     ``speedup`` becomes the median of the group's per-pass speedups together (``pooled``: the group's
     size; ``own_speedup``: the median of its own passes). Other points keep their own median. Idempotent:
     it reads the per-pass ``speedups`` only."""
-    from dataclasses import replace
 
     from ecache_cli.runs.profile import parse_policy_spec
 
@@ -385,6 +391,8 @@ def markdown(doc: dict) -> str:
         front = {s for ss in wl["verdicts"]["frontiers"].values() for s in ss}
         refined = (f"; {len(wl['refined'])} entropy settings added by {wl['refine_rounds']} round(s) of τ "
                    "bisection (--refine)") if wl.get("refined") else ""
+        if wl.get("grid_added"):
+            refined += f"; {len(wl['grid_added'])} settings measured later, when the grid or a profile changed"
         lines += ["", f"**{w} · {mode}** (Pareto frontier of each policy; every point is in the JSON{refined})", ""]
         lines += summary_table([p for p in pts if p.name() in front])
     return "\n".join(lines) + "\n"
@@ -598,6 +606,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true",
                     help="with --json: keep the workloads an earlier run of the same settings saved there and measure "
                          "only the others (every finished workload is saved to --json at once)")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="measure a workload N settings at a time, each chunk with its own none passes, saving to "
+                         "--json after each (--resume goes on from the last one); 0: all settings against one none")
     ap.add_argument("--refine", type=int, default=0,
                     help="rounds of τ bisection per workload toward the peer points entropy does not yet match and "
                          "dual's fastest point while the margin is missed (≥ 0; with --resume, saved workloads get "
@@ -676,7 +687,7 @@ def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[
     modes = _items(args.modes, "--modes")
     policies = _items(args.policies, "--policies")
     for flag, v, lo in (("--n", args.n, 1), ("--passes", args.passes, 1), ("--warmup", args.warmup, 0),
-                        ("--refine", args.refine, 0),
+                        ("--refine", args.refine, 0), ("--chunk", args.chunk, 0),
                         ("--batch-size", args.batch_size, 1), ("--threads", args.threads, 1)):
         if v is not None and v < lo:
             raise UsageError(f"{flag} {v} must be ≥ {lo}")
@@ -751,24 +762,27 @@ def run(args) -> int:
            "block_length": args.block_length, "threshold": args.threshold, "slack": args.slack, "margin": args.margin,
            "grids": GRIDS[args.grid], "args": _native_args(args),
            "manifest": manifest(lm, None, args.seed, {"omp_num_threads": os.environ.get("OMP_NUM_THREADS")}),
-           "workloads": {}}
+           "workloads": {}, "partial": {}}
     if args.resume:
-        doc["workloads"] = resumed_workloads(doc, args.json)
+        doc["workloads"], doc["partial"] = resumed_workloads(doc, args.json)
         if doc["workloads"]:
             log(f"--resume: {len(doc['workloads'])} workload(s) kept from {args.json}: "
                 + ", ".join(doc["workloads"]))
+        for key, part in doc["partial"].items():
+            log(f"--resume: {key} goes on after its {len(part['points'])} measured setting(s)")
     t_all = time.perf_counter()
     try:
         _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, modes, policies, kinds,
                      model_key, calib_questions, log)
     except KeyboardInterrupt:  # keep the finished workloads: write what they give, then exit 130
-        if not doc["workloads"]:
+        if not doc["workloads"] and not doc["partial"]:
             raise
         doc["incomplete"] = True
         doc["total_s"] = time.perf_counter() - t_all
         finish(doc, args, log)
         written = ", ".join(str(p) for p in (args.json, args.markdown, args.plot) if p is not None)
-        print(f"interrupted (Ctrl-C): kept the {len(doc['workloads'])} finished workload(s)"
+        half = f" and {len(doc['partial'])} half-measured one(s) (--resume goes on)" if doc["partial"] else ""
+        print(f"interrupted (Ctrl-C): kept the {len(doc['workloads'])} finished workload(s){half}"
               + (f", written to {written}" if written else " (JSON line on stdout)") + " marked incomplete",
               file=sys.stderr)
         return 130
@@ -807,33 +821,120 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                              threshold=args.threshold if mode == "threshold" else None)
                 settings = resolve_settings(model_key, flags, {})
                 key = f"{d}@{k}shot|{mode}"
-                if key in doc["workloads"]:  # kept by --resume; refined further when --refine asks for more rounds
+                labels = profile_labels(policies, {} if args.no_profiles or d == "gsm8k"
+                                        else profile_points(model_key, d, mode == "threshold"))
+                if key in doc["workloads"]:  # kept by --resume: the points a grown grid adds, then more --refine
+                    grow_workload(doc, key, engine, settings, reqs, policies, labels, args, chat, log)
                     if doc["workloads"][key].get("refine_rounds", 0) < args.refine:
                         refine_workload(doc, key, engine, settings, reqs, args, chat, log)
                     continue
-                t0 = time.perf_counter()
-                ids = engine.encode([r.prompt for r in reqs], chat)
-                taus = {s: tau_grid(v, TAU_QUANTILES[args.grid])
-                        for s, v in none_signals(engine, settings, ids, kinds, args.seed).items()}
-                specs = policy_specs(policies, args.grid, taus)
-                parallel = mode == "threshold"
-                labels_of = {} if args.no_profiles or d == "gsm8k" else profile_points(model_key, d, parallel)
-                labels: dict[str, str] = {}
-                if any(p.split(":")[0] == ENTROPY for p in policies):  # profile points join entropy's
-                    for label, s in labels_of.items():
-                        labels[s] = f"{labels[s]},{label}" if s in labels else label
-                specs = list(dict.fromkeys([*specs, *labels]))
-                log(f"{key}: {len(reqs)} prompts × {len(specs)} settings × {args.passes} passes")
-                pts = pool_equivalent(measure_workload(engine, settings, reqs, specs, labels, args, chat, log))
+                part = doc["partial"].get(key)  # a workload an earlier run left half measured (--chunk)
+                if part is None:
+                    part = plan_workload(engine, settings, reqs, chat, kinds, policies, args, labels)
+                measure_in_chunks(doc, key, part, engine, settings, reqs, args, chat, log)
+                pts = pool_equivalent([Point(**p) for p in part["points"]])
                 v = verdicts(pts, args.slack, args.margin)
-                doc["workloads"][key] = {"taus": taus, "points": [asdict(p) for p in pts], "verdicts": v,
-                                         "seconds": time.perf_counter() - t0, "date": datetime.date.today().isoformat(),
+                del doc["partial"][key]
+                doc["workloads"][key] = {"taus": part["taus"], "points": [asdict(p) for p in pts], "verdicts": v,
+                                         "seconds": part["seconds"], "chunks": part["chunks"],
+                                         "date": datetime.date.today().isoformat(),
                                          "git_commit": doc["manifest"].get("git_commit")}  # per workload: --resume
                 _print_workload(key, pts, v, log)
                 if args.json is not None:  # saved at once: a killed run keeps it (--resume)
                     save_progress(doc, args.json)
                 if args.refine:
                     refine_workload(doc, key, engine, settings, reqs, args, chat, log)
+
+
+def profile_labels(policies: list[str], labels_of: dict[str, str]) -> dict[str, str]:
+    """Spec → label of the profile points (``labels_of``: label → spec, from ``profile_points``), which
+    join only when entropy is swept; profiles sharing a spec share a point (labels joined by commas)."""
+    labels: dict[str, str] = {}
+    if any(p.split(":")[0] == ENTROPY for p in policies):
+        for label, s in labels_of.items():
+            labels[s] = f"{labels[s]},{label}" if s in labels else label
+    return labels
+
+
+def plan_workload(engine, settings, requests, chat: bool, kinds: list[str], policies: list[str], args,
+                  labels: dict[str, str]) -> dict:
+    """What one workload and mode will measure: entropy's τ grid from ``none``'s per-step signals on
+    ``requests`` (``tau_grid``), the specs of ``policies`` under ``args.grid`` plus the profile points
+    (``labels``: spec → label, ``profile_labels``). Returns the workload's progress record: taus, specs,
+    labels, points so far (none), seconds, chunks."""
+    t0 = time.perf_counter()
+    ids = engine.encode([r.prompt for r in requests], chat)
+    taus = {s: tau_grid(v, TAU_QUANTILES[args.grid])
+            for s, v in none_signals(engine, settings, ids, kinds, args.seed).items()}
+    specs = policy_specs(policies, args.grid, taus)
+    return {"taus": taus, "specs": list(dict.fromkeys([*specs, *labels])), "labels": labels, "points": [],
+            "seconds": time.perf_counter() - t0, "chunks": 0}
+
+
+def measure_in_chunks(doc: dict, key: str, part: dict, engine, settings, requests, args, chat: bool, log) -> None:
+    """Measure the specs of progress record ``part`` (``plan_workload``) that it has no point for yet:
+    all in one ``measure_workload`` call (one ``none`` baseline for every point), or with ``--chunk N``
+    N at a time, each chunk with its own ``none`` passes (as a ``--refine`` round), ``part`` saved to
+    ``--json`` under ``doc["partial"][key]`` after each, so ``--resume`` goes on from the last chunk."""
+    done = {p["spec"] for p in part["points"]}
+    todo = [s for s in part["specs"] if s not in done]
+    size = args.chunk or len(todo) or 1
+    log(f"{key}: {len(requests)} prompts × {len(part['specs'])} settings × {args.passes} passes"
+        + (f" ({len(done)} measured by an earlier run)" if done else "")
+        + (f", {size} settings per chunk" if args.chunk else ""))
+    for i in range(0, len(todo), size):
+        t0 = time.perf_counter()
+        new = measure_workload(engine, settings, requests, todo[i:i + size], part["labels"], args, chat, log)
+        part["points"] += [asdict(p) for p in new]
+        part["seconds"] += time.perf_counter() - t0
+        part["chunks"] += 1
+        doc["partial"][key] = part
+        if args.json is not None and args.chunk and i + size < len(todo):  # the last chunk: saved as finished
+            save_progress(doc, args.json)
+
+
+def grow_workload(doc: dict, key: str, engine, settings, requests, policies: list[str], labels: dict[str, str],
+                  args, chat: bool, log) -> None:
+    """Bring saved workload ``key`` up to this run's grid and profiles: measure the grid points it lacks
+    because the grid grew since (``grid_grew``: ``policy_specs`` over the workload's own saved τ values)
+    and the shipped profiles' settings it lacks because a profile changed (``labels``: spec → label,
+    ``profile_labels``), and move the profile labels to the settings the profiles have now. One
+    ``measure_workload`` call with its own ``none`` passes (as a ``--refine`` round); the new points are
+    listed in the workload's ``grid_added``, the verdicts recomputed, the file saved when anything changed."""
+    wl = doc["workloads"][key]
+    have = {p["spec"] for p in wl["points"]}
+    specs = [s for s in dict.fromkeys([*policy_specs(policies, args.grid, wl["taus"]), *labels]) if s not in have]
+    old = [Point(**p) for p in wl["points"]]
+    kept = old if args.no_profiles else [replace(p, label=labels.get(p.spec, "")) for p in old]
+    if not specs and kept == old:
+        return
+    new = []
+    if specs:
+        log(f"{key}: {len(specs)} setting(s) the grid or the profiles gained since it was measured")
+        new = measure_workload(engine, settings, requests, specs, labels, args, chat, log)
+    pts = pool_equivalent(kept + new)
+    wl["points"] = [asdict(p) for p in pts]
+    wl["grid_added"] = [*wl.get("grid_added", []), *(p.spec for p in new)]
+    wl["verdicts"] = verdicts(pts, args.slack, args.margin)
+    _print_workload(key, pts, wl["verdicts"], log)
+    if args.json is not None:
+        save_progress(doc, args.json)
+
+
+def grid_grew(old: dict, new: dict) -> bool:
+    """Whether knob grids ``new`` (``GRIDS[name]``) hold every point of ``old`` and more: every policy of
+    ``old`` with the same knobs in the same order, each knob's values a subset of the new ones, and for
+    entropy every old family among the new families. Then ``--resume`` keeps the saved workloads and
+    measures only the added points (``grow_workload``)."""
+    if old == new or set(old) - set(new):
+        return False
+    for name, axes in old.items():
+        if name == ENTROPY:
+            if any(family not in new[name] for family in axes):
+                return False
+        elif list(axes) != list(new[name]) or any(not set(v) <= set(new[name][k]) for k, v in axes.items()):
+            return False
+    return True
 
 
 def refine_workload(doc: dict, key: str, engine, settings, requests, args, chat: bool, log) -> None:
@@ -877,22 +978,24 @@ def save_progress(doc: dict, path: Path) -> None:
     path.write_text(json_line({**doc, "incomplete": True}) + "\n")
 
 
-def resumed_workloads(doc: dict, path: Path) -> dict:
-    """The workloads saved in ``path`` (a ``--json`` file) by an earlier run with ``doc``'s settings (and
-    its policies): {} when the file does not exist or is empty. Raises UsageError when it is not such a file or was
-    made with other settings (naming the first difference)."""
+def resumed_workloads(doc: dict, path: Path) -> tuple[dict, dict]:
+    """The finished workloads and the half-measured ones' progress records (``--chunk``) saved in ``path``
+    (a ``--json`` file) by an earlier run with ``doc``'s settings (and its policies): ({}, {}) when the
+    file does not exist or is empty. Raises UsageError when it is not such a file or was made with other
+    settings (naming the first difference)."""
     from ecache_cli.errors import UsageError
 
     text = path.read_text().strip() if path.exists() else ""
     if not text:  # no earlier run (the file this run claimed for --json is still empty)
-        return {}
+        return {}, {}
     try:
         old = json.loads(text.splitlines()[-1])
         workloads = old["workloads"]
     except (OSError, ValueError, IndexError, KeyError, TypeError) as e:
         raise UsageError(f"--resume: {path} is not a bench/frontier.py --json file ({e}); pass another --json "
                          "path or delete it") from None
-    pairs = [(k, old.get(k), doc.get(k)) for k in SAME_SETTINGS]
+    grew = grid_grew(old.get("grids", {}), doc["grids"])  # saved workloads get the added points
+    pairs = [(k, old.get(k), doc.get(k)) for k in SAME_SETTINGS if not (k == "grids" and grew)]
     pairs.append(("policies", old.get("args", {}).get("policies"), doc["args"].get("policies")))
     diff = next(((k, a, b) for k, a, b in pairs if a != b), None)
     if diff is not None and diff[0] == "grids":  # the knob values behind the same --grid name changed
@@ -901,7 +1004,7 @@ def resumed_workloads(doc: dict, path: Path) -> dict:
     if diff is not None:
         raise UsageError(f"--resume: {path} was made with {diff[0]}={diff[1]!r}, this run has {diff[2]!r}; rerun with "
                          "the same settings or a new --json path")
-    return workloads
+    return workloads, old.get("partial", {})
 
 
 def merge(paths: list[Path]) -> dict:
@@ -919,9 +1022,9 @@ def merge(paths: list[Path]) -> dict:
             docs.append(json.loads(Path(p).read_text().strip().splitlines()[-1]))
         except (OSError, ValueError, IndexError) as e:
             raise UsageError(f"--merge {p}: not a bench/frontier.py --json file ({e})") from None
-    out = {**docs[0], "workloads": {}, "total_s": 0.0, "merged": [str(p) for p in paths]}
+    out = {**docs[0], "workloads": {}, "partial": {}, "total_s": 0.0, "merged": [str(p) for p in paths]}
     out.pop("incomplete", None)
-    if any(d.get("incomplete") for d in docs):  # an interrupted run's workloads stay marked
+    if any(d.get("incomplete") or d.get("partial") for d in docs):  # an interrupted run's workloads stay marked
         out["incomplete"] = True
     for p, d in zip(paths, docs):
         diff = next((k for k in same if d.get(k) != docs[0].get(k)), None)

@@ -398,6 +398,109 @@ def test_resume_measures_only_the_workloads_not_yet_saved(fr, tmp_path, capsys, 
     assert e.value.code == 2 and "add --json FILE" in capsys.readouterr().err
 
 
+def test_chunks_save_a_half_measured_workload_and_resume_goes_on_from_the_last(fr, tmp_path, capsys, monkeypatch):
+    """--chunk 2 measures a workload's settings two at a time (each call its own none passes) and saves
+    after each chunk; a run that dies in the second chunk leaves the first chunk's points as a partial
+    workload, and --resume measures only the settings it lacks, then files the workload as finished."""
+    calls = []
+
+    def measure(engine, settings, requests, specs, labels, args, chat, log):
+        calls.append(list(specs))
+        if len(calls) == 2:
+            raise RuntimeError("the machine went away")
+        return [fr.Point(policy="dual", spec=s, speedup=1.0 + 0.1 * int(s[-1]), agreement=0.9,
+                         speedups=[1.0 + 0.1 * int(s[-1])]) for s in specs]
+
+    monkeypatch.setattr(fr, "measure_workload", measure)
+    js = tmp_path / "f.json"
+    specs = ["dual:refresh_every=2", "dual:refresh_every=3", "dual:refresh_every=4"]
+    argv = ["--domains", "list", "--shots", "0", "--n", "1", "--passes", "1", "--modes", "plain", "--policies",
+            ",".join(specs), "--no-profiles", "--gen-length", "32", "--threads", "1", "--json", str(js), "--chunk", "2"]
+    with pytest.raises(RuntimeError):
+        fr.main(argv)
+    saved = json.loads(js.read_text())
+    part = saved["partial"]["list@0shot|plain"]
+    assert saved["incomplete"] is True and saved["workloads"] == {}
+    assert part["specs"] == specs and [p["spec"] for p in part["points"]] == specs[:2] and part["chunks"] == 1
+
+    assert fr.main([*argv, "--resume"]) == 0
+    assert calls == [specs[:2], specs[2:], specs[2:]]  # the first chunk is not measured again
+    assert "goes on after its 2 measured setting(s)" in capsys.readouterr().err
+    doc = json.loads(js.read_text())
+    wl = doc["workloads"]["list@0shot|plain"]
+    assert doc["partial"] == {} and "incomplete" not in doc and wl["chunks"] == 2
+    assert {p["spec"]: p["speedup"] for p in wl["points"]} == {specs[0]: 1.2, specs[1]: 1.3, specs[2]: 1.4}
+    assert fr.main([*argv, "--resume"]) == 0 and len(calls) == 3  # nothing left to measure
+    with pytest.raises(SystemExit) as e:
+        fr.main([*argv[:-1], "-1"])
+    assert e.value.code == 2 and "--chunk -1 must be ≥ 0" in capsys.readouterr().err
+
+
+def test_a_grown_grid_adds_only_its_new_points_to_saved_workloads(fr, tmp_path, capsys, monkeypatch):
+    """--resume after the grid gained values (dual's refresh 3) and an entropy family: the saved workload
+    keeps its points and gets only the new ones, measured over its own saved τ values, listed in
+    grid_added; a grid that lost a value is refused in one line."""
+    calls = []
+
+    def measure(engine, settings, requests, specs, labels, args, chat, log):
+        calls.append(list(specs))
+        return [fr.Point(policy=s.split(":")[0], spec=s, speedup=1.5, agreement=0.95, speedups=[1.5]) for s in specs]
+
+    monkeypatch.setattr(fr, "measure_workload", measure)
+    monkeypatch.setattr(fr, "none_signals", lambda *a: {"max-entropy": [0.1, 0.2, 0.3, 0.4]})
+    monkeypatch.setitem(fr.TAU_QUANTILES, "small", 2)
+    family = {"recent_k": [16], "signal": ["max-entropy"]}
+    monkeypatch.setitem(fr.GRIDS, "small", {"dual": {"refresh_every": [0]}, "entropy": [family]})
+    js = tmp_path / "f.json"
+    argv = ["--domains", "list", "--shots", "0", "--n", "1", "--passes", "1", "--modes", "plain", "--policies",
+            "dual,entropy", "--no-profiles", "--gen-length", "32", "--threads", "1", "--json", str(js)]
+    assert fr.main(argv) == 0
+    taus = json.loads(js.read_text())["workloads"]["list@0shot|plain"]["taus"]["max-entropy"]
+    assert len(calls) == 1 and len(calls[0]) == 1 + len(taus)
+
+    added = {"recent_k": [0], "recent_steps": [4], "signal": ["max-entropy"]}
+    monkeypatch.setitem(fr.GRIDS, "small", {"dual": {"refresh_every": [0, 3]}, "entropy": [family, added]})
+    assert fr.main([*argv, "--resume"]) == 0
+    new = ["dual:refresh_every=3", *(f"entropy:tau={t!r}:recent_k=0:recent_steps=4:signal=max-entropy" for t in taus)]
+    assert calls[1] == new
+    wl = json.loads(js.read_text())["workloads"]["list@0shot|plain"]
+    assert wl["grid_added"] == new and len(wl["points"]) == 2 + 2 * len(taus)
+    assert "measured later, when the grid or a profile changed" in fr.markdown(json.loads(js.read_text()))
+    assert fr.main([*argv, "--resume"]) == 0 and len(calls) == 2  # nothing new
+    capsys.readouterr()
+    monkeypatch.setitem(fr.GRIDS, "small", {"dual": {"refresh_every": [3]}, "entropy": [family, added]})
+    assert fr.main([*argv, "--resume"]) == 2 and "other knob values" in capsys.readouterr().err
+    assert fr.grid_grew({"dual": {"a": [1]}}, {"dual": {"a": [1, 2]}, "prefix": {"b": [0]}})
+    assert not fr.grid_grew({"dual": {"a": [1], "b": [2]}}, {"dual": {"b": [2], "a": [1, 3]}})  # knob order: specs
+
+
+def test_a_changed_profile_is_measured_on_saved_workloads_and_takes_the_label(fr, tmp_path, monkeypatch):
+    """--resume after a shipped profile changed its setting: the saved workload measures the new setting
+    (labelled) and the old setting's point loses the label, so the verdict judges the profile as shipped."""
+    calls = []
+
+    def measure(engine, settings, requests, specs, labels, args, chat, log):
+        calls.append(list(specs))
+        return [fr.Point(policy=s.split(":")[0], spec=s, speedup=2.0, agreement=0.99, speedups=[2.0],
+                         label=labels.get(s, "")) for s in specs]
+
+    monkeypatch.setattr(fr, "measure_workload", measure)
+    monkeypatch.setattr(fr, "none_signals", lambda *a: {"max-entropy": [0.1, 0.2]})
+    monkeypatch.setitem(fr.GRIDS, "small", {"entropy": [{"recent_k": [16], "signal": ["max-entropy"]}]})
+    old, new = "entropy:tau=0.3:recent_k=64:signal=max-entropy", "entropy:tau=0.6:recent_k=0:signal=max-entropy"
+    monkeypatch.setattr(fr, "profile_points", lambda *a: {"profile:list": old})
+    js = tmp_path / "f.json"
+    argv = ["--domains", "list", "--shots", "0", "--n", "1", "--passes", "1", "--modes", "plain", "--policies",
+            "entropy", "--gen-length", "32", "--threads", "1", "--json", str(js)]
+    assert fr.main(argv) == 0 and calls[0][-1] == old
+    monkeypatch.setattr(fr, "profile_points", lambda *a: {"profile:list": new})
+    assert fr.main([*argv, "--resume"]) == 0 and calls[1] == [new]
+    wl = json.loads(js.read_text())["workloads"]["list@0shot|plain"]
+    assert {p["spec"]: p["label"] for p in wl["points"] if p["label"]} == {new: "profile:list"}
+    assert [g["label"] for g in wl["verdicts"]["profiles"]] == ["profile:list"] and wl["grid_added"] == [new]
+    assert fr.main([*argv, "--resume"]) == 0 and len(calls) == 2  # up to date: nothing measured
+
+
 def test_refinement_targets_unmatched_peers_and_bisects_tau_per_arm(fr):
     E = lambda tau, sp, ag, k=16: P(fr, "entropy", sp, ag, spec=f"entropy:tau={tau}:recent_k={k}")  # noqa: E731
     ent = [E(0.01, 2.0, 1.0), E(0.1, 2.5, 0.99), E(1.0, 3.0, 0.95),  # k 16: 0.1 keeps 0.98, 1.0 does not

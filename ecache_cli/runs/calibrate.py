@@ -198,8 +198,9 @@ def validate(opts: CalibrateOptions) -> None:
 JOINT_RECENT_KS = [16, 32, 64]  # --joint: recent_k searched with τ (64: the paper's medium setting)
 JOINT_BLOCK_REFRESHES = [False, True]  # --joint: the paper's rule (off) and a refresh at each block start
 # --joint: the recent_steps variant (commits recomputed while younger than 4 or 8 steps, no fixed k),
-# which carries entropy's speed-fidelity frontier under plain decoding on the embedded model (BENCHMARKS.md)
-JOINT_STEP_ARMS = [Arm(0, False, 4), Arm(0, False, 8)]
+# which carries entropy's speed-fidelity frontier under plain decoding on the embedded model (BENCHMARKS.md),
+# and its 4-step arm with a refresh at each block start (frontier points under threshold decoding)
+JOINT_STEP_ARMS = [Arm(0, False, 4), Arm(0, False, 8), Arm(0, True, 4)]
 
 
 def own_arm(settings: Settings) -> Arm:
