@@ -45,6 +45,10 @@ a peer point may fall between two of them; each round measures, per arm (recent_
 recent_steps), the τ between the last one that keeps the unmatched peer point's agreement and the next
 (``tau_between``), also toward dual's fastest point while the margin is missed. The added points are
 listed in the workload's ``refined``; with ``--resume`` a saved workload gets the rounds it lacks.
+``--confirm N`` then times the close calls again (``confirm_workload``): points measured in different
+calls (grid, refine rounds, a grown grid) carry each call's own timing drift of a few percent, so each
+unmatched peer point, dual's fastest while the margin is missed and each profile off the frontier is
+measured once more in one call beside the entropy points nearest to it, every point's passes pooled.
 
     python bench/frontier.py --n 48 --passes 3 --markdown docs/frontier.md --plot docs/frontier.png
     python bench/frontier.py --domains list --shots 0 --n 2 --passes 1 --modes plain --grid small  # a quick look
@@ -303,6 +307,75 @@ def refine_targets(points: list[Point], v: dict) -> list[Point]:
     return [p for p in points if p.policy not in (ENTROPY, BASELINE) and (p.name() in unmatched or p.name() == fastest)]
 
 
+def _best_per_arm(entropy: list[Point], agreement: float, arms: int = 2) -> list[Point]:
+    """The fastest entropy point at ≥ ``agreement`` within each arm (every knob but τ), for the ``arms``
+    fastest arms."""
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    best: dict[tuple, Point] = {}
+    for e in entropy:
+        if e.agreement < agreement:
+            continue
+        arm = tuple((k, v) for k, v in parse_policy_spec(e.spec)[1].items() if k != "tau")
+        if arm not in best or e.speedup > best[arm].speedup:
+            best[arm] = e
+    return sorted(best.values(), key=lambda e: -e.speedup)[:arms]
+
+
+def confirm_targets(points: list[Point], v: dict, slack: float = SLACK) -> list[Point]:
+    """The close calls of one workload and mode (``verdicts`` ``v`` of ``points``), each side to be timed
+    again: every peer point no entropy point matches, with the fastest entropy point at ≥ its agreement
+    of the two fastest arms; dual's fastest point with the same while the margin is missed; and every
+    domain profile point off the frontier (ratio < ``slack``) with the same at ≥ its agreement. Each
+    point at most once, in the order found."""
+    ent = [p for p in points if p.policy == ENTROPY]
+    named = {p.name(): p for p in points}
+    out: list[Point] = []
+    for p in refine_targets(points, v):
+        out += [p, *_best_per_arm(ent, p.agreement)]
+    for g in v["profiles"]:
+        if g["domain"] and g["ratio"] < slack:
+            prof = named[g["label"]]
+            out += [prof, *_best_per_arm(ent, prof.agreement)]
+    return list({p.spec: p for p in out}.values())
+
+
+def confirm_workload(doc: dict, key: str, engine, settings, requests, args, chat: bool, log) -> None:
+    """Up to ``args.confirm`` rounds (counting the workload's earlier ones) of timing the close calls
+    again (``confirm_targets``): both sides of each comparison in one ``measure_workload`` call with its
+    own ``none`` passes, whose per-pass speedups join each point's earlier ones (its speedup: the median
+    of all its passes), so a verdict decided by a few percent between points timed in different calls
+    rests on more passes of both sides. Token agreement and score are deterministic and kept (a point
+    whose fidelity differs when timed again is not the same decoding: logged, its new passes dropped).
+    The re-timed specs are listed in ``confirmed``, the rounds in ``confirm_rounds``; saved each round."""
+    wl = doc["workloads"][key]
+    pts = [Point(**p) for p in wl["points"]]
+    while wl.get("confirm_rounds", 0) < args.confirm:
+        targets = confirm_targets(pts, wl["verdicts"], args.slack)
+        if not targets:
+            break
+        log(f"{key}: timing {len(targets)} setting(s) of close calls again, round {wl.get('confirm_rounds', 0) + 1}")
+        again = {q.spec: q for q in measure_workload(engine, settings, requests, [t.spec for t in targets], {},
+                                                     args, chat, log)}
+        for i, p in enumerate(pts):
+            q = again.get(p.spec)
+            if q is None:
+                continue
+            if (q.agreement, q.identical, q.score) != (p.agreement, p.identical, p.score):  # not the same decoding
+                log(f"{key}: {p.spec} decoded differently when timed again (agreement {p.agreement:.4f}, then "
+                    f"{q.agreement:.4f}); its earlier passes stand alone")
+                continue
+            pts[i] = replace(p, speedups=[*p.speedups, *q.speedups])
+        pts = pool_equivalent(pts)
+        wl["points"] = [asdict(p) for p in pts]
+        wl["confirmed"] = [*wl.get("confirmed", []), *again]
+        wl["confirm_rounds"] = wl.get("confirm_rounds", 0) + 1
+        wl["verdicts"] = verdicts(pts, args.slack, args.margin)
+        _print_workload(key, pts, wl["verdicts"], log)
+        if args.json is not None:
+            save_progress(doc, args.json)
+
+
 def tau_between(entropy: list[Point], target: Point, arms: int = 2) -> list[str]:
     """Entropy specs to measure next for ``target`` (a peer point): within each arm (one setting of every
     knob but τ), the τ halfway on a log scale between the largest τ that keeps ≥ the target's agreement
@@ -391,6 +464,9 @@ def markdown(doc: dict) -> str:
         front = {s for ss in wl["verdicts"]["frontiers"].values() for s in ss}
         refined = (f"; {len(wl['refined'])} entropy settings added by {wl['refine_rounds']} round(s) of τ "
                    "bisection (--refine)") if wl.get("refined") else ""
+        if wl.get("confirm_rounds"):
+            refined += (f"; {len(set(wl['confirmed']))} settings of close calls timed again in "
+                        f"{wl['confirm_rounds']} round(s), their passes pooled (--confirm)")
         if wl.get("grid_added"):
             refined += f"; {len(wl['grid_added'])} settings measured later, when the grid or a profile changed"
         lines += ["", f"**{w} · {mode}** (Pareto frontier of each policy; every point is in the JSON{refined})", ""]
@@ -613,6 +689,10 @@ def parser() -> argparse.ArgumentParser:
                     help="rounds of τ bisection per workload toward the peer points entropy does not yet match and "
                          "dual's fastest point while the margin is missed (≥ 0; with --resume, saved workloads get "
                          "the rounds they lack)")
+    ap.add_argument("--confirm", type=int, default=0,
+                    help="rounds of timing the close calls again (unmatched peer points, a missed margin, a profile "
+                         "off the frontier: both sides in one call, the passes added to each point's); after "
+                         "--refine; with --resume, saved workloads get the rounds they lack")
     ap.add_argument("--verbose", "-v", action="store_true", help="log every run")
     return ap
 
@@ -687,7 +767,7 @@ def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[
     modes = _items(args.modes, "--modes")
     policies = _items(args.policies, "--policies")
     for flag, v, lo in (("--n", args.n, 1), ("--passes", args.passes, 1), ("--warmup", args.warmup, 0),
-                        ("--refine", args.refine, 0), ("--chunk", args.chunk, 0),
+                        ("--refine", args.refine, 0), ("--chunk", args.chunk, 0), ("--confirm", args.confirm, 0),
                         ("--batch-size", args.batch_size, 1), ("--threads", args.threads, 1)):
         if v is not None and v < lo:
             raise UsageError(f"{flag} {v} must be ≥ {lo}")
@@ -827,6 +907,7 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                     grow_workload(doc, key, engine, settings, reqs, policies, labels, args, chat, log)
                     if doc["workloads"][key].get("refine_rounds", 0) < args.refine:
                         refine_workload(doc, key, engine, settings, reqs, args, chat, log)
+                    confirm_workload(doc, key, engine, settings, reqs, args, chat, log)
                     continue
                 part = doc["partial"].get(key)  # a workload an earlier run left half measured (--chunk)
                 if part is None:
@@ -844,6 +925,7 @@ def _measure_all(doc, args, engine, chat, tasks, domains, shots, gsm8k_shots, mo
                     save_progress(doc, args.json)
                 if args.refine:
                     refine_workload(doc, key, engine, settings, reqs, args, chat, log)
+                confirm_workload(doc, key, engine, settings, reqs, args, chat, log)
 
 
 def profile_labels(policies: list[str], labels_of: dict[str, str]) -> dict[str, str]:

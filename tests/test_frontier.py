@@ -555,6 +555,48 @@ def test_refine_rounds_add_points_update_verdicts_and_resume(fr, tmp_path, capsy
     assert "2 entropy settings added by 2 round(s) of τ bisection" in fr.markdown(json.loads(js.read_text()))
 
 
+def test_confirm_times_both_sides_of_a_close_call_again_and_pools_the_passes(fr, tmp_path, capsys, monkeypatch):
+    """--confirm 1: the unmatched peer point and the fastest entropy point of each arm at ≥ its agreement
+    are timed again in one call; their passes join the earlier ones (median of all), the verdict is
+    recomputed; a point that decodes differently keeps only its earlier passes; one round only."""
+    calls = []
+    first = [fr.Point(policy="entropy", spec="entropy:tau=0.1:recent_k=16", speedup=2.5, agreement=0.99,
+                      speedups=[2.5, 2.5, 2.5]),
+             fr.Point(policy="entropy", spec="entropy:tau=0.1:recent_k=64", speedup=2.0, agreement=0.99,
+                      speedups=[2.0, 2.0, 2.0]),
+             fr.Point(policy="entropy", spec="entropy:tau=1.0:recent_k=16", speedup=3.0, agreement=0.9,
+                      speedups=[3.0, 3.0, 3.0]),
+             fr.Point(policy="elastic", spec="elastic:gamma=0.95", speedup=2.7, agreement=0.98,
+                      speedups=[2.7, 2.7, 2.7])]
+    again = {"elastic:gamma=0.95": ([2.5, 2.5, 2.5], 0.98), "entropy:tau=0.1:recent_k=16": ([2.6, 2.6, 2.6], 0.99),
+             "entropy:tau=0.1:recent_k=64": ([9.0, 9.0, 9.0], 0.97)}  # k 64 decodes differently: dropped
+
+    def measure(engine, settings, requests, specs, labels, args, chat, log):
+        calls.append(list(specs))
+        if len(calls) == 1:
+            return first
+        return [fr.Point(policy=s.split(":")[0], spec=s, speedup=again[s][0][0], agreement=again[s][1],
+                         speedups=again[s][0]) for s in specs]
+
+    monkeypatch.setattr(fr, "measure_workload", measure)
+    js = tmp_path / "f.json"
+    argv = ["--domains", "list", "--shots", "0", "--n", "1", "--passes", "3", "--modes", "plain", "--policies",
+            "elastic:gamma=0.95", "--no-profiles", "--gen-length", "32", "--threads", "1", "--json", str(js)]
+    assert fr.main(argv) == 0
+    wl = json.loads(js.read_text())["workloads"]["list@0shot|plain"]
+    assert wl["verdicts"]["dominance"]["elastic"]["unmatched"] == ["elastic:gamma=0.95"]  # 2.5 < 0.97 × 2.7
+    assert fr.main([*argv, "--resume", "--confirm", "1"]) == 0
+    assert calls[1] == ["elastic:gamma=0.95", "entropy:tau=0.1:recent_k=16", "entropy:tau=0.1:recent_k=64"]
+    assert "decoded differently when timed again" in capsys.readouterr().err
+    wl = json.loads(js.read_text())["workloads"]["list@0shot|plain"]
+    sp = {p["spec"]: (p["speedup"], len(p["speedups"])) for p in wl["points"]}
+    assert sp["elastic:gamma=0.95"] == (pytest.approx(2.6), 6) and sp["entropy:tau=0.1:recent_k=16"] == (2.55, 6)
+    assert sp["entropy:tau=0.1:recent_k=64"] == (2.0, 3) and wl["confirm_rounds"] == 1
+    assert wl["verdicts"]["dominance"]["elastic"]["dominated"] is True  # 2.55 ≥ 0.97 × 2.6
+    assert "timed again in 1 round(s)" in fr.markdown(json.loads(js.read_text()))
+    assert fr.main([*argv, "--resume", "--confirm", "1"]) == 0 and len(calls) == 2
+
+
 def test_equivalent_entropy_settings_pool_their_passes(fr):
     def E(spec, speedups, work=0.88, agreement=1.0, label=""):
         return fr.Point(policy="entropy", spec=spec, speedup=sorted(speedups)[1], agreement=agreement, identical=1.0,
