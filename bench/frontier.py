@@ -581,6 +581,8 @@ def profile_points(model: str, domain: str, parallel: bool = False) -> dict[str,
             params["recent_steps"] = int(knob["recent_steps"])
         if not knob["recent_steps"] or knob["block_refresh"]:
             params["block_refresh"] = knob["block_refresh"]
+        if cache.get("refresh_prompt") is False:  # the variant's own knob, named only when off
+            params["refresh_prompt"] = False
         params["signal"] = knob["signal"]
         out[f"profile:{path.stem}"] = spec(ENTROPY, params)
     return out

@@ -60,6 +60,45 @@ def test_block_tau_refreshes_a_block_start_only_after_an_uncertain_block():
     assert both.plan(state).refresh.tolist() == [True, True]
 
 
+def test_refresh_prompt_off_recomputes_the_canvas_and_keeps_the_prompt():
+    # prompt [0, 4), canvas [4, 10), block [4, 7): row 0 was triggered (an uncertain step), row 1 was not
+    pol = EntropyCache(tau=1.0, recent_k=0, refresh_prompt=False)
+    state = make_state([[0, 0, 0, 0, 1, 1, 0, 1, 1, 1]] * 2, block=(4, 7), prompt_len=4)
+    pol.reset(state)
+    first = pol.plan(state)
+    assert first.refresh.tolist() == [True, True]  # a row's first step is a full forward
+    state.row_step = torch.tensor([3, 3])
+    state.step_in_block = torch.tensor([2, 2])
+    pol.refresh_next = torch.tensor([True, False])
+    plan = pol.plan(state)
+    assert plan.refresh.tolist() == [False, False]
+    assert positions(plan.compute) == [[4, 5, 6, 7, 8, 9], [4, 5]]  # the canvas / the block's masks
+    # a block start under block_refresh stays a full forward
+    both = EntropyCache(tau=1.0, recent_k=0, refresh_prompt=False, block_refresh=True)
+    both.reset(state)
+    both.refresh_next = torch.tensor([True, False])
+    state.step_in_block = torch.tensor([0, 2])
+    plan = both.plan(state)
+    assert plan.refresh.tolist() == [True, False] and positions(plan.compute)[1] == [4, 5]
+    # on: the paper's full refresh
+    on = EntropyCache(tau=1.0, recent_k=0)
+    on.reset(state)
+    on.refresh_next = torch.tensor([True, False])
+    assert on.plan(state).refresh.tolist() == [True, False]
+
+
+def test_refresh_prompt_off_decodes_a_row_alike_alone_and_in_a_batch_with_less_work(lm):
+    cfg = DecodeConfig(gen_length=16, block_length=8, steps=16)
+    params = {"tau": 0.0, "recent_k": 0, "refresh_prompt": False}  # every step triggered: canvas refreshes
+    batch, records = run_policy(lm, PROMPTS[:3], cfg, "entropy", **params)
+    alone = [run_policy(lm, [p], cfg, "entropy", **params)[0][0] for p in PROMPTS[:3]]
+    assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+    full = [rec.full for rec in records]
+    assert full[0] and not any(full[1:])  # only the first step is a full forward
+    ref, ref_records = run_policy(lm, PROMPTS[:3], cfg, "none")
+    assert sum(int(r.computed.sum()) for r in records) < sum(int(r.computed.sum()) for r in ref_records)
+
+
 def test_variant_parameters_are_checked():
     with pytest.raises(UsageError, match="recent_steps -1 must be ≥ 0"):
         EntropyCache(recent_steps=-1)

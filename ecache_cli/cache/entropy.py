@@ -23,6 +23,13 @@ docs/METHOD.md §2.7), both off by default so the paper's rule is exactly the de
   finished exceeds ``block_tau`` (the signal decides whether the finished block's K/V need the refresh
   that ``block_refresh`` forces every time). None: off; ``block_refresh`` on refreshes every block
   start whatever ``block_tau``.
+- ``refresh_prompt`` False: a refresh that the signal triggers recomputes the generated canvas (every
+  position after the prompt) and keeps the prompt's K/V. Prompt tokens never change, so their K/V move
+  only through their attention to the canvas, far less than the canvas's own (the prompt rows of
+  ``trace-drift``); dLLM-Cache refreshes the prompt at a long interval for the same reason (its kp).
+  The row's first step and the block-start refreshes (``block_refresh``, ``block_tau``) stay full
+  forwards, which bound how stale the prompt's K/V get. On a few-shot prompt several times longer than
+  the canvas, such a refresh costs a fraction of a full one.
 """
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ class EntropyCache(CachePolicy):
     block_refresh: bool = False
     recent_steps: int = 0
     block_tau: float | None = None
+    refresh_prompt: bool = True
     name = "entropy"
-    forced_refresh = {"tau": 0.0}  # every step commits a token with entropy > 0 nats
+    # every step commits a token with entropy > 0 nats, and each refresh is a full forward
+    forced_refresh = {"tau": 0.0, "refresh_prompt": True}
     test_params = {"tau": 1.0, "recent_k": 4}
     ranges = {"tau": Range(0, example="0.5", why="an entropy in nats"), "recent_k": count(0, "64"),
               "recent_steps": count(0, "4", "0 = off: the recent_k latest commits only"),
@@ -99,16 +108,19 @@ class EntropyCache(CachePolicy):
 
     def plan(self, state: DecodeState) -> ForwardPlan:
         refresh = self.refresh_next
+        full = None  # (B,) bool: the block-start refreshes, or None
         if self.block_refresh or self.block_tau is not None:
             at_start = state.step_in_block == 0
-            if self.block_refresh:
-                refresh = refresh | at_start
-            else:
-                refresh = refresh | (at_start & (self.block_signal > self.block_tau))
+            full = at_start if self.block_refresh else at_start & (self.block_signal > self.block_tau)
             if self.block_tau is not None:  # a new block's signal starts afresh
                 self.block_signal = self.block_signal.masked_fill(at_start, float("-inf"))
         compute = self.targets_and_sources(state) | self.recent(state)
-        return ForwardPlan(refresh=refresh, compute=compute)
+        if self.refresh_prompt:
+            return ForwardPlan(refresh=refresh if full is None else refresh | full, compute=compute)
+        full = state.row_step == 0 if full is None else full | (state.row_step == 0)  # always full forwards
+        canvas = refresh & ~full  # (B,) triggered refreshes: the generated canvas only, the prompt kept
+        compute = compute | (canvas[:, None] & self.span(state, state.prompt_len, state.length))
+        return ForwardPlan(refresh=full, compute=compute)
 
     def observe(self, state: DecodeState, record: StepRecord) -> None:
         if self.block_tau is not None or self.signal != "max-entropy":
