@@ -162,7 +162,8 @@ none,elastic:gamma=0.8).
   prefix      refresh_every (≥ 0, 0)            Fast-dLLM, block start → end
   dual        refresh_every (≥ 0, 0)            Fast-dLLM, the block only
   entropy     tau (≥ 0 nats, 1), recent_k (≥ 0, 64), signal, block_refresh,
-              recent_steps (≥ 0, 0 = off), block_tau (≥ 0 nats, unset = off)
+              recent_steps (≥ 0, 0 = off), block_tau (≥ 0 nats, unset = off),
+              refresh_prompt (true: a refresh recomputes the prompt too)
   dllm-cache  kp (≥ 1, 50), kr (≥ 1, 7), rho ([0, 1], 0.25), tol ([0, 2], 1e-3)
   dkv         refresh_every (≥ 1, 8)
   d2cache     current_k (≥ 1, 32), rollout_p ([0, 1], 0.1), sigma (> 0, 10),
