@@ -262,4 +262,4 @@ def test_make_policy_errors():
     assert make_policy("dual", tau=1.0).name == "dual"  # non-strict drops foreign parameters
     assert make_policy("entropy", tau=0.3, recent_k=8).params() == {
         "tau": 0.3, "recent_k": 8, "signal": "max-entropy", "block_refresh": False, "recent_steps": 0,
-        "block_tau": None}
+        "block_tau": None, "refresh_prompt": True}
