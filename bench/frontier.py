@@ -196,6 +196,13 @@ class Point:
         return self.label or self.spec
 
 
+def arm_of(spec_text: str) -> tuple:
+    """The arm of an entropy spec: its (knob, value) pairs but τ, in the spec's order."""
+    from ecache_cli.runs.profile import parse_policy_spec
+
+    return tuple((k, v) for k, v in parse_policy_spec(spec_text)[1].items() if k != "tau")
+
+
 def pool_equivalent(points: list[Point]) -> list[Point]:
     """The points with the passes of equivalent entropy settings pooled. τ only decides when a row
     refreshes, so entropy settings of one arm (every knob but τ equal) whose runs computed the same work
@@ -205,13 +212,10 @@ def pool_equivalent(points: list[Point]) -> list[Point]:
     size; ``own_speedup``: the median of its own passes). Other points keep their own median. Idempotent:
     it reads the per-pass ``speedups`` only."""
 
-    from ecache_cli.runs.profile import parse_policy_spec
-
     def key(p: Point):
         if p.policy != ENTROPY or p.work is None or not p.speedups:
             return None
-        arm = {k: v for k, v in parse_policy_spec(p.spec)[1].items() if k != "tau"}
-        return (tuple(sorted(arm.items())), round(p.work, 9), p.agreement, p.identical, p.score)
+        return (tuple(sorted(arm_of(p.spec))), round(p.work, 9), p.agreement, p.identical, p.score)
 
     keys = [key(p) for p in points]
     groups: dict = {}
@@ -310,13 +314,11 @@ def refine_targets(points: list[Point], v: dict) -> list[Point]:
 def _best_per_arm(entropy: list[Point], agreement: float, arms: int = 2) -> list[Point]:
     """The fastest entropy point at ≥ ``agreement`` within each arm (every knob but τ), for the ``arms``
     fastest arms."""
-    from ecache_cli.runs.profile import parse_policy_spec
-
     best: dict[tuple, Point] = {}
     for e in entropy:
         if e.agreement < agreement:
             continue
-        arm = tuple((k, v) for k, v in parse_policy_spec(e.spec)[1].items() if k != "tau")
+        arm = arm_of(e.spec)
         if arm not in best or e.speedup > best[arm].speedup:
             best[arm] = e
     return sorted(best.values(), key=lambda e: -e.speedup)[:arms]
