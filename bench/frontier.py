@@ -85,6 +85,10 @@ SLACK = 0.97  # a peer point is matched by an entropy point at >= 0.97x its spee
 MARGIN = 1.10  # entropy's point >= 10 % faster than dual's fastest point, at >= its agreement
 PEER_ORDER = ("prefix", "dual", "dllm-cache", "dkv", "d2cache", "elastic", "es-dllm", "es-dllm-conf")
 
+#: a grid's ``block_tau`` value that stands for the workload's high τ: the largest τ grid value below the
+#: maximum signal (the quantile at which about 2 % of ``none``'s steps would refresh)
+HIGH_TAU = "high"
+
 # Knob grids per policy (values inside each policy's declared ``ranges``; settings equal to the policy's
 # forced refresh, which decode as ``none``, are left out of the peers' grids). Entropy's τ comes from the
 # workload's signal (``TAU_QUANTILES``), so its entries list its other knobs: a list of families, each
@@ -104,7 +108,12 @@ GRIDS: dict[str, dict] = {
                   # the recent_steps variant: commits recomputed while young, by age instead of count
                   {"recent_k": [0], "recent_steps": [4, 8], "signal": ["max-entropy"]},
                   # and with a refresh at each block start (cheap partial steps, exact at block boundaries)
-                  {"recent_k": [0], "recent_steps": [4], "block_refresh": [True], "signal": ["max-entropy"]}],
+                  {"recent_k": [0], "recent_steps": [4], "block_refresh": [True], "signal": ["max-entropy"]},
+                  # the previous step's commits only, a block start refreshing only after a block whose
+                  # signal reached the workload's high τ; with triggered refreshes of the canvas alone
+                  {"recent_k": [0], "recent_steps": [1], "block_tau": [HIGH_TAU], "refresh_prompt": [False],
+                   "signal": ["max-entropy"]},
+                  {"recent_k": [0], "recent_steps": [1], "block_tau": [HIGH_TAU], "signal": ["max-entropy"]}],
     },
     "full": {
         "prefix": {"refresh_every": [0, 2, 4, 8, 16]},
@@ -152,12 +161,16 @@ def expand(name: str, axes: dict[str, list]) -> list[str]:
 
 def entropy_axes(families: list[dict[str, list]], taus_by_signal: dict[str, list[float]]) -> list[str]:
     """Entropy's specs: for each family (knob → values) and each of its signals, τ from
-    ``taus_by_signal[signal]`` × every other knob of the family; duplicates dropped, order kept."""
+    ``taus_by_signal[signal]`` × every other knob of the family; a ``block_tau`` of ``HIGH_TAU`` becomes
+    the signal's largest τ below its maximum (its only τ when it has one); duplicates dropped, order kept."""
     out = []
     for knobs in families:
         others = {k: v for k, v in knobs.items() if k != "signal"}
         for sig in knobs.get("signal", ["max-entropy"]):
-            out += expand(ENTROPY, {"tau": sorted(set(taus_by_signal[sig])), **others, "signal": [sig]})
+            taus = sorted(set(taus_by_signal[sig]))
+            high = taus[-2] if len(taus) > 1 else taus[-1]
+            axes = {k: [high if v == HIGH_TAU else v for v in vs] for k, vs in others.items()}
+            out += expand(ENTROPY, {"tau": taus, **axes, "signal": [sig]})
     return list(dict.fromkeys(out))
 
 

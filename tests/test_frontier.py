@@ -69,6 +69,15 @@ def test_every_grid_point_is_a_valid_setting_and_no_peer_point_is_its_forced_ref
     assert set(fr.GRIDS["small"]) == set(fr.PEER_ORDER) | {"entropy"} == set(POLICIES) - {"none"}
 
 
+def test_high_block_tau_is_the_workloads_largest_tau_below_the_maximum(fr):
+    fam = {"recent_k": [0], "recent_steps": [1], "block_tau": [fr.HIGH_TAU], "signal": ["max-entropy"]}
+    specs = fr.entropy_axes([fam], {"max-entropy": [4.6, 0.2, 4.08, 0.6]})
+    assert specs == [f"entropy:tau={t}:recent_k=0:recent_steps=1:block_tau=4.08:signal=max-entropy"
+                     for t in (0.2, 0.6, 4.08, 4.6)]
+    assert fr.entropy_axes([fam], {"max-entropy": [1.5]}) == \
+        ["entropy:tau=1.5:recent_k=0:recent_steps=1:block_tau=1.5:signal=max-entropy"]
+
+
 def test_fixed_points_are_kept_and_tau_grid_follows_the_signal(fr):
     assert fr.policy_specs(["dual:refresh_every=2", "entropy:tau=1"], "small", {}) == \
         ["dual:refresh_every=2", "entropy:tau=1"]
