@@ -47,8 +47,9 @@ recent_steps), the τ between the last one that keeps the unmatched peer point's
 listed in the workload's ``refined``; with ``--resume`` a saved workload gets the rounds it lacks.
 ``--confirm N`` then times the close calls again (``confirm_workload``): points measured in different
 calls (grid, refine rounds, a grown grid) carry each call's own timing drift of a few percent, so each
-unmatched peer point, dual's fastest while the margin is missed and each profile off the frontier is
-measured once more in one call beside the entropy points nearest to it, every point's passes pooled.
+unmatched or narrowly matched peer point, dual's fastest while the margin is missed and each profile off
+the frontier is measured once more in one call beside the entropy points nearest to it, every point's
+passes pooled.
 
     python bench/frontier.py --n 48 --passes 3 --markdown docs/frontier.md --plot docs/frontier.png
     python bench/frontier.py --domains list --shots 0 --n 2 --passes 1 --modes plain --grid small  # a quick look
@@ -339,14 +340,20 @@ def _best_per_arm(entropy: list[Point], agreement: float, arms: int = 2) -> list
 
 def confirm_targets(points: list[Point], v: dict, slack: float = SLACK) -> list[Point]:
     """The close calls of one workload and mode (``verdicts`` ``v`` of ``points``), each side to be timed
-    again: every peer point no entropy point matches, with the fastest entropy point at ≥ its agreement
-    of the two fastest arms; dual's fastest point with the same while the margin is missed; and every
-    domain profile point off the frontier (ratio < ``slack``) with the same at ≥ its agreement. Each
-    point at most once, in the order found."""
+    again: every peer point no entropy point matches, and every one matched narrowly (its best match
+    less than 1 / ``slack`` × as fast: inside the timing noise band above the slack's floor), with the
+    fastest entropy point at ≥ its agreement of the two fastest arms; dual's fastest point with the same
+    while the margin is missed; and every domain profile point off the frontier (ratio < ``slack``)
+    with the same at ≥ its agreement. Each point at most once, in the order found."""
     ent = [p for p in points if p.policy == ENTROPY]
     named = {p.name(): p for p in points}
+    targets = refine_targets(points, v)
+    for p in points:
+        best = match(ent, p, slack) if p.policy not in (ENTROPY, BASELINE) else None
+        if best is not None and best.speedup * slack < p.speedup and p not in targets:
+            targets.append(p)
     out: list[Point] = []
-    for p in refine_targets(points, v):
+    for p in targets:
         out += [p, *_best_per_arm(ent, p.agreement)]
     for g in v["profiles"]:
         if g["domain"] and g["ratio"] < slack:

@@ -11,19 +11,20 @@ import yaml
 from conftest import SMALL
 
 from ecache_cli.errors import UsageError
+from ecache_cli.runs import calib_report, speed_guard
 from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_groups import TaskGroups, parse_list, parse_shots
-from ecache_cli.runs.calib_store import Arm, RunFile, as_arm
+from ecache_cli.runs.calib_store import HIGH_BLOCK_TAU, Arm, RunFile, as_arm
 from ecache_cli.runs.calibrate import CalibrateOptions, arms, calibrate
 from ecache_cli.runs.settings import resolve_settings
-from ecache_cli.runs.tau_search import Point, choose, failing_groups, qualifies
+from ecache_cli.runs.tau_search import Point, choose, failing_groups, high_tau, qualifies
 from ecache_cli.tasks import get_task
 
 
-def pt(tau, score, speedup, fidelity=1.0, k=None, br=None, parts=None):
+def pt(tau, score, speedup, fidelity=1.0, k=None, br=None, parts=None, rp=None):
     return Point(tau=tau, n=10, score=score, fidelity=fidelity, identical=fidelity, speedup=speedup,
                  speedup_wall=speedup, tokens_per_s=1.0, refresh_rate=0.5, nfe=8.0, cost=int(1000 / speedup),
-                 wall_s=1.0, recent_k=k, block_refresh=br, parts=parts)
+                 wall_s=1.0, recent_k=k, block_refresh=br, parts=parts, refresh_prompt=rp)
 
 
 def test_joint_choice_takes_the_least_work_over_every_arm_and_breaks_ties_safely():
@@ -34,7 +35,10 @@ def test_joint_choice_takes_the_least_work_over_every_arm_and_breaks_ties_safely
     assert (c.point.tau, c.point.recent_k, c.point.block_refresh) == (2.0, 16, True)
     assert c.reason.startswith("τ=2 k=16 block-refresh: 4.00× (cost proxy)")
     ties = [pt(1.0, 0.8, 3.0, k=16, br=True), pt(1.0, 0.8, 3.0, k=64, br=True), pt(1.0, 0.8, 3.0, k=64, br=False)]
-    assert choose(ties, base, "task", 0.0).point.safety() == (1.0, -64, False, 0)  # larger k, then the paper's rule
+    assert choose(ties, base, "task", 0.0).point.safety() == (1.0, -64, False, 0, False)  # larger k, the paper's rule
+    canvas = [pt(1.0, 0.8, 3.0, k=0, br=False, rp=False), pt(1.0, 0.8, 3.0, k=0, br=False, rp=True)]
+    assert choose(canvas, base, "task", 0.0).point.refresh_prompt is True  # then the prompt refreshed too
+    assert canvas[0].label() == "τ=1 k=0 canvas-refresh"
     assert pt(0.5, 0.8, 2.0).label() == "τ=0.5" and base.label() == "none"
 
 
@@ -55,21 +59,36 @@ def test_groups_must_each_meet_the_tolerance():
 
 def test_arms_and_list_parsing():
     settings = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 32, "recent_steps": 0})
-    assert arms(CalibrateOptions(task="list"), settings) == [(32, False, 0)]
+    assert arms(CalibrateOptions(task="list"), settings) == [Arm(32, False, 0)]
     # without a list, an arm takes the base setting's value of each knob
     base = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 32, "recent_steps": 2})
-    assert arms(CalibrateOptions(task="list"), base) == [(32, False, 2)]
+    assert arms(CalibrateOptions(task="list"), base) == [Arm(32, False, 2)]
     opts = CalibrateOptions(task="list", recent_ks=[16, 64], block_refreshes=[False, True])
-    assert arms(opts, settings) == [(16, False, 0), (64, False, 0), (16, True, 0), (64, True, 0)]
+    assert arms(opts, settings) == [Arm(16, False), Arm(64, False), Arm(16, True), Arm(64, True)]
     # recent_steps is a third axis; extra arms follow the product, without repeating one of it
     opts = CalibrateOptions(task="list", recent_steps=[0, 4], extra_arms=[Arm(32, False, 4), Arm(0, False, 8)])
-    assert arms(opts, settings) == [(32, False, 0), (32, False, 4), (0, False, 8)]
+    assert arms(opts, settings) == [Arm(32, False, 0), Arm(32, False, 4), Arm(0, False, 8)]
     stepped = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 0, "recent_steps": 4})
     assert arms(CalibrateOptions(task="list"), stepped) == [Arm(0, False, 4)]
     # the run file's form: two values when recent_steps is off, three when on; both read back
     assert Arm(16, True).as_record() == [16, True] and Arm(0, False, 8).as_record() == [0, False, 8]
     assert as_arm([16, True]) == Arm(16, True, 0) and as_arm([0, False, 8]) == Arm(0, False, 8)
-    assert Arm(0, False, 8).params() == {"recent_k": 0, "block_refresh": False, "recent_steps": 8}
+    assert Arm(0, False, 8).params() == {"recent_k": 0, "block_refresh": False, "recent_steps": 8, "block_tau": None,
+                                         "refresh_prompt": True}
+    # block_tau and refresh_prompt follow when either is set; the high τ is resolved from the none run's signal
+    high = Arm(0, False, 1, HIGH_BLOCK_TAU, False)
+    assert high.as_record() == [0, False, 1, "high", False] and as_arm(high.as_record()) == high
+    assert high.resolved(0.42) == Arm(0, False, 1, 0.42, False) and as_arm([0, False, 1, 0.42, False]) == Arm(
+        0, False, 1, 0.42, False)
+    assert Arm(16, False, 0, None, False).as_record() == [16, False, 0, None, False]
+    assert high.resolved(0.42).describe() == "recent_k=0, block_refresh=off, recent_steps=1, block_tau=0.42, " \
+        "refresh_prompt=off"
+    assert high_tau([0.01 * i for i in range(1, 101)]) == pytest.approx(0.98, abs=0.006)
+    # a base setting's block_tau and refresh_prompt stay in its one arm, but not in --joint's paper-rule arms
+    canvas = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 0, "recent_steps": 0,
+                                           "block_tau": 0.3, "refresh_prompt": False})
+    assert arms(CalibrateOptions(task="list"), canvas) == [Arm(0, False, 0, 0.3, False)]
+    assert arms(CalibrateOptions(task="list", block_refreshes=[False]), canvas) == [Arm(0, False)]
     # an arm without recent_steps decodes without it, even over a base setting that has it
     assert stepped.policy("entropy", tau=1.0, **Arm(16, False).params()).recent_steps == 0
     assert Arm(0, False, 8).describe() == "recent_k=0, block_refresh=off, recent_steps=8"
@@ -121,7 +140,7 @@ def test_joint_search_decodes_each_arm_and_writes_the_chosen_arm(llada_lm, tmp_p
     monkeypatch.setattr(calib_mod.Evaluator, "_run_chunk", spy)
     out = run_joint(llada_lm, tmp_path)
     got = {p.arm() for p in out.points}
-    assert got == {(0, False, 0), (4, False, 0), (0, True, 0), (4, True, 0)}
+    assert got == {(k, br, 0, None, True) for k in (0, 4) for br in (False, True)}
     assert {a for t, a in calls if t is not None} <= got and (None, None) in calls  # none decoded once, no arm
     assert sum(1 for t, _ in calls if t is None) == 2  # two examples, batch size 1
     # --max-drop 100: every faster setting qualifies; the least work (highest proxy speedup) wins
@@ -133,7 +152,7 @@ def test_joint_search_decodes_each_arm_and_writes_the_chosen_arm(llada_lm, tmp_p
     # the run file: records of arms other than the run's own (recent_k 64, off) name their arm
     recs = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert recs[0]["key"]["arms"] == [[0, False], [4, False], [0, True], [4, True]]
-    assert {(*r["arm"], 0) for r in recs[1:] if r["tau"] is not None} == got
+    assert {(*r["arm"], 0, None, True) for r in recs[1:] if r["tau"] is not None} == got
     assert all("arm" not in r for r in recs[1:] if r["tau"] is None)
     for r in recs[1:]:  # a copied record comes from the same arm
         if "reused_from" in r:
@@ -147,6 +166,25 @@ def test_joint_search_decodes_each_arm_and_writes_the_chosen_arm(llada_lm, tmp_p
     assert len(calls) == n and again.choice.point == out.choice.point
     f = RunFile(tmp_path / "run.jsonl", recs[0]["key"], resume=True, dry_run=True)
     assert f.get(c.tau, 0, (c.recent_k, c.block_refresh)) is not None  # the run's own arm (64, off) is not searched
+
+
+def test_a_high_block_tau_arm_is_resolved_from_nones_signal_and_written_to_the_profile(llada_lm, tmp_path):
+    arm = Arm(0, False, 1, HIGH_BLOCK_TAU, False)
+    out = run_joint(llada_lm, tmp_path, recent_ks=[4], block_refreshes=[False], extra_arms=[arm])
+    signals = [s for r in map(json.loads, (tmp_path / "run.jsonl").read_text().splitlines()[1:])
+               if r["tau"] is None for s in r["signals"] if s is not None]
+    resolved = arm.resolved(high_tau(signals))
+    assert isinstance(resolved.block_tau, float)
+    assert {p.arm() for p in out.points} == {(4, False, 0, None, True), tuple(resolved)}
+    recs = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert recs[0]["key"]["arms"] == [[4, False], [0, False, 1, "high", False]]
+    assert {tuple(r["arm"]) for r in recs[1:] if r["tau"] is not None and len(r["arm"]) > 2} == {tuple(resolved)}
+    chosen = next(p for p in out.points if p.arm() == tuple(resolved))
+    cache = calib_report._profile_cache({"signal": "max-entropy"}, chosen)
+    assert cache == {"policy": "entropy", "tau": chosen.tau, "recent_k": 0, "signal": "max-entropy",
+                     "recent_steps": 1, "block_tau": resolved.block_tau, "refresh_prompt": False}
+    assert speed_guard.policy_spec(chosen) == (f"entropy:tau={chosen.tau!r}:recent_k=0:block_refresh=false:"
+                                               f"recent_steps=1:block_tau={resolved.block_tau!r}:refresh_prompt=false")
 
 
 def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profiles_dir, tmp_path):
@@ -201,8 +239,9 @@ def test_cli_bad_lists_are_one_line_usage_errors(cli, args, msg):
 def test_recent_steps_arms_decode_their_own_setting_and_reach_the_profile(llada_lm, tmp_path, profiles_dir):
     out = run_joint(llada_lm, tmp_path, recent_ks=None, block_refreshes=None, recent_steps=[0, 2],
                     extra_arms=[Arm(0, False, 1)], taus=[100.0], refine=0)
-    got = {p.arm(): p for p in out.points}
+    got = {p.arm()[:3]: p for p in out.points}
     assert set(got) == {(64, False, 0), (64, False, 2), (0, False, 1)}
+    assert all(p.arm()[3:] == (None, True) for p in out.points)  # no block_tau, the prompt refreshed too
     # τ 100 never refreshes after the first step: the arms differ only in what a partial step recomputes,
     # so recomputing commits younger than 2 steps on top of k = 64 costs more than k = 64 alone
     assert got[(64, False, 2)].cost >= got[(64, False, 0)].cost

@@ -606,6 +606,17 @@ def test_confirm_times_both_sides_of_a_close_call_again_and_pools_the_passes(fr,
     assert fr.main([*argv, "--resume", "--confirm", "1"]) == 0 and len(calls) == 2
 
 
+def test_a_narrowly_matched_peer_point_is_a_close_call(fr):
+    ent = [P(fr, "entropy", 1.21, 1.0, spec="entropy:tau=0.24:recent_k=0"),
+           P(fr, "entropy", 1.5, 0.99, spec="entropy:tau=0.5:recent_k=0")]
+    close = P(fr, "d2cache", 1.205, 1.0, spec="d2cache:rollout_p=0.3")  # matched by 1.21: within 1/0.97
+    clear = P(fr, "dual", 1.3, 0.99, spec="dual:refresh_every=0")  # matched by 1.5: clear of the noise band
+    pts = [*ent, close, clear]
+    v = fr.verdicts(pts)
+    assert v["dominance"]["d2cache"]["dominated"] and v["dominance"]["dual"]["dominated"]
+    assert [p.spec for p in fr.confirm_targets(pts, v)] == ["d2cache:rollout_p=0.3", "entropy:tau=0.24:recent_k=0"]
+
+
 def test_equivalent_entropy_settings_pool_their_passes(fr):
     def E(spec, speedups, work=0.88, agreement=1.0, label=""):
         return fr.Point(policy="entropy", spec=spec, speedup=sorted(speedups)[1], agreement=agreement, identical=1.0,

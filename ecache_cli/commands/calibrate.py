@@ -52,7 +52,7 @@ def calibrate_cmd(
     grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of none's signal).", rich_help_panel=K)] = 8,
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
     taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, e.g. 0.1,0.5,1 (replaces the quantile grid).", rich_help_panel=K)] = None,
-    joint: Annotated[bool, typer.Option("--joint", help="Also search block refresh × k 16,32,64, and steps 4,8, 4+refresh.", rich_help_panel=K)] = False,
+    joint: Annotated[bool, typer.Option("--joint", help="Also search block refresh × k 16,32,64 and the recent_steps arms.", rich_help_panel=K)] = False,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=K)] = False,
     sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard \\[default: auto].", rich_help_panel=K)] = None,
     speed_check: Annotated[bool, typer.Option("--speed-check/--no-speed-check", help="Time the choice vs none, plain and threshold decoding \\[default: on].", rich_help_panel=K)] = True,

@@ -27,8 +27,8 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
     metric, speedup (cost proxy), wall speedup, refresh share and the marks; ``wide`` adds the change's
     95% CI, examples lost/gained, identical answers, tokens/s and NFE (``--json`` keeps every number).
     A joint search shows each setting as ``τ k<recent_k>`` (`` B``: block refresh on; `` s<n>``:
-    recent_steps n) and leaves the other
-    metric to ``wide``; with groups, ``wide`` adds how many groups each setting qualifies on."""
+    recent_steps n; `` b<x>``: block_tau x; `` C``: triggered refreshes of the canvas alone) and leaves
+    the other metric to ``wide``; with groups, ``wide`` adds how many groups each setting qualifies on."""
     from rich.table import Table
 
     base, chosen = outcome.base, outcome.choice.point
@@ -39,6 +39,8 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
     joint = any(p.recent_k is not None for p in outcome.points)
     steps = any(p.recent_steps for p in outcome.points)
     arms = ("; k = recent_k, B = block refresh" + (", s = recent_steps" if steps else "")) if joint else ""
+    if any(p.block_tau is not None or p.refresh_prompt is False for p in outcome.points):
+        arms += ", b = block_tau, C = canvas-only refresh"
     t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it{arms})", title_justify="left")
     # the metric the choice constrains comes first, with its change against none: fidelity under
     # --metric fidelity (the task score, if any, moves to fidelity's place)
@@ -91,6 +93,8 @@ def _sweep_cells(p: Point, base: Point, metric: str, max_drop: float, min_fideli
     if p.recent_k is not None:
         setting += f" k{p.recent_k}" + (" B" if p.block_refresh else "")
         setting += f" s{p.recent_steps}" if p.recent_steps else ""
+        setting += f" b{p.block_tau:.3g}" if p.block_tau is not None else ""
+        setting += " C" if p.refresh_prompt is False else ""
     return [setting, _pct(first), delta, lg, _pct(other), _pct(p.identical), f"{p.speedup:.2f}×", wall,
             f"{p.tokens_per_s:.1f}", f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", groups_ok]
 
@@ -183,7 +187,8 @@ def json_document(outcome, manifest: dict, opts) -> dict:
         "signal": outcome.signal_summary,
         "none": outcome.base.as_dict(),
         "points": [p.as_dict() for p in outcome.points],
-        "frontier": [p.tau if p.recent_k is None else [p.tau, p.recent_k, p.block_refresh, p.recent_steps or 0]
+        "frontier": [p.tau if p.recent_k is None else [p.tau, p.recent_k, p.block_refresh, p.recent_steps or 0,
+                                                       p.block_tau, p.refresh_prompt is not False]
                      for p in outcome.frontier],
         "choice": None if c.point is None else c.point.as_dict(),
         "reason": c.reason,
@@ -214,17 +219,25 @@ def write_json(doc: dict, path: Path) -> None:
 
 
 def _profile_cache(params: dict, chosen: Point) -> dict:
-    """The profile's cache section: entropy with the chosen τ, and recent_k, block_refresh (when on) and
-    recent_steps (when on) from the chosen point (a joint search's arm) or else the run's ``params``."""
-    recent_k = chosen.recent_k if chosen.recent_k is not None else params.get("recent_k", EntropyCache.recent_k)
+    """The profile's cache section: entropy with the chosen τ, and recent_k, block_refresh (when on),
+    recent_steps (when on), block_tau (when set) and refresh_prompt (when off) from the chosen point (a
+    joint search's arm) or else the run's ``params``."""
+    joint = chosen.recent_k is not None
+    recent_k = chosen.recent_k if joint else params.get("recent_k", EntropyCache.recent_k)
     block_refresh = chosen.block_refresh if chosen.block_refresh is not None else params.get("block_refresh", False)
     recent_steps = chosen.recent_steps if chosen.recent_steps is not None else params.get("recent_steps", 0)
+    block_tau = chosen.block_tau if joint else params.get("block_tau")
+    refresh_prompt = chosen.refresh_prompt if chosen.refresh_prompt is not None else params.get("refresh_prompt", True)
     cache = {"policy": EntropyCache.name, "tau": chosen.tau, "recent_k": recent_k,
              "signal": params.get("signal", EntropyCache.signal)}
     if block_refresh:
         cache["block_refresh"] = True
     if recent_steps:
         cache["recent_steps"] = int(recent_steps)
+    if block_tau is not None:
+        cache["block_tau"] = float(block_tau)
+    if refresh_prompt is False:
+        cache["refresh_prompt"] = False
     return cache
 
 

@@ -5,7 +5,8 @@ continues from it.
 Layout: line 1 is a header ``{"kind": "header", "format": 1, "key": {...}}``; every later line is an
 example record ``{"kind": "example", "tau": <float or null for none>, "index": i, ...}``; in a joint
 search a record of a setting whose recent_k / block_refresh / recent_steps differ from the run's own
-also holds ``"arm": [recent_k, block_refresh]`` (``recent_steps`` third when on, :meth:`Arm.as_record`).
+also holds ``"arm": [recent_k, block_refresh]`` (``recent_steps`` third when on; ``block_tau`` and
+``refresh_prompt`` after it when set, :meth:`Arm.as_record`).
 The key holds
 everything that changes what a record would contain (model fingerprint, task, prompts hash, decode
 settings, signal, recent_k, ...); resuming with a different key is a one-line error naming the first
@@ -25,34 +26,59 @@ from .streams import write_jsonl
 FORMAT = 1
 
 
+#: an arm's ``block_tau`` before the search knows the signal: the high τ of ``none``'s signal on the
+#: sample (``tau_search.high_tau``), resolved by :meth:`Arm.resolved`
+HIGH_BLOCK_TAU = "high"
+
+
 class Arm(NamedTuple):
     """One setting of EntropyCache's other knobs that a joint search sweeps τ under: ``recent_k`` (the
-    k latest commits recomputed), ``block_refresh`` (a full forward at each block start) and
-    ``recent_steps`` (commits younger than that many steps also recomputed; 0 = off). The knobs'
-    meaning: ``cache/entropy.py``."""
+    k latest commits recomputed), ``block_refresh`` (a full forward at each block start),
+    ``recent_steps`` (commits younger than that many steps also recomputed; 0 = off), ``block_tau``
+    (a block start refreshes after a block whose signal exceeded it; None = off; ``HIGH_BLOCK_TAU``
+    until resolved) and ``refresh_prompt`` (False: triggered refreshes recompute the generated canvas
+    only). The knobs' meaning: ``cache/entropy.py``."""
 
     recent_k: int
     block_refresh: bool
     recent_steps: int = 0
+    block_tau: float | str | None = None
+    refresh_prompt: bool = True
 
     def as_record(self) -> list:
-        """The run file's form: ``[recent_k, block_refresh]``, plus ``recent_steps`` when it is on."""
-        return [self.recent_k, self.block_refresh, *([self.recent_steps] if self.recent_steps else [])]
+        """The run file's form: ``[recent_k, block_refresh]``, plus ``recent_steps`` when it is on, plus
+        ``block_tau, refresh_prompt`` when either is not the default."""
+        extra = self.block_tau is not None or not self.refresh_prompt
+        head = [self.recent_k, self.block_refresh, *([self.recent_steps] if self.recent_steps or extra else [])]
+        return head + ([self.block_tau, self.refresh_prompt] if extra else [])
 
     def params(self) -> dict:
         """The EntropyCache parameters of this arm, every knob given (0 included), so none of the run's
         own settings (e.g. a base profile's recent_steps) leaks into it."""
-        return {"recent_k": self.recent_k, "block_refresh": self.block_refresh, "recent_steps": self.recent_steps}
+        return {"recent_k": self.recent_k, "block_refresh": self.block_refresh, "recent_steps": self.recent_steps,
+                "block_tau": self.block_tau, "refresh_prompt": self.refresh_prompt}
 
     def describe(self) -> str:
-        """``recent_k=16, block_refresh=off`` (``, recent_steps=4`` when on): the progress line's heading."""
+        """``recent_k=16, block_refresh=off`` (``, recent_steps=4``, ``, block_tau=0.5``,
+        ``, refresh_prompt=off`` when set): the progress line's heading."""
         out = f"recent_k={self.recent_k}, block_refresh={'on' if self.block_refresh else 'off'}"
-        return out + (f", recent_steps={self.recent_steps}" if self.recent_steps else "")
+        out += f", recent_steps={self.recent_steps}" if self.recent_steps else ""
+        out += f", block_tau={self.block_tau:g}" if isinstance(self.block_tau, float) else ""
+        out += f", block_tau={self.block_tau}" if isinstance(self.block_tau, str) else ""
+        return out + ("" if self.refresh_prompt else ", refresh_prompt=off")
+
+    def resolved(self, high: float) -> "Arm":
+        """This arm with a ``HIGH_BLOCK_TAU`` block_tau replaced by ``high`` (nats)."""
+        return self._replace(block_tau=high) if self.block_tau == HIGH_BLOCK_TAU else self
 
 
 def as_arm(arm) -> Arm | None:
-    """``arm`` (an Arm, or a sequence of 2 or 3 values as the run file stores it) as an Arm; None stays None."""
-    return None if arm is None else Arm(int(arm[0]), bool(arm[1]), int(arm[2]) if len(arm) > 2 else 0)
+    """``arm`` (an Arm, or a sequence of 2 to 5 values as the run file stores it) as an Arm; None stays None."""
+    if arm is None:
+        return None
+    bt = arm[3] if len(arm) > 3 else None
+    return Arm(int(arm[0]), bool(arm[1]), int(arm[2]) if len(arm) > 2 else 0,
+               bt if bt is None or bt == HIGH_BLOCK_TAU else float(bt), bool(arm[4]) if len(arm) > 4 else True)
 
 
 def arm_of(rec: dict) -> Arm | None:

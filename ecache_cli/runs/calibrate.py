@@ -64,7 +64,7 @@ from ..config import canonical_model_name, profile_path
 from ..distributed import DistEnv
 from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
-from .calib_store import Arm, RunFile
+from .calib_store import HIGH_BLOCK_TAU, Arm, RunFile
 from .settings import Settings
 from .speed_guard import DEFAULT_LIMIT, DEFAULT_TRIES, SpeedGuard, Verdict, WallClock, mode_threshold, spread
 from .tau_search import (
@@ -74,6 +74,7 @@ from .tau_search import (
     choose,
     chosen_reason,
     coarse_grid,
+    high_tau,
     pareto_frontier,
     ranking,
     refine_next,
@@ -199,26 +200,34 @@ JOINT_RECENT_KS = [16, 32, 64]  # --joint: recent_k searched with τ (64: the pa
 JOINT_BLOCK_REFRESHES = [False, True]  # --joint: the paper's rule (off) and a refresh at each block start
 # --joint: the recent_steps variant (commits recomputed while younger than 4 or 8 steps, no fixed k),
 # which carries entropy's speed-fidelity frontier under plain decoding on the embedded model (BENCHMARKS.md),
-# and its 4-step arm with a refresh at each block start (frontier points under threshold decoding)
-JOINT_STEP_ARMS = [Arm(0, False, 4), Arm(0, False, 8), Arm(0, True, 4)]
+# and its 4-step arm with a refresh at each block start (frontier points under threshold decoding);
+# the previous step's commits alone with a block start refreshed only after a block whose signal passed
+# the sample's high τ, with and without the prompt in triggered refreshes (the frontier under threshold
+# decoding at 4 shots, where the prompt is longer than the canvas)
+JOINT_STEP_ARMS = [Arm(0, False, 4), Arm(0, False, 8), Arm(0, True, 4),
+                   Arm(0, False, 1, HIGH_BLOCK_TAU), Arm(0, False, 1, HIGH_BLOCK_TAU, False)]
 
 
 def own_arm(settings: Settings) -> Arm:
     """The arm of the resolved settings (flags over profile over EntropyCache's defaults)."""
     params = settings.cache_params
+    block_tau = params.get("block_tau")
     return Arm(int(params.get("recent_k", EntropyCache.recent_k)), bool(params.get("block_refresh", False)),
-               int(params.get("recent_steps", EntropyCache.recent_steps)))
+               int(params.get("recent_steps", EntropyCache.recent_steps)),
+               None if block_tau is None else float(block_tau), bool(params.get("refresh_prompt", True)))
 
 
 def arms(opts: CalibrateOptions, settings: Settings) -> list[Arm]:
     """The arms searched: the product of ``opts.recent_ks``, ``opts.block_refreshes`` and
     ``opts.recent_steps`` (each defaulting to the resolved setting alone, so one arm without them),
-    then ``opts.extra_arms`` not already in it."""
+    then ``opts.extra_arms`` not already in it. The product keeps the resolved block_tau and
+    refresh_prompt, except when block refresh is searched (``--joint``: the paper's rule, both off)."""
     own = own_arm(settings)
     ks = opts.recent_ks if opts.recent_ks is not None else [own.recent_k]
     brs = opts.block_refreshes if opts.block_refreshes is not None else [own.block_refresh]
     rss = opts.recent_steps if opts.recent_steps is not None else [own.recent_steps]
-    out = [Arm(k, b, r) for r in rss for b in brs for k in ks]
+    bt, rp = (None, True) if opts.block_refreshes is not None else (own.block_tau, own.refresh_prompt)
+    out = [Arm(k, b, r, bt, rp) for r in rss for b in brs for k in ks]
     return out + [a for a in opts.extra_arms or [] if a not in out]
 
 
@@ -634,6 +643,8 @@ class _Search:
         self.ev = ev
         self._run_none()
         opts = self.opts
+        high = high_tau(self.signals)  # the arms' HIGH_BLOCK_TAU, from this sample's none run
+        self.arms = [arm if arm is None else arm.resolved(high) for arm in self.arms]
         for a, arm in enumerate(self.arms):
             ev.arm = arm
             if self.joint:
@@ -652,7 +663,7 @@ class _Search:
         """The aggregate of ``recs`` against ``none``'s, with its arm (joint search) and a part per group."""
         p = aggregate(tau, recs, self.base_recs)
         if self.joint and arm is not None:
-            p.recent_k, p.block_refresh, p.recent_steps = arm
+            p.recent_k, p.block_refresh, p.recent_steps, p.block_tau, p.refresh_prompt = arm
         if self.groups:
             p.parts = {g: aggregate(tau, [recs[i] for i in idx], [self.base_recs[i] for i in idx])
                        for g, idx in self.groups.items() if idx}

@@ -210,8 +210,8 @@ def mode_name(mode: str, threshold: float) -> str:
 
 def policy_spec(point: Point) -> str:
     """The ``--policies`` entry of ``point`` for ``runs.profile.measure``: ``entropy:tau=…`` with the
-    point's recent_k, block_refresh and recent_steps when it has them (a joint search); what it leaves out,
-    ``measure`` takes from the run's resolved settings."""
+    point's recent_k, block_refresh, recent_steps, block_tau and refresh_prompt when it has them (a joint
+    search); what it leaves out, ``measure`` takes from the run's resolved settings."""
     spec = f"entropy:tau={float(point.tau)!r}"
     if point.recent_k is not None:
         spec += f":recent_k={int(point.recent_k)}"
@@ -219,6 +219,10 @@ def policy_spec(point: Point) -> str:
         spec += f":block_refresh={'true' if point.block_refresh else 'false'}"
     if point.recent_steps is not None:
         spec += f":recent_steps={int(point.recent_steps)}"
+    if point.block_tau is not None:
+        spec += f":block_tau={float(point.block_tau)!r}"
+    if point.refresh_prompt is not None:
+        spec += f":refresh_prompt={'true' if point.refresh_prompt else 'false'}"
     return spec
 
 

@@ -20,10 +20,11 @@ Definitions (each one is ours; the paper gives no τ, docs/METHOD.md §2.3):
   fidelity is at least ``min_fidelity``, the one with the highest speedup; equal speedups go to the
   lower (safer) τ. ``ranking`` lists every qualifying τ in that order: calibrate's wall-clock speed
   check (``runs/speed_guard.py``) then passes over those that run slower than ``none``.
-- joint search (``recent_k``, ``block_refresh`` and ``recent_steps`` searched with τ): a point also
-  carries them; the rule is the same over every point (the highest cost-proxy speedup is the least
-  planned work), equal speedups going to the lower τ, then the larger ``recent_k``, then
-  ``block_refresh`` off (the paper's rule), then the larger ``recent_steps``.
+- joint search (``recent_k``, ``block_refresh``, ``recent_steps``, ``block_tau`` and ``refresh_prompt``
+  searched with τ): a point also carries them; the rule is the same over every point (the highest
+  cost-proxy speedup is the least planned work), equal speedups going to the lower τ, then the larger
+  ``recent_k``, then ``block_refresh`` off (the paper's rule), then the larger ``recent_steps``, then
+  the prompt refreshed too.
 - groups (several task domains, or several shot counts, calibrated as one setting): a point also
   carries one point per group (``parts``), and qualifies only when every group's part qualifies
   against ``none``'s part of that group, so the setting meets the tolerance on every group.
@@ -75,6 +76,8 @@ class Point:
     recent_k: int | None = None
     block_refresh: bool | None = None
     recent_steps: int | None = None
+    block_tau: float | None = None
+    refresh_prompt: bool | None = None
     parts: dict[str, "Point"] | None = None
 
     def metric_score(self, metric: str) -> float | None:
@@ -93,16 +96,22 @@ class Point:
             out += " block-refresh"
         if self.recent_steps:
             out += f" steps={self.recent_steps}"
+        if self.block_tau is not None:
+            out += f" block-τ={self.block_tau:g}"
+        if self.refresh_prompt is False:
+            out += " canvas-refresh"
         return out
 
     def safety(self) -> tuple:
         """Sort key of equally fast settings, safest first: lower τ, larger recent_k, block refresh off,
-        larger recent_steps."""
-        return (self.tau, -(self.recent_k or 0), bool(self.block_refresh), -(self.recent_steps or 0))
+        larger recent_steps, the prompt refreshed too."""
+        return (self.tau, -(self.recent_k or 0), bool(self.block_refresh), -(self.recent_steps or 0),
+                self.refresh_prompt is False)
 
     def arm(self) -> tuple:
-        """(recent_k, block_refresh, recent_steps): the point's other knobs (None each outside a joint search)."""
-        return (self.recent_k, self.block_refresh, self.recent_steps)
+        """(recent_k, block_refresh, recent_steps, block_tau, refresh_prompt): the point's other knobs
+        (None each outside a joint search)."""
+        return (self.recent_k, self.block_refresh, self.recent_steps, self.block_tau, self.refresh_prompt)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -213,6 +222,16 @@ def coarse_grid(signals: Sequence[float], n: int = 8, r_max: float = 0.5, r_min:
         r = r_max if k == 1 else r_max * (r_min / r_max) ** (i / (k - 1))
         taus.add(round_sig(quantile(vals, 1.0 - r)))
     return sorted(taus)
+
+
+def high_tau(signals: Sequence[float], r_min: float = 0.02) -> float:
+    """The high τ of a signal distribution: its (1 − ``r_min``) quantile (about a share ``r_min`` of the
+    steps exceed it), rounded to 3 significant digits as the grid's τs are; ``coarse_grid``'s largest
+    τ below the maximum. Raises ValueError without finite signals."""
+    vals = sorted(v for v in signals if math.isfinite(v))
+    if not vals:
+        raise ValueError("no finite signal values to take the high τ of")
+    return round_sig(quantile(vals, 1.0 - r_min))
 
 
 def refine_next(points: Sequence[Point], base: Point, floor: float, metric: str, max_drop: float,
