@@ -199,7 +199,9 @@ _FINGERPRINTS = {"data_sha256": ("the --data file's contents", "the data file it
                  "config_sha256": ("the model's config.json", "the model it was made with"),
                  "weights": ("the model's weights", "the model it was made with"),
                  "prompts_sha256": ("the prompts' token ids (tokenizer, chat template or task data)",
-                                    "the model and data it was made with")}
+                                    "the model and data it was made with"),
+                 "block_tau": ("the profile's entropy block_tau", "the profile it was made with"),
+                 "refresh_prompt": ("the profile's entropy refresh_prompt", "the profile it was made with")}
 _DECODE_FLAGS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking",
                  "threshold", "factor", "schedule", "compat", "alg_temp"}
 

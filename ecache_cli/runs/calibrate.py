@@ -436,6 +436,8 @@ def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: li
             "signal": params.get("signal", "max-entropy"), "recent_k": params.get("recent_k"),
             "block_refresh": params.get("block_refresh", False),
             **({"recent_steps": params["recent_steps"]} if params.get("recent_steps") else {}),
+            **({"block_tau": params["block_tau"]} if params.get("block_tau") is not None else {}),
+            **({"refresh_prompt": False} if params.get("refresh_prompt") is False else {}),
             **_arms_key(opts, settings),
             "batch_size": opts.batch_size,
             "dtype": str(lm.dtype).replace("torch.", ""), "device": lm.device.type,
