@@ -187,6 +187,20 @@ def test_a_high_block_tau_arm_is_resolved_from_nones_signal_and_written_to_the_p
                                                f"recent_steps=1:block_tau={resolved.block_tau!r}:refresh_prompt=false")
 
 
+def test_table_settings_stay_short_with_the_variant_arms():
+    paper = pt(0.5, 0.8, 2.0, k=16, br=True)
+    canvas = pt(0.00259, 0.8, 3.0, k=0, br=False, rp=False)
+    canvas.recent_steps, canvas.block_tau = 1, 0.00195
+    pts = [paper, canvas]
+    assert [calib_report.short_setting(p, pts) for p in pts] == ["0.5 k16 B", "0.00259 k0 s1 b C"]
+    assert calib_report._variant_legend(pts) == ", b = block_tau 0.00195, C = canvas-only refresh"
+    other = pt(1.0, 0.8, 3.0, k=0, br=False)
+    other.block_tau = 0.5  # two block_tau values: each named in its cell
+    assert calib_report.short_setting(other, [*pts, other]) == "1 k0 b0.5"
+    assert calib_report.short_setting(pt(None, 0.8, 1.0), pts) == "none"
+    assert calib_report.short_setting(pt(0.5, 0.8, 2.0), pts) == "0.5"  # outside a joint search: τ alone
+
+
 def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profiles_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "arith,list", "--limit", 2, "--metric", "fidelity",
               "--max-drop", 100, "--grid", 2, "--refine", 0, "--recent-k", "4,64", "--no-speed-check",

@@ -39,8 +39,7 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
     joint = any(p.recent_k is not None for p in outcome.points)
     steps = any(p.recent_steps for p in outcome.points)
     arms = ("; k = recent_k, B = block refresh" + (", s = recent_steps" if steps else "")) if joint else ""
-    if any(p.block_tau is not None or p.refresh_prompt is False for p in outcome.points):
-        arms += ", b = block_tau, C = canvas-only refresh"
+    arms += _variant_legend(outcome.points) if joint else ""
     t = Table(title=f"τ sweep ({unit}, n={base.n}; speedup = cost proxy, wall beside it{arms})", title_justify="left")
     # the metric the choice constrains comes first, with its change against none: fidelity under
     # --metric fidelity (the task score, if any, moves to fidelity's place)
@@ -56,7 +55,7 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
         mark = ("★" if p is chosen else "") + ("◆" if id(p) in front else "")
         if p.tau is not None and p is not chosen and qualifies(p, base, metric, max_drop, min_fidelity):
             mark += "✗" if p.label() in slow else "✓"
-        cells = _sweep_cells(p, base, metric, max_drop, min_fidelity, wide) + [mark]
+        cells = [short_setting(p, outcome.points), *_sweep_cells(p, base, metric, max_drop, min_fidelity, wide), mark]
         t.add_row(*[c for c, (_, shown) in zip(cells, cols) if shown])
     return t
 
@@ -71,7 +70,8 @@ def slower_than_none(speed_check: dict | None) -> set[str]:
 
 def _sweep_cells(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None,
                  wide: bool) -> list[str]:
-    """The cells of ``p``'s sweep row before the marks, in ``sweep_table``'s column order."""
+    """The cells of ``p``'s sweep row after its setting and before the marks, in ``sweep_table``'s
+    column order."""
     fid = metric == "fidelity"
     if fid:
         delta = "" if p.tau is None else f"{100 * (p.fidelity - base.fidelity):+.1f}"
@@ -89,14 +89,35 @@ def _sweep_cells(p: Point, base: Point, metric: str, max_drop: float, min_fideli
     if base.parts and p.tau is not None:
         bad = failing_groups(p, base, metric, max_drop, min_fidelity)
         groups_ok = f"{len(base.parts) - len(bad)}/{len(base.parts)}"
-    setting = "none" if p.tau is None else f"{p.tau:g}"
-    if p.recent_k is not None:
-        setting += f" k{p.recent_k}" + (" B" if p.block_refresh else "")
-        setting += f" s{p.recent_steps}" if p.recent_steps else ""
-        setting += f" b{p.block_tau:.3g}" if p.block_tau is not None else ""
-        setting += " C" if p.refresh_prompt is False else ""
-    return [setting, _pct(first), delta, lg, _pct(other), _pct(p.identical), f"{p.speedup:.2f}×", wall,
+    return [_pct(first), delta, lg, _pct(other), _pct(p.identical), f"{p.speedup:.2f}×", wall,
             f"{p.tokens_per_s:.1f}", f"{100 * p.refresh_rate:.0f}", f"{p.nfe:.1f}", groups_ok]
+
+
+def _block_taus(points) -> list[float]:
+    return sorted({p.block_tau for p in points if p.block_tau is not None})
+
+
+def _variant_legend(points) -> str:
+    """The title's legend of the variant marks in ``short_setting``: b (block_tau, its value when the
+    sweep has one) and C (canvas-only triggered refresh), each only when a point uses it."""
+    bts = _block_taus(points)
+    out = "" if not bts else f", b = block_tau {bts[0]:g}" if len(bts) == 1 else ", b<x> = block_tau x"
+    return out + (", C = canvas-only refresh" if any(p.refresh_prompt is False for p in points) else "")
+
+
+def short_setting(p: Point, points) -> str:
+    """``p``'s setting in a table cell: ``none``, ``τ``, or in a joint search ``τ k<recent_k>`` with
+    `` B`` (block refresh), `` s<n>`` (recent_steps), `` b`` (block_tau: bare when every point of
+    ``points`` that has one shares it, named in the legend) and `` C`` (canvas-only refresh)."""
+    if p.tau is None:
+        return "none"
+    out = f"{p.tau:g}"
+    if p.recent_k is None:
+        return out
+    out += f" k{p.recent_k}" + (" B" if p.block_refresh else "") + (f" s{p.recent_steps}" if p.recent_steps else "")
+    if p.block_tau is not None:
+        out += " b" if len(_block_taus(points)) == 1 else f" b{p.block_tau:.3g}"
+    return out + (" C" if p.refresh_prompt is False else "")
 
 
 def wall_warnings(outcome, slack: float = 1.5) -> list[str]:
@@ -122,12 +143,15 @@ def frontier_table(outcome, metric: str):
     """A rich Table of the Pareto frontier (score vs speedup), fastest last."""
     from rich.table import Table
 
-    t = Table(title=f"Pareto frontier ({'fidelity' if metric == 'fidelity' else 'task score'} vs speedup)",
-              title_justify="left")
-    for name in ("setting", "speedup", "score %", "fidelity %"):
+    joint = any(p.recent_k is not None for p in outcome.points)
+    legend = _variant_legend(outcome.points) if joint else ""
+    t = Table(title=f"Pareto frontier ({'fidelity' if metric == 'fidelity' else 'task score'} vs speedup"
+                    f"{'; ' + legend.removeprefix(', ') if legend else ''})", title_justify="left")
+    for name in ("τ k B" if joint else "setting", "speedup", "score %", "fidelity %"):
         t.add_column(name, justify="right", no_wrap=True)
     for p in outcome.frontier:
-        t.add_row(p.label(), f"{p.speedup:.2f}×", _pct(p.metric_score(metric)), _pct(p.fidelity))
+        t.add_row(short_setting(p, outcome.points), f"{p.speedup:.2f}×", _pct(p.metric_score(metric)),
+                  _pct(p.fidelity))
     return t
 
 
