@@ -16,7 +16,8 @@ from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_report import json_document
 from ecache_cli.runs.calibrate import CalibrateOptions, calibrate
 from ecache_cli.runs.settings import resolve_settings
-from ecache_cli.runs.speed_guard import SpeedGuard, check_modes, mode_threshold, policy_spec, spread
+from ecache_cli.runs.profile import parse_policy_spec
+from ecache_cli.runs.speed_guard import SpeedGuard, check_modes, mode_threshold, point_settings, policy_spec, spread
 from ecache_cli.runs.tau_search import Point, choose, ranking
 from ecache_cli.tasks import get_task
 
@@ -123,6 +124,26 @@ def test_the_two_modes_and_helpers():
     assert spread(50, 8) == [0, 6, 12, 18, 25, 31, 37, 43] and spread(3, 8) == [0, 1, 2]
     assert policy_spec(pt(0.00271, 2.0)) == "entropy:tau=0.00271"
     assert policy_spec(pt(4.0, 2.0, 16, True)) == "entropy:tau=4.0:recent_k=16:block_refresh=true"
+
+
+def test_the_timed_policy_is_the_points_arm_not_the_base_profiles_block_tau():
+    base = resolve_settings("tiny", {}, {"policy": "entropy", "recent_k": 0, "recent_steps": 1, "block_tau": 0.3,
+                                         "refresh_prompt": False})
+
+    def timed(point):  # the policy WallClock times for ``point``
+        name, params = parse_policy_spec(policy_spec(point))
+        return point_settings(base, point).policy(name, **params)
+
+    paper = pt(2.0, 3.0, 64, False)  # a --joint arm of the paper's rule: no block_tau, the prompt refreshed
+    paper.recent_steps, paper.refresh_prompt = 0, True
+    got = timed(paper)
+    assert (got.tau, got.recent_k, got.recent_steps, got.block_tau, got.refresh_prompt) == (2.0, 64, 0, None, True)
+    high = pt(2.0, 3.0, 0, False)  # the block_tau arm keeps its own (resolved) block_tau
+    high.recent_steps, high.block_tau, high.refresh_prompt = 1, 2.73, False
+    got = timed(high)
+    assert (got.recent_k, got.recent_steps, got.block_tau, got.refresh_prompt) == (0, 1, 2.73, False)
+    got = timed(pt(1.5, 3.0))  # a one-arm search: the point is τ alone, the rest is the base profile's
+    assert (got.tau, got.recent_steps, got.block_tau, got.refresh_prompt) == (1.5, 1, 0.3, False)
 
 
 # --- in a real search, with the timing function scripted -----------------------------------------------

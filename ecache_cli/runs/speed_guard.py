@@ -226,6 +226,20 @@ def policy_spec(point: Point) -> str:
     return spec
 
 
+def point_settings(settings, point: Point):
+    """``settings`` (a ``runs.settings.Settings``) for timing ``point`` under :func:`policy_spec`: a
+    joint search's point without ``block_tau`` (an arm with it off) gets settings without the run's
+    ``block_tau``, which a ``--policies`` entry cannot switch off, so a base profile's ``block_tau``
+    never reaches the timed policy; every other point gets ``settings`` as they are."""
+    if point.recent_k is None or point.block_tau is not None:
+        return settings
+
+    def drop(params: dict) -> dict:
+        return {k: v for k, v in params.items() if k != "block_tau"}
+
+    return replace(settings, cache_params=drop(settings.cache_params), all_cache_params=drop(settings.all_cache_params))
+
+
 class WallClock:
     """The timing function of :meth:`SpeedGuard.run` on a loaded model: ``clock(point)`` -> (plain,
     threshold) speedups over ``none`` (module docstring for the protocol).
@@ -269,7 +283,8 @@ class WallClock:
         spec = policy_spec(point)
         opts = ProfileOptions(policies=[BASELINE, spec], warmup=1, repeats=self.guard.passes,
                               batch_size=self.batch_size, seed=self.seed)
-        report = measure(self.engine, self.modes[mode], [Request(ids) for ids in self.prompt_ids], opts, chat=False,
+        requests = [Request(ids) for ids in self.prompt_ids]
+        report = measure(self.engine, point_settings(self.modes[mode], point), requests, opts, chat=False,
                          dist=self.dist)
         value = None
         if report is not None:  # rank 0
