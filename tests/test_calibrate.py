@@ -275,7 +275,14 @@ def test_resume_with_other_settings_is_an_error(llada_lm, tmp_path, profiles_dir
      "made with one --recent-k value and no --joint, this run has --recent-k 16 --joint"),
     ("arms", [[16, False], [32, False]], [[16, False]], "made with --recent-k 16,32, this run has --recent-k 16"),
     ("arms", [[16, False], [16, True], [0, False, 4], [0, False, 8]], [[16, False], [16, True]],
-     "made with --recent-k 16,0 --recent-steps 0,4,8 --joint, this run has --recent-k 16 --joint"),
+     "made with joint-search arms that no flags of this ecache version search (a --joint run file of an earlier "
+     "version), so it cannot be continued"),
+    ("arms", [[16, False], [16, True], [16, False, 4], [16, True, 4]], [[16, False], [16, True]],
+     "made with --recent-k 16 --recent-steps 0,4 --joint, this run has --recent-k 16 --joint; to continue it, rerun "
+     "with --recent-k 16 --recent-steps 0,4 --joint"),
+    ("arms", [[k, b] for b in (False, True) for k in (16, 32, 64)] + [[0, False, 4], [0, False, 8], [0, True, 4],
+     [0, False, 1, "high", True], [0, False, 1, "high", False]], [[16, False], [64, False], [16, True], [64, True]],
+     "made with --joint, this run has --recent-k 16,64 --joint; to continue it, rerun with --joint;"),
     ("recent_steps", None, 4, "made with no --recent-steps, this run has --recent-steps 4"),
     ("weights", "abc", "def", "the model's weights changed (abc in the file, def now); to continue it, rerun with "
                               "the model it was made with"),

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import yaml
+from cli_helpers import one_line_error
 from conftest import SMALL
 
 from ecache_cli.errors import UsageError
@@ -288,3 +289,30 @@ def test_cli_joint_with_one_recent_k_searches_block_refresh_only(cli, llada_dir,
     prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
     assert prof["cache"]["recent_k"] == 4
     assert prof["cache"].get("block_refresh", False) == doc["choice"]["block_refresh"]
+
+
+def test_cli_resume_of_an_earlier_joint_run_file_is_refused_in_one_line(cli, llada_dir, profiles_dir, tmp_path):
+    run = tmp_path / "run.jsonl"
+    args = ["calibrate", "--model", llada_dir, "--task", "list", "--limit", 1, "--metric", "fidelity", "--max-drop",
+            100, "--taus", "1", "--refine", 0, *SMALL, "--out", tmp_path / "p.yaml", "--run-file", run,
+            "--no-speed-check"]
+    assert cli(*args, "--recent-k", "4,8").exit_code == 0
+    # the header as --joint wrote it before the block_tau arms: its arms are no product of flag values
+    lines = run.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["key"]["arms"] = [[k, b] for b in (False, True) for k in (16, 32, 64)] + [[0, False, 4], [0, False, 8],
+                                                                                   [0, True, 4]]
+    run.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    res = cli(*args, "--joint", "--resume")
+    one_line_error(res, 2, f"run file {run} was made with joint-search arms that no flags of this ecache version "
+                           "search (a --joint run file of an earlier version), so it cannot be continued; to start "
+                           "over, drop --resume and pass another --run-file")
+    # a run file of this version's --joint is named as --joint when another arm list resumes it
+    head["key"]["arms"] = [a.as_record() for a in arms(CalibrateOptions(task="list", recent_ks=[16, 32, 64],
+                                                                        block_refreshes=[False, True], recent_steps=[0],
+                                                                        extra_arms=list(calib_mod.JOINT_STEP_ARMS)),
+                                                       resolve_settings("tiny", {}, {"policy": "entropy"}))]
+    run.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    res = cli(*args, "--joint", "--recent-k", "4,8", "--resume")
+    one_line_error(res, 2, "was made with --joint, this run has --recent-k 4,8 --joint; to continue it, rerun with "
+                           "--joint; to start over")

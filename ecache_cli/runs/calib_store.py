@@ -216,12 +216,8 @@ def _as_option(name: str, value) -> tuple[str, str] | None:
     if name == "arms":  # a joint search's arms (Arm.as_record); None: one arm, no joint search
         if not isinstance(value, list):
             return "one --recent-k value and no --joint", "with one --recent-k value and no --joint"
-        arms = [as_arm(a) for a in value]
-        ks = ",".join(dict.fromkeys(str(a.recent_k) for a in arms))
-        steps = ",".join(dict.fromkeys(str(a.recent_steps) for a in arms))
-        text = f"--recent-k {ks}" + (f" --recent-steps {steps}" if steps != "0" else "")
-        text += " --joint" if len({a.block_refresh for a in arms}) > 1 else ""
-        return text, f"with {text}"
+        text = _arms_flags([as_arm(a) for a in value])
+        return None if text is None else (text, f"with {text}")
     field = name.removeprefix("decode.")
     flag = _FLAGS.get(name) or ("--" + field.replace("_", "-") if name.startswith("decode.")
                                 and field in _DECODE_FLAGS else None)
@@ -231,6 +227,25 @@ def _as_option(name: str, value) -> tuple[str, str] | None:
         return f"no {flag}", f"without {flag}"
     text = f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}"
     return text, f"with {text}"
+
+
+def _arms_flags(arms: list[Arm]) -> str | None:
+    """The ``ecache calibrate`` flags whose search has exactly ``arms`` (``runs.calibrate.arms``'s order):
+    ``--joint`` for its default arms, else ``--recent-k``, ``--recent-steps`` (when not 0 alone) and
+    ``--joint`` (block refresh off and on) for a product of their values; None when no flags give them
+    (e.g. a ``--joint`` run file of an earlier version, whose arms differ from this version's)."""
+    from .calibrate import JOINT_BLOCK_REFRESHES, JOINT_RECENT_KS, JOINT_STEP_ARMS
+
+    paper = [Arm(k, b) for b in JOINT_BLOCK_REFRESHES for k in JOINT_RECENT_KS]
+    if arms == paper + [a for a in JOINT_STEP_ARMS if a not in paper]:
+        return "--joint"
+    ks, brs, rss = ([*dict.fromkeys(getattr(a, f) for a in arms)]
+                    for f in ("recent_k", "block_refresh", "recent_steps"))
+    bt, rp = (arms[0].block_tau, arms[0].refresh_prompt) if arms else (None, True)
+    if not arms or arms != [Arm(k, b, r, bt, rp) for r in rss for b in brs for k in ks]:
+        return None
+    text = f"--recent-k {','.join(map(str, ks))}" + (f" --recent-steps {','.join(map(str, rss))}" if rss != [0] else "")
+    return text + (" --joint" if len(brs) > 1 else "")
 
 
 def mismatch_message(path: Path, name: str, old, new) -> str:
@@ -243,6 +258,12 @@ def mismatch_message(path: Path, name: str, old, new) -> str:
     if was is not None and now is not None:
         return (f"run file {path} was made with {was[0]}, this run has {now[0]}; to continue it, rerun {was[1]}; "
                 f"{start_over}")
+    if name == "arms" and was is None:  # arms no flags of this version search together
+        return (f"run file {path} was made with joint-search arms that no flags of this ecache version search "
+                f"(a --joint run file of an earlier version), so it cannot be continued; {start_over}")
+    if name == "arms":
+        return (f"run file {path} was made with {was[0]}, this run searches other arms; to continue it, rerun "
+                f"{was[1]}; {start_over}")
     field = name.removeprefix("decode.")
     what, keep = _FINGERPRINTS.get(name) or (f"the profile's decode setting {field}",
                                              f"decode: {{{field}: {'null' if old is None else old}}} in the profile")
