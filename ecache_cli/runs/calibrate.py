@@ -14,13 +14,15 @@ Procedure (the rules themselves live in ``runs/tau_search.py``):
    proxy, wall-clock, refresh rate and NFE are aggregated per τ, and the choice rule picks one (or none).
 
 Joint search (``--recent-k 16,32,64`` or ``--recent-steps 0,4,8``: several values; ``--joint``: block
-refresh off and on, and recent_k 16, 32, 64 unless listed, all with recent_steps 0 (the paper's rule,
-whatever the base profile's) unless --recent-steps is given, plus the recent_steps variant's arms
-``JOINT_STEP_ARMS`` unless --recent-k or --recent-steps is given): steps 3–4 run once per arm, an arm
-(``calib_store.Arm``) being one (recent_k, block_refresh, recent_steps) of the product of the searched
+refresh off and on, and recent_k 16, 32, 64 unless listed, all with recent_steps 0, no block_tau and
+the prompt in triggered refreshes (the paper's rule, whatever the base profile's) unless --recent-steps
+is given, plus the variants' arms ``JOINT_STEP_ARMS`` unless --recent-k or --recent-steps is given,
+whose ``block_tau`` "high" becomes the high τ of ``none``'s signal on the sample once ``none`` is
+decoded, ``tau_search.high_tau``): steps 3–4 run once per arm, an arm (``calib_store.Arm``) being one
+(recent_k, block_refresh, recent_steps, block_tau, refresh_prompt) of the product of the searched
 values or of the extra arms, every arm against the same ``none`` records; the choice rule then takes
 the qualifying setting with the highest cost-proxy speedup (the least planned work) over every arm's
-points (``tau_search.choose``), and the profile gets its τ, recent_k, block_refresh and recent_steps.
+points (``tau_search.choose``), and the profile gets its τ and arm.
 
 Groups (``--task arith,code,list``, ``--shots 0,4``; ``runs/calib_groups.py``): the sample is every
 group's examples, each point is also aggregated per group, and a setting qualifies only when it meets

@@ -226,8 +226,9 @@ def coarse_grid(signals: Sequence[float], n: int = 8, r_max: float = 0.5, r_min:
 
 def high_tau(signals: Sequence[float], r_min: float = 0.02) -> float:
     """The high τ of a signal distribution: its (1 − ``r_min``) quantile (about a share ``r_min`` of the
-    steps exceed it), rounded to 3 significant digits as the grid's τs are; ``coarse_grid``'s largest
-    τ below the maximum. Raises ValueError without finite signals."""
+    steps exceed it), rounded to 3 significant digits as the grid's τs are; with the default ``r_min``
+    and ``n`` ≥ 3, ``coarse_grid``'s largest τ below the maximum. Raises ValueError without finite
+    signals."""
     vals = sorted(v for v in signals if math.isfinite(v))
     if not vals:
         raise ValueError("no finite signal values to take the high τ of")
