@@ -269,8 +269,9 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
                  speed_check: dict | None = None) -> dict:
     """The profile written for the choice (config.py's sections). decode: gen/block length, steps
     (effective), threshold, plus every other decode setting that differs from the defaults; cache:
-    entropy with τ, recent_k, signal (block_refresh and recent_steps when on), τ and, from a joint search,
-    recent_k, block_refresh and recent_steps being the chosen point's; measured: informational (0–1
+    entropy with τ, recent_k, signal (block_refresh and recent_steps when on, block_tau when set,
+    refresh_prompt when off) and, from a joint search, recent_k, block_refresh, recent_steps, block_tau
+    and refresh_prompt being the chosen point's; measured: informational (0–1
     scores; ``run_file`` as a bare name when it sits beside the profile; ``groups``: each group's
     numbers when several were calibrated; ``speed_check``: the chosen setting's wall-clock speedups
     over ``none``, plain and under threshold decoding, from ``speed_check``, the Outcome's entry, when
