@@ -15,9 +15,17 @@ from ecache_cli.errors import UsageError
 from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_report import json_document
 from ecache_cli.runs.calibrate import CalibrateOptions, calibrate
-from ecache_cli.runs.settings import resolve_settings
 from ecache_cli.runs.profile import parse_policy_spec
-from ecache_cli.runs.speed_guard import SpeedGuard, check_modes, mode_threshold, point_settings, policy_spec, spread
+from ecache_cli.runs.settings import resolve_settings
+from ecache_cli.runs.speed_guard import (
+    SpeedGuard,
+    Timed,
+    check_modes,
+    mode_threshold,
+    point_settings,
+    policy_spec,
+    spread,
+)
 from ecache_cli.runs.tau_search import Point, choose, ranking
 from ecache_cli.tasks import get_task
 
@@ -144,6 +152,10 @@ def test_the_timed_policy_is_the_points_arm_not_the_base_profiles_block_tau():
     assert (got.recent_k, got.recent_steps, got.block_tau, got.refresh_prompt) == (0, 1, 2.73, False)
     got = timed(pt(1.5, 3.0))  # a one-arm search: the point is τ alone, the rest is the base profile's
     assert (got.tau, got.recent_steps, got.block_tau, got.refresh_prompt) == (1.5, 1, 0.3, False)
+    # the JSON's timed entry names the whole arm, so the two block_tau arms stay apart
+    rec = Timed(high, 1.4, 1.2).as_dict()
+    assert (rec["setting"], rec["recent_steps"], rec["block_tau"], rec["refresh_prompt"]) == (
+        "τ=2 k=0 steps=1 block-τ=2.73 canvas-refresh", 1, 2.73, False)
 
 
 # --- in a real search, with the timing function scripted -----------------------------------------------

@@ -72,8 +72,8 @@ class Timed:
     def as_dict(self) -> dict:
         p = self.point
         return {"setting": p.label(), "tau": p.tau, "recent_k": p.recent_k, "block_refresh": p.block_refresh,
-                "recent_steps": p.recent_steps, "plain": self.plain, "threshold": self.threshold, "mode": self.own,
-                "passed": self.passed}
+                "recent_steps": p.recent_steps, "block_tau": p.block_tau, "refresh_prompt": p.refresh_prompt,
+                "plain": self.plain, "threshold": self.threshold, "mode": self.own, "passed": self.passed}
 
 
 @dataclass
