@@ -286,8 +286,9 @@ def test_resume_with_other_settings_is_an_error(llada_lm, tmp_path, profiles_dir
     ("recent_steps", None, 4, "made with no --recent-steps, this run has --recent-steps 4"),
     ("weights", "abc", "def", "the model's weights changed (abc in the file, def now); to continue it, rerun with "
                               "the model it was made with"),
-    ("block_tau", 0.3, None, "the profile's entropy block_tau changed (0.3 in the file, None now); to continue "
+    ("block_tau", 0.3, None, "the profile's entropy block_tau changed (0.3 in the file, unset now); to continue "
                              "it, rerun with the profile it was made with"),
+    ("refresh_prompt", None, False, "the profile's entropy refresh_prompt changed (true in the file, false now)"),
     ("decode.eps", None, 0.001, "decode setting eps changed (None in the file, 0.001 now); to continue it, rerun "
                                 "with decode: {eps: null} in the profile"),
 ])

@@ -202,6 +202,8 @@ _FINGERPRINTS = {"data_sha256": ("the --data file's contents", "the data file it
                                     "the model and data it was made with"),
                  "block_tau": ("the profile's entropy block_tau", "the profile it was made with"),
                  "refresh_prompt": ("the profile's entropy refresh_prompt", "the profile it was made with")}
+#: Run-key fields left out at their default: how to show the default in a mismatch.
+_UNSET = {"block_tau": "unset", "refresh_prompt": "true"}
 _DECODE_FLAGS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking",
                  "threshold", "factor", "schedule", "compat", "alg_temp"}
 
@@ -267,5 +269,7 @@ def mismatch_message(path: Path, name: str, old, new) -> str:
     field = name.removeprefix("decode.")
     what, keep = _FINGERPRINTS.get(name) or (f"the profile's decode setting {field}",
                                              f"decode: {{{field}: {'null' if old is None else old}}} in the profile")
+    if name in _UNSET:  # the run key leaves these out at their defaults: name the default, as YAML writes it
+        old, new = (_UNSET[name] if v is None else str(v).lower() if isinstance(v, bool) else v for v in (old, new))
     return (f"run file {path} does not match this run: {what} changed ({old} in the file, {new} now); to continue "
             f"it, rerun with {keep}; {start_over}")
