@@ -12,7 +12,7 @@ from cli_helpers import one_line_error
 from conftest import SMALL
 
 from ecache_cli.errors import UsageError
-from ecache_cli.runs import calib_report, speed_guard
+from ecache_cli.runs import calib_report, calib_store, speed_guard
 from ecache_cli.runs import calibrate as calib_mod
 from ecache_cli.runs.calib_groups import TaskGroups, parse_list, parse_shots
 from ecache_cli.runs.calib_store import HIGH_BLOCK_TAU, Arm, RunFile, as_arm
@@ -310,7 +310,7 @@ def test_cli_resume_of_an_earlier_joint_run_file_is_refused_in_one_line(cli, lla
     # a run file of this version's --joint is named as --joint when another arm list resumes it
     head["key"]["arms"] = [a.as_record() for a in arms(CalibrateOptions(task="list", recent_ks=[16, 32, 64],
                                                                         block_refreshes=[False, True], recent_steps=[0],
-                                                                        extra_arms=list(calib_mod.JOINT_STEP_ARMS)),
+                                                                        extra_arms=list(calib_store.JOINT_STEP_ARMS)),
                                                        resolve_settings("tiny", {}, {"policy": "entropy"}))]
     run.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
     res = cli(*args, "--joint", "--recent-k", "4,8", "--resume")

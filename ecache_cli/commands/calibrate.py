@@ -93,10 +93,8 @@ def calibrate_cmd(
         wall_warnings,
         write_json,
     )
+    from ..runs.calib_store import JOINT_BLOCK_REFRESHES, JOINT_RECENT_KS, JOINT_STEP_ARMS
     from ..runs.calibrate import (
-        JOINT_BLOCK_REFRESHES,
-        JOINT_RECENT_KS,
-        JOINT_STEP_ARMS,
         CalibrateOptions,
         Interrupted,
         calibrate,

@@ -72,6 +72,18 @@ class Arm(NamedTuple):
         return self._replace(block_tau=high) if self.block_tau == HIGH_BLOCK_TAU else self
 
 
+JOINT_RECENT_KS = [16, 32, 64]  # --joint: recent_k searched with τ (64: the paper's medium setting)
+JOINT_BLOCK_REFRESHES = [False, True]  # --joint: the paper's rule (off) and a refresh at each block start
+# --joint: the recent_steps variant (commits recomputed while younger than 4 or 8 steps, no fixed k),
+# which carries entropy's speed-fidelity frontier under plain decoding on the embedded model (BENCHMARKS.md),
+# and its 4-step arm with a refresh at each block start (frontier points under threshold decoding);
+# the previous step's commits alone with a block start refreshed only after a block whose signal passed
+# the sample's high τ, with and without the prompt in triggered refreshes (the frontier under threshold
+# decoding at 4 shots, where the prompt is longer than the canvas)
+JOINT_STEP_ARMS = [Arm(0, False, 4), Arm(0, False, 8), Arm(0, True, 4),
+                   Arm(0, False, 1, HIGH_BLOCK_TAU), Arm(0, False, 1, HIGH_BLOCK_TAU, False)]
+
+
 def as_arm(arm) -> Arm | None:
     """``arm`` (an Arm, or a sequence of 2 to 5 values as the run file stores it) as an Arm; None stays None."""
     if arm is None:
@@ -236,8 +248,6 @@ def _arms_flags(arms: list[Arm]) -> str | None:
     ``--joint`` for its default arms, else ``--recent-k``, ``--recent-steps`` (when not 0 alone) and
     ``--joint`` (block refresh off and on) for a product of their values; None when no flags give them
     (e.g. a ``--joint`` run file of an earlier version, whose arms differ from this version's)."""
-    from .calibrate import JOINT_BLOCK_REFRESHES, JOINT_RECENT_KS, JOINT_STEP_ARMS
-
     paper = [Arm(k, b) for b in JOINT_BLOCK_REFRESHES for k in JOINT_RECENT_KS]
     if arms == paper + [a for a in JOINT_STEP_ARMS if a not in paper]:
         return "--joint"

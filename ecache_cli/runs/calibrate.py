@@ -16,7 +16,7 @@ Procedure (the rules themselves live in ``runs/tau_search.py``):
 Joint search (``--recent-k 16,32,64`` or ``--recent-steps 0,4,8``: several values; ``--joint``: block
 refresh off and on, and recent_k 16, 32, 64 unless listed, all with recent_steps 0, no block_tau and
 the prompt in triggered refreshes (the paper's rule, whatever the base profile's) unless --recent-steps
-is given, plus the variants' arms ``JOINT_STEP_ARMS`` unless --recent-k or --recent-steps is given,
+is given, plus the variants' arms ``calib_store.JOINT_STEP_ARMS`` unless --recent-k or --recent-steps is given,
 whose ``block_tau`` "high" becomes the high τ of ``none``'s signal on the sample once ``none`` is
 decoded, ``tau_search.high_tau``): steps 3–4 run once per arm, an arm (``calib_store.Arm``) being one
 (recent_k, block_refresh, recent_steps, block_tau, refresh_prompt) of the product of the searched
@@ -66,7 +66,7 @@ from ..config import canonical_model_name, profile_path
 from ..distributed import DistEnv
 from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
-from .calib_store import HIGH_BLOCK_TAU, Arm, RunFile
+from .calib_store import Arm, RunFile
 from .settings import Settings
 from .speed_guard import DEFAULT_LIMIT, DEFAULT_TRIES, SpeedGuard, Verdict, WallClock, mode_threshold, spread
 from .tau_search import (
@@ -197,17 +197,6 @@ def validate(opts: CalibrateOptions) -> None:
 
     check_plot_name(opts.plot_path)
 
-
-JOINT_RECENT_KS = [16, 32, 64]  # --joint: recent_k searched with τ (64: the paper's medium setting)
-JOINT_BLOCK_REFRESHES = [False, True]  # --joint: the paper's rule (off) and a refresh at each block start
-# --joint: the recent_steps variant (commits recomputed while younger than 4 or 8 steps, no fixed k),
-# which carries entropy's speed-fidelity frontier under plain decoding on the embedded model (BENCHMARKS.md),
-# and its 4-step arm with a refresh at each block start (frontier points under threshold decoding);
-# the previous step's commits alone with a block start refreshed only after a block whose signal passed
-# the sample's high τ, with and without the prompt in triggered refreshes (the frontier under threshold
-# decoding at 4 shots, where the prompt is longer than the canvas)
-JOINT_STEP_ARMS = [Arm(0, False, 4), Arm(0, False, 8), Arm(0, True, 4),
-                   Arm(0, False, 1, HIGH_BLOCK_TAU), Arm(0, False, 1, HIGH_BLOCK_TAU, False)]
 
 
 def own_arm(settings: Settings) -> Arm:
