@@ -194,7 +194,8 @@ def test_table_settings_stay_short_with_the_variant_arms():
     canvas.recent_steps, canvas.block_tau = 1, 0.00195
     pts = [paper, canvas]
     assert [calib_report.short_setting(p, pts) for p in pts] == ["0.5 k16 B", "0.00259 k0 s1 b C"]
-    assert calib_report._variant_legend(pts) == ", b = block_tau 0.00195, C = canvas-only refresh"
+    assert calib_report._variant_legend(pts) == (", b = block_tau 0.00195, C = canvas-only refresh (a partial forward: "
+                                                 "not in refresh %)")
     other = pt(1.0, 0.8, 3.0, k=0, br=False)
     other.block_tau = 0.5  # two block_tau values: each named in its cell
     assert calib_report.short_setting(other, [*pts, other]) == "1 k0 b0.5"

@@ -102,7 +102,8 @@ def _variant_legend(points) -> str:
     sweep has one) and C (canvas-only triggered refresh), each only when a point uses it."""
     bts = _block_taus(points)
     out = "" if not bts else f", b = block_tau {bts[0]:g}" if len(bts) == 1 else ", b<x> = block_tau x"
-    return out + (", C = canvas-only refresh" if any(p.refresh_prompt is False for p in points) else "")
+    return out + (", C = canvas-only refresh (a partial forward: not in refresh %)"
+                  if any(p.refresh_prompt is False for p in points) else "")
 
 
 def short_setting(p: Point, points) -> str:
