@@ -13,10 +13,10 @@ and the task score (``ecache_cli/metrics``).
 
 Grids (``GRIDS``; ``--grid small|full``): entropy sweeps τ × recent_k × block_refresh (and the other
 signals in ``full``), τ × recent_steps (its variant, also with block refresh) and, in ``small``, τ with
-recent_steps 1 and block_tau at the workload's high τ (``HIGH_TAU``; with and without refresh_prompt), its τ values placed
-at quantiles of ``none``'s own per-step signal on the workload (``runs/tau_search.coarse_grid``: τ at
-the (1 − r) quantile refreshes about a share r of the steps; τ = 0, which decodes as ``none``, only as
-a fixed point);
+recent_steps 1 and block_tau at the workload's high τ (``HIGH_TAU``; with and without refresh_prompt),
+its τ values placed at quantiles of ``none``'s own per-step signal on the workload
+(``runs/tau_search.coarse_grid``: τ at the (1 − r) quantile refreshes about a share r of the steps;
+τ = 0, which decodes as ``none``, only as a fixed point);
 the shipped profiles' settings for the model (the workload's domain and ``default``) are extra entropy
 points (label ``profile:<task>``).
 Prefix and dual sweep ``refresh_every``; dLLM-Cache kr (and kp, rho); dKV-Cache its refresh period;
