@@ -155,7 +155,8 @@ threshold, factor, ban_eos, low_eos_confidence, early_exit, schedule, compat, ep
     "cache": ("Cache policies, their parameters and ranges", """\
 [bold]--cache[/] chooses the policy (default entropy). Parameters without a flag go in a profile's cache:
 section (cache: {policy: dllm-cache, kr: 4}) or a --policies variant (ecache profile --policies
-none,elastic:gamma=0.8).
+none,elastic:gamma=0.8). In a variant, key=none gives a parameter its default whatever the profile
+set (entropy:block_tau=none: no block-start signal check).
 
   policy      parameters (range, default)
   none        (the baseline: a full forward every step)

@@ -22,7 +22,6 @@ from ecache_cli.runs.speed_guard import (
     Timed,
     check_modes,
     mode_threshold,
-    point_settings,
     policy_spec,
     spread,
 )
@@ -131,7 +130,7 @@ def test_the_two_modes_and_helpers():
         check_modes(DecodeConfig(alg_temp=0.5, schedule="dream"), 0.9)
     assert spread(50, 8) == [0, 6, 12, 18, 25, 31, 37, 43] and spread(3, 8) == [0, 1, 2]
     assert policy_spec(pt(0.00271, 2.0)) == "entropy:tau=0.00271"
-    assert policy_spec(pt(4.0, 2.0, 16, True)) == "entropy:tau=4.0:recent_k=16:block_refresh=true"
+    assert policy_spec(pt(4.0, 2.0, 16, True)) == "entropy:tau=4.0:recent_k=16:block_refresh=true:block_tau=none"
 
 
 def test_the_timed_policy_is_the_points_arm_not_the_base_profiles_block_tau():
@@ -140,8 +139,12 @@ def test_the_timed_policy_is_the_points_arm_not_the_base_profiles_block_tau():
 
     def timed(point):  # the policy WallClock times for ``point``
         name, params = parse_policy_spec(policy_spec(point))
-        return point_settings(base, point).policy(name, **params)
+        return base.policy(name, **params)
 
+    # "none" gives a parameter the policy's default, whatever the base profile set
+    assert parse_policy_spec("entropy:tau=1:block_tau=none") == ("entropy", {"tau": 1, "block_tau": None})
+    assert base.policy("entropy", **parse_policy_spec("entropy:block_tau=None")[1]).block_tau is None
+    assert base.policy("entropy").block_tau == 0.3
     paper = pt(2.0, 3.0, 64, False)  # a --joint arm of the paper's rule: no block_tau, the prompt refreshed
     paper.recent_steps, paper.refresh_prompt = 0, True
     got = timed(paper)

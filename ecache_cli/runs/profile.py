@@ -79,8 +79,10 @@ class ProfileOptions:
 def parse_policy_spec(spec: str) -> tuple[str, dict]:
     """``name`` or ``name:key=value:key=value`` (e.g. ``entropy:tau=2.5:recent_k=16``) -> (name, params).
 
-    Values are read as int, float, true/false, else kept as strings. A spec's parameters override the
-    resolved cache settings for that entry only, so one run can compare variants of one policy.
+    Values are read as int, float, true/false, else kept as strings; ``none`` reads as None, which
+    gives the parameter the policy's own default whatever the profile or flags set (e.g.
+    ``entropy:block_tau=none``: no block-start signal check). A spec's parameters override the resolved
+    cache settings for that entry only, so one run can compare variants of one policy.
     Raises UsageError for an unknown policy or parameter, a malformed ``key=value`` or a key given twice.
     """
     from ..cache import POLICIES, make_policy
@@ -109,7 +111,7 @@ def _scalar(text: str):
             return kind(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 @dataclass

@@ -211,7 +211,9 @@ def mode_name(mode: str, threshold: float) -> str:
 def policy_spec(point: Point) -> str:
     """The ``--policies`` entry of ``point`` for ``runs.profile.measure``: ``entropy:tau=…`` with the
     point's recent_k, block_refresh, recent_steps, block_tau and refresh_prompt when it has them (a joint
-    search); what it leaves out, ``measure`` takes from the run's resolved settings."""
+    search); what it leaves out, ``measure`` takes from the run's resolved settings. A joint search's
+    arm without ``block_tau`` says ``block_tau=none``, so a base profile's ``block_tau`` never reaches
+    the timed policy; a one-arm search's point (τ alone) keeps the base profile's."""
     spec = f"entropy:tau={float(point.tau)!r}"
     if point.recent_k is not None:
         spec += f":recent_k={int(point.recent_k)}"
@@ -221,23 +223,11 @@ def policy_spec(point: Point) -> str:
         spec += f":recent_steps={int(point.recent_steps)}"
     if point.block_tau is not None:
         spec += f":block_tau={float(point.block_tau)!r}"
+    elif point.recent_k is not None:
+        spec += ":block_tau=none"
     if point.refresh_prompt is not None:
         spec += f":refresh_prompt={'true' if point.refresh_prompt else 'false'}"
     return spec
-
-
-def point_settings(settings, point: Point):
-    """``settings`` (a ``runs.settings.Settings``) for timing ``point`` under :func:`policy_spec`: a
-    joint search's point without ``block_tau`` (an arm with it off) gets settings without the run's
-    ``block_tau``, which a ``--policies`` entry cannot switch off, so a base profile's ``block_tau``
-    never reaches the timed policy; every other point gets ``settings`` as they are."""
-    if point.recent_k is None or point.block_tau is not None:
-        return settings
-
-    def drop(params: dict) -> dict:
-        return {k: v for k, v in params.items() if k != "block_tau"}
-
-    return replace(settings, cache_params=drop(settings.cache_params), all_cache_params=drop(settings.all_cache_params))
 
 
 class WallClock:
@@ -284,8 +274,7 @@ class WallClock:
         opts = ProfileOptions(policies=[BASELINE, spec], warmup=1, repeats=self.guard.passes,
                               batch_size=self.batch_size, seed=self.seed)
         requests = [Request(ids) for ids in self.prompt_ids]
-        report = measure(self.engine, point_settings(self.modes[mode], point), requests, opts, chat=False,
-                         dist=self.dist)
+        report = measure(self.engine, self.modes[mode], requests, opts, chat=False, dist=self.dist)
         value = None
         if report is not None:  # rank 0
             sp = pass_speedups(report.runs[spec], report.runs[BASELINE])
