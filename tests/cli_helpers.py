@@ -46,7 +46,7 @@ def step_layer_positions(lm, run) -> tuple[list, list[int]]:
     seen: list[int] = []
 
     def hook(module, args, out):
-        seen[-1] += args[0].shape[0] * args[0].shape[1]
+        seen[-1] += args[0].shape[:-1].numel()  # (B, S, d), or (N, d) packed
 
     handles = [lm.model.parts(i).attn_norm.register_forward_hook(hook) for i in range(lm.spec.n_layers)]
     records = []

@@ -162,6 +162,39 @@ def test_logits_rows_run_the_head_on_those_entries_alone(ckpt):
     assert bool((some[~rows] == 0).all())
 
 
+def test_packed_partial_forward_equals_the_padded_one(ckpt):
+    """``pack``: the per-position work runs on the real query entries alone; logits and every K/V the
+    forward writes are those of the padded forward, bit for bit (the same rows' dot products)."""
+    from ecache_cli.contract.rows import packed_rows, padded_index
+
+    _, _, lm = ckpt
+    m, ids = lm.model, _canvas(lm)
+    T = ids.shape[1]
+    want = torch.zeros(2, T, dtype=torch.bool)
+    want[0, [2, 3, 5, 9, 11]] = True
+    want[1, [7]] = True  # one real entry, four padding
+    qp, valid = padded_index(want)
+    lp = qp[:, :2]
+    order, unpack = packed_rows(valid, 6)
+    assert order.tolist() == [0, 1, 2, 3, 4, 5] and unpack.tolist() == [0, 1, 2, 3, 4, 5, 5, 5, 5, 5]
+    seen = []
+    hook = m.parts(0).attn_norm.register_forward_hook(lambda mod, a, out: seen.append(tuple(a[0].shape)))
+    stores = []
+    try:
+        with torch.inference_mode():
+            outs = []
+            for kw in ({}, {"pack": (order, unpack)}):
+                store = m.new_store(torch.ones_like(ids, dtype=torch.bool))
+                m(ids, store)
+                outs.append(m(ids, store, query_pos=qp, logits_pos=lp, **kw))
+                stores.append(store)
+    finally:
+        hook.remove()
+    assert seen[1] == (2, 5, lm.spec.d_model) and seen[3] == (6, lm.spec.d_model)  # padded, then packed
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(stores[0].k + stores[0].v, stores[1].k + stores[1].v))
+
+
 def test_cached_kv_is_used_for_positions_not_computed(ckpt):
     """A partial forward reads stale K/V from the store: changing a token it does not compute must
     not change its output until that position is recomputed."""

@@ -121,3 +121,24 @@ def padded_index(mask: torch.Tensor, width: int | None = None) -> tuple[torch.Te
     order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :S]  # (B, S) True positions first
     valid = torch.arange(S, device=mask.device)[None, :] < counts[:, None]  # (B, S)
     return torch.where(valid, order, order[:, :1]), valid
+
+
+def packed_rows(valid: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real entries of a padded (B, S) index as one packed list, and the way back.
+
+    ``valid`` (B, S) bool: the real entries (``padded_index``'s second result); every row's first entry
+    counts as real too (an empty row's padding is its entry 0). ``n``: how many entries that makes,
+    ``valid.sum(1).clamp(min=1).sum()``, read by the caller with its other counts (no sync here).
+    Returns (order (n,) long: the flat indices ``b * S + s`` of the real entries, row by row; unpack
+    (B * S,) long: for every entry, its place in ``order``, a padding entry that of its row's first
+    entry, which ``padded_index`` repeats in it). ``x.reshape(B * S, -1)[order]`` packs per-entry
+    values, ``packed[unpack].view(B, S, -1)`` restores the padded layout.
+    """
+    B, S = valid.shape
+    real = valid.clone()
+    real[:, 0] = True
+    flat = real.reshape(-1)
+    order = torch.argsort((~flat).to(torch.int8), stable=True)[:n]  # (n,) real entries first, in order
+    place = flat.long().cumsum(0) - 1  # (B*S,) the packed place of each real entry
+    first = place.view(B, S)[:, :1].expand(B, S).reshape(-1)  # the row's first entry's place
+    return order, torch.where(flat, place, first)

@@ -5,15 +5,17 @@ Rows whose plans differ in shape get forwards of their own, so no row pays for a
 - every row refreshes: one full forward;
 - otherwise one partial forward of the whole batch at the widest non-refreshing row's width (a
   refreshing row computes only its logit sources and requested attention rows there, padded by
-  repeats), then one full forward of the refreshing rows alone on a scratch store whose K/V are copied
-  into their rows; and, when only some rows grow their positions at a layer
-  (``ForwardHooks.grow_from_layer``), the growing rows again on a copy of their store rows, so the
-  others do not compute every position from that layer on. Their logits replace the partial forward's.
+  repeats; the norms, projections and MLP run on the real entries alone, packed, when padding is at
+  least a tenth of that layout: ``PACK_BELOW``), then one full forward of the refreshing rows alone on
+  a scratch store whose K/V are copied into their rows; and, when only some rows grow their positions
+  at a layer (``ForwardHooks.grow_from_layer``), the growing rows again on a copy of their store rows,
+  so the others do not compute every position from that layer on. Their logits replace the partial
+  forward's.
 
-``computed`` counts what the forwards computed per row, padding included (layer-averaged where a
-forward's positions change at a layer); ``planned`` the plan's own positions (layer-averaged too:
-after a shrink, ``ForwardHooks.shrink``, the positions it kept). The widths and counts are read in one
-host sync per step (plus one per shrink, inside the model). A shrink may drop positions whose logits
+``computed`` counts what the forwards computed per row, padding included unless packed (layer-averaged
+where a forward's positions change at a layer); ``planned`` the plan's own positions (layer-averaged
+too: after a shrink, ``ForwardHooks.shrink``, the positions it kept). The widths and counts are read in
+one host sync per step (plus one per shrink, inside the model). A shrink may drop positions whose logits
 the step needs (``Shrink.keep_logits``): ``produced`` then says which targets got logits, and only those
 can be committed.
 """
@@ -24,7 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..contract.rows import padded_index
+from ..contract.rows import packed_rows, padded_index
+
+#: A batch's partial forward packs its rows' real query entries (``DiffusionLM.forward``'s ``pack``) when
+#: they are at most this share of the padded (B, S) layout: below it the per-position work saved
+#: outweighs the few index operations per layer that packing adds.
+PACK_BELOW = 0.9
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,8 @@ class Group:
     the partial forward (None when every row refreshes), ``width`` its query width; ``targets`` /
     ``attn`` the largest row counts of the targets and of the requested attention rows; ``n_grow``
     non-refreshing rows whose positions grow at a layer < n_layers; ``total_targets`` the targets of
-    every row together (fewer than batch × ``targets``: the step's target index is padded)."""
+    every row together (fewer than batch × ``targets``: the step's target index is padded); ``entries``
+    the partial forward's real query entries, every row's positions (at least one) together."""
 
     n_refresh: int
     part: torch.Tensor | None
@@ -42,6 +50,7 @@ class Group:
     attn: int
     n_grow: int = 0
     total_targets: int = 0
+    entries: int = 0
 
 
 @dataclass
@@ -92,10 +101,12 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     part = torch.where(refresh, need, plan.compute)
     grow = None if hooks is None else hooks.grow_from_layer
     n_grow = plan.refresh.sum() * 0 if grow is None else (grow.clamp(0, L).masked_fill(plan.refresh, L) < L).sum()
-    values = torch.stack(counts + [n_grow, plan.refresh.sum(), part.sum(1).amax(), bad.long()]).tolist()
-    n_grow, n_refresh, width, bad = values[-4:]
+    row_width = part.sum(1)  # (B,)
+    values = torch.stack(counts + [n_grow, plan.refresh.sum(), row_width.amax(), row_width.clamp(min=1).sum(),
+                                   bad.long()]).tolist()
+    n_grow, n_refresh, width, entries, bad = values[-5:]
     assert not bad, f"policy {policy_name} did not plan the positions whose logits (or attention rows) this step needs"
-    return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1])
+    return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1], entries)
 
 
 def _layer_average(S: int, m: torch.Tensor, T: int, L: int) -> torch.Tensor:
@@ -137,11 +148,15 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
             logits = model(state.tokens, store, query_pos=None, logits_pos=sources, **kw)
         full = torch.full((B,), T, dtype=torch.long, device=dev)
         return StepForward(logits, None, full, full, T, [], attn_pos)
-    query, _ = padded_index(grp.part, grp.width)  # (B, S)
+    query, real = padded_index(grp.part, grp.width)  # (B, S)
     S = query.shape[1]
     refresh = plan.refresh
     own = plan.compute.sum(1)  # (B,)
     computed = torch.full((B,), S, dtype=torch.long, device=dev)
+    plain = hooks is None and store.hidden is None  # packing leaves the layer hooks' forwards as they are
+    if plain and B > 1 and grp.entries <= PACK_BELOW * B * S and getattr(model, "packs_rows", False):
+        kw["pack"] = packed_rows(real, grp.entries)  # the rows' widths differ: no work on padding
+        computed = real.sum(1).clamp_(min=1)  # (B,) each row's own entries (an empty row computes one)
     grow = None if hooks is None else hooks.grow_from_layer
     separate = False
     shrinks = () if hooks is None else hooks.shrinks

@@ -51,6 +51,7 @@ class DiffusionLM(nn.Module):
     """Base class: subclasses set ``spec`` and implement ``embed``, ``parts(i)``, ``final_norm``, ``head``."""
 
     spec: ModelSpec
+    packs_rows = True  # forward takes ``pack`` (the engine packs a batch's padded partial forwards)
 
     def parts(self, i: int) -> BlockParts:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -100,6 +101,7 @@ class DiffusionLM(nn.Module):
         attn_pos: torch.Tensor | None = None,
         shrink: Shrink | Sequence[Shrink] | None = None,
         logits_rows: torch.Tensor | None = None,
+        pack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Compute ``query_pos`` at every layer against the store; return logits for ``logits_pos``.
 
@@ -128,6 +130,12 @@ class DiffusionLM(nn.Module):
             logits_rows: (B, R) bool, or None for all: the ``logits_pos`` entries whose logits are
                 needed. The final norm and the LM head run on those alone (a batch's padded targets
                 cost nothing there); the other entries' logits are zeros.
+            pack: (order (N,) long, unpack (B*S,) long) from ``contract.rows.packed_rows`` for a padded
+                ``query_pos``: the per-position work (norms, projections, MLP) runs on the N real
+                entries alone, packed into one list, and only attention sees the padded (B, S) layout
+                (a batch whose rows want different widths pays for the real ones). The same numbers as
+                without it, row for row; ignored with ``expand_from_layer``, ``attn_pos``, ``shrink``
+                or a store that keeps hidden states.
         Gradients flow when called outside ``torch.inference_mode`` (training uses a full forward with a
         fresh store); the engine calls it under inference mode.
 
@@ -146,6 +154,12 @@ class DiffusionLM(nn.Module):
         x = self.embed(gather_rows(tokens, idx, 1))  # (B, S, d)
         store.queries = [] if attn_pos is not None else None
         shrinks = () if shrink is None or query_pos is None else ForwardHooks(shrink=shrink).shrinks
+        if pack is not None and (query_pos is None or starts is not None or attn_pos is not None or shrinks
+                                 or store.hidden is not None):
+            pack = None
+        if pack is not None:
+            B, S, d = x.shape
+            x = x.reshape(B * S, d)[pack[0]]  # (N, d) the real query entries
         store.shrunk, store.produced = ([] if shrinks else None), None
         for i in range(s.n_layers):
             for sh in shrinks:
@@ -158,13 +172,17 @@ class DiffusionLM(nn.Module):
                 cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
             p = self.parts(i)
             store.write_hidden(i, idx, x)
-            q, k, v = self._attention_inputs(p, p.attn_norm(x), cos, sin)  # (B, H|H_kv, S, D)
+            q, k, v = self._attention_inputs(p, p.attn_norm(x), cos, sin, idx.shape if pack else None,
+                                             pack[1] if pack else None)  # (B, H|H_kv, S, D)
             store.write(i, idx, k, v)
             if attn_pos is not None:
                 store.queries.append(gather_rows(q, self._rows_of(attn_pos, idx, T), 2))  # (B, H, A, D)
-            x = x + p.o(attend(q, store.k[i], store.v[i], store.attn_mask))  # (B, S, d)
+            a = attend(q, store.k[i], store.v[i], store.attn_mask)  # (B, S, H*D)
+            x = x + p.o(a if pack is None else a.reshape(B * S, -1)[pack[0]])  # (B, S, d) or packed (N, d)
             h = p.mlp_norm(x)
             x = x + (swiglu_fused(h, p.gate_up, p.down) if p.fused() else swiglu(h, p.gate, p.up, p.down))
+        if pack is not None:
+            x = x[pack[1]].view(B, S, d)
         if logits_pos is None and idx is not query_pos:  # expanded: still the logits of query_pos
             logits_pos = query_pos
         if logits_pos is not None:
@@ -179,19 +197,24 @@ class DiffusionLM(nn.Module):
         out[logits_rows] = packed
         return out
 
-    def _attention_inputs(self, p: BlockParts, h: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _attention_inputs(self, p: BlockParts, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          shape: tuple[int, int] | None = None, unpack: torch.Tensor | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of one layer from its normed input h (B, S, d): q (B, H, S, D) and k (B, H_kv, S, D)
         rotated by cos/sin (B, 1, S, D), v (B, H_kv, S, D); contiguous slices of one (B, H + 2 H_kv, S, D)
         tensor (the attention kernel is slower on strided queries). q and k are rotated together: RoPE
-        acts on each head's vector alone."""
+        acts on each head's vector alone. A packed h (N, d) (``forward``'s ``pack``) comes with the
+        padded ``shape`` (B, S) and ``unpack`` (B*S,) long, which restore the padded layout after the
+        projection."""
         s = self.spec
-        B, S, _ = h.shape
+        B, S = h.shape[:2] if shape is None else shape
         H, Hk, D = s.n_heads, s.n_kv_heads, s.head_dim
         if p.fused():
-            qkv = F.linear(h, p.qkv, p.qkv_bias)  # (B, S, (H + 2 H_kv) D)
+            qkv = F.linear(h, p.qkv, p.qkv_bias)  # (B, S, (H + 2 H_kv) D), or packed (N, ...)
         else:
             qkv = torch.cat([p.q(h), p.k(h), p.v(h)], -1)
+        if unpack is not None:
+            qkv = qkv[unpack]  # (B*S, (H + 2 H_kv) D)
         qkv = qkv.view(B, S, H + 2 * Hk, D).transpose(1, 2).contiguous()  # (B, H + 2 H_kv, S, D)
         qk = apply_rope(qkv[:, :H + Hk], cos, sin, s.rope_full_precision)
         return qk[:, :H], qk[:, H:], qkv[:, H + Hk:]

@@ -228,17 +228,18 @@ class StaticStep(torch.nn.Module):
         return self.stats.compile_s
 
     def forward(self, tokens, store: KVStore, query_pos=None, logits_pos=None, expand_from_layer=None,
-                attn_pos=None, shrink=None, logits_rows=None):
+                attn_pos=None, shrink=None, logits_rows=None, pack=None):
         """``DiffusionLM.forward``, same arguments and result; compiled when no hook is asked for, the
         store keeps no hidden states, gradients are off and the bucket is (or may become) one of the
-        ``max_graphs`` graphs, else the wrapped model's eager forward. ``logits_rows`` is passed to the
-        eager forward; a compiled graph, whose shapes are fixed, computes every entry's logits (the
-        entries outside ``logits_rows`` are not used)."""
+        ``max_graphs`` graphs, else the wrapped model's eager forward. ``logits_rows`` and ``pack`` are
+        passed to the eager forward; a compiled graph, whose shapes are fixed, computes every entry's
+        logits (the entries outside ``logits_rows`` are not used) and every padded query entry."""
         model = self.model
         if (expand_from_layer is not None or attn_pos is not None or shrink is not None
                 or store.hidden is not None or torch.is_grad_enabled()):
             self.stats.eager_calls += 1
-            return model(tokens, store, query_pos, logits_pos, expand_from_layer, attn_pos, shrink, logits_rows)
+            return model(tokens, store, query_pos, logits_pos, expand_from_layer, attn_pos, shrink, logits_rows,
+                         pack)
         store.queries = store.shrunk = store.produced = None  # what an eager forward without hooks leaves
         if not self.pad:
             return self._unpadded(tokens, store, query_pos, logits_pos)
