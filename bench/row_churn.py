@@ -22,6 +22,7 @@ length, where a fixed batch's shrinks as its block fills.
 
     python bench/row_churn.py                            # ~2 min, one thread
     python bench/row_churn.py --policies none --profile  # top operators
+    python bench/row_churn.py --policies entropy --pack-below 0  # never packed
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def parse(argv=None) -> argparse.Namespace:
     """The options, checked (one-line error and exit 2 for a bad value, before the model loads).
     ``steps`` comes back as the warm-up plus the measured steps (the run's total)."""
     from ecache_cli.cache import POLICIES
+    from ecache_cli.engine import forward
     from ecache_cli.errors import UsageError
     from ecache_cli.runs.settings import validate_decode
 
@@ -151,7 +153,12 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=5, help="alternating fixed/churn runs per policy")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one churn run")
+    ap.add_argument("--pack-below", type=float, default=forward.PACK_BELOW,
+                    help="pack a partial forward's real query entries when they are at most this share of its "
+                         "padded layout (engine/forward.py PACK_BELOW; 0: never pack)")
     args = ap.parse_args(argv)
+    if not 0 <= args.pack_below <= 1:
+        ap.error(f"--pack-below {args.pack_below} must be in [0, 1] (0: never pack)")
     for flag, v, lo in (("--batch", args.batch, 2), ("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
                         ("--every", args.every, 1), ("--swap", args.swap, 1), ("--prompt-width", args.prompt_width, 1),
                         ("--repeats", args.repeats, 1), ("--threads", args.threads, 1)):
@@ -197,7 +204,10 @@ def main(argv=None) -> int:
 
 
 def _bench(args) -> None:
+    from ecache_cli.engine import forward
+
     torch.set_num_threads(args.threads)
+    forward.PACK_BELOW = args.pack_below
     eng, cfg, prompts, policy = build(args)
     with torch.inference_mode():
         for name in args.policies:

@@ -32,6 +32,7 @@ def rc():
     (["--swap", "3", "--batch", "2"], "--swap 3 must be < --batch 2"),
     (["--swap", "0"], "--swap 0 must be ≥ 1"),
     (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    (["--pack-below", "1.5"], "--pack-below 1.5 must be in [0, 1] (0: never pack)"),
 ])
 def test_bad_options_exit_2_with_one_line(rc, capsys, argv, words):
     with pytest.raises(SystemExit) as e:
@@ -46,6 +47,9 @@ def test_good_options_parse_to_the_runs_values(rc):
                      "--gen-length", "32", "--block-length", "16", "--policies", "none,dual"])
     assert args.steps == 6 and args.policies == ["none", "dual"] and args.block_length == 16
     assert rc.parse([]).policies == ["none", "entropy"]  # the defaults pass their own checks
+    from ecache_cli.engine import forward
+
+    assert rc.parse([]).pack_below == forward.PACK_BELOW and rc.parse(["--pack-below", "0"]).pack_below == 0
 
 
 def test_help_fits_80_columns_and_names_defaults(rc, capsys):

@@ -1,0 +1,46 @@
+"""bench/serve_sim.py: one-line option errors, and a real pass of each batching mode that serves every request."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    spec = importlib.util.spec_from_file_location("serve_sim", REPO / "bench" / "serve_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--rates", "4,x"], "--rates '4,x' is not a list of numbers; give requests/s, e.g. --rates 4,8"),
+    (["--rates", "4,0"], "--rates 4,0: every rate must be > 0 requests/s"),
+    (["--n", "1"], "--n 1 must be ≥ 2"),
+    (["--max-batch", "0"], "--max-batch 0 must be ≥ 1"),
+    (["--shots", "-1"], "--shots -1 must be ≥ 0"),
+    (["--policy", "fast"], "--policy 'fast' is not a cache policy; use one of none, "),
+])
+def test_bad_options_exit_2_with_one_line(sim, capsys, argv, words):
+    with pytest.raises(SystemExit) as e:
+        sim.parse(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err
+
+
+def test_each_mode_serves_every_request_and_counts_its_steps(sim):
+    args = sim.parse(["--n", "3", "--rates", "50", "--shots", "0", "--max-tokens", "32", "--profile", "list"])
+    lm, settings, prompts = sim.build(args)
+    for mode in ("static", "continuous"):
+        r = sim.one_pass(lm, settings, prompts, args, mode, 50.0, 0, 3)
+        assert r["mode"] == mode and r["steps"] >= 1 and r["rows_per_step"] >= 1
+        assert 0 < r["p50"] <= r["p95"] and r["throughput"] > 0
+        # one 32-token block: at most 32 steps per request, however the requests overlap
+        assert r["steps"] <= 3 * 32
+        assert r["busy_s"] > 0 and r["ms_per_step"] == pytest.approx(1000 * r["busy_s"] / r["steps"])
