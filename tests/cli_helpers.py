@@ -2,7 +2,36 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_bench(name: str):
+    """``bench/<name>.py`` imported as module ``name`` (registered in ``sys.modules``, as its dataclasses
+    need), with ``bench/`` on ``sys.path`` for the scripts that import each other."""
+    if str(REPO / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench_usage_error(parse, argv: list[str], capsys) -> str:
+    """Assert that a bench script's ``parse(argv)`` exits 2 with one ``error: ...`` line on stderr; return it."""
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
 
 
 def records(result) -> list[dict]:

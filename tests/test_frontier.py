@@ -3,25 +3,18 @@ fastest point, the profile gap, per-pass speedups, and one tiny end-to-end run o
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import load_bench
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def fr():
-    if str(REPO / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("frontier", REPO / "bench" / "frontier.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["frontier"] = mod  # its dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("frontier")
 
 
 def P(fr, policy, speedup, agreement, spec=None, label=""):

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from cli_helpers import bench_usage_error, load_bench
 
 
 @pytest.fixture(scope="module")
 def rc():
-    spec = importlib.util.spec_from_file_location("row_churn", REPO / "bench" / "row_churn.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("row_churn")
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -35,11 +28,7 @@ def rc():
     (["--pack-below", "1.5"], "--pack-below 1.5 must be in [0, 1] (0: never pack)"),
 ])
 def test_bad_options_exit_2_with_one_line(rc, capsys, argv, words):
-    with pytest.raises(SystemExit) as e:
-        rc.parse(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err
+    assert words in bench_usage_error(rc.parse, argv, capsys)
 
 
 def test_good_options_parse_to_the_runs_values(rc):

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from cli_helpers import bench_usage_error, load_bench
 
 
 @pytest.fixture(scope="module")
 def sim():
-    spec = importlib.util.spec_from_file_location("serve_sim", REPO / "bench" / "serve_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("serve_sim")
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -27,11 +20,7 @@ def sim():
     (["--policy", "fast"], "--policy 'fast' is not a cache policy; use one of none, "),
 ])
 def test_bad_options_exit_2_with_one_line(sim, capsys, argv, words):
-    with pytest.raises(SystemExit) as e:
-        sim.parse(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err
+    assert words in bench_usage_error(sim.parse, argv, capsys)
 
 
 def test_each_mode_serves_every_request_and_counts_its_steps(sim):

@@ -483,14 +483,11 @@ def test_adapt_by_tokens_gives_each_domain_its_share_of_tokens():
 def test_arith_facts_bench_reports_three_measures_on_the_same_items(capsys):
     """bench/arith_facts.py: per model, clean and left-to-right drills and left-to-right arith solutions;
     the counts are the results of exactly those items (drills of seed 123, test problems of seed 0)."""
-    import importlib.util
     import random
 
-    if str(REPO / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("arith_facts", REPO / "bench" / "arith_facts.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from cli_helpers import load_bench
+
+    bench = load_bench("arith_facts")
     bench.main(["--drills", "3", "--problems", "4"])
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     counts = doc["counts"]["tiny"]
