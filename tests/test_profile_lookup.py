@@ -114,3 +114,21 @@ def test_calibrate_writes_under_the_current_directory(home, llada_dir):
     assert prof["model"] == llada_dir.name and prof["task"] == "list" and prof["cache"]["tau"] > 0
     assert (work / "profiles" / llada_dir.name / ".list.calib.jsonl").is_file()
     assert not user.exists()  # the user's folder is read, never written
+
+
+def test_a_parallel_rule_flag_replaces_the_profiles_other_rule(home, llada_dir):
+    """default-parallel profiles set ``threshold``; ``--factor`` must take its place, not clash with it."""
+    work, user = home
+    model = llada_dir.name
+    run = lambda *a: CliRunner().invoke(app, ["generate", "abc", "--model", str(llada_dir), *SMALL, "--jsonl", *a])  # noqa: E731
+    path = user / model / "default-parallel.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"model": model, "decode": {"threshold": 0.9}, "cache": {"policy": "none"}}))
+    r = run("--factor", "1.0")
+    assert r.exit_code == 0, r.stderr
+    decode = json.loads(r.stdout)["settings"]["decode"]
+    assert decode["factor"] == 1.0 and decode["threshold"] is None
+    path.write_text(yaml.safe_dump({"model": model, "decode": {"factor": 1.0}, "cache": {"policy": "none"}}))
+    decode = json.loads(run("--threshold", "0.8").stdout)["settings"]["decode"]
+    assert decode["threshold"] == 0.8 and decode["factor"] is None
+    assert json.loads(run("--factor", "2.0").stdout)["settings"]["decode"]["factor"] == 2.0

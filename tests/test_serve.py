@@ -246,6 +246,8 @@ def test_a_client_that_disconnects_frees_its_row(small):
     ({"prompt": "x " * 300}, "prompt"),  # over --max-prompt-tokens 200
     ({"prompt": ""}, "prompt"),
     ({"presence_penalty": 1.0}, "presence_penalty"),
+    ({"seed": -5}, "seed"),  # not wrapped modulo 2**64 into another stream
+    ({"seed": 1 << 64}, "seed"),
 ])
 def test_bad_values_are_400s_naming_the_field(server, kwargs, param):
     url, _ = server
@@ -348,14 +350,20 @@ def test_serve_command_says_loopback_and_exits_0_on_sigterm_ending_running_reque
         url = re.search(r"http://127\.0\.0\.1:\d+", "".join(lines)).group(0)
         body = {"model": "tiny", "prompt": SORT, "max_tokens": 1024, "stream": True, "ignore_eos": True,
                 "steps": 4096}
-        finish = []
+        finish, draining = [], []
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     if not finish:
                         proc.send_signal(signal.SIGTERM)  # the row is running
+                        time.sleep(0.1)
+                        # during the grace the socket stays open: a load balancer sees 503s, not refusals
+                        draining.append(httpx.get(f"{url}/health", timeout=10).status_code)
+                        draining.append(httpx.post(f"{url}/v1/completions", json={**body, "stream": False},
+                                                   timeout=10).status_code)
                     finish.append(json.loads(line[6:])["choices"][0]["finish_reason"])
         assert finish[-1] == "shutdown" and set(finish[:-1]) == {None}
+        assert draining == [503, 503]
         assert proc.wait(30) == 0
         rest = proc.stderr.read()
     finally:
@@ -399,6 +407,10 @@ def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
 @pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),
                                           (["--max-batch", "0"], "--max-batch 0"),
                                           (["--request-timeout", "0"], "--request-timeout 0"),
+                                          (["--request-timeout", "nan"], "--request-timeout nan"),
+                                          (["--shutdown-grace", "inf"], "--shutdown-grace inf"),
+                                          (["--max-body-bytes", str(1 << 40)], "must be in 1024-1073741824"),
+                                          (["--gen-length", "4096", "-q"], "--gen-length 4096 leaves no room"),
                                           (["--api-key", " "], "--api-key is empty")])
 def test_bad_serve_flags_are_one_line_usage_errors(args, needle):
     from typer.testing import CliRunner

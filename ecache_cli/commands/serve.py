@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Optional
 
 import typer
@@ -9,6 +10,8 @@ import typer
 from .. import options as o
 
 S = "Server"
+#: The largest --max-body-bytes (1 GiB): a body is read into memory whole.
+MAX_BODY_LIMIT = 1 << 30
 
 
 def serve_cmd(
@@ -48,14 +51,15 @@ def serve_cmd(
         raise UsageError(f"--max-queue {max_queue} must be ≥ 0")
     if batching not in ("continuous", "static"):
         raise UsageError(f"--batching {batching!r}: use continuous or static")
-    if request_timeout is not None and request_timeout <= 0:
-        raise UsageError(f"--request-timeout {request_timeout} must be > 0 seconds")
-    if max_body_bytes < 1024:
-        raise UsageError(f"--max-body-bytes {max_body_bytes} must be ≥ 1024")
+    if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
+        raise UsageError(f"--request-timeout {request_timeout} must be a finite number of seconds > 0 "
+                         "(leave it out for no timeout)")
+    if not 1024 <= max_body_bytes <= MAX_BODY_LIMIT:
+        raise UsageError(f"--max-body-bytes {max_body_bytes} must be in 1024-{MAX_BODY_LIMIT} (1 GiB)")
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} must be ≥ 1")
-    if shutdown_grace < 0:
-        raise UsageError(f"--shutdown-grace {shutdown_grace} must be ≥ 0 seconds")
+    if not (math.isfinite(shutdown_grace) and shutdown_grace >= 0):
+        raise UsageError(f"--shutdown-grace {shutdown_grace} must be a finite number of seconds ≥ 0")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port {port} must be in 0-65535")
     if api_key is not None and not api_key.strip():
@@ -85,6 +89,11 @@ def serve_cmd(
     say(settings.describe(model), markup=False, highlight=False)
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile)
     room = lm.spec.max_positions - settings.decode.gen_length
+    if room < 1:
+        block = settings.decode.block_length
+        fit = (lm.spec.max_positions - 1) // block * block
+        raise UsageError(f"--gen-length {settings.decode.gen_length} leaves no room for a prompt in the model's "
+                         f"{lm.spec.max_positions} positions; use at most {fit} (whole blocks of {block})")
     if max_prompt_tokens is None:
         max_prompt_tokens = room
     elif max_prompt_tokens > room:

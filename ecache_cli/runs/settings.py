@@ -122,6 +122,11 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     p_dec = (prof or {}).get("decode") or {}
     p_cache = dict((prof or {}).get("cache") or {})
     decode = resolve(dataclass_defaults(DecodeConfig), p_dec, decode_flags)
+    # a parallel-decoding flag picks the rule: the profile's other rule gives way, since Fast-dLLM's
+    # threshold and factor rules exclude each other (decoding/step.py)
+    for flag, other in (("threshold", "factor"), ("factor", "threshold")):
+        if decode_flags.get(flag) is not None and decode_flags.get(other) is None:
+            decode[other] = None
     cache = resolve({"policy": "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}

@@ -25,6 +25,7 @@ import dataclasses
 import hmac
 import json
 import signal
+import threading
 import time
 import uuid
 
@@ -262,9 +263,10 @@ def _usage(res: Result) -> dict:
 def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool = False) -> None:
     """Serve ``app`` on the bound socket ``sock`` until SIGINT or SIGTERM (blocking).
 
-    SIGTERM: stop taking requests (503), end queued ones (``shutdown``), give running rows the
-    app's ``shutdown_grace`` seconds, close, and return (the command exits 0). SIGINT: uvicorn's own
-    fast exit."""
+    SIGTERM: stop taking requests (new ones and ``/health`` get 503 while the socket stays open, so a
+    load balancer sees the replica leave), end queued ones (``shutdown``), give running rows the app's
+    ``shutdown_grace`` seconds, then close once no row runs, and return (the command exits 0). SIGINT:
+    uvicorn's own fast exit."""
     import uvicorn
 
     opts: ServeOptions = app.state.options
@@ -274,9 +276,16 @@ def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool 
         def handle_exit(self, sig, frame):
             if sig == signal.SIGTERM:  # a graceful stop that exits 0 (uvicorn would re-raise the signal)
                 sched.drain(opts.shutdown_grace)
-                self.should_exit = True
+                threading.Thread(target=self._exit_when_idle, name="ecache-drain", daemon=True).start()
                 return
             super().handle_exit(sig, frame)
+
+        def _exit_when_idle(self) -> None:
+            """Close the server once no request runs or waits (at the latest a second after the grace)."""
+            end = time.monotonic() + opts.shutdown_grace + 1.0
+            while any(sched.counts()) and time.monotonic() < end:
+                time.sleep(0.02)
+            self.should_exit = True
 
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=int(opts.shutdown_grace) + 5, timeout_keep_alive=5)

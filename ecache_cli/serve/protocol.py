@@ -271,6 +271,8 @@ class Resolver:
             raise ApiError(400, f"stop: give at most {MAX_STOP} non-empty strings (got {_short(req.stop)})", "stop")
         width = min(-(-len(prompt_ids) // PROMPT_BUCKET) * PROMPT_BUCKET, self.lm.spec.max_positions - gen)
         key = GroupKey(cfg=cfg, policy=name, params=tuple(sorted(params.items())), prompt_width=width)
+        if req.seed is not None and not 0 <= req.seed < 1 << 64:
+            raise ApiError(400, f"seed {req.seed} must be in 0-{(1 << 64) - 1} (as ecache generate --seed)", "seed")
         seed = random.getrandbits(63) if req.seed is None else req.seed
         return Job(endpoint=endpoint, prompt_ids=prompt_ids, key=key, make_policy=lambda: make_policy(name, **params),
                    max_tokens=max_tokens, stop=stop, stream=bool(req.stream), seed=seed, timeout=lim.request_timeout)
