@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -135,18 +137,36 @@ KEPT = "interrupted; records written so far are kept"
 INTERRUPTED = {"profile": "interrupted; the table and --json were not written (profile writes them only at the end)"}
 
 
+def _raise_terminated(signum, frame):
+    from . import errors
+
+    errors.terminated = True
+    raise errors.Terminated()
+
+
+def _on_sigterm(handler):
+    """Install ``handler`` for SIGTERM and return the previous one; None off the main thread, where
+    Python cannot set signal handlers (an in-process caller running a command from a worker thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
+
+
 def handle_errors(fn, interrupted: str = KEPT):
     """Run a command body; EcacheError → one red line on stderr and its exit code; Ctrl-C → exit 130
-    with ``interrupted`` (what the command has written by then); a closed stdout pipe → quiet exit 0;
-    an unwritable stdout (full device) → one line, exit 1."""
+    with ``interrupted`` (what the command has written by then), SIGTERM the same with exit 143; a
+    closed stdout pipe → quiet exit 0; an unwritable stdout (full device) → one line, exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         import errno
 
+        from . import errors
         from .console import error
         from .errors import EcacheError
 
+        errors.terminated = False
+        previous = _on_sigterm(_raise_terminated)
         try:
             from .options import check_ranges
 
@@ -157,7 +177,7 @@ def handle_errors(fn, interrupted: str = KEPT):
             raise typer.Exit(code=e.exit_code) from None
         except KeyboardInterrupt:
             error(interrupted)
-            raise typer.Exit(code=130) from None
+            raise typer.Exit(code=errors.interrupted_exit_code()) from None
         except BrokenPipeError:
             _quiet_stdout()
             raise typer.Exit(code=0) from None
@@ -171,6 +191,8 @@ def handle_errors(fn, interrupted: str = KEPT):
             from .outputs import release_all
 
             release_all()  # the output locks end with the command (in-process callers run several)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     return wrapper
 

@@ -27,3 +27,18 @@ class ModelLoadError(EcacheError):
 
 class DataError(EcacheError):
     """An input file or dataset that is missing, unreadable or malformed (exit code 1)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command (``timeout``, a batch scheduler, a container stop), raised by the handler
+    that ``cli.handle_errors`` installs: every ``except KeyboardInterrupt`` writes the same partial
+    outputs as for Ctrl-C, and the command exits :func:`interrupted_exit_code`."""
+
+
+#: Set when SIGTERM arrives during a command (cleared when a command starts).
+terminated = False
+
+
+def interrupted_exit_code() -> int:
+    """The exit status of an interrupted command: 143 (128 + SIGTERM) after SIGTERM, else 130 (Ctrl-C)."""
+    return 143 if terminated else 130

@@ -225,7 +225,8 @@ given the same file fails at once (exit 1), naming the other process, instead of
 lines.
 
 Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage
-error (bad flag, value or profile), 130 interrupted (Ctrl-C)."""),
+error (bad flag, value or profile), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (timeout, a
+batch scheduler: the same partial outputs as Ctrl-C are written)."""),
     "compile": ("--compile: the forward compiled per shape bucket", """\
 [bold]--compile[/] (every command; profile key compile: true; --no-compile overrides) runs the
 model's forward as a few compiled graphs, one per bucket: query positions and logits rows padded to

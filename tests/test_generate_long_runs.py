@@ -227,6 +227,33 @@ def test_ctrl_c_in_profile_keeps_the_finished_batches(cli, llada_dir, tmp_path, 
     assert doc["policies"]["entropy"]["speedup_vs_none"] is not None
 
 
+def test_sigterm_in_profile_writes_what_finished_like_ctrl_c_and_exits_143(cli, llada_dir, tmp_path, monkeypatch):
+    """``timeout`` and batch schedulers stop a run with SIGTERM: the partial JSON is written as on Ctrl-C."""
+    import os
+    import signal
+
+    from ecache_cli.metrics import memory
+
+    calls = {"n": 0}
+    real = memory.MemoryProbe.peak_bytes
+
+    def peak(self):  # SIGTERM during the 4th run (batch 2's second policy)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(memory.MemoryProbe, "peak_bytes", peak)
+    out = tmp_path / "p.json"
+    res = cli("profile", "a", "b", "c", "--policies", "none,entropy", "--warmup", "0", "--model", llada_dir, *SMALL,
+              "--json", out)
+    assert res.exit_code == 143, (res.exit_code, res.stderr)
+    doc = json.loads(out.read_text())
+    assert doc["incomplete"] is True and doc["prompts_done"] == 1
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone with it
+
+
 def test_ctrl_c_in_calibrate_writes_what_finished(cli, tmp_path, monkeypatch):
     from ecache_cli.runs import calibrate as cal
 

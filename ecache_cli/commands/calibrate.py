@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import options as o
+from ..errors import interrupted_exit_code
 from ..runs.speed_guard import DEFAULT_LIMIT
 
 K = "Calibration"
@@ -164,7 +165,7 @@ def calibrate_cmd(
             write_json(calibrate_document(e.outcome, lm, settings, opts, incomplete=True), json_path)
             wrote = f"; --json {json_path} holds none and the {len(e.outcome.points)} finished τ(s) (\"incomplete\": true)"
         error(f"interrupted; no profile written; finished records are kept in the run file (rerun with --resume){wrote}")
-        raise typer.Exit(code=130) from None
+        raise typer.Exit(code=interrupted_exit_code()) from None
     if not dist.is_main:  # rank 0 prints and writes every file; the others exit with its status
         if outcome.choice.point is None:
             raise typer.Exit(code=1)
@@ -194,7 +195,7 @@ def calibrate_cmd(
         lost = "" if dry_run or plot is None or f"--plot {plot}" in written else f"; --plot {plot} not written"
         error(f"interrupted after the search finished; wrote {', '.join(written) or 'no file'}{lost} "
               "(rerun with --resume to redo the rest from the run file)")
-        raise typer.Exit(code=130) from None
+        raise typer.Exit(code=interrupted_exit_code()) from None
     choice = outcome.choice
     if choice.point is None:
         if (outcome.speed_check or {}).get("timed"):  # qualifying settings, each slower than none

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import options as o
+from ..errors import interrupted_exit_code
 
 
 def generate(
@@ -85,4 +86,4 @@ def generate(
 
         error(f"interrupted; --output {output} keeps every record written so far; rerun the same command with "
               "--resume to decode only the rest")
-        raise typer.Exit(code=130) from None
+        raise typer.Exit(code=interrupted_exit_code()) from None

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import options as o
+from ..errors import interrupted_exit_code
 
 T = "Task"
 
@@ -135,7 +136,7 @@ def profile_cmd(
         wrote = f"; --json {json_out} holds them (\"incomplete\": true)" if json_out not in (None, "-") else ""
         error(f"interrupted; the table covers the {report.prompts_done} of {len(requests)} prompts every policy "
               f"finished{wrote}")
-        raise typer.Exit(code=130)
+        raise typer.Exit(code=interrupted_exit_code())
 
 
 def _write_json(doc: dict, json_out: str) -> None:

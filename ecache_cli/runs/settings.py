@@ -122,11 +122,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     p_dec = (prof or {}).get("decode") or {}
     p_cache = dict((prof or {}).get("cache") or {})
     decode = resolve(dataclass_defaults(DecodeConfig), p_dec, decode_flags)
-    # a parallel-decoding flag picks the rule: the profile's other rule gives way, since Fast-dLLM's
-    # threshold and factor rules exclude each other (decoding/step.py)
-    for flag, other in (("threshold", "factor"), ("factor", "threshold")):
-        if decode_flags.get(flag) is not None and decode_flags.get(other) is None:
-            decode[other] = None
+    _flag_picks_parallel_rule(decode, decode_flags)
     cache = resolve({"policy": "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
@@ -149,6 +145,15 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
                     sandbox=(prof or {}).get("sandbox"),
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+
+
+def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
+    """``--threshold`` or ``--factor`` picks the parallel-decoding rule: the profile's other rule gives
+    way, since Fast-dLLM's threshold and factor rules exclude each other (``decoding/step.py``).
+    Edits ``decode`` in place."""
+    for flag, other in (("threshold", "factor"), ("factor", "threshold")):
+        if decode_flags.get(flag) is not None and decode_flags.get(other) is None:
+            decode[other] = None
 
 
 def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None) -> None:
