@@ -205,6 +205,15 @@ def test_closed_stdout_pipe_ends_quietly(llada_dir, profiles_dir):
     assert err == ""  # no BrokenPipeError, no "Exception ignored"
 
 
+def test_help_topic_into_a_closed_pipe_ends_quietly():
+    """``ecache help decoding | head -1``: the reader is gone before the text is written (exit 0, as generate)."""
+    p = subprocess.Popen([sys.executable, "-m", "ecache_cli", "help", "decoding"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # closed before the interpreter has even started: the write meets a broken pipe
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and err == "", err
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_full_device_on_stdout_is_one_line(llada_dir, profiles_dir):
     with open("/dev/full", "w") as full:

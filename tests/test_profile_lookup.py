@@ -132,3 +132,6 @@ def test_a_parallel_rule_flag_replaces_the_profiles_other_rule(home, llada_dir):
     decode = json.loads(run("--threshold", "0.8").stdout)["settings"]["decode"]
     assert decode["threshold"] == 0.8 and decode["factor"] is None
     assert json.loads(run("--factor", "2.0").stdout)["settings"]["decode"]["factor"] == 2.0
+    # the profile chose `none`: a --tau it drops is blamed on the profile, with the flag that overrides it
+    warned = run("--threshold", "0.8", "--tau", "0.5").stderr
+    assert f"--tau is not used by --cache none (the policy of profile {path}; pass --cache to choose" in warned

@@ -39,13 +39,12 @@ def generate(
 
     Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/]
     """
-    from ..cache import policy_params
     from ..console import err, warn
     from ..outputs import check_file
     from ..runs.confidence import warn_untrained
     from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
     from ..runs.inputs import check_input_file
-    from ..runs.settings import resolve_settings, warn_unused_cache_flags
+    from ..runs.settings import not_used_by, resolve_settings, warn_unused_cache_flags
     from ..runtime import compile_line, load_for_command
 
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
@@ -59,8 +58,7 @@ def generate(
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task, compile=compile_step)
     require_task_profile(settings, model, task)
-    warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache} "
-                            f"(it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'})")
+    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))
     if quiet and stream:  # --quiet wins: no output on stderr at all
         warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)

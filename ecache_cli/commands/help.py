@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -22,4 +23,8 @@ def help_cmd(
         sub_ctx = typer.Context(sub, info_name=topic, parent=ctx.parent)
         typer.echo(sub.get_help(sub_ctx))
         return
-    print_topic(Console(highlight=False), topic_text(topic))
+    console = Console(highlight=False)
+    with console.capture() as shown:  # written below, so a closed pipe (| head) is handle_errors' exit 0:
+        print_topic(console, topic_text(topic))  # rich itself exits 1 on a broken pipe
+    sys.stdout.write(shown.get())
+    sys.stdout.flush()

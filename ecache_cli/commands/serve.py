@@ -72,7 +72,7 @@ def serve_cmd(
         raise EcacheError(f"ecache serve needs the 'serve' extra ({e.name} is missing): pip install -e \".[serve]\" "
                           "(or pip install 'ecache[serve]')") from None
     from ..console import err, warn
-    from ..runs.settings import resolve_settings, warn_unused_cache_flags
+    from ..runs.settings import not_used_by, resolve_settings, warn_unused_cache_flags
     from ..runtime import load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
 
@@ -81,7 +81,7 @@ def serve_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, compile=compile_step)
-    warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache}")
+    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     sock = bind(host, port)  # before the model loads: a busy port fails at once
     # --quiet: no start-up or stop lines; warnings and errors stay, and so does the address when --port 0
     # picked it (printed nowhere else)

@@ -47,7 +47,7 @@ def trace_drift_cmd(
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
-    from ..runs.settings import resolve_settings, warn_unused_cache_flags
+    from ..runs.settings import not_used_by, resolve_settings, warn_unused_cache_flags
     from ..runs.trace_drift import TraceOptions, check_flags, signal_kind, summary_document, trace
     from ..runtime import load_for_command
 
@@ -58,7 +58,7 @@ def trace_drift_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task, compile=compile_step)
-    warn_unused_cache_flags([settings.cache], flags, f"not used by --cache {settings.cache}")
+    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     check_distinct([(jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")],
                    [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
     for path, flag in ((jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")):  # before any decoding
