@@ -134,7 +134,9 @@ def _quiet_stdout() -> None:
 
 #: What Ctrl-C leaves behind: records already written stay, except where a command says otherwise.
 KEPT = "interrupted; records written so far are kept"
-INTERRUPTED = {"profile": "interrupted; the table and --json were not written (profile writes them only at the end)"}
+INTERRUPTED = {"profile": "interrupted before every policy finished a batch; the table and --json were not written "
+                          "(they cover the batches every policy finished)",
+               "serve": "interrupted; the server stopped at once (SIGTERM stops it after --shutdown-grace)"}
 
 
 def _raise_terminated(signum, frame):

@@ -561,6 +561,9 @@ def test_model_folder_without_tokenizer_files(cli, llada_dir, tmp_path):
     res = cli("generate", "x", "--model", ck, *SMALL)
     _no_traceback(res)
     one_line_error(res, 1, str(ck), "no tokenizer files", "tokenizer.json", "copy the tokenizer files")
+    (ck / "tokenizer_config.json").write_text((llada_dir / "tokenizer_config.json").read_text())  # a config alone
+    res = cli("generate", "x", "--model", ck, *SMALL)
+    one_line_error(res, 1, f"{ck}: cannot load the tokenizer", "it has no tokenizer.json: copy the checkpoint's")
 
 
 def test_lm_eval_negative_whole_number_names_the_range(profiles_dir):

@@ -545,7 +545,8 @@ def test_interrupted_profile_does_not_claim_records_were_kept(cli, llada_dir, mo
 
     monkeypatch.setattr(prof, "measure", interrupted)
     res = cli("profile", "x", "--policies", "none", "--model", llada_dir, *SMALL)
-    line = one_line_error(res, 130, "interrupted; the table and --json were not written")
+    line = one_line_error(res, 130, "interrupted before every policy finished a batch; the table and --json were "
+                                    "not written")
     assert "kept" not in line
 
 

@@ -293,8 +293,10 @@ def load_tokenizer(path: Path):
                 return transformers.Qwen2TokenizerFast.from_pretrained(str(path))
             except Exception:  # noqa: BLE001
                 pass
+        missing = "" if (path / "tokenizer.json").is_file() else \
+            "; it has no tokenizer.json: copy the checkpoint's tokenizer files into it"
         raise ModelLoadError(f"{path}: cannot load the tokenizer "
-                             f"({type(first).__name__}: {str(first).splitlines()[0]})") from None
+                             f"({type(first).__name__}: {str(first).splitlines()[0]}){missing}") from None
 
 
 def _tokenizer_class(path: Path) -> str | None:
