@@ -240,3 +240,13 @@ def test_a_skipping_step_computes_fewer_layer_positions_than_dual(lm8):
         assert n < min(dual_partial)
         assert 0 <= n - int(rec.computed.sum()) * L < L  # the reported work is the layer average
     assert sum(es_seen) < 0.6 * sum(du_seen)
+
+
+def test_a_yaml_list_of_shares_is_the_same_setting_as_the_comma_text():
+    """A profile may write ``proportions: [1, 0.5]``: the policy takes it as "1,0.5" (records show the text)."""
+    from ecache_cli.cache import make_policy
+
+    listed = make_policy("es-dllm", proportions=[1, 0.5], positions=(0, 0.5))
+    text = make_policy("es-dllm", proportions="1,0.5", positions="0,0.5")
+    assert listed.shares == text.shares == [1.0, 0.5] and listed.depths == text.depths == [0.0, 0.5]
+    assert listed.params()["proportions"] == "1,0.5" and listed.params()["positions"] == "0,0.5"

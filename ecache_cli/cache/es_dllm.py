@@ -136,6 +136,10 @@ class ESDLLM(CachePolicy):
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:
             raise UsageError(f"es-dllm alpha {self.alpha} must be within [0, 1] (0.5: the paper's)")
+        for name in ("proportions", "positions"):  # a YAML list in a profile: the same numbers as "1,0.5,0.25"
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                setattr(self, name, ",".join(str(v) for v in value))
         self.shares = parse_shares(str(self.proportions), "proportions")
         self.depths = parse_shares(str(self.positions), "positions")
         if len(self.shares) != len(self.depths) or not self.shares:
