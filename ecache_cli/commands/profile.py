@@ -114,8 +114,10 @@ def profile_cmd(
 
     to_stdout = json_out == "-"
     table_console = o.table_console(err if to_stdout else out, wide)
-    shown = f"{report.prompts_done} of {len(requests)} (interrupted)" if report.incomplete else len(requests)
-    title = (f"ecache profile · {lm.name} · {shown} prompts · batch {opts.batch_size} · "
+    n = len(requests)
+    shown = f"{report.prompts_done} of {n} prompts (interrupted)" if report.incomplete else \
+        f"{n} prompt{'' if n == 1 else 's'}"
+    title = (f"ecache profile · {lm.name} · {shown} · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
     table_console.print(render_table(report, title, wide=wide), soft_wrap=False)  # title and caption wrap at words
     if (line := compile_line(lm.model)) and not quiet:
