@@ -374,6 +374,7 @@ def test_cli_reads_task_prompts(cli, llada_dir, tmp_path):
     (["--volatility-level", "0"], "--volatility-level"),
     (["--data", "x.jsonl"], "--task"),
     (["--jsonl", "-", "--json", "-"], "stdout"),
+    (["--plot", "same.png", "--tensorboard", "same.png"], "--tensorboard same.png is the same file as --plot"),
 ])
 def test_cli_usage_errors_exit_2(cli, llada_dir, args, needle):
     res = cli("trace-drift", "--model", llada_dir, "hi", *SMALL, *args)

@@ -59,7 +59,7 @@ def trace_drift_cmd(
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         flags, profile=profile, task=task, compile=compile_step)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
-    check_distinct([(jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")],
+    check_distinct([(jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json"), (tensorboard, "--tensorboard")],
                    [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
     for path, flag in ((jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")):  # before any decoding
         check_file(path, flag)
