@@ -175,14 +175,20 @@ def render_steps(console, report: TraceReport, rows: int, wide: bool = False) ->
                  sci(r["drift_v"]) if partial else "–", "–" if worst is None else str(worst),
                  f"{r['fidelity_mismatch']}/{r['committed']}", f"{r['forward_ms']:.1f}"]
         t.add_row(*([str(r["prompt"])] if multi else []), *[c for c, on in zip(cells, visible) if on])
-    console.print(t)
-    console.print(f"fwd: full refresh or partial forward; comp / srv: positions computed / served from the cache; "
+    _prose(console, t)
+    _prose(console, f"fwd: full refresh or partial forward; comp / srv: positions computed / served from the cache; "
                   f"E(t−1): {sig} of the previous step's commits (decides this step's refresh); drift: "
                   "1 − cos(cached, fresh) of K/V (all KV heads of a layer) over the served positions, mean over "
                   f"layers{' (K max: over layers and positions)' if wide else ''}; worst layer: largest mean K drift; "
                   "fid.: committed "
                   "tokens whose greedy choice differs under a fresh full forward / committed; ms: live forward "
                   "only (the shadow forward is timed apart).", style="dim", highlight=False)
+
+
+def _prose(console, *objects, **kwargs) -> None:
+    """Print prose wrapped at words to the console's width (ecache's consoles soft-wrap, which keeps
+    one-line errors whole but would leave a paragraph as long as a terminal's edge cuts it)."""
+    console.print(*objects, soft_wrap=False, **kwargs)
 
 
 def _fmt_signal(v: float | None) -> str:
@@ -194,16 +200,17 @@ def render_summary(console, report: TraceReport) -> None:
     from rich.table import Table
 
     corr = report.correlation()
-    console.print("\n[bold]Signal vs next-step drift[/] (scipy.stats, two-sided p-values)", highlight=False)
+    _prose(console, "\n[bold]Signal vs next-step drift[/] (scipy.stats, two-sided p-values)", highlight=False)
     for c in corr.values():
-        console.print(f"  x = {c['x']}\n  y = {c['y']}", highlight=False, style="dim")
+        _prose(console, f"  x = {c['x']}\n  y = {c['y']}", highlight=False, style="dim")
         if c["pearson_r"] is None:
-            console.print(f"  n = {c['n']} pairs: undefined (fewer than 3 pairs or a constant series)", highlight=False)
+            _prose(console, f"  n = {c['n']} pairs: undefined (fewer than 3 pairs or a constant series)",
+                   highlight=False)
         else:
-            console.print(f"  n = {c['n']}  Pearson r = {c['pearson_r']:+.3f} (p = {c['pearson_p']:.2g})  "
+            _prose(console, f"  n = {c['n']}  Pearson r = {c['pearson_r']:+.3f} (p = {c['pearson_p']:.2g})  "
                           f"Spearman ρ = {c['spearman_rho']:+.3f} (p = {c['spearman_p']:.2g})", highlight=False)
     if report.records and all(r["refresh"] for r in report.records):
-        console.print("  (every step was a full refresh: nothing is served from the cache, so there is no drift)")
+        _prose(console, "  (every step was a full refresh: nothing is served from the cache, so there is no drift)")
     curve = report.volatility.curve()
     settle = report.volatility.settle_steps(report.level)
     t = Table(title="Volatility of committed tokens' K (fresh features, mean over layers)", header_style="bold")
@@ -212,19 +219,19 @@ def render_summary(console, report: TraceReport) -> None:
     for p in _condense_curve(curve):
         mark = " ←" if settle is not None and p["n"] == settle else ""
         t.add_row(str(p["n"]), sci(p["mean"]) + mark, str(p["count"]))
-    console.print(t)
+    _prose(console, t)
     tps = report.tokens_per_step()
     if not curve:
-        console.print("volatility: no token stayed on the canvas for 2 steps after its commit; nothing to bin")
+        _prose(console, "volatility: no token stayed on the canvas for 2 steps after its commit; nothing to bin")
     elif settle is None:
-        console.print(f"volatility: the mean K change never stays below the level {report.level:g} "
+        _prose(console, f"volatility: the mean K change never stays below the level {report.level:g} "
                       f"(--volatility-level) in the bins of ≥ {SETTLE_MIN_COUNT} tokens", highlight=False)
     else:
-        console.print(f"volatility: from n = {settle} steps after its commit on, a token's mean K change per step is "
+        _prose(console, f"volatility: from n = {settle} steps after its commit on, a token's mean K change per step is "
                       f"below {report.level:g} (--volatility-level; bins of ≥ {SETTLE_MIN_COUNT} tokens); "
                       f"at {tps:.2f} tokens committed per step that is "
                       f"≈ {settle * tps:.0f} tokens, a guide for EntropyCache's --recent-k", highlight=False)
-    console.print(f"time: live steps {report.live_s:.2f} s, shadow forwards {report.shadow_s:.2f} s "
+    _prose(console, f"time: live steps {report.live_s:.2f} s, shadow forwards {report.shadow_s:.2f} s "
                   "(excluded from the live times)",
                   style="dim", highlight=False)
 
