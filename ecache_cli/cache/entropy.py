@@ -99,11 +99,16 @@ class EntropyCache(CachePolicy):
     def recent(self, state: DecodeState) -> torch.Tensor:
         """(B, T) bool: the ``recent_k`` most recently committed positions of each row, and with
         ``recent_steps`` every position committed within the row's last ``recent_steps`` steps."""
-        cutoff = (state.n_committed - self.recent_k).clamp_(min=0)[:, None]  # (B, 1); uncommitted: order −1
-        out = state.commit_order >= cutoff
+        out = None
+        if self.recent_k > 0 or self.recent_steps == 0:
+            cutoff = (state.n_committed - self.recent_k).clamp_(min=0).unsqueeze(1)  # (B, 1); uncommitted: order −1
+            out = state.commit_order >= cutoff
         if self.recent_steps > 0:
-            age = state.row_step[:, None] - state.commit_step  # (B, T) steps since commit (1 = previous step)
-            out = out | ((state.commit_order >= 0) & (age <= self.recent_steps))
+            # age = row_step − commit_step ≤ recent_steps (1 = the previous step's commits), as one comparison:
+            # a commit step ≥ row_step − recent_steps ≥ 0 (never committed: −1)
+            since = (state.row_step - self.recent_steps).clamp_(min=0).unsqueeze(1)  # (B, 1)
+            young = state.commit_step >= since
+            out = young if out is None else out | young
         return out
 
     def plan(self, state: DecodeState) -> ForwardPlan:
@@ -114,7 +119,9 @@ class EntropyCache(CachePolicy):
             full = at_start if self.block_refresh else at_start & (self.block_signal > self.block_tau)
             if self.block_tau is not None:  # a new block's signal starts afresh
                 self.block_signal = self.block_signal.masked_fill(at_start, float("-inf"))
-        compute = self.targets_and_sources(state) | self.recent(state)
+        compute = self.targets_and_sources(state)
+        if self.recent_k > 0 or self.recent_steps > 0:  # else the recent set is empty
+            compute = compute | self.recent(state)
         if self.refresh_prompt:
             return ForwardPlan(refresh=refresh if full is None else refresh | full, compute=compute)
         full = state.row_step == 0 if full is None else full | (state.row_step == 0)  # always full forwards

@@ -57,6 +57,8 @@ class DecodeState:
     step: int = 0
     probe: ModelProbe | None = None
     block_mask: torch.Tensor | None = None  # (B, T) bool in_block(), kept by the engine as blocks change
+    # (masked, in_block(), their AND): block_masked() of the step, for as long as both are the same tensors
+    _block_masked_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     #: the per-row fields (rows along dimension 0)
     ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",
@@ -100,8 +102,18 @@ class DecodeState:
         self.block_mask = self.span(self.block_start, self.block_end)
 
     def block_masked(self) -> torch.Tensor:
-        """(B, T) bool: masked positions of each row's current block (the positions that can be committed)."""
-        return self.masked & self.in_block()
+        """(B, T) bool: masked positions of each row's current block (the positions that can be committed).
+
+        Computed once per step: the engine and the policy both ask for it, and ``masked`` and
+        ``block_mask`` are replaced, never edited in place, when a step commits or a block changes, so
+        the result is kept while both are the same tensor objects. Do not modify the returned tensor.
+        """
+        block, memo = self.in_block(), self._block_masked_memo
+        if memo is not None and memo[0] is self.masked and memo[1] is block:
+            return memo[2]
+        out = self.masked & block
+        self._block_masked_memo = (self.masked, block, out)
+        return out
 
     def sources(self, targets: torch.Tensor) -> torch.Tensor:
         """(B, T) bool of the hidden-state positions whose logits predict ``targets`` (B, T) bool.

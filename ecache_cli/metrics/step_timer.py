@@ -20,23 +20,24 @@ class StepTimer:
 
     def __init__(self, cuda: bool, paused=None):
         self.cuda = cuda
-        self.paused = paused or (lambda: 0.0)  # seconds not spent decoding so far (compiling)
+        self.paused = paused  # () -> seconds not spent decoding so far (compiling), or None: never paused
         self.pending: list = []  # (record, marks) not yet turned into seconds
         self.forward_s = self.decision_s = self.sampling_s = 0.0
 
     def mark(self):
         """Now, as (CUDA event or ``time.perf_counter()``, seconds paused so far)."""
+        paused = self.paused
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            return ev, self.paused()
-        return time.perf_counter(), self.paused()
+            return ev, 0.0 if paused is None else paused()
+        return time.perf_counter(), 0.0 if paused is None else paused()
 
     def clock(self) -> float:
         """Seconds on the run's clock: ``time.perf_counter()`` (after a CUDA sync) less the seconds paused."""
         if self.cuda and torch.cuda.is_available():
             torch.cuda.synchronize()
-        return time.perf_counter() - self.paused()
+        return time.perf_counter() - (0.0 if self.paused is None else self.paused())
 
     def add(self, rec, marks: tuple, now: bool) -> None:
         """Queue step ``rec``'s marks (t0 plan t1 forward t2 outputs t2b sampling t3 observe t4); ``now``
