@@ -255,6 +255,12 @@ def test_task_without_a_profile(cli, profiles_dir, llada_dir):
     one_line_error(res, 2, "--task arith: no calibrated profile", "arith.yaml", "ecache calibrate --task arith")
 
 
+def test_task_the_model_was_not_trained_on_says_so(cli, profiles_dir):
+    res = cli("generate", "--task", "gsm8k", "x", *SMALL)  # the embedded model: arith, code and list only
+    one_line_error(res, 2, "--task gsm8k: no calibrated profile", "trained only on arith, code, list", "drop --task")
+    assert "ecache calibrate" not in res.stderr
+
+
 def test_task_with_its_profile_uses_it(cli, profiles_dir, llada_dir):
     from ecache_cli.config import canonical_model_name
 

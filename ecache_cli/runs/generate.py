@@ -104,10 +104,16 @@ def require_task_profile(settings: Settings, model: str, task: str | None) -> No
     if task is None or (settings.profile is not None and Path(settings.profile).stem in (task, mode_task(task, True))):
         return
     from ..errors import ConfigError
+    from ..models.loader import EMBEDDED, embedded_dir
+    from .confidence import trained_tasks
 
+    local = embedded_dir() if model in EMBEDDED else Path(model).expanduser()  # a hub model: not looked up here
+    tasks = trained_tasks(local) if local.is_dir() else None
+    fix = (f"drop --task: model {model} was trained only on {', '.join(tasks)}, so its {task} answers mean nothing "
+           f"and no profile can tune it for them" if tasks is not None and task not in tasks
+           else f"run `ecache calibrate --task {task} --model {model}` or drop --task")
     raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
-                      f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task {task} "
-                      f"--model {model}` or drop --task")
+                      f"{', '.join(map(str, profile_candidates(model, task)))}); {fix}")
 
 
 class _Sink:
