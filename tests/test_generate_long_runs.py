@@ -184,6 +184,16 @@ def test_progress_lines_on_a_non_terminal_stderr(cli, llada_dir, monkeypatch):
     assert not any(ln.startswith("generate: ") for ln in calm.stderr.splitlines())
 
 
+def test_a_bad_progress_interval_is_named_once(cli, llada_dir, monkeypatch):
+    monkeypatch.setenv("ECACHE_PROGRESS_INTERVAL", "soon")
+    res = cli("generate", *PROMPTS[:2], "--model", llada_dir, *SMALL, "--cache", "none")
+    assert res.exit_code == 0, res.stderr
+    warned = [ln for ln in res.stderr.splitlines() if "ECACHE_PROGRESS_INTERVAL='soon'" in ln]
+    assert len(warned) == 1 and "not a number of seconds" in warned[0] and "30 s" in warned[0], res.stderr
+    quiet = cli("generate", *PROMPTS[:2], "--model", llada_dir, *SMALL, "--cache", "none", "-q")
+    assert "ECACHE_PROGRESS_INTERVAL" not in quiet.stderr
+
+
 def test_progress_bar_on_a_terminal_shows_count_rate_and_eta():
     from rich.console import Console
 

@@ -22,12 +22,22 @@ DEFAULT_INTERVAL = 30.0
 
 
 def interval() -> float:
-    """``$ECACHE_PROGRESS_INTERVAL`` in seconds (default 30; a bad value falls back to it)."""
-    try:
-        v = float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL))
-    except ValueError:
+    """``$ECACHE_PROGRESS_INTERVAL`` in seconds (default 30; a value that is not a number ≥ 0 falls back to
+    it, with a warning)."""
+    raw = os.environ.get(INTERVAL_ENV)
+    if raw is None:
         return DEFAULT_INTERVAL
-    return v if v >= 0 else DEFAULT_INTERVAL
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if v >= 0:
+        return v
+    from ..console import warn
+
+    warn(f"{INTERVAL_ENV}={raw!r} is not a number of seconds ≥ 0; progress lines every {DEFAULT_INTERVAL:g} s "
+         f"(e.g. {INTERVAL_ENV}=60)")
+    return DEFAULT_INTERVAL
 
 
 def clock(seconds: float) -> str:
@@ -56,7 +66,7 @@ class Reporter:
         self.mode = "off" if quiet or stream else ("bar" if console.is_terminal else "lines")
         self.done = 0
         self.t0 = time.monotonic()
-        self.every = interval()
+        self.every = interval() if self.mode == "lines" else DEFAULT_INTERVAL  # read (and warned about) when used
         self.last = self.t0
         self.where = ""
         self.bar = self.task = None
