@@ -79,7 +79,7 @@ class StepDecoder:
         rand = draw() if self._scores_drawn else None  # (B, R)
         conf = confidence_scores(cfg.remasking, sampled, None, uniform=rand)  # (B, R) float64
         if cfg.low_eos_confidence:  # LLaDA confidence_eos_eot_inf: probability 0, still selectable
-            conf = torch.where(torch.isin(sampled.x0, self.end_ids), torch.zeros_like(conf), conf)
+            conf = conf.masked_fill(torch.isin(sampled.x0, self.end_ids), 0.0)
         conf = conf.masked_fill(~cand, float("-inf"))
         keys = draw() if rule.alg_temp else None  # (B, R)
         commit = rule.select(conf, targets, valid, state.schedule, state.step_in_block, state.block_start, noise=keys)

@@ -256,16 +256,16 @@ class Run:
         st.n_committed = st.n_committed + hit.sum(1)
 
     def _finished(self) -> torch.Tensor:
-        """(B,) bool: rows fully decoded, or (early exit) whose answer has ended (an EOS/EOT, no mask before)."""
+        """(B,) bool: rows fully decoded, or (early exit) whose answer has ended: an EOS/EOT before the first
+        mask (a masked position holds the mask token, never an end marker)."""
         st, P, G = self.state, self.P, self.G
-        gen_tok, gen_mask = st.tokens[:, P:], st.masked[:, P:]  # (B, G)
-        idx = torch.arange(G, device=gen_tok.device)
-        is_end = torch.isin(gen_tok, self.engine.end_ids) & ~gen_mask
-        end_pos = torch.where(is_end, idx, G).amin(1)  # (B,)
-        done = ~gen_mask.any(1)
-        if self.cfg.early_exit:
-            done = done | ((end_pos < G) & ~(gen_mask & (idx < end_pos[:, None])).any(1))
-        return done
+        gen_mask = st.masked[:, P:]  # (B, G)
+        if not self.cfg.early_exit:
+            return ~gen_mask.any(1)
+        idx = torch.arange(G, device=gen_mask.device)
+        first_mask = torch.where(gen_mask, idx, G).amin(1)  # (B,) G: fully decoded
+        first_end = torch.where(torch.isin(st.tokens[:, P:], self.engine.end_ids), idx, G).amin(1)  # (B,)
+        return (first_mask == G) | (first_end < first_mask)
 
     def _advance(self) -> None:
         """Move every row's clock on one step; a row whose block has no masks left (or, with a fixed

@@ -100,11 +100,12 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     bad = (need & ~(plan.compute | refresh)).any()
     part = torch.where(refresh, need, plan.compute)
     grow = None if hooks is None else hooks.grow_from_layer
-    n_grow = plan.refresh.sum() * 0 if grow is None else (grow.clamp(0, L).masked_fill(plan.refresh, L) < L).sum()
+    growing = [] if grow is None else [(grow.clamp(0, L).masked_fill(plan.refresh, L) < L).sum()]
     row_width = part.sum(1)  # (B,)
-    values = torch.stack(counts + [n_grow, plan.refresh.sum(), row_width.amax(), row_width.clamp(min=1).sum(),
-                                   bad.long()]).tolist()
-    n_grow, n_refresh, width, entries, bad = values[-5:]
+    values = torch.stack(counts + growing + [plan.refresh.sum(), row_width.amax(), row_width.clamp(min=1).sum(),
+                                             bad.long()]).tolist()
+    n_refresh, width, entries, bad = values[-4:]
+    n_grow = values[-5] if growing else 0
     assert not bad, f"policy {policy_name} did not plan the positions whose logits (or attention rows) this step needs"
     return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1], entries)
 
