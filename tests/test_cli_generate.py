@@ -153,3 +153,13 @@ def test_profile_values_are_used_and_flags_override(cli, llada_dir, tmp_path):
     # the profile's steps follow --gen-length at its tokens per step: 16 × 4 / 8
     assert (dec["gen_length"], dec["block_length"], dec["steps"], dec["ban_eos"]) == (16, 4, 8, False)
     assert r["settings"]["cache"] == "none" and r["stats"]["nfe"] <= 8
+
+
+@pytest.mark.parametrize("flags", [["--top-p", "0.3"], ["--top-k", "2"]])
+def test_top_p_and_top_k_change_nothing_in_greedy_decoding_with_llada_rules(cli, llada_dir, flags):
+    """The warning says they are ignored at temperature 0: the tokens and the steps are those without them
+    (LLaDA's confidence is the unfiltered probability; a filter that renormalised it would reorder commits)."""
+    prompts = ["Sort: 9 3 7 1", "Reverse: 4 5 6", "Sort: 2 8 5"]
+    base = records(cli("generate", *prompts, "--model", llada_dir, *SMALL, "--jsonl"))
+    got = records(cli("generate", *prompts, *flags, "--model", llada_dir, *SMALL, "--jsonl"))
+    assert [(r["text"], r["stats"]["nfe"]) for r in got] == [(r["text"], r["stats"]["nfe"]) for r in base]

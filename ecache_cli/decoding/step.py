@@ -35,6 +35,11 @@ class StepDecoder:
         self.cfg, self.rule, self.end_ids, self.blocks = cfg, rule, end_ids, blocks
         self.banned = torch.cat([banned, end_ids]) if cfg.ban_eos else banned
         self._scores_drawn = cfg.remasking in ("random", "origin")
+        # Greedy decoding under LLaDA's rules ignores top-k/top-p: the argmax is the same and LLaDA's confidence
+        # is the unfiltered probability. Dream's rules keep them at temperature 0: its confidence is taken from
+        # the filtered distribution (generation_utils.py sample_tokens).
+        dream_conf = rule.dream_alg(cfg.remasking) is not None
+        self.top_k, self.top_p = (cfg.top_k, cfg.top_p) if cfg.temperature > 0 or dream_conf else (None, None)
         self.draws = cfg.temperature > 0 or self._scores_drawn or bool(rule.alg_temp)
 
     @classmethod
@@ -71,7 +76,7 @@ class StepDecoder:
         packed = valid.shape[0] > 1 and int(valid.sum()) < valid.numel()
         if packed:
             logits, noise = logits[valid][None], None if noise is None else noise[valid][None]  # (1, K, V)
-        sampled = sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=None,
+        sampled = sample(logits, temperature=cfg.temperature, top_k=self.top_k, top_p=self.top_p, generator=None,
                          banned_ids=self.banned, uniform=noise, dream_alg=rule.dream_alg(cfg.remasking))
         if packed:
             sampled = sampled.spread(valid)

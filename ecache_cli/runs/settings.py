@@ -233,14 +233,16 @@ def not_used_by(settings: "Settings", takes: bool = False) -> str:
 
 
 def warn_sampling_flags(decode: DecodeConfig, top_k, top_p) -> None:
-    """One warning on stderr for ``--top-k`` / ``--top-p`` given at temperature 0 (greedy decoding
-    never samples, so they change nothing)."""
+    """One warning on stderr for ``--top-k`` / ``--top-p`` given at temperature 0 (greedy decoding never
+    samples, and LLaDA's confidence is the unfiltered probability, so the decoder drops them; Dream's
+    rules, ``--schedule dream``, keep them: they filter Dream's confidence)."""
     given = [f for f, v in (("--top-k", top_k), ("--top-p", top_p)) if v is not None]
-    if given and not decode.temperature:
+    if given and not decode.temperature and decode.schedule != "dream":
         from ..console import warn
 
-        warn(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 (greedy "
-             "decoding); ignored; pass --temperature > 0 to sample")
+        warn(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 with LLaDA's "
+             "rules (greedy decoding); ignored; pass --temperature > 0 to sample (with a Dream model's schedule, "
+             "--schedule dream, they filter Dream's confidence)")
 
 
 def policy_params_or_all(name: str) -> set[str]:
