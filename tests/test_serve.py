@@ -240,6 +240,7 @@ def test_a_client_that_disconnects_frees_its_row(small):
     ({"extra_body": {"tau": -1.0}}, "tau"),
     ({"extra_body": {"threshold": 1.5}}, "threshold"),
     ({"extra_body": {"block_length": 0}}, "block_length"),
+    ({"extra_body": {"block_length": 5000}}, "block_length"),  # one block is longer than the model's positions
     ({"max_tokens": 64, "extra_body": {"steps": 3}}, "steps"),  # 2 blocks of 32: steps must be a multiple of 2
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
     ({"extra_body": {"max_tokens": "ten"}}, "max_tokens"),
@@ -340,7 +341,8 @@ def test_serve_command_says_loopback_and_exits_0_on_sigterm_ending_running_reque
            "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("ECACHE_API_KEY", None)
     proc = subprocess.Popen([sys.executable, "-m", "ecache_cli", "serve", "--port", "0", "--gen-length", str(GEN),
-                             "--shutdown-grace", "0.5"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+                             "--shutdown-grace", "0.5", "--access-log"], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                            text=True)
     try:
         lines = []
         for line in proc.stderr:  # bounded by the process: it prints the address before serving
@@ -370,6 +372,7 @@ def test_serve_command_says_loopback_and_exits_0_on_sigterm_ending_running_reque
         if proc.poll() is None:
             proc.kill()
     assert "listening on loopback only" in "".join(lines) + rest and "stopped" in rest
+    assert '"GET /health HTTP/1.1" 503' in rest  # --access-log: a line per request, on stderr
 
 
 def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):

@@ -24,7 +24,9 @@ import contextlib
 import dataclasses
 import hmac
 import json
+import logging
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -289,6 +291,12 @@ def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool 
 
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=int(opts.shutdown_grace) + 5, timeout_keep_alive=5)
+    if access_log:  # uvicorn logs each request at INFO (below the server's own level) and on stdout
+        access = logging.getLogger("uvicorn.access")
+        access.setLevel(logging.INFO)
+        for handler in access.handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.stderr)
     _Server(config).run(sockets=[sock])
 
 

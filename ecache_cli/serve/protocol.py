@@ -240,6 +240,10 @@ class Resolver:
             raise ApiError(400, f"block_length {block} must be ≥ 1 (e.g. 32)", "block_length")
         gen = -(-max_tokens // block) * block
         room = self.lm.spec.max_positions - len(prompt_ids)
+        if block > room and req.block_length is not None:  # no number of tokens fits: the block is the problem
+            raise ApiError(400, f"block_length {block}: one block and the prompt's {len(prompt_ids)} tokens exceed "
+                                f"the model's {self.lm.spec.max_positions} positions; use at most {max(room, 0)} "
+                                f"(e.g. 32)", "block_length", code="context_length_exceeded")
         if gen > room:
             raise ApiError(400, f"{field} {max_tokens} (a canvas of {gen} positions, whole blocks of {block}) and the "
                                 f"prompt's {len(prompt_ids)} tokens exceed the model's {self.lm.spec.max_positions} "
