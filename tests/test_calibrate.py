@@ -351,13 +351,15 @@ def test_calibrate_writes_a_profile_that_generate_uses(cli, llada_dir, profiles_
     assert res.exit_code == 2 and "already holds a profile for model 'someone-else'" in res.stderr
 
 
-def test_dry_run_writes_nothing(cli, llada_dir, profiles_dir, tmp_path):
+def test_dry_run_writes_no_profile_and_no_run_file_but_the_reports_asked_for(cli, llada_dir, profiles_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
               "--max-drop", 100, "--grid", 2, "--refine", 0, "--no-speed-check", *SMALL, "--dry-run",
               "--json", tmp_path / "c.json", "--plot", tmp_path / "f.png")
     assert res.exit_code == 0, res.stderr
     assert "dry run: no profile written" in res.stdout
-    assert list(profiles_dir.rglob("*")) == [] and list(tmp_path.glob("c.json")) == list(tmp_path.glob("f.png")) == []
+    assert list(profiles_dir.rglob("*")) == []  # no profile, no run file beside it
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["c.json", "f.png"]
+    assert json.loads((tmp_path / "c.json").read_text())["points"]  # the search's report
 
 
 def test_no_qualifying_tau_exits_1_and_writes_no_profile(cli, llada_dir, profiles_dir, tmp_path):

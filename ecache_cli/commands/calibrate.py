@@ -74,7 +74,7 @@ def calibrate_cmd(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="The score-vs-speedup frontier as a PNG.", rich_help_panel=o.O)] = None,
     run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: beside the profile].", rich_help_panel=o.O)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required).", rich_help_panel=o.O)] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report, write no file.", rich_help_panel=o.O)] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report; write no profile and no run file (--json and --plot are still written).", rich_help_panel=o.O)] = False,
     wide: o.Wide = False,
     quiet: o.Quiet = False,
 ):
@@ -134,8 +134,7 @@ def calibrate_cmd(
     validate(opts)  # option ranges: exit 2 before anything is read
     task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
-    if not dry_run:  # output paths before any decoding (--dry-run writes nothing)
-        check_outputs(opts)
+    check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
@@ -161,10 +160,11 @@ def calibrate_cmd(
         from ..console import error
 
         wrote = ""
-        if e.outcome is not None and json_path is not None and not dry_run and dist.is_main:
+        if e.outcome is not None and json_path is not None and dist.is_main:
             write_json(calibrate_document(e.outcome, lm, settings, opts, incomplete=True), json_path)
             wrote = f"; --json {json_path} holds none and the {len(e.outcome.points)} finished τ(s) (\"incomplete\": true)"
-        error(f"interrupted; no profile written; finished records are kept in the run file (rerun with --resume){wrote}")
+        kept = "dry run: no run file kept" if dry_run else "finished records are kept in the run file (rerun with --resume)"
+        error(f"interrupted; no profile written; {kept}{wrote}")
         raise typer.Exit(code=interrupted_exit_code()) from None
     if not dist.is_main:  # rank 0 prints and writes every file; the others exit with its status
         if outcome.choice.point is None:
@@ -180,19 +180,19 @@ def calibrate_cmd(
         tables.print(frontier_table(outcome, metric), soft_wrap=False)
         for line in wall_warnings(outcome):
             err.print(line, markup=False, highlight=False)
-        if not dry_run and json_path is not None:
+        if json_path is not None:
             write_json(calibrate_document(outcome, lm, settings, opts, incomplete=False), json_path)
             written.append(f"--json {json_path}")
-        if not dry_run and plot is not None:
+        if plot is not None:
             plot_frontier(outcome, metric, max_frac, plot)
             written.append(f"--plot {plot}")
     except KeyboardInterrupt:  # Ctrl-C after the search: the results are whole, so keep what is cheap to write
         from ..console import error
 
-        if not dry_run and json_path is not None and f"--json {json_path}" not in written:
+        if json_path is not None and f"--json {json_path}" not in written:
             write_json(calibrate_document(outcome, lm, settings, opts, incomplete=False), json_path)
             written.append(f"--json {json_path}")
-        lost = "" if dry_run or plot is None or f"--plot {plot}" in written else f"; --plot {plot} not written"
+        lost = "" if plot is None or f"--plot {plot}" in written else f"; --plot {plot} not written"
         error(f"interrupted after the search finished; wrote {', '.join(written) or 'no file'}{lost} "
               "(rerun with --resume to redo the rest from the run file)")
         raise typer.Exit(code=interrupted_exit_code()) from None

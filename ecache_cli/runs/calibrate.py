@@ -231,14 +231,16 @@ def preflight(task, opts: CalibrateOptions) -> None:
 
 
 def check_outputs(opts: CalibrateOptions) -> None:
-    """The files calibrate writes (``--out``, ``--json``, ``--plot``, ``--run-file``), checked before any
+    """The files calibrate writes (``--out``, ``--json``, ``--plot``, ``--run-file``; ``--dry-run``: the
+    ``--json`` and ``--plot`` reports alone), checked before any
     decoding (``outputs.check_file``). The profile itself is not locked: an empty lock file there would
     be read as an empty profile by another command meanwhile; its run file (beside it by default) is
     the lock of a calibration."""
     from ..outputs import check_distinct, check_file
 
-    written = [(opts.out, "--out"), (opts.json_path, "--json"), (opts.plot_path, "--plot"),
-               (opts.run_file, "--run-file")]
+    written = [(opts.json_path, "--json"), (opts.plot_path, "--plot")]  # --dry-run writes these reports only
+    if not opts.dry_run:
+        written = [(opts.out, "--out"), *written, (opts.run_file, "--run-file")]
     check_distinct(written, [(opts.data, "--data")])
     for path, flag in written:
         refuse_package_path(path, flag)
