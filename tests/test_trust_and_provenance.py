@@ -188,6 +188,16 @@ def test_every_command_names_model_policy_tau_and_its_source(cli, llada_dir, tmp
     assert tiny.stderr.startswith(f"using model tiny, cache entropy, τ {shipped['cache']['tau']:g} from profile ")
     assert tiny.stderr.splitlines()[0].endswith("ecache_cli/profiles/tiny/default.yaml (shipped with ecache; "
                                                 f"calibrated on {shipped['measured']['n']} examples)")
+    # τ from the flag, the other settings (recent_k, recent_steps) still from the shipped profile: named
+    flag_tiny = cli("generate", "Sort: 3 1 2", "--tau", "3").stderr.splitlines()[0]
+    assert flag_tiny.startswith("using model tiny, cache entropy, τ 3 from --tau; other settings from profile ")
+    assert flag_tiny.endswith(f"(shipped with ecache; calibrated on {shipped['measured']['n']} examples)")
+    own = cli("profile", "Sort: 3 1 2", "--policies", "entropy:tau=1,entropy:tau=2", "--gen-length", "32",
+              "--warmup", "0")
+    assert own.exit_code == 0, own.stderr
+    using = [ln for ln in own.stderr.splitlines() if ln.startswith("using model")]
+    assert using[0].startswith("using model tiny, policies entropy:tau=1,entropy:tau=2, τ of each --policies entry; "
+                               "other settings from profile "), own.stderr
     # a profile that decodes without a cache (the embedded model's, under threshold decoding) is named too
     par = cli("generate", "Sort: 3 1 2", "--threshold", "0.9")
     first = par.stderr.splitlines()[0]

@@ -82,14 +82,19 @@ class Settings:
 
     def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None) -> str:
         """The one stderr line naming what a run uses: model, cache policy (or ``policies``), τ and its
-        source (``tau``: another text for τ, e.g. calibrate's search). τ is named only when an
-        entropy policy runs."""
+        source (``tau``: another text for τ, e.g. calibrate's search), and the profile read when it gives
+        settings other than τ. τ is named only when an entropy policy runs."""
         pols = policies or [self.cache]
         text = f"using model {model}, " + (f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}")
         if tau is not None:
             return f"{text}, τ {tau}"
-        if any(p.split(":")[0] == "entropy" for p in pols):
-            return f"{text}, τ {self.tau:g} from {self.tau_origin()}"
+        entropy = [p.split(":") for p in pols if p.split(":")[0] == "entropy"]
+        if entropy:
+            own = policies is not None and all(any(kv.startswith("tau=") for kv in p[1:]) for p in entropy)
+            text += ", τ of each --policies entry" if own else f", τ {self.tau:g} from {self.tau_origin()}"
+            if self.profile and (own or self.tau_source != "profile"):  # the profile still gives the rest
+                text += f"; other settings from {self.profile_origin()}"
+            return text
         if policies is None and self.policy_from_profile and self.profile:  # e.g. a profile that says: no cache
             text += f" from {self.profile_origin()}"
         return f"{text} (no τ: only the entropy policy takes one)"
