@@ -178,6 +178,8 @@ def test_cli_profile_task_prompts_and_score(cli, llada_dir):
 @pytest.mark.parametrize("args,needle", [
     (["--policies", "none,bogus", "x"], "bogus"),
     (["--policies", "none,none", "x"], "--policies none,none lists none twice; give each value once: --policies none"),
+    (["--policies", "entropy:tau=1,entropy:tau=1.0", "x"], "(entropy:tau=1 and entropy:tau=1.0 are the same setting)"),
+    (["--policies", "entropy:tau=1:recent_k=4,entropy:recent_k=4:tau=1", "x"], "are the same setting); keep one"),
     (["--policies", "none,,dual", "x"], "--policies none,,dual has an empty entry; remove the extra comma: "
                                         "--policies none,dual"),
     (["--policies", "", "x"], "--policies '' names nothing"),

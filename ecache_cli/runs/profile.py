@@ -64,10 +64,14 @@ class ProfileOptions:
 
         if not self.policies:
             raise UsageError("--policies is empty; name at least one of " + ", ".join(POLICIES))
+        seen: dict = {}  # a setting (name, parameters as parsed) -> the entry that names it
         for p in self.policies:
-            parse_policy_spec(p)
-        if len(set(self.policies)) != len(self.policies):
-            raise UsageError(f"--policies {','.join(self.policies)} names a policy twice")
+            name, params = parse_policy_spec(p)
+            key = (name, tuple(sorted(params.items())))  # entropy:tau=1 is entropy:tau=1.0; order does not count
+            if key in seen:
+                same = "twice" if seen[key] == p else f"twice ({seen[key]} and {p} are the same setting)"
+                raise UsageError(f"--policies {','.join(self.policies)} names a policy {same}; keep one")
+            seen[key] = p
         minimums = (("--warmup", self.warmup, 0), ("--repeats", self.repeats, 1), ("--batch-size", self.batch_size, 1))
         for flag, v, lo in minimums:
             if v < lo:
