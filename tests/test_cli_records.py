@@ -130,6 +130,8 @@ def test_crlf_stdin_and_bom_input_files(cli, llada_dir, tmp_path):
     crlf = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input="Sort: 9 3 7 1\r\nabc\r\n"))
     assert [r["prompt"] for r in crlf] == ["Sort: 9 3 7 1", "abc"]
     assert [r["token_ids"] for r in crlf] == [r["token_ids"] for r in plain]
+    bom_stdin = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", input="\ufeffSort: 9 3 7 1\nabc\n"))
+    assert [(r["prompt"], r["token_ids"]) for r in bom_stdin] == [(r["prompt"], r["token_ids"]) for r in plain]
     f = tmp_path / "bom.jsonl"
     f.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "Sort: 9 3 7 1"}\r\n{"prompt": "abc"}\r\n'.encode())
     bom = records(cli("generate", "--model", llada_dir, *SMALL, "--jsonl", "--input", f))

@@ -46,6 +46,8 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
         try:
             for n, line in enumerate(stdin, 1):
                 line = line.rstrip("\n").removesuffix("\r")  # CRLF files piped in
+                if n == 1:
+                    line = line.removeprefix("\ufeff")  # a UTF-8 BOM, as --input files accept it
                 _check_utf8(line, f"stdin line {n}", DataError, "pipe UTF-8 prompts, one per line")
                 if not warned and line.lstrip().startswith("{") and _looks_like_record(line):
                     warned = True  # once per input
