@@ -469,6 +469,7 @@ def test_json_dash_writes_the_document_to_stdout(cli, llada_dir, profiles_dir, t
     res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
               "--max-drop", 100, "--grid", 2, "--refine", 0, "--no-speed-check", *SMALL, "--json", "-")
     assert res.exit_code == 0, res.stderr
+    assert res.stdout.count("\n") == 1  # one line, as profile --json - prints it (| tail -1 | jq)
     doc = json.loads(res.stdout)  # stdout holds the JSON alone; the tables went to stderr
     assert doc["choice"] is not None and len(doc["points"]) >= 2
     assert not (tmp_path / "-").exists() and "chosen" in res.stderr

@@ -233,14 +233,14 @@ def calibrate_document(outcome, lm, settings, opts, incomplete: bool) -> dict:
 
 
 def write_json(doc: dict, path: Path) -> None:
-    """Write ``doc`` as indented JSON to ``path``, or to stdout when ``path`` is ``-``."""
-    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    """Write ``doc`` as indented JSON to ``path``, or to stdout when ``path`` is ``-``: there one line, as
+    ``profile --json -`` prints it, so ``| tail -1 | jq`` reads it."""
     if str(path) == "-":
-        sys.stdout.write(text)
+        sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
         sys.stdout.flush()
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _profile_cache(params: dict, chosen: Point) -> dict:
