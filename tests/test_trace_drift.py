@@ -380,3 +380,15 @@ def test_cli_usage_errors_exit_2(cli, llada_dir, args, needle):
     res = cli("trace-drift", "--model", llada_dir, "hi", *SMALL, *args)
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     assert res.stderr.startswith("error: ") and needle in res.stderr
+
+
+def test_volatility_table_keeps_the_bins_that_decide_the_verdict():
+    from ecache_cli.runs.drift_report import _condense_curve
+
+    curve = [{"n": n, "mean": 1e-4, "count": 40 - n} for n in range(2, 32)]
+    curve[19]["mean"] = 5e-3  # n = 21, 19 tokens: above the level, so nothing settles before it
+    curve[27]["mean"] = 5e-3  # n = 29, 11 tokens: above the level too
+    curve[28]["mean"] = 5e-3  # n = 30, 10 tokens
+    shown = [p["n"] for p in _condense_curve(curve, level=1e-3, settle=31)]
+    assert shown == [*range(2, 14), 16, 21, 29, 30, 31]  # first 12, powers of two, the deciding bins, the last
+    assert [p["n"] for p in _condense_curve(curve, level=1e-2, settle=2)] == [*range(2, 14), 16, 31]

@@ -216,9 +216,13 @@ def render_summary(console, report: TraceReport) -> None:
     t = Table(title="Volatility of committed tokens' K (fresh features, mean over layers)", header_style="bold")
     for col in ("steps since commit n", "mean change (1 − cos)", "tokens measured"):
         t.add_column(col, justify="right")
-    for p in _condense_curve(curve):
+    shown = _condense_curve(curve, report.level, settle)
+    for p in shown:
         mark = " ←" if settle is not None and p["n"] == settle else ""
         t.add_row(str(p["n"]), sci(p["mean"]) + mark, str(p["count"]))
+    if len(shown) < len(curve):
+        t.caption = (f"{len(shown)} of {len(curve)} bins shown: the first 12, powers of two, the last, and every bin "
+                     f"of ≥ {SETTLE_MIN_COUNT} tokens at or above the level (--json has all)")
     _prose(console, t)
     tps = report.tokens_per_step()
     if not curve:
@@ -236,11 +240,14 @@ def render_summary(console, report: TraceReport) -> None:
                   style="dim", highlight=False)
 
 
-def _condense_curve(curve: list[dict], head: int = 12) -> list[dict]:
-    """The first ``head`` bins, then bins at powers of two and the last one."""
+def _condense_curve(curve: list[dict], level: float, settle: int | None, head: int = 12) -> list[dict]:
+    """The first ``head`` bins, then bins at powers of two, the last one, and the bins that decide the
+    verdict: the settling bin ``settle`` and every bin of ≥ ``SETTLE_MIN_COUNT`` tokens at or above
+    ``level`` (a hidden one would leave "never stays below" unexplained)."""
     out = []
     for i, p in enumerate(curve):
-        if i < head or (p["n"] & (p["n"] - 1)) == 0 or i == len(curve) - 1:
+        deciding = p["n"] == settle or (p["count"] >= SETTLE_MIN_COUNT and p["mean"] >= level)
+        if i < head or (p["n"] & (p["n"] - 1)) == 0 or i == len(curve) - 1 or deciding:
             out.append(p)
     return out
 
