@@ -177,13 +177,17 @@ def test_max_tokens_cuts_the_answer_with_finish_reason_length(server):
     assert full.choices[0].text.startswith(cut.choices[0].text) and len(cut.choices[0].text) < len(full.choices[0].text)
 
 
-def test_stop_string_ends_the_answer_before_it(server):
+def test_stop_string_ends_the_answer_before_it(server, tiny):
     url, _ = server
     c = client(url)
     ref = c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN).choices[0].text
     assert ref == "1 3 7 9"
     resp = c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN, stop=[" 7"])
     assert resp.choices[0].text == "1 3" and resp.choices[0].finish_reason == "stop"
+    # usage counts the tokens of the text returned, whichever step found the stop string
+    assert resp.usage.completion_tokens == len(tiny.tokenizer.encode("1 3", add_special_tokens=False)) == 3
+    early = c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN, stop="3")
+    assert early.choices[0].text == "1 " and early.usage.completion_tokens == 2
 
 
 # --- streaming -------------------------------------------------------------------------------------------

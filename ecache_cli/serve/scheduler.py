@@ -76,7 +76,7 @@ class Event:
 class Result:
     """A finished request: ``text`` (the answer, cut at ``max_tokens`` and before a stop string),
     ``finish_reason`` (stop, length, timeout, cancelled, shutdown), ``prompt_tokens``,
-    ``completion_tokens`` (answer tokens returned) and ``stats`` (the row's nfe, full_forwards,
+    ``completion_tokens`` (the tokens of the text returned: up to a stop string, when one cut it) and ``stats`` (the row's nfe, full_forwards,
     partial_forwards, refresh_share, gen_length, steps, policy, group_rows: rows its run held when it left)."""
 
     text: str
@@ -151,9 +151,10 @@ class Job:
         answer = answer[:self.max_tokens]
         text = decode(answer)
         cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-        self.n_answer = len(answer)  # with a stop string: tokens decoded up to its end (an upper bound)
+        self.n_answer = len(answer)
         if cut >= 0:
             self.text, self.reason = text[:cut], "stop"
+            self.n_answer = _tokens_reaching(answer, cut, decode)  # the tokens of the text returned
         elif end is not None and end <= self.max_tokens:
             self.text, self.reason = text, "stop"
         elif len(ids) >= self.max_tokens:
@@ -169,6 +170,19 @@ class Job:
             hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
             text = text[:len(text) - hold]
         return text
+
+
+def _tokens_reaching(ids: list[int], chars: int, decode: Callable[[list[int]], str]) -> int:
+    """The fewest leading tokens of ``ids`` whose decoded text has at least ``chars`` characters (a
+    binary search: a prefix's text grows with it), i.e. the tokens that produced an answer cut there."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(decode(ids[:mid])) >= chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class RequestStreams(RowStreams):
