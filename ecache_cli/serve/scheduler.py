@@ -76,8 +76,9 @@ class Event:
 class Result:
     """A finished request: ``text`` (the answer, cut at ``max_tokens`` and before a stop string),
     ``finish_reason`` (stop, length, timeout, cancelled, shutdown), ``prompt_tokens``,
-    ``completion_tokens`` (the tokens of the text returned: up to a stop string, when one cut it) and ``stats`` (the row's nfe, full_forwards,
-    partial_forwards, refresh_share, gen_length, steps, policy, group_rows: rows its run held when it left)."""
+    ``completion_tokens`` (the tokens of the text returned: up to a stop string, when one cut it) and
+    ``stats`` (the row's nfe, full_forwards, partial_forwards, refresh_share, gen_length, steps, policy,
+    group_rows: rows its run held when it left)."""
 
     text: str
     finish_reason: str
