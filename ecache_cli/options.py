@@ -36,7 +36,7 @@ Compat = Annotated[Optional[str], typer.Option("--compat", help="fastdllm: Fast-
 Cache = Annotated[Optional[str], typer.Option("--cache", help=", ".join(policy_names()) + " \\[default: profile, else entropy].", rich_help_panel=C)]
 Tau = Annotated[Optional[float], typer.Option(help="entropy: refresh when the signal exceeds τ \\[default: profile, else 1].", rich_help_panel=C)]
 RecentK = Annotated[Optional[int], typer.Option("--recent-k", help="entropy: recompute the k latest commits \\[default: profile, else 64].", rich_help_panel=C)]
-Signal = Annotated[Optional[str], typer.Option(help="entropy: sum-entropy, max-confidence \\[default: profile, else max-entropy].", rich_help_panel=C)]
+Signal = Annotated[Optional[str], typer.Option(help="entropy signal (help cache) \\[default: profile, else max-entropy].", rich_help_panel=C)]
 BlockRefresh = Annotated[Optional[bool], typer.Option("--block-refresh/--no-block-refresh", help="entropy: also refresh at block starts \\[default: profile, else off].", rich_help_panel=C)]
 RefreshEvery = Annotated[Optional[int], typer.Option("--refresh-every", help="A full refresh every N steps (ecache help cache) \\[default: 0; dkv 8].", rich_help_panel=C)]
 Profile = Annotated[Optional[str], typer.Option("--profile", help="Settings from a YAML file or NAME (ecache help profiles).", rich_help_panel=C)]

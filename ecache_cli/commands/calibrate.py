@@ -74,7 +74,7 @@ def calibrate_cmd(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="The score-vs-speedup frontier as a PNG.", rich_help_panel=o.O)] = None,
     run_file: Annotated[Optional[Path], typer.Option("--run-file", help="Per-example JSONL records \\[default: beside the profile].", rich_help_panel=o.O)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run file (same settings required).", rich_help_panel=o.O)] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report; write no profile and no run file (--json and --plot are still written).", rich_help_panel=o.O)] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Search and report; no profile, no run file.", rich_help_panel=o.O)] = False,
     wide: o.Wide = False,
     quiet: o.Quiet = False,
 ):

@@ -477,8 +477,11 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
         cap = ("speedup: tok/s over none's. work %: positions x layers computed, over none's. identical / token "
                "agree: outputs vs none. --wide: latency, forwards, decision time, memory.")
     t = Table(title=title, caption=cap, caption_justify="left")
+    # the policy column keeps room for its widest name part, so a narrow terminal squeezes the numbers, not it
+    name_width = max(len(part) for p in report.policies for part in p.split(":"))
     for header, key, _, _ in cols:
-        t.add_column(header, justify="left" if key is None else "right", overflow="fold", no_wrap=key is not None)
+        t.add_column(header, justify="left" if key is None else "right", overflow="fold", no_wrap=key is not None,
+                     min_width=name_width if key is None else None)
     for p in report.policies:
         s = report.summaries[p]
         t.add_row(PolicySpec(p), *[cell(s.get(key), fmt) for _, key, fmt, _ in cols[1:]])
