@@ -250,6 +250,7 @@ def test_a_client_that_disconnects_frees_its_row(small):
     ({"extra_body": {"max_tokens": "ten"}}, "max_tokens"),
     ({"prompt": "x " * 300}, "prompt"),  # over --max-prompt-tokens 200
     ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
     ({"presence_penalty": 1.0}, "presence_penalty"),
     ({"seed": -5}, "seed"),  # not wrapped modulo 2**64 into another stream
     ({"seed": 1 << 64}, "seed"),

@@ -162,7 +162,8 @@ def calibrate_cmd(
         wrote = ""
         if e.outcome is not None and json_path is not None and dist.is_main:
             write_json(calibrate_document(e.outcome, lm, settings, opts, incomplete=True), json_path)
-            wrote = f"; --json {json_path} holds none and the {len(e.outcome.points)} finished τ(s) (\"incomplete\": true)"
+            wrote = (f"; --json {json_path} holds the none baseline and the {len(e.outcome.points)} finished τ(s) "
+                     "(\"incomplete\": true)")
         kept = "dry run: no run file kept" if dry_run else "finished records are kept in the run file (rerun with --resume)"
         error(f"interrupted; no profile written; {kept}{wrote}")
         raise typer.Exit(code=interrupted_exit_code()) from None

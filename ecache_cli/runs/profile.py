@@ -476,6 +476,9 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
     else:
         cap = ("speedup: tok/s over none's. work %: positions x layers computed, over none's. identical / token "
                "agree: outputs vs none. --wide: latency, forwards, decision time, memory.")
+    if "none" not in report.policies:  # nothing is measured against none: its legend would explain blanks
+        cap = "no none in --policies: speedup, work % and fidelity vs none are not measured." + (
+            "" if wide else " --wide: latency, forwards, decision time, memory.")
     t = Table(title=title, caption=cap, caption_justify="left")
     # the policy column keeps room for its widest name part, so a narrow terminal squeezes the numbers, not it
     name_width = max(len(part) for p in report.policies for part in p.split(":"))

@@ -177,6 +177,8 @@ class Resolver:
                 raise ApiError(400, f"prompt: {why}", "prompt")
             return list(p)
         if isinstance(p, list):
+            if not p:
+                raise ApiError(400, "prompt is an empty list; give a string (or a list of token ids)", "prompt")
             if len(p) != 1:
                 raise ApiError(400, f"prompt: {len(p)} prompts in one request; send one prompt per request "
                                     "(requests are batched by the server)", "prompt")
