@@ -286,3 +286,22 @@ def test_ctrl_c_in_calibrate_writes_what_finished(cli, tmp_path, monkeypatch):
     assert doc["incomplete"] is True and doc["choice"] is None and doc["none"]["n"] == 2
     assert [p["tau"] for p in doc["points"]] == [0.1]
     assert not out.exists()
+
+
+def test_invalid_records_are_grouped_by_reason_with_line_ranges():
+    from pathlib import Path
+
+    from ecache_cli.runs.gen_input import Item, invalid_error
+
+    f = Path("in.jsonl")
+    need = "a record needs a string 'prompt'"
+    items = [Item(i, i + 1, None, None, error=f"{f}:{i + 1}: {need}") for i in range(5)]
+    items += [Item(5, 7, None, None, error=f"{f}:7: not valid JSON"), Item(6, 8, {"prompt": "ok"}, "ok")]
+    items += [Item(7, 9, None, None, error=f"{f}:9: {need}")]
+    msg = str(invalid_error(items, f))
+    assert "7 of 8 record(s) invalid" in msg
+    assert f"{f} lines 1-5, 9: {need}; {f}:7: not valid JSON;" in msg
+    assert msg.count(need) == 1
+    many = [Item(i, i + 1, None, None, error=f"{f}:{i + 1}: reason {i}") for i in range(12)]
+    assert str(invalid_error(many, f, shown=10)).count("reason") == 10 and "and 2 more at lines 11-12" in str(
+        invalid_error(many, f, shown=10))

@@ -11,6 +11,7 @@ Without ``--skip-invalid`` one error names every invalid line with its fix and n
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,15 +91,35 @@ def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[It
 
 
 def invalid_error(items: list[Item], input_file: Path, shown: int = 10) -> UsageError | None:
-    """The one-line error for the invalid records of ``items`` (None when all are valid): each bad
-    line with its reason (the first ``shown``; the rest by line number), and the way out."""
+    """The one-line error for the invalid records of ``items`` (None when all are valid): each reason
+    once with the lines that have it (``file:3: …`` for one line, ``file lines 1-3, 7: …`` for several;
+    the first ``shown`` reasons, the other lines by number), and the way out."""
     bad = [it for it in items if it.error is not None]
     if not bad:
         return None
-    reasons = "; ".join(it.error for it in bad[:shown])
-    if len(bad) > shown:
-        rest = [str(it.line) for it in bad[shown:]]
-        reasons += f"; and {len(rest)} more at line{'s' if len(rest) > 1 else ''} {', '.join(rest)}"
+    groups: dict[str, tuple[str, list[int]]] = {}  # reason -> (where the lines are, the lines)
+    for it in bad:
+        m = re.match(rf"(.*):{it.line}: (.*)", it.error, re.S)  # "file:line: reason"
+        name, reason = (m.group(1), m.group(2)) if m else (str(input_file), it.error)
+        groups.setdefault(reason, (name, []))[1].append(it.line)
+    parts = [f"{name}:{lines[0]}: {reason}" if len(lines) == 1 else f"{name} lines {_line_ranges(lines)}: {reason}"
+             for reason, (name, lines) in list(groups.items())[:shown]]
+    reasons = "; ".join(parts)
+    if len(groups) > shown:
+        rest = sorted(line for _, (_, lines) in list(groups.items())[shown:] for line in lines)
+        reasons += f"; and {len(rest)} more at line{'s' if len(rest) > 1 else ''} {_line_ranges(rest)}"
     return UsageError(f"--input {input_file}: {len(bad)} of {len(items)} record(s) invalid, nothing decoded: "
                       f"{reasons}; "
                       "fix them, or pass --skip-invalid to decode the others (each invalid line gets an error record)")
+
+
+def _line_ranges(lines: list[int]) -> str:
+    """Ascending line numbers as ranges: [1, 2, 3, 7] -> ``1-3, 7``."""
+    out, start = [], None
+    for i, n in enumerate(lines):
+        if start is None:
+            start = n
+        if i + 1 == len(lines) or lines[i + 1] != n + 1:
+            out.append(str(start) if start == n else f"{start}-{n}")
+            start = None
+    return ", ".join(out)
