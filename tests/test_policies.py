@@ -263,3 +263,17 @@ def test_make_policy_errors():
     assert make_policy("entropy", tau=0.3, recent_k=8).params() == {
         "tau": 0.3, "recent_k": 8, "signal": "max-entropy", "block_refresh": False, "recent_steps": 0,
         "block_tau": None, "refresh_prompt": True}
+
+
+def test_block_masks_are_computed_once_while_masks_and_block_stay_the_same_tensors():
+    state = make_state([[0, 1, 1, 1, 0, 1]], block=(1, 4), prompt_len=1)
+    state.enter_blocks()  # the engine keeps the block mask
+    first = state.block_masked()
+    assert first.tolist() == [[False, True, True, True, False, False]] and state.block_masked() is first
+    state.masked = state.masked & torch.tensor([[True, True, False, True, True, True]])  # a step commits position 2
+    assert state.block_masked().tolist() == [[False, True, False, True, False, False]]
+    state.block = state.block + 1  # the next block: positions 4-6
+    state.enter_blocks()
+    assert state.block_masked().tolist() == [[False, False, False, False, False, True]]
+    state.select_rows(torch.tensor([0]))  # rows moved: the kept result belongs to the old tensors
+    assert state.block_masked().tolist() == [[False, False, False, False, False, True]]
