@@ -163,3 +163,16 @@ def test_top_p_and_top_k_change_nothing_in_greedy_decoding_with_llada_rules(cli,
     base = records(cli("generate", *prompts, "--model", llada_dir, *SMALL, "--jsonl"))
     got = records(cli("generate", *prompts, *flags, "--model", llada_dir, *SMALL, "--jsonl"))
     assert [(r["text"], r["stats"]["nfe"]) for r in got] == [(r["text"], r["stats"]["nfe"]) for r in base]
+
+
+def test_more_steps_than_masks_warns_and_decodes_as_one_step_per_mask(cli, llada_dir):
+    small = ["--gen-length", "16", "--block-length", "8", "--no-chat", "--jsonl"]  # SMALL without -q
+    many = cli("generate", "Sort: 9 3 7 1", "--model", llada_dir, *small, "--steps", "64")
+    assert many.exit_code == 0, many.stderr
+    assert "warning: --steps 64 gives each block 32 steps for its 8 masks" in many.stderr
+    plain = cli("generate", "Sort: 9 3 7 1", "--model", llada_dir, *small, "--steps", "16")
+    assert "--steps" not in plain.stderr
+    assert [(r["token_ids"], r["stats"]["nfe"]) for r in records(many)] == \
+        [(r["token_ids"], r["stats"]["nfe"]) for r in records(plain)]
+    dream_rule = cli("generate", "Sort: 9 3 7 1", "--model", llada_dir, *small, "--steps", "64", "--schedule", "dream")
+    assert dream_rule.exit_code == 0 and "gives each block" not in dream_rule.stderr  # Dream's commits use every step

@@ -44,7 +44,7 @@ def generate(
     from ..runs.confidence import warn_untrained
     from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
     from ..runs.inputs import check_input_file
-    from ..runs.settings import not_used_by, resolve_settings, warn_unused_cache_flags
+    from ..runs.settings import not_used_by, resolve_settings, warn_idle_steps, warn_unused_cache_flags
     from ..runtime import compile_line, load_for_command
 
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
@@ -73,6 +73,8 @@ def generate(
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
+    if dist.is_main:
+        warn_idle_steps(settings.decode, lm.spec.family)
     try:
         run(lm, settings, opts, sys.stdout, err, dist=dist)
         if (line := compile_line(lm.model)) and not quiet and dist.is_main:

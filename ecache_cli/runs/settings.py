@@ -250,6 +250,25 @@ def warn_sampling_flags(decode: DecodeConfig, top_k, top_p) -> None:
              "--schedule dream, they filter Dream's confidence)")
 
 
+def warn_idle_steps(decode: DecodeConfig, family: str) -> None:
+    """One warning on stderr when ``--steps`` gives a block more steps than it has masks under LLaDA's
+    schedule (the model family's default, or ``--schedule llada``): LLaDA's split commits one mask per
+    step from the first step on, so a block's masks are gone after ``block_length`` steps and the engine
+    moves on (LLaDA generate.py runs the empty steps; the tokens are the same). Dream's schedule spreads
+    its commits over every step, so nothing is skipped there."""
+    if decode.steps is None or decode.threshold is not None or decode.factor is not None:
+        return
+    if (decode.schedule or ("dream" if family == "dream" else "llada")) != "llada":
+        return
+    per_block = decode.steps // max(decode.gen_length // decode.block_length, 1)
+    if per_block > decode.block_length:
+        from ..console import warn
+
+        warn(f"--steps {decode.steps} gives each block {per_block} steps for its {decode.block_length} masks; "
+             f"LLaDA's schedule commits them in the first {decode.block_length}, so at most {decode.gen_length} "
+             f"steps run (--steps {decode.gen_length} is the same decoding)")
+
+
 def policy_params_or_all(name: str) -> set[str]:
     try:
         return policy_params(name)
