@@ -219,3 +219,27 @@ def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path
     report = json.loads(doc.read_text())["manifest"]["compile"]
     assert report["graphs"] == 1 and report["compiled_calls"] > 0 and report["eager_calls"] == 0
     assert report["buckets"] == [["any", "T", "T", True]] and report["compile_s"] >= 0
+
+
+def test_eager_runs_leave_the_compiler_unimported_and_compiled_ones_use_ecaches_folder(tmp_path, llada_dir):
+    """Importing the model code does not import torch's compiler (whose import picks and creates an artefact
+    folder: a bad TORCHINDUCTOR_CACHE_DIR would break every command); --compile sets ecache's folder first,
+    and one it cannot use is a one-line error."""
+    code = ("import os, sys; import ecache_cli.models.loader, ecache_cli.engine, ecache_cli.cli; "
+            "assert 'torch._dynamo' not in sys.modules, 'imported'; "
+            "from ecache_cli.models.compiled import prepare_compiler; prepare_compiler(); "
+            "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(tmp_path / "xdg" / "ecache" / "inductor")
+    (tmp_path / "file").write_text("")
+    bad = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "file" / "x"), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "ecache_cli", "generate", "x", "--model", str(llada_dir), "--gen-length", "16",
+            "--block-length", "8", "--no-chat", "-q"]
+    eager = subprocess.run(args, env=bad, capture_output=True, text=True, cwd=tmp_path)
+    assert eager.returncode == 0, eager.stderr
+    comp = subprocess.run([*args, "--compile"], env=bad, capture_output=True, text=True, cwd=tmp_path)
+    assert comp.returncode == 1 and comp.stderr.strip().count("\n") == 0, comp.stderr
+    assert "compiled-artefact folder" in comp.stderr and "TORCHINDUCTOR_CACHE_DIR" in comp.stderr

@@ -39,10 +39,11 @@ class BlockParts:
     qkv_bias: torch.Tensor | None = None  # (H*D + 2*H_kv*D,) or None
     gate_up: torch.Tensor | None = None  # (2*mlp_hidden, d) rows of gate's then up's weight
 
-    @torch.compiler.assume_constant_result  # compiled forwards (--compile) read it once, when traced
     def fused(self) -> bool:
         """True while the fused weights still hold the projections' parameters (a dtype or device move
-        gives the parameters storage of their own: the forward then runs the projections one by one)."""
+        gives the parameters storage of their own: the forward then runs the projections one by one).
+        Compiled forwards (``--compile``) read it once, when traced (``models/compiled.py`` marks it a
+        constant result; marking it here would import torch's compiler with every model)."""
         return (self.qkv is not None and self.q.weight.data_ptr() == self.qkv.data_ptr()
                 and self.gate.weight.data_ptr() == self.gate_up.data_ptr())
 

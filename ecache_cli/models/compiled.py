@@ -48,7 +48,6 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch._dynamo.utils import counters
 
 from ..errors import EcacheError
 from ..kvstore import KVStore
@@ -94,6 +93,21 @@ def cache_dir() -> str:
         return os.environ["TORCHINDUCTOR_CACHE_DIR"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "ecache", "inductor")
+
+
+def prepare_compiler() -> None:
+    """Import torch's compiler with the artefacts under :func:`cache_dir` (set before the import, which
+    otherwise settles on ``/tmp/torchinductor_<user>``) and mark ``BlockParts.fused`` a constant result
+    for traced forwards. Raises EcacheError (one line) when that folder cannot be created."""
+    folder = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
+    try:
+        import torch._dynamo  # noqa: F401  (creates the artefact folder)
+    except OSError as e:
+        raise EcacheError(f"--compile: the compiled-artefact folder {folder} cannot be used ({e.strerror}); "
+                          "set TORCHINDUCTOR_CACHE_DIR to a writable folder") from None
+    from .base import BlockParts
+
+    torch.compiler.assume_constant_result(BlockParts.fused)  # marks the function; idempotent
 
 
 def check_compiler(device: torch.device) -> None:
@@ -202,7 +216,7 @@ class StaticStep(torch.nn.Module):
         device = next(model.parameters()).device
         self.pad = device.type == "cuda" if pad is None else pad
         check_compiler(device)
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
+        prepare_compiler()
         self.mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else "default")
         self._cuda = device.type == "cuda"
         self._seen: dict[tuple, object] = {}  # bucket key -> its compiled function
@@ -334,6 +348,8 @@ class StaticStep(torch.nn.Module):
     def _call(self, key: tuple, new: bool, args: tuple) -> torch.Tensor:
         """Run bucket ``key``'s graph on ``args`` (compiling it when ``new``), counting compile seconds
         and traces."""
+        from torch._dynamo.utils import counters
+
         traced = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         if self._cuda:
