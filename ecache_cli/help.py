@@ -187,7 +187,7 @@ A value outside its range is an error naming the value and the range, from a fla
 --policies variant alike."""),
     "profiles": ("Profile files: where they are looked up and what they hold", """\
 A profile is a YAML file (UTF-8, no key twice) with the sections model, task, decode, cache, measured,
-note, e.g.
+note, and optionally compile (true: --compile) and sandbox (how code answers are isolated: --sandbox), e.g.
 
   model: tiny
   task: arith
@@ -211,7 +211,8 @@ object a line with one of:
 
 Chat roles: system, user, assistant; any other role is an error naming it.
 
-Files must be UTF-8; a bad line is an error naming file:line, after the earlier records' results.
+Files must be UTF-8. Every record is checked before decoding starts: invalid ones stop the run (exit
+2) naming file:line and why; --skip-invalid decodes the others and writes an error record for each.
 --jsonl output records echo the input record's other fields."""),
     "outputs": ("Tables, JSON files and concurrent runs", """\
 Tables are sized for an 80-column terminal: [bold]profile[/] and [bold]calibrate[/] show the columns that matter
