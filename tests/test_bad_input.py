@@ -593,3 +593,19 @@ def test_ctrl_c_after_the_search_keeps_the_json_and_says_what_was_written(cli, l
     assert "interrupted after the search finished" in line and f"--json {doc}" in line, line
     assert json.loads(doc.read_text())["incomplete"] is False  # the search finished: the document is whole
     assert (f"profile {out}" in line) == out.exists()
+
+
+@pytest.mark.parametrize("yaml_text, needles", [
+    ("cache: {policy: entropy, signal: max-entropi}\n",
+     ["'max-entropi' is not known", "signal max-entropi from profile"]),
+    ("decode: {remasking: low_confidance}\n", ["'low_confidance'", "remasking low_confidance from profile"]),
+])
+def test_a_bad_value_from_a_profile_names_the_profile(cli, tmp_path, yaml_text, needles):
+    prof = tmp_path / "v.yaml"
+    prof.write_text(yaml_text)
+    res = cli("generate", "x", "--profile", prof, "--model", tmp_path / "no-model", "--gen-length", "16",
+              "--block-length", "8", "-q")
+    _no_traceback(res)
+    one_line_error(res, 2, *needles, str(prof), "pass the flag to override")
+    flag = cli("generate", "x", "--signal", "bogus", "--model", tmp_path / "no-model", "-q")
+    assert flag.exit_code == 2 and "from profile" not in flag.stderr  # the user's own flag is not blamed on it

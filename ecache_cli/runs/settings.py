@@ -133,7 +133,11 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
-    make_policy(name, **params)  # validates name and values early
+    try:
+        make_policy(name, **params)  # validates name and values early
+    except UsageError as e:
+        _blame_profile(e, params, p_cache, cache_flags, (prof or {}).get("_path"))
+        raise
     decode_cfg = DecodeConfig(**decode)
     warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
     if cache_flags.get("tau") is not None:
@@ -167,11 +171,19 @@ def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path
     try:
         validate_decode(decode)
     except UsageError as e:
-        from_profile = [k for k in p_dec if decode_flags.get(k) is None and decode.get(k) is not None
-                        and f"{k.replace('_', '-')} {decode[k]}" in str(e)]
-        if not from_profile or path is None:
-            raise
-        names = ", ".join(f"{k} {decode[k]}" for k in from_profile)
+        _blame_profile(e, decode, p_dec, decode_flags, path)
+        raise
+
+
+def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, path: str | None) -> None:
+    """Raise ``e`` again naming the profile at ``path`` when the value it is about came from there: a key
+    of ``from_file`` that no flag overrode, whose name (as a flag) and value both appear in the message.
+    Returns when no such key is found."""
+    msg = str(e)
+    blamed = [k for k in from_file if flags.get(k) is None and values.get(k) is not None
+              and k.replace("_", "-") in msg and str(values[k]) in msg]
+    if blamed and path is not None:
+        names = ", ".join(f"{k} {values[k]}" for k in blamed)
         raise UsageError(f"{e} ({names} from profile {path}; pass the flag to override)") from None
 
 
