@@ -104,7 +104,7 @@ def calibrate_cmd(
         validate,
     )
     from ..runs.settings import resolve_settings
-    from ..runtime import load_for_command
+    from ..runtime import compile_line, load_for_command
     from ..tasks import get_task
     from ..tasks import sandbox as code_sandbox
 
@@ -208,3 +208,5 @@ def calibrate_cmd(
         raise EcacheError(f"{choice.reason}; no profile written (raise --max-drop, lower --min-fidelity or add --taus)")
     where = "dry run: no profile written" if dry_run else f"wrote {outcome.profile}"
     out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)
+    if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart
+        err.print(line, markup=False, highlight=False)

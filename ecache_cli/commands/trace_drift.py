@@ -49,7 +49,7 @@ def trace_drift_cmd(
     from ..runs.confidence import warn_untrained
     from ..runs.settings import not_used_by, resolve_settings, warn_idle_steps, warn_unused_cache_flags
     from ..runs.trace_drift import TraceOptions, check_flags, signal_kind, summary_document, trace
-    from ..runtime import load_for_command
+    from ..runtime import compile_line, load_for_command
 
     check_flags(prompts, input_file, task, data, limit, batch_size, signal, plot, jsonl, json_out, volatility_level,
                 rows)
@@ -94,3 +94,5 @@ def trace_drift_cmd(
                                                 ("summary", json_out)) if p is not None and str(p) != "-"]
     if written:
         err.print("wrote " + ", ".join(written), style="dim", highlight=False)
+    if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart
+        err.print(line, markup=False, highlight=False)
