@@ -133,11 +133,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
-    try:
-        make_policy(name, **params)  # validates name and values early
-    except UsageError as e:
-        _blame_profile(e, params, p_cache, cache_flags, (prof or {}).get("_path"))
-        raise
+    _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
     decode_cfg = DecodeConfig(**decode)
     warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
     if cache_flags.get("tau") is not None:
@@ -172,6 +168,16 @@ def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path
         validate_decode(decode)
     except UsageError as e:
         _blame_profile(e, decode, p_dec, decode_flags, path)
+        raise
+
+
+def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, path: str | None) -> None:
+    """Build the policy once, so a bad name or value fails before the model loads (UsageError; one about a
+    value the profile at ``path`` set names it)."""
+    try:
+        make_policy(name, **params)
+    except UsageError as e:
+        _blame_profile(e, params, p_cache, cache_flags, path)
         raise
 
 
