@@ -67,6 +67,12 @@ def validate_eps(eps: float) -> float:
     return eps
 
 
+def family_schedule(family: str, schedule: str | None) -> str:
+    """The step schedule a run uses: ``schedule`` when given, else the model family's ("dream" for Dream,
+    "llada" otherwise)."""
+    return schedule or ("dream" if family == "dream" else "llada")
+
+
 def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
                         compat: str | None, low_eos_confidence: bool = False) -> None:
     """Check Dream's alg_temp and alg 'origin' against the rest of the decode settings.
@@ -152,7 +158,7 @@ class CommitRule:
                 block's other masks unfilled); the dream threshold quota with a block length that is
                 not a multiple of the steps per block (Fast-dLLM asserts masks % steps == 0).
         """
-        schedule = validate_schedule(schedule or ("dream" if family == "dream" else "llada"))
+        schedule = validate_schedule(family_schedule(family, schedule))
         compat, eps = validate_compat(compat), validate_eps(eps)
         check_dream_options(remasking=remasking, alg_temp=alg_temp, schedule=schedule,
                             parallel=threshold is not None or factor is not None, compat=compat,

@@ -38,8 +38,9 @@ class StepDecoder:
         # Greedy decoding under LLaDA's rules ignores top-k/top-p: the argmax is the same and LLaDA's confidence
         # is the unfiltered probability. Dream's rules keep them at temperature 0: its confidence is taken from
         # the filtered distribution (generation_utils.py sample_tokens).
-        dream_conf = rule.dream_alg(cfg.remasking) is not None
-        self.top_k, self.top_p = (cfg.top_k, cfg.top_p) if cfg.temperature > 0 or dream_conf else (None, None)
+        self.dream_alg = rule.dream_alg(cfg.remasking)  # the alg whose Dream confidence sample() computes, or None
+        keep = cfg.temperature > 0 or self.dream_alg is not None
+        self.top_k, self.top_p = (cfg.top_k, cfg.top_p) if keep else (None, None)
         self.draws = cfg.temperature > 0 or self._scores_drawn or bool(rule.alg_temp)
 
     @classmethod
@@ -77,7 +78,7 @@ class StepDecoder:
         if packed:
             logits, noise = logits[valid][None], None if noise is None else noise[valid][None]  # (1, K, V)
         sampled = sample(logits, temperature=cfg.temperature, top_k=self.top_k, top_p=self.top_p, generator=None,
-                         banned_ids=self.banned, uniform=noise, dream_alg=rule.dream_alg(cfg.remasking))
+                         banned_ids=self.banned, uniform=noise, dream_alg=self.dream_alg)
         if packed:
             sampled = sampled.spread(valid)
         del noise

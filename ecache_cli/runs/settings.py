@@ -276,7 +276,9 @@ def warn_idle_steps(decode: DecodeConfig, family: str) -> None:
     its commits over every step, so nothing is skipped there."""
     if decode.steps is None or decode.threshold is not None or decode.factor is not None:
         return
-    if (decode.schedule or ("dream" if family == "dream" else "llada")) != "llada":
+    from ..decoding.commit import family_schedule
+
+    if family_schedule(family, decode.schedule) != "llada":
         return
     per_block = decode.steps // max(decode.gen_length // decode.block_length, 1)
     if per_block > decode.block_length:
