@@ -70,6 +70,8 @@ class KVStore:
     max_rows: int | None = field(default=None)
     # per buffered field: (buffers, the views of their live rows handed out as the field's tensors)
     _buffers: dict = field(default_factory=dict, repr=False, compare=False)
+    # (idx, H_kv, T, flat index) of the last partial write: the layers of one forward share their idx
+    _write_index: tuple | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def allocate(
@@ -134,10 +136,22 @@ class KVStore:
             self.k[layer].copy_(k)
             self.v[layer].copy_(v)
             return
-        H, D = k.shape[1], k.shape[3]
-        index = idx[:, None, :, None].expand(-1, H, -1, D)  # (B, H_kv, S, D)
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
+        kb, vb = self.k[layer], self.v[layer]
+        B, H, S, D = k.shape
+        if not (kb.is_contiguous() and vb.is_contiguous()):
+            index = idx[:, None, :, None].expand(-1, H, -1, D)  # (B, H_kv, S, D)
+            kb.scatter_(2, index, k)
+            vb.scatter_(2, index, v)
+            return
+        # one row copy per (row, head, position) into the (B·H_kv·T, D) view: cheaper than a scatter of
+        # every element; the flat index is built once per forward (every layer writes the same idx)
+        T = kb.shape[2]
+        cached = self._write_index
+        if cached is None or cached[0] is not idx or cached[1:3] != (H, T):
+            base = torch.arange(B * H, device=idx.device).view(B, H, 1) * T  # (B, H_kv, 1)
+            cached = self._write_index = (idx, H, T, (base + idx[:, None, :]).reshape(-1))  # (B·H_kv·S,)
+        kb.view(-1, D).index_copy_(0, cached[3], k.reshape(-1, D))
+        vb.view(-1, D).index_copy_(0, cached[3], v.reshape(-1, D))
 
     def write_hidden(self, layer: int, idx: torch.Tensor | None, h: torch.Tensor) -> None:
         """Keep the input hidden states (B, S, d) of ``layer`` at positions ``idx`` (B, S) or all."""

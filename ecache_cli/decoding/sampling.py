@@ -47,7 +47,7 @@ class Sampled:
     prob: torch.Tensor
     entropy: torch.Tensor
     dream_conf: torch.Tensor | None = None
-    filtered: torch.Tensor | None = field(default=None, repr=False)  # (B, N, V) f64 filtered log-probs
+    filtered: torch.Tensor | None = field(default=None, repr=False)  # (B, N, V) f64 filtered log-probs + c
     lse: torch.Tensor | None = field(default=None, repr=False)  # (B, N, 1) f64 their logsumexp
     layout: torch.Tensor | None = field(default=None, repr=False)  # (B, N) bool: filtered/lse hold these only
 
@@ -152,63 +152,72 @@ def sample(
     t_score = temperature if temperature > 0 else 1.0  # Dream divides the logits by T only when T > 0
     dream_conf = None
 
-    # --- entropy of the raw distribution, and the float64 working buffer of log-probabilities
-    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)  # (B, N, V) f64; the f64 copy is freed here
-    # −inf → most negative finite value: exp() still gives exactly 0, and 0·logp stays 0 (not NaN) below.
-    logp.clamp_(min=_F64_MIN)
-    p = logp.exp()  # (B, N, V)
-    # (B, N) nats; einsum runs as a batched matmul, so the product p·logp is never materialised
-    entropy = torch.einsum("bnv,bnv->bn", p, logp).neg_().clamp_(min=0.0)
+    # --- entropy of the raw distribution, from one exp over the float64 working buffer
+    # z = logits − row max (≤ 0): log-probabilities up to a per-row constant, which every rule below is
+    # blind to (argmax, Gumbel-max, top-k, the nucleus, the renormalised probabilities); one exp instead
+    # of log_softmax's and a second one for p.
+    z = logits.to(torch.float64, copy=True)  # (B, N, V) f64
+    z.sub_(z.amax(dim=-1, keepdim=True))
+    # −inf → most negative finite value: exp() still gives exactly 0, and 0·z stays 0 (not NaN) below.
+    z.clamp_(min=_F64_MIN)
+    e = z.exp()  # (B, N, V) unnormalised probabilities, max 1
+    total = e.sum(dim=-1, keepdim=True)  # (B, N, 1)
+    # H = log Σe − Σ e·z / Σe (the entropy of e / Σe), nats; einsum runs as a batched matmul, so the
+    # product e·z is never materialised
+    log_total = total.log()
+    entropy = (log_total.squeeze(-1) - torch.einsum("bnv,bnv->bn", e, z) / total.squeeze(-1)).clamp_(min=0.0)
     if dream_alg == "entropy":  # before the banned ids are removed: Dream scores its whole distribution
-        dream_conf = _dream_neg_entropy(logp, p, t_score, top_k, top_p)
+        dream_conf = _dream_neg_entropy(z - log_total, e / total, t_score, top_k, top_p)
     filtered = (top_p is not None and top_p < 1) or (top_k is not None and top_k < vocab)
-    kept_mass = None
-    if not filtered:  # only banned ids leave: the kept ids' probability mass, a row-wise sum (the same
-        # for a row in any batch, unlike a matrix product, whose blocking follows the shape)
-        keep = torch.ones(vocab, dtype=torch.float64, device=logp.device)
-        if banned_ids is not None and banned_ids.numel() > 0:
-            keep.index_fill_(0, banned_ids.to(device=logp.device, dtype=torch.long).reshape(-1), 0.0)
-        kept_mass = (p * keep).sum(-1, keepdim=True)  # (B, N, 1)
-    del p
-
-    # --- filters: set excluded logits to −inf (log-probs stay unnormalised; renormalised at the end)
+    banned = None
     if banned_ids is not None and banned_ids.numel() > 0:
-        logp.index_fill_(-1, banned_ids.to(device=logp.device, dtype=torch.long).reshape(-1), float("-inf"))
+        banned = banned_ids.to(device=z.device, dtype=torch.long).reshape(-1)
+    kept_mass = None
+    if not filtered:  # only banned ids leave: the kept ids' mass, a row-wise sum (the same for a row in
+        # any batch, unlike a matrix product, whose blocking follows the shape)
+        kept_mass = (e if banned is None else e.index_fill_(-1, banned, 0.0)).sum(dim=-1, keepdim=True)  # (B, N, 1)
+    del e
+
+    # --- filters: set excluded entries of z to −inf (renormalised at the end)
+    if banned is not None:
+        z.index_fill_(-1, banned, float("-inf"))
     if top_p is not None and top_p < 1:
-        _apply_top_p(logp, top_p, temperature if temperature > 0 else 1.0)
+        _apply_top_p(z, top_p, temperature if temperature > 0 else 1.0)
     if top_k is not None and top_k < vocab:
-        kth = logp.topk(top_k, dim=-1).values[..., -1:]  # (B, N, 1)
-        logp.masked_fill_(logp < kth, float("-inf"))
+        kth = z.topk(top_k, dim=-1).values[..., -1:]  # (B, N, 1)
+        z.masked_fill_(z < kth, float("-inf"))
 
     # --- selection
     if temperature == 0:
-        x0 = logp.argmax(dim=-1)  # (B, N)
+        z_x0, x0 = z.max(dim=-1, keepdim=True)  # (B, N, 1) each; the first index on ties
     else:
         if uniform is None:
-            g = torch.rand(logp.shape, dtype=torch.float64, device=logp.device, generator=generator)  # U[0, 1)
+            g = torch.rand(z.shape, dtype=torch.float64, device=z.device, generator=generator)  # U[0, 1)
         else:
-            assert uniform.shape == logp.shape and uniform.dtype == torch.float64, (
-                f"uniform must be float64 {tuple(logp.shape)}, got {uniform.dtype} {tuple(uniform.shape)}")
+            assert uniform.shape == z.shape and uniform.dtype == torch.float64, (
+                f"uniform must be float64 {tuple(z.shape)}, got {uniform.dtype} {tuple(uniform.shape)}")
             g = uniform
         g.log_().neg_().log_().neg_()  # Gumbel(0, 1) = −log(−log U); U = 0 gives −inf (never chosen)
-        g.mul_(temperature).add_(logp)  # log p + T·g: same argmax as log p / T + g
-        x0 = g.argmax(dim=-1)  # (B, N)
+        g.mul_(temperature).add_(z)  # z + T·g: same argmax as log p / T + g
+        x0 = g.argmax(dim=-1, keepdim=True)  # (B, N, 1)
         del g
+        z_x0 = z.gather(-1, x0)
 
     # --- signals under the filtered distribution at temperature 1
-    # log of the kept ids' mass: the renormaliser of the filtered log-probabilities
-    lse = kept_mass.log_() if kept_mass is not None else torch.logsumexp(logp, dim=-1, keepdim=True)  # (B, N, 1)
-    prob = (logp.gather(-1, x0[..., None]) - lse).exp_().squeeze(-1)  # (B, N)
-    out = Sampled(x0=x0, prob=prob, entropy=entropy, filtered=logp, lse=lse)
+    # log of the kept ids' mass: the renormaliser of the filtered z
+    lse = kept_mass.log_() if kept_mass is not None else torch.logsumexp(z, dim=-1, keepdim=True)  # (B, N, 1)
+    prob = (z_x0 - lse).exp_().squeeze(-1)  # (B, N)
+    x0 = x0.squeeze(-1)  # (B, N)
+    out = Sampled(x0=x0, prob=prob, entropy=entropy, filtered=z, lse=lse)
     if dream_alg in ("maskgit_plus", "topk_margin"):
         if t_score == 1.0:  # Dream's q is the distribution of prob and margin
             dream_conf = (prob if dream_alg == "maskgit_plus" else out.margin).clone()
-        else:  # q = softmax(logp / T) over the kept ids (logp is log-softmax(logits) plus a constant per row)
-            lse_t = torch.logsumexp(logp / t_score, dim=-1, keepdim=True)  # (B, N, 1)
+        else:  # q = softmax(z / T) over the kept ids (z is log-softmax(logits) plus a constant per row)
+            lse_t = torch.logsumexp(z / t_score, dim=-1, keepdim=True)  # (B, N, 1)
             if dream_alg == "maskgit_plus":
-                dream_conf = (logp.gather(-1, x0[..., None]) / t_score - lse_t).exp_().squeeze(-1)
+                dream_conf = (z_x0.squeeze(-1) / t_score - lse_t.squeeze(-1)).exp_()
             else:
-                q2 = (logp.topk(min(2, vocab), dim=-1).values / t_score - lse_t).exp_()  # (B, N, ≤2)
+                q2 = (z.topk(min(2, vocab), dim=-1).values / t_score - lse_t).exp_()  # (B, N, ≤2)
                 dream_conf = q2[..., 0] - q2[..., 1] if vocab > 1 else q2[..., 0]
     return out if dream_conf is None else replace(out, dream_conf=dream_conf)
 
@@ -237,7 +246,8 @@ def _dream_neg_entropy(logp: torch.Tensor, p: torch.Tensor, temperature: float, 
 
 
 def _apply_top_p(logp: torch.Tensor, top_p: float, temperature: float) -> None:
-    """Dream's nucleus filter, in place on logp (B, N, V): −inf outside the nucleus of softmax(logp / T)."""
+    """Dream's nucleus filter, in place on logp (B, N, V) log-probabilities (up to a constant per row): −inf
+    outside the nucleus of softmax(logp / T)."""
     sorted_lp, order = logp.sort(dim=-1, descending=True)  # (B, N, V) f64, (B, N, V) long
     # softmax(sorted / T) in place: the row max is the first column
     sorted_lp.sub_(sorted_lp[..., :1].clone()).div_(temperature).exp_()
