@@ -156,6 +156,35 @@ def test_store_rows_join_and_leave_in_place_in_their_buffers():
     assert store.positions.tolist() == [[0, 0, 1]] and store.attn_mask[:, 0, 0].tolist() == [[False, True, True]]
 
 
+def test_store_writes_land_on_their_positions_in_contiguous_and_strided_buffers():
+    """A partial write puts each (row, head, position) vector at its canvas position and nowhere else,
+    through the flat row copy (the store's own buffers) and through the scatter kept for K/V tensors set
+    from outside that are not contiguous; a second write with new positions is not served a stale index."""
+    from ecache_cli.kvstore import KVStore
+
+    B, H, T, D = 2, 3, 6, 4
+    idx = torch.tensor([[4, 1], [0, 5]])  # (B, S)
+    k = torch.arange(B * H * 2 * D, dtype=torch.float32).view(B, H, 2, D)
+    want = torch.zeros(B, H, T, D)
+    for b in range(B):
+        for s in range(2):
+            want[b, :, idx[b, s]] = k[b, :, s]
+    store = KVStore.allocate(1, H, D, torch.ones(B, T, dtype=torch.bool), torch.float32)
+    store.write(0, idx, k, -k)
+    assert torch.equal(store.k[0], want) and torch.equal(store.v[0], -want)
+    store.write(0, idx.flip(1), k, k)  # same shape, other positions
+    flipped = torch.zeros(B, H, T, D)
+    for b in range(B):
+        for s in range(2):
+            flipped[b, :, idx[b, 1 - s]] = k[b, :, s]
+    assert torch.equal(store.k[0], flipped)
+    strided = KVStore.allocate(1, H, D, torch.ones(B, T, dtype=torch.bool), torch.float32)
+    strided.k = [torch.zeros(B, T, H, D).transpose(1, 2)]  # (B, H, T, D) view, not contiguous
+    strided.v = [torch.zeros(B, T, H, D).transpose(1, 2)]
+    strided.write(0, idx, k, -k)
+    assert torch.equal(strided.k[0], want) and torch.equal(strided.v[0], -want)
+
+
 def test_store_rows_never_move_inside_tensors_set_from_outside():
     from ecache_cli.kvstore import KVStore
 
@@ -199,3 +228,23 @@ def test_rows_joining_and_leaving_reuse_the_store_buffers_and_decode_as_alone(ll
         alone = _alone(eng, prompt, cfg, policy, row_id, seed=3)
         assert got[b].token_ids == alone.token_ids, (policy, b)
         assert got[b].stats["nfe"] == alone.stats["nfe"], (policy, b)
+
+
+def test_padded_index_of_one_row_matches_the_batched_rule():
+    """A single row's index (found without a sort) is the same as that row's inside a batch, for widths at
+    and above its count and for an empty row."""
+    from ecache_cli.contract.rows import padded_index
+
+    gen = torch.Generator().manual_seed(5)
+    for count in (0, 1, 7, 30):
+        row = torch.zeros(1, 64, dtype=torch.bool)
+        row[0, torch.randperm(64, generator=gen)[:count]] = True
+        other = torch.ones(1, 64, dtype=torch.bool)  # a second row at least as wide, so the batch path pads row 0
+        for width in (count, count + 3):
+            alone, valid = padded_index(row, width)
+            batched, bvalid = padded_index(torch.cat([row, other]), max(width, 64))
+            S = max(width, 1)
+            assert alone.tolist() == batched[:1, :S].tolist(), (count, width)
+            assert valid.tolist() == bvalid[:1, :S].tolist()
+            assert valid.sum().item() == count
+            assert sorted(set(alone[valid].tolist())) == row[0].nonzero().flatten().tolist()

@@ -116,6 +116,11 @@ def padded_index(mask: torch.Tensor, width: int | None = None) -> tuple[torch.Te
     sync). Short rows are padded by repeating their first position (or 0 for an empty row); ``valid``
     (B, S) bool marks the real entries.
     """
+    if width is not None and mask.shape[0] == 1:  # one row: its True positions as they come, no sort
+        S = max(int(width), 1)
+        found = torch.nonzero_static(mask[0], size=S, fill_value=-1)[:, 0]  # (S,), −1 past the row's count
+        valid = found >= 0
+        return torch.where(valid, found, found[:1].clamp(min=0))[None], valid[None]
     counts = mask.sum(1)  # (B,)
     S = max(int(counts.max()) if width is None else int(width), 1)
     order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :S]  # (B, S) True positions first

@@ -215,7 +215,7 @@ class Run:
         grp = forward.group(plan, st, tmask, self.policy.name)  # the step's one host sync
         targets, valid = padded_index(tmask, grp.targets)  # (B, R)
         targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])  # never committed
-        sources = targets - st.logit_shift  # the hidden states whose logits predict the targets
+        sources = targets - st.logit_shift if st.logit_shift else targets  # hidden states predicting them
         fwd = forward.run_forwards(model, st, self.store, plan, grp, sources, self._range, valid)
         t2 = t2b = self.timer.mark()
         outputs = {}
@@ -245,15 +245,15 @@ class Run:
 
     def _apply(self, targets: torch.Tensor, commit: torch.Tensor, x0: torch.Tensor) -> None:
         """Write committed tokens into the canvas and update the commit bookkeeping."""
-        st = self.state
+        st = self.state  # a padded target repeats its row's first one, uncommitted: added, not written
         hit = torch.zeros_like(st.tokens).scatter_add_(1, targets, commit.long()) > 0  # (B, T)
-        new = torch.zeros_like(st.tokens).scatter_add_(1, targets, torch.where(commit, x0, 0))  # (B, T)
-        st.tokens = torch.where(hit, new, st.tokens)
-        st.masked = st.masked & ~hit
-        rank = hit.long().cumsum(1) - 1  # order within the step: by position
-        st.commit_order = torch.where(hit, st.n_committed[:, None] + rank, st.commit_order)
-        st.commit_step = torch.where(hit, st.row_step[:, None].expand_as(rank), st.commit_step)
-        st.n_committed = st.n_committed + hit.sum(1)
+        # every target holds the mask id: adding x0 − mask id commits x0
+        st.tokens = st.tokens.scatter_add(1, targets, torch.where(commit, x0 - self.engine.spec.mask_id, 0))
+        st.masked = st.masked ^ hit  # hit ⊆ masked
+        seen = hit.cumsum(1)  # (B, T) long: this step's commits up to each position (order within the step)
+        st.commit_order = torch.where(hit, seen + (st.n_committed - 1)[:, None], st.commit_order)
+        st.commit_step = torch.where(hit, st.row_step[:, None], st.commit_step)
+        st.n_committed = st.n_committed + seen[:, -1]
 
     def _finished(self) -> torch.Tensor:
         """(B,) bool: rows fully decoded, or (early exit) whose answer has ended: an EOS/EOT before the first
