@@ -112,7 +112,7 @@ class Run:
         self._joining.clear()
         self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden)
         self.state.probe = ModelProbe(engine.model, lambda: self.store)
-        self.steps_done = 0
+        self.steps_done, self._gen_index = 0, torch.arange(self.G, device=engine.device)  # (G,) for _finished
         # step times on a clock without the model's compiling (--compile), looked up once (~1 µs a mark if not)
         paused = (lambda: engine.model.compile_s) if hasattr(engine.model, "compile_s") else None
         self.timer = StepTimer(engine.device.type == "cuda", paused=paused)
@@ -214,7 +214,8 @@ class Run:
             t1 = self.timer.mark()
         grp = forward.group(plan, st, tmask, self.policy.name)  # the step's one host sync
         targets, valid = padded_index(tmask, grp.targets)  # (B, R)
-        targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])  # never committed
+        if st.batch > 1 or grp.targets == 0:  # a row without targets: its block start (never committed)
+            targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])
         sources = targets - st.logit_shift if st.logit_shift else targets  # hidden states predicting them
         fwd = forward.run_forwards(model, st, self.store, plan, grp, sources, self._range, valid)
         t2 = t2b = self.timer.mark()
@@ -262,10 +263,9 @@ class Run:
         gen_mask = st.masked[:, P:]  # (B, G)
         if not self.cfg.early_exit:
             return ~gen_mask.any(1)
-        idx = torch.arange(G, device=gen_mask.device)
-        first_mask = torch.where(gen_mask, idx, G).amin(1)  # (B,) G: fully decoded
-        first_end = torch.where(torch.isin(st.tokens[:, P:], self.engine.end_ids), idx, G).amin(1)  # (B,)
-        return (first_mask == G) | (first_end < first_mask)
+        first_mask = torch.where(gen_mask, self._gen_index, G + 1).amin(1)  # (B,) G + 1: fully decoded
+        first_end = torch.where(torch.isin(st.tokens[:, P:], self.engine.end_ids), self._gen_index, G).amin(1)
+        return first_end < first_mask  # (B,) also every fully decoded row: first_end ≤ G
 
     def _advance(self) -> None:
         """Move every row's clock on one step; a row whose block has no masks left (or, with a fixed

@@ -88,7 +88,7 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     hooks = plan.hooks
     attn = None if hooks is None else hooks.attention_rows
     # [largest row's targets, all targets (a batch only: one row is never padded), largest attention rows]
-    widest = tmask.sum(1).amax()
+    widest = tmask.sum(1).amax() if B > 1 else tmask.sum()
     counts = [widest, tmask.sum() if B > 1 else widest]
     if attn is not None:
         counts.append(attn.sum(1).amax())
@@ -97,15 +97,19 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
         return Group(B, None, T, values[0], values[2] if attn is not None else 0, total_targets=values[1])
     refresh = plan.refresh[:, None]  # (B, 1)
     need = state.sources(tmask) if attn is None else state.sources(tmask) | attn  # (B, T)
-    bad = (need & ~(plan.compute | refresh)).any()
+    bad = (need > (plan.compute | refresh)).any()  # a needed position neither computed nor refreshed
     part = torch.where(refresh, need, plan.compute)
     grow = None if hooks is None else hooks.grow_from_layer
     growing = [] if grow is None else [(grow.clamp(0, L).masked_fill(plan.refresh, L) < L).sum()]
-    row_width = part.sum(1)  # (B,)
-    values = torch.stack(counts + growing + [plan.refresh.sum(), row_width.amax(), row_width.clamp(min=1).sum(),
-                                             bad.long()]).tolist()
-    n_refresh, width, entries, bad = values[-4:]
-    n_grow = values[-5] if growing else 0
+    if B > 1:  # the widest row's positions, and the real query entries (every row at least one)
+        row_width = part.sum(1)  # (B,)
+        widths = [row_width.amax(), row_width.clamp(min=1).sum()]
+    else:
+        widths = [part.sum()]
+    values = torch.stack(counts + growing + [plan.refresh.sum()] + widths + [bad.long()]).tolist()
+    n_grow = values[len(counts)] if growing else 0
+    n_refresh, width = values[len(counts) + len(growing):][:2]
+    entries, bad = (values[-2] if B > 1 else max(width, 1)), values[-1]
     assert not bad, f"policy {policy_name} did not plan the positions whose logits (or attention rows) this step needs"
     return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1], entries)
 
