@@ -1,6 +1,7 @@
 """Turn one step's logits into a proposed token per candidate position, plus its confidence signals.
 
-Everything is computed in float64 from log-probabilities, batched over (B, N), with no device sync:
+Everything is computed in float64 from the logits less their row maximum (log-probabilities up to a
+constant per row, one exponential for every signal), batched over (B, N), with no device sync:
 - selection: argmax at temperature 0, else Gumbel-max in float64 (LLaDA's add_gumbel_noise; low
   precision Gumbel noise hurts generation quality, arXiv 2409.02908);
 - filtering: banned ids, then Dream's nucleus (top_p) and top_k rules (Dream generation_utils
@@ -14,8 +15,8 @@ Everything is computed in float64 from log-probabilities, batched over (B, N), w
 Memory: at most two float64 (B, N, V) buffers are alive at once (three with top_p, whose sort also
 returns int64 indices, one more when the caller passes pre-drawn ``uniform`` noise, one or two more
 for Dream's confidence at T ≠ 1 or with a filter); for V = 126464 one buffer is ~1 MB per row. The
-returned :class:`Sampled` keeps the filtered log-probabilities (one buffer) until it is dropped, for its
-``margin``.
+returned :class:`Sampled` keeps the filtered, shifted log-probabilities (one buffer) until it is dropped,
+for its ``margin``.
 """
 
 from __future__ import annotations
