@@ -130,6 +130,8 @@ class KVStore:
 
         Args:
             idx: (B, S) long canvas positions, or None when every position was computed (full forward).
+                The flat index built from it is kept for the next write with the same tensor (a forward's
+                layers): pass a new tensor for new positions, never the same one changed in place.
             k, v: (B, H_kv, S, D). Duplicate positions in a row must carry identical values.
         """
         if idx is None:
@@ -144,7 +146,7 @@ class KVStore:
             vb.scatter_(2, index, v)
             return
         # one row copy per (row, head, position) into the (B·H_kv·T, D) view: cheaper than a scatter of
-        # every element; the flat index is built once per forward (every layer writes the same idx)
+        # every element; the flat index is built once per forward (every layer writes the same idx tensor)
         T = kb.shape[2]
         cached = self._write_index
         if cached is None or cached[0] is not idx or cached[1:3] != (H, T):

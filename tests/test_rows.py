@@ -159,7 +159,7 @@ def test_store_rows_join_and_leave_in_place_in_their_buffers():
 def test_store_writes_land_on_their_positions_in_contiguous_and_strided_buffers():
     """A partial write puts each (row, head, position) vector at its canvas position and nowhere else,
     through the flat row copy (the store's own buffers) and through the scatter kept for K/V tensors set
-    from outside that are not contiguous; a second write with new positions is not served a stale index."""
+    from outside that are not contiguous; a write with new positions is not served a stale index."""
     from ecache_cli.kvstore import KVStore
 
     B, H, T, D = 2, 3, 6, 4
