@@ -26,6 +26,8 @@ DEST=${ECACHE_GPU_OUT:-${OUT:-runs_out/gpu}}
 PY=${PYTHON:-python3}
 mkdir -p "$DEST"
 export PYTHONUNBUFFERED=1
+# the bench scripts import ecache_cli from this checkout, installed or not
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 # the whole call ends within $ECACHE_GPU_CHECK_BUDGET seconds (default 570): each step's timeout is cut
 # to the time left (a step cut short fails; the steps after it are skipped when under 20 s remain)

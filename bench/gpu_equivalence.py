@@ -18,7 +18,6 @@ so the two lists cannot drift apart. Exit status 1 when any forced-refresh run d
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -26,15 +25,14 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8"]
 
 
 def forced_refresh_params() -> dict:
-    spec = importlib.util.spec_from_file_location("ecache_test_policies", REPO / "tests" / "test_policies.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.FORCED_REFRESH
+    """Each policy's declared setting under which every step is a full forward (``CachePolicy.forced_refresh``)."""
+    from ecache_cli.cache import POLICIES
+
+    return {n: c.forced_refresh for n, c in POLICIES.items() if c.forced_refresh is not None}
 
 
 def decode(lm, prompts, cfg, policy, **params):
