@@ -108,8 +108,8 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
         widths = [part.sum()]
     values = torch.stack(counts + growing + [plan.refresh.sum()] + widths + [bad.long()]).tolist()
     n_grow = values[len(counts)] if growing else 0
-    n_refresh, width = values[len(counts) + len(growing):][:2]
-    entries, bad = (values[-2] if B > 1 else max(width, 1)), values[-1]
+    n_refresh, width, *entries, bad = values[len(counts) + len(growing):]  # entries: a batch's only
+    entries = entries[0] if entries else max(width, 1)
     assert not bad, f"policy {policy_name} did not plan the positions whose logits (or attention rows) this step needs"
     return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1], entries)
 
