@@ -108,17 +108,22 @@ def compact_order(leaving: torch.Tensor) -> torch.Tensor:
     return keep
 
 
-def padded_index(mask: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_index(mask: torch.Tensor, width: int | None = None,
+                 exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn a (B, T) bool mask into a (B, S) index of its True positions in ascending order.
 
     S is the largest row count, at least 1: ``width`` when the caller has already read it (no device
     sync; it must not be below the largest count, or rows are cut), else read from the device (one
     sync). Short rows are padded by repeating their first position (or 0 for an empty row); ``valid``
-    (B, S) bool marks the real entries.
+    (B, S) bool marks the real entries. ``exact``: ``width`` is the largest count itself (what the
+    engine reads), so a single row has no padding to fill (four operations instead of nine).
     """
     if width is not None and mask.shape[0] == 1:  # one row: its True positions as they come, no sort
         S = max(int(width), 1)
-        found = torch.nonzero_static(mask[0], size=S, fill_value=-1)[:, 0]  # (S,), −1 past the row's count
+        found = torch.nonzero_static(mask[0], size=S, fill_value=-1)  # (S, 1), −1 past the row's count
+        if exact and width >= 1:
+            return found.T, torch.ones((1, S), dtype=torch.bool, device=mask.device)
+        found = found[:, 0]
         valid = found >= 0
         return torch.where(valid, found, found[:1].clamp(min=0))[None], valid[None]
     counts = mask.sum(1)  # (B,)

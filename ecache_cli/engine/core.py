@@ -213,7 +213,7 @@ class Run:
             plan = self.policy.plan(st)
             t1 = self.timer.mark()
         grp = forward.group(plan, st, tmask, self.policy.name)  # the step's one host sync
-        targets, valid = padded_index(tmask, grp.targets)  # (B, R)
+        targets, valid = padded_index(tmask, grp.targets, exact=True)  # (B, R)
         if st.batch > 1 or grp.targets == 0:  # a row without targets: its block start (never committed)
             targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])
         sources = targets - st.logit_shift if st.logit_shift else targets  # hidden states predicting them

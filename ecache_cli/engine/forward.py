@@ -144,7 +144,7 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
     dev = state.tokens.device
     hooks = plan.hooks
     attn_mask = None if hooks is None else hooks.attention_rows
-    attn_pos = None if attn_mask is None else padded_index(attn_mask, grp.attn)[0]  # (B, A)
+    attn_pos = None if attn_mask is None else padded_index(attn_mask, grp.attn, exact=True)[0]  # (B, A)
     kw = {} if attn_pos is None else {"attn_pos": attn_pos}
     if valid is not None and B > 1 and grp.total_targets < B * grp.targets:
         kw["logits_rows"] = valid
@@ -153,7 +153,7 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
             logits = model(state.tokens, store, query_pos=None, logits_pos=sources, **kw)
         full = torch.full((B,), T, dtype=torch.long, device=dev)
         return StepForward(logits, None, full, full, T, [], attn_pos)
-    query, real = padded_index(grp.part, grp.width)  # (B, S)
+    query, real = padded_index(grp.part, grp.width, exact=True)  # (B, S)
     S = query.shape[1]
     refresh = plan.refresh
     own = plan.compute.sum(1)  # (B,)

@@ -9,11 +9,12 @@ with every position chosen. The model never decides what to recompute (docs/ARCH
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from ..contract.hooks import ForwardHooks, LayerView, Shrink
 from ..contract.rows import padded_index
@@ -46,6 +47,29 @@ class BlockParts:
         constant result; marking it here would import torch's compiler with every model)."""
         return (self.qkv is not None and self.q.weight.data_ptr() == self.qkv.data_ptr()
                 and self.gate.weight.data_ptr() == self.gate_up.data_ptr())
+
+    def calls(self) -> tuple[Callable, Callable, Callable, Callable]:
+        """attn_norm, o, mlp_norm and down as callables x -> y: the modules' own ``forward`` methods while no
+        hook would run on calling them, otherwise the modules (so that hooks fire: the profiler's layer
+        ranges, tests that watch a layer's input). Either gives the same numbers; the methods skip
+        ``nn.Module.__call__``'s dispatch, ~2 µs a call (a tenth of a narrow partial forward's time outside
+        matmuls and attention on the embedded model)."""
+        mods = (self.attn_norm, self.o, self.mlp_norm, self.down)
+        if _hooks_would_run(mods):
+            return mods
+        return self.attn_norm.forward, self.o.forward, self.mlp_norm.forward, self.down.forward
+
+
+def _hooks_would_run(modules: tuple[nn.Module, ...]) -> bool:
+    """True when calling any of ``modules`` would do more than its ``forward``: a forward or backward hook
+    of its own or a global one, or TorchScript tracing (the test ``nn.Module._call_impl`` makes before
+    its fast path)."""
+    if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
+            or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks
+            or torch._C._get_tracing_state()):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in modules)
 
 
 class DiffusionLM(nn.Module):
@@ -84,6 +108,13 @@ class DiffusionLM(nn.Module):
             if p.q.bias is not None:
                 p.qkv_bias = _fuse([p.q.bias, p.k.bias, p.v.bias])
             p.gate_up = _fuse([p.gate.weight, p.up.weight])
+
+    def _block_parts(self) -> list[BlockParts]:
+        """Every layer's :class:`BlockParts`, looked up once (``parts(i)`` walks the family's module tree)."""
+        found = self.__dict__.get("_parts_list")
+        if found is None:
+            found = self.__dict__["_parts_list"] = [self.parts(i) for i in range(self.spec.n_layers)]
+        return found
 
     def new_store(self, key_mask: torch.Tensor, keep_hidden: bool = False) -> KVStore:
         """Allocate an empty :class:`KVStore` for a canvas with padding ``key_mask`` (B, T) bool."""
@@ -162,6 +193,7 @@ class DiffusionLM(nn.Module):
             B, S, d = x.shape
             x = x.reshape(B * S, d)[pack[0]]  # (N, d) the real query entries
         store.shrunk, store.produced = ([] if shrinks else None), None
+        blocks = self._block_parts()
         for i in range(s.n_layers):
             for sh in shrinks:
                 if sh.layer == i and idx is not None:
@@ -171,17 +203,20 @@ class DiffusionLM(nn.Module):
             if starts is not None and idx is not None and i in starts:
                 x, idx = self._expand(tokens, store, i, x, idx, [st <= i for st in starts])  # (B, T|S', d)
                 cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
-            p = self.parts(i)
-            store.write_hidden(i, idx, x)
-            q, k, v = self._attention_inputs(p, p.attn_norm(x), cos, sin, idx.shape if pack else None,
+            p = blocks[i]
+            fused = p.fused()
+            attn_norm, o, mlp_norm, down = p.calls()
+            if store.hidden is not None:
+                store.write_hidden(i, idx, x)
+            q, k, v = self._attention_inputs(p, attn_norm(x), cos, sin, fused, idx.shape if pack else None,
                                              pack[1] if pack else None)  # (B, H|H_kv, S, D)
             store.write(i, idx, k, v)
             if attn_pos is not None:
                 store.queries.append(gather_rows(q, self._rows_of(attn_pos, idx, T), 2))  # (B, H, A, D)
             a = attend(q, store.k[i], store.v[i], store.attn_mask)  # (B, S, H*D)
-            x = x + p.o(a if pack is None else a.reshape(B * S, -1)[pack[0]])  # (B, S, d) or packed (N, d)
-            h = p.mlp_norm(x)
-            x = x + (swiglu_fused(h, p.gate_up, p.down) if p.fused() else swiglu(h, p.gate, p.up, p.down))
+            x = x + o(a if pack is None else a.reshape(B * S, -1)[pack[0]])  # (B, S, d) or packed (N, d)
+            h = mlp_norm(x)
+            x = x + (swiglu_fused(h, p.gate_up, down) if fused else swiglu(h, p.gate, p.up, down))
         if pack is not None:
             x = x[pack[1]].view(B, S, d)
         if logits_pos is None and idx is not query_pos:  # expanded: still the logits of query_pos
@@ -198,10 +233,11 @@ class DiffusionLM(nn.Module):
         out[logits_rows] = packed
         return out
 
-    def _attention_inputs(self, p: BlockParts, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def _attention_inputs(self, p: BlockParts, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool,
                           shape: tuple[int, int] | None = None, unpack: torch.Tensor | None = None,
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of one layer from its normed input h (B, S, d): q (B, H, S, D) and k (B, H_kv, S, D)
+        """q, k, v of one layer from its normed input h (B, S, d) (``fused``: ``p.fused()``, one matmul
+        for the three projections): q (B, H, S, D) and k (B, H_kv, S, D)
         rotated by cos/sin (B, 1, S, D), v (B, H_kv, S, D); contiguous slices of one (B, H + 2 H_kv, S, D)
         tensor (the attention kernel is slower on strided queries). q and k are rotated together: RoPE
         acts on each head's vector alone. A packed h (N, d) (``forward``'s ``pack``) comes with the
@@ -210,7 +246,7 @@ class DiffusionLM(nn.Module):
         s = self.spec
         B, S = h.shape[:2] if shape is None else shape
         H, Hk, D = s.n_heads, s.n_kv_heads, s.head_dim
-        if p.fused():
+        if fused:
             qkv = F.linear(h, p.qkv, p.qkv_bias)  # (B, S, (H + 2 H_kv) D), or packed (N, ...)
         else:
             qkv = torch.cat([p.q(h), p.k(h), p.v(h)], -1)

@@ -8,6 +8,8 @@ Numerics follow the official modeling files (docs/MODELS.md §3.1, §3.2):
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -68,6 +70,8 @@ def gather_rows(x: torch.Tensor, idx: torch.Tensor | None, dim: int) -> torch.Te
     """Select positions ``idx`` (B, S) along ``dim`` of x (B, ..., T, ...); None returns x."""
     if idx is None:
         return x
+    if x.dim() == 2:  # (B, T) token ids: the index as it is
+        return x.gather(dim, idx)
     shape = [1] * x.dim()
     shape[0], shape[dim] = idx.shape
     index = idx.view(shape).expand(*[s if i != dim else idx.shape[1] for i, s in enumerate(x.shape)])
@@ -90,12 +94,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.T
     return o.transpose(1, 2).reshape(B, S, H * D)
 
 
-def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)); x: (B, S, d) -> (B, S, d)."""
+def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: Callable) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); x: (B, S, d) -> (B, S, d). ``down``: the down projection or its forward."""
     return down(F.silu(gate(x)) * up(x))
 
 
-def swiglu_fused(x: torch.Tensor, gate_up: torch.Tensor, down: nn.Linear) -> torch.Tensor:
+def swiglu_fused(x: torch.Tensor, gate_up: torch.Tensor, down: Callable) -> torch.Tensor:
     """swiglu with gate's and up's weights stacked as ``gate_up`` (2M, d): one matmul for both branches."""
     a, b = F.linear(x, gate_up).chunk(2, dim=-1)  # (B, S, M) each
     return down(F.silu(a) * b)
