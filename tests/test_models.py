@@ -141,6 +141,34 @@ def test_partial_after_full_matches_full_rows(ckpt):
             assert (sub - ref[:, -1:]).abs().max() <= 1e-5
 
 
+def test_layer_hooks_fire_and_change_nothing(ckpt):
+    """Without hooks the layer loop calls the norms' and projections' forward methods; a hook on any of the
+    four roles, or a global one, makes it call the modules (so the hook fires): the same logits and K/V."""
+    _, _, lm = ckpt
+    m, ids = lm.model, _canvas(lm)
+    qp = torch.tensor([[0, 5, 23], [2, 3, 4]])
+
+    def run():
+        store = m.new_store(torch.ones_like(ids, dtype=torch.bool))
+        with torch.inference_mode():
+            m(ids, store)
+            return m(ids, store, query_pos=qp), store.k + store.v
+
+    plain, plain_kv = run()
+    p = m.parts(1)
+    for mod in (p.attn_norm, p.o, p.mlp_norm, p.down, None):
+        seen = []
+        hook = (torch.nn.modules.module.register_module_forward_hook(lambda mod, a, out: seen.append(mod)) if mod is None
+                else mod.register_forward_hook(lambda mod, a, out: seen.append(mod)))
+        try:
+            hooked, hooked_kv = run()
+        finally:
+            hook.remove()
+        assert len(seen) >= 2 if mod is None else seen == [mod, mod]  # one full and one partial forward
+        assert torch.equal(plain, hooked)
+        assert all(torch.equal(a, b) for a, b in zip(plain_kv, hooked_kv))
+
+
 def test_logits_rows_run_the_head_on_those_entries_alone(ckpt):
     _, _, lm = ckpt
     m, ids = lm.model, _canvas(lm)
