@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# One prepared GPU check for a CUDA machine (about 6-9 minutes on one H100/H200; budgeted < 10 min):
+# One prepared GPU check for a CUDA machine (about 7-9 minutes on one H100/H200; budgeted < 10 min), what
+# only a GPU can show first:
 #   1. the equivalence checks on CUDA in bfloat16 (bench/gpu_equivalence.py: every policy forced to
 #      refresh at every step == none, token for token; LLaDA and Dream; schedule and threshold decoding),
 #      plus any tests marked `gpu` (pytest -m gpu);
-#   2. the speed comparison on a ~1B-parameter random-weight LLaDA-shaped model, prompt 1024, gen 256,
-#      block 32, with and without threshold decoding (bench/gpu_speed.py -> ecache profile's measure());
-#   3. batch size 16 on the same checkpoint shape: tokens/s and speedup over none for none/dual/entropy,
-#      mean latency, and the share of wall time spent outside forwards (16 prompts x 512 tokens, gen 128;
-#      batch/gpu_speed_table.txt, batch/gpu_speed.json); batches 1 and 8 of none and entropy are step 4's
-#      eager column;
-#   4. eager vs compiled (--compile: CUDA graphs per shape bucket) on the same checkpoint shape, batch 1
-#      and 8, none and entropy: tokens/s side by side, compile seconds apart (bench/compile_speed.py,
-#      8 prompts x 512 tokens, gen 64, at most 4 graphs; compile.json, compile.log).
+#   2. eager vs compiled (--compile: CUDA graphs per shape bucket) on a ~1B-parameter random-weight
+#      LLaDA-shaped model, batch 1 and 8, none and entropy: tokens/s side by side, compile seconds apart
+#      (bench/compile_speed.py, 8 prompts x 512 tokens, gen 64, one round; at most 8 graphs: batch 1 takes
+#      four buckets (full forwards with and without a padding mask, query widths 32 and 64), batch 8 as
+#      many; compile.json, compile.log);
+#   3. the speed comparison on the same checkpoint shape, prompt 1024, gen 256, block 32, with and
+#      without threshold decoding (bench/gpu_speed.py -> ecache profile's measure());
+#   4. batch size 16 on the same shape: tokens/s and speedup over none for none/dual/entropy, mean
+#      latency, and the share of wall time spent outside forwards (16 prompts x 512 tokens, gen 128;
+#      batch/gpu_speed_table.txt, batch/gpu_speed.json).
+# Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
 #   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log.
@@ -57,21 +60,21 @@ if [ "$DEVICE" != cpu ]; then
     [ "$prc" = 0 ] || [ "$prc" = 5 ] || rc=1   # 5: no test is marked gpu yet
 fi
 
-echo "== 2. speed: $SIZE random LLaDA on $DEVICE $DTYPE"
+echo "== 2. eager vs compiled, batch 1 and 8: $SIZE random LLaDA on $DEVICE $DTYPE"
+[ "$(cap 300)" -ge 20 ] || { echo "gpu_check: no time left for step 2"; exit 1; }
+timeout "$(cap 300)" "$PY" bench/compile_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --batch-sizes 1,8 \
+    --n 8 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,entropy --max-graphs 8 --rounds 1 \
+    --no-check --json "$DEST/compile.json" 2>&1 | grep -v '^{' | tee "$DEST/compile.log"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+
+echo "== 3. speed: $SIZE random LLaDA on $DEVICE $DTYPE"
 timeout "$(cap 300)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$DEST" \
     2>&1 | tee "$DEST/speed.log" || rc=1
 
-echo "== 3. batch size 16: $SIZE random LLaDA on $DEVICE $DTYPE"
+echo "== 4. batch size 16: $SIZE random LLaDA on $DEVICE $DTYPE"
 timeout "$(cap 150)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --modes plain \
     --batch-sizes 16 --prompts 16 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 128 \
     --policies none,dual,entropy --out "$DEST/batch" 2>&1 | tee "$DEST/batch.log" || rc=1
-
-echo "== 4. eager vs compiled, batch 1 and 8: $SIZE random LLaDA on $DEVICE $DTYPE"
-[ "$(cap 270)" -ge 20 ] || { echo "gpu_check: no time left for step 4"; exit 1; }
-timeout "$(cap 270)" "$PY" bench/compile_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --batch-sizes 1,8 \
-    --n 8 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,entropy --max-graphs 4 \
-    --no-check --json "$DEST/compile.json" 2>&1 | grep -v '^{' | tee "$DEST/compile.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

@@ -156,10 +156,15 @@ def test_layer_hooks_fire_and_change_nothing(ckpt):
 
     plain, plain_kv = run()
     p = m.parts(1)
+    seen = []
+
+    def record(module, args, out):
+        seen.append(module)
+
     for mod in (p.attn_norm, p.o, p.mlp_norm, p.down, None):
-        seen = []
-        hook = (torch.nn.modules.module.register_module_forward_hook(lambda mod, a, out: seen.append(mod)) if mod is None
-                else mod.register_forward_hook(lambda mod, a, out: seen.append(mod)))
+        seen.clear()
+        register = torch.nn.modules.module.register_module_forward_hook if mod is None else mod.register_forward_hook
+        hook = register(record)
         try:
             hooked, hooked_kv = run()
         finally:
