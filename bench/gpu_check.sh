@@ -6,9 +6,9 @@
 #      plus any tests marked `gpu` (pytest -m gpu);
 #   2. eager vs compiled (--compile: CUDA graphs per shape bucket) on a ~1B-parameter random-weight
 #      LLaDA-shaped model, batch 1 and 8, none and entropy: tokens/s side by side, compile seconds apart
-#      (bench/compile_speed.py, 8 prompts x 512 tokens, gen 64, one round; at most 8 graphs: batch 1 takes
-#      four buckets (full forwards with and without a padding mask, query widths 32 and 64), batch 8 as
-#      many; compile.json, compile.log);
+#      (bench/compile_speed.py, 8 prompts x 512 tokens, gen 64, one round; at most 8 graphs, what batch 1's
+#      and batch 8's buckets took in a padded CPU dry run, the sub-batches of refreshing rows included;
+#      forwards beyond the cap run eager and are counted; compile.json, compile.log);
 #   3. the speed comparison on the same checkpoint shape, prompt 1024, gen 256, block 32, with and
 #      without threshold decoding (bench/gpu_speed.py -> ecache profile's measure());
 #   4. batch size 16 on the same shape: tokens/s and speedup over none for none/dual/entropy, mean

@@ -174,6 +174,21 @@ def test_layer_hooks_fire_and_change_nothing(ckpt):
         assert all(torch.equal(a, b) for a, b in zip(plain_kv, hooked_kv))
 
 
+def test_a_part_compiled_on_its_own_is_called_compiled(ckpt):
+    """``Module.compile()`` on one of the four parts: the loop calls the module (its compiled call), not its
+    plain ``forward``; the same logits."""
+    _, d, lm = ckpt
+    m, ids = load_model(d, device="cpu", dtype="float32").model, _canvas(lm)  # its own copy: compiled below
+    with torch.inference_mode():
+        plain = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
+    built = []
+    m.parts(0).mlp_norm.compile(backend=lambda gm, example: (built.append(gm), gm.forward)[1])
+    with torch.inference_mode():
+        compiled = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
+    assert len(built) == 1
+    assert torch.equal(plain, compiled)
+
+
 def test_logits_rows_run_the_head_on_those_entries_alone(ckpt):
     _, _, lm = ckpt
     m, ids = lm.model, _canvas(lm)

@@ -251,3 +251,4 @@ def test_padded_index_of_one_row_matches_the_batched_rule():
             if width == count and count > 0:  # the engine's case: the width read is the count itself
                 fast, fast_valid = padded_index(row, width, exact=True)
                 assert fast.tolist() == alone.tolist() and fast_valid.tolist() == valid.tolist()
+                assert fast.stride() == alone.stride()  # compiled graphs guard on strides: no retrace

@@ -121,8 +121,8 @@ def padded_index(mask: torch.Tensor, width: int | None = None,
     if width is not None and mask.shape[0] == 1:  # one row: its True positions as they come, no sort
         S = max(int(width), 1)
         found = torch.nonzero_static(mask[0], size=S, fill_value=-1)  # (S, 1), −1 past the row's count
-        if exact and width >= 1:
-            return found.T, torch.ones((1, S), dtype=torch.bool, device=mask.device)
+        if exact and width >= 1:  # a view with the strides of any (1, S) index (compiled graphs guard on them)
+            return found.view(1, S), torch.ones((1, S), dtype=torch.bool, device=mask.device)
         found = found[:, 0]
         valid = found >= 0
         return torch.where(valid, found, found[:1].clamp(min=0))[None], valid[None]

@@ -63,12 +63,14 @@ class BlockParts:
 def _hooks_would_run(modules: tuple[nn.Module, ...]) -> bool:
     """True when calling any of ``modules`` would do more than its ``forward``: a forward or backward hook
     of its own or a global one, or TorchScript tracing (the test ``nn.Module._call_impl`` makes before
-    its fast path)."""
+    its fast path), a module compiled on its own (``Module.compile``) or a class with a ``__call__`` of
+    its own."""
     if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
             or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks
             or torch._C._get_tracing_state()):
         return True
     return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               or m._compiled_call_impl is not None or type(m).__call__ is not nn.Module.__call__
                for m in modules)
 
 

@@ -70,7 +70,7 @@ def gather_rows(x: torch.Tensor, idx: torch.Tensor | None, dim: int) -> torch.Te
     """Select positions ``idx`` (B, S) along ``dim`` of x (B, ..., T, ...); None returns x."""
     if idx is None:
         return x
-    if x.dim() == 2:  # (B, T) token ids: the index as it is
+    if x.dim() == 2 and idx.shape[0] == x.shape[0]:  # (B, T) token ids, one index row per row: as it is
         return x.gather(dim, idx)
     shape = [1] * x.dim()
     shape[0], shape[dim] = idx.shape
