@@ -208,8 +208,7 @@ class DiffusionLM(nn.Module):
             p = blocks[i]
             fused = p.fused()
             attn_norm, o, mlp_norm, down = p.calls()
-            if store.hidden is not None:
-                store.write_hidden(i, idx, x)
+            store.write_hidden(i, idx, x)
             q, k, v = self._attention_inputs(p, attn_norm(x), cos, sin, fused, idx.shape if pack else None,
                                              pack[1] if pack else None)  # (B, H|H_kv, S, D)
             store.write(i, idx, k, v)
