@@ -4,6 +4,7 @@
 one (two ``model-0000k-of-00002.safetensors`` + index), both written by
 ``ecache_cli.models.synthetic.write_random_checkpoint`` (d_model 64, 2 layers, model vocab 128 > the
 character tokenizer's ~100 ids). ``llada_lm`` / ``dream_lm`` are the loaded models (CPU, float32);
+``moe_dir`` / ``moe_lm`` a LLaDA-MoE one;
 ``lm`` runs a test once per family. Loaded models are shared: wrap them, never modify their weights.
 
 ``scale=4`` makes the random models' token distributions peaked enough to be useful in tests: the
@@ -106,9 +107,23 @@ def dream_lm(dream_dir):
     return load_model(dream_dir, device="cpu", dtype="float32")
 
 
-@pytest.fixture(params=["llada", "dream"])
+@pytest.fixture(scope="session")
+def moe_dir(tmp_path_factory):
+    """Directory of a random LLaDA-MoE checkpoint (8 experts, top-2, grouped-query attention, QK-norm),
+    single ``model.safetensors``."""
+    return write_random_checkpoint(tmp_path_factory.mktemp("moe") / "llada-moe-rand", "llada-moe", shards=1,
+                                   seed=0, scale=SYNTH_SCALE)
+
+
+@pytest.fixture(scope="session")
+def moe_lm(moe_dir):
+    """The random LLaDA-MoE checkpoint loaded on CPU in float32."""
+    return load_model(moe_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(params=["llada", "dream", "moe"])
 def lm(request):
-    """Each family's loaded random checkpoint in turn (test ids ``[llada]`` / ``[dream]``)."""
+    """Each family's loaded random checkpoint in turn (test ids ``[llada]`` / ``[dream]`` / ``[moe]``)."""
     return request.getfixturevalue(f"{request.param}_lm")
 
 

@@ -72,7 +72,10 @@ def test_mixed_batch_gives_each_row_its_own_tokens(lm, policy):
 @pytest.mark.parametrize("policy", ["entropy", "dual", "dkv", "elastic", "d2cache"])
 def test_reported_work_is_what_the_forwards_computed(lm, policy):
     eng = Engine.from_loaded(lm)
-    pol = ForceRows(make_policy(policy, **PARAMS[policy]))
+    params = dict(PARAMS[policy])
+    if policy == "elastic" and lm.spec.n_experts:  # the random MoE's attention drifts less: expand at 0.99
+        params["gamma"] = 0.99
+    pol = ForceRows(make_policy(policy, **params))
     r = eng.start(eng.encode(PROMPTS, chat=False), CFG, pol)
     records, seen = step_layer_positions(lm, r)
     L, T = lm.spec.n_layers, r.P + r.G

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from ecache_cli.errors import ModelLoadError
 from ecache_cli.models.loader import load_model, resolve_path
-from ecache_cli.models.spec import spec_from_config
+from ecache_cli.models.registry import spec_from_config
 from ecache_cli.models.synthetic import write_random_checkpoint
 
 FAMILIES = ["llada", "dream"]

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from ecache_cli.config import packaged_profiles_dir
 from ecache_cli.errors import ModelLoadError
 from ecache_cli.models.loader import embedded_dir, load_model
-from ecache_cli.models.spec import spec_from_config
+from ecache_cli.models.registry import spec_from_config
 from ecache_cli.models.synthetic import tiny_config
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat"]

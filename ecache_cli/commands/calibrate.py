@@ -155,7 +155,7 @@ def calibrate_cmd(
 
         for name in names:
             warn_untrained(lm, name)
-        warn_idle_steps(settings.decode, lm.spec.family)
+        warn_idle_steps(settings.decode, lm.spec.sampler)
     try:
         outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
     except Interrupted as e:  # Ctrl-C: the run file keeps the records; --json gets what finished

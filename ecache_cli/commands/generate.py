@@ -74,7 +74,7 @@ def generate(
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
     if dist.is_main:
-        warn_idle_steps(settings.decode, lm.spec.family)
+        warn_idle_steps(settings.decode, lm.spec.sampler)
     try:
         run(lm, settings, opts, sys.stdout, err, dist=dist)
         if (line := compile_line(lm.model)) and not quiet and dist.is_main:

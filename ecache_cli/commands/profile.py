@@ -108,7 +108,7 @@ def profile_cmd(
         from ..runs.settings import warn_idle_steps
 
         warn_untrained(lm, task)
-        warn_idle_steps(settings.decode, lm.spec.family)
+        warn_idle_steps(settings.decode, lm.spec.sampler)
     on_run = _progress(err, opts, len(requests), quiet or not dist.is_main)
     report, use_chat = run_profile(lm, settings, requests, opts, on_run, dist, task_info)
     if report is None:  # another rank than 0: its runs went to rank 0, which prints and writes

@@ -71,7 +71,7 @@ def trace_drift_cmd(
         err.print(settings.describe(model), markup=False, highlight=False)
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile)  # one process: no ranks
     warn_untrained(lm, task)
-    warn_idle_steps(settings.decode, lm.spec.family)
+    warn_idle_steps(settings.decode, lm.spec.sampler)
     sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)
     if quiet or not err.is_terminal:
         report = trace(lm, settings, opts, sinks)

@@ -67,10 +67,11 @@ def validate_eps(eps: float) -> float:
     return eps
 
 
-def family_schedule(family: str, schedule: str | None) -> str:
-    """The step schedule a run uses: ``schedule`` when given, else the model family's ("dream" for Dream,
+def family_schedule(sampler: str, schedule: str | None) -> str:
+    """The step schedule a run uses: ``schedule`` when given, else the one of the model's official sampler
+    (``ModelSpec.sampler``: "dream" for Dream and the models built on it,
     "llada" otherwise)."""
-    return schedule or ("dream" if family == "dream" else "llada")
+    return schedule or ("dream" if sampler == "dream" else "llada")
 
 
 def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
@@ -146,10 +147,11 @@ class CommitRule:
     origin: bool = False
 
     @classmethod
-    def resolve(cls, family: str, plan: BlockPlan, *, schedule: str | None, compat: str | None,
+    def resolve(cls, sampler: str, plan: BlockPlan, *, schedule: str | None, compat: str | None,
                 threshold: float | None, factor: float | None, eps: float, remasking: str = "low_confidence",
                 alg_temp: float | None = None, low_eos_confidence: bool = False) -> "CommitRule":
-        """Build the rule: ``schedule`` None takes the family's ("dream" for Dream, else "llada").
+        """Build the rule: ``schedule`` None takes the model's official sampler's (``ModelSpec.sampler``:
+        "dream" for the Dream models, else "llada").
 
         Raises:
             UsageError: alg_temp / origin misused (``check_dream_options``); unknown schedule or compat;
@@ -158,14 +160,14 @@ class CommitRule:
                 block's other masks unfilled); the dream threshold quota with a block length that is
                 not a multiple of the steps per block (Fast-dLLM asserts masks % steps == 0).
         """
-        schedule = validate_schedule(family_schedule(family, schedule))
+        schedule = validate_schedule(family_schedule(sampler, schedule))
         compat, eps = validate_compat(compat), validate_eps(eps)
         check_dream_options(remasking=remasking, alg_temp=alg_temp, schedule=schedule,
                             parallel=threshold is not None or factor is not None, compat=compat,
                             low_eos_confidence=low_eos_confidence)
         spb = plan.steps_per_block
         if compat == "fastdllm":
-            if family != "dream":
+            if sampler != "dream":
                 raise UsageError("--compat fastdllm reproduces Fast-dLLM's Dream block sampler; LLaDA already "
                                  "decodes as Fast-dLLM's LLaDA generators: drop --compat")
             if schedule != "dream":

@@ -54,7 +54,7 @@ class StepDecoder:
             raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
         blocks = plan_blocks(cfg.gen_length, cfg.block_length, default_steps(cfg.gen_length, cfg.steps, parallel),
                              parallel)
-        rule = CommitRule.resolve(spec.family, blocks, schedule=cfg.schedule, compat=cfg.compat,
+        rule = CommitRule.resolve(spec.sampler, blocks, schedule=cfg.schedule, compat=cfg.compat,
                                   threshold=cfg.threshold, factor=cfg.factor,
                                   eps=spec.eps if cfg.eps is None else cfg.eps, remasking=cfg.remasking,
                                   alg_temp=cfg.alg_temp, low_eos_confidence=cfg.low_eos_confidence)

@@ -45,7 +45,7 @@ class Engine:
         vocab = len(tokenizer) if tokenizer is not None else spec.vocab_size
         banned = [spec.mask_id] + list(range(vocab, spec.vocab_size))
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=self.device)
-        self.end_ids = torch.tensor([i for i in (spec.eos_id, spec.eot_id) if i is not None], device=self.device)
+        self.end_ids = torch.tensor(spec.end_ids, device=self.device)
 
     @classmethod
     def from_loaded(cls, lm) -> "Engine":

@@ -19,13 +19,18 @@ from torch.nn.modules import module as nn_module
 from ..contract.hooks import ForwardHooks, LayerView, Shrink
 from ..contract.rows import padded_index
 from ..kvstore import KVStore
-from .layers import apply_rope, attend, gather_rows, rope_tables, swiglu, swiglu_fused
+from .layers import apply_rope, attend, fuse_rows, gather_rows, rope_tables, swiglu, swiglu_fused
 from .spec import ModelSpec
 
 
 @dataclass
 class BlockParts:
-    """Roles of one transformer block's modules (names differ per family)."""
+    """Roles of one transformer block's modules (names differ per family).
+
+    A dense block has ``gate``, ``up`` and ``down`` (SwiGLU); a mixture-of-experts block has ``moe``
+    instead, a module mapping normed inputs (..., d) to the feed-forward output (..., d) (``models/moe.py``).
+    ``q_norm`` / ``k_norm``: per-head RMSNorms (weights (head_dim,)) applied to q and k before RoPE, or
+    None."""
 
     attn_norm: nn.Module
     q: nn.Linear
@@ -33,12 +38,20 @@ class BlockParts:
     v: nn.Linear
     o: nn.Linear
     mlp_norm: nn.Module
-    gate: nn.Linear
-    up: nn.Linear
-    down: nn.Linear
+    gate: nn.Linear | None = None
+    up: nn.Linear | None = None
+    down: nn.Linear | None = None
+    moe: nn.Module | None = None
+    q_norm: nn.Module | None = None
+    k_norm: nn.Module | None = None
     qkv: torch.Tensor | None = None  # (H*D + 2*H_kv*D, d) rows of q, k, v's weights (fuse_projections)
     qkv_bias: torch.Tensor | None = None  # (H*D + 2*H_kv*D,) or None
     gate_up: torch.Tensor | None = None  # (2*mlp_hidden, d) rows of gate's then up's weight
+
+    @property
+    def mlp_out(self) -> nn.Module:
+        """The module whose output ends the feed-forward: ``down``, or the MoE block."""
+        return self.down if self.moe is None else self.moe
 
     def fused(self) -> bool:
         """True while the fused weights still hold the projections' parameters (a dtype or device move
@@ -46,18 +59,18 @@ class BlockParts:
         Compiled forwards (``--compile``) read it once, when traced (``models/compiled.py`` marks it a
         constant result; marking it here would import torch's compiler with every model)."""
         return (self.qkv is not None and self.q.weight.data_ptr() == self.qkv.data_ptr()
-                and self.gate.weight.data_ptr() == self.gate_up.data_ptr())
+                and (self.moe is not None or self.gate.weight.data_ptr() == self.gate_up.data_ptr()))
 
     def calls(self) -> tuple[Callable, Callable, Callable, Callable]:
-        """attn_norm, o, mlp_norm and down as callables x -> y: the modules' own ``forward`` methods while no
-        hook would run on calling them, otherwise the modules (so that hooks fire: the profiler's layer
-        ranges, tests that watch a layer's input). Either gives the same numbers; the methods skip
-        ``nn.Module.__call__``'s dispatch, ~2 µs a call (a tenth of a narrow partial forward's time outside
-        matmuls and attention on the embedded model)."""
-        mods = (self.attn_norm, self.o, self.mlp_norm, self.down)
+        """attn_norm, o, mlp_norm and the feed-forward's last part (``down``, or the MoE block) as callables
+        x -> y: the modules' own ``forward`` methods while no hook would run on calling them, otherwise the
+        modules (so that hooks fire: the profiler's layer ranges, tests that watch a layer's input). Either
+        gives the same numbers; the methods skip ``nn.Module.__call__``'s dispatch, ~2 µs a call (a tenth of
+        a narrow partial forward's time outside matmuls and attention on the embedded model)."""
+        mods = (self.attn_norm, self.o, self.mlp_norm, self.mlp_out)
         if _hooks_would_run(mods):
             return mods
-        return self.attn_norm.forward, self.o.forward, self.mlp_norm.forward, self.down.forward
+        return tuple(m.forward for m in mods)
 
 
 def _hooks_would_run(modules: tuple[nn.Module, ...]) -> bool:
@@ -106,10 +119,13 @@ class DiffusionLM(nn.Module):
         """
         for i in range(self.spec.n_layers):
             p = self.parts(i)
-            p.qkv = _fuse([p.q.weight, p.k.weight, p.v.weight])
+            p.qkv = fuse_rows([p.q.weight, p.k.weight, p.v.weight])
             if p.q.bias is not None:
-                p.qkv_bias = _fuse([p.q.bias, p.k.bias, p.v.bias])
-            p.gate_up = _fuse([p.gate.weight, p.up.weight])
+                p.qkv_bias = fuse_rows([p.q.bias, p.k.bias, p.v.bias])
+            if p.moe is None:
+                p.gate_up = fuse_rows([p.gate.weight, p.up.weight])
+            elif hasattr(p.moe, "fuse"):
+                p.moe.fuse()
 
     def _block_parts(self) -> list[BlockParts]:
         """Every layer's :class:`BlockParts`, looked up once (``parts(i)`` walks the family's module tree)."""
@@ -181,45 +197,53 @@ class DiffusionLM(nn.Module):
         s = self.spec
         T = tokens.shape[1]
         if store.rope is None:
-            store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)  # (B, 1, T, D) x2
+            store.rope = rope_tables(store.positions, s.head_dim if s.rotary_dim is None else s.rotary_dim,
+                                     s.rope_theta)  # (B, 1, T, D_rot) x2
         starts = self._starts(expand_from_layer, tokens.shape[0]) if query_pos is not None else None
-        idx = query_pos  # (B, S) positions computed at the current layer, None = all
-        cos, sin = (gather_rows(t, idx, 2) for t in store.rope)  # (B, 1, S, D)
-        x = self.embed(gather_rows(tokens, idx, 1))  # (B, S, d)
-        store.queries = [] if attn_pos is not None else None
         shrinks = () if shrink is None or query_pos is None else ForwardHooks(shrink=shrink).shrinks
         if pack is not None and (query_pos is None or starts is not None or attn_pos is not None or shrinks
                                  or store.hidden is not None):
             pack = None
-        if pack is not None:
-            B, S, d = x.shape
-            x = x.reshape(B * S, d)[pack[0]]  # (N, d) the real query entries
+        store.queries = [] if attn_pos is not None else None
         store.shrunk, store.produced = ([] if shrinks else None), None
-        blocks = self._block_parts()
-        for i in range(s.n_layers):
+        loop = _Loop(tokens, store, query_pos, attn_pos, pack, T).start(self.embed)
+        for i, p in enumerate(self._block_parts()):
             for sh in shrinks:
-                if sh.layer == i and idx is not None:
+                if sh.layer == i and loop.idx is not None:
                     required = (logits_pos, attn_pos) if sh.keep_logits else (attn_pos,)
-                    x, idx = self._shrink(store, i, x, idx, sh, required, T)  # (B, S', d)
-                    cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
-            if starts is not None and idx is not None and i in starts:
-                x, idx = self._expand(tokens, store, i, x, idx, [st <= i for st in starts])  # (B, T|S', d)
-                cos, sin = (gather_rows(t, idx, 2) for t in store.rope)
-            p = blocks[i]
-            fused = p.fused()
-            attn_norm, o, mlp_norm, down = p.calls()
-            store.write_hidden(i, idx, x)
-            q, k, v = self._attention_inputs(p, attn_norm(x), cos, sin, fused, idx.shape if pack else None,
-                                             pack[1] if pack else None)  # (B, H|H_kv, S, D)
-            store.write(i, idx, k, v)
-            if attn_pos is not None:
-                store.queries.append(gather_rows(q, self._rows_of(attn_pos, idx, T), 2))  # (B, H, A, D)
-            a = attend(q, store.k[i], store.v[i], store.attn_mask)  # (B, S, H*D)
-            x = x + o(a if pack is None else a.reshape(B * S, -1)[pack[0]])  # (B, S, d) or packed (N, d)
-            h = mlp_norm(x)
-            x = x + (swiglu_fused(h, p.gate_up, down) if fused else swiglu(h, p.gate, p.up, down))
-        if pack is not None:
-            x = x[pack[1]].view(B, S, d)
+                    loop.move(*self._shrink(store, i, loop.x, loop.idx, sh, required, T))  # (B, S', d)
+            if starts is not None and loop.idx is not None and i in starts:
+                loop.move(*self._expand(tokens, store, i, loop.x, loop.idx, [st <= i for st in starts]))
+            self._layer(i, p, loop)
+        return self._logits(loop.unpacked(), loop.idx, query_pos, logits_pos, logits_rows, store, T)
+
+    def _layer(self, i: int, p: BlockParts, loop: "_Loop") -> None:
+        """One transformer block over the loop's computed positions: pre-norm attention against the whole
+        store (this layer's K/V of the computed positions written first), then the pre-norm feed-forward
+        (SwiGLU, or the block's mixture of experts); updates ``loop.x`` in place of the residual stream."""
+        store, x, pack = loop.store, loop.x, loop.pack
+        fused = p.fused()
+        attn_norm, o, mlp_norm, mlp_out = p.calls()
+        store.write_hidden(i, loop.idx, x)
+        q, k, v = self._attention_inputs(p, attn_norm(x), loop.cos, loop.sin, fused,
+                                         loop.idx.shape if pack else None, pack[1] if pack else None)
+        store.write(i, loop.idx, k, v)
+        if loop.attn_pos is not None:
+            store.queries.append(gather_rows(q, self._rows_of(loop.attn_pos, loop.idx, loop.T), 2))  # (B, H, A, D)
+        a = attend(q, store.k[i], store.v[i], store.attn_mask)  # (B, S, H*D)
+        x = x + o(a if pack is None else a.reshape(-1, a.shape[-1])[pack[0]])  # (B, S, d) or packed (N, d)
+        h = mlp_norm(x)
+        if p.moe is not None:
+            x = x + mlp_out(h)
+        else:
+            x = x + (swiglu_fused(h, p.gate_up, mlp_out) if fused else swiglu(h, p.gate, p.up, mlp_out))
+        loop.x = x
+
+    def _logits(self, x: torch.Tensor, idx: torch.Tensor | None, query_pos: torch.Tensor | None,
+                logits_pos: torch.Tensor | None, logits_rows: torch.Tensor | None, store: KVStore,
+                T: int) -> torch.Tensor:
+        """The final norm and LM head over the last layer's output ``x`` (B, S, d) at ``logits_pos`` (see
+        :meth:`forward`); ``idx``: the positions x holds (None = all T)."""
         if logits_pos is None and idx is not query_pos:  # expanded: still the logits of query_pos
             logits_pos = query_pos
         if logits_pos is not None:
@@ -254,8 +278,17 @@ class DiffusionLM(nn.Module):
         if unpack is not None:
             qkv = qkv[unpack]  # (B*S, (H + 2 H_kv) D)
         qkv = qkv.view(B, S, H + 2 * Hk, D).transpose(1, 2).contiguous()  # (B, H + 2 H_kv, S, D)
-        qk = apply_rope(qkv[:, :H + Hk], cos, sin, s.rope_full_precision)
-        return qk[:, :H], qk[:, H:], qkv[:, H + Hk:]
+        qk, v = qkv[:, :H + Hk], qkv[:, H + Hk:]
+        if p.q_norm is not None:  # per-head RMSNorm of q and k before RoPE
+            qk = torch.cat([p.q_norm(qk[:, :H]), p.k_norm(qk[:, H:])], 1)
+        if s.clip_qkv is not None:
+            qk, v = qk.clamp(-s.clip_qkv, s.clip_qkv), v.clamp(-s.clip_qkv, s.clip_qkv)
+        if s.rotary_dim is None:
+            qk = apply_rope(qk, cos, sin, s.rope_full_precision)
+        elif s.rotary_dim:  # partial rotary: the first rotary_dim dimensions of each head turn, the rest do not
+            qk = torch.cat([apply_rope(qk[..., :s.rotary_dim], cos, sin, s.rope_full_precision),
+                            qk[..., s.rotary_dim:]], -1)
+        return qk[:, :H], qk[:, H:], v
 
     def _starts(self, expand_from_layer, B: int) -> list[int] | None:
         """Per-row start layers as a Python list (one sync for a tensor), or None when no row expands."""
@@ -359,11 +392,35 @@ class DiffusionLM(nn.Module):
         return inv.gather(1, logits_pos)
 
 
-def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
-    """Concatenate ``params`` along dim 0 and make each parameter a view of its rows; returns the whole."""
-    whole = torch.cat([t.detach() for t in params])
-    start = 0
-    for t in params:
-        t.data = whole[start:start + t.shape[0]]
-        start += t.shape[0]
-    return whole
+
+class _Loop:
+    """The layer loop's moving state: the residual stream ``x`` of the computed positions ``idx`` ((B, S)
+    long, None = all T), their RoPE tables, and the forward's fixed inputs. With ``pack`` (order, unpack)
+    x is the (N, d) list of real entries (``forward``'s ``pack``) until :meth:`unpacked`."""
+
+    def __init__(self, tokens, store: KVStore, query_pos, attn_pos, pack, T: int):
+        self.store, self.attn_pos, self.pack, self.T = store, attn_pos, pack, T
+        self.idx = query_pos
+        self.cos, self.sin = (gather_rows(t, query_pos, 2) for t in store.rope)  # (B, 1, S, D)
+        self.tokens = gather_rows(tokens, query_pos, 1)
+
+    def start(self, embed) -> "_Loop":
+        """Embed the computed positions' tokens (packing them when the forward packs)."""
+        x = embed(self.tokens)  # (B, S, d)
+        self.shape = x.shape
+        if self.pack is not None:
+            B, S, d = x.shape
+            x = x.reshape(B * S, d)[self.pack[0]]  # (N, d) the real query entries
+        self.x = x
+        return self
+
+    def move(self, x: torch.Tensor, idx: torch.Tensor | None) -> None:
+        """Continue with other positions (a shrink or an expansion): their states and RoPE tables."""
+        self.x, self.idx = x, idx
+        self.cos, self.sin = (gather_rows(t, idx, 2) for t in self.store.rope)
+
+    def unpacked(self) -> torch.Tensor:
+        """The last layer's output in the padded (B, S, d) layout."""
+        if self.pack is None:
+            return self.x
+        return self.x[self.pack[1]].view(self.shape)

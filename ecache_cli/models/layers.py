@@ -1,4 +1,4 @@
-"""Layers shared by the LLaDA and Dream models: RMSNorm, RoPE, attention over the KV store, SwiGLU.
+"""Layers shared by every model family: RMSNorm, RoPE, attention over the KV store, SwiGLU.
 
 Numerics follow the official modeling files (docs/MODELS.md §3.1, §3.2):
 - RMSNorm normalises in float32, casts back to the activation dtype, *then* multiplies by the weight.
@@ -103,3 +103,14 @@ def swiglu_fused(x: torch.Tensor, gate_up: torch.Tensor, down: Callable) -> torc
     """swiglu with gate's and up's weights stacked as ``gate_up`` (2M, d): one matmul for both branches."""
     a, b = F.linear(x, gate_up).chunk(2, dim=-1)  # (B, S, M) each
     return down(F.silu(a) * b)
+
+
+def fuse_rows(params: list[nn.Parameter]) -> torch.Tensor:
+    """Concatenate ``params`` along dim 0 and make each parameter a view of its rows; returns the whole
+    (one matmul then computes every projection; the parameters keep their names and shapes)."""
+    whole = torch.cat([t.detach() for t in params])
+    start = 0
+    for t in params:
+        t.data = whole[start:start + t.shape[0]]
+        start += t.shape[0]
+    return whole

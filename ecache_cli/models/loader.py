@@ -12,32 +12,19 @@ import hashlib
 import json
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..errors import ModelLoadError, UsageError
 from .base import DiffusionLM
-from .dream import Dream
-from .llada import LLaDA
-from .spec import ModelSpec, read_spec
+from .registry import ALIASES, FAMILIES, config_path, read_spec
+from .spec import ModelSpec
 
-#: Aliases of the supported public checkpoints (Hugging Face repository ids).
-ALIASES: dict[str, str] = {
-    "llada-8b": "GSAI-ML/LLaDA-8B-Instruct",
-    "llada-8b-instruct": "GSAI-ML/LLaDA-8B-Instruct",
-    "llada-8b-base": "GSAI-ML/LLaDA-8B-Base",
-    "llada-1.5": "GSAI-ML/LLaDA-1.5",
-    "dream-7b": "Dream-org/Dream-v0-Instruct-7B",
-    "dream-7b-instruct": "Dream-org/Dream-v0-Instruct-7B",
-    "dream-7b-base": "Dream-org/Dream-v0-Base-7B",
-}
 #: Names of the embedded default model shipped inside the package.
 EMBEDDED = ("tiny", "llada-tiny")
 DEFAULT_MODEL = "tiny"
-FAMILIES = {"llada": LLaDA, "dream": Dream}
-_EOT_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
@@ -328,6 +315,20 @@ def _skip_init():
             setattr(init, n, fn)
 
 
+def _checked(path: Path) -> Path:
+    """``path`` once it has a config.json (ModelLoadError otherwise: the folder is no checkpoint)."""
+    config_path(path)
+    return path
+
+
+def read_checkpoint_spec(path: Path, tokenizer) -> ModelSpec:
+    """The checked :class:`ModelSpec` of the checkpoint folder ``path`` (its config.json, the eps of its
+    generation_config.json), with the ids its family reads from ``tokenizer`` (end of turn, stop ids and,
+    where config.json lacks them, mask and EOS). Raises ModelLoadError."""
+    spec, _ = read_spec(path, tokenizer.get_vocab())
+    return spec
+
+
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
@@ -345,15 +346,12 @@ def load_model(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     path, name = resolve_path(name_or_path)
-    spec, _ = read_spec(path)
-    tok = load_tokenizer(path)
-    eot = tok.convert_tokens_to_ids(_EOT_TOKENS[spec.family]) if _EOT_TOKENS[spec.family] in tok.get_vocab() else None
-    spec = replace(spec, eot_id=eot)
+    spec = read_checkpoint_spec(path, tok := load_tokenizer(_checked(path)))
     if spec.mask_id == spec.pad_id:
         raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); "
                              "the canvas needs distinct ids")
     with torch.device("meta"), _skip_init():
-        model = FAMILIES[spec.family](spec)
+        model = FAMILIES[spec.family].model_class(spec)
     load_weights(model, path, dev, dt)
     model.eval()
     model.fuse_projections()

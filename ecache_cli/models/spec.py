@@ -1,17 +1,16 @@
-"""ModelSpec: the architecture facts of a checkpoint, parsed from its ``config.json``.
+"""ModelSpec: the architecture facts of a checkpoint, and the checks every family's ``config.json`` passes.
 
-Two families are understood, keyed on ``model_type`` (docs/MODELS.md §1.1 and §2.1):
-
-- ``llada`` (GSAI-ML/LLaDA-8B-*, LLaDA-1.5): OLMo-style field names (``d_model``, ``n_layers``, ...),
-  no biases, plain MHA, RoPE applied in float32 (``rope_full_precision``), logits aligned (no shift).
-- ``Dream`` (Dream-org/Dream-v0-*-7B): Qwen2 field names, q/k/v biases, GQA, RoPE cos/sin cast to the
-  activation dtype, logits shifted by one (the hidden state at i-1 predicts token i).
+Each model family reads its own ``config.json`` field names into a :class:`ModelSpec`
+(``models/families/<name>.py``, chosen by ``models/registry.py``); what is checked here is common to
+all of them: counts and sizes ≥ 1, heads that divide the hidden size, special token ids inside the
+vocabulary (docs/MODELS.md §1.1, §2.1 and the sections of each newer family).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelLoadError
@@ -21,12 +20,24 @@ from ..errors import ModelLoadError
 class ModelSpec:
     """Architecture and special-token facts shared by the model code, the engine and the policies.
 
-    ``logit_shift`` is 0 for LLaDA (logits[i] predict token i) and 1 for Dream (logits[i] predict
-    token i+1, docs/MODELS.md §2.5). ``eot_id`` is the end-of-turn token (``<|eot_id|>`` /
-    ``<|im_end|>``), filled in from the tokenizer by the loader when present.
+    ``family`` is the registry name of the checkpoint's family (``llada``, ``dream``, ``llada-moe``);
+    ``sampler`` names the official sampler whose rules decode it (``llada``: LLaDA generate.py's
+    schedule and remasking; ``dream``: Dream's ``diffusion_generate``), shared by every family built on
+    that model. ``logit_shift`` is 0 when logits[i] predict token i (LLaDA, LLaDA-MoE) and 1 when they
+    predict token i+1 (Dream and its coders, docs/MODELS.md §2.5). ``eot_id`` is the end-of-turn token
+    and ``stop_ids`` any further ids that end an answer (DiffuCoder-Instruct's ``<|dlm_pad|>``), both
+    filled in from the tokenizer by the loader.
+
+    Mixture-of-experts layers (``n_experts`` > 0): ``experts_per_token`` experts of hidden size
+    ``expert_hidden`` per token; ``moe_layers`` says which layers are MoE (the others are dense SwiGLU
+    of ``mlp_hidden``), each MoE layer with a shared expert of ``shared_expert_hidden`` when > 0.
+    ``rotary_dim``: RoPE rotates the first ``rotary_dim`` dimensions of each head (partial rotary; 0 = no
+    rotation, None = all of them). ``qk_norm``: an RMSNorm over each head's query and key vectors before RoPE
+    (weights (head_dim,)); ``clip_qkv``: q, k and v clamped to ±clip after it (None: no clamp).
+    ``field_names`` maps the spec's fields to the family's config.json names, for error messages.
     """
 
-    family: str  # "llada" | "dream"
+    family: str
     d_model: int
     n_layers: int
     n_heads: int
@@ -36,7 +47,7 @@ class ModelSpec:
     vocab_size: int  # embedding / lm-head rows
     rms_eps: float
     rope_theta: float
-    rope_full_precision: bool  # LLaDA: rotate q/k in fp32; Dream: cos/sin cast to activation dtype
+    rope_full_precision: bool  # LLaDA: rotate q/k in fp32; the others: cos/sin cast to the activation dtype
     qkv_bias: bool
     tie_embeddings: bool
     mask_id: int
@@ -47,54 +58,110 @@ class ModelSpec:
     logit_shift: int = 0
     max_positions: int = 4096
     eps: float = 1e-3  # Dream's last timestep: generation_config.json "eps" when present (Dream ships 1e-3)
+    sampler: str = "llada"
+    qk_norm: bool = False
+    clip_qkv: float | None = None
+    rotary_dim: int | None = None  # dimensions of each head RoPE rotates (the first ones); None = all
+    n_experts: int = 0
+    experts_per_token: int = 0
+    expert_hidden: int = 0
+    shared_expert_hidden: int = 0  # an always-on SwiGLU expert beside the routed ones (0 = none)
+    expert_bias: bool = False  # the router adds a learned per-expert bias (a buffer of the checkpoint)
+    moe_layers: tuple[bool, ...] = ()
+    stop_ids: tuple[int, ...] = ()
+    field_names: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """Every id that ends an answer: EOS, end of turn, then ``stop_ids`` (no repeats, None left out)."""
+        out = []
+        for i in (self.eos_id, self.eot_id, *self.stop_ids):
+            if i is not None and i not in out:
+                out.append(i)
+        return tuple(out)
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether ``layer``'s feed-forward is a mixture of experts."""
+        return self.n_experts > 0 and bool(self.moe_layers[layer])
+
+    def name_of(self, field: str) -> str:
+        """The family's config.json name of a spec field (the field's own name when none is declared)."""
+        return dict(self.field_names).get(field, field)
 
     @property
     def n_params(self) -> int:
-        """Parameter count implied by the shapes (embeddings and head counted separately)."""
-        d, h = self.d_model, self.mlp_hidden
-        attn = d * self.n_heads * self.head_dim * 2 + d * self.n_kv_heads * self.head_dim * 2
+        """Parameter count implied by the shapes (embeddings and an untied head counted separately)."""
+        d, hd = self.d_model, self.head_dim
+        attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2
         if self.qkv_bias:
-            attn += self.n_heads * self.head_dim + 2 * self.n_kv_heads * self.head_dim
-        layer = attn + 3 * d * h + 2 * d
+            attn += self.n_heads * hd + 2 * self.n_kv_heads * hd
+        if self.qk_norm:
+            attn += 2 * hd
+        total = 0
+        for i in range(self.n_layers):
+            ffn = (self.n_experts * 3 * d * self.expert_hidden + self.n_experts * d
+                   + 3 * d * self.shared_expert_hidden + self.n_experts * self.expert_bias) if self.is_moe(i) \
+                else 3 * d * self.mlp_hidden
+            total += attn + ffn + 2 * d
         head = 0 if self.tie_embeddings else self.vocab_size * d
-        return self.vocab_size * d + self.n_layers * layer + d + head
+        return self.vocab_size * d + total + d + head
+
+    @property
+    def n_active_params(self) -> int:
+        """Parameters one token's forward uses: :attr:`n_params` with each MoE layer's experts counted as
+        ``experts_per_token`` of them (the router counted whole)."""
+        skipped = sum(self.n_experts - self.experts_per_token for i in range(self.n_layers) if self.is_moe(i))
+        return self.n_params - skipped * 3 * self.d_model * self.expert_hidden
 
 
-def _need(cfg: dict, key: str, path: Path):
-    """``cfg[key]`` as a whole number; ModelLoadError when it is missing or not one."""
-    if key not in cfg:
-        raise ModelLoadError(f"{path}: config.json has no '{key}' field; "
-                             "is this an official LLaDA or Dream checkpoint?")
-    return _num(cfg, key, path)
+class ConfigReader:
+    """Typed access to a parsed ``config.json`` (``cfg``, read from ``path``), every failure a one-line
+    :class:`ModelLoadError` naming the file and the field."""
 
+    def __init__(self, cfg: dict, path: Path | str = "config.json", family_hint: str = "LLaDA or Dream"):
+        self.cfg, self.path, self.family_hint = cfg, Path(path), family_hint
 
-def spec_from_config(cfg: dict, path: Path | str = "config.json") -> ModelSpec:
-    """Build a :class:`ModelSpec` from a parsed ``config.json``.
+    def need(self, key: str) -> int:
+        """``cfg[key]`` as a whole number; ModelLoadError when it is missing or not one."""
+        if key not in self.cfg:
+            raise ModelLoadError(f"{self.path}: config.json has no '{key}' field; is this an official "
+                                 f"{self.family_hint} checkpoint?")
+        return self.num(key)
 
-    Raises :class:`ModelLoadError` for an unknown ``model_type``, a missing or wrongly typed field, a
-    special token id outside the vocabulary (:func:`check_token_ids`), or a value no model can have
-    (:func:`check_spec`).
-    """
-    spec = _spec_from_config(cfg, Path(path))
-    check_spec(spec, Path(path))
-    return spec
+    def num(self, key: str, default=None, kind=int):
+        """``cfg[key]`` (or ``default`` when absent or null) as ``kind``; a value of another type is a
+        ModelLoadError naming it."""
+        v = self.cfg.get(key, default)
+        if v is None:
+            v = default
+        if v is None:
+            return None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
+        if not ok:
+            raise ModelLoadError(f"{self.path}: config.json field {key!r} is {v!r}; it must be "
+                                 f"{'a whole number' if kind is int else 'a number'}")
+        return kind(v)
+
+    def heads(self, key: str) -> int:
+        """A head count, checked ≥ 1 before it divides the hidden size."""
+        n = self.need(key)
+        if n < 1:
+            raise ModelLoadError(f"{self.path}: {key} is {n}; it must be ≥ 1; the config.json is not a working "
+                                 "checkpoint's (fix the value or use the official config)")
+        return n
+
+    def refuse(self, msg: str) -> ModelLoadError:
+        """A ModelLoadError ``<path>: <msg>``."""
+        return ModelLoadError(f"{self.path}: {msg}")
 
 
 def check_spec(spec: ModelSpec, path: Path | str = "config.json") -> None:
     """Refuse architecture values no checkpoint can have, with one line naming the field: sizes and
     counts must be ≥ 1, ``n_heads`` must divide the hidden size and ``n_kv_heads`` divide ``n_heads``
     (grouped-query attention shares each K/V head among n_heads / n_kv_heads query heads), RMSNorm's eps
-    and RoPE's theta must be finite and > 0 (the special token ids: :func:`check_token_ids`, which
-    :func:`spec_from_config` runs first). Field names are the family's config.json names. Raises
-    ModelLoadError."""
-    import math
-
-    names = {"llada": {"d_model": "d_model", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
-                       "mlp_hidden": "mlp_hidden_size", "vocab_size": "embedding_size/vocab_size",
-                       "max_positions": "max_sequence_length"},
-             "dream": {"d_model": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-                       "n_kv_heads": "num_key_value_heads", "mlp_hidden": "intermediate_size",
-                       "vocab_size": "vocab_size", "max_positions": "max_position_embeddings"}}[spec.family]
+    and RoPE's theta must be finite and > 0, a MoE's top-k within its experts. Field names are the
+    family's config.json names (``spec.field_names``). Raises ModelLoadError."""
+    name = spec.name_of
 
     def bad(msg: str):
         return ModelLoadError(f"{path}: {msg}; the config.json is not a working checkpoint's (fix the value or "
@@ -103,114 +170,54 @@ def check_spec(spec: ModelSpec, path: Path | str = "config.json") -> None:
     for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "vocab_size", "max_positions"):
         v = getattr(spec, field)
         if v < 1:
-            raise bad(f"{names[field]} is {v}; it must be ≥ 1")
-    if spec.d_model % spec.n_heads:
-        raise bad(f"{names['n_heads']} {spec.n_heads} does not divide {names['d_model']} {spec.d_model} "
+            raise bad(f"{name(field)} is {v}; it must be ≥ 1")
+    if spec.d_model % spec.n_heads and "head_dim" not in dict(spec.field_names):
+        raise bad(f"{name('n_heads')} {spec.n_heads} does not divide {name('d_model')} {spec.d_model} "
                   "(each head takes hidden size / heads dimensions)")
     if spec.n_heads % spec.n_kv_heads:
-        raise bad(f"{names['n_kv_heads']} {spec.n_kv_heads} does not divide {names['n_heads']} {spec.n_heads}")
-    if spec.head_dim % 2:
-        raise bad(f"the head size {spec.head_dim} ({names['d_model']} / {names['n_heads']}) is odd; RoPE rotates "
+        raise bad(f"{name('n_kv_heads')} {spec.n_kv_heads} does not divide {name('n_heads')} {spec.n_heads}")
+    rd = spec.head_dim if spec.rotary_dim is None else spec.rotary_dim
+    if not 0 <= rd <= spec.head_dim or rd % 2:
+        raise bad(f"{name('rotary_dim')} gives {rd} rotated dimensions of a {spec.head_dim}-dimension head; RoPE "
+                  "rotates an even number of them, at most the head size")
+    if spec.head_dim % 2 and rd:
+        raise bad(f"the head size {spec.head_dim} ({name('d_model')} / {name('n_heads')}) is odd; RoPE rotates "
                   "pairs of dimensions")
-    for field, key in (("rms_eps", "rms_norm_eps"), ("rope_theta", "rope_theta")):
+    for field in ("rms_eps", "rope_theta"):
         v = getattr(spec, field)
         if not (math.isfinite(v) and v > 0):
-            raise bad(f"{key} is {v}; it must be a finite number > 0")
+            raise bad(f"{name(field)} is {v}; it must be a finite number > 0")
+    if spec.n_experts:
+        for field in ("experts_per_token", "expert_hidden"):
+            if getattr(spec, field) < 1:
+                raise bad(f"{name(field)} is {getattr(spec, field)}; it must be ≥ 1")
+        if spec.experts_per_token > spec.n_experts:
+            raise bad(f"{name('experts_per_token')} {spec.experts_per_token} is more than {name('n_experts')} "
+                      f"{spec.n_experts}")
+        if len(spec.moe_layers) != spec.n_layers:
+            raise bad(f"{name('moe_layers')} lists {len(spec.moe_layers)} layers; the model has {spec.n_layers}")
 
 
-def _num(cfg: dict, key: str, path: Path, default=None, kind=int):
-    """``cfg[key]`` (or ``default``) as ``kind``; a value of another type is a ModelLoadError naming it."""
-    v = cfg.get(key, default)
-    if v is None:
-        return None
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
-    if not ok:
-        raise ModelLoadError(f"{path}: config.json field {key!r} is {v!r}; it must be "
-                             f"{'a whole number' if kind is int else 'a number'}")
-    return kind(v)
+def check_token_ids(spec: ModelSpec, path: Path | str = "config.json") -> ModelSpec:
+    """Check that the special token ids of ``spec`` (mask, EOS, pad, BOS) are rows of the model's
+    vocabulary, ``0 ≤ id < vocab_size``: an id outside would fail deep inside the embedding lookup.
+    Returns ``spec``; raises ModelLoadError naming the config field, its value and the vocabulary size."""
+    fields = {"mask": ("mask_token_id", spec.mask_id), "eos": ("eos_token_id", spec.eos_id),
+              "pad": ("pad_token_id", spec.pad_id), "bos": ("bos_token_id", spec.bos_id)}
+    if spec.vocab_size < 1:
+        raise ModelLoadError(f"{path}: {spec.name_of('vocab_size')} {spec.vocab_size} must be ≥ 1; the config.json "
+                             "is damaged")
+    for what, (key, value) in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < spec.vocab_size:
+            raise ModelLoadError(f"{path}: {key} {value!r} (the {what} token) is outside the vocabulary of "
+                                 f"{spec.vocab_size} tokens (ids 0..{spec.vocab_size - 1}); fix config.json or use "
+                                 "the checkpoint's original one")
+    return spec
 
 
-def _heads(n: int, key: str, path: Path) -> int:
-    """The head count, checked before it divides the hidden size."""
-    if n < 1:
-        raise ModelLoadError(f"{path}: {key} is {n}; it must be ≥ 1; the config.json is not a working checkpoint's "
-                             "(fix the value or use the official config)")
-    return n
-
-
-def _spec_from_config(cfg: dict, path: Path) -> ModelSpec:
-    mtype = str(cfg.get("model_type", "")).lower()
-    try:
-        spec = _spec_of(cfg, mtype, path)
-    except (TypeError, ValueError) as e:  # e.g. "d_model": "abc" or null
-        raise ModelLoadError(f"{path}: a config.json field has a wrong type ({e}); fix config.json or use the "
-                             "checkpoint's original one") from None
-    return check_token_ids(spec, path)
-
-
-def _spec_of(cfg: dict, mtype: str, path: Path) -> ModelSpec:
-    """:func:`spec_from_config` for a known ``mtype`` (its int/float conversions may raise)."""
-    if mtype == "llada":
-        d = int(_need(cfg, "d_model", path))
-        n_heads = _heads(_need(cfg, "n_heads", path), "n_heads", path)
-        n_kv = cfg.get("n_kv_heads") or (1 if cfg.get("multi_query_attention") else n_heads)
-        mlp = cfg.get("mlp_hidden_size") or int(cfg.get("mlp_ratio", 4) * d)
-        vocab = int(cfg.get("embedding_size") or _need(cfg, "vocab_size", path))
-        if cfg.get("include_bias") or cfg.get("alibi") or not cfg.get("rope", True):
-            raise ModelLoadError(f"{path}: LLaDA variants with biases, ALiBi or no RoPE are not supported")
-        return ModelSpec(
-            family="llada", d_model=d, n_layers=int(_need(cfg, "n_layers", path)), n_heads=n_heads,
-            n_kv_heads=int(n_kv), head_dim=d // n_heads, mlp_hidden=int(mlp), vocab_size=vocab,
-            rms_eps=_num(cfg, "rms_norm_eps", path, 1e-5, float),
-            rope_theta=_num(cfg, "rope_theta", path, 10000.0, float),
-            rope_full_precision=bool(cfg.get("rope_full_precision", True)),
-            qkv_bias=bool(cfg.get("include_qkv_bias", False)), tie_embeddings=bool(cfg.get("weight_tying", False)),
-            mask_id=_num(cfg, "mask_token_id", path, 126336), eos_id=_num(cfg, "eos_token_id", path, 126081),
-            pad_id=_num(cfg, "pad_token_id", path, cfg.get("eos_token_id", 126081)),
-            bos_id=cfg.get("bos_token_id"), logit_shift=0,
-            max_positions=_num(cfg, "max_sequence_length", path, 4096),
-        )
-    if mtype == "dream":
-        d = int(_need(cfg, "hidden_size", path))
-        n_heads = _heads(_need(cfg, "num_attention_heads", path), "num_attention_heads", path)
-        return ModelSpec(
-            family="dream", d_model=d, n_layers=int(_need(cfg, "num_hidden_layers", path)), n_heads=n_heads,
-            n_kv_heads=_num(cfg, "num_key_value_heads", path, n_heads), head_dim=d // n_heads,
-            mlp_hidden=int(_need(cfg, "intermediate_size", path)), vocab_size=int(_need(cfg, "vocab_size", path)),
-            rms_eps=_num(cfg, "rms_norm_eps", path, 1e-6, float), rope_theta=_num(cfg, "rope_theta", path, 1e6, float),
-            rope_full_precision=False, qkv_bias=True, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            mask_id=_num(cfg, "mask_token_id", path, 151666), eos_id=_num(cfg, "eos_token_id", path, 151643),
-            pad_id=_num(cfg, "pad_token_id", path, 151643), bos_id=cfg.get("bos_token_id"), logit_shift=1,
-            max_positions=_num(cfg, "max_position_embeddings", path, 2048),
-        )
-    raise ModelLoadError(
-        f"{path}: model_type {cfg.get('model_type')!r} is not supported; "
-        "ecache runs LLaDA ('llada') and Dream ('Dream') checkpoints"
-    )
-
-
-def read_spec(model_dir: Path) -> tuple[ModelSpec, dict]:
-    """Read ``model_dir/config.json`` and return (spec, raw config dict). Raises ModelLoadError.
-
-    ``spec.eps`` comes from ``generation_config.json`` beside it when that file has an ``eps`` (Dream's
-    diffusion_generate reads its timesteps' end from there); a missing file keeps 1e-3.
-    """
-    path = Path(model_dir) / "config.json"
-    if not path.exists():
-        raise ModelLoadError(f"{model_dir}: no config.json; point --model at a checkpoint directory")
-    cfg = _read_json_object(path)
-    spec = spec_from_config(cfg, path)
-    gen_path = Path(model_dir) / "generation_config.json"
-    if gen_path.is_file():
-        eps = _read_json_object(gen_path).get("eps")
-        if eps is not None:
-            if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
-                raise ModelLoadError(f"{gen_path}: eps {eps!r} must be a number in [0, 1) (Dream ships 1e-3)")
-            spec = replace(spec, eps=float(eps))
-    return spec, cfg
-
-
-def _read_json_object(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
     """A checkpoint's JSON file as a dict: UTF-8 text holding one JSON object, else a one-line
     ModelLoadError naming the file and what is wrong."""
     try:
@@ -229,21 +236,3 @@ def _read_json_object(path: Path) -> dict:
         raise ModelLoadError(f"{path}: holds a JSON {type(data).__name__}, not an object; is this a checkpoint's "
                              f"{path.name}?")
     return data
-
-
-def check_token_ids(spec: ModelSpec, path: Path | str = "config.json") -> ModelSpec:
-    """Check that the special token ids of ``spec`` (mask, EOS, pad, BOS) are rows of the model's
-    vocabulary, ``0 ≤ id < vocab_size``: an id outside would fail deep inside the embedding lookup.
-    Returns ``spec``; raises ModelLoadError naming the config field, its value and the vocabulary size."""
-    fields = {"mask": ("mask_token_id", spec.mask_id), "eos": ("eos_token_id", spec.eos_id),
-              "pad": ("pad_token_id", spec.pad_id), "bos": ("bos_token_id", spec.bos_id)}
-    if spec.vocab_size < 1:
-        raise ModelLoadError(f"{path}: vocab_size {spec.vocab_size} must be ≥ 1; the config.json is damaged")
-    for what, (key, value) in fields.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < spec.vocab_size:
-            raise ModelLoadError(f"{path}: {key} {value!r} (the {what} token) is outside the vocabulary of "
-                                 f"{spec.vocab_size} tokens (ids 0..{spec.vocab_size - 1}); fix config.json or use "
-                                 "the checkpoint's original one")
-    return spec

@@ -14,93 +14,50 @@ from pathlib import Path
 
 import torch
 
-from .dream import Dream
-from .llada import LLaDA
-from .spec import spec_from_config
-
-LLADA_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|start_header_id|>", "<|end_header_id|>",
-                  "<|eot_id|>"]
-DREAM_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<|beginoftext|>"]
-LLADA_CHAT = (
-    "{% for message in messages %}{% if loop.index0 == 0 %}{{ bos_token }}{% endif %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
-)
-DREAM_CHAT = (
-    "{% if messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from .registry import FAMILIES, spec_from_config
 
 
 def tiny_config(family: str, vocab_size: int = 128, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,
-                n_kv_heads: int | None = None, mlp_hidden: int = 128, **ids) -> dict:
-    """A config.json dict in the official field naming of ``family`` ("llada" or "dream")."""
-    if family == "llada":
-        return {
-            "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": d_model, "n_layers": n_layers,
-            "n_heads": n_heads, "n_kv_heads": n_kv_heads or n_heads, "mlp_hidden_size": mlp_hidden,
-            "activation_type": "silu", "block_type": "llama", "vocab_size": vocab_size, "embedding_size": vocab_size,
-            "layer_norm_type": "rms", "rms_norm_eps": 1e-5, "include_bias": False, "include_qkv_bias": False,
-            "rope": True, "rope_theta": 500000.0, "rope_full_precision": True, "alibi": False,
-            "max_sequence_length": 4096, "weight_tying": False, "mask_token_id": ids.get("mask", 2),
-            "eos_token_id": ids.get("eos", 1), "pad_token_id": ids.get("eos", 1), "torch_dtype": "float32",
-        }
-    return {
-        "model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": d_model,
-        "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv_heads or 2,
-        "intermediate_size": mlp_hidden, "vocab_size": vocab_size, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "tie_word_embeddings": False, "max_position_embeddings": 2048,
-        "mask_token_id": ids.get("mask", 3), "pad_token_id": ids.get("eos", 0), "bos_token_id": ids.get("eos", 0),
-        "eos_token_id": ids.get("eos", 0), "torch_dtype": "float32",
-    }
+                n_kv_heads: int | None = None, mlp_hidden: int = 128, mask: int | None = None,
+                eos: int | None = None) -> dict:
+    """A config.json dict in the official field naming of ``family`` (a registry name: ``llada``,
+    ``dream``, ``llada-moe``, ...), shrunk to the sizes given; ``mask`` / ``eos`` default to the ids of
+    the family's mask and EOS tokens in the tiny tokenizer (:func:`write_char_tokenizer`)."""
+    fam = FAMILIES[family]
+    ids = {t: i for i, t in enumerate(fam.fixture_specials)}
+    return fam.tiny_config(mask=ids[fam.fixture_mask] if mask is None else mask,
+                           eos=ids[fam.fixture_eos] if eos is None else eos, vocab_size=vocab_size, d_model=d_model,
+                           n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, mlp_hidden=mlp_hidden)
 
 
-def write_char_tokenizer(out: Path, family: str) -> dict[str, int]:
-    """Write a character-level tokenizer (specials first) loadable by AutoTokenizer; return special ids."""
+def write_char_tokenizer(out: Path, family: str, size: int | None = None) -> dict[str, int]:
+    """Write a character-level tokenizer (the family's specials first) loadable by AutoTokenizer, with the
+    family's tokenizer_config.json entries (chat template included); return the special ids. ``size``:
+    pad the vocabulary with reserved tokens ``<|reserved_i|>`` to that many ids (a tokenizer covering every
+    row of the model, as the official ones do)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    specials = LLADA_SPECIALS if family == "llada" else DREAM_SPECIALS
+    fam = FAMILIES[family]
+    specials = list(fam.fixture_specials)
     chars = list(string.ascii_letters + string.digits + string.punctuation + " \n")
-    vocab = {t: i for i, t in enumerate(specials + chars)}
+    reserved = [f"<|reserved_{i}|>" for i in range(max(0, (size or 0) - len(specials) - len(chars)))]
+    vocab = {t: i for i, t in enumerate(specials + chars + reserved)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="?"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(specials)
+    tok.add_special_tokens(specials + reserved)
     tok.save(str(out / "tokenizer.json"))
-    if family == "llada":
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|startoftext|>",
-               "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "chat_template": LLADA_CHAT}
-    else:
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
-               "pad_token": "<|endoftext|>", "mask_token": "<|mask|>", "chat_template": DREAM_CHAT}
+    cfg = dict(fam.fixture_tokenizer_config)
     cfg.update(add_bos_token=False, add_eos_token=False, clean_up_tokenization_spaces=False, model_max_length=4096)
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     return {t: vocab[t] for t in specials}
 
 
-def write_random_checkpoint(out: str | Path, family: str = "llada", shards: int = 1, seed: int = 0,
-                            scale: float = 0.5, dtype: torch.dtype = torch.float32, **cfg_overrides) -> Path:
-    """Write a random checkpoint of ``family`` into ``out`` in the official layout; return ``out``.
-
-    ``scale`` sets the init std of linear layers times 1/sqrt(fan_in) (large enough that the token
-    distributions are not flat). ``shards`` > 1 writes a sharded checkpoint with an index.
-    """
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    ids = write_char_tokenizer(out, family)
-    if family == "llada":
-        cfg = tiny_config("llada", mask=ids["<|mdm_mask|>"], eos=ids["<|endoftext|>"], **cfg_overrides)
-    else:
-        cfg = tiny_config("dream", mask=ids["<|mask|>"], eos=ids["<|endoftext|>"], **cfg_overrides)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    spec = spec_from_config(cfg)
+def random_state(model, seed: int, scale: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Random weights for every tensor of ``model``'s state dict: norms 1 + 0.1·N(0, 1), biases
+    0.1·N(0, 1), embeddings N(0, 1), matrices N(0, 1)·scale/sqrt(fan_in) (large enough that the token
+    distributions are not flat)."""
     g = torch.Generator().manual_seed(seed)
-    model = (LLaDA if family == "llada" else Dream)(spec)
     state = {}
     for k, v in model.state_dict().items():
         if k.endswith("norm.weight") or k.endswith("ln_f.weight"):
@@ -112,6 +69,27 @@ def write_random_checkpoint(out: str | Path, family: str = "llada", shards: int 
             if "embed" in k or "wte" in k:
                 t = torch.randn(v.shape, generator=g)
         state[k] = t.to(dtype).contiguous()
+    return state
+
+
+def write_random_checkpoint(out: str | Path, family: str = "llada", shards: int = 1, seed: int = 0,
+                            scale: float = 0.5, dtype: torch.dtype = torch.float32, **cfg_overrides) -> Path:
+    """Write a random checkpoint of ``family`` into ``out`` in the official layout; return ``out``.
+    ``cfg_overrides``: config.json fields (official names) set over the tiny config.
+
+    ``scale`` sets the init std of linear layers times 1/sqrt(fan_in) (large enough that the token
+    distributions are not flat). ``shards`` > 1 writes a sharded checkpoint with an index.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_char_tokenizer(out, family)
+    fam = FAMILIES[family]
+    cfg = {**tiny_config(family, mask=ids[fam.fixture_mask], eos=ids[fam.fixture_eos]), **cfg_overrides}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    model = fam.model_class(spec_from_config(cfg, vocab=ids))
+    state = random_state(model, seed, scale, dtype)
     names = list(state)
     if shards <= 1:
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -268,9 +268,10 @@ def warn_sampling_flags(decode: DecodeConfig, top_k, top_p) -> None:
              "--schedule dream, they filter Dream's confidence)")
 
 
-def warn_idle_steps(decode: DecodeConfig, family: str) -> None:
+def warn_idle_steps(decode: DecodeConfig, sampler: str) -> None:
     """One warning on stderr when ``--steps`` gives a block more steps than it has masks under LLaDA's
-    schedule (the model family's default, or ``--schedule llada``): LLaDA's split commits one mask per
+    schedule (the default of the model's official sampler, ``ModelSpec.sampler``, or
+    ``--schedule llada``): LLaDA's split commits one mask per
     step from the first step on, so a block's masks are gone after ``block_length`` steps and the engine
     moves on (LLaDA generate.py runs the empty steps; the tokens are the same). Dream's schedule spreads
     its commits over every step, so nothing is skipped there."""
@@ -278,7 +279,7 @@ def warn_idle_steps(decode: DecodeConfig, family: str) -> None:
         return
     from ..decoding.commit import family_schedule
 
-    if family_schedule(family, decode.schedule) != "llada":
+    if family_schedule(sampler, decode.schedule) != "llada":
         return
     per_block = decode.steps // max(decode.gen_length // decode.block_length, 1)
     if per_block > decode.block_length:

@@ -61,7 +61,7 @@ class LayerRanges:
         for i in range(self.model.spec.n_layers):
             p = self.model.parts(i)
             self._pair(p.attn_norm, p.o, f"{RANGE_PREFIX}layer{i:02d}.attention")
-            self._pair(p.mlp_norm, p.down, f"{RANGE_PREFIX}layer{i:02d}.mlp")
+            self._pair(p.mlp_norm, p.mlp_out, f"{RANGE_PREFIX}layer{i:02d}.mlp")
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,7 +1,7 @@
 """Model, learning-rate schedule, loss, training loop and the one-file training state.
 
 - ``model_config`` / ``build_model``: an official-format LLaDA config.json and a freshly initialised
-  ``ecache_cli.models.llada.LLaDA`` for a ``TrainConfig``;
+  ``ecache_cli.models.families.llada.LLaDA`` for a ``TrainConfig``;
 - ``lr_at``: linear warmup, a constant LR, and an optional linear decay phase (warmup-stable-decay,
   Hu et al. 2024, "MiniCPM", sec. 4);
 - ``batch_loss``: LLaDA's SFT loss of one ``make_batch`` batch (Nie et al. 2025, eq. 5);
@@ -71,8 +71,8 @@ def build_model(mcfg: dict, seed: int):
     """A float32 ``LLaDA`` for config ``mcfg``, initialised from ``seed``: norm weights 1, matrices
     N(0, 0.02), the residual output projections N(0, 0.02 / sqrt(2 * n_layers)) (GPT-2's init, Radford
     et al. 2019, sec. 2.3)."""
-    from ecache_cli.models.llada import LLaDA
-    from ecache_cli.models.spec import spec_from_config
+    from ecache_cli.models.families.llada import LLaDA
+    from ecache_cli.models.registry import spec_from_config
 
     torch.manual_seed(seed)
     model = LLaDA(spec_from_config(mcfg))

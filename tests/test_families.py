@@ -1,0 +1,324 @@
+"""The model-family registry, each family against its own tiny checkpoint, and LLaDA-MoE against the
+official modeling code.
+
+``tests/fixtures/llada-moe/`` was written by the official LLaDA-MoE modeling code (its ``save_pretrained``,
+float32, random weights; the folder's README says which file and commit), and ``official_outputs.safetensors``
+holds that code's logits, routing and LLaDA generate.py outputs for it. The official code itself is not run
+here (it needs transformers' remote code at a pinned version): its recorded outputs are the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PROMPTS, SMALL
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from ecache_cli.cache import make_policy
+from ecache_cli.engine import DecodeConfig, Engine
+from ecache_cli.errors import ModelLoadError
+from ecache_cli.models.loader import load_model, resolve_path
+from ecache_cli.models.registry import ALIASES, FAMILIES, alias, family_of, spec_from_config
+from ecache_cli.models.synthetic import tiny_config, write_random_checkpoint
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MOE = FIXTURES / "llada-moe"
+
+
+# --- the registry ------------------------------------------------------------------------------------
+
+
+def test_every_family_file_is_registered_under_its_name():
+    folder = Path(__file__).resolve().parents[1] / "ecache_cli" / "models" / "families"
+    files = sorted(f.stem.replace("_", "-") for f in folder.glob("*.py") if not f.stem.startswith("_"))
+    assert sorted(FAMILIES) == files
+    assert list(FAMILIES)[:2] == ["llada", "dream"]
+    for name, fam in FAMILIES.items():
+        assert fam.name == name and fam.sampler in ("llada", "dream") and fam.aliases
+
+
+def test_aliases_are_unique_and_name_their_family():
+    seen = [a for fam in FAMILIES.values() for a in fam.aliases]
+    assert len(seen) == len(set(seen)) == len(ALIASES)
+    assert alias("llada-moe")[0].name == "llada-moe" and alias("diffucoder-7b")[0].name == "dream"
+    assert alias("dream-coder-7b")[1].repo == "Dream-org/Dream-Coder-v0-Instruct-7B"
+    assert alias("nope") is None
+    for name in ("llada-moe", "llada-moe-instruct", "llada-moe-base", "diffucoder-7b", "diffucoder-7b-base",
+                 "diffucoder-7b-cpgrpo", "dream-coder-7b"):
+        assert name in ALIASES
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_loads_its_tiny_checkpoint(family, tmp_path):
+    """Every family: its tiny config is claimed by it alone, the checkpoint written in its official layout
+    loads with every tensor round-tripped, the parameter count implied by the config equals the tensors',
+    and a full forward equals a partial forward over every position."""
+    d = write_random_checkpoint(tmp_path / family, family, shards=2, seed=1, scale=4.0)
+    cfg = json.loads((d / "config.json").read_text())
+    assert [f.name for f in FAMILIES.values() if f.claims(cfg)] == [family]
+    lm = load_model(d, device="cpu", dtype="float32")
+    assert lm.spec.family == family and isinstance(lm.model, FAMILIES[family].model_class)
+    stored = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            stored.update({k: sf.get_tensor(k) for k in sf.keys()})
+    state = lm.model.state_dict()
+    assert set(stored) == set(state) and all(torch.equal(state[k], t) for k, t in stored.items())
+    assert lm.spec.n_params == sum(t.numel() for k, t in stored.items() if not k.endswith("expert_bias"))
+    ids = torch.randint(10, 90, (2, 20), generator=torch.Generator().manual_seed(0))
+    m = lm.model
+    with torch.inference_mode():
+        full = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
+        part = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)), query_pos=torch.arange(20).expand(2, -1))
+    assert (full - part).abs().max() <= 1e-5 and full.std() > 0.5
+
+
+def test_official_sizes_of_every_alias_family():
+    """The parameter counts ``ecache models`` lists are the ones the official configs imply."""
+    moe = {"model_type": "llada", "architectures": ["LLaDAMoEModelLM"], "hidden_size": 2048,
+           "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+           "num_experts": 64, "num_experts_per_tok": 8, "expert_intermediate_size": 1024,
+           "dense_intermediate_size": 8192, "moe_layer_freq": [1] * 16, "qk_layernorm": True,
+           "rope_theta": 50000, "partial_rotary_factor": 1.0, "vocab_size": 157184, "tie_word_embeddings": False,
+           "shared_expert_intermediate_size": None, "pad_token_id": 156892}
+    s = spec_from_config(moe)
+    assert (s.n_params, s.n_active_params) == (alias("llada-moe")[1].params, alias("llada-moe")[1].active)
+    assert (s.mask_id, s.eos_id, s.head_dim, s.rotary_dim) == (156895, 156892, 128, 128)
+    dream = tiny_config("dream", vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+                        mlp_hidden=18944)
+    assert spec_from_config(dream).n_params == alias("diffucoder-7b")[1].params
+
+
+# --- LLaDA-MoE against the official code --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def official():
+    return load_file(MOE / "official_outputs.safetensors")
+
+
+@pytest.fixture(scope="module")
+def moe_fixture():
+    return load_model(MOE, device="cpu", dtype="float32")
+
+
+def test_the_fixture_is_llada_moe_in_its_official_layout(moe_fixture):
+    cfg = json.loads((MOE / "config.json").read_text())
+    assert cfg["model_type"] == "llada" and cfg["architectures"] == ["LLaDAMoEModelLM"]  # as the checkpoints ship it
+    assert family_of(cfg).name == "llada-moe"
+    s = moe_fixture.spec
+    assert (s.n_kv_heads, s.n_heads, s.n_experts, s.experts_per_token, s.qk_norm) == (2, 4, 8, 2, True)
+    assert s.logit_shift == 0
+    assert (s.mask_id, s.eos_id, s.eot_id, s.sampler) == (2, 1, 5, "llada")  # mask and EOS from the tokenizer
+    names = set(moe_fixture.model.state_dict())
+    assert {"model.layers.1.mlp.gate.weight", "model.layers.0.mlp.experts.7.down_proj.weight",
+            "model.layers.0.self_attn.q_norm.weight", "lm_head.weight"} <= names
+
+
+def test_logits_equal_the_official_code(moe_fixture, official):
+    """Unpadded: the official float32 logits, max |Δ| ≤ 1e-5 (they come out bit-identical here). Left
+    padded with the official key-padding mask: ≤ 1e-4 at the real positions (the official code keeps
+    positions 0..T-1 for a padded row, ecache counts them from the first real token: the same relative
+    angles, rounded differently; the official float32 logits themselves move by 2.8e-5 in float64)."""
+    m = moe_fixture.model
+    with torch.inference_mode():
+        ids = official["ids"]
+        got = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
+        assert (got - official["logits"]).abs().max() <= 1e-5
+        mask = official["padded_mask"].bool()
+        padded = m(official["padded_ids"], m.new_store(mask))
+    assert (padded - official["padded_logits"]).abs()[mask].max() <= 1e-4
+
+
+def test_the_router_equals_the_official_one(moe_fixture, official):
+    """Layer 0's top-k experts and their unrenormalised softmax weights, token for token."""
+    block = moe_fixture.model.parts(0).moe
+    block.routes = []
+    seen = []
+    hook = block.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
+    try:
+        with torch.inference_mode():
+            ids = official["ids"]
+            moe_fixture.model(ids, moe_fixture.model.new_store(torch.ones_like(ids, dtype=torch.bool)))
+            idx, weight = block.route(seen[0].reshape(-1, seen[0].shape[-1]))
+    finally:
+        hook.remove()
+        block.routes = None
+    assert torch.equal(idx, official["router_idx_layer0"])
+    assert (weight - official["router_weight_layer0"]).abs().max() <= 1e-6
+    assert float(weight.sum(1).max()) < 1  # no renormalisation
+    assert len(set(idx.flatten().tolist())) > 4  # the tokens spread over the experts
+
+
+def _official_generate(lm, prompt: list[int], gen_length: int, block_length: int, steps: int) -> list[int]:
+    """LLaDA generate.py as written (temperature 0, low-confidence remasking): every id may be chosen, the
+    confidence is the softmax over the whole vocabulary."""
+    model, spec = lm.model, lm.spec
+    x = torch.tensor([prompt + [spec.mask_id] * gen_length])
+    P, per_block = len(prompt), steps // (gen_length // block_length)
+    with torch.inference_mode():
+        for b in range(gen_length // block_length):
+            end = P + (b + 1) * block_length
+            n = int((x[0, P + b * block_length:end] == spec.mask_id).sum())
+            counts = [n // per_block + (1 if t < n % per_block else 0) for t in range(per_block)]
+            for k in counts:
+                logits = model(x, model.new_store(torch.ones_like(x, dtype=torch.bool))).double()
+                x0 = logits.argmax(-1)
+                p = logits.softmax(-1).gather(-1, x0[..., None]).squeeze(-1)
+                p[:, end:] = float("-inf")
+                conf = torch.where(x == spec.mask_id, p, torch.full_like(p, float("-inf")))
+                x[0, conf[0].topk(k).indices] = x0[0, conf[0].topk(k).indices]
+    return x[0, P:].tolist()
+
+
+@pytest.mark.parametrize("steps, key", [(16, "gen_llada"), (4, "gen_llada_4steps")])
+def test_llada_generate_is_the_official_output(moe_fixture, official, steps, key):
+    """LLaDA generate.py run on the official model gave ``official[key]``; the same loop on ecache's model
+    gives it token for token. The engine's LLaDA sampler equals that loop with ecache's deliberate
+    difference (the mask id is never chosen, so the confidence's softmax leaves it out, README
+    "Samplers"): at 4 steps the two agree; at 16 the renormalised confidences order two positions the
+    other way, so there the engine is compared with tests/test_engine.py's reference loop, which mirrors it."""
+    from test_engine import reference_decode
+
+    prompt = official["gen_prompt"][0].tolist()
+    want = official[key][0, len(prompt):].tolist()
+    assert _official_generate(moe_fixture, prompt, 16, 8, steps) == want
+    eng = Engine.from_loaded(moe_fixture)
+    run = eng.start([prompt], DecodeConfig(gen_length=16, block_length=8, steps=steps, early_exit=False),
+                    make_policy("none"))
+    list(run)
+    got = run.results()[0].token_ids
+    assert got == reference_decode(moe_fixture, prompt, 16, 8, steps)
+    assert (got == want) == (steps == 4)
+
+
+def test_a_partial_forward_routes_only_the_positions_it_computes(moe_lm):
+    m = moe_lm.model
+    ids = torch.randint(10, 90, (2, 20), generator=torch.Generator().manual_seed(3))
+    store = m.new_store(torch.ones_like(ids, dtype=torch.bool))
+    blocks = [m.parts(i).moe for i in range(moe_lm.spec.n_layers)]
+    for b in blocks:
+        b.routes = []
+    try:
+        with torch.inference_mode():
+            m(ids, store)
+            m(ids, store, query_pos=torch.tensor([[3, 4, 5], [7, 8, 9]]))
+    finally:
+        routes = [b.routes for b in blocks]
+        for b in blocks:
+            b.routes = None
+    assert [[tuple(r.shape) for r in layer] for layer in routes] == [[(40, 2), (6, 2)]] * moe_lm.spec.n_layers
+
+
+def test_grouped_experts_equal_a_loop_over_tokens():
+    from ecache_cli.models.moe import SwiGLUExpert, run_experts
+
+    g = torch.Generator().manual_seed(0)
+    experts = torch.nn.ModuleList(SwiGLUExpert(16, 8) for _ in range(5))
+    for p in experts.parameters():
+        p.data = torch.randn(p.shape, generator=g)
+    x = torch.randn(7, 16, generator=g)
+    idx = torch.tensor([[0, 3], [3, 0], [4, 1], [1, 1], [2, 4], [0, 2], [3, 4]])
+    w = torch.rand(7, 2, generator=g)
+    want = torch.stack([sum(w[n, j] * experts[int(idx[n, j])](x[n:n + 1])[0] for j in range(2)) for n in range(7)])
+    got = run_experts(x, idx, w, experts)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    experts[0].fuse()
+    torch.testing.assert_close(run_experts(x, idx, w, experts), got, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"partial_rotary_factor": None}, "no 'partial_rotary_factor'"),
+    ({"moe_layer_freq": [1]}, "moe_layer_freq [1] must list one entry per layer (2)"),
+    ({"num_experts_per_tok": 9}, "num_experts_per_tok 9 is more than num_experts 8"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 4"),
+    ({"rope_scaling": {"type": "linear", "factor": 2}}, "only the default RoPE"),
+])
+def test_bad_moe_configs_are_one_line(change, needle):
+    cfg = {**tiny_config("llada-moe"), **change}
+    if change.get("partial_rotary_factor", 0) is None:
+        del cfg["partial_rotary_factor"]
+    with pytest.raises(ModelLoadError) as e:
+        spec_from_config(cfg, "ckpt/config.json", vocab={"<|mask|>": 2, "<|endoftext|>": 1})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_dense_layer_and_a_shared_expert_load_and_count(tmp_path):
+    """``moe_layer_freq`` 0 makes a layer dense (``mlp.{gate,up,down}_proj``), a shared expert sits beside
+    ``mlp``; both load under their official names and change the output."""
+    d = write_random_checkpoint(tmp_path / "m", "llada-moe", seed=2, scale=4.0, moe_layer_freq=[0, 1],
+                                shared_expert_intermediate_size=24)
+    lm = load_model(d, device="cpu", dtype="float32")
+    names = set(lm.model.state_dict())
+    assert "model.layers.0.mlp.down_proj.weight" in names and "model.layers.1.shared_expert.up_proj.weight" in names
+    assert lm.model.parts(0).moe is None and lm.model.parts(1).moe is not None
+    assert lm.spec.n_params == sum(t.numel() for t in lm.model.state_dict().values())
+
+
+# --- the Dream-based coders ------------------------------------------------------------------------------
+
+
+def _hub_snapshot(cache: Path, repo: str, src: Path) -> Path:
+    """Lay ``src`` out as the Hugging Face cache's snapshot of ``repo`` (what ``hf download`` leaves)."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snap = root / "snapshots" / ("0" * 40)
+    shutil.copytree(src, snap)
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text("0" * 40)
+    return snap
+
+
+@pytest.fixture
+def diffucoder(tmp_path, monkeypatch, profiles_dir):
+    """DiffuCoder-7B-Instruct's shape shrunk: Dream's config with DiffuCoder's own fields, a tokenizer with
+    ``<|dlm_pad|>``, placed in a private Hugging Face cache under its repository id."""
+    from tokenizers import Tokenizer
+
+    d = write_random_checkpoint(tmp_path / "src", "dream", seed=4, scale=4.0, max_position_embeddings=131072)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(use_mrope=False, max_window_layers=2, use_sliding_window=False, transformers_version="4.51.3")
+    (d / "config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.add_special_tokens(["<|dlm_pad|>"])
+    tok.save(str(d / "tokenizer.json"))
+    cache = tmp_path / "hub"
+    _hub_snapshot(cache, "apple/DiffuCoder-7B-Instruct", d)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tok.token_to_id("<|dlm_pad|>")
+
+
+def test_diffucoder_loads_by_alias_and_stops_at_dlm_pad(diffucoder):
+    lm = load_model("diffucoder-7b", device="cpu", dtype="float32")
+    assert lm.spec.family == "dream" and lm.spec.sampler == "dream" and lm.spec.logit_shift == 1
+    assert lm.spec.stop_ids == (diffucoder,) and diffucoder in Engine.from_loaded(lm).end_ids.tolist()
+    assert resolve_path("diffucoder-7b")[0].parts[-2] == "snapshots"
+
+
+def test_diffucoder_decodes_with_its_authors_settings(cli, diffucoder):
+    """The alias's shipped default profile: Dream's entropy alg, temperature 0.4, top-p 0.95, one token a
+    step; the start line names the profile."""
+    r = cli("generate", PROMPTS[0], "--model", "diffucoder-7b", "--gen-length", "16", "--block-length", "16",
+            "--no-chat", "--jsonl")
+    assert r.exit_code == 0, r.output
+    assert "diffucoder-7b/default.yaml (shipped with ecache)" in r.stderr
+    rec = json.loads(r.stdout.splitlines()[-1])
+    decode = rec["settings"]["decode"] if "settings" in rec else rec["decode"]
+    assert (decode["temperature"], decode["top_p"], decode["remasking"], decode["steps"]) == (0.4, 0.95, "entropy", 16)
+
+
+def test_llada_moe_runs_every_subcommand(cli, moe_dir, tmp_path):
+    for args in (["generate", PROMPTS[1]],
+                 ["generate", PROMPTS[1], "--cache", "dual", "--threshold", "0.9"],
+                 ["profile", PROMPTS[0], "--policies", "none,entropy,dual", "--json", tmp_path / "p.json"],
+                 ["trace-drift", PROMPTS[0], "--json", tmp_path / "t.json"],
+                 ["calibrate", "--task", "list", "--limit", "2", "--metric", "fidelity", "--grid", "3", "--refine", "1",
+                  "--max-drop", "100", "--no-speed-check", "--out", tmp_path / "c.yaml"]):
+        r = cli(*args, "--model", moe_dir, *SMALL)
+        assert r.exit_code == 0, (args, r.output)
+    assert json.loads((tmp_path / "t.json").read_text())
