@@ -13,11 +13,14 @@
 #      without threshold decoding (bench/gpu_speed.py -> ecache profile's measure());
 #   4. batch size 16 on the same shape: tokens/s and speedup over none for none/dual/entropy, mean
 #      latency, and the share of wall time spent outside forwards (16 prompts x 512 tokens, gen 128;
-#      batch/gpu_speed_table.txt, batch/gpu_speed.json).
+#      batch/gpu_speed_table.txt, batch/gpu_speed.json);
+#   5. a ~1B-parameter random LLaDA-MoE (32 experts, top-4) beside its dense twin of the same active size:
+#      none/dual/entropy tokens/s and the experts' share of a full and a partial forward
+#      (bench/moe_speed.py; moe.log, whose last line is the JSON).
 # Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
-#   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log.
+#   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log, moe.log.
 # Dry run of the CPU-runnable parts with a tiny model:
 #   ECACHE_GPU_CHECK_SIZE=tiny ECACHE_GPU_CHECK_DEVICE=cpu ECACHE_GPU_CHECK_DTYPE=float32 bash bench/gpu_check.sh
 set -uo pipefail
@@ -75,6 +78,13 @@ echo "== 4. batch size 16: $SIZE random LLaDA on $DEVICE $DTYPE"
 timeout "$(cap 150)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --modes plain \
     --batch-sizes 16 --prompts 16 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 128 \
     --policies none,dual,entropy --out "$DEST/batch" 2>&1 | tee "$DEST/batch.log" || rc=1
+
+echo "== 5. MoE beside dense: $SIZE random LLaDA-MoE on $DEVICE $DTYPE"
+[ "$(cap 120)" -ge 20 ] || { echo "gpu_check: no time left for step 5"; exit 1; }
+timeout "$(cap 120)" "$PY" bench/moe_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --prompts 2 \
+    --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,dual,entropy,entropy:tau=3 \
+    2>&1 | tee "$DEST/moe.log"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

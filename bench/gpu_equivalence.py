@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     rules = {"schedule": {"steps": 32}, "threshold": {"threshold": 0.7}}
     failures, report = [], {"device": args.device, "dtype": args.dtype, "families": {}}
     tmp = Path(tempfile.mkdtemp(prefix="ecache-gpu-eq-"))
-    for family, extra in (("llada", {}), ("dream", {"n_kv_heads": 2})):
+    for family, extra in (("llada", {}), ("dream", {"n_kv_heads": 2}), ("llada-moe", {"n_kv_heads": 4})):
         d = write_random_checkpoint(tmp / family, family, seed=0, scale=4.0, d_model=256, n_layers=4, n_heads=8,
                                     mlp_hidden=512, **extra)
         lm = load_model(d, device=args.device, dtype=args.dtype)

@@ -243,3 +243,13 @@ def test_eager_runs_leave_the_compiler_unimported_and_compiled_ones_use_ecaches_
     comp = subprocess.run([*args, "--compile"], env=bad, capture_output=True, text=True, cwd=tmp_path)
     assert comp.returncode == 1 and comp.stderr.strip().count("\n") == 0, comp.stderr
     assert "compiled-artefact folder" in comp.stderr and "TORCHINDUCTOR_CACHE_DIR" in comp.stderr
+
+
+def test_a_mixture_of_experts_compiles_whole_and_decodes_the_same(moe_lm, inductor_cache):
+    """LLaDA-MoE's experts inside one compiled graph (fixed shapes, no host sync for the expert counts):
+    the same tokens as eager, rows joining and leaving, no forward left eager."""
+    free = StaticStep(moe_lm.model)
+    want, _ = _decode(Engine.from_loaded(moe_lm), "entropy", join_at=3)
+    got, _ = _decode(Engine(free, moe_lm.tokenizer, moe_lm.spec), "entropy", join_at=3)
+    assert got == want and len(got) == 4
+    assert free.stats.graphs == 1 and free.stats.eager_calls == 0 and free.stats.compiled_calls > 10

@@ -288,7 +288,10 @@ def diffucoder(tmp_path, monkeypatch, profiles_dir):
     tok.save(str(d / "tokenizer.json"))
     cache = tmp_path / "hub"
     _hub_snapshot(cache, "apple/DiffuCoder-7B-Instruct", d)
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # read once, at its import
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return tok.token_to_id("<|dlm_pad|>")
 
@@ -322,3 +325,30 @@ def test_llada_moe_runs_every_subcommand(cli, moe_dir, tmp_path):
         r = cli(*args, "--model", moe_dir, *SMALL)
         assert r.exit_code == 0, (args, r.output)
     assert json.loads((tmp_path / "t.json").read_text())
+
+
+def test_llada_moe_serves_and_evaluates_as_it_generates(cli, moe_dir, moe_lm, profiles_dir):
+    """``ecache serve`` (official openai client) and the lm-eval model give ``ecache generate``'s answer."""
+    pytest.importorskip("openai")
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from test_serve import client, serving
+
+    from ecache_cli.evaluation.lm_eval_adapter import EcacheLM
+    from ecache_cli.runs.settings import resolve_settings
+
+    r = cli("generate", PROMPTS[0], "--model", moe_dir, "--gen-length", "16", "--block-length", "8", "--no-chat",
+            "--cache", "dual", "--jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)["text"]
+    settings = resolve_settings(str(moe_dir), {"gen_length": 16, "block_length": 8}, {"policy": "dual"})
+    with serving(moe_lm, settings, api_key="k", max_batch=4) as (url, _):
+        got = client(url, "k").completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=16)
+    assert got.choices[0].text == want
+    adapter = EcacheLM.create_from_arg_string(f"model={moe_dir},device=cpu,cache=dual,gen_length=16,block_length=8,"
+                                              "chat=false,mc_num=4")
+    (text,) = adapter.generate_until([Instance("generate_until", {}, (PROMPTS[0], {"until": [], "max_gen_toks": 16}),
+                                               0)])
+    assert text == want
+    ((ll, _),) = adapter.loglikelihood([Instance("loglikelihood", {}, ("Sort: 3 1", " 1 3"), 0)])
+    assert ll < 0

@@ -1,9 +1,10 @@
-"""The forward pass shared by LLaDA and Dream: full and partial forwards over a KV store.
+"""The forward pass shared by every model family: full and partial forwards over a KV store.
 
-A family module (``llada.py``, ``dream.py``) only declares its parameters under the official
-state-dict names and maps them onto the roles used here. The forward computes a chosen set of query
-positions per row; every other position is read from the store. A full forward is the same call
-with every position chosen. The model never decides what to recompute (docs/ARCHITECTURE.md).
+A family module (``models/families/<name>.py``) only declares its parameters under the official
+state-dict names and maps them onto the roles used here (:class:`BlockParts`: norms, projections,
+per-head q/k norms, a dense SwiGLU or a mixture of experts). The forward computes a chosen set of query
+positions per row; every other position is read from the store. A full forward is the same call with
+every position chosen. The model never decides what to recompute (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -88,7 +89,50 @@ def _hooks_would_run(modules: tuple[nn.Module, ...]) -> bool:
 
 
 class DiffusionLM(nn.Module):
-    """Base class: subclasses set ``spec`` and implement ``embed``, ``parts(i)``, ``final_norm``, ``head``."""
+    """Base class: subclasses set ``spec`` and implement ``embed``, ``parts(i)``, ``final_norm``, ``head``.
+
+    Forward API, ``model(tokens, store, query_pos=None, logits_pos=None, expand_from_layer=None,
+    attn_pos=None, shrink=None, logits_rows=None, pack=None)``:
+
+    Args:
+        tokens: (B, T) long canvas (prompt + generated positions, left padded).
+        store: the request's :class:`KVStore`; K/V of the computed positions are written into it.
+        query_pos: (B, S) long absolute positions to compute, or None for all T (full forward).
+            Duplicates within a row are allowed (they write identical K/V).
+        logits_pos: (B, R) long absolute positions whose hidden states produce logits; each must be
+            among the row's ``query_pos``. None = every query position, in ``query_pos`` order.
+        expand_from_layer: layer-selective recomputation (Elastic-Cache): an int for every row, or
+            (B,) per row; from that layer on the row computes *every* position, taking the layer
+            inputs of the positions outside ``query_pos`` from ``store.hidden`` (the store must keep
+            hidden states; layer 0 re-embeds the canvas instead). Values ≥ n_layers (or None) mean
+            no expansion; 0 equals a full forward for that row.
+        attn_pos: (B, A) long positions (computed at every layer) whose post-RoPE queries are kept
+            in ``store.queries`` for :meth:`attention_rows`; None keeps nothing.
+        shrink: a ``contract.hooks.Shrink`` or a sequence of them: at its layer (partial forwards
+            only) each sees the layer inputs of the positions still computed and keeps a subset
+            (always with ``attn_pos``, and with ``logits_pos`` unless its ``keep_logits`` is False);
+            the others are not computed from that layer on, their K/V there being read from the
+            store (early skipping, ES-dLLM). Shrinks run in the order of their layers; each one's
+            host sync reads the kept width. What they kept is left in ``store.shrunk``, and which
+            ``logits_pos`` reached the last layer in ``store.produced`` (the logits of the others
+            are meaningless).
+        logits_rows: (B, R) bool, or None for all: the ``logits_pos`` entries whose logits are
+            needed. The final norm and the LM head run on those alone (a batch's padded targets
+            cost nothing there); the other entries' logits are zeros.
+        pack: (order (N,) long, unpack (B*S,) long) from ``contract.rows.packed_rows`` for a padded
+            ``query_pos``: the per-position work (norms, projections, MLP) runs on the N real
+            entries alone, packed into one list, and only attention sees the padded (B, S) layout
+            (a batch whose rows want different widths pays for the real ones). The same numbers as
+            without it, row for row; ignored with ``expand_from_layer``, ``attn_pos``, ``shrink``
+            or a store that keeps hidden states.
+    Gradients flow when called outside ``torch.inference_mode`` (training uses a full forward with a
+    fresh store); the engine calls it under inference mode.
+
+    Returns:
+        logits (B, R, V) in the model dtype. Row r is the output of the hidden state at
+        ``logits_pos[:, r]``; with ``spec.logit_shift == 1`` (Dream) it predicts token
+        ``logits_pos + 1``, otherwise token ``logits_pos`` itself.
+    """
 
     spec: ModelSpec
     packs_rows = True  # forward takes ``pack`` (the engine packs a batch's padded partial forwards)
@@ -153,46 +197,8 @@ class DiffusionLM(nn.Module):
         logits_rows: torch.Tensor | None = None,
         pack: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Compute ``query_pos`` at every layer against the store; return logits for ``logits_pos``.
-
-        Args:
-            tokens: (B, T) long canvas (prompt + generated positions, left padded).
-            store: the request's :class:`KVStore`; K/V of the computed positions are written into it.
-            query_pos: (B, S) long absolute positions to compute, or None for all T (full forward).
-                Duplicates within a row are allowed (they write identical K/V).
-            logits_pos: (B, R) long absolute positions whose hidden states produce logits; each must be
-                among the row's ``query_pos``. None = every query position, in ``query_pos`` order.
-            expand_from_layer: layer-selective recomputation (Elastic-Cache): an int for every row, or
-                (B,) per row; from that layer on the row computes *every* position, taking the layer
-                inputs of the positions outside ``query_pos`` from ``store.hidden`` (the store must keep
-                hidden states; layer 0 re-embeds the canvas instead). Values ≥ n_layers (or None) mean
-                no expansion; 0 equals a full forward for that row.
-            attn_pos: (B, A) long positions (computed at every layer) whose post-RoPE queries are kept
-                in ``store.queries`` for :meth:`attention_rows`; None keeps nothing.
-            shrink: a ``contract.hooks.Shrink`` or a sequence of them: at its layer (partial forwards
-                only) each sees the layer inputs of the positions still computed and keeps a subset
-                (always with ``attn_pos``, and with ``logits_pos`` unless its ``keep_logits`` is False);
-                the others are not computed from that layer on, their K/V there being read from the
-                store (early skipping, ES-dLLM). Shrinks run in the order of their layers; each one's
-                host sync reads the kept width. What they kept is left in ``store.shrunk``, and which
-                ``logits_pos`` reached the last layer in ``store.produced`` (the logits of the others
-                are meaningless).
-            logits_rows: (B, R) bool, or None for all: the ``logits_pos`` entries whose logits are
-                needed. The final norm and the LM head run on those alone (a batch's padded targets
-                cost nothing there); the other entries' logits are zeros.
-            pack: (order (N,) long, unpack (B*S,) long) from ``contract.rows.packed_rows`` for a padded
-                ``query_pos``: the per-position work (norms, projections, MLP) runs on the N real
-                entries alone, packed into one list, and only attention sees the padded (B, S) layout
-                (a batch whose rows want different widths pays for the real ones). The same numbers as
-                without it, row for row; ignored with ``expand_from_layer``, ``attn_pos``, ``shrink``
-                or a store that keeps hidden states.
-        Gradients flow when called outside ``torch.inference_mode`` (training uses a full forward with a
-        fresh store); the engine calls it under inference mode.
-
-        Returns:
-            logits (B, R, V) in the model dtype. Row r is the output of the hidden state at
-            ``logits_pos[:, r]``; with ``spec.logit_shift == 1`` (Dream) it predicts token
-            ``logits_pos + 1``, otherwise token ``logits_pos`` itself.
+        """Compute ``query_pos`` at every layer against the store; return logits for ``logits_pos``: (B, R, V)
+        in the model dtype. The arguments and the result: the class docstring ("Forward API").
         """
         s = self.spec
         T = tokens.shape[1]

@@ -97,7 +97,8 @@ def cache_dir() -> str:
 
 def prepare_compiler() -> None:
     """Import torch's compiler with the artefacts under :func:`cache_dir` (set before the import, which
-    otherwise settles on ``/tmp/torchinductor_<user>``) and mark ``BlockParts.fused`` a constant result
+    otherwise settles on ``/tmp/torchinductor_<user>``) and mark ``BlockParts.fused`` and
+    ``SparseMoE.is_stacked`` constant results
     for traced forwards. Raises EcacheError (one line) when that folder cannot be created."""
     folder = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
     try:
@@ -106,8 +107,10 @@ def prepare_compiler() -> None:
         raise EcacheError(f"--compile: the compiled-artefact folder {folder} cannot be used ({e.strerror}); "
                           "set TORCHINDUCTOR_CACHE_DIR to a writable folder") from None
     from .base import BlockParts
+    from .moe import SparseMoE
 
     torch.compiler.assume_constant_result(BlockParts.fused)  # marks the function; idempotent
+    torch.compiler.assume_constant_result(SparseMoE.is_stacked)
 
 
 def check_compiler(device: torch.device) -> None:

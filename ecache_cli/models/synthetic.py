@@ -16,6 +16,9 @@ import torch
 
 from .registry import FAMILIES, spec_from_config
 
+#: :func:`tiny_config`'s family-neutral shape arguments.
+SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden")
+
 
 def tiny_config(family: str, vocab_size: int = 128, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,
                 n_kv_heads: int | None = None, mlp_hidden: int = 128, mask: int | None = None,
@@ -75,7 +78,8 @@ def random_state(model, seed: int, scale: float, dtype: torch.dtype) -> dict[str
 def write_random_checkpoint(out: str | Path, family: str = "llada", shards: int = 1, seed: int = 0,
                             scale: float = 0.5, dtype: torch.dtype = torch.float32, **cfg_overrides) -> Path:
     """Write a random checkpoint of ``family`` into ``out`` in the official layout; return ``out``.
-    ``cfg_overrides``: config.json fields (official names) set over the tiny config.
+    ``cfg_overrides``: the shape arguments of :func:`tiny_config` (``SHAPE_KEYS``, family-neutral names)
+    and any config.json fields under the family's own names, set over the tiny config.
 
     ``scale`` sets the init std of linear layers times 1/sqrt(fan_in) (large enough that the token
     distributions are not flat). ``shards`` > 1 writes a sharded checkpoint with an index.
@@ -86,7 +90,8 @@ def write_random_checkpoint(out: str | Path, family: str = "llada", shards: int 
     out.mkdir(parents=True, exist_ok=True)
     ids = write_char_tokenizer(out, family)
     fam = FAMILIES[family]
-    cfg = {**tiny_config(family, mask=ids[fam.fixture_mask], eos=ids[fam.fixture_eos]), **cfg_overrides}
+    shape = {k: cfg_overrides.pop(k) for k in SHAPE_KEYS if k in cfg_overrides}
+    cfg = {**tiny_config(family, mask=ids[fam.fixture_mask], eos=ids[fam.fixture_eos], **shape), **cfg_overrides}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     model = fam.model_class(spec_from_config(cfg, vocab=ids))
     state = random_state(model, seed, scale, dtype)
