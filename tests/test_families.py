@@ -352,3 +352,20 @@ def test_llada_moe_serves_and_evaluates_as_it_generates(cli, moe_dir, moe_lm, pr
     assert text == want
     ((ll, _),) = adapter.loglikelihood([Instance("loglikelihood", {}, ("Sort: 3 1", " 1 3"), 0)])
     assert ll < 0
+
+
+def test_trace_drift_reports_how_caching_changes_the_routing(cli, moe_dir, llada_dir, tmp_path):
+    """On a MoE model each partial step's record gives the share of the computed positions' expert choices that
+    differ from a full forward's: 0 for a full forward, some but not all for a cached one; None on a dense model."""
+    docs = {}
+    for name, model, cache in (("moe", moe_dir, "dual"), ("dense", llada_dir, "dual"), ("none", moe_dir, "none")):
+        r = cli("trace-drift", PROMPTS[0], "--model", model, *SMALL, "--cache", cache, "--jsonl", tmp_path / name,
+                "--json", tmp_path / f"{name}.json")
+        assert r.exit_code == 0, r.output
+        recs = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        docs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), [x for x in recs if "route_change" in x])
+    summary, recs = docs["moe"]
+    assert 0 < summary["route_change_mean"] < 0.5
+    assert all(x["route_change"] == 0.0 for x in recs if x["refresh"])
+    assert any(x["route_change"] > 0 for x in recs if not x["refresh"])
+    assert docs["dense"][0]["route_change_mean"] is None and docs["none"][0]["route_change_mean"] is None

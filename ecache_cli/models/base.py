@@ -171,6 +171,17 @@ class DiffusionLM(nn.Module):
             elif hasattr(p.moe, "fuse"):
                 p.moe.fuse()
 
+    def routers(self) -> list:
+        """The mixture-of-experts blocks (``models/moe.py`` ``SparseMoE``), one per MoE layer in layer order
+        (empty for a dense model): set a block's ``routes`` to a list to record its expert choices."""
+        out = []
+        for p in self._block_parts():
+            moe = p.moe
+            moe = getattr(moe, "routed", moe)  # a routed block wrapped with a shared expert
+            if moe is not None:
+                out.append(moe)
+        return out
+
     def _block_parts(self) -> list[BlockParts]:
         """Every layer's :class:`BlockParts`, looked up once (``parts(i)`` walks the family's module tree)."""
         found = self.__dict__.get("_parts_list")

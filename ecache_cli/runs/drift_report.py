@@ -235,6 +235,10 @@ def render_summary(console, report: TraceReport) -> None:
                       f"below {report.level:g} (--volatility-level; bins of ≥ {SETTLE_MIN_COUNT} tokens); "
                       f"at {tps:.2f} tokens committed per step that is "
                       f"≈ {settle * tps:.0f} tokens, a guide for EntropyCache's --recent-k", highlight=False)
+    routed = report.summary()["route_change_mean"]
+    if routed is not None:
+        _prose(console, f"routing: on partial steps, caching changed {100 * routed:.1f}% of the computed positions' "
+                        "expert choices against a full forward (mean over the MoE layers)", highlight=False)
     _prose(console, f"time: live steps {report.live_s:.2f} s, shadow forwards {report.shadow_s:.2f} s "
                   "(excluded from the live times)",
                   style="dim", highlight=False)

@@ -12,11 +12,14 @@ value that decided this step's refresh), whether the row refreshed, positions co
 the cache, per-layer K and V drift over the served positions (``metrics/drift.py``), and fidelity of
 the cached logits (committed tokens whose greedy choice differs under the fresh logits). Across steps:
 the volatility curve of committed tokens' fresh K, and the correlation of signal vs next-step drift.
+On a mixture-of-experts model each record also gives the share of the computed positions' expert
+assignments that caching changed (``route_change``: the live forward's routing against the shadow's).
 Memory: the shadow store plus the previous step's fresh K (two stores' worth next to the live one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -104,6 +107,7 @@ class TraceReport:
             "correlation": self.correlation(),
             "drift_k_mean_by_layer": by_layer("drift_k_mean"), "drift_v_mean_by_layer": by_layer("drift_v_mean"),
             "fidelity": {"committed": self.committed, "mismatched": sum(r["fidelity_mismatch"] for r in self.records)},
+            "route_change_mean": _mean([r["route_change"] for r in partial if r.get("route_change") is not None]),
             "volatility": {"level": self.level, "settle_steps": settle, "tokens_per_step": self.tokens_per_step(),
                            "curve": self.volatility.curve()},
             "time_s": {"live": self.live_s, "shadow": self.shadow_s},
@@ -129,13 +133,15 @@ class DriftTracer:
         self.shadow_s = 0.0
         self.committed = 0
         self._cap = None
+        self.routers = self.model.routers() if hasattr(self.model, "routers") else []
+        self._full_routes: list[torch.Tensor] = []
 
     def capture(self, run: Run, plan, query: torch.Tensor | None, sources: torch.Tensor, logits: torch.Tensor) -> None:
         """The engine hook: remember what the live forward saw (no computation)."""
         grow = None if plan.hooks is None else plan.hooks.grow_from_layer
         start = grow if query is not None else None  # forwards whose positions grow at a layer (Elastic-Cache)
         # a refreshing row of a mixed step ran its own full forward after the partial one (Run._forward)
-        self._cap = (run.state.tokens.clone(), query, sources, logits, start, plan.refresh)
+        self._cap = (run.state.tokens.clone(), query, sources, logits, start, plan.refresh, plan.hooks is not None)
 
     def computed_mask(self, query: torch.Tensor | None, shape) -> torch.Tensor:
         """(B, T) bool positions the live forward computed (all for a full forward)."""
@@ -150,10 +156,36 @@ class DriftTracer:
         seconds). Timed with a device sync on CUDA; the time is kept apart from the live timings."""
         store = self.model.new_store(self.run.store.key_mask)
         t0 = _clock(tokens.device)
-        logits = self.model(tokens, store, query_pos=None, logits_pos=sources)
+        with recording(self.routers) as routes:
+            logits = self.model(tokens, store, query_pos=None, logits_pos=sources)
         seconds = _clock(tokens.device) - t0
         self.shadow_s += seconds
+        self._full_routes = [r[0].view(*tokens.shape, -1) for r in routes]  # per MoE layer (B, T, k)
         return store, logits, seconds
+
+    @torch.inference_mode()
+    def route_change(self, computed: torch.Tensor) -> list[float | None]:
+        """Per row, the share of expert assignments at the positions this step computed that differ between
+        the live forward (served K/V from the cache) and the shadow full forward, averaged over the MoE
+        layers: 0 when caching left every routing decision as a full forward makes it, None without MoE
+        layers or for a forward with layer hooks (its per-layer positions are not the query's). The live
+        forward's routing comes from running it again on a copy of the live store (the same inputs)."""
+        tokens, query, _, _, _, refresh, hooked = self._cap
+        B = tokens.shape[0]
+        if not self.routers or hooked:
+            return [None] * B
+        if query is None:  # a full forward: the shadow's own routing
+            return [0.0] * B
+        with recording(self.routers) as routes:
+            self.model(tokens, self.run.store.clone(), query_pos=query, logits_pos=query[:, :1])
+        changed = torch.zeros(B, device=tokens.device)
+        for live, full in zip(routes, self._full_routes):
+            live = live[0].view(B, query.shape[1], -1)  # (B, S, k)
+            at = full.gather(1, query[:, :, None].expand(-1, -1, full.shape[-1]))  # (B, S, k)
+            kept = (live[..., :, None] == at[..., None, :]).any(-1).float().mean(-1)  # (B, S)
+            changed += 1 - kept.mean(1)  # repeated padding entries repeat a real position's value
+        share = (changed / len(routes)).masked_fill(refresh, 0.0)
+        return share.tolist()
 
     @torch.inference_mode()
     def per_position(self, rec: StepRecord):
@@ -165,7 +197,7 @@ class DriftTracer:
         ``measure`` and by tests that check per-position drift.
         """
         assert self._cap is not None, "DriftTracer.capture was not installed as run.on_forward"
-        tokens, query, sources, _, start, refresh = self._cap
+        tokens, query, sources, _, start, refresh, _ = self._cap
         store, fresh, seconds = self.shadow(tokens, sources)
         computed = self.computed_mask(query, tokens.shape) | refresh[:, None]
         base = self.run.store.key_mask & ~computed  # (B, T)
@@ -187,7 +219,8 @@ class DriftTracer:
         drift_v_max (lists of n_layers floats, 0 for a layer that served nothing), drift_k / drift_v
         (mean of the per-layer means over the layers that served something: every layer, unless a
         layer-selective plan recomputed the upper ones), start_layer (the plan's layer-selective start,
-        or None), forward_ms (live forward of the batch), shadow_ms). ``served`` counts the positions
+        or None), route_change (:meth:`route_change`), forward_ms (live forward of the batch),
+        shadow_ms). ``served`` counts the positions
         served at layer 0. ``hist`` is the per-position K drift (mean over the layers that served it) of
         the served positions, a 1-D float32 CPU tensor.
         """
@@ -196,6 +229,7 @@ class DriftTracer:
         d = layer_drift(live.k, live.v, shadow.k, shadow.v, served)  # (B, L) each; k_pos (B, T)
         layer_served = torch.stack([s.any(1) for s in served], 1)  # (B, L) bool
         mismatch, kl = self._fidelity(rec, fresh_logits)
+        route = self.route_change(computed)
         self._volatility(rec, shadow.k)
         rows = (rec.rows + self.offset).tolist()
         signals = {kind: rec.signal(kind).tolist() for kind in SIGNALS}
@@ -216,7 +250,7 @@ class DriftTracer:
                 "drift_v_mean": lists["v_mean"][b], "drift_v_max": lists["v_max"][b],
                 "drift_k": sum(lists["k_mean"][b]) / max(n_served_layers[b], 1),
                 "drift_v": sum(lists["v_mean"][b]) / max(n_served_layers[b], 1),
-                "start_layer": None if start is None else int(start[b]),
+                "start_layer": None if start is None else int(start[b]), "route_change": route[b],
                 "forward_ms": 1e3 * rec.forward_s, "shadow_ms": 1e3 * seconds,
             }
             self.last_signal[prompt] = {k: (v[b] if math.isfinite(v[b]) else None) for k, v in signals.items()}
@@ -348,6 +382,23 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -
     for s in sinks:
         s.close(report)
     return report
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@contextlib.contextmanager
+def recording(routers: list):
+    """Record the expert choices of the MoE blocks ``routers`` during the body: yields one list per block,
+    filled with each forward's (N, k) expert ids; recording stops on exit."""
+    for r in routers:
+        r.routes = []
+    try:
+        yield [r.routes for r in routers]
+    finally:
+        for r in routers:
+            r.routes = None
 
 
 def _renumber(results: list[GenerationResult], offset: int) -> list[GenerationResult]:
