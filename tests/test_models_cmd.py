@@ -459,3 +459,16 @@ def test_models_help_fits_80_columns(args):
     assert max(len(ln) for ln in res.stdout.splitlines()) <= 80 and "…" not in res.stdout
     if args == ["models"]:
         assert "show" in res.stdout and "pull" in res.stdout and "--json" in res.stdout
+
+
+def test_a_repo_id_is_shown_and_pulled_like_an_alias(cli, hub, llada_dir):
+    info = json_show(cli, "someone/llada-finetune")
+    assert (info["source"], info["local"], info["family"], info["params"]) == ("repo", "no", None, None)
+    assert info["get"] == {"ecache": "ecache models pull someone/llada-finetune",
+                           "hub": "hf download someone/llada-finetune"}
+    one_line_error(_pull(cli, "someone/llada-finetune", 1), 1, "HF_HUB_OFFLINE is set",
+                   "`hf download someone/llada-finetune`")
+    snap = hub_snapshot(hub, "someone/llada-finetune", llada_dir)
+    info = json_show(cli, "someone/llada-finetune")
+    assert (info["local"], info["family"], info["path"]) == ("yes", "llada", str(snap))
+    assert _pull(cli, "someone/llada-finetune", 0).stdout == f"{snap}\n"
