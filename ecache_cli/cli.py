@@ -1,5 +1,5 @@
 """The ``ecache`` command line: generate, profile, calibrate, trace-drift and serve over one engine core,
-and ``ecache help TOPIC``.
+``ecache models`` (list, ``show``, ``pull``) and ``ecache help TOPIC``.
 
 This module is thin and is the one place that registers the subcommands: each lives in
 ``ecache_cli/commands/<name>.py`` as a plain function (which never imports this module), parses
@@ -109,6 +109,12 @@ class EcacheGroup(TyperGroup):
     def get_params(self, ctx):
         return _bare_flags(super().get_params(ctx))
 
+    def list_commands(self, ctx):
+        """The subcommands in the order they were registered, ``help`` last (typer lists groups after
+        commands: ``models`` would follow ``help``)."""
+        names = super().list_commands(ctx)
+        return [n for n in names if n != "help"] + [n for n in names if n == "help"]
+
     def format_help(self, ctx, formatter):
         _help(ctx, formatter, self)
 
@@ -117,7 +123,8 @@ app = typer.Typer(
     name="ecache", cls=EcacheGroup, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Fast approximate KV caching for diffusion language models (LLaDA, Dream): "
-         "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/], [bold]serve[/]; "
+         "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/], [bold]serve[/], "
+         "[bold]models[/]; "
          "[bold]help[/] TOPIC for details.",
 )
 
@@ -212,12 +219,19 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 def _register() -> None:
     """Every subcommand, registered here and only here (the command modules never import ``app``)."""
-    from .commands import calibrate, generate, help, profile, serve, trace_drift
+    from .commands import calibrate, generate, help, models, profile, serve, trace_drift
 
     for name, fn in (("generate", generate.generate), ("profile", profile.profile_cmd),
                      ("calibrate", calibrate.calibrate_cmd), ("trace-drift", trace_drift.trace_drift_cmd),
-                     ("serve", serve.serve_cmd), ("help", help.help_cmd)):
+                     ("serve", serve.serve_cmd)):
         app.command(name, cls=EcacheCommand)(handle_errors(fn, INTERRUPTED.get(name, KEPT)))
+    group = typer.Typer(cls=EcacheGroup, invoke_without_command=True, rich_markup_mode="rich",
+                        short_help=models.SHORT_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+    group.callback()(handle_errors(models.models_cmd))  # `ecache models` alone: the list
+    for name, fn in (("show", models.show_cmd), ("pull", models.pull_cmd)):
+        group.command(name, cls=EcacheCommand)(handle_errors(fn))
+    app.add_typer(group, name="models")
+    app.command("help", cls=EcacheCommand)(handle_errors(help.help_cmd))
 
 
 _register()

@@ -61,16 +61,18 @@ def set_threads(threads: int | None, model: str | None) -> int:
 
 
 def load_for_command(model: str, device: str | None, dtype: str | None, threads: int | None, ranks: bool = False,
-                     compile: bool = False):
+                     compile: bool = False, force: bool = False):
     """A subcommand's set-up before its runs: :func:`set_threads` (before the model loads; ``$ECACHE_THREADS``
     too), then with ``ranks`` this process's rank (``distributed.setup()``: torchrun / accelerate launch;
-    the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype)``; with
+    the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype, force)`` (without
+    ``force`` (``--force``) a model whose weights exceed the device's free memory is refused before any
+    weight is read); with
     ``compile`` the model's forward is the static-shape compiled step (``models/compiled.py``
     ``StaticStep``: ``lm.model`` wraps the loaded model).
 
     Returns ``(lm, dist)``: the ``LoadedModel`` and the ``DistEnv``, None without ``ranks`` (one process).
     Raises UsageError for a bad thread count, device or dtype (``cuda:N`` under several ranks too),
-    ModelLoadError for a model that cannot be loaded, EcacheError for ``compile`` without a compiler
+    ModelLoadError for a model that cannot be loaded or does not fit, EcacheError for ``compile`` without a compiler
     (before the model loads).
     """
     from .models.loader import load_model
@@ -86,7 +88,7 @@ def load_for_command(model: str, device: str | None, dtype: str | None, threads:
         from .models.compiled import check_compiler
 
         check_compiler(_device_kind(device))
-    lm = load_model(model, device, dtype)
+    lm = load_model(model, device, dtype, force=force)
     if compile:
         from .models.compiled import StaticStep
 

@@ -155,6 +155,18 @@ def _skip_invalid(res, cwd):
     assert recs[2]["line"] == 3 and "a record needs a string 'prompt'" in recs[2]["error"]
 
 
+def _models_list(res, cwd):
+    from ecache_cli.models.registry import ALIASES
+
+    firsts = {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
+    assert {"tiny", *ALIASES} <= firsts, sorted(firsts)
+
+
+def _models_show(res, cwd):
+    assert "apple/DiffuCoder-7B-Instruct" in res.stdout and "7.6B" in res.stdout
+    assert "profiles/diffucoder-7b/default.yaml (shipped with ecache)" in res.stdout
+
+
 #: README command → check. The commands share one folder, and the ``generate --task list`` after
 #: ``calibrate --task list`` runs after it (``CHAINS``), so it reads the profile that calibration wrote.
 CHECKS = {
@@ -179,6 +191,8 @@ CHECKS = {
     """echo '{"question": "no prompt field"}' >> questions.jsonl""": _bad_line_added,
     "ecache generate --input questions.jsonl --skip-invalid --jsonl": _skip_invalid,
     'ecache generate --print0 "Sort: 3 1 2" "Reverse: 4 5 6" | xargs -0 -n1 echo': _prints("1 2 3\n6 5 4"),
+    "ecache models": _models_list,
+    "ecache models show diffucoder-7b": _models_show,
 }
 
 OFFICIAL = "needs an official 8B checkpoint (no download on these machines)"
@@ -211,6 +225,8 @@ NOT_RUN = {
     'pip install -e ".[serve]"': "the install is .ci/run's (it installs the serve extra)",
     "ecache serve": "a server runs until stopped; tests/test_serve.py starts it and drives it with the openai client",
     "curl ": "needs a running server; tests/test_serve.py sends these requests through the openai client and httpx",
+    "ecache models pull llada-moe": "a 14 GB download; tests/test_models_cmd.py runs pull offline, cached and against "
+                                    "a stand-in for the hub",
 }
 
 

@@ -14,7 +14,7 @@ from ..errors import interrupted_exit_code
 
 def generate(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = read stdin (one per line) or --input.")] = None,
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
     input_file: o.InputFile = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
@@ -70,7 +70,7 @@ def generate(
         check_file(output, "--output")  # before the model loads
     if not quiet and ranks.is_main:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model), markup=False, highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile)  # torchrun: this rank's share
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
     if dist.is_main:

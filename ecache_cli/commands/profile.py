@@ -16,7 +16,7 @@ T = "Task"
 
 def profile_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
     input_file: o.InputFile = None,
     task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split, scored: arith, code, list, gsm8k, ...", rich_help_panel=T)] = None,
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (gsm8k, math500, humaneval, mbpp).", rich_help_panel=T)] = None,
@@ -102,7 +102,7 @@ def profile_cmd(
 
     if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model, policies=names), markup=False, highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile)  # this rank's share, rank 0 reports
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force)  # this rank's share, rank 0 reports
     if dist.is_main:
         from ..runs.confidence import warn_untrained
         from ..runs.settings import warn_idle_steps

@@ -15,7 +15,7 @@ MAX_BODY_LIMIT = 1 << 30
 
 
 def serve_cmd(
-    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
     host: Annotated[str, typer.Option(help="Address to listen on: 127.0.0.1 this machine only; 0.0.0.0 every interface (then pass --api-key).", rich_help_panel=S)] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start, also under --quiet).", rich_help_panel=S)] = 8000,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* \\[default: none].", rich_help_panel=S)] = None,
@@ -87,7 +87,7 @@ def serve_cmd(
     # picked it (printed nowhere else)
     say = (lambda *a, **k: None) if quiet else err.print
     say(settings.describe(model), markup=False, highlight=False)
-    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile)
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force)
     room = lm.spec.max_positions - settings.decode.gen_length
     if room < 1:
         block = settings.decode.block_length

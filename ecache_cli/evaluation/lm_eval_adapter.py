@@ -4,7 +4,8 @@
 
 ``model_args`` (comma-separated ``key=value``; lm-eval reads numbers, true/false and none):
 
-- model (alias ``pretrained``), device, dtype: as ``ecache generate --model/--device/--dtype``;
+- model (alias ``pretrained``), device, dtype, force: as ``ecache generate --model/--device/--dtype/--force``
+  (``force=true`` loads weights that need more than the device's free memory);
 - every decoding setting of ``ecache generate``: gen_length, block_length, steps, temperature, top_k,
   top_p, remasking, threshold, factor, ban_eos, low_eos_confidence, early_exit;
 - every cache setting: cache (policy name; ``cache=none`` is the no-cache baseline), tau, recent_k,
@@ -85,7 +86,8 @@ class EcacheLM(LM):
                  profile: str | None = None, task: str | None = None, chat: bool | None = None, batch_size=1,
                  max_batch_size=None, seed: int = 0,
                  cache=_UNSET, mc_num: int = 128, mc_batch_size: int | None = None, mc_seed: int = 1234,
-                 greedy_check: bool = False, stats_out: str | None = None, pretrained: str | None = None, **kwargs):
+                 greedy_check: bool = False, stats_out: str | None = None, pretrained: str | None = None,
+                 force: bool = False, **kwargs):
         super().__init__()
         from ..models.loader import load_model
         from ..runs.settings import resolve_settings
@@ -98,7 +100,7 @@ class EcacheLM(LM):
             bad = sorted(kwargs)[0]
             raise UsageError(f"model_args: {bad}={kwargs[bad]!r} is not an ecache setting; use the decode keys "
                              f"({', '.join(sorted(DECODE_KEYS))}), cache keys (cache, {', '.join(sorted(ckeys))}), "
-                             "model, device, dtype, profile, task, chat, seed, mc_num, mc_batch_size, mc_seed, "
+                             "model, device, dtype, force, profile, task, chat, seed, mc_num, mc_batch_size, mc_seed, "
                              "greedy_check, stats_out")
         policy = None if cache is _UNSET else ("none" if cache is None else str(cache))  # lm-eval reads "none" as None
         kinds = value_kinds()
@@ -106,6 +108,7 @@ class EcacheLM(LM):
         extra_cache = {k: _arg(k, v, kinds["cache"].get(k)) for k, v in extra_cache.items()}
         mc_num, mc_seed, seed = (_arg(k, v, int) for k, v in (("mc_num", mc_num), ("mc_seed", mc_seed), ("seed", seed)))
         greedy_check, chat = _arg("greedy_check", greedy_check, bool), _arg("chat", chat, bool | None)
+        force = _arg("force", force, bool)
         self.batch_size = _batch_size(batch_size)
         if mc_batch_size is None:
             mc_batch_size = default_mc_batch(mc_num) if mc_num >= 1 else 1
@@ -125,7 +128,7 @@ class EcacheLM(LM):
         dev = device
         if self.dist.active and isinstance(dev, str) and dev.startswith("cuda:"):
             dev = "cuda"  # lm-eval's --device cuda:0 under a launcher: each rank takes its own GPU
-        self.lm = load_model(str(model), self.dist.device(dev), dtype)
+        self.lm = load_model(str(model), self.dist.device(dev), dtype, force=force)
         self.engine = Engine.from_loaded(self.lm)
         self.tokenizer = self.lm.tokenizer
         self.chat = self.lm.chat if chat is None else (bool(chat) and self.lm.chat)

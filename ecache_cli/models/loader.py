@@ -127,25 +127,92 @@ def _download_command() -> str:
     return "hf download" if (major, minor) >= (0, 34) else "huggingface-cli download"
 
 
+#: The files an alias's snapshot needs (``hf download`` of the rest is skipped): config, weights, tokenizer,
+#: the official modeling code and chat templates.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "*.jinja"]
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache folder, read from the environment at each call (huggingface_hub reads it
+    once, at its import): ``$HF_HUB_CACHE``, else ``$HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub`` (by default ``~/.cache/huggingface/hub``)."""
+    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if env:
+        return Path(os.path.expandvars(env)).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """Whether downloads are off: ``$HF_HUB_OFFLINE`` (or ``$TRANSFORMERS_OFFLINE``) set to a true value."""
+    return any(os.environ.get(k, "0").strip() not in ("0", "", "false", "False", "FALSE", "no", "off")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_snapshot(repo: str) -> Path | None:
+    """The local snapshot folder of ``repo`` (its ``main`` revision) in :func:`hub_cache_dir`, found by its
+    ``config.json`` (``huggingface_hub.try_to_load_from_cache``: no network), or None when it is not
+    there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo, "config.json", cache_dir=hub_cache_dir())
+    except Exception:  # noqa: BLE001 - an invalid repo id, an unreadable cache: not cached
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def missing_weights(path: Path) -> list[str]:
+    """The weight files a checkpoint folder lacks: the shards its ``model.safetensors.index.json`` lists
+    that are not there (an interrupted download), ``model.safetensors`` when it has neither; [] when
+    complete. An unreadable index counts as missing."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return [index.name]
+        return [f for f in shards if not (path / f).is_file()]
+    return [] if (path / "model.safetensors").is_file() else ["model.safetensors"]
+
+
 def _from_hub(repo: str, name: str) -> Path:
     from huggingface_hub import snapshot_download
 
-    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "*.jinja"]
+    cache = hub_cache_dir()
     try:
-        return Path(snapshot_download(repo, local_files_only=True, allow_patterns=patterns))
+        return Path(snapshot_download(repo, local_files_only=True, allow_patterns=HUB_PATTERNS, cache_dir=cache))
     except Exception:  # noqa: BLE001 - any miss falls through to the download attempt
         pass
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    if hub_offline():
         reason = "HF_HUB_OFFLINE is set"
     else:
         try:
-            return Path(snapshot_download(repo, allow_patterns=patterns))
+            return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, cache_dir=cache))
         except Exception as e:  # noqa: BLE001 - network errors come in many types
             reason = f"the hub cannot be reached ({type(e).__name__})"
     raise ModelLoadError(
         f"model {name!r} needs {repo}, which is not in the Hugging Face cache and {reason}: "
         f"run `{_download_command()} {repo}` on a connected machine (or copy the folder) and pass --model DIR"
     )
+
+
+def download(repo: str, name: str) -> Path:
+    """Fetch ``repo`` into the hub cache (``snapshot_download`` with :data:`HUB_PATTERNS`; progress bars on
+    stderr) and return its snapshot folder. Raises ModelLoadError (one line: why, and the command to run
+    on a connected machine) when ``HF_HUB_OFFLINE`` is set or the hub cannot be reached."""
+    if hub_offline():
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, cache_dir=hub_cache_dir()))
+        except Exception as e:  # noqa: BLE001 - network, authorisation and disk errors come in many types
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+            reason = f"the download failed ({type(e).__name__}{': ' + first if first else ''})"
+    raise ModelLoadError(f"cannot download {name!r} ({repo}): {reason}; run `{_download_command()} {repo}` on a "
+                         f"connected machine and copy its cache ({hub_cache_dir()}) or the folder here")
 
 
 def _weight_files(path: Path) -> dict[str, Path]:
@@ -235,6 +302,93 @@ def _check_finite(loaded: torch.Tensor, stored: torch.Tensor, name: str, path: P
     bad = int((~torch.isfinite(stored)).sum())
     raise ModelLoadError(f"{path}: tensor {name} holds {bad} non-finite value(s) (NaN or inf) of {stored.numel()}; the "
                          "checkpoint is broken (a diverged training run or a bad conversion): use another checkpoint")
+
+
+def _header_numel(file: Path) -> int | None:
+    """The element count of every tensor of one safetensors file, from its JSON header alone (8 bytes of
+    length, then the header: no tensor is read), or None when the header is unreadable."""
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= 100 * 2**20:
+                return None
+            header = json.loads(f.read(size))
+        total = 0
+        for key, info in header.items():
+            if key != "__metadata__":
+                n = 1
+                for d in info["shape"]:
+                    n *= int(d)
+                total += n
+        return total
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def weight_bytes(path: Path, dtype: torch.dtype, spec: ModelSpec | None = None) -> int:
+    """The bytes the checkpoint folder's weights take once loaded in ``dtype``: the element count of every
+    tensor in its safetensors headers (cheap: no weight is read) times the dtype's size; where a header
+    cannot be read, ``spec.n_params`` times it (0 without a spec)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    files = [path / "model.safetensors"]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = []
+    counts = [_header_numel(f) for f in files]
+    if files and all(c is not None for c in counts):
+        return sum(counts) * size
+    return (spec.n_params if spec is not None else 0) * size
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` for the weights: CUDA ``torch.cuda.mem_get_info`` (free), CPU
+    ``psutil.virtual_memory().available``; None for other devices or when it cannot be read."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        if device.type == "cpu":
+            import psutil
+
+            return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - no driver, no psutil: no check rather than no load
+        return None
+    return None
+
+
+def gib(n: int, digits: int = 1) -> str:
+    """Bytes for people: ``14.9 GiB``, ``2.3 MiB`` below one GiB (``digits`` after the point)."""
+    return f"{n / 2**30:.{digits}f} GiB" if n >= 2**30 else f"{n / 2**20:.{digits}f} MiB"
+
+
+def _apart(need: int, free: int) -> tuple[str, str]:
+    """``need`` and ``free`` for people, with as many digits as tell them apart (bytes when 3 do not)."""
+    for digits in (1, 2, 3):
+        a, b = gib(need, digits), gib(free, digits)
+        if a != b:
+            return a, b
+    return f"{need:,} bytes", f"{free:,} bytes"
+
+
+def check_fits(path: Path, name: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, before any weight is read, a checkpoint whose weights in ``dtype`` (:func:`weight_bytes`) need
+    more than ``device``'s free memory (:func:`free_memory`). Raises ModelLoadError: one line naming the
+    need, the free memory, a smaller dtype when one would fit, and ``--force`` (``force=True``)."""
+    free = free_memory(device)
+    need = weight_bytes(path, dtype, spec)
+    if free is None or need <= free:
+        return
+    dt = str(dtype).replace("torch.", "")
+    where = "this machine's RAM" if device.type == "cpu" else str(device)
+    smaller = ""
+    if dtype == torch.float32 and (half := weight_bytes(path, torch.bfloat16, spec)) <= free:
+        smaller = f"use --dtype bfloat16 ({gib(half)}), "
+    shown_need, shown_free = _apart(need, free)
+    raise ModelLoadError(f"model {name!r} needs {shown_need} for its weights in {dt} but {where} has {shown_free} "
+                         f"free; {smaller}free memory, or load anyway with --force "
+                         "(Python: load_model(..., force=True))")
 
 
 #: The files one of which a checkpoint folder needs for its tokenizer (Hugging Face's fast, BPE,
@@ -333,14 +487,18 @@ def load_model(
     name_or_path: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    force: bool = False,
 ) -> LoadedModel:
     """Load a model by alias (``llada-8b``, ``dream-7b``, ...), the embedded ``tiny``, or a directory.
 
     Args:
         device: "auto" / None (CUDA when available, else CPU), "cpu", "cuda", "cuda:N".
         dtype: "auto" / None (bfloat16 on CUDA, float32 on CPU), or a dtype name.
+        force: load even when the weights need more than the device's free memory (otherwise refused
+            before any weight is read: :func:`check_fits`).
     Raises:
-        ModelLoadError: missing model, config, shard or tensor, or an unsupported architecture.
+        ModelLoadError: missing model, config, shard or tensor, an unsupported architecture, or weights
+            that do not fit the device's free memory (without ``force``).
         UsageError: a bad device or dtype.
     """
     dev = resolve_device(device)
@@ -350,6 +508,8 @@ def load_model(
     if spec.mask_id == spec.pad_id:
         raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); "
                              "the canvas needs distinct ids")
+    if not force:
+        check_fits(path, name, spec, dev, dt)
     with torch.device("meta"), _skip_init():
         model = FAMILIES[spec.family].model_class(spec)
     load_weights(model, path, dev, dt)

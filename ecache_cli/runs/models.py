@@ -1,0 +1,447 @@
+"""What ``ecache models`` computes: the list of known models, one model's facts, and fetching one.
+
+:func:`catalogue` lists the embedded ``tiny`` and every alias of the family registry with its family,
+kind, parameter count and the memory its weights need in bfloat16 and float32 (parameters × 2 or × 4
+bytes), and whether it is in the local Hugging Face cache (looked up on disk alone:
+``models.loader.hub_snapshot``; nothing here touches the network but :func:`pull`). :func:`describe`
+gathers one model's facts (config summary, special tokens, chat template, default profile) from its
+checkpoint when one is local, else what the registry knows. The tables (``ecache models``, and the
+README's "Supported models", :func:`readme_table`) are built here from the same rows, so they cannot
+disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ModelLoadError, UsageError
+
+#: What the local column says for the embedded model, a complete snapshot, one lacking a weight file, none.
+LOCAL_TEXT = {"embedded": "yes", "yes": "yes", "partial": "part", "no": "no"}
+
+
+def count(n: int) -> str:
+    """A parameter count for people: ``8.0B``, ``1.7B``, ``1.2M``, ``950K``."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def params_text(params: int, active: int) -> str:
+    """``8.0B``; for a mixture of experts also the parameters one token uses: ``7.4B (1.7B active)``."""
+    return count(params) + (f" ({count(active)} active)" if active and active != params else "")
+
+
+def memory(params: int) -> dict[str, int]:
+    """The bytes ``params`` weights take in bfloat16 and float32."""
+    return {"bf16_bytes": params * 2, "fp32_bytes": params * 4}
+
+
+def _gib(n: int) -> str:
+    """Bytes for people (``models.loader.gib``): ``14.9 GiB``, ``2.3 MiB``."""
+    from ..models.loader import gib
+
+    return gib(n)
+
+
+def local_state(repo: str) -> tuple[str, Path | None, list[str]]:
+    """Whether ``repo`` is in the local Hugging Face cache: ("yes" | "partial" | "no", its snapshot folder or
+    None, the weight files it lacks). "partial": config.json is there but a weight file is not (an
+    interrupted download)."""
+    from ..models.loader import hub_snapshot, missing_weights
+
+    snap = hub_snapshot(repo)
+    if snap is None:
+        return "no", None, []
+    missing = missing_weights(snap)
+    return ("partial" if missing else "yes"), snap, missing
+
+
+def _embedded_row() -> dict:
+    """The row of the embedded model: its parameter count from its own config.json."""
+    from ..models.loader import embedded_dir
+    from ..models.registry import read_spec
+
+    path = embedded_dir()
+    spec, _ = read_spec(path)
+    try:
+        tasks = json.loads((path / "ecache_model.json").read_text()).get("trained_tasks") or []
+    except (OSError, ValueError, AttributeError):
+        tasks = []
+    kind = f"demo ({', '.join(tasks)})" if tasks else "demo"
+    return {"alias": "tiny", "repo": None, "family": spec.family, "kind": kind, "params": spec.n_params,
+            "active_params": spec.n_active_params, **memory(spec.n_params), "local": "embedded", "path": str(path)}
+
+
+def catalogue(check_local: bool = True) -> list[dict]:
+    """One dict per model: the embedded ``tiny``, then every alias in registry order, with ``alias``,
+    ``repo`` (None for tiny), ``family``, ``kind``, ``params``, ``active_params`` (= params for a dense
+    model), ``bf16_bytes``, ``fp32_bytes``, ``local`` ("embedded" | "yes" | "partial" | "no"; None
+    without ``check_local``) and ``path`` (the local snapshot, or None)."""
+    from ..models.registry import FAMILIES
+
+    rows = [_embedded_row()]
+    for fam in FAMILIES.values():
+        for name, info in fam.aliases.items():
+            state, snap = (local_state(info.repo)[:2] if check_local else (None, None))
+            rows.append({"alias": name, "repo": info.repo, "family": fam.name, "kind": info.kind,
+                         "params": info.params, "active_params": info.active or info.params, **memory(info.params),
+                         "local": state, "path": str(snap) if snap else None})
+    return rows
+
+
+def gib_cell(n: int) -> str:
+    """Bytes as GiB with one decimal (``14.9``), ``<0.1`` below a tenth (the embedded model's MiB)."""
+    return f"{n / 2**30:.1f}" if n >= 0.1 * 2**30 else "<0.1"
+
+
+def cells(row: dict) -> list[str]:
+    """A row's printed cells (model, family, kind, params, bf16 GiB, fp32 GiB), as the table and the
+    README show them."""
+    return [row["alias"], row["family"], row["kind"], params_text(row["params"], row["active_params"]),
+            gib_cell(row["bf16_bytes"]), gib_cell(row["fp32_bytes"])]
+
+
+HEADERS = ["model", "family", "kind", "params", "bf16", "fp32", "local"]
+SEP = 2  # spaces between two columns
+KIND_MIN = 6  # the narrowest the kind column gets before the model names fold
+
+
+def _widths(grid: list[list[str]], width: int) -> list[int]:
+    """Column widths for ``grid`` (header row first) within ``width`` characters: every column at its
+    widest cell when that fits; else kind wraps at words and the params column takes two lines
+    (``7.4B`` / ``(1.7B active)``), or one word a line, while kind keeps its longest word; narrower still,
+    kind folds inside words (down to :data:`KIND_MIN`), then the model names fold too."""
+    natural = [max(len(r[i]) for r in grid) for i in range(len(HEADERS))]
+    words = max(len(w) for r in grid for w in r[2].split())
+    room = width - SEP * (len(HEADERS) - 1) - sum(n for i, n in enumerate(natural) if i not in (2, 3))
+    p_two = max(len(part) for r in grid for part in r[3].replace(" (", "\n(").split("\n"))
+    p_min = max(len(w) for r in grid for w in r[3].split())
+    for params in (natural[3], p_two, p_min):
+        kind = room - params
+        if kind >= words:
+            break
+    out = list(natural)
+    out[3] = params
+    if kind >= words:
+        out[2] = min(kind, natural[2])
+    else:  # kind folds inside words, down to KIND_MIN; narrower still, the model names fold too
+        out[2] = max(kind, KIND_MIN)
+        out[0] = max(4, natural[0] - max(0, KIND_MIN - kind))
+    return out
+
+
+def table(rows: list[dict], width: int = 80):
+    """The table of ``ecache models`` for a terminal ``width`` columns wide (:func:`_widths`): :func:`cells`
+    and the local column, headers underlined, two spaces between columns."""
+    from rich import box
+    from rich.table import Table
+
+    grid = [HEADERS] + [[*cells(r), LOCAL_TEXT.get(r["local"], "?")] for r in rows]
+    widths = _widths(grid, width)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
+              caption="bf16, fp32: GiB the weights take; local: in the Hugging Face cache (part: a weight file is "
+                      "missing); ecache models show NAME: details; ecache models pull NAME: download",
+              caption_justify="left")
+    for header, w in zip(HEADERS, widths):
+        t.add_column(header, width=w, overflow="fold",
+                     justify="right" if header in ("params", "bf16", "fp32") else "left")
+    for r in grid[1:]:
+        if len(r[3]) > widths[3]:
+            r[3] = r[3].replace(" (", "\n(")  # 7.4B / (1.7B active)
+        t.add_row(*r)
+    return t
+
+
+def readme_table(rows: list[dict]) -> str:
+    """The README's "Supported models" table (Markdown) of ``rows``: alias, Hugging Face repository and
+    :func:`cells`' other columns; ``tests/test_models_cmd.py`` checks the README holds exactly this."""
+    lines = ["| alias | Hugging Face repository | family | kind | params | bf16 GiB | fp32 GiB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        alias, family, kind, params, bf16, fp32 = cells(r)
+        repo = r["repo"] or "embedded in the package (`ecache_cli/data/tiny`)"
+        lines.append(f"| `{alias}` | {repo} | {family} | {kind} | {params} | {bf16} | {fp32} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- one model: ecache models show NAME ---------------------------------------------------------------------
+
+
+def resolve(name: str) -> dict:
+    """What ``name`` is: ``{"name", "source": "embedded" | "alias" | "repo" | "folder", "repo", "family",
+    "alias": the registry's Alias or None, "path": a local checkpoint folder or None, "local", "missing"}``.
+    Raises UsageError for a name that is none of them (naming the models and ``ecache models``)."""
+    from ..models.loader import EMBEDDED, embedded_dir
+    from ..models.registry import ALIASES, alias
+
+    local = Path(name).expanduser()
+    known = name in EMBEDDED or name in ALIASES
+    if known and not (local.is_dir() and (local / "config.json").is_file()):
+        if name in EMBEDDED:
+            return {"name": name, "source": "embedded", "repo": None, "family": None, "alias": None,
+                    "path": embedded_dir(), "local": "embedded", "missing": []}
+        fam, info = alias(name)
+        state, snap, missing = local_state(info.repo)
+        return {"name": name, "source": "alias", "repo": info.repo, "family": fam, "alias": info, "path": snap,
+                "local": state, "missing": missing}
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{name}: no config.json, so it is not a checkpoint folder; pass a folder with "
+                                 "config.json, an alias or a Hugging Face repo id (`ecache models` lists them)")
+        return {"name": name, "source": "folder", "repo": None, "family": None, "alias": None, "path": local,
+                "local": "folder", "missing": []}
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
+        state, snap, missing = local_state(name)
+        return {"name": name, "source": "repo", "repo": name, "family": None, "alias": None, "path": snap,
+                "local": state, "missing": missing}
+    raise UsageError(f"{name!r} is neither a model ecache knows, a checkpoint folder nor a Hugging Face repo id "
+                     "(org/name); run `ecache models` for the known models")
+
+
+def _token_table(spec, vocab: dict[str, int]) -> dict:
+    """The special ids of ``spec`` with their token strings (None where the tokenizer is not at hand)."""
+    by_id = {i: t for t, i in vocab.items()}
+    ids = {"mask": spec.mask_id, "eos": spec.eos_id, "eot": spec.eot_id, "pad": spec.pad_id, "bos": spec.bos_id}
+    out = {k: {"id": i, "token": by_id.get(i)} for k, i in ids.items() if i is not None}
+    out["stop"] = [{"id": i, "token": by_id.get(i)} for i in spec.stop_ids]
+    return out
+
+
+def _template(tok) -> dict:
+    """Whether the tokenizer has a chat template, and its first non-blank line."""
+    tpl = getattr(tok, "chat_template", None) if tok is not None else None
+    if isinstance(tpl, dict):
+        tpl = tpl.get("default") or next(iter(tpl.values()), None)
+    elif isinstance(tpl, list):  # [{"name": ..., "template": ...}]
+        tpl = next((t.get("template") for t in tpl if isinstance(t, dict)), None)
+    if not isinstance(tpl, str) or not tpl.strip():
+        return {"present": False, "first_line": None}
+    return {"present": True, "first_line": next(ln.strip() for ln in tpl.splitlines() if ln.strip())}
+
+
+def config_summary(spec, cfg: dict) -> dict:
+    """The architecture facts ``ecache models show`` prints, from a checked spec and its raw config."""
+    out = {"layers": spec.n_layers, "hidden": spec.d_model, "heads": spec.n_heads, "kv_heads": spec.n_kv_heads,
+           "head_dim": spec.head_dim, "mlp_hidden": spec.mlp_hidden, "vocab_size": spec.vocab_size,
+           "max_positions": spec.max_positions, "logit_shift": spec.logit_shift, "sampler": spec.sampler,
+           "rope_theta": spec.rope_theta, "rotary_dim": spec.rotary_dim, "qk_norm": spec.qk_norm,
+           "tie_embeddings": spec.tie_embeddings, "torch_dtype": cfg.get("torch_dtype")}
+    if spec.n_experts:
+        out["experts"] = {"experts": spec.n_experts, "per_token": spec.experts_per_token,
+                          "expert_hidden": spec.expert_hidden, "shared_expert_hidden": spec.shared_expert_hidden,
+                          "moe_layers": sum(map(bool, spec.moe_layers))}
+    return out
+
+
+def _read_checkpoint(path: Path, notes: list[str]) -> tuple:
+    """(spec, raw config, tokenizer or None) of a local checkpoint folder; a tokenizer that does not load
+    is a note (the config still reads without it where the family allows). Raises ModelLoadError."""
+    from ..models.loader import load_tokenizer
+    from ..models.registry import read_spec
+
+    tok = None
+    try:
+        tok = load_tokenizer(path)
+    except ModelLoadError as e:
+        notes.append(f"no tokenizer, so no token strings or chat template ({e})")
+    spec, cfg = read_spec(path, tok.get_vocab() if tok is not None else None)
+    return spec, cfg, tok
+
+
+def default_profile(name: str) -> dict | None:
+    """The profile ``ecache generate --model NAME`` reads without --profile or --task (``default.yaml``, first
+    found in ./profiles, the user's folder, the package): path, whether ecache ships it, its decode and
+    cache settings; None when there is none."""
+    from ..config import canonical_model_name, find_mode_profile, load_profile, packaged_profiles_dir
+
+    found = find_mode_profile(canonical_model_name(name), "default", False)
+    if found is None:
+        return None
+    prof = load_profile(found)
+    try:
+        shipped = found.resolve().is_relative_to(packaged_profiles_dir())
+    except (OSError, ValueError):
+        shipped = False
+    return {"path": str(found), "shipped": shipped, "decode": prof.get("decode") or {},
+            "cache": prof.get("cache") or {}}
+
+
+def _sizes(info: dict, spec, path: Path | None, alias_info) -> None:
+    """Fill ``params``, ``active_params`` and the bf16 / fp32 bytes: from a complete local checkpoint's
+    safetensors headers (:func:`models.loader.weight_bytes`), else from its config or the registry."""
+    import torch
+
+    from ..models.loader import weight_bytes
+
+    if spec is not None:
+        params, active = spec.n_params, spec.n_active_params
+    elif alias_info is not None:
+        params, active = alias_info.params, alias_info.active or alias_info.params
+    else:
+        params = active = None
+    info.update(params=params, active_params=active, bf16_bytes=None, fp32_bytes=None)
+    if params is not None:
+        info.update(memory(params))
+    if spec is not None and path is not None and not info["missing"]:
+        info.update(bf16_bytes=weight_bytes(path, torch.bfloat16, spec),
+                    fp32_bytes=weight_bytes(path, torch.float32, spec))
+
+
+def describe(name: str) -> tuple[dict, list[str]]:
+    """Everything ``ecache models show NAME`` prints, as a JSON-ready dict, and the notes for stderr.
+
+    From a local checkpoint (the embedded model, a folder, a cached alias or repo): family, sizes, the
+    config summary, special tokens with their strings, the chat template; without one, what the registry
+    knows (repository, family, sizes) and ``get``, the command that fetches it. ``default_profile`` in
+    both cases. Raises UsageError for an unknown name, ModelLoadError for a folder that is no checkpoint.
+    """
+    from ..models.loader import _download_command
+    from ..models.registry import FAMILIES
+
+    where = resolve(name)
+    notes: list[str] = []
+    path = where["path"]
+    spec = cfg = tok = None
+    if path is not None and (Path(path) / "config.json").is_file():
+        spec, cfg, tok = _read_checkpoint(Path(path), notes)
+    fam = FAMILIES[spec.family] if spec is not None else where["family"]
+    info = {"name": name, "source": where["source"], "repo": where["repo"],
+            "family": fam.name if fam else None, "family_title": fam.title if fam else None,
+            "kind": where["alias"].kind if where["alias"] else None, "local": where["local"],
+            "path": str(path) if path is not None else None, "missing": where["missing"]}
+    _sizes(info, spec, path, where["alias"])
+    info["config"] = config_summary(spec, cfg) if spec is not None else None
+    info["tokens"] = _token_table(spec, tok.get_vocab() if tok is not None else {}) if spec is not None else None
+    info["chat_template"] = _template(tok) if spec is not None else None
+    info["default_profile"] = default_profile(name)
+    info["get"] = None
+    if where["local"] in ("no", "partial"):
+        info["get"] = {"ecache": f"ecache models pull {name}", "hub": f"{_download_command()} {where['repo']}"}
+    return info, notes
+
+
+def pull(name: str) -> tuple[Path, str]:
+    """Fetch ``name`` (an alias or a Hugging Face repo id) into the local hub cache; return its snapshot
+    folder and what happened: "embedded" (nothing to fetch), "cached" (already complete: no network) or
+    "downloaded". Raises UsageError for a folder or an unknown name, ModelLoadError (one line with the
+    command for a connected machine) when offline, unreachable or left incomplete."""
+    from ..models.loader import EMBEDDED, download, embedded_dir, missing_weights
+
+    if name in EMBEDDED:
+        return embedded_dir(), "embedded"
+    where = resolve(name)
+    if where["source"] == "folder":
+        raise UsageError(f"{name} is a local folder, nothing to fetch; `ecache models pull` takes an alias or a "
+                         "Hugging Face repo id (`ecache models` lists the aliases)")
+    if where["local"] == "yes":
+        return Path(where["path"]), "cached"
+    path = download(where["repo"], name)
+    missing = missing_weights(path)
+    if missing:
+        raise ModelLoadError(f"{where['repo']}: the download left {missing[0]} missing ({len(missing)} file(s)); "
+                             f"run `ecache models pull {name}` again")
+    return path, "downloaded"
+
+
+# --- rendering one model ----------------------------------------------------------------------------------------
+
+
+def _tokens_line(tokens: dict) -> str:
+    """``mask 126336 '<|mdm_mask|>' · eos 126081 '<|eot_id|>' · ...``."""
+    def one(k, t):
+        return f"{k} {t['id']}" + (f" {t['token']!r}" if t.get("token") is not None else "")
+
+    parts = [one(k, t) for k, t in tokens.items() if k != "stop"]
+    parts += [one("stop", t) for t in tokens.get("stop", [])]
+    return " · ".join(parts)
+
+
+def _architecture(c: dict) -> list[tuple[str, str]]:
+    """The config summary as (key, text) rows."""
+    rows = [("architecture", f"{c['layers']} layers, hidden {c['hidden']}, {c['heads']} heads / {c['kv_heads']} "
+                             f"kv heads of {c['head_dim']}, MLP {c['mlp_hidden']}")]
+    if c.get("experts"):
+        e = c["experts"]
+        shared = f", shared expert {e['shared_expert_hidden']}" if e["shared_expert_hidden"] else ""
+        rows.append(("experts", f"{e['experts']} in {e['moe_layers']} of {c['layers']} layers, {e['per_token']} per "
+                                f"token, hidden {e['expert_hidden']}{shared}"))
+    rope = f"theta {c['rope_theta']:g}" + (f", rotates {c['rotary_dim']} of {c['head_dim']} dims"
+                                           if c["rotary_dim"] not in (None, c["head_dim"]) else "")
+    rows += [("vocabulary", str(c["vocab_size"])), ("max positions", str(c["max_positions"])),
+             ("logit shift", f"{c['logit_shift']} (logits[i] predict token i{' + 1' if c['logit_shift'] else ''})"),
+             ("sampler", c["sampler"]),
+             ("rope", rope + (", q/k norm" if c["qk_norm"] else "")),
+             ("embeddings", "tied" if c["tie_embeddings"] else "separate LM head")]
+    return rows
+
+
+def _profile_rows(p: dict | None) -> list[tuple[str, str]]:
+    """The default profile: its path (and whether ecache ships it), then its decode and cache settings."""
+    if p is None:
+        return [("default profile", "none: ecache's built-in settings (`ecache calibrate` writes one)")]
+
+    def flat(d: dict) -> str:
+        return ", ".join(f"{k} {'null' if v is None else v}" for k, v in d.items()) or "-"
+
+    rows = [("default profile", p["path"] + (" (shipped with ecache)" if p["shipped"] else ""))]
+    rows.append(("  decode", flat(p["decode"])))
+    rows.append(("  cache", flat(p["cache"]) if p["cache"] else "ecache's default (entropy)"))
+    return rows
+
+
+def _local_text(info: dict) -> str:
+    """The local row: where the checkpoint is, or that it is (partly) missing and how to get it."""
+    get = info["get"]
+    if info["local"] == "no":
+        return f"not downloaded: run `{get['ecache']}` (or `{get['hub']}` on a connected machine)"
+    if info["local"] == "partial":
+        return (f"partly downloaded ({info['missing'][0]} missing): run `{get['ecache']}` (or `{get['hub']}` on a "
+                "connected machine)")
+    what = {"embedded": "embedded in the package", "folder": "checkpoint folder"}.get(info["local"],
+                                                                                      "in the Hugging Face cache")
+    return f"{what}: {info['path']}"
+
+
+#: How much of the chat template's first line ``show`` prints (``--json`` has all of it).
+TEMPLATE_SHOWN = 72
+
+
+def show_rows(info: dict) -> list[tuple[str, str]]:
+    """``ecache models show``'s (key, text) rows of :func:`describe`'s dict."""
+    rows = [("model", f"{info['name']} ({info['source']})")]
+    if info["family"]:
+        rows.append(("family", f"{info['family']}: {info['family_title']}"))
+    if info["repo"]:
+        rows.append(("repository", info["repo"]))
+    if info["kind"]:
+        rows.append(("kind", info["kind"]))
+    if info["params"] is not None:
+        rows.append(("parameters", params_text(info["params"], info["active_params"])))
+        rows.append(("weights", f"{_gib(info['bf16_bytes'])} in bfloat16, {_gib(info['fp32_bytes'])} in float32"))
+    rows.append(("local", _local_text(info)))
+    if info["config"]:
+        rows += _architecture(info["config"])
+    if info["tokens"]:
+        rows.append(("tokens", _tokens_line(info["tokens"])))
+    if info["chat_template"] is not None:
+        t = info["chat_template"]
+        line = t["first_line"] or ""
+        line = line if len(line) <= TEMPLATE_SHOWN else line[:TEMPLATE_SHOWN - 3] + "..."
+        rows.append(("chat template", f"yes, starting {line}" if t["present"] else "none"))
+    return rows + _profile_rows(info["default_profile"])
+
+
+def show_table(info: dict):
+    """The rich two-column grid of :func:`show_rows` (keys bold; values wrap at the terminal's width)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(overflow="fold")
+    for key, text in show_rows(info):
+        t.add_row(Text(key), Text(text))
+    return t

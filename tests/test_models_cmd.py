@@ -1,0 +1,474 @@
+"""Item 4 of issue 49: ``ecache models`` (list, ``show``, ``pull``) and the memory refusal.
+
+Nothing here reaches the network: every hub lookup runs against a private Hugging Face cache
+(``HF_HUB_CACHE`` under ``tmp_path``, ``HF_HUB_OFFLINE=1``), where a "downloaded" alias is a fake
+snapshot laid out as ``hf download`` leaves it; the free memory of the device is monkeypatched.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cli_helpers import one_line_error
+from conftest import SMALL
+
+from ecache_cli.errors import ModelLoadError
+from ecache_cli.models import loader
+from ecache_cli.models.loader import load_model, weight_bytes
+
+# --- memory refusal ------------------------------------------------------------------------------------------
+
+
+def _state_bytes(lm, size: int) -> int:
+    """The bytes of a loaded model's checkpoint tensors at ``size`` bytes an element (fused projections
+    count once: they are views of the same storage as the checkpoint's own tensors)."""
+    return sum(t.numel() for t in lm.model.state_dict().values()) * size
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])  # one file, and two shards + index
+def test_weight_bytes_are_the_checkpoints_tensors_in_the_load_dtype(family, request):
+    path = request.getfixturevalue(f"{family}_dir")
+    lm = request.getfixturevalue(f"{family}_lm")
+    assert weight_bytes(path, torch.float32) == _state_bytes(lm, 4)
+    assert weight_bytes(path, torch.bfloat16) == _state_bytes(lm, 2)
+
+
+def test_weight_bytes_fall_back_to_the_spec_for_an_unreadable_header(llada_dir, llada_lm, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(llada_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\xff" * 16)
+    assert weight_bytes(broken, torch.float32, llada_lm.spec) == llada_lm.spec.n_params * 4
+    assert weight_bytes(broken, torch.float32) == 0  # no spec: no figure (the load's own check reports the file)
+
+
+def _tight(monkeypatch, path, spare: int = -1) -> int:
+    """Make the device's free memory ``spare`` bytes more than ``path``'s float32 weights need; return the need."""
+    need = weight_bytes(path, torch.float32)
+    monkeypatch.setattr(loader, "free_memory", lambda device: need + spare)
+    return need
+
+
+def test_load_model_refuses_weights_that_do_not_fit_before_reading_any(llada_dir, monkeypatch):
+    need = _tight(monkeypatch, llada_dir)
+    read = []
+    real = loader.load_weights
+    monkeypatch.setattr(loader, "load_weights", lambda *a, **k: read.append(1) or real(*a, **k))
+    with pytest.raises(ModelLoadError) as e:
+        load_model(llada_dir, device="cpu", dtype="float32")
+    msg = str(e.value)
+    assert read == [] and "\n" not in msg
+    shown = loader._apart(need, need - 1)
+    assert f"needs {shown[0]}" in msg and f"has {shown[1]} free" in msg and "--force" in msg
+    assert "use --dtype bfloat16" in msg  # half the bytes fit
+    lm = load_model(llada_dir, device="cpu", dtype="float32", force=True)
+    assert read == [1] and lm.model is not None
+    assert load_model(llada_dir, device="cpu", dtype="bfloat16").dtype == torch.bfloat16  # bfloat16 fits
+
+
+def test_weights_that_just_fit_load(llada_dir, monkeypatch):
+    _tight(monkeypatch, llada_dir, spare=0)
+    assert load_model(llada_dir, device="cpu", dtype="float32").spec.family == "llada"
+
+
+def test_figures_that_round_alike_get_more_digits():
+    assert loader._apart(15 * 2**30, 14 * 2**30) == ("15.0 GiB", "14.0 GiB")
+    assert loader._apart(int(14.93 * 2**30), int(14.91 * 2**30)) == ("14.93 GiB", "14.91 GiB")
+    assert loader._apart(2**30 + 1, 2**30) == ("1,073,741,825 bytes", "1,073,741,824 bytes")
+
+
+def test_free_memory_reads_the_device():
+    import psutil
+
+    assert abs(loader.free_memory(torch.device("cpu")) - psutil.virtual_memory().available) < 2**30
+    assert loader.free_memory(torch.device("meta")) is None  # no figure: no refusal
+
+
+def test_an_unknown_free_memory_refuses_nothing(llada_dir, monkeypatch):
+    monkeypatch.setattr(loader, "free_memory", lambda device: None)
+    assert load_model(llada_dir, device="cpu", dtype="float32").spec.family == "llada"
+
+
+#: Each command that loads a model, with arguments that make it start (a prompt, a task, a free port).
+LOADING = {
+    "generate": ["generate", "Sort: 3 1", *SMALL],
+    "profile": ["profile", "Sort: 3 1", "--policies", "none", *SMALL],
+    "calibrate": ["calibrate", "--task", "list", "--limit", "2", "--gen-length", "16", "--block-length", "8",
+                  "--dry-run", "-q"],
+    "trace-drift": ["trace-drift", "Sort: 3 1", "--gen-length", "16", "--block-length", "8", "--no-chat", "-q"],
+    "serve": ["serve", "--port", "0", "-q"],
+}
+
+
+@pytest.mark.parametrize("command", list(LOADING))
+def test_every_loading_command_refuses_a_model_that_does_not_fit(cli, llada_dir, monkeypatch, command):
+    need = _tight(monkeypatch, llada_dir)
+    res = cli(*LOADING[command], "--model", llada_dir, "--device", "cpu", "--dtype", "float32")
+    shown = loader._apart(need, need - 1)
+    one_line_error(res, 1, f"needs {shown[0]} for its weights in float32", f"has {shown[1]} free", "--force")
+    assert res.stdout == ""
+
+
+def test_force_loads_a_model_that_does_not_fit(cli, llada_dir, monkeypatch):
+    _tight(monkeypatch, llada_dir)
+    res = cli(*LOADING["generate"], "--model", llada_dir, "--device", "cpu", "--dtype", "float32", "--force")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.strip()
+
+
+def test_lm_eval_model_args_refuse_and_force_alike(llada_dir, monkeypatch, profiles_dir):
+    pytest.importorskip("lm_eval")
+    from ecache_cli.evaluation.lm_eval_adapter import EcacheLM
+
+    _tight(monkeypatch, llada_dir)
+    args = f"model={llada_dir},device=cpu,dtype=float32"
+    with pytest.raises(ModelLoadError, match="--force"):
+        EcacheLM.create_from_arg_string(args)
+    assert EcacheLM.create_from_arg_string(args + ",force=true").lm.spec.family == "llada"
+
+
+# --- ecache models: the list ------------------------------------------------------------------------------------
+
+ZEROS = "0" * 40
+
+
+def hub_snapshot(cache, repo: str, src):
+    """Lay ``src`` out as the Hugging Face cache's snapshot of ``repo`` (what ``hf download`` leaves:
+    ``models--org--name/snapshots/<commit>/`` and ``refs/main``); the same layout as tests/test_families.py."""
+    import shutil
+
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snap = root / "snapshots" / ZEROS
+    shutil.copytree(src, snap)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(ZEROS)
+    return snap
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """An empty private Hugging Face cache (``HF_HUB_CACHE``), offline: no test reaches the network."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def _aliases() -> list[str]:
+    from ecache_cli.models.registry import FAMILIES
+
+    return ["tiny", *(a for fam in FAMILIES.values() for a in fam.aliases)]
+
+
+def _listing(cli, *args, columns: int = 80):
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    res = CliRunner().invoke(app, ["models", *args], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    return res
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_the_list_fits_the_terminal_and_names_every_model(cli, hub, columns):
+    out = _listing(cli, columns=columns).stdout
+    lines = out.splitlines()
+    assert max(len(ln) for ln in lines) <= columns, max(lines, key=len)
+    assert "…" not in out
+    firsts = [ln.split()[0] for ln in lines if ln.strip() and not ln.startswith(" ")]
+    if columns >= 80:  # every model name whole, on its own row, in registry order
+        names = [w for w in firsts if w in _aliases()]
+        assert names == _aliases()
+    for cell in ("8.0B", "14.9", "29.9", "7.4B", "(1.7B active)" if columns >= 80 else "(1.7B", "llada-moe" if
+                 columns >= 80 else "llada-mo"):
+        assert cell in out, (columns, cell)
+
+
+def test_the_list_as_json_has_one_object_per_model(cli, hub):
+    import json
+
+    rows = json.loads(_listing(cli, "--json").stdout)
+    assert [r["alias"] for r in rows] == _aliases()
+    by = {r["alias"]: r for r in rows}
+    assert by["tiny"]["local"] == "embedded" and by["tiny"]["repo"] is None
+    assert by["llada-8b"] == {"alias": "llada-8b", "repo": "GSAI-ML/LLaDA-8B-Instruct", "family": "llada",
+                              "kind": "Instruct", "params": 8_015_581_184, "active_params": 8_015_581_184,
+                              "bf16_bytes": 2 * 8_015_581_184, "fp32_bytes": 4 * 8_015_581_184, "local": "no",
+                              "path": None}
+    moe = by["llada-moe"]
+    assert moe["family"] == "llada-moe" and moe["active_params"] < moe["params"] / 3
+    assert by["diffucoder-7b"]["repo"] == "apple/DiffuCoder-7B-Instruct"
+
+
+def test_the_list_sees_the_local_cache_without_the_network(cli, hub, llada_dir, dream_dir, monkeypatch):
+    import json
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _no_network)
+    snap = hub_snapshot(hub, "GSAI-ML/LLaDA-8B-Base", llada_dir)
+    part = hub_snapshot(hub, "Dream-org/Dream-v0-Base-7B", dream_dir)
+    (part / "model-00002-of-00002.safetensors").unlink()  # an interrupted download
+    by = {r["alias"]: r for r in json.loads(_listing(cli, "--json").stdout)}
+    assert (by["llada-8b-base"]["local"], by["llada-8b-base"]["path"]) == ("yes", str(snap))
+    assert by["dream-7b-base"]["local"] == "partial" and by["llada-8b"]["local"] == "no"
+    rows = {ln.split()[0]: ln.split() for ln in _listing(cli, columns=120).stdout.splitlines() if ln.strip()}
+    assert rows["llada-8b-base"][-1] == "yes" and rows["dream-7b-base"][-1] == "part" and rows["llada-8b"][-1] == "no"
+
+
+def test_hf_home_places_the_cache_too(cli, tmp_path, llada_dir, monkeypatch):
+    import json
+
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_snapshot(tmp_path / "hf" / "hub", "GSAI-ML/LLaDA-1.5", llada_dir)
+    by = {r["alias"]: r for r in json.loads(_listing(cli, "--json").stdout)}
+    assert by["llada-1.5"]["local"] == "yes"
+
+
+def _no_network(*args, **kwargs):
+    raise AssertionError(f"the network was asked for: snapshot_download{args}")
+
+
+# --- README: the table is the list's ----------------------------------------------------------------------------
+
+
+def test_the_readme_table_is_what_ecache_models_reports(cli, hub):
+    """README.md's "Supported models" table equals the rows ``ecache models --json`` reports, in the cells
+    the list prints (``runs/models.readme_table``); on a mismatch the message holds the table to paste."""
+    import json
+    import re
+
+    from conftest import REPO
+
+    from ecache_cli.runs.models import readme_table
+
+    rows = json.loads(_listing(cli, "--json").stdout)
+    want = readme_table(rows)
+    text = (REPO / "README.md").read_text()
+    m = re.search(r"^\| alias \| Hugging Face repository \|.*?\n(?:\|.*\n)+", text, flags=re.M)
+    assert m, "README.md has no Supported models table"
+    assert m.group(0) == want, "README.md's Supported models table is stale; paste this:\n" + want
+    tiny = next(ln for ln in want.splitlines() if ln.startswith("| `tiny`"))
+    assert "| llada | demo (arith, code, list) | 1.2M | <0.1 | <0.1 |" in tiny
+
+
+# --- ecache models show -----------------------------------------------------------------------------------------
+
+
+def _show(cli, *args, code: int = 0, columns: int = 1000):
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    res = CliRunner().invoke(app, ["models", "show", *map(str, args)], env={"COLUMNS": str(columns)})
+    assert res.exit_code == code, res.output
+    return res
+
+
+def _fields(text: str) -> dict[str, str]:
+    """The ``key  value`` rows of ``show``'s output (printed wide enough for one line each)."""
+    import re
+
+    out = {}
+    for ln in text.splitlines():
+        m = re.match(r"^(\S.*?|  \S.*?)  +(\S.*)$", ln)
+        if m:
+            out[m.group(1).strip()] = m.group(2).rstrip()
+    return out
+
+
+def test_show_the_embedded_model(cli, hub):
+    f = _fields(_show(cli, "tiny").stdout)
+    assert f["model"] == "tiny (embedded)" and f["family"].startswith("llada: LLaDA")
+    assert f["parameters"] == "1.2M" and f["weights"] == "2.3 MiB in bfloat16, 4.7 MiB in float32"
+    assert f["architecture"] == "4 layers, hidden 128, 4 heads / 4 kv heads of 32, MLP 384"
+    assert f["vocabulary"] == "1472" and f["max positions"] == "4096" and f["sampler"] == "llada"
+    assert f["logit shift"].startswith("0 ")
+    assert "mask 2 '<|mdm_mask|>'" in f["tokens"] and "eos 1 '<|endoftext|>'" in f["tokens"]
+    assert f["chat template"].startswith("yes, starting {%")
+    assert f["default profile"].endswith("profiles/tiny/default.yaml (shipped with ecache)")
+    assert "policy entropy" in f["cache"] and "gen_length 256" in f["decode"]
+    assert "repository" not in f
+
+
+def test_show_an_alias_not_downloaded_says_how_to_get_it(cli, hub):
+    res = _show(cli, "llada-moe")
+    f = _fields(res.stdout)
+    assert f["repository"] == "inclusionAI/LLaDA-MoE-7B-A1B-Instruct" and f["parameters"] == "7.4B (1.7B active)"
+    assert f["weights"] == "13.7 GiB in bfloat16, 27.4 GiB in float32" and f["family"].startswith("llada-moe: ")
+    local = [ln for ln in res.stdout.splitlines() if "not downloaded" in ln]
+    assert local == [
+        "local            not downloaded: run `ecache models pull llada-moe` (or `hf download "
+        "inclusionAI/LLaDA-MoE-7B-A1B-Instruct` on a connected machine)"]
+    assert "architecture" not in f and "tokens" not in f
+    assert f["default profile"].startswith("none")
+
+
+def test_show_an_alias_with_a_shipped_profile(cli, hub):
+    f = _fields(_show(cli, "diffucoder-7b").stdout)
+    assert f["default profile"].endswith("profiles/diffucoder-7b/default.yaml (shipped with ecache)")
+    assert "temperature 0.4" in f["decode"] and "top_p 0.95" in f["decode"] and "remasking entropy" in f["decode"]
+
+
+def test_show_a_downloaded_alias_reads_its_checkpoint(cli, hub, moe_dir):
+    snap = hub_snapshot(hub, "inclusionAI/LLaDA-MoE-7B-A1B-Base", moe_dir)
+    res = _show(cli, "llada-moe-base")
+    f = _fields(res.stdout)
+    assert f["local"] == f"in the Hugging Face cache: {snap}"
+    assert f["experts"].startswith("8 in 2 of 2 layers, 2 per token")
+    assert f["kind"] == "Base" and "mask" in f["tokens"] and "'" in f["tokens"]  # token strings from the tokenizer
+    spec_params = json_show(cli, "llada-moe-base")
+    assert spec_params["params"] < 10**7 and spec_params["config"]["experts"]["experts"] == 8
+    assert spec_params["bf16_bytes"] == weight_bytes(snap, torch.bfloat16)
+
+
+def json_show(cli, name):
+    import json
+
+    return json.loads(_show(cli, name, "--json").stdout)
+
+
+@pytest.mark.parametrize("family,shift", [("llada", "0"), ("dream", "1")])
+def test_show_a_checkpoint_folder(cli, hub, request, family, shift):
+    path = request.getfixturevalue(f"{family}_dir")
+    info = json_show(cli, path)
+    assert info["source"] == "folder" and info["family"] == family and info["path"] == str(path)
+    assert info["config"]["logit_shift"] == int(shift) and info["tokens"]["mask"]["token"]
+    assert info["fp32_bytes"] == weight_bytes(path, torch.float32) and info["get"] is None
+    f = _fields(_show(cli, path).stdout)
+    assert f["logit shift"].startswith(shift) and f["local"] == f"checkpoint folder: {path}"
+
+
+def test_show_a_partly_downloaded_alias(cli, hub, dream_dir):
+    snap = hub_snapshot(hub, "Dream-org/Dream-v0-Instruct-7B", dream_dir)
+    (snap / "model-00001-of-00002.safetensors").unlink()
+    f = _fields(_show(cli, "dream-7b").stdout)
+    assert f["local"].startswith("partly downloaded (model-00001-of-00002.safetensors missing): run "
+                                 "`ecache models pull dream-7b`")
+    assert f["architecture"].startswith("2 layers")  # the config is there
+
+
+def test_show_rejects_what_is_no_model(cli, hub, tmp_path):
+    one_line_error(_show(cli, "nosuch", code=2), 2, "'nosuch'", "ecache models")
+    (tmp_path / "empty").mkdir()
+    one_line_error(_show(cli, tmp_path / "empty", code=1), 1, "no config.json", str(tmp_path / "empty"))
+
+
+# --- ecache models pull -----------------------------------------------------------------------------------------
+
+
+def _pull(cli, name, code):
+    res = cli("models", "pull", name)
+    assert res.exit_code == code, res.output
+    return res
+
+
+def test_pull_offline_says_so_and_gives_the_command(cli, hub):
+    res = _pull(cli, "llada-8b", 1)
+    one_line_error(res, 1, "HF_HUB_OFFLINE is set", "`hf download GSAI-ML/LLaDA-8B-Instruct`", "connected machine")
+    assert res.stdout == "" and not any(hub.iterdir())
+
+
+def test_pull_with_the_hub_unreachable_says_so(cli, hub, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Failed to resolve 'huggingface.co'\nmore")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    res = _pull(cli, "dream-coder-7b", 1)
+    one_line_error(res, 1, "the download failed (ConnectionError: Failed to resolve 'huggingface.co')",
+                   "`hf download Dream-org/Dream-Coder-v0-Instruct-7B`")
+
+
+def test_pull_of_a_cached_alias_touches_no_network(cli, hub, llada_dir, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", _no_network)
+    snap = hub_snapshot(hub, "GSAI-ML/LLaDA-8B-Instruct", llada_dir)
+    res = _pull(cli, "llada-8b-instruct", 0)
+    assert res.stdout == f"{snap}\n" and "already in the Hugging Face cache" in res.stderr
+
+
+def test_pull_downloads_with_the_loaders_patterns(cli, hub, llada_dir, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    calls = []
+
+    def fake(repo, **kwargs):
+        calls.append((repo, kwargs))
+        return str(hub_snapshot(hub, repo, llada_dir))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    res = _pull(cli, "llada-1.5", 0)
+    ((repo, kwargs),) = calls
+    assert repo == "GSAI-ML/LLaDA-1.5" and kwargs["allow_patterns"] == loader.HUB_PATTERNS
+    assert kwargs["cache_dir"] == hub and not kwargs.get("local_files_only")
+    assert res.stdout.strip().endswith(f"snapshots/{ZEROS}") and "downloaded llada-1.5" in res.stderr
+    assert _pull(cli, "llada-1.5", 0).stderr.count("already in the Hugging Face cache") == 1  # now cached
+
+
+def test_pull_that_leaves_a_shard_missing_fails(cli, hub, dream_dir, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def partial(repo, **kwargs):
+        snap = hub_snapshot(hub, repo, dream_dir)
+        (snap / "model-00002-of-00002.safetensors").unlink()
+        return str(snap)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", partial)
+    one_line_error(_pull(cli, "dream-7b-base", 1), 1, "model-00002-of-00002.safetensors missing",
+                   "ecache models pull dream-7b-base")
+
+
+def test_pull_of_tiny_a_folder_or_nothing(cli, hub, llada_dir):
+    res = _pull(cli, "tiny", 0)
+    assert res.stdout.strip().endswith("data/tiny") and "embedded in the package" in res.stderr
+    one_line_error(_pull(cli, str(llada_dir), 2), 2, "is a local folder", "alias")
+    one_line_error(_pull(cli, "nosuch", 2), 2, "'nosuch'", "ecache models")
+
+
+# --- the command group ------------------------------------------------------------------------------------------
+
+
+def test_models_usage_errors_are_one_line(cli, hub):
+    one_line_error(cli("models", "nosuch"), 2, "nosuch", "ecache models --help")
+    one_line_error(cli("models", "--json", "show", "tiny"), 2, "--json goes after the subcommand")
+    one_line_error(cli("models", "show"), 2, "missing argument 'NAME'", "ecache models show --help")
+
+
+@pytest.mark.parametrize("args", [["models"], ["models", "show"], ["models", "pull"]])
+def test_models_help_fits_80_columns(args):
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    res = CliRunner().invoke(app, [*args, "-h"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert max(len(ln) for ln in res.stdout.splitlines()) <= 80 and "…" not in res.stdout
+    if args == ["models"]:
+        assert "show" in res.stdout and "pull" in res.stdout and "--json" in res.stdout
+
+
+def test_a_repo_id_is_shown_and_pulled_like_an_alias(cli, hub, llada_dir):
+    info = json_show(cli, "someone/llada-finetune")
+    assert (info["source"], info["local"], info["family"], info["params"]) == ("repo", "no", None, None)
+    assert info["get"] == {"ecache": "ecache models pull someone/llada-finetune",
+                           "hub": "hf download someone/llada-finetune"}
+    one_line_error(_pull(cli, "someone/llada-finetune", 1), 1, "HF_HUB_OFFLINE is set",
+                   "`hf download someone/llada-finetune`")
+    snap = hub_snapshot(hub, "someone/llada-finetune", llada_dir)
+    info = json_show(cli, "someone/llada-finetune")
+    assert (info["local"], info["family"], info["path"]) == ("yes", "llada", str(snap))
+    assert _pull(cli, "someone/llada-finetune", 0).stdout == f"{snap}\n"
