@@ -106,10 +106,10 @@ class DreamFamily(Family):
         "dream-7b": Alias("Dream-org/Dream-v0-Instruct-7B", DREAM_7B, "Instruct"),
         "dream-7b-instruct": Alias("Dream-org/Dream-v0-Instruct-7B", DREAM_7B, "Instruct"),
         "dream-7b-base": Alias("Dream-org/Dream-v0-Base-7B", DREAM_7B, "Base"),
-        "diffucoder-7b": Alias("apple/DiffuCoder-7B-Instruct", DREAM_7B, "code, Instruct"),
-        "diffucoder-7b-base": Alias("apple/DiffuCoder-7B-Base", DREAM_7B, "code, Base"),
-        "diffucoder-7b-cpgrpo": Alias("apple/DiffuCoder-7B-cpGRPO", DREAM_7B, "code, Instruct + coupled-GRPO"),
-        "dream-coder-7b": Alias("Dream-org/Dream-Coder-v0-Instruct-7B", DREAM_7B, "code, Instruct"),
+        "diffucoder-7b": Alias("apple/DiffuCoder-7B-Instruct", DREAM_7B, "code"),
+        "diffucoder-7b-base": Alias("apple/DiffuCoder-7B-Base", DREAM_7B, "code base"),
+        "diffucoder-7b-cpgrpo": Alias("apple/DiffuCoder-7B-cpGRPO", DREAM_7B, "code cpGRPO"),
+        "dream-coder-7b": Alias("Dream-org/Dream-Coder-v0-Instruct-7B", DREAM_7B, "code"),
     }
     eot_token = "<|im_end|>"
     stop_tokens = ("<|dlm_pad|>",)

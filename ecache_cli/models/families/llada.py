@@ -92,7 +92,7 @@ class LLaDAFamily(Family):
         "llada-8b": Alias("GSAI-ML/LLaDA-8B-Instruct", 8_015_581_184, "Instruct"),
         "llada-8b-instruct": Alias("GSAI-ML/LLaDA-8B-Instruct", 8_015_581_184, "Instruct"),
         "llada-8b-base": Alias("GSAI-ML/LLaDA-8B-Base", 8_015_581_184, "Base"),
-        "llada-1.5": Alias("GSAI-ML/LLaDA-1.5", 8_015_581_184, "Instruct (VRPO)"),
+        "llada-1.5": Alias("GSAI-ML/LLaDA-1.5", 8_015_581_184, "VRPO"),
     }
     eot_token = "<|eot_id|>"
     fixture_specials = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|start_header_id|>",
