@@ -23,14 +23,13 @@ each architecture, not a policy's accuracy. Prints the tables and a last stdout 
 from __future__ import annotations
 
 import argparse
-import random
-import string
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from gpu_speed import prompt_text  # the same word-like prompts (this folder is on sys.path)
 
 # tiny: the embedded model's scale (d 128, 4 layers, dense width 384 = 4 experts x 96 active);
 # 1b: about 1.0B parameters, 0.33B active (16 x (4 d^2 + 32 x 3 d e) + 2 x vocab x d, d 1024, e 512, k 4)
@@ -52,15 +51,6 @@ def checkpoint(out: Path, size: dict, moe: bool, scale: float, dtype: torch.dtyp
         num_attention_heads=size["n_heads"], num_key_value_heads=size["n_kv_heads"], vocab_size=size["vocab_size"],
         num_experts=size["experts"], num_experts_per_tok=size["top_k"], expert_intermediate_size=size["expert_hidden"],
         dense_intermediate_size=size["top_k"] * size["expert_hidden"], moe_layer_freq=[1 if moe else 0] * L)
-
-
-def prompt_text(n: int, seed: int) -> str:
-    """``n`` characters of word-like text (the character tokenizer makes it ``n`` tokens)."""
-    rng = random.Random(seed)
-    words = []
-    while sum(len(w) + 1 for w in words) < n:
-        words.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 8))))
-    return " ".join(words)[:n]
 
 
 def expert_share(lm, prompt: str, block: int, repeats: int = 3) -> dict:

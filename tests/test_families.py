@@ -216,10 +216,11 @@ def test_a_partial_forward_routes_only_the_positions_it_computes(moe_lm):
 
 
 def test_grouped_experts_equal_a_loop_over_tokens():
-    from ecache_cli.models.moe import SwiGLUExpert, run_experts
+    from ecache_cli.models.layers import SwiGLU
+    from ecache_cli.models.moe import run_experts
 
     g = torch.Generator().manual_seed(0)
-    experts = torch.nn.ModuleList(SwiGLUExpert(16, 8) for _ in range(5))
+    experts = torch.nn.ModuleList(SwiGLU(16, 8) for _ in range(5))
     for p in experts.parameters():
         p.data = torch.randn(p.shape, generator=g)
     x = torch.randn(7, 16, generator=g)

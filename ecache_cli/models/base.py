@@ -20,7 +20,7 @@ from torch.nn.modules import module as nn_module
 from ..contract.hooks import ForwardHooks, LayerView, Shrink
 from ..contract.rows import padded_index
 from ..kvstore import KVStore
-from .layers import apply_rope, attend, fuse_rows, gather_rows, rope_tables, swiglu, swiglu_fused
+from .layers import RMSNorm, apply_rope, attend, fuse_rows, gather_rows, rope_tables, swiglu, swiglu_fused
 from .spec import ModelSpec
 
 
@@ -409,6 +409,43 @@ class DiffusionLM(nn.Module):
         return inv.gather(1, logits_pos)
 
 
+
+
+class _Decoder(nn.Module):
+    def __init__(self, s: ModelSpec, layer: Callable[[ModelSpec, int], nn.Module]):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(s.vocab_size, s.d_model)
+        self.layers = nn.ModuleList(layer(s, i) for i in range(s.n_layers))
+        self.norm = RMSNorm(s.d_model, s.rms_eps)
+
+
+class DecoderLayout(DiffusionLM):
+    """A :class:`DiffusionLM` in the Hugging Face decoder layout most families share: ``model.embed_tokens``,
+    ``model.layers[i]`` (``layer_class(spec, i)``, each with a ``parts`` :class:`BlockParts`), ``model.norm``
+    (RMSNorm), and ``lm_head`` unless the embeddings are tied. A subclass sets ``layer_class``."""
+
+    layer_class: Callable[[ModelSpec, int], nn.Module]
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.model = _Decoder(spec, type(self).layer_class)
+        if not spec.tie_embeddings:
+            self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+
+    def parts(self, i: int) -> BlockParts:
+        return self.model.layers[i].parts
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.norm(h)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "lm_head"):
+            return self.lm_head(h)
+        return h @ self.model.embed_tokens.weight.T
 
 class _Loop:
     """The layer loop's moving state: the residual stream ``x`` of the computed positions ``idx`` ((B, S)

@@ -114,3 +114,28 @@ def fuse_rows(params: list[nn.Parameter]) -> torch.Tensor:
         t.data = whole[start:start + t.shape[0]]
         start += t.shape[0]
     return whole
+
+
+class SwiGLU(nn.Module):
+    """A SwiGLU feed-forward, ``down(silu(gate(x)) * up(x))``, under the Hugging Face names ``gate_proj``,
+    ``up_proj``, ``down_proj`` (no biases); x (..., d) -> (..., d). A dense layer's MLP (its projections
+    are then the layer's ``BlockParts`` roles) or one expert of a mixture (``models/moe.py``)."""
+
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+        self.gate_up: torch.Tensor | None = None  # (2*hidden, d) after fuse()
+
+    def fuse(self) -> None:
+        """Lay gate's and up's weights out as one matrix (one matmul for both branches); see
+        ``DiffusionLM.fuse_projections``."""
+        self.gate_up = fuse_rows([self.gate_proj.weight, self.up_proj.weight])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None and self.gate_proj.weight.data_ptr() == self.gate_up.data_ptr():
+            a, b = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        else:
+            a, b = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(a) * b)

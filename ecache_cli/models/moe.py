@@ -15,31 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import fuse_rows
-
-
-class SwiGLUExpert(nn.Module):
-    """One expert: ``down(silu(gate(x)) * up(x))`` under the official names ``gate_proj``, ``up_proj``,
-    ``down_proj`` (no biases); x (n, d) -> (n, d)."""
-
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-        self.gate_up: torch.Tensor | None = None  # (2*hidden, d) after fuse()
-
-    def fuse(self) -> None:
-        """Lay gate's and up's weights out as one matrix (one matmul for both branches); see
-        ``DiffusionLM.fuse_projections``."""
-        self.gate_up = fuse_rows([self.gate_proj.weight, self.up_proj.weight])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None and self.gate_proj.weight.data_ptr() == self.gate_up.data_ptr():
-            a, b = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        else:
-            a, b = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(a) * b)
+from .layers import SwiGLU, fuse_rows
 
 
 def stack_rows(params: list[nn.Parameter]) -> torch.Tensor:
@@ -63,7 +39,7 @@ def run_experts(x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, expert
 
     Args:
         x: (N, d) the tokens' normed inputs. idx: (N, k) long expert ids. weight: (N, k) in x's dtype.
-        experts: the E :class:`SwiGLUExpert` modules. stacked: their weights as (gate_up (E, 2M, d),
+        experts: the E :class:`SwiGLU` modules. stacked: their weights as (gate_up (E, 2M, d),
             down (E, d, M)) (:meth:`SparseMoE.fuse`), or None.
     Returns:
         (N, d) in x's dtype. With ``stacked`` (and :func:`grouped_ok`) two grouped matmuls over the
@@ -105,7 +81,7 @@ class SparseMoE(nn.Module):
     """A mixture-of-experts feed-forward: ``route`` (the family's router) picks each token's experts and
     weights, :func:`run_experts` computes them.
 
-    Subclasses set ``experts`` (an ``nn.ModuleList`` of :class:`SwiGLUExpert`) and implement
+    Subclasses set ``experts`` (an ``nn.ModuleList`` of :class:`SwiGLU`) and implement
     :meth:`route`. ``routes``: set it to a list to record each forward's (N, k) expert ids (``trace-drift``
     and ``profile`` compare a cached forward's routing with a full one's); None records nothing.
     """
@@ -149,7 +125,7 @@ class WithShared(nn.Module):
     checkpoint keeps the shared expert beside the MoE block (the two stay registered where the family
     declares them; this module only calls them)."""
 
-    def __init__(self, routed: SparseMoE, shared: SwiGLUExpert):
+    def __init__(self, routed: SparseMoE, shared: SwiGLU):
         super().__init__()
         self.routed, self.shared = routed, shared
 

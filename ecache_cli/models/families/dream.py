@@ -13,12 +13,11 @@ its answers with ``<|dlm_pad|>``, a stop id wherever the tokenizer has it.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from ..base import BlockParts, DiffusionLM
+from ..base import BlockParts, DecoderLayout
 from ..family import Alias, Family
-from ..layers import RMSNorm
+from ..layers import RMSNorm, SwiGLU
 from ..spec import ConfigReader, ModelSpec
 
 #: Qwen2.5's ChatML with Dream's default system prompt, for the tiny checkpoint.
@@ -42,59 +41,24 @@ class _Attn(nn.Module):
         self.o_proj = nn.Linear(s.n_heads * hd, d, bias=False)
 
 
-class _MLP(nn.Module):
-    def __init__(self, s: ModelSpec):
-        super().__init__()
-        self.gate_proj = nn.Linear(s.d_model, s.mlp_hidden, bias=False)
-        self.up_proj = nn.Linear(s.d_model, s.mlp_hidden, bias=False)
-        self.down_proj = nn.Linear(s.mlp_hidden, s.d_model, bias=False)
-
-
 class DreamLayer(nn.Module):
     """One DreamDecoderLayer's parameters (official names)."""
 
-    def __init__(self, s: ModelSpec):
+    def __init__(self, s: ModelSpec, i: int):
         super().__init__()
         self.input_layernorm = RMSNorm(s.d_model, s.rms_eps)
         self.self_attn = _Attn(s)
         self.post_attention_layernorm = RMSNorm(s.d_model, s.rms_eps)
-        self.mlp = _MLP(s)
+        self.mlp = SwiGLU(s.d_model, s.mlp_hidden)
         a, m = self.self_attn, self.mlp
         self.parts = BlockParts(self.input_layernorm, a.q_proj, a.k_proj, a.v_proj, a.o_proj,
                                 self.post_attention_layernorm, m.gate_proj, m.up_proj, m.down_proj)
 
 
-class _DreamBase(nn.Module):
-    def __init__(self, s: ModelSpec):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(s.vocab_size, s.d_model)
-        self.layers = nn.ModuleList(DreamLayer(s) for _ in range(s.n_layers))
-        self.norm = RMSNorm(s.d_model, s.rms_eps)
-
-
-class Dream(DiffusionLM):
+class Dream(DecoderLayout):
     """DreamModel equivalent; see :class:`DiffusionLM.forward` for the forward API."""
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.spec = spec
-        self.model = _DreamBase(spec)
-        if not spec.tie_embeddings:
-            self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
-
-    def parts(self, i: int) -> BlockParts:
-        return self.model.layers[i].parts
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(ids)
-
-    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.norm(h)
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "lm_head"):
-            return self.lm_head(h)
-        return h @ self.model.embed_tokens.weight.T
+    layer_class = DreamLayer
 
 
 class DreamFamily(Family):

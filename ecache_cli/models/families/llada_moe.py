@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import BlockParts, DiffusionLM
+from ..base import BlockParts, DecoderLayout
 from ..family import Alias, Family
-from ..layers import RMSNorm
-from ..moe import SparseMoE, SwiGLUExpert, WithShared
+from ..layers import RMSNorm, SwiGLU
+from ..moe import SparseMoE, WithShared
 from ..spec import ConfigReader, ModelSpec
 
 MASK_ID, EOS_ID = 156895, 156892  # the official ids (dInfer's benchmarks, the model card's generate call)
@@ -55,7 +55,7 @@ class LLaDAMoESparseBlock(SparseMoE):
         super().__init__()
         self.top_k = s.experts_per_token
         self.gate = nn.Linear(s.d_model, s.n_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLUExpert(s.d_model, s.expert_hidden) for _ in range(s.n_experts))
+        self.experts = nn.ModuleList(SwiGLU(s.d_model, s.expert_hidden) for _ in range(s.n_experts))
         if s.expert_bias:
             self.register_buffer("expert_bias", torch.zeros(s.n_experts))
         else:
@@ -69,14 +69,6 @@ class LLaDAMoESparseBlock(SparseMoE):
             p = p + self.expert_bias
         weight, idx = torch.topk(p, self.top_k, dim=-1)
         return idx, weight.to(x.dtype)
-
-
-class _DenseMLP(nn.Module):
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
 
 
 class _Attn(nn.Module):
@@ -105,47 +97,20 @@ class LLaDAMoELayer(nn.Module):
             self.mlp = LLaDAMoESparseBlock(s)
             moe = self.mlp
             if s.shared_expert_hidden:
-                self.shared_expert = SwiGLUExpert(s.d_model, s.shared_expert_hidden)
+                self.shared_expert = SwiGLU(s.d_model, s.shared_expert_hidden)
                 moe = WithShared(self.mlp, self.shared_expert)
             self.parts = BlockParts(self.input_layernorm, a.q_proj, a.k_proj, a.v_proj, a.o_proj,
                                     self.post_attention_layernorm, moe=moe, **norms)
         else:
-            self.mlp = m = _DenseMLP(s.d_model, s.mlp_hidden)
+            self.mlp = m = SwiGLU(s.d_model, s.mlp_hidden)
             self.parts = BlockParts(self.input_layernorm, a.q_proj, a.k_proj, a.v_proj, a.o_proj,
                                     self.post_attention_layernorm, m.gate_proj, m.up_proj, m.down_proj, **norms)
 
 
-class _LLaDAMoEBase(nn.Module):
-    def __init__(self, s: ModelSpec):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(s.vocab_size, s.d_model)
-        self.layers = nn.ModuleList(LLaDAMoELayer(s, i) for i in range(s.n_layers))
-        self.norm = RMSNorm(s.d_model, s.rms_eps)
-
-
-class LLaDAMoE(DiffusionLM):
+class LLaDAMoE(DecoderLayout):
     """``LLaDAMoEModelLM`` equivalent; see :class:`DiffusionLM.forward` for the forward API."""
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
-        self.spec = spec
-        self.model = _LLaDAMoEBase(spec)
-        if not spec.tie_embeddings:
-            self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
-
-    def parts(self, i: int) -> BlockParts:
-        return self.model.layers[i].parts
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(ids)
-
-    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.norm(h)
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "lm_head"):
-            return self.lm_head(h)
-        return h @ self.model.embed_tokens.weight.T
+    layer_class = LLaDAMoELayer
 
 
 class LLaDAMoEFamily(Family):
