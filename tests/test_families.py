@@ -390,7 +390,8 @@ def fastdllm_reference(lm, prompt: list[int], gen_length: int, block_length: int
     with torch.inference_mode():
         for b in range(n_blocks):
             start, end = P + b * block_length, P + (b + 1) * block_length
-            schedule = [block_length // per_block + (1 if t < block_length % per_block else 0) for t in range(per_block)]
+            q, r = divmod(block_length, per_block)
+            schedule = [q + (1 if t < r else 0) for t in range(per_block)]
             store = model.new_store(torch.ones_like(x, dtype=torch.bool))
             t = 0
             while bool((x[0, start:end] == spec.mask_id).any()):
