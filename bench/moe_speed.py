@@ -9,7 +9,8 @@ parameters a token uses). Each is decoded with ``none``, ``dual`` and ``entropy`
 token per step, and the table gives tokens/s, the speedup over ``none`` of the same model, the work share
 (positions × layers computed over ``none``'s) and the fidelity (token agreement with ``none``). Then the
 share of a step spent in the experts (router, grouped experts, weighted sum: the MoE modules' time, by
-forward hooks) for a full forward and for a partial forward of one block, on the MoE checkpoint.
+forward hooks) for a full forward and for a partial forward of one block, and the partial forward's cost
+as a share of the full one's (on the dense twin too, for comparison).
 
 Random weights: the outputs are meaningless and EntropyCache's refresh rate depends on how peaked the
 random distributions are (``--scale``), so the table measures the cost of full and partial forwards on
@@ -146,13 +147,11 @@ def main(argv=None) -> int:
                  "policies": {p: {k: s.get(k) for k in ("tokens_per_s", "speedup_vs_none", "work_share_vs_none",
                                                         "fidelity_token_agreement", "fidelity_identical_share")}
                               for p, s in rep.summaries.items()}}
-        if kind == "moe":
-            entry["step"] = expert_share(lm, requests[0].prompt, args.block_length)
-            s = entry["step"]
-            con.print(f"experts' share of a step (moe): full forward over {s['full']['positions']} positions "
-                      f"{s['full']['ms']:.1f} ms, {s['full']['expert_pct']:.1f}% in the MoE blocks; partial forward "
-                      f"over {s['partial']['positions']} positions {s['partial']['ms']:.1f} ms, "
-                      f"{s['partial']['expert_pct']:.1f}% in the MoE blocks")
+        entry["step"] = s = expert_share(lm, requests[0].prompt, args.block_length)
+        con.print(f"a step ({kind}): full forward over {s['full']['positions']} positions {s['full']['ms']:.1f} ms, "
+                  f"{s['full']['expert_pct']:.1f}% in the MoE blocks; partial forward over {s['partial']['positions']} "
+                  f"positions {s['partial']['ms']:.1f} ms ({100 * s['partial']['ms'] / s['full']['ms']:.0f}% of the "
+                  f"full one), {s['partial']['expert_pct']:.1f}% in the MoE blocks")
         doc["models"][kind] = entry
         del lm
     moe, dense = doc["models"]["moe"]["policies"], doc["models"]["dense"]["policies"]
