@@ -253,12 +253,20 @@ def test_a_dense_layer_and_a_shared_expert_load_and_count(tmp_path):
     """``moe_layer_freq`` 0 makes a layer dense (``mlp.{gate,up,down}_proj``), a shared expert sits beside
     ``mlp``; both load under their official names and change the output."""
     d = write_random_checkpoint(tmp_path / "m", "llada-moe", seed=2, scale=4.0, moe_layer_freq=[0, 1],
-                                shared_expert_intermediate_size=24)
+                                shared_expert_intermediate_size=24, moe_router_enable_expert_bias=True)
     lm = load_model(d, device="cpu", dtype="float32")
     names = set(lm.model.state_dict())
     assert "model.layers.0.mlp.down_proj.weight" in names and "model.layers.1.shared_expert.up_proj.weight" in names
+    assert "model.layers.1.mlp.expert_bias" in names
     assert lm.model.parts(0).moe is None and lm.model.parts(1).moe is not None
     assert lm.spec.n_params == sum(t.numel() for t in lm.model.state_dict().values())
+    m, ids = lm.model, torch.randint(10, 90, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        full = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
+        shared = lm.model.model.layers[1].shared_expert
+        shared.down_proj.weight.zero_()  # the shared expert's output is part of the layer's
+        without = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
+    assert (full - without).abs().max() > 1e-3
 
 
 # --- the Dream-based coders ------------------------------------------------------------------------------
