@@ -43,6 +43,7 @@ def _one_or_list(values: Optional[list[int]]) -> tuple[Optional[int], Optional[l
 def calibrate_cmd(
     task: Annotated[str, typer.Option("--task", "-t", help="arith|code|list|gsm8k|math500|humaneval|mbpp; a,b: default.", rich_help_panel=K)],
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None,
+    quantize: o.Quantize = None, group_size: o.GroupSize = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Data file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
     shots: Annotated[Optional[str], typer.Option("--shots", help="Solved examples per prompt; 0,4: both qualify \\[default: the task's].", rich_help_panel=K)] = None,
@@ -139,7 +140,7 @@ def calibrate_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         {**o.cache_flags("entropy", None, one_k, signal, block_refresh, None), "recent_steps": one_steps},
-        profile=profile, compile=compile_step)
+        profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     from ..distributed import from_environment
@@ -148,7 +149,7 @@ def calibrate_cmd(
         base = f"; base settings from profile {settings.profile}" if settings.profile else ""
         err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate){base}"), markup=False,
                   highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile)  # the ranks share the batches
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, quantize=settings.quantize)  # the ranks share the batches
     if dist.is_main:
         from ..runs.confidence import warn_untrained
         from ..runs.settings import warn_idle_steps

@@ -187,13 +187,14 @@ def _readable(file: Path):
                              "or corrupt: download or copy it again") from None
 
 
-def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: torch.dtype) -> None:
+def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: torch.dtype, quantize=None) -> None:
     """Read every expected tensor, check its shape, convert and assign it into the meta-built model.
 
+    ``quantize`` (a ``quantize.Quantization``): read and assign one layer at a time, quantizing each
+    right after (``quantize.layer_groups``), so only one layer is ever in full precision.
     Raises ModelLoadError naming a missing or mis-shaped tensor. Unexpected extra tensors are ignored
     with a warning (official checkpoints carry none).
     """
-    from safetensors import safe_open
 
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     files = _weight_files(path)
@@ -204,8 +205,20 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
     extra = sorted(set(files) - set(expected))
     if extra:
         warnings.warn(f"{path}: ignoring {len(extra)} unexpected tensors, e.g. {extra[0]}", stacklevel=2)
+    from . import quantize as qz
+
+    for layer, group in enumerate(qz.layer_groups(model) if quantize else [list(expected)]):
+        _load_group(model, path, files, expected, group, device, dtype)
+        if quantize and layer:
+            qz.quantize_layer(model, layer - 1, quantize)
+
+
+def _load_group(model, path, files, expected, group, device, dtype) -> None:
+    """Read the tensors named ``group`` and assign them (see :func:`load_weights`)."""
+    from safetensors import safe_open
+
     by_file: dict[Path, list[str]] = {}
-    for k in expected:
+    for k in group:
         by_file.setdefault(files[k], []).append(k)
     state: dict[str, torch.Tensor] = {}
     for f, keys in by_file.items():
@@ -219,7 +232,7 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
                 state[k] = t.to(device=device, dtype=dtype)
                 _check_finite(state[k], t, k, path, dtype)
                 del t
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_state_dict(state, strict=len(state) == len(expected), assign=True)
 
 
 def _check_finite(loaded: torch.Tensor, stored: torch.Tensor, name: str, path: Path, dtype: torch.dtype) -> None:
@@ -333,18 +346,27 @@ def load_model(
     name_or_path: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> LoadedModel:
     """Load a model by alias (``llada-8b``, ``dream-7b``, ...), the embedded ``tiny``, or a directory.
 
     Args:
         device: "auto" / None (CUDA when available, else CPU), "cpu", "cuda", "cuda:N".
         dtype: "auto" / None (bfloat16 on CUDA, float32 on CPU), or a dtype name.
+        quantize: None / "none", "int8", "int4" (``"int4:64"``: group size 64) or "fp8": the blocks'
+            projection weights quantized with torchao as each layer loads (``models/quantize.py``).
     Raises:
         ModelLoadError: missing model, config, shard or tensor, or an unsupported architecture.
-        UsageError: a bad device or dtype.
+        UsageError: a bad device, dtype or quantize value, or a format this device and dtype cannot run.
+        EcacheError: ``quantize`` without torchao installed (the ``quant`` extra).
     """
+    from . import quantize as qz
+
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    quant = qz.parse_quantize(quantize)
+    if quant is not None:
+        qz.check_supported(quant, dev, dt)
     path, name = resolve_path(name_or_path)
     spec = read_checkpoint_spec(path, tok := load_tokenizer(_checked(path)))
     if spec.mask_id == spec.pad_id:
@@ -352,9 +374,12 @@ def load_model(
                              "the canvas needs distinct ids")
     with torch.device("meta"), _skip_init():
         model = FAMILIES[spec.family].model_class(spec)
-    load_weights(model, path, dev, dt)
+    if quant is not None:
+        qz.check_shapes(model, quant)
+    load_weights(model, path, dev, dt, quant)
     model.eval()
-    model.fuse_projections()
+    model.quantization = quant
+    model.fuse_projections()  # skips the quantized layers
     config_hash = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
     return LoadedModel(model=model, tokenizer=tok, spec=spec, path=path, name=name,
                        config_hash=config_hash, device=dev, dtype=dt)

@@ -32,6 +32,8 @@ class Settings:
     profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
     compile: bool = False  # the static-shape compiled step (--compile, profile key ``compile``)
     policy_from_profile: bool = False  # the cache policy is the profile's (cache.policy), not --cache's
+    quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
+    profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -78,6 +80,9 @@ class Settings:
             pass
         if self.profile_note:
             notes.append(self.profile_note)
+        if self.quantize or self.profile_quantize != "none":  # which weights its τ came from
+            notes.append(f"τ from {self.profile_quantize} weights" if self.profile_quantize != "none"
+                         else "τ from unquantized weights")
         return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
 
     def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None) -> str:
@@ -85,7 +90,8 @@ class Settings:
         source (``tau``: another text for τ, e.g. calibrate's search), and the profile read when it gives
         settings other than τ. τ is named only when an entropy policy runs."""
         pols = policies or [self.cache]
-        text = f"using model {model}, " + (f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}")
+        text = f"using model {model}" + (f" ({self.quantize} weights)" if self.quantize else "") + ", "
+        text += f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}"
         if tau is not None:
             return f"{text}, τ {tau}"
         entropy = [p.split(":") for p in pols if p.split(":")[0] == "entropy"]
@@ -101,24 +107,35 @@ class Settings:
 
 
 def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
-                     task: str | None = None, compile: bool | None = None) -> Settings:
+                     task: str | None = None, compile: bool | None = None, quantize: str | None = None,
+                     group_size: int | None = None) -> Settings:
     """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
     ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
     ``config.profile_dirs``; with ``--threshold`` or ``--factor`` in ``decode_flags`` the
     ``<task>-parallel.yaml`` / ``default-parallel.yaml`` calibrated under parallel decoding come first,
     ``config.find_mode_profile``) < flags. Raises ConfigError/UsageError for bad profiles or values.
     ``compile``: ``--compile`` / ``--no-compile`` (None: the profile's ``compile`` key, default off).
+    ``quantize`` / ``group_size``: ``--quantize`` / ``--group-size`` (None: the profile's ``quantize`` key,
+    default none); a quantized run looks for the profiles calibrated on its format first
+    (``config.quantize_task``), and warns once when the τ it reads was calibrated on another format.
 
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
     ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
+    from ..models.quantize import parse_quantize
+
     prof = None
     parallel = decode_flags.get("threshold") is not None or decode_flags.get("factor") is not None
+    asked = parse_quantize(quantize, group_size) if quantize is not None else None  # fails before any profile
     if profile:
         prof = load_profile(profile, model)
-    elif task and (found := find_mode_profile(model, task, parallel)) is not None:
+    elif task and (found := find_mode_profile(model, task, parallel, asked and str(asked))) is not None:
         prof = load_profile(found)
-    elif (found := find_mode_profile(model, "default", parallel)) is not None:
+    elif (found := find_mode_profile(model, "default", parallel, asked and str(asked))) is not None:
         prof = load_profile(found)
+    prof_q = str((prof or {}).get("quantize") or "none")
+    if quantize is None:  # the profile's format (--group-size may set its int4 group size)
+        asked = parse_quantize(prof_q.split(":")[0] if group_size is not None else prof_q, group_size)
+    run_q = None if asked is None else str(asked)
     if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
         from ..console import warn
 
@@ -143,13 +160,29 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     else:
         tau_source = "default"
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
-    return Settings(decode=decode_cfg, cache=name, cache_params=params,
+    _warn_quantize_mismatch(prof, prof_q, run_q or "none", tau_source, name)
+    return Settings(quantize=run_q, profile_quantize=prof_q,decode=decode_cfg, cache=name, cache_params=params,
                     profile=(prof or {}).get("_path"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
                     sandbox=(prof or {}).get("sandbox"),
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+
+
+def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_source: str, policy: str) -> None:
+    """Warn once when the run's τ comes from a profile calibrated on other weights than the run's
+    (``quantize`` key; a profile without it was calibrated on unquantized weights)."""
+    if prof is None or prof_q == run_q or tau_source != "profile" or policy != "entropy":
+        return
+    from ..console import warn
+
+    fix = f"ecache calibrate --quantize {run_q}" if run_q != "none" else "ecache calibrate (unquantized)"
+    def what(q: str) -> str:
+        return "unquantized" if q == "none" else q
+
+    warn(f"profile {prof['_path']}'s τ was calibrated on {what(prof_q)} weights, this run uses {what(run_q)}: "
+         f"quantization changes the entropy signal, so τ may not hold; run `{fix}` or pass --tau")
 
 
 def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
