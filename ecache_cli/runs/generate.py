@@ -97,11 +97,12 @@ def check_task(task: str | None, profile: str | None) -> None:
 
 def require_task_profile(settings: Settings, model: str, task: str | None) -> None:
     """``--task``: the settings came from the model's calibrated profile ``<model>/<task>.yaml`` (or,
-    under parallel decoding, ``<task>-parallel.yaml``), else ConfigError naming the places looked in
-    and the fix."""
-    from ..config import mode_task, profile_candidates
+    under parallel decoding, ``<task>-parallel.yaml``; with quantized weights those with the format after
+    them, ``config.quantize_task``), else ConfigError naming the places looked in and the fix."""
+    from ..config import mode_task, profile_candidates, quantize_task
 
-    if task is None or (settings.profile is not None and Path(settings.profile).stem in (task, mode_task(task, True))):
+    names = [n for t in (task, mode_task(task, True)) for n in (t, quantize_task(t, settings.quantize))] if task else []
+    if task is None or (settings.profile is not None and Path(settings.profile).stem in names):
         return
     from ..errors import ConfigError
     from ..models.loader import EMBEDDED, embedded_dir

@@ -108,34 +108,23 @@ class Settings:
 
 def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
                      task: str | None = None, compile: bool | None = None, quantize: str | None = None,
-                     group_size: int | None = None) -> Settings:
+                     group_size: int | None = None, tau_searched: bool = False) -> Settings:
     """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
     ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
     ``config.profile_dirs``; with ``--threshold`` or ``--factor`` in ``decode_flags`` the
     ``<task>-parallel.yaml`` / ``default-parallel.yaml`` calibrated under parallel decoding come first,
     ``config.find_mode_profile``) < flags. Raises ConfigError/UsageError for bad profiles or values.
     ``compile``: ``--compile`` / ``--no-compile`` (None: the profile's ``compile`` key, default off).
-    ``quantize`` / ``group_size``: ``--quantize`` / ``--group-size`` (None: the profile's ``quantize`` key,
-    default none); a quantized run looks for the profiles calibrated on its format first
-    (``config.quantize_task``), and warns once when the τ it reads was calibrated on another format.
+    ``quantize`` / ``group_size``: ``--quantize`` / ``--group-size`` (None: the profile's ``quantize``, default
+    none); a quantized run reads its format's profiles first and warns once on a τ from another format
+    (not when ``tau_searched``: calibrate).
 
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
     ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
-    from ..models.quantize import parse_quantize
-
-    prof = None
     parallel = decode_flags.get("threshold") is not None or decode_flags.get("factor") is not None
-    asked = parse_quantize(quantize, group_size) if quantize is not None else None  # fails before any profile
-    if profile:
-        prof = load_profile(profile, model)
-    elif task and (found := find_mode_profile(model, task, parallel, asked and str(asked))) is not None:
-        prof = load_profile(found)
-    elif (found := find_mode_profile(model, "default", parallel, asked and str(asked))) is not None:
-        prof = load_profile(found)
-    prof_q = str((prof or {}).get("quantize") or "none")
-    if quantize is None:  # the profile's format (--group-size may set its int4 group size)
-        asked = parse_quantize(prof_q.split(":")[0] if group_size is not None else prof_q, group_size)
-    run_q = None if asked is None else str(asked)
+    asked = quantize_flag(quantize, group_size) if quantize is not None else None  # fails before any profile
+    prof = _find_profile(model, profile, task, parallel, asked)
+    prof_q, run_q = _quantize_of(prof, quantize, asked, group_size)
     if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
         from ..console import warn
 
@@ -160,14 +149,43 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     else:
         tau_source = "default"
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
-    _warn_quantize_mismatch(prof, prof_q, run_q or "none", tau_source, name)
-    return Settings(quantize=run_q, profile_quantize=prof_q,decode=decode_cfg, cache=name, cache_params=params,
-                    profile=(prof or {}).get("_path"),
+    _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
+    return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
+                    profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
-                    sandbox=(prof or {}).get("sandbox"),
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+
+
+def quantize_flag(quantize: str | None, group_size: int | None) -> str | None:
+    """``--quantize`` / ``--group-size`` as the records and profiles name the format (``int8``, ``int4:64``),
+    None for none; raises UsageError for a bad value (``models/quantize.parse_quantize``)."""
+    from ..models.quantize import parse_quantize
+
+    q = parse_quantize(quantize, group_size)
+    return None if q is None else str(q)
+
+
+def _find_profile(model: str, profile: str | None, task: str | None, parallel: bool, quantize: str | None):
+    """The profile a run reads: ``--profile``, else the task's, else the model's default one (see
+    :func:`resolve_settings`), or None."""
+    if profile:
+        return load_profile(profile, model)
+    for name in ([task] if task else []) + ["default"]:
+        if (found := find_mode_profile(model, name, parallel, quantize)) is not None:
+            return load_profile(found)
+    return None
+
+
+def _quantize_of(prof: dict | None, quantize: str | None, asked: str | None,
+                 group_size: int | None) -> tuple[str, str | None]:
+    """(the profile's format, ``none`` without a ``quantize`` key; the run's format or None): the flag's
+    (``asked``) when ``--quantize`` is given, else the profile's (``--group-size`` may set its int4 group)."""
+    prof_q = str((prof or {}).get("quantize") or "none")
+    if quantize is not None:
+        return prof_q, asked
+    return prof_q, quantize_flag(prof_q.split(":")[0] if group_size is not None else prof_q, group_size)
 
 
 def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_source: str, policy: str) -> None:
