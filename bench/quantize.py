@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -53,17 +52,28 @@ def one(args) -> dict:
     from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.tasks import get_task
 
+    if args.fmt != "none":  # torchao's import (~85 MB RSS) is not the load's: measured apart
+        t_rss = rss()
+        from ecache_cli.models.quantize import Quantization, require_torchao
+
+        require_torchao(Quantization(args.fmt))
+        import_bytes = rss() - t_rss
+    else:
+        import_bytes = 0
+    from ecache_cli.metrics.memory import _CLEAR_REFS, _read_hwm
+
+    _CLEAR_REFS.write_text("5")  # VmHWM := RSS now (ru_maxrss would hold the parent's peak across exec)
     before = rss()
     t0 = time.perf_counter()
     lm = load_model(args.model, args.device, args.dtype, quantize=None if args.fmt == "none" else args.fmt)
     load_s = time.perf_counter() - t0
     if lm.device.type == "cuda":  # CUDA: the load's peak allocated bytes
         growth = torch.cuda.max_memory_allocated(lm.device)
-    else:  # CPU: peak RSS over the process's life minus the RSS before loading (torchao's import included)
-        growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    else:  # CPU: the load's peak RSS (VmHWM, reset just before) minus the RSS before loading
+        growth = _read_hwm() - before
     out = {"model": args.label, "device": lm.device.type, "dtype": args.dtype, "quantize": args.fmt,
            "weight_bytes": weight_bytes(lm.model), "load_s": round(load_s, 2), "load_peak_growth_bytes": growth,
-           "domains": {}}
+           "rss_after_load_growth_bytes": rss() - before, "torchao_import_bytes": import_bytes, "domains": {}}
     engine = Engine.from_loaded(lm)
     opts = ProfileOptions(policies=["none", "entropy"], warmup=args.warmup)
     if args.label == "tiny":
@@ -107,9 +117,10 @@ def run_child(model: str, label: str, dtype: str, fmt: str, args) -> dict | None
 
 def table(results: list[dict]) -> str:
     mib = lambda b: f"{b / 2**20:.1f}" if b is not None else "–"  # noqa: E731
-    rows = ["| model | dtype | weights | weight MiB | load peak +MiB | run peak +MiB (none) | tok/s none | "
-            "tok/s entropy | score none (arith/code/list) | score entropy | identical vs float32 (none / entropy) |",
-            "|---|---|---|---:|---:|---:|---:|---:|---|---|---|"]
+    rows = ["| model | dtype | weights | weight MiB | load peak +MiB | after load +MiB | run peak +MiB (none) | "
+            "tok/s none | tok/s entropy | score none (arith/code/list) | score entropy | "
+            "identical vs float32 (none / entropy) |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     ref = {r["model"]: r for r in results if r["dtype"] == "float32" and r["quantize"] == "none"}
     for r in results:
         doms = r["domains"]
@@ -126,7 +137,8 @@ def table(results: list[dict]) -> str:
             ident[p] = f"{100 * sum(a == b for a, b in pairs) / max(1, len(pairs)):.1f}%"
         growth = max((d["none"]["peak_growth_bytes"] or 0) for d in doms.values())
         rows.append(f"| {r['model']} | {r['dtype']} | {r['quantize']} | {mib(r['weight_bytes'])} | "
-                    f"{mib(r['load_peak_growth_bytes'])} | {mib(growth)} | {tps['none']:.1f} | {tps['entropy']:.1f} | "
+                    f"{mib(r['load_peak_growth_bytes'])} | {mib(r.get('rss_after_load_growth_bytes'))} | "
+                    f"{mib(growth)} | {tps['none']:.1f} | {tps['entropy']:.1f} | "
                     f"{score['none'] if r['model'] == 'tiny' else '–'} | "
                     f"{score['entropy'] if r['model'] == 'tiny' else '–'} | {ident['none']} / {ident['entropy']} |")
     return "\n".join(rows)

@@ -211,6 +211,7 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
         _load_group(model, path, files, expected, group, device, dtype)
         if quantize and layer:
             qz.quantize_layer(model, layer - 1, quantize)
+            qz.release_freed_memory()
 
 
 def _load_group(model, path, files, expected, group, device, dtype) -> None:

@@ -249,6 +249,23 @@ def quantize_model(model, q: Quantization) -> None:
     model.quantization = q
 
 
+def release_freed_memory() -> None:
+    """Hand the C heap's freed pages back to the OS (glibc ``malloc_trim``; nothing elsewhere). Loading
+    frees one full-precision layer after another; glibc keeps such freed blocks (tens of MiB, under its
+    adaptive mmap threshold) in the heap, so without this the process's RSS stays near the
+    full-precision size although the live tensors are the quantized ones."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
+
+
 def layer_groups(model) -> list[list[str]]:
     """The model's state-dict names grouped for layer-by-layer loading: first every name outside the
     transformer blocks (embedding, final norm, LM head), then one list per layer (in layer order),
