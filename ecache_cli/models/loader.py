@@ -208,14 +208,16 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
     from . import quantize as qz
 
     for layer, group in enumerate(qz.layer_groups(model) if quantize else [list(expected)]):
-        _load_group(model, path, files, expected, group, device, dtype)
+        _load_group(model, path, files, expected, group, device, dtype, own=bool(quantize))
         if quantize and layer:
             qz.quantize_layer(model, layer - 1, quantize)
             qz.release_freed_memory()
 
 
-def _load_group(model, path, files, expected, group, device, dtype) -> None:
-    """Read the tensors named ``group`` and assign them (see :func:`load_weights`)."""
+def _load_group(model, path, files, expected, group, device, dtype, own: bool = False) -> None:
+    """Read the tensors named ``group`` and assign them (see :func:`load_weights`). ``own``: copy a tensor
+    the conversion left as it was, since it is a view of the memory-mapped file, and one such view kept
+    (the embedding) would keep every page read so far of the file resident."""
     from safetensors import safe_open
 
     by_file: dict[Path, list[str]] = {}
@@ -231,6 +233,8 @@ def _load_group(model, path, files, expected, group, device, dtype) -> None:
                         f"{path}: tensor {k} has shape {tuple(t.shape)} but config.json implies {expected[k]}"
                     )
                 state[k] = t.to(device=device, dtype=dtype)
+                if own and state[k].data_ptr() == t.data_ptr():
+                    state[k] = state[k].clone()
                 _check_finite(state[k], t, k, path, dtype)
                 del t
     model.load_state_dict(state, strict=len(state) == len(expected), assign=True)
