@@ -16,7 +16,9 @@
 #      batch/gpu_speed_table.txt, batch/gpu_speed.json);
 #   5. a ~1B-parameter random LLaDA-MoE (32 experts, top-4) beside its dense twin of the same active size:
 #      none/dual/entropy tokens/s and the experts' share of a full and a partial forward
-#      (bench/moe_speed.py; moe.log, whose last line is the JSON).
+#      (bench/moe_speed.py; moe.log, whose last line is the JSON);
+#   6. the same 1B shape with quantized weights (--quantize): bfloat16 vs int8 vs int4 vs fp8, none and
+#      entropy tokens/s, weight bytes and CUDA peak memory (bench/quantize.py; quantize.log, last line JSON).
 # Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
@@ -86,5 +88,15 @@ timeout "$(cap 120)" "$PY" bench/moe_speed.py --size "$SIZE" --device "$DEVICE" 
     2>&1 | tee "$DEST/moe.log"
 [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
+echo "== 6. quantized weights: $SIZE random LLaDA on $DEVICE, bf16 vs int8 vs int4 vs fp8 (tokens/s, memory)"
+if [ "$(cap 90)" -ge 20 ]; then
+  timeout "$(cap 90)" "$PY" bench/quantize.py --device "$DEVICE" --no-tiny --big --big-gen 64 --prompts 2 \
+      --prompt-len 256 --configs bfloat16:none,bfloat16:int8,bfloat16:int4,bfloat16:fp8 \
+      --work "$DEST/quant_ckpt" 2>&1 | tee "$DEST/quantize.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  rm -rf "$DEST/quant_ckpt"
+else
+  echo "gpu_check: no time left for step 6"
+fi
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

@@ -9,6 +9,7 @@ A profile is ``profiles/<model>/<task>.yaml`` (written by ``ecache calibrate``) 
     measured: {score: 0.95, speedup: 9.1, date: 2026-11-30, n: 50}   # informational
     sandbox: strict   # optional: how model-written code is isolated (tasks/sandbox.py; --sandbox overrides)
     compile: true     # optional: the static-shape compiled step (models/compiled.py; --compile/--no-compile override)
+    quantize: int8    # optional: the weights' format the τ was calibrated on (models/quantize.py; --quantize overrides)
 
 Unknown sections or keys are errors (ConfigError, exit 2) naming the key.
 
@@ -40,8 +41,11 @@ from .errors import ConfigError
 DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking", "threshold",
                "factor", "ban_eos", "low_eos_confidence", "early_exit", "schedule", "compat", "eps", "alg_temp"}
 CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_every"}
-SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox", "compile"}
+SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox", "compile", "quantize"}
 SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model-written code is isolated
+#: ``--quantize`` formats (models/quantize.py FORMATS; tests/test_quantize.py checks they agree). A profile's
+#: ``quantize`` key: one of them, int4 optionally with its group size (``int4:64``).
+QUANTIZE_FORMATS = ("none", "int8", "int4", "fp8")
 
 def setting_ranges() -> dict:
     """The range of every numeric decode setting and cache-policy parameter by name, as the flags and
@@ -107,6 +111,14 @@ def find_profile(model: str, task: str) -> Path | None:
     return next((c for c in profile_candidates(model, task) if c.is_file()), None)
 
 
+def quantize_task(task: str, quantize: str | None) -> str:
+    """The profile name of ``task`` for weights in format ``quantize``: ``list-int8`` (``list-int4-64`` for
+    ``int4:64``), or ``list`` itself for unquantized weights (None or ``none``)."""
+    if quantize in (None, "none"):
+        return task
+    return f"{task}-{quantize.replace(':', '-')}"
+
+
 #: the suffix of a profile calibrated under parallel decoding (``list-parallel``): τ means something else
 #: there (a step commits several tokens, and E is their largest entropy), so such runs get their own
 PARALLEL_SUFFIX = "-parallel"
@@ -118,11 +130,15 @@ def mode_task(task: str, parallel: bool) -> str:
     return task + PARALLEL_SUFFIX if parallel else task
 
 
-def find_mode_profile(model: str, task: str, parallel: bool) -> Path | None:
+def find_mode_profile(model: str, task: str, parallel: bool, quantize: str | None = None) -> Path | None:
     """The profile of (model, task) for a run that decodes in parallel or not: under parallel decoding
     ``<task>-parallel`` first, then ``<task>`` (the only one otherwise); each the first found in lookup
-    order (:func:`find_profile`), or None."""
+    order (:func:`find_profile`), or None. With quantized weights (``quantize``, e.g. ``int8``) the
+    profiles calibrated on that format (:func:`quantize_task`: ``<task>-parallel-int8``, ``<task>-int8``)
+    come first."""
     names = [mode_task(task, True), task] if parallel else [task]
+    if quantize not in (None, "none"):
+        names = [quantize_task(n, quantize) for n in names] + names
     return next((found for name in names if (found := find_profile(model, name)) is not None), None)
 
 
@@ -215,6 +231,9 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
         raise ConfigError(f"{path}: sandbox: {data['sandbox']!r} must be one of {', '.join(SANDBOX_MODES)}")
     if "compile" in data and not isinstance(data["compile"], bool):
         raise ConfigError(f"{path}: compile: {data['compile']!r} must be true or false")
+    if "quantize" in data and not _quantize_value(data["quantize"]):
+        raise ConfigError(f"{path}: quantize: {data['quantize']!r} must be one of {', '.join(QUANTIZE_FORMATS)} "
+                          "(int4:64 for int4 in groups of 64)")
     for section in ("decode", "cache"):
         if not isinstance(data.get(section) or {}, dict):
             raise ConfigError(f"{path}: '{section}' must be a mapping")
@@ -230,10 +249,18 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
                     whose = (f" of policy {policy} "
                              f"(cache.policy{'' if 'policy' in data['cache'] else ' unset: entropy'})")
                 raise ConfigError(f"{path}: unknown key {section}.{k}{whose}; allowed: {', '.join(sorted(allowed))}")
-    if not (data.get("decode") or data.get("cache") or "sandbox" in data or "compile" in data):
+    if not (data.get("decode") or data.get("cache") or "sandbox" in data or "compile" in data or "quantize" in data):
         raise ConfigError(f"{path}: the profile holds no settings; write them under decode: and cache: (e.g. "
                           "cache: {policy: entropy, tau: 0.5})")
     _check_types(data, path, policy)
+
+
+def _quantize_value(value) -> bool:
+    """Whether a profile's ``quantize`` value names a format (``int4:N``: N one of int4's group sizes)."""
+    if not isinstance(value, str):
+        return False
+    fmt, sep, size = value.partition(":")
+    return fmt in QUANTIZE_FORMATS and (not sep or (fmt == "int4" and size in ("32", "64", "128", "256")))
 
 
 def _check_types(data: dict, path, policy: str | None = None) -> None:

@@ -16,6 +16,8 @@ Device = Annotated[str, typer.Option(help="auto (CUDA when available), cpu, cuda
 Dtype = Annotated[str, typer.Option(help="auto (GPU bf16, CPU fp32), float32, bfloat16, float16", rich_help_panel=M)]
 Threads = Annotated[Optional[int], typer.Option("--threads", envvar="ECACHE_THREADS", help="CPU threads (≤ the cores) \\[default: 1 for tiny]", rich_help_panel=M)]
 Force = Annotated[bool, typer.Option("--force", help="Load even if the weights need more than the free memory.", rich_help_panel=M)]
+Quantize = Annotated[Optional[str], typer.Option("--quantize", help="Weights: none, int8, int4, fp8 (torchao; README: Quantized weights) \\[default: profile, else none].", rich_help_panel=M)]
+GroupSize = Annotated[Optional[int], typer.Option("--group-size", help="int4: input columns per scale, 32-256 \\[default: 128, lower where it does not divide].", rich_help_panel=M)]
 Compile = Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compiled forward (ecache help compile) \\[default: profile, else off].", rich_help_panel=M)]
 
 GenLength = Annotated[Optional[int], typer.Option("--gen-length", help="Generated canvas positions \\[default: 256].", rich_help_panel=D)]

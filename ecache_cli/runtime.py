@@ -61,12 +61,13 @@ def set_threads(threads: int | None, model: str | None) -> int:
 
 
 def load_for_command(model: str, device: str | None, dtype: str | None, threads: int | None, ranks: bool = False,
-                     compile: bool = False, force: bool = False):
+                     compile: bool = False, force: bool = False, quantize: str | None = None):
     """A subcommand's set-up before its runs: :func:`set_threads` (before the model loads; ``$ECACHE_THREADS``
     too), then with ``ranks`` this process's rank (``distributed.setup()``: torchrun / accelerate launch;
-    the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype, force)`` (without
-    ``force`` (``--force``) a model whose weights exceed the device's free memory is refused before any
-    weight is read); with
+    the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype, force=force,
+    quantize=quantize)`` (without ``force`` (``--force``) a model whose weights exceed the device's free
+    memory is refused before any weight is read; ``quantize``: ``Settings.quantize``, e.g. ``int8``, None
+    loads the weights as stored); with
     ``compile`` the model's forward is the static-shape compiled step (``models/compiled.py``
     ``StaticStep``: ``lm.model`` wraps the loaded model).
 
@@ -88,7 +89,7 @@ def load_for_command(model: str, device: str | None, dtype: str | None, threads:
         from .models.compiled import check_compiler
 
         check_compiler(_device_kind(device))
-    lm = load_model(model, device, dtype, force=force)
+    lm = load_model(model, device, dtype, force=force, quantize=quantize)
     if compile:
         from .models.compiled import StaticStep
 

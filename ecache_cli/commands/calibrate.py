@@ -43,6 +43,7 @@ def _one_or_list(values: Optional[list[int]]) -> tuple[Optional[int], Optional[l
 def calibrate_cmd(
     task: Annotated[str, typer.Option("--task", "-t", help="arith|code|list|gsm8k|math500|humaneval|mbpp; a,b: default.", rich_help_panel=K)],
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
+    quantize: o.Quantize = None, group_size: o.GroupSize = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Data file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Examples of the test split (seeded sample).", rich_help_panel=K)] = 50,
     shots: Annotated[Optional[str], typer.Option("--shots", help="Solved examples per prompt; 0,4: both qualify \\[default: the task's].", rich_help_panel=K)] = None,
@@ -103,7 +104,7 @@ def calibrate_cmd(
         preflight,
         validate,
     )
-    from ..runs.settings import resolve_settings
+    from ..runs.settings import quantize_flag, resolve_settings
     from ..runtime import compile_line, load_for_command
     from ..tasks import get_task
     from ..tasks import sandbox as code_sandbox
@@ -126,7 +127,8 @@ def calibrate_cmd(
                             max_drop=max_drop, min_fidelity=min_fidelity, grid=grid, refine=refine, taus=_taus(taus),
                             batch_size=batch_size, allow_code_execution=allow_code_execution, out=out,
                             json_path=json_path, plot_path=plot, run_file=run_file, resume=resume, dry_run=dry_run,
-                            quiet=quiet, speed_check=speed_check, speed_check_limit=speed_check_limit)
+                            quiet=quiet, speed_check=speed_check, speed_check_limit=speed_check_limit,
+                            quantize=quantize_flag(quantize, group_size))
     if grouped:
         task_obj = TaskGroups.build(names, shot_list, lambda n: get_task(n, data, allow_code_execution=allow_code_execution))
     else:
@@ -139,16 +141,17 @@ def calibrate_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         {**o.cache_flags("entropy", None, one_k, signal, block_refresh, None), "recent_steps": one_steps},
-        profile=profile, compile=compile_step)
+        profile=profile, compile=compile_step, quantize=quantize, group_size=group_size, tau_searched=True)
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
+    opts.quantize = settings.quantize  # --profile's quantize key when no flag: the profile written says which
     from ..distributed import from_environment
 
     if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
         base = f"; base settings from profile {settings.profile}" if settings.profile else ""
-        err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate){base}"), markup=False,
+        err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate) on {settings.quantize or 'unquantized'} weights{base}"), markup=False,
                   highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force)  # the ranks share the batches
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # the ranks share the batches
     if dist.is_main:
         from ..runs.confidence import warn_untrained
         from ..runs.settings import warn_idle_steps
@@ -210,3 +213,4 @@ def calibrate_cmd(
     out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)
     if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart
         err.print(line, markup=False, highlight=False)
+

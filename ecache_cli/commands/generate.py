@@ -15,6 +15,7 @@ from ..errors import interrupted_exit_code
 def generate(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = read stdin (one per line) or --input.")] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
+    quantize: o.Quantize = None, group_size: o.GroupSize = None,
     input_file: o.InputFile = None,
     chat: o.Chat = None,
     gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
@@ -56,7 +57,7 @@ def generate(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        flags, profile=profile, task=task, compile=compile_step)
+        flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
     require_task_profile(settings, model, task)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))
     if quiet and stream:  # --quiet wins: no output on stderr at all
@@ -70,7 +71,7 @@ def generate(
         check_file(output, "--output")  # before the model loads
     if not quiet and ranks.is_main:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model), markup=False, highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force)  # torchrun: this rank's share
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
     if dist.is_main:

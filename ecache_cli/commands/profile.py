@@ -17,6 +17,7 @@ T = "Task"
 def profile_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
+    quantize: o.Quantize = None, group_size: o.GroupSize = None,
     input_file: o.InputFile = None,
     task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split, scored: arith, code, list, gsm8k, ...", rich_help_panel=T)] = None,
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (gsm8k, math500, humaneval, mbpp).", rich_help_panel=T)] = None,
@@ -81,7 +82,7 @@ def profile_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        flags, profile=profile, task=task, compile=compile_step)
+        flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
     warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
                             f"used by none of --policies {','.join(names)}")
 
@@ -102,7 +103,7 @@ def profile_cmd(
 
     if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model, policies=names), markup=False, highlight=False)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force)  # this rank's share, rank 0 reports
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # this rank's share, rank 0 reports
     if dist.is_main:
         from ..runs.confidence import warn_untrained
         from ..runs.settings import warn_idle_steps

@@ -16,6 +16,7 @@ MAX_BODY_LIMIT = 1 << 30
 
 def serve_cmd(
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
+    quantize: o.Quantize = None, group_size: o.GroupSize = None,
     host: Annotated[str, typer.Option(help="Address to listen on: 127.0.0.1 this machine only; 0.0.0.0 every interface (then pass --api-key).", rich_help_panel=S)] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start, also under --quiet).", rich_help_panel=S)] = 8000,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* \\[default: none].", rich_help_panel=S)] = None,
@@ -80,14 +81,14 @@ def serve_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        flags, profile=profile, compile=compile_step)
+        flags, profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     sock = bind(host, port)  # before the model loads: a busy port fails at once
     # --quiet: no start-up or stop lines; warnings and errors stay, and so does the address when --port 0
     # picked it (printed nowhere else)
     say = (lambda *a, **k: None) if quiet else err.print
     say(settings.describe(model), markup=False, highlight=False)
-    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force)
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)
     room = lm.spec.max_positions - settings.decode.gen_length
     if room < 1:
         block = settings.decode.block_length

@@ -15,6 +15,7 @@ from .. import options as o
 def trace_drift_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
+    quantize: o.Quantize = None, group_size: o.GroupSize = None,
     input_file: o.InputFile = None,
     task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split; also picks its profile.", rich_help_panel=o.O)] = None,
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark task.", rich_help_panel=o.O)] = None,
@@ -57,7 +58,7 @@ def trace_drift_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        flags, profile=profile, task=task, compile=compile_step)
+        flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     check_distinct([(jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json"), (tensorboard, "--tensorboard")],
                    [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
@@ -69,7 +70,7 @@ def trace_drift_cmd(
                         volatility_level=volatility_level)
     if not quiet:  # what this run uses, before the (maybe long) load
         err.print(settings.describe(model), markup=False, highlight=False)
-    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force)  # one process: no ranks
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)  # one process: no ranks
     warn_untrained(lm, task)
     warn_idle_steps(settings.decode, lm.spec.sampler)
     sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)

@@ -6,7 +6,8 @@ the kernel's high-water mark (VmHWM) is reset before the run by writing 5 to /pr
 read after it, which gives the true peak RSS of the run; elsewhere (or when that file is not writable)
 psutil's RSS read right after the run, while the KV store is still allocated. Both RSS numbers include
 the model weights and the Python runtime, so they compare policies on one machine, not across machines.
-Resets and reads happen outside the timed region.
+Resets and reads happen outside the timed region. ``growth_bytes()`` is the peak minus what was in use
+at ``reset()`` (CUDA: allocated bytes; CPU: RSS): what the run itself added on top of the loaded weights.
 """
 
 from __future__ import annotations
@@ -40,11 +41,24 @@ class MemoryProbe:
         except OSError:
             return False
 
+    base: int | None = None  # bytes in use at reset() (CUDA allocated, CPU RSS)
+
     def reset(self) -> None:
         if self.kind == "cuda_peak_allocated":
             torch.cuda.reset_peak_memory_stats(self.device)
-        elif self.kind == "peak_rss":
+            self.base = int(torch.cuda.memory_allocated(self.device))
+            return
+        if self.kind == "peak_rss":
             _CLEAR_REFS.write_text("5")
+        self.base = current_rss()
+
+    def growth_bytes(self, peak: int | None = None) -> int | None:
+        """The peak since ``reset`` (``peak``: :meth:`peak_bytes` already read) minus the bytes in use at
+        ``reset``, at least 0; None when either is unknown."""
+        peak = self.peak_bytes() if peak is None else peak
+        if peak is None or self.base is None:
+            return None
+        return max(0, peak - self.base)
 
     def peak_bytes(self) -> int | None:
         """Bytes since the last ``reset`` (see the module docstring), or None if nothing can be read."""
@@ -58,6 +72,22 @@ class MemoryProbe:
             return int(psutil.Process().memory_info().rss)
         except Exception:  # noqa: BLE001 - psutil missing or unsupported platform: report unknown
             return None
+
+
+def current_rss() -> int | None:
+    """This process's resident set size in bytes (VmRSS on Linux, else psutil), or None."""
+    try:
+        m = re.search(r"VmRSS:\s+(\d+)\s*kB", _STATUS.read_text())
+        if m:
+            return int(m.group(1)) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported platform: report unknown
+        return None
 
 
 def _read_hwm() -> int | None:

@@ -77,6 +77,7 @@ class RunMeasure:
     rows: list[RowMeasure]
     peak_memory_bytes: int | None = None
     batch_size: int = 1
+    peak_growth_bytes: int | None = None  # the peak minus the bytes in use before the run (metrics/memory.py)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -147,6 +148,7 @@ def summarize(runs: Sequence[RunMeasure], baseline: Sequence[RunMeasure] | None 
         "decision_overhead_pct": percent(decision, wall), "forward_pct": percent(forward, wall),
         "sampling_pct": percent(sampling, wall), "other_pct": percent(wall - decision - forward - sampling, wall),
         "peak_memory_bytes": max((r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None), default=None),
+        "peak_growth_bytes": max((r.peak_growth_bytes for r in runs if r.peak_growth_bytes is not None), default=None),
         "score": _mean([r.score for r in rows if r.score is not None]),
         "batch_size": max((r.batch_size for r in runs), default=1),
         "speedup_vs_none": None, "latency_speedup_vs_none": None, "work_share_vs_none": None,

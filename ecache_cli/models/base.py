@@ -135,6 +135,7 @@ class DiffusionLM(nn.Module):
     """
 
     spec: ModelSpec
+    quantization = None  # the blocks' weights' ``models/quantize.Quantization`` (load_model's quantize), or None
     packs_rows = True  # forward takes ``pack`` (the engine packs a batch's padded partial forwards)
 
     def parts(self, i: int) -> BlockParts:  # pragma: no cover - abstract
@@ -158,11 +159,14 @@ class DiffusionLM(nn.Module):
         matrix (``BlockParts.qkv``, ``qkv_bias``, ``gate_up``), so state dicts, weight loading and
         forward hooks on the norms and output projections are unchanged; the projections' own
         forward hooks no longer fire. Outputs are the same matmuls' rows: in float32 each output
-        element is the same dot product. Call outside ``torch.inference_mode`` (the views become the
+        element is the same dot product. Layers whose weights are quantized (tensor subclasses,
+        ``models/quantize.py``) are left unfused. Call outside ``torch.inference_mode`` (the views become the
         parameters' storage); a later ``.to()`` of the model undoes the fusion (see ``BlockParts.fused``).
         """
         for i in range(self.spec.n_layers):
             p = self.parts(i)
+            if type(p.q.weight) is not nn.Parameter:  # quantized (models/quantize.py): runs module by module
+                continue
             p.qkv = fuse_rows([p.q.weight, p.k.weight, p.v.weight])
             if p.q.bias is not None:
                 p.qkv_bias = fuse_rows([p.q.bias, p.k.bias, p.v.bias])

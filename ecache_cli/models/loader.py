@@ -254,13 +254,14 @@ def _readable(file: Path):
                              "or corrupt: download or copy it again") from None
 
 
-def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: torch.dtype) -> None:
+def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: torch.dtype, quantize=None) -> None:
     """Read every expected tensor, check its shape, convert and assign it into the meta-built model.
 
+    ``quantize`` (a ``quantize.Quantization``): read and assign one layer at a time, quantizing each
+    right after (``quantize.layer_groups``), so only one layer is ever in full precision.
     Raises ModelLoadError naming a missing or mis-shaped tensor. Unexpected extra tensors are ignored
     with a warning (official checkpoints carry none).
     """
-    from safetensors import safe_open
 
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     files = _weight_files(path)
@@ -271,8 +272,23 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
     extra = sorted(set(files) - set(expected))
     if extra:
         warnings.warn(f"{path}: ignoring {len(extra)} unexpected tensors, e.g. {extra[0]}", stacklevel=2)
+    from . import quantize as qz
+
+    for layer, group in enumerate(qz.layer_groups(model) if quantize else [list(expected)]):
+        _load_group(model, path, files, expected, group, device, dtype, own=bool(quantize))
+        if quantize and layer:
+            qz.quantize_layer(model, layer - 1, quantize)
+            qz.release_freed_memory()
+
+
+def _load_group(model, path, files, expected, group, device, dtype, own: bool = False) -> None:
+    """Read the tensors named ``group`` and assign them (see :func:`load_weights`). ``own``: copy a tensor
+    the conversion left as it was, since it is a view of the memory-mapped file, and one such view kept
+    (the embedding) would keep every page read so far of the file resident."""
+    from safetensors import safe_open
+
     by_file: dict[Path, list[str]] = {}
-    for k in expected:
+    for k in group:
         by_file.setdefault(files[k], []).append(k)
     state: dict[str, torch.Tensor] = {}
     for f, keys in by_file.items():
@@ -284,9 +300,11 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
                         f"{path}: tensor {k} has shape {tuple(t.shape)} but config.json implies {expected[k]}"
                     )
                 state[k] = t.to(device=device, dtype=dtype)
+                if own and state[k].data_ptr() == t.data_ptr():
+                    state[k] = state[k].clone()
                 _check_finite(state[k], t, k, path, dtype)
                 del t
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_state_dict(state, strict=len(state) == len(expected), assign=True)
 
 
 def _check_finite(loaded: torch.Tensor, stored: torch.Tensor, name: str, path: Path, dtype: torch.dtype) -> None:
@@ -372,15 +390,27 @@ def _apart(need: int, free: int) -> tuple[str, str]:
     return f"{need:,} bytes", f"{free:,} bytes"
 
 
-def check_fits(path: Path, name: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
+#: Bytes a quantized projection weight takes per parameter (scales included, about): int8 and fp8 one,
+#: int4 half plus a bfloat16 scale and zero point per group of 128.
+QUANT_BYTES = {"int8": 1.0, "fp8": 1.0, "int4": 0.5 + 4 / 128}
+
+
+def check_fits(path: Path, name: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
+               quant=None) -> None:
     """Refuse, before any weight is read, a checkpoint whose weights in ``dtype`` (:func:`weight_bytes`) need
-    more than ``device``'s free memory (:func:`free_memory`). Raises ModelLoadError: one line naming the
-    need, the free memory, a smaller dtype when one would fit, and ``--force`` (``force=True``)."""
+    more than ``device``'s free memory (:func:`free_memory`); with ``quant`` (a ``quantize.Quantization``:
+    the load quantizes layer by layer) the blocks' weights count at their quantized size
+    (:data:`QUANT_BYTES`), the embeddings and head at ``dtype``'s. Raises ModelLoadError: one line naming
+    the need, the free memory, a smaller dtype when one would fit, and ``--force`` (``force=True``)."""
     free = free_memory(device)
     need = weight_bytes(path, dtype, spec)
+    if quant is not None:
+        size = torch.empty((), dtype=dtype).element_size()
+        outer = spec.vocab_size * spec.d_model * (1 if spec.tie_embeddings else 2)
+        need = int(outer * size + max(need // size - outer, 0) * QUANT_BYTES[quant.fmt])
     if free is None or need <= free:
         return
-    dt = str(dtype).replace("torch.", "")
+    dt = str(dtype).replace("torch.", "") + (f", {quant.fmt} blocks" if quant is not None else "")
     where = "this machine's RAM" if device.type == "cpu" else str(device)
     smaller = ""
     if dtype == torch.float32 and (half := weight_bytes(path, torch.bfloat16, spec)) <= free:
@@ -488,6 +518,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     force: bool = False,
+    quantize: str | None = None,
 ) -> LoadedModel:
     """Load a model by alias (``llada-8b``, ``dream-7b``, ...), the embedded ``tiny``, or a directory.
 
@@ -496,25 +527,36 @@ def load_model(
         dtype: "auto" / None (bfloat16 on CUDA, float32 on CPU), or a dtype name.
         force: load even when the weights need more than the device's free memory (otherwise refused
             before any weight is read: :func:`check_fits`).
+        quantize: None / "none", "int8", "int4" (``"int4:64"``: group size 64) or "fp8": the blocks'
+            projection weights quantized with torchao as each layer loads (``models/quantize.py``).
     Raises:
         ModelLoadError: missing model, config, shard or tensor, an unsupported architecture, or weights
             that do not fit the device's free memory (without ``force``).
-        UsageError: a bad device or dtype.
+        UsageError: a bad device, dtype or quantize value, or a format this device and dtype cannot run.
+        EcacheError: ``quantize`` without torchao installed (the ``quant`` extra).
     """
+    from . import quantize as qz
+
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    quant = qz.parse_quantize(quantize)
+    if quant is not None:
+        qz.check_supported(quant, dev, dt)
     path, name = resolve_path(name_or_path)
     spec = read_checkpoint_spec(path, tok := load_tokenizer(_checked(path)))
     if spec.mask_id == spec.pad_id:
         raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); "
                              "the canvas needs distinct ids")
     if not force:
-        check_fits(path, name, spec, dev, dt)
+        check_fits(path, name, spec, dev, dt, quant)
     with torch.device("meta"), _skip_init():
         model = FAMILIES[spec.family].model_class(spec)
-    load_weights(model, path, dev, dt)
+    if quant is not None:
+        qz.check_shapes(model, quant)
+    load_weights(model, path, dev, dt, quant)
     model.eval()
-    model.fuse_projections()
+    model.quantization = quant
+    model.fuse_projections()  # skips the quantized layers
     config_hash = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
     return LoadedModel(model=model, tokenizer=tok, spec=spec, path=path, name=name,
                        config_hash=config_hash, device=dev, dtype=dt)

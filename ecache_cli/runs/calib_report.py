@@ -307,5 +307,5 @@ def profile_data(model: str, settings, opts, chosen: Point, base: Point, shots: 
     if opts.profile_task != opts.task:
         note = (f"the one setting meeting the tolerance on every group of --task {opts.task} "
                 f"(measured.groups); " + note)
-    return {"model": model, "task": opts.profile_task,
+    return {"model": model, "task": opts.profile_task, **({"quantize": settings.quantize} if settings.quantize else {}),
             "decode": decode, "cache": cache, "measured": measured, "note": note}

@@ -121,15 +121,18 @@ class CalibrateOptions:
     speed_check_threshold: float | None = None  # None: the run's --threshold, else speed_guard.DEFAULT_THRESHOLD
     speed_check_tries: int = DEFAULT_TRIES
     parallel: bool = False  # the run decodes in parallel (--threshold / --factor): set by calibrate()
+    quantize: str | None = None  # the weights' format (--quantize): profile <task>-<format> (config.quantize_task)
 
     @property
     def profile_task(self) -> str:
         """The profile's task name: ``--task``, or ``default`` for several domains (``--task a,b``);
-        with ``-parallel`` after it for a run under parallel decoding (``config.mode_task``)."""
-        from ..config import mode_task
+        with ``-parallel`` after it for a run under parallel decoding (``config.mode_task``), and the weights'
+        format after that for quantized weights (``list-int8``, ``config.quantize_task``)."""
+        from ..config import mode_task, quantize_task
         from .calib_groups import DEFAULT_PROFILE_TASK
 
-        return mode_task(DEFAULT_PROFILE_TASK if "," in self.task else self.task, self.parallel)
+        return quantize_task(mode_task(DEFAULT_PROFILE_TASK if "," in self.task else self.task, self.parallel),
+                             self.quantize)
 
     def fractions(self) -> tuple[float, float | None]:
         """``max_drop`` and ``min_fidelity`` as fractions of 1 (``min_fidelity`` None when not given)."""
@@ -434,6 +437,7 @@ def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: li
             **_arms_key(opts, settings),
             "batch_size": opts.batch_size,
             "dtype": str(lm.dtype).replace("torch.", ""), "device": lm.device.type,
+            **({"quantize": settings.quantize} if settings.quantize else {}),
             "config_sha256": lm.config_hash[:16], "weights": weights_fingerprint(lm.path),
             "prompts_sha256": prompts_sha}  # checked in this order: the flags a user sets come first
 

@@ -97,11 +97,12 @@ def check_task(task: str | None, profile: str | None) -> None:
 
 def require_task_profile(settings: Settings, model: str, task: str | None) -> None:
     """``--task``: the settings came from the model's calibrated profile ``<model>/<task>.yaml`` (or,
-    under parallel decoding, ``<task>-parallel.yaml``), else ConfigError naming the places looked in
-    and the fix."""
-    from ..config import mode_task, profile_candidates
+    under parallel decoding, ``<task>-parallel.yaml``; with quantized weights those with the format after
+    them, ``config.quantize_task``), else ConfigError naming the places looked in and the fix."""
+    from ..config import mode_task, profile_candidates, quantize_task
 
-    if task is None or (settings.profile is not None and Path(settings.profile).stem in (task, mode_task(task, True))):
+    names = [n for t in (task, mode_task(task, True)) for n in (t, quantize_task(t, settings.quantize))] if task else []
+    if task is None or (settings.profile is not None and Path(settings.profile).stem in names):
         return
     from ..errors import ConfigError
     from ..models.loader import EMBEDDED, embedded_dir
@@ -168,6 +169,10 @@ class _Job:
         settings_doc = json.loads(json.dumps(settings.as_dict()))  # as the records carry it (JSON types)
         self.common = {"settings": settings_doc, "seed": opts.seed, "model": lm.name}
         self.main = dist.is_main
+        from ..metrics.memory import MemoryProbe
+        from .profile import weights_record
+
+        self.probe, self.weights = MemoryProbe(self.engine.device), weights_record(lm.model)
         self.skip, self.keep, self.file, self.sink = set(), {}, None, None
         self.decoded: list[dict] = []
         self.queue: list[Item] = []  # items in input order whose record is not written yet
@@ -299,6 +304,7 @@ class _Job:
         else:
             ids = engine.encode([it.prompt for it in batch], self.chat)
         first = batch[0].index
+        self.probe.reset()
         # each row's random stream is (seed, its index in the input): batch-invariant sampling
         run_ = engine.start(ids, settings.decode, settings.policy(), seed=opts.seed,
                             row_ids=[it.index for it in batch])
@@ -311,10 +317,13 @@ class _Job:
                 meter.observe(rec)
                 reporter.step(first, len(batch), rec.block, blocks, rec.step)
         res = run_.results()
+        peak = self.probe.peak_bytes()
+        memory = {**self.weights, "peak_bytes": peak, "peak_growth_bytes": self.probe.growth_bytes(peak),
+                  "peak_kind": self.probe.kind}  # the batch's peak (every record of a batch shares it)
         ents = meter.means([r.stats["generated_tokens"] for r in res])
         return [{"index": it.index, "line": it.line, **input_fields(it.rec), "text": r.text,
-                 "token_ids": r.answer_ids, "ended": r.ended, "mean_entropy": e, "stats": r.stats, **self.common}
-                for it, r, e in zip(batch, res, ents)]
+                 "token_ids": r.answer_ids, "ended": r.ended, "mean_entropy": e, "stats": r.stats, "memory": memory,
+                 **self.common} for it, r, e in zip(batch, res, ents)]
 
     def _emit(self) -> None:
         """Write the records at the head of the queue that are ready (rank 0), in input order."""

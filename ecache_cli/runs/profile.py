@@ -294,6 +294,7 @@ class _Bench:
         self.ids = engine.encode([r.prompt for r in requests], chat)
         self.batches = list(batched(range(len(requests)), opts.batch_size))
         self.probe = MemoryProbe(engine.device)
+        self.weights = weights_record(engine.model)
 
     def make(self, spec: str):
         """A fresh policy object for a ``--policies`` entry such as ``entropy:tau=2.5``."""
@@ -339,11 +340,12 @@ class _Bench:
         for _ in run:  # nothing between steps; the step timings are the run's totals (CUDA: events, per block)
             pass
         peak = self.probe.peak_bytes()
+        growth = self.probe.growth_bytes(peak)
         rows = [self._row(run, res, idx, repeat) for res in run.results()]
         return RunMeasure(policy=policy, wall_s=run.wall_s, forward_s=run.timer.forward_s,
                           decision_s=run.timer.decision_s,
                           sampling_s=run.timer.sampling_s, steps=run.steps_done, rows=rows, peak_memory_bytes=peak,
-                          batch_size=len(idx))
+                          batch_size=len(idx), peak_growth_bytes=growth)
 
     def _row(self, run, res, idx: list[int], repeat: int) -> RowMeasure:
         """One row's measures; scored when its request has a task whose scorer may run."""
@@ -370,6 +372,7 @@ class _Bench:
             s.update({f"fidelity_{k}": v for k, v in fidelity(rows, base_rows).items()} if base else
                      {"fidelity_identical_share": None, "fidelity_token_agreement": None, "fidelity_pairs": 0})
             s["params"] = self.make(p).params()
+            s.update(self.weights)
             out[p] = s
         return out
 
@@ -435,7 +438,9 @@ COLUMNS = [  # (header, summary key, format, in the default view)
     ("work\nefficiency", "work_efficiency", "{:.2f}", False),
     ("work %\n/forward", "work_share_per_forward", "pct", False),
     ("decision\n% time", "decision_overhead_pct", "{:.2f}", False),
+    ("weights\nMiB", "weight_bytes", "mib1", False),
     ("peak mem\nMiB", "peak_memory_bytes", "mib", False),
+    ("run mem\nMiB", "peak_growth_bytes", "mib1", False),
     ("identical\n%", "fidelity_identical_share", "pct", True),
     ("token\nagree %", "fidelity_token_agreement", "pct", True),
     ("score", "score", "{:.3f}", True),
@@ -450,6 +455,8 @@ def cell(value, fmt: str | None) -> str:
         return f"{100 * value:.1f}"
     if fmt == "mib":
         return f"{value / 2**20:.0f}"
+    if fmt == "mib1":
+        return f"{value / 2**20:.1f}"
     if fmt == "num":  # a tenth matters below 100, not above (keeps the 80-column view narrow; --json has all)
         return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
     return fmt.format(value)
@@ -471,7 +478,9 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
                f"work %: positions x layers the forwards computed (padding included), over none's (NFE_none x canvas) "
                f"/ over own NFE x canvas; planned: the plans' own positions over none's. "
                f"decision: policy plan+observe time over wall time. "
-               f"peak mem: {mem.get(report.memory_kind, report.memory_kind)}. "
+               f"weights: the model's stored weights ({_quantized(report)}); "
+               f"peak mem: {mem.get(report.memory_kind, report.memory_kind)}; run mem: the peak over what was in use "
+               f"before the run. "
                f"identical/token agree: outputs vs none (same prompts, same seed).")
     else:
         cap = ("speedup: tok/s over none's. work %: positions x layers computed, over none's. identical / token "
@@ -489,6 +498,20 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
         s = report.summaries[p]
         t.add_row(PolicySpec(p), *[cell(s.get(key), fmt) for _, key, fmt, _ in cols[1:]])
     return t
+
+
+def _quantized(report: ProfileReport) -> str:
+    """The weights' format as the table caption names it."""
+    q = next(iter(report.summaries.values()), {}).get("quantize", "none")
+    return "unquantized" if q == "none" else f"{q} quantized"
+
+
+def weights_record(model) -> dict:
+    """``{"quantize": "none" | "int8" | ..., "weight_bytes": N}``: the weights' format and stored bytes
+    (``models/quantize.py``), as profile's summaries and generate's records carry them."""
+    from ..models.quantize import quantization_name, weight_bytes
+
+    return {"quantize": quantization_name(model), "weight_bytes": weight_bytes(model)}
 
 
 def timing_warnings(report: ProfileReport, slack: float = 1.5) -> list[str]:

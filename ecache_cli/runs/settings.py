@@ -32,6 +32,8 @@ class Settings:
     profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
     compile: bool = False  # the static-shape compiled step (--compile, profile key ``compile``)
     policy_from_profile: bool = False  # the cache policy is the profile's (cache.policy), not --cache's
+    quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
+    profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -78,6 +80,9 @@ class Settings:
             pass
         if self.profile_note:
             notes.append(self.profile_note)
+        if self.quantize or self.profile_quantize != "none":  # which weights its τ came from
+            notes.append(f"τ from {self.profile_quantize} weights" if self.profile_quantize != "none"
+                         else "τ from unquantized weights")
         return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
 
     def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None) -> str:
@@ -85,7 +90,8 @@ class Settings:
         source (``tau``: another text for τ, e.g. calibrate's search), and the profile read when it gives
         settings other than τ. τ is named only when an entropy policy runs."""
         pols = policies or [self.cache]
-        text = f"using model {model}, " + (f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}")
+        text = f"using model {model}" + (f" ({self.quantize} weights)" if self.quantize else "") + ", "
+        text += f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}"
         if tau is not None:
             return f"{text}, τ {tau}"
         entropy = [p.split(":") for p in pols if p.split(":")[0] == "entropy"]
@@ -101,24 +107,24 @@ class Settings:
 
 
 def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
-                     task: str | None = None, compile: bool | None = None) -> Settings:
+                     task: str | None = None, compile: bool | None = None, quantize: str | None = None,
+                     group_size: int | None = None, tau_searched: bool = False) -> Settings:
     """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
     ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
     ``config.profile_dirs``; with ``--threshold`` or ``--factor`` in ``decode_flags`` the
     ``<task>-parallel.yaml`` / ``default-parallel.yaml`` calibrated under parallel decoding come first,
     ``config.find_mode_profile``) < flags. Raises ConfigError/UsageError for bad profiles or values.
     ``compile``: ``--compile`` / ``--no-compile`` (None: the profile's ``compile`` key, default off).
+    ``quantize`` / ``group_size``: ``--quantize`` / ``--group-size`` (None: the profile's ``quantize``, default
+    none); a quantized run reads its format's profiles first and warns once on a τ from another format
+    (not when ``tau_searched``: calibrate).
 
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
     ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
-    prof = None
     parallel = decode_flags.get("threshold") is not None or decode_flags.get("factor") is not None
-    if profile:
-        prof = load_profile(profile, model)
-    elif task and (found := find_mode_profile(model, task, parallel)) is not None:
-        prof = load_profile(found)
-    elif (found := find_mode_profile(model, "default", parallel)) is not None:
-        prof = load_profile(found)
+    asked = quantize_flag(quantize, group_size) if quantize is not None else None  # fails before any profile
+    prof = _find_profile(model, profile, task, parallel, asked)
+    prof_q, run_q = _quantize_of(prof, quantize, asked, group_size)
     if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
         from ..console import warn
 
@@ -143,13 +149,58 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     else:
         tau_source = "default"
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
-    return Settings(decode=decode_cfg, cache=name, cache_params=params,
-                    profile=(prof or {}).get("_path"),
+    _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
+    return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
+                    profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
-                    sandbox=(prof or {}).get("sandbox"),
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+
+
+def quantize_flag(quantize: str | None, group_size: int | None) -> str | None:
+    """``--quantize`` / ``--group-size`` as the records and profiles name the format (``int8``, ``int4:64``),
+    None for none; raises UsageError for a bad value (``models/quantize.parse_quantize``)."""
+    from ..models.quantize import parse_quantize
+
+    q = parse_quantize(quantize, group_size)
+    return None if q is None else str(q)
+
+
+def _find_profile(model: str, profile: str | None, task: str | None, parallel: bool, quantize: str | None):
+    """The profile a run reads: ``--profile``, else the task's, else the model's default one (see
+    :func:`resolve_settings`), or None."""
+    if profile:
+        return load_profile(profile, model)
+    for name in ([task] if task else []) + ["default"]:
+        if (found := find_mode_profile(model, name, parallel, quantize)) is not None:
+            return load_profile(found)
+    return None
+
+
+def _quantize_of(prof: dict | None, quantize: str | None, asked: str | None,
+                 group_size: int | None) -> tuple[str, str | None]:
+    """(the profile's format, ``none`` without a ``quantize`` key; the run's format or None): the flag's
+    (``asked``) when ``--quantize`` is given, else the profile's (``--group-size`` may set its int4 group)."""
+    prof_q = str((prof or {}).get("quantize") or "none")
+    if quantize is not None:
+        return prof_q, asked
+    return prof_q, quantize_flag(prof_q.split(":")[0] if group_size is not None else prof_q, group_size)
+
+
+def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_source: str, policy: str) -> None:
+    """Warn once when the run's τ comes from a profile calibrated on other weights than the run's
+    (``quantize`` key; a profile without it was calibrated on unquantized weights)."""
+    if prof is None or prof_q == run_q or tau_source != "profile" or policy != "entropy":
+        return
+    from ..console import warn
+
+    fix = f"ecache calibrate --quantize {run_q}" if run_q != "none" else "ecache calibrate (unquantized)"
+    def what(q: str) -> str:
+        return "unquantized" if q == "none" else q
+
+    warn(f"profile {prof['_path']}'s τ was calibrated on {what(prof_q)} weights, this run uses {what(run_q)}: "
+         f"quantization changes the entropy signal, so τ may not hold; run `{fix}` or pass --tau")
 
 
 def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
