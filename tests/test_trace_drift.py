@@ -23,7 +23,7 @@ PROMPTS = ["Sort: 9 3 7 1", "Reverse the list 4 5 6 7 8 please"]  # different le
 DECODE = dict(gen_length=16, block_length=8)
 RECORD_KEYS = {"prompt", "step", "block", "step_in_block", "refresh", "computed", "served", "signal", "committed",
                "fidelity_mismatch", "fidelity_kl", "drift_k_mean", "drift_k_max", "drift_v_mean", "drift_v_max",
-               "drift_k", "drift_v", "start_layer", "forward_ms", "shadow_ms"}
+               "drift_k", "drift_v", "start_layer", "route_change", "forward_ms", "shadow_ms"}
 NEVER = 1e9  # a tau no signal reaches: the entropy policy refreshes only at the first step
 
 
@@ -168,6 +168,10 @@ def test_records_are_well_formed(lm):
         assert r["drift_k"] == pytest.approx(sum(r["drift_k_mean"]) / L) if r["served"] else r["drift_k"] == 0.0
         assert max(r["drift_k_max"]) >= max(r["drift_k_mean"])
         assert r["shadow_ms"] > 0 and r["forward_ms"] > 0
+        if lm.spec.n_experts:  # MoE: the share of expert choices caching changed, 0 for a full forward
+            assert 0.0 <= r["route_change"] <= 1.0 and (r["route_change"] == 0.0 or not r["refresh"])
+        else:
+            assert r["route_change"] is None
         json.dumps(r)  # JSON-able
         by_prompt.setdefault(r["prompt"], []).append(r)
     assert sorted(by_prompt) == [0, 1]

@@ -149,7 +149,7 @@ def calibrate_cmd(
 
     if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
         base = f"; base settings from profile {settings.profile}" if settings.profile else ""
-        err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate) on {settings.quantize or 'unquantized'} weights{base}"), markup=False,
+        err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}"), markup=False,
                   highlight=False)
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # the ranks share the batches
     if dist.is_main:

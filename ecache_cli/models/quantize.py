@@ -171,13 +171,13 @@ def block_linears(model, i: int) -> list[tuple[str, nn.Linear]]:
     """Layer ``i``'s projections that quantization replaces, with role names (``q``, ``down``,
     ``expert3.gate``...): q, k, v, o and the dense SwiGLU's gate, up, down, or every expert's (a
     routed one's and a shared one's; the router stays)."""
-    from .moe import SwiGLUExpert
+    from .layers import SwiGLU
 
     p = model.parts(i)
     out = [("q", p.q), ("k", p.k), ("v", p.v), ("o", p.o)]
     if p.moe is None:
         return out + [("gate", p.gate), ("up", p.up), ("down", p.down)]
-    experts = [m for m in p.moe.modules() if isinstance(m, SwiGLUExpert)]
+    experts = [m for m in p.moe.modules() if isinstance(m, SwiGLU)]
     return out + [(f"expert{j}.{r}", lin) for j, e in enumerate(experts)
                   for r, lin in (("gate", e.gate_proj), ("up", e.up_proj), ("down", e.down_proj))]
 
