@@ -55,7 +55,6 @@ def test_api_refuses_what_the_cli_refuses(what, call, cli_args, message, llada_l
 def test_token_ids_are_checked_at_every_entry(ids, reason, llada_lm):
     engine = Engine.from_loaded(llada_lm)
     for call in (lambda: engine.start([ids], CFG, make_policy("none")),
-                 lambda: engine.encode([ids], chat=False),
                  lambda: engine.start(engine.encode(["abc"], chat=False), CFG, make_policy("none")).add(ids)):
         with pytest.raises(UsageError, match=reason.replace("[", r"\[").replace("]", r"\]")):
             call()

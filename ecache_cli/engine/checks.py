@@ -11,13 +11,11 @@ from ..models.prompting import check_prompt_ids
 
 
 def check_prompts(spec, prompts: Sequence) -> None:
-    """UsageError for a prompt that is empty or only white space (the chat template would make a
-    prompt of it) and for token-id prompts the model cannot take; chats (lists of messages) pass."""
+    """UsageError for a text prompt that is empty or only white space (the chat template would make a
+    prompt of it); token-id prompts are checked by ``models.prompting.encode_prompts`` (DataError)."""
     for n, p in enumerate(prompts, 1):
         if isinstance(p, str) and not p.strip():
             raise UsageError(f"prompt {n} {p!r}: a prompt is empty; give at least one token of text")
-        if isinstance(p, (list, tuple)) and (not p or not isinstance(p[0], dict)):
-            check_ids(spec, p, f"prompt {n}")
 
 
 def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) -> None:
