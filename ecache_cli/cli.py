@@ -197,8 +197,10 @@ def handle_errors(fn, interrupted: str = KEPT):
             _quiet_stdout()
             raise typer.Exit(code=1) from None
         finally:
+            from .console import announce
             from .outputs import release_all
 
+            announce(None)  # warnings held for a first line that never came
             release_all()  # the output locks end with the command (in-process callers run several)
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)

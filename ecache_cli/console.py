@@ -1,18 +1,74 @@
-"""One pair of rich consoles: ``out`` for results (stdout), ``err`` for progress, tables and errors (stderr)."""
+"""One pair of rich consoles: ``out`` for results (stdout), ``err`` for progress, tables and errors (stderr).
+
+Every console of the command line is a :class:`PipeConsole` (``make``): a closed pipe raises
+:class:`BrokenPipeError`, which ``cli.handle_errors`` turns into a quiet exit 0 in every subcommand
+(rich's own console exits 1 there)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+
+class PipeConsole(Console):
+    """A rich console whose closed pipe (``ecache ... | head -1``) raises BrokenPipeError instead of rich's
+    ``SystemExit(1)``, so the exit status of a closed stdout is decided in one place (``cli.handle_errors``)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written to the closed stream
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def make(**kwargs) -> Console:
+    """A console for the command line's output (the keyword arguments of :class:`rich.console.Console`)."""
+    return PipeConsole(**kwargs)
+
+
+out = make(soft_wrap=True)
+err = make(stderr=True, soft_wrap=True)
+
+
+#: Warnings and notes (their printing functions and texts) waiting for the command's first stderr line
+#: (:func:`hold_warnings`); None: print at once.
+_held: list[tuple] | None = None
+
+
+def hold_warnings() -> None:
+    """Keep the warnings from now on until :func:`announce`: a command's first stderr line is what it
+    uses (README: "using model …"), so the warnings of checking its flags come after it."""
+    global _held
+    _held = []
+
+
+def announce(line: str | None) -> None:
+    """Print a command's first stderr line (None: none, e.g. under ``-q``), then the warnings held
+    since :func:`hold_warnings`; later warnings print at once."""
+    global _held
+    if line is not None:
+        err.print(line, markup=False, highlight=False)
+    held, _held = _held or [], None
+    for show, message in held:
+        show(message)
 
 
 def error(message: str) -> None:
-    """Print a one-line error on stderr (no markup interpretation of the message)."""
+    """Print a one-line error on stderr (no markup interpretation of the message), after any held
+    warnings."""
+    announce(None)
     err.print("error: " + message, style="bold red", markup=False, highlight=False)
 
 
 def warn(message: str) -> None:
-    """Print a one-line warning on stderr (callers print each warning once)."""
+    """Print a one-line warning on stderr (callers print each warning once); held until the command's
+    first line while :func:`hold_warnings` is in effect."""
+    if _held is not None:
+        _held.append((warn, message))
+        return
     err.print("warning: " + message, style="yellow", markup=False, highlight=False)
+
+
+def note(message: str) -> None:
+    """Print a one-line note on stderr (what a run will not measure); held as :func:`warn` is."""
+    if _held is not None:
+        _held.append((note, message))
+        return
+    err.print("note: " + message, markup=False, highlight=False)

@@ -211,8 +211,9 @@ object a line with one of:
 
 Chat roles: system, user, assistant; any other role is an error naming it.
 
-Files must be UTF-8. Every record is checked before decoding starts: invalid ones stop the run (exit
-2) naming file:line and why; --skip-invalid decodes the others and writes an error record for each.
+Files and stdin must be UTF-8. Every record (and every stdin line) is checked before decoding starts,
+in every command: invalid ones stop the run (exit 2) naming file:line and why; generate's
+--skip-invalid decodes the others and writes an error record for each.
 --jsonl output records echo the input record's other fields."""),
     "outputs": ("Tables, JSON files and concurrent runs", """\
 Tables are sized for an 80-column terminal: [bold]profile[/] and [bold]calibrate[/] show the columns that matter

@@ -48,7 +48,9 @@ Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply th
 BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=D)]
 Seed = Annotated[int, typer.Option(help="Random seed (sampling, remasking, task samples).", rich_help_panel=D)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=O)]
-InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL records, - = stdin (ecache help input).", rich_help_panel=O)]
+#: ``readable=False``: the parser does not check the file (its error would be a usage error, exit 2);
+#: ``runs.inputs.check_input_file`` does, with the runtime exit code of an unreadable file (1).
+InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL records, - = stdin (ecache help input).", readable=False, rich_help_panel=O)]
 
 
 def decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
@@ -109,10 +111,9 @@ Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wid
 
 def table_console(console, wide: bool):
     """The console a table is printed on: ``console`` itself (the terminal's width, ``$COLUMNS``, or 80
-    for a pipe), or with ``wide`` one wide enough for every column (240), so no cell is ever cut."""
+    for a pipe), or with ``wide`` one wide enough for every column (240), so no cell is ever cut: of
+    ``console``'s own class, so a closed pipe ends the same way (``console.PipeConsole``)."""
     if not wide:
         return console
-    from rich.console import Console
-
-    return Console(file=console.file, width=max(console.width, 240), soft_wrap=True,
-                   force_terminal=console.is_terminal, no_color=console.no_color)
+    return type(console)(file=console.file, width=max(console.width, 240), soft_wrap=True,
+                              force_terminal=console.is_terminal, no_color=console.no_color)

@@ -43,9 +43,9 @@ def _make_folder(folder: Path, flag: str, path, announce: bool = True) -> None:
     except OSError as e:
         raise DataError(f"{flag} {path}: cannot create folder {folder} ({e.strerror}); choose another path") from None
     if announce:
-        from .console import err
+        from .console import note
 
-        err.print(f"note: created folder {folder} for {flag}", markup=False, highlight=False)
+        note(f"created folder {folder} for {flag}")
 
 
 def _probe(folder: Path, flag: str, path) -> None:

@@ -55,17 +55,18 @@ def test_non_utf8_prompt_argument_in_process(cli, llada_dir):
 def test_non_utf8_stdin_line_names_the_line(llada_dir):
     import io
 
-    from ecache_cli.errors import DataError
+    from ecache_cli.errors import UsageError
     from ecache_cli.runs.inputs import read_prompts
 
-    # UTF-8 mode / a C locale give stdin bytes as surrogates (surrogateescape)
-    with pytest.raises(DataError, match=r"stdin line 2: not UTF-8 text \(byte 0xfe\)"):
+    # UTF-8 mode / a C locale give stdin bytes as surrogates (surrogateescape); an invalid line: exit 2
+    with pytest.raises(UsageError, match=r"stdin:2: not UTF-8 text \(byte 0xfe\)"):
         list(read_prompts(None, None, io.StringIO("fine\nbad \udcfe\n")))
 
 
 def test_non_utf8_stdin_bytes(cli, llada_dir):
     res = cli("generate", "--model", llada_dir, *SMALL, input=b"Sort: 3 1\n\xff\xfe\n")
-    one_line_error(res, 1, "stdin", "not UTF-8")
+    one_line_error(res, 2, "stdin:2: not UTF-8")
+    assert res.stdout == ""  # all of stdin is checked before the first line is decoded
 
 
 @pytest.mark.parametrize("spec, needle", [

@@ -258,8 +258,8 @@ def test_make_policy_errors():
     with pytest.raises(UsageError, match="not a cache policy"):
         make_policy("lru")
     with pytest.raises(UsageError, match="no parameter 'tau'"):
-        make_policy("dual", strict=True, tau=1.0)
-    assert make_policy("dual", tau=1.0).name == "dual"  # non-strict drops foreign parameters
+        make_policy("dual", tau=1.0)  # strict by default, as the command line
+    assert make_policy("dual", strict=False, tau=1.0).name == "dual"  # non-strict drops foreign parameters
     assert make_policy("entropy", tau=0.3, recent_k=8).params() == {
         "tau": 0.3, "recent_k": 8, "signal": "max-entropy", "block_refresh": False, "recent_steps": 0,
         "block_tau": None, "refresh_prompt": True}

@@ -1,8 +1,8 @@
 """Cache policies, one small file each, registered by name.
 
 A policy decides which positions the next forward computes and when to refresh everything; it
-never computes or stores (``cache/base.py``). ``make_policy(name, **params)`` builds one, keeping
-only the parameters it declares.
+never computes or stores (``cache/base.py``). ``make_policy(name, **params)`` builds one and
+refuses a parameter it does not declare, as the command line does.
 """
 
 from __future__ import annotations
@@ -47,11 +47,13 @@ def spec_hint(name: str) -> str:
             "key: value}, or in `ecache profile --policies name:key=value`; --tau and --recent-k are flags)")
 
 
-def make_policy(name: str, strict: bool = False, **params) -> CachePolicy:
-    """Build policy ``name``; params it does not declare are ignored (``strict`` rejects them).
+def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
+    """Build policy ``name`` from its parameters, checked as the command line checks them.
 
-    Raises UsageError for an unknown name (listing the valid ones), a wrongly typed value (``tau='x'``,
-    NaN, ``block_refresh='maybe'``) or, with ``strict``, an unknown parameter.
+    Raises UsageError for an unknown name (listing the valid ones), a wrongly typed or out-of-range value
+    (``tau='x'``, NaN, ``block_refresh='maybe'``) or a parameter the policy does not declare (``kr=3``:
+    the message ``--policies`` gives). ``strict=False`` ignores undeclared parameters instead: for
+    callers that hold one set of settings for several policies (``runs.settings.Settings``, the server).
     """
     if name not in POLICIES:
         raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}{spec_hint(name)}")

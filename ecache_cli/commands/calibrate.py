@@ -83,7 +83,7 @@ def calibrate_cmd(
 
     Example: [cyan]ecache calibrate --task list --limit 50[/] (exit 1 when no τ qualifies)
     """
-    from ..console import err
+    from ..console import announce, err, hold_warnings
     from ..console import out as out_console
     from ..errors import EcacheError
     from ..runs.calib_groups import TaskGroups, parse_list, parse_shots
@@ -109,6 +109,7 @@ def calibrate_cmd(
     from ..tasks import get_task
     from ..tasks import sandbox as code_sandbox
 
+    hold_warnings()  # after the "using model" line (console.announce)
     names, shot_list = parse_list(task, "--task"), parse_shots(shots)
     one_k, ks = _one_or_list(_counts(recent_k, "--recent-k", "16,32,64"))
     one_steps, step_list = _one_or_list(_counts(recent_steps, "--recent-steps", "0,4,8"))
@@ -142,15 +143,14 @@ def calibrate_cmd(
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         {**o.cache_flags("entropy", None, one_k, signal, block_refresh, None), "recent_steps": one_steps},
         profile=profile, compile=compile_step, quantize=quantize, group_size=group_size, tau_searched=True)
-    code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     opts.quantize = settings.quantize  # --profile's quantize key when no flag: the profile written says which
     from ..distributed import from_environment
 
-    if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
-        base = f"; base settings from profile {settings.profile}" if settings.profile else ""
-        err.print(settings.describe(model, tau=f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}"), markup=False,
-                  highlight=False)
+    base = f"; base settings from profile {settings.profile}" if settings.profile else ""
+    announce(settings.describe(model, tau=f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}")
+             if not quiet and from_environment().is_main else None)  # what this run uses, before the load
+    code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # the ranks share the batches
     if dist.is_main:
         from ..runs.confidence import warn_untrained

@@ -40,7 +40,7 @@ def generate(
 
     Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/]
     """
-    from ..console import err, warn
+    from ..console import announce, err, hold_warnings, warn
     from ..outputs import check_file
     from ..runs.confidence import warn_untrained
     from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
@@ -48,6 +48,7 @@ def generate(
     from ..runs.settings import not_used_by, resolve_settings, warn_idle_steps, warn_unused_cache_flags
     from ..runtime import compile_line, load_for_command
 
+    hold_warnings()  # after the "using model" line (console.announce)
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
                            batch_size=batch_size, seed=seed, stream=stream, quiet=quiet, output=output,
                            resume=resume, skip_invalid=skip_invalid, print0=print0)
@@ -69,8 +70,7 @@ def generate(
         raise DataError("cannot write the output: stdout is closed; redirect it (> answers.txt) or use --output FILE")
     if output is not None:
         check_file(output, "--output")  # before the model loads
-    if not quiet and ranks.is_main:  # what this run uses, before the (maybe long) load
-        err.print(settings.describe(model), markup=False, highlight=False)
+    announce(settings.describe(model) if not quiet and ranks.is_main else None)  # before the (maybe long) load
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)

@@ -48,7 +48,7 @@ def profile_cmd(
 
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
-    from ..console import err, out, warn
+    from ..console import announce, err, hold_warnings, note, out, warn
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs.inputs import check_input_file
     from ..runs.profile import (
@@ -68,9 +68,11 @@ def profile_cmd(
     from ..runtime import compile_line, load_for_command, resolve_threads
     from ..tasks import sandbox as code_sandbox
 
+    hold_warnings()  # after the "using model" line (console.announce)
     names = policy_names(policies)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
-                          chat=chat, trace_dir=trace_dir, trace_steps=trace_steps)
+                          chat=chat, trace_dir=trace_dir, trace_steps=trace_steps, input_file=input_file,
+                          quiet=quiet)
     opts.validate()
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     check_sources(prompts, input_file, task, data, shots, limit)
@@ -90,19 +92,16 @@ def profile_cmd(
     if task is not None:
         task_obj, requests, task_info = task_setup(task, data, shots, limit, seed, allow_code_execution)
         if not task_info["scored"]:
-            err.print(f"note: task {task} is not scored without --allow-code-execution (its scorer runs the code)",
-                      markup=False, highlight=False)
+            note(f"task {task} is not scored without --allow-code-execution (its scorer runs the code)")
     else:
         requests = input_requests(prompts, input_file, limit)
     if "none" not in names:
-        err.print("note: --policies has no 'none': speedup, work share and fidelity vs none are not measured",
-                  markup=False, highlight=False)
-    code_sandbox.configure(sandbox, settings.sandbox,
-                           bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
+        note("--policies has no 'none': speedup, work share and fidelity vs none are not measured")
     from ..distributed import from_environment
 
-    if not quiet and from_environment().is_main:  # what this run uses, before the (maybe long) load
-        err.print(settings.describe(model, policies=names), markup=False, highlight=False)
+    announce(settings.describe(model, policies=names) if not quiet and from_environment().is_main else None)
+    code_sandbox.configure(sandbox, settings.sandbox,  # its warning after the line above, before the load
+                           bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # this rank's share, rank 0 reports
     if dist.is_main:
         from ..runs.confidence import warn_untrained

@@ -44,7 +44,7 @@ def trace_drift_cmd(
 
     Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
-    from ..console import err
+    from ..console import announce, err, hold_warnings
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
@@ -52,6 +52,7 @@ def trace_drift_cmd(
     from ..runs.trace_drift import TraceOptions, check_flags, signal_kind, summary_document, trace
     from ..runtime import compile_line, load_for_command
 
+    hold_warnings()  # after the "using model" line (console.announce)
     check_flags(prompts, input_file, task, data, limit, batch_size, signal, plot, jsonl, json_out, volatility_level,
                 rows)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
@@ -68,8 +69,7 @@ def trace_drift_cmd(
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=signal_kind(signal, settings),
                         volatility_level=volatility_level)
-    if not quiet:  # what this run uses, before the (maybe long) load
-        err.print(settings.describe(model), markup=False, highlight=False)
+    announce(None if quiet else settings.describe(model))  # what this run uses, before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)  # one process: no ranks
     warn_untrained(lm, task)
     warn_idle_steps(settings.decode, lm.spec.sampler)

@@ -30,6 +30,7 @@ from ..errors import UsageError
 from ..metrics.step_timer import StepTimer
 from ..models.prompting import check_prompt_ids, encode_prompts
 from . import forward
+from .checks import check_ids, check_prompts, check_start
 from .ledger import GenerationResult, Ledger
 
 _NO_RANGE = contextlib.nullcontext()  # reusable: what ``Run._range`` returns when ranges are off
@@ -53,7 +54,8 @@ class Engine:
         return cls(lm.model, lm.tokenizer, lm.spec)
 
     def encode(self, prompts: Sequence[str | list], chat: bool) -> list[list[int]]:
-        """Token ids of each prompt (``models/prompting.py`` ``encode_prompts``)."""
+        """Token ids of each prompt (``models/prompting.py``); UsageError as ``checks.check_prompts``."""
+        check_prompts(self.spec, prompts)
         return encode_prompts(self.tokenizer, self.spec, prompts, chat)
 
     def check_prompt_ids(self, ids: Sequence[int]) -> str | None:
@@ -85,8 +87,7 @@ class Run:
 
     def __init__(self, engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, policy, seed: int,
                  row_ids: Sequence[int] | None = None, prompt_width: int | None = None):
-        if not prompts:
-            raise UsageError("no prompts to generate from")
+        check_start(cfg, prompts)  # each prompt's ids: ``add`` below
         spec = engine.spec
         self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
         self.blocks, self.rule = self.decoder.blocks, self.decoder.rule
@@ -130,10 +131,8 @@ class Run:
         """Queue a tokenized prompt to join at the next step boundary (its first step is its own full
         forward under every shipped policy). Returns its index in the run (its place in ``results()``).
         ``row_id``: its random stream's index (default: that index). Raises UsageError when the prompt is
-        longer than the canvas's prompt width ``P``."""
-        if len(prompt_ids) > self.P:
-            raise UsageError(f"a joining prompt of {len(prompt_ids)} tokens exceeds this run's prompt width {self.P}; "
-                             "start a run with a larger prompt_width")
+        longer than the canvas's prompt width ``P`` or holds ids the model cannot take (or none)."""
+        check_ids(self.engine.spec, prompt_ids, "a joining prompt", width=self.P)
         r = self.ledger.add(list(prompt_ids), row_id, 0.0 if self._t0 is None else self._now() - self._t0)
         self._joining.append(r)
         return r

@@ -10,116 +10,68 @@ Without ``--skip-invalid`` one error names every invalid line with its fix and n
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError, EcacheError, UsageError
-from .inputs import is_stdin, jsonl_lines, prompt_of
+from ..errors import EcacheError
+from .inputs import FIX, SKIP_FIX, Item, invalid_error, is_stdin, read_records, source_head
 
-
-@dataclass
-class Item:
-    """One prompt of a generate run, in input order.
-
-    ``index``: 0-based among the input's records (blank lines are not records; invalid records count,
-    so a record's index and random stream do not depend on whether an earlier one is valid);
-    ``line``: 1-based line in the file or stdin (the argument's position for prompt arguments);
-    ``rec``: the parsed record (None when the line is not a JSON value); ``prompt``: what to encode
-    (text, messages or token ids), None when invalid; ``error``: why it is invalid (a one-line
-    reason naming ``file:line`` and the fix), else None; ``ids``: the prompt's token ids when
-    :func:`read_input` already encoded it (the decode reuses them), else None.
-    """
-
-    index: int
-    line: int
-    rec: object
-    prompt: object
-    error: str | None = None
-    ids: list[int] | None = None
+__all__ = ["FIX", "SKIP_FIX", "Item", "check_items", "check_prompts", "invalid_error", "read_input"]
 
 
 def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[Item]:
     """Every record of ``--input`` (``-``: stdin) as an :class:`Item`, each checked (module docstring).
 
-    Raises DataError when the file cannot be read at all, or holds no record."""
-    name = "stdin" if is_stdin(input_file) else str(input_file)
-    limit = engine.spec.max_positions
-    items: list[Item] = []
-    for n, line in jsonl_lines(input_file, lenient=True):
-        where = f"{name}:{n}"
-        if line is not None and not line.strip():
-            continue
-        item = Item(index=len(items), line=n, rec=None, prompt=None)
-        items.append(item)
-        if line is None:
-            item.error = f"{where}: not UTF-8 text; save the file as UTF-8 JSONL"
-            continue
-        try:
-            item.rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            item.error = f"{where}: not valid JSON ({e.msg}); each line must be one JSON object"
-            continue
-        try:
-            prompt = prompt_of(item.rec, where)
-        except DataError as e:
-            item.error = str(e)
-            continue
-        if isinstance(item.rec.get("prompt_ids"), list):
-            why = engine.check_prompt_ids(prompt)
-            if why:
-                item.error = f"{where}: {why}; give ids of the model's tokenizer"
-                continue
-        try:
-            (ids,) = engine.encode([prompt], chat)
-        except EcacheError as e:
-            item.error = f"{where}: {e}"
-            continue
-        if len(ids) + gen_length > limit:
-            templated = isinstance(item.rec.get("messages"), list) or (chat and "prompt_ids" not in item.rec)
-            templ = " after the chat template" if templated else ""
-            fit = limit - gen_length
-            fix = (f"shorten it to at most {fit} tokens or lower --gen-length to at most {limit - len(ids)}"
-                   if limit - len(ids) > 0 else f"shorten it to at most {fit} tokens" if fit > 0
-                   else "lower --gen-length")
-            item.error = (f"{where}: the prompt ({len(ids)} tokens{templ}) + --gen-length {gen_length} exceeds the "
-                          f"model's {limit} positions; {fix}")
-            continue
-        item.prompt, item.ids = prompt, ids
+    Raises DataError when the file cannot be read at all."""
+    return check_items(read_records(input_file), engine, chat, gen_length,
+                       "stdin" if is_stdin(input_file) else str(input_file))
+
+
+def check_items(items: list[Item], engine, chat: bool, gen_length: int, name: str) -> list[Item]:
+    """The model's checks of every still-valid item (token ids, template and tokenizer, the canvas):
+    an invalid one gets its ``error`` (``name:line: reason; fix``) and loses its ``prompt``; a valid
+    one keeps its encoded ``ids``. Returns ``items``."""
+    for item in items:
+        if item.error is None:
+            prompt, item.prompt = item.prompt, None
+            item.error = _model_error(item, prompt, engine, chat, gen_length, f"{name}:{item.line}")
     return items
 
 
-def invalid_error(items: list[Item], input_file: Path, shown: int = 10) -> UsageError | None:
-    """The one-line error for the invalid records of ``items`` (None when all are valid): each reason
-    once with the lines that have it (``file:3: …`` for one line, ``file lines 1-3, 7: …`` for several;
-    the first ``shown`` reasons, the other lines by number), and the way out."""
-    bad = [it for it in items if it.error is not None]
-    if not bad:
-        return None
-    groups: dict[str, tuple[str, list[int]]] = {}  # reason -> (where the lines are, the lines)
-    for it in bad:
-        m = re.match(rf"(.*):{it.line}: (.*)", it.error, re.S)  # "file:line: reason"
-        name, reason = (m.group(1), m.group(2)) if m else (str(input_file), it.error)
-        groups.setdefault(reason, (name, []))[1].append(it.line)
-    parts = [f"{name}:{lines[0]}: {reason}" if len(lines) == 1 else f"{name} lines {_line_ranges(lines)}: {reason}"
-             for reason, (name, lines) in list(groups.items())[:shown]]
-    reasons = "; ".join(parts)
-    if len(groups) > shown:
-        rest = sorted(line for _, (_, lines) in list(groups.items())[shown:] for line in lines)
-        reasons += f"; and {len(rest)} more at line{'s' if len(rest) > 1 else ''} {_line_ranges(rest)}"
-    return UsageError(f"--input {input_file}: {len(bad)} of {len(items)} record(s) invalid, nothing decoded: "
-                      f"{reasons}; "
-                      "fix them, or pass --skip-invalid to decode the others (each invalid line gets an error record)")
+def check_prompts(items: list[Item], engine, chat: bool, gen_length: int, input_file: Path | None) -> None:
+    """The model's checks (:func:`check_items`) of every item of ``inputs.read_items`` before anything
+    is decoded: UsageError (exit 2) naming every prompt the model cannot decode, with its fix, as
+    for generate's ``--input`` (profile and trace-drift have no ``--skip-invalid``)."""
+    for item in items:
+        if item.error is None:
+            prompt, item.prompt = item.prompt, None
+            where = f"{item.source}:{item.line}" if item.source else f"line {item.line}"
+            item.error = _model_error(item, prompt, engine, chat, gen_length, where)
+    head, what = source_head(items, input_file)
+    error = invalid_error(items, head, what=what, fix=FIX)
+    if error is not None:
+        raise error
 
 
-def _line_ranges(lines: list[int]) -> str:
-    """Ascending line numbers as ranges: [1, 2, 3, 7] -> ``1-3, 7``."""
-    out, start = [], None
-    for i, n in enumerate(lines):
-        if start is None:
-            start = n
-        if i + 1 == len(lines) or lines[i + 1] != n + 1:
-            out.append(str(start) if start == n else f"{start}-{n}")
-            start = None
-    return ", ".join(out)
+def _model_error(item: Item, prompt, engine, chat: bool, gen_length: int, where: str) -> str | None:
+    """Why the model cannot decode ``prompt`` (None: it can, and ``item`` gets its prompt and ids)."""
+    rec = item.rec if isinstance(item.rec, dict) else {}
+    if isinstance(rec.get("prompt_ids"), list):
+        why = engine.check_prompt_ids(prompt)
+        if why:
+            return f"{where}: {why}; give ids of the model's tokenizer"
+    try:
+        (ids,) = engine.encode([prompt], chat)
+    except EcacheError as e:
+        return f"{where}: {e}"
+    limit = engine.spec.max_positions
+    if len(ids) + gen_length > limit:
+        templated = isinstance(rec.get("messages"), list) or (chat and "prompt_ids" not in rec)
+        templ = " after the chat template" if templated else ""
+        fit = limit - gen_length
+        fix = (f"shorten it to at most {fit} tokens or lower --gen-length to at most {limit - len(ids)}"
+               if limit - len(ids) > 0 else f"shorten it to at most {fit} tokens" if fit > 0
+               else "lower --gen-length")
+        return (f"{where}: the prompt ({len(ids)} tokens{templ}) + --gen-length {gen_length} exceeds the "
+                f"model's {limit} positions; {fix}")
+    item.prompt, item.ids = prompt, ids
+    return None

@@ -1,10 +1,18 @@
 """Where a run's prompts come from: prompt arguments, an ``--input`` JSONL file (``-``: stdin) or
-plain lines on stdin, each checked with a one-line error naming the bad argument or ``file:line``."""
+plain lines on stdin, the same for every subcommand (generate, profile, trace-drift).
+
+Every source is read and checked in full before its first prompt is handed out, so nothing is
+decoded from an input that holds a bad line: one UsageError (exit 2, :func:`invalid_error`) names
+every bad line (``file:3: …``, ``file lines 1-3, 7: …``) with its fix. A file that cannot be opened
+at all is a DataError (exit 1), as README's exit-code table says of an unreadable input.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -13,52 +21,210 @@ from ..errors import DataError, UsageError
 
 def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None,
                  lines: bool = False) -> Iterator[tuple]:
-    """Yield (prompt, record) pairs: arguments first, else ``--input`` JSONL (``prompt``, ``messages``
-    or ``prompt_ids`` field: a list of ints, yielded as that list), else stdin (one prompt per line,
-    blank lines skipped). Raises DataError naming the file and line of a malformed record, after every
-    earlier prompt has been yielded (token ids are checked against the model when they are encoded).
+    """Yield (prompt, record) pairs of :func:`read_items` (``prompt_ids`` records yield their list of
+    ints), all read and checked before the first is yielded.
 
     With ``lines`` the tuples are (prompt, record, line): ``line`` is the 1-based line number in the
     ``--input`` file or on stdin (blank lines are skipped but still counted, so it always points at
     the line the prompt came from), or the 1-based position of a prompt argument."""
+    for it in read_items(args, input_file, stdin):
+        yield (it.prompt, it.rec, it.line) if lines else (it.prompt, it.rec)
+
+
+def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None) -> list[Item]:
+    """Every prompt of a run as an :class:`Item` (``source`` set): arguments first, else ``--input``
+    JSONL (``prompt``, ``messages`` or ``prompt_ids`` field), else stdin (one prompt per line, blank
+    lines skipped). The whole source is read and checked first: UsageError naming every bad argument
+    or line (:func:`invalid_error`, exit 2), the error of :func:`no_prompts` for a source with no
+    prompt, DataError for a file that cannot be opened. Token ids, templates and lengths are the
+    model's checks (``gen_input.check_prompts``)."""
     if args:
         for n, a in enumerate(args, 1):  # every argument checked before the first is yielded
             _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
             if not a.strip():  # the chat template would otherwise turn it into a non-empty prompt
                 raise UsageError(f"prompt argument {n} {a!r}: a prompt is empty; give at least one token of text")
-        for n, a in enumerate(args, 1):
-            yield (a, {"prompt": a}, n) if lines else (a, {"prompt": a})
-        return
+        return [Item(index=n - 1, line=n, rec={"prompt": a}, prompt=a, source=ARGUMENT)
+                for n, a in enumerate(args, 1)]
     if input_file is not None:
-        name = "stdin" if is_stdin(input_file) else input_file  # where a bad record is: file:line
-        for n, line in jsonl_lines(input_file):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{name}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-            prompt = prompt_of(rec, f"{name}:{n}")
-            yield (prompt, rec, n) if lines else (prompt, rec)
-        return
+        items = read_records(input_file)
+        _raise_invalid(items, f"--input {input_file}", "record", input_file)
+        return items
     if stdin is not None:
-        warned = False
-        try:
-            for n, line in enumerate(stdin, 1):
-                line = line.rstrip("\n").removesuffix("\r")  # CRLF files piped in
-                if n == 1:
-                    line = line.removeprefix("\ufeff")  # a UTF-8 BOM, as --input files accept it
-                _check_utf8(line, f"stdin line {n}", DataError, "pipe UTF-8 prompts, one per line")
-                if not warned and line.lstrip().startswith("{") and _looks_like_record(line):
-                    warned = True  # once per input
-                    _warn_jsonl_stdin(n)
-                if line.strip():
-                    yield (line, {"prompt": line}, n) if lines else (line, {"prompt": line})
-        except UnicodeDecodeError:
-            raise DataError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
-        return
+        items = stdin_items(stdin)
+        _raise_invalid(items, "stdin", "line", None)
+        return items
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) "
                      "or use --input FILE.jsonl")
+
+
+#: ``Item.source`` of a prompt argument (its ``line`` is the argument's position).
+ARGUMENT = "prompt argument"
+
+
+def source_head(items: list[Item], input_file: Path | None) -> tuple[str, str]:
+    """What an error about ``items`` (from :func:`read_items`) names first, and what one item is:
+    (``--input FILE``, ``record``), (``stdin``, ``line``) or (``prompt arguments``, ``argument``)."""
+    if input_file is not None:
+        return f"--input {input_file}", "record"
+    if items and items[0].source == ARGUMENT:
+        return "prompt arguments", "argument"
+    return "stdin", "line"
+
+
+def _raise_invalid(items: list[Item], source: str, what: str, input_file: Path | None) -> None:
+    """Raise :func:`invalid_error` for the invalid ``items`` (none: return); an empty source is
+    :func:`no_prompts`'s error."""
+    if not items:
+        raise no_prompts(input_file)
+    error = invalid_error(items, source, what=what, fix=FIX)
+    if error is not None:
+        raise error
+
+
+@dataclass
+class Item:
+    """One prompt of a run, in input order.
+
+    ``index``: 0-based among the input's records (blank lines are not records; invalid records count,
+    so a record's index and random stream do not depend on whether an earlier one is valid);
+    ``line``: 1-based line in the file or stdin (the argument's position for prompt arguments);
+    ``rec``: the parsed record (None when the line is not a JSON value); ``prompt``: what to encode
+    (text, messages or token ids), None when invalid; ``error``: why it is invalid (a one-line
+    reason naming ``file:line`` and the fix), else None; ``ids``: the prompt's token ids when they
+    were already encoded by a check (the decode reuses them), else None; ``source``: where ``line``
+    counts (the file, ``stdin`` or :data:`ARGUMENT`), for the errors of later checks.
+    """
+
+    index: int
+    line: int
+    rec: object
+    prompt: object
+    error: str | None = None
+    ids: list[int] | None = None
+    source: str | None = None
+
+
+def read_records(input_file: Path) -> list[Item]:
+    """Every record of ``--input`` (``-``: stdin) as an :class:`Item`, the whole file read first and
+    each line checked without the model: UTF-8, one JSON value, a usable prompt field
+    (:func:`prompt_of`). Invalid lines get their ``error``; blank lines are skipped. Raises DataError
+    only when the file cannot be opened."""
+    name = "stdin" if is_stdin(input_file) else str(input_file)
+    items: list[Item] = []
+    for n, line in jsonl_lines(input_file, lenient=True):
+        if line is not None and not line.strip():
+            continue
+        item = Item(index=len(items), line=n, rec=None, prompt=None, source=name)
+        items.append(item)
+        item.error = _record_error(item, line, f"{name}:{n}")
+    return items
+
+
+def _record_error(item: Item, line: str | None, where: str) -> str | None:
+    """Parse ``line`` into ``item`` (its ``rec`` and ``prompt``); return why it is invalid, else None."""
+    if line is None:
+        return f"{where}: not UTF-8 text; save the file as UTF-8 JSONL"
+    try:
+        item.rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"{where}: not valid JSON ({e.msg}); each line must be one JSON object"
+    try:
+        item.prompt = prompt_of(item.rec, where)
+    except DataError as e:
+        return str(e)
+    return None
+
+
+def stdin_items(stdin: IO) -> list[Item]:
+    """Every non-blank line of piped ``stdin`` as a plain-text prompt :class:`Item`, all of stdin read
+    first (bytes decoded line by line, so a line that is not UTF-8 is named with its number; a BOM on
+    the first line and CRLF ends are dropped). Warns once when a line looks like a JSONL record."""
+    items: list[Item] = []
+    warned = False
+    for n, line in _stdin_lines(stdin):
+        if line is not None and not line.strip():
+            continue
+        item = Item(index=len(items), line=n, rec=None, prompt=None, source="stdin")
+        items.append(item)
+        if line is None:
+            item.error = f"stdin:{n}: not UTF-8 text; pipe UTF-8 prompts, one per line"
+            continue
+        try:
+            _check_utf8(line, f"stdin:{n}", DataError, "pipe UTF-8 prompts, one per line")
+        except DataError as e:
+            item.error = str(e)
+            continue
+        if not warned and line.lstrip().startswith("{") and _looks_like_record(line):
+            warned = True  # once per input
+            _warn_jsonl_stdin(n)
+        item.prompt, item.rec = line, {"prompt": line}
+    return items
+
+
+def _stdin_lines(stdin: IO) -> list[tuple[int, str | None]]:
+    """(1-based number, text or None when not UTF-8) of every line of ``stdin``, read to its end."""
+    raw = getattr(stdin, "buffer", None)
+    if raw is not None:
+        lines = [(n, _decode(b, n)) for n, b in enumerate(raw.read().split(b"\n"), 1)]
+    else:  # a text stream without bytes underneath (e.g. a test runner's)
+        try:
+            lines = [(n, t.removeprefix("\ufeff") if n == 1 else t)
+                     for n, t in enumerate(stdin.read().split("\n"), 1)]
+        except UnicodeDecodeError:
+            raise UsageError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
+    return [(n, None if t is None else t.removesuffix("\r")) for n, t in lines]
+
+
+def _decode(raw: bytes, n: int) -> str | None:
+    """One stdin line as text (``utf-8-sig`` on the first: a BOM dropped), None when not UTF-8."""
+    try:
+        return raw.decode("utf-8-sig" if n == 1 else "utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+#: The way out of invalid records for a command without ``--skip-invalid``.
+FIX = "fix them (ecache help input) and run again"
+#: ``generate``'s way out.
+SKIP_FIX = "fix them, or pass --skip-invalid to decode the others (each invalid line gets an error record)"
+
+
+def invalid_error(items: list[Item], source, shown: int = 10, what: str = "record",
+                  fix: str = SKIP_FIX) -> UsageError | None:
+    """The one-line error (exit 2) for the invalid ``items`` (None when all are valid): each reason once
+    with the lines that have it (``file:3: …`` for one line, ``file lines 1-3, 7: …`` for several; the
+    first ``shown`` reasons, the other lines by number), and the way out (``fix``). ``source``: what
+    the head names (``--input FILE``, ``stdin``; a path is shown as ``--input PATH``); ``what``: a
+    ``record`` or a ``line``."""
+    bad = [it for it in items if it.error is not None]
+    if not bad:
+        return None
+    if not isinstance(source, str):
+        source = f"--input {source}"
+    groups: dict[str, tuple[str, list[int]]] = {}  # reason -> (where the lines are, the lines)
+    for it in bad:
+        m = re.match(rf"(.*):{it.line}: (.*)", it.error, re.S)  # "file:line: reason"
+        name, reason = (m.group(1), m.group(2)) if m else (source, it.error)
+        groups.setdefault(reason, (name, []))[1].append(it.line)
+    parts = [f"{name}:{lines[0]}: {reason}" if len(lines) == 1 else f"{name} lines {_line_ranges(lines)}: {reason}"
+             for reason, (name, lines) in list(groups.items())[:shown]]
+    reasons = "; ".join(parts)
+    if len(groups) > shown:
+        rest = sorted(line for _, (_, lines) in list(groups.items())[shown:] for line in lines)
+        reasons += f"; and {len(rest)} more at line{'s' if len(rest) > 1 else ''} {_line_ranges(rest)}"
+    return UsageError(f"{source}: {len(bad)} of {len(items)} {what}(s) invalid, nothing decoded: {reasons}; {fix}")
+
+
+def _line_ranges(lines: list[int]) -> str:
+    """Ascending line numbers as ranges: [1, 2, 3, 7] -> ``1-3, 7``."""
+    out, start = [], None
+    for i, n in enumerate(lines):
+        if start is None:
+            start = n
+        if i + 1 == len(lines) or lines[i + 1] != n + 1:
+            out.append(str(start) if start == n else f"{start}-{n}")
+            start = None
+    return ", ".join(out)
 
 
 def _looks_like_record(line: str) -> bool:
@@ -97,15 +263,28 @@ def is_stdin(input_file: Path | str | None) -> bool:
 
 
 def check_input_file(input_file: Path | None) -> None:
-    """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing file (DataError, exit 1).
-    Anything readable that is not a folder counts: a named pipe, ``/dev/stdin``, a shell's ``<(...)``
-    (the records are read once, as a stream)."""
-    if input_file is None or is_stdin(input_file) or (input_file.exists() and not input_file.is_dir()):
+    """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing, readable file; else a
+    DataError (exit 1, README's exit codes: an unreadable input is a runtime error). Anything readable
+    that is not a folder counts: a named pipe, ``/dev/stdin``, a shell's ``<(...)`` (the records are read
+    once, as a stream; only a regular file is opened to try it)."""
+    import errno
+    import os
+
+    if input_file is None or is_stdin(input_file):
         return
     if input_file.is_dir():
         raise DataError(f"--input {input_file} is a folder; give a JSONL file (one JSON object with a 'prompt' "
                         "field per line), or - for stdin")
-    raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+    if not input_file.exists():
+        raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
+    try:
+        if input_file.is_file():
+            os.close(os.open(input_file, os.O_RDONLY))
+        elif not os.access(input_file, os.R_OK):  # a pipe is not opened here: that would take its writer
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as e:
+        raise DataError(f"--input {input_file}: cannot read ({e.strerror}); make it readable (chmod +r) or pass "
+                        "another file") from None
 
 
 def jsonl_lines(input_file: Path, lenient: bool = False) -> Iterator[tuple[int, str | None]]:

@@ -30,7 +30,7 @@ from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
 from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize, work_efficiency
-from .inputs import piped_stdin, read_prompts
+from .inputs import piped_stdin, read_items
 from .settings import Settings
 from .streams import batched
 
@@ -44,6 +44,7 @@ class Request:
     prompt: str | list
     example: object | None = None
     task: object | None = None
+    item: object | None = None  # the inputs.Item it came from (prompt arguments, --input, stdin)
 
 
 @dataclass
@@ -57,6 +58,8 @@ class ProfileOptions:
     seed: int = 0
     chat: bool | None = None
     trace_dir: Path | None = None
+    input_file: Path | None = None  # --input, named by the errors of its records
+    quiet: bool = False  # -q: nothing but warnings and errors on stderr (the profiler's own lines too)
     trace_steps: int | None = 32
 
     def validate(self) -> None:
@@ -157,13 +160,10 @@ def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") 
 
 
 def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
-    """Requests from arguments, a JSONL file or stdin (``runs.inputs.read_prompts``), at most ``limit``."""
-    out = []
-    for prompt, _ in read_prompts(args, input_file, stdin):
-        out.append(Request(prompt))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+    """Requests from arguments, a JSONL file or stdin (``runs.inputs.read_items``: every line read and
+    checked first), the first ``limit``."""
+    items = read_items(args, input_file, stdin)[:limit]
+    return [Request(it.prompt, item=it) for it in items]
 
 
 def policy_names(policies: str | None) -> list[str]:
@@ -226,12 +226,26 @@ def run_profile(lm, settings: Settings, requests: Sequence[Request], opts: Profi
     dist = dist or DistEnv()
     engine = Engine.from_loaded(lm)
     use_chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
+    _check_requests(requests, engine, use_chat, settings.decode.gen_length, opts.input_file)
     report = measure(engine, settings, requests, opts, chat=use_chat, on_run=on_run, dist=dist)
     if report is not None:
         report.extra["task"] = task_info
         report.extra["world_size"] = dist.world_size
         report.extra["prompts_done"] = report.prompts_done  # all of them unless interrupted
     return report, use_chat
+
+
+def _check_requests(requests: Sequence[Request], engine, chat: bool, gen_length: int, input_file) -> None:
+    """Every request read from the input checked by the model before any is decoded
+    (``gen_input.check_prompts``: UsageError naming each prompt it cannot decode)."""
+    from .gen_input import check_prompts
+
+    items = [r.item for r in requests if r.item is not None]
+    if items:
+        check_prompts(items, engine, chat, gen_length, input_file)
+        for r in requests:
+            if r.item is not None:
+                r.prompt = r.item.prompt
 
 
 def empty_answers(report: ProfileReport) -> int:
@@ -387,7 +401,7 @@ class _Bench:
             run = self.engine.start([self.ids[i] for i in first], self.settings.decode, self.make(p), seed=opts.seed,
                                     row_ids=first)
             trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p.replace(":", "_").replace("=", "-"),
-                                             opts.trace_steps)
+                                             opts.trace_steps, quiet=opts.quiet)
         return trace
 
 

@@ -45,7 +45,7 @@ class Settings:
             params = {**{k: v for k, v in self.all_cache_params.items() if k in known}, **override}
         if name == "entropy" and "tau" not in params:
             params["tau"] = self.cache_params.get("tau", DEFAULT_TAU)
-        return make_policy(name, **params)
+        return make_policy(name, strict=False, **params)  # the flags of other policies are warned about, not used
 
     @property
     def tau(self) -> float | None:
@@ -226,7 +226,7 @@ def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, 
     """Build the policy once, so a bad name or value fails before the model loads (UsageError; one about a
     value the profile at ``path`` set names it)."""
     try:
-        make_policy(name, **params)
+        make_policy(name, strict=False, **params)
     except UsageError as e:
         _blame_profile(e, params, p_cache, cache_flags, path)
         raise

@@ -38,7 +38,7 @@ from ..metrics.drift import (
     layer_mean_change,
     next_step_pairs,
 )
-from .inputs import piped_stdin, read_prompts
+from .inputs import piped_stdin, read_items
 from .manifest import manifest
 from .settings import Settings
 from .streams import batched
@@ -327,8 +327,10 @@ def signal_kind(signal: str | None, settings: Settings) -> str:
     return signal or settings.cache_params.get("signal", "max-entropy")
 
 
-def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
-    """Prompts from arguments, ``--input`` JSONL, stdin, or ``--task`` (test split, ``--limit``, ``--shots``)."""
+def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int) -> list[str | list]:
+    """Prompts from arguments, ``--input`` JSONL, stdin, or ``--task`` (test split, ``--limit``, ``--shots``);
+    every one read from the input is checked, by the model too, before any is decoded (UsageError
+    naming each bad line: ``inputs.read_items``, ``gen_input.check_prompts``)."""
     if opts.task:
         if opts.prompts or opts.input_file:
             raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
@@ -337,13 +339,12 @@ def load_prompts(lm, opts: TraceOptions) -> list[str | list]:
         task = get_task(opts.task, opts.data)
         shots = task.default_shots if opts.shots is None else opts.shots
         return [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
-    stdin = piped_stdin() if not opts.prompts and opts.input_file is None else None
-    prompts = [p for p, _ in read_prompts(opts.prompts, opts.input_file, stdin)]
-    if not prompts:
-        from .inputs import no_prompts
+    from .gen_input import check_prompts
 
-        raise no_prompts(opts.input_file)
-    return prompts
+    stdin = piped_stdin() if not opts.prompts and opts.input_file is None else None
+    items = read_items(opts.prompts, opts.input_file, stdin)
+    check_prompts(items, engine, chat, gen_length, opts.input_file)
+    return [it.prompt for it in items]
 
 
 def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -> TraceReport:
@@ -358,7 +359,7 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -
     chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
     report = TraceReport(signal=opts.signal, level=opts.volatility_level, n_layers=lm.spec.n_layers)
     done = 0
-    for prompts in batched(load_prompts(lm, opts), opts.batch_size):
+    for prompts in batched(load_prompts(engine, opts, chat, settings.decode.gen_length), opts.batch_size):
         run_ = engine.start(engine.encode(prompts, chat), settings.decode, settings.policy(), seed=opts.seed,
                             row_ids=range(done, done + len(prompts)))  # as generate: (seed, prompt index)
         tracer = DriftTracer(run_, offset=done)

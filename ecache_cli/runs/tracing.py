@@ -20,8 +20,11 @@ each policy is a run in TensorBoard's PyTorch Profiler tab: ``tensorboard --logd
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 from torch.profiler import (
@@ -72,9 +75,34 @@ class LayerRanges:
         self.handles = []
 
 
-def trace_run(run, out_dir: Path, name: str, max_steps: int | None = 64) -> dict:
+@contextlib.contextmanager
+def native_stderr_off(off: bool):
+    """With ``off``: file descriptor 2 points at /dev/null inside the block, so what C++ code prints
+    there (kineto's ``profiler_start`` / ``profiler_stop`` lines, which no Python setting silences)
+    stays off a ``-q`` run's stderr; Python's own ``sys.stderr`` is flushed first."""
+    if not off:
+        yield
+        return
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no descriptor 2 (a closed stderr): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def trace_run(run, out_dir: Path, name: str, max_steps: int | None = 64, quiet: bool = False) -> dict:
     """Iterate ``run`` (an unstarted engine :class:`Run`) with its first ``max_steps`` denoising steps
     under torch.profiler (None: all of them; the rest run untraced so the request still completes).
+    ``quiet`` (``-q``): the profiler's start and stop lines are not printed.
 
     Writes the files named in the module docstring for ``name``; returns {files, steps, ranges, ops}:
     ranges maps each ecache range to {count, total_ms} (inclusive CPU time), ops splits operator self
@@ -88,13 +116,20 @@ def trace_run(run, out_dir: Path, name: str, max_steps: int | None = 64) -> dict
     steps = iter(run)
     traced = 0
     run.ranges = True
-    with LayerRanges(run.engine.model), profile(activities=activities, on_trace_ready=tensorboard_trace_handler(
-            str(out_dir / name), worker_name=name)) as prof:
-        with record_function(f"{RANGE_PREFIX}request.{name}"):
-            for _ in steps:
-                traced += 1
-                if max_steps is not None and traced >= max_steps:
-                    break
+    prof = profile(activities=activities, on_trace_ready=tensorboard_trace_handler(str(out_dir / name),
+                                                                                   worker_name=name))
+    with LayerRanges(run.engine.model):
+        with native_stderr_off(quiet):
+            prof.start()
+        try:
+            with record_function(f"{RANGE_PREFIX}request.{name}"):
+                for _ in steps:
+                    traced += 1
+                    if max_steps is not None and traced >= max_steps:
+                        break
+        finally:
+            with native_stderr_off(quiet):
+                prof.stop()
     run.ranges = False
     for _ in steps:  # finish the request untraced
         pass

@@ -280,8 +280,9 @@ class Resolver:
         if req.seed is not None and not 0 <= req.seed < 1 << 64:
             raise ApiError(400, f"seed {req.seed} must be in 0-{(1 << 64) - 1} (as ecache generate --seed)", "seed")
         seed = random.getrandbits(63) if req.seed is None else req.seed
-        return Job(endpoint=endpoint, prompt_ids=prompt_ids, key=key, make_policy=lambda: make_policy(name, **params),
-                   max_tokens=max_tokens, stop=stop, stream=bool(req.stream), seed=seed, timeout=lim.request_timeout)
+        return Job(endpoint=endpoint, prompt_ids=prompt_ids, key=key,
+                   make_policy=lambda: make_policy(name, strict=False, **params), max_tokens=max_tokens, stop=stop,
+                   stream=bool(req.stream), seed=seed, timeout=lim.request_timeout)
 
     def _default_steps(self, gen: int, block: int, parallel: bool) -> int | None:
         """The server's steps per generated token × ``gen``, at least one a block; None in threshold
@@ -330,7 +331,7 @@ class Resolver:
                 raise ApiError(400, f"tau {req.tau} must be a finite number ≥ 0 (nats)", "tau")
             params["tau"] = req.tau
         try:
-            make_policy(name, **params)
+            make_policy(name, strict=False, **params)
         except EcacheError as e:
             raise ApiError(400, f"policy {name}: {e}", "tau" if req.tau is not None else "policy") from None
         return name, params

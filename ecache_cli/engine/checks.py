@@ -1,0 +1,40 @@
+"""What the library refuses before a run starts, with the command line's messages (UsageError): the
+Python API (``Engine.encode``, ``Engine.start``, ``Run.add``) checks what the commands check."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..decoding.config import DecodeConfig
+from ..errors import UsageError
+from ..models.prompting import check_prompt_ids
+
+
+def check_prompts(spec, prompts: Sequence) -> None:
+    """UsageError for a text prompt that is empty or only white space (the chat template would make a
+    prompt of it); token-id prompts are checked by ``models.prompting.encode_prompts`` (DataError)."""
+    for n, p in enumerate(prompts, 1):
+        if isinstance(p, str) and not p.strip():
+            raise UsageError(f"prompt {n} {p!r}: a prompt is empty; give at least one token of text")
+
+
+def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) -> None:
+    """UsageError (``where: reason; fix``) for token ids the model cannot take, none, or (``width``: a
+    run's prompt width) more than fit the run."""
+    if not len(ids):
+        raise UsageError(f"{where}: a prompt is empty; give at least one token id")
+    if width is not None and len(ids) > width:
+        raise UsageError(f"{where} of {len(ids)} tokens exceeds this run's prompt width {width}; "
+                         "start a run with a larger prompt_width")
+    why = check_prompt_ids(spec, list(ids))
+    if why:
+        raise UsageError(f"{where}: {why}; give ids of the model's tokenizer")
+
+
+def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]]) -> None:
+    """A run's arguments before anything is built: some prompts and a DecodeConfig (its values are
+    checked by the decoder it builds; a threshold above 1 is the library's way to commit one token a step)."""
+    if not prompt_ids:
+        raise UsageError("no prompts to generate from")
+    if not isinstance(cfg, DecodeConfig):
+        raise UsageError(f"cfg must be a DecodeConfig, not {type(cfg).__name__}")

@@ -1,0 +1,75 @@
+"""The Python API (README "Python API": ``make_policy``, ``Engine.encode``, ``Engine.start``,
+``Engine.generate``, ``Run.add``) refuses what the command line refuses, with
+UsageError and the same message (the part after the flag or argument it names)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SMALL
+
+from ecache_cli.cache import POLICIES, make_policy
+from ecache_cli.engine import DecodeConfig, Engine
+from ecache_cli.errors import UsageError
+
+CFG = DecodeConfig(gen_length=16, block_length=8)
+
+
+def _cli_error(cli, *args) -> str:
+    res = cli(*map(str, args))
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    return line
+
+
+#: (what the API call is, the call, the command line that refuses the same value, the message both give)
+CASES = [
+    ("unknown policy parameter", lambda e: make_policy("entropy", kr=3),
+     ["profile", "x", "--policies", "entropy:kr=3"], "policy 'entropy' has no parameter 'kr'; it takes "),
+    ("parameter out of range", lambda e: make_policy("entropy", tau=-1.0),
+     ["generate", "x", "--cache", "entropy", "--tau", "-1"], "must be ≥ 0 (an entropy in nats; e.g. 0.5)"),
+    ("parameter of the wrong type", lambda e: make_policy("entropy", tau="x"),
+     ["profile", "x", "--policies", "entropy:tau=x"], "tau='x' must be a number"),
+    ("unknown policy", lambda e: make_policy("nope"),
+     ["generate", "x", "--cache", "nope"], "'nope' is not a cache policy; use one of"),
+    ("empty prompt", lambda e: e.encode([""], chat=False),
+     ["generate", ""], "a prompt is empty; give at least one token of text"),
+    ("blank prompt, chat", lambda e: e.generate(["   "], CFG, make_policy("none"), chat=True),
+     ["generate", "   ", "--chat"], "a prompt is empty; give at least one token of text"),
+]
+
+
+@pytest.mark.parametrize("what, call, cli_args, message", CASES, ids=[c[0] for c in CASES])
+def test_api_refuses_what_the_cli_refuses(what, call, cli_args, message, llada_lm, llada_dir, cli):
+    with pytest.raises(UsageError) as e:
+        call(Engine.from_loaded(llada_lm))
+    assert message in str(e.value), str(e.value)
+    line = _cli_error(cli, *cli_args, "--model", llada_dir, *[a for a in SMALL if a not in cli_args])
+    assert message in line, line
+
+
+@pytest.mark.parametrize("ids, reason", [
+    ([], "a prompt is empty; give at least one token id"),
+    ([10 ** 8], "prompt_ids[0] = 100000000 is outside the model's vocabulary"),
+    (["a"], "prompt_ids[0] = 'a' is not an int token id"),
+])
+def test_token_ids_are_checked_at_every_entry(ids, reason, llada_lm):
+    engine = Engine.from_loaded(llada_lm)
+    for call in (lambda: engine.start([ids], CFG, make_policy("none")),
+                 lambda: engine.start(engine.encode(["abc"], chat=False), CFG, make_policy("none")).add(ids)):
+        with pytest.raises(UsageError, match=reason.replace("[", r"\[").replace("]", r"\]")):
+            call()
+
+
+def test_every_policy_refuses_an_unknown_parameter_and_keeps_its_own():
+    for name, cls in POLICIES.items():
+        with pytest.raises(UsageError, match=f"policy '{name}' has no parameter 'bogus'"):
+            make_policy(name, bogus=1)
+        assert isinstance(make_policy(name, **cls.test_params), cls)
+    # internal callers holding one set of settings for several policies
+    assert make_policy("none", strict=False, tau=1.0).name == "none"
+
+
+def test_decode_config_must_be_one(llada_lm):
+    engine = Engine.from_loaded(llada_lm)
+    with pytest.raises(UsageError, match="cfg must be a DecodeConfig, not dict"):
+        engine.start(engine.encode(["abc"], chat=False), {"gen_length": 16}, make_policy("none"))
