@@ -201,7 +201,7 @@ NOT_RUN = {
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e . && ecache generate":
         "the install is .ci/run's and the fresh-venv check's; its generate line is the first check above",
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
-    "pip install -e \".[test,eval,serve]\"":
+    "pip install -e \".[test,eval,serve,quant]\"":
         "the test command itself (.ci/run runs it)",
     "ecache generate --model llada-8b": OFFICIAL,
     "ecache profile --task gsm8k --data ../shared/data/gsm8k/test.jsonl": "a dataset outside the repository",
