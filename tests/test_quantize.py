@@ -257,3 +257,28 @@ def test_calibrate_writes_a_profile_keyed_by_format(cli, profiles_dir):
     assert gen.exit_code == 0, gen.stderr
     assert f"τ 1 from profile {path}" in gen.stderr and "τ from int8 weights" in gen.stderr
     assert "warning" not in gen.stderr  # same format: no mismatch warning
+
+
+def test_a_quantized_model_batches_joins_and_compiles_with_the_same_tokens(tiny_int8, tmp_path, monkeypatch):
+    """int8 weights: a prompt decodes the same alone and in a batch that another row joins mid-run, and the
+    compiled forward (``--compile``: inductor on CPU, torchao's int8 kernels inside the graph) gives the
+    eager tokens, every forward compiled."""
+    from ecache_cli.models.compiled import StaticStep
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    cfg = DecodeConfig(gen_length=32, block_length=32)
+
+    def decode(engine, join: bool):
+        run = engine.start(engine.encode(PROMPTS[:2], chat=True), cfg, make_policy("entropy", tau=0.5))
+        for i, _ in enumerate(run):
+            if join and i == 2:
+                run.add(engine.encode([PROMPTS[2]], chat=True)[0])
+        return [r.token_ids for r in run.results()]
+
+    eager = Engine.from_loaded(tiny_int8)
+    batched = decode(eager, join=True)
+    alone = [eager.generate([p], cfg, make_policy("entropy", tau=0.5))[0].token_ids for p in PROMPTS]
+    assert batched == alone and len(set(map(tuple, batched))) == 3
+    step = StaticStep(tiny_int8.model)
+    assert decode(Engine(step, tiny_int8.tokenizer, tiny_int8.spec), join=True) == batched
+    assert step.stats.eager_calls == 0 and step.stats.compiled_calls > 10
