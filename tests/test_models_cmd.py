@@ -472,3 +472,24 @@ def test_a_repo_id_is_shown_and_pulled_like_an_alias(cli, hub, llada_dir):
     info = json_show(cli, "someone/llada-finetune")
     assert (info["local"], info["family"], info["path"]) == ("yes", "llada", str(snap))
     assert _pull(cli, "someone/llada-finetune", 0).stdout == f"{snap}\n"
+
+
+def test_quantized_sizes_keep_embeddings_and_head_in_the_compute_dtype():
+    """``models show``'s int8 / int4 estimates (and the memory check under --quantize): LLaDA-8B's
+    1.04B embedding and head parameters stay bfloat16, the other 6.98B take 1 byte (int8) or 0.53 (int4)."""
+    import torch
+
+    from ecache_cli.models.loader import quantized_bytes
+    from ecache_cli.models.registry import spec_from_config
+    from ecache_cli.models.synthetic import tiny_config
+
+    spec = spec_from_config(tiny_config("llada", vocab_size=126464, d_model=4096, n_layers=32, n_heads=32,
+                                        mlp_hidden=12288))
+    bf16 = spec.n_params * 2
+    outer = 126464 * 4096 * 2
+    assert quantized_bytes(bf16, spec, torch.bfloat16, "int8") == outer * 2 + (spec.n_params - outer)
+    int4 = int(outer * 2 + (spec.n_params - outer) * (0.5 + 4 / 128))
+    assert quantized_bytes(bf16, spec, torch.bfloat16, "int4") == int4
+    assert 8.0e9 < quantized_bytes(bf16, spec, torch.bfloat16, "int8") < 9.5e9  # an 8B model: about 8 GB in int8
+    f32 = quantized_bytes(spec.n_params * 4, spec, torch.float32, "int8")
+    assert f32 > quantized_bytes(bf16, spec, torch.bfloat16, "int8")

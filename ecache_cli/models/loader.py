@@ -395,6 +395,15 @@ def _apart(need: int, free: int) -> tuple[str, str]:
 QUANT_BYTES = {"int8": 1.0, "fp8": 1.0, "int4": 0.5 + 4 / 128}
 
 
+def quantized_bytes(total: int, spec: ModelSpec, dtype: torch.dtype, fmt: str) -> int:
+    """The bytes of weights that take ``total`` bytes in ``dtype`` once the blocks are quantized to ``fmt``
+    (``int8``, ``int4``, ``fp8``): the embeddings and head stay in ``dtype``, every other parameter takes
+    :data:`QUANT_BYTES` (an estimate: norms and routers, a small share, are counted as quantized too)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    outer = spec.vocab_size * spec.d_model * (1 if spec.tie_embeddings else 2)
+    return int(outer * size + max(total // size - outer, 0) * QUANT_BYTES[fmt])
+
+
 def check_fits(path: Path, name: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
                quant=None) -> None:
     """Refuse, before any weight is read, a checkpoint whose weights in ``dtype`` (:func:`weight_bytes`) need
@@ -405,9 +414,7 @@ def check_fits(path: Path, name: str, spec: ModelSpec, device: torch.device, dty
     free = free_memory(device)
     need = weight_bytes(path, dtype, spec)
     if quant is not None:
-        size = torch.empty((), dtype=dtype).element_size()
-        outer = spec.vocab_size * spec.d_model * (1 if spec.tie_embeddings else 2)
-        need = int(outer * size + max(need // size - outer, 0) * QUANT_BYTES[quant.fmt])
+        need = quantized_bytes(need, spec, dtype, quant.fmt)
     if free is None or need <= free:
         return
     dt = str(dtype).replace("torch.", "") + (f", {quant.fmt} blocks" if quant is not None else "")

@@ -271,10 +271,11 @@ def default_profile(name: str) -> dict | None:
 
 def _sizes(info: dict, spec, path: Path | None, alias_info) -> None:
     """Fill ``params``, ``active_params`` and the bf16 / fp32 bytes: from a complete local checkpoint's
-    safetensors headers (:func:`models.loader.weight_bytes`), else from its config or the registry."""
+    safetensors headers (:func:`models.loader.weight_bytes`), else from its config or the registry; with a
+    checkpoint, ``quantized_bytes`` {int8, int4}: the estimate of :func:`models.loader.quantized_bytes`."""
     import torch
 
-    from ..models.loader import weight_bytes
+    from ..models.loader import quantized_bytes, weight_bytes
 
     if spec is not None:
         params, active = spec.n_params, spec.n_active_params
@@ -288,6 +289,10 @@ def _sizes(info: dict, spec, path: Path | None, alias_info) -> None:
     if spec is not None and path is not None and not info["missing"]:
         info.update(bf16_bytes=weight_bytes(path, torch.bfloat16, spec),
                     fp32_bytes=weight_bytes(path, torch.float32, spec))
+    info["quantized_bytes"] = None
+    if spec is not None and info["bf16_bytes"] is not None:  # --quantize: the blocks quantized, the rest bf16
+        info["quantized_bytes"] = {fmt: quantized_bytes(info["bf16_bytes"], spec, torch.bfloat16, fmt)
+                                   for fmt in ("int8", "int4")}
 
 
 def describe(name: str) -> tuple[dict, list[str]]:
@@ -421,6 +426,10 @@ def show_rows(info: dict) -> list[tuple[str, str]]:
     if info["params"] is not None:
         rows.append(("parameters", params_text(info["params"], info["active_params"])))
         rows.append(("weights", f"{_gib(info['bf16_bytes'])} in bfloat16, {_gib(info['fp32_bytes'])} in float32"))
+        if info.get("quantized_bytes"):
+            q = info["quantized_bytes"]
+            rows.append(("quantized", f"about {_gib(q['int8'])} with --quantize int8, {_gib(q['int4'])} with int4 "
+                                      "(bfloat16 embeddings and head)"))
     rows.append(("local", _local_text(info)))
     if info["config"]:
         rows += _architecture(info["config"])
