@@ -282,3 +282,22 @@ def test_a_quantized_model_batches_joins_and_compiles_with_the_same_tokens(tiny_
     step = StaticStep(tiny_int8.model)
     assert decode(Engine(step, tiny_int8.tokenizer, tiny_int8.spec), join=True) == batched
     assert step.stats.eager_calls == 0 and step.stats.compiled_calls > 10
+
+
+def test_serve_answers_with_quantized_weights_as_generate_does(cli, tiny_int8):
+    """``ecache serve --quantize int8`` (here the int8 model handed to the app): a completion through the
+    official openai client equals ``ecache generate --quantize int8`` on the same prompt."""
+    pytest.importorskip("openai")
+    from test_serve import client, serving
+
+    from ecache_cli.runs.settings import resolve_settings
+
+    r = cli("generate", PROMPTS[0], "--quantize", "int8", "--gen-length", "32", "--cache", "dual", "--jsonl", "-q")
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)["text"]
+    assert want  # the embedded model answers in its chat format: "1 3 7 9"
+    settings = resolve_settings("tiny", {"gen_length": 32}, {"policy": "dual"}, quantize="int8")
+    with serving(tiny_int8, settings, api_key="k", max_batch=4) as (url, _):
+        got = client(url, "k").chat.completions.create(model="tiny", max_tokens=32,
+                                                       messages=[{"role": "user", "content": PROMPTS[0]}])
+    assert got.choices[0].message.content == want
