@@ -301,3 +301,22 @@ def test_serve_answers_with_quantized_weights_as_generate_does(cli, tiny_int8):
         got = client(url, "k").chat.completions.create(model="tiny", max_tokens=32,
                                                        messages=[{"role": "user", "content": PROMPTS[0]}])
     assert got.choices[0].message.content == want
+
+
+def test_profile_compares_quantized_with_unquantized_weights(cli, tmp_path):
+    """``profile --quantize int8 --compare-quantize``: every policy also runs on the unquantized weights;
+    the table and the JSON give speedup, identical answers, token agreement and both scores (int8 on the
+    embedded model keeps every answer: README "Quantized weights")."""
+    out = tmp_path / "p.json"
+    r = cli("profile", "--task", "list", "--limit", "3", "--policies", "none,entropy", "--quantize", "int8",
+            "--compare-quantize", "--gen-length", "32", "--json", out)
+    assert r.exit_code == 0, r.output
+    assert "int8 weights vs unquantized" in r.stdout
+    comp = json.loads(out.read_text())["quantize_comparison"]
+    assert sorted(comp) == ["entropy", "none"]
+    for c in comp.values():
+        assert c["speedup"] > 0 and c["tokens_per_s_unquantized"] > 0
+        assert c["identical_share"] == 1.0 and c["token_agreement"] == 1.0
+        assert c["score"] == c["score_unquantized"] and 0 <= c["score"] <= 1
+    r = cli("profile", "x", "--compare-quantize")
+    assert r.exit_code == 2 and "--compare-quantize compares quantized weights" in r.stderr

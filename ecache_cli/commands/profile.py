@@ -18,6 +18,7 @@ def profile_cmd(
     prompts: Annotated[Optional[list[str]], typer.Argument(help="Prompts; none = --task, --input or stdin (one per line).")] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
     quantize: o.Quantize = None, group_size: o.GroupSize = None,
+    compare_quantize: Annotated[bool, typer.Option("--compare-quantize", help="Also run every policy on the unquantized weights and compare (needs --quantize).", rich_help_panel=o.M)] = False,
     input_file: o.InputFile = None,
     task: Annotated[Optional[str], typer.Option(help="Prompts from a task's test split, scored: arith, code, list, gsm8k, ...", rich_help_panel=T)] = None,
     data: Annotated[Optional[str], typer.Option(help="Data file or folder of a real benchmark (gsm8k, math500, humaneval, mbpp).", rich_help_panel=T)] = None,
@@ -87,6 +88,11 @@ def profile_cmd(
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
     warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
                             f"used by none of --policies {','.join(names)}")
+    if compare_quantize and not settings.quantize:
+        from ..errors import UsageError
+
+        raise UsageError("--compare-quantize compares quantized weights with unquantized ones: add --quantize "
+                         "int8 (or int4 with --dtype bfloat16)")
 
     task_obj, task_info = None, None
     if task is not None:
@@ -132,8 +138,12 @@ def profile_cmd(
     if report.trace:
         err.print(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
                   f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing", markup=False, highlight=False)
+    comparison = _compare_quantized(report, lm, settings, requests, opts, table_console) if compare_quantize else None
     if json_out is not None:
-        _write_json(profile_document(report, lm, settings, opts, use_chat, task_info, len(requests)), json_out)
+        doc = profile_document(report, lm, settings, opts, use_chat, task_info, len(requests))
+        if comparison is not None:
+            doc["quantize_comparison"] = comparison
+        _write_json(doc, json_out)
     if report.incomplete:  # Ctrl-C: what every policy finished was reported and written; exit as interrupted
         from ..console import error
 
@@ -141,6 +151,19 @@ def profile_cmd(
         error(f"interrupted; the table covers the {report.prompts_done} of {len(requests)} prompts every policy "
               f"finished{wrote}")
         raise typer.Exit(code=interrupted_exit_code())
+
+
+def _compare_quantized(report, lm, settings, requests, opts, console) -> dict:
+    """``--compare-quantize``: the same policies, prompts and seed on the unquantized weights (loaded now,
+    beside the quantized model), then one table of the quantized runs against them; returns the numbers."""
+    from ..models.loader import load_model
+    from ..runs.profile import compare_quantized, render_comparison, run_profile
+
+    reference = load_model(str(lm.path), lm.device, lm.dtype, force=True)
+    ref_report, _ = run_profile(reference, settings, requests, opts, None, None, report.extra.get("task"))
+    comparison = compare_quantized(report, ref_report)
+    console.print(render_comparison(comparison, str(lm.model.quantization)), soft_wrap=False)
+    return comparison
 
 
 def _write_json(doc: dict, json_out: str) -> None:

@@ -235,6 +235,45 @@ def run_profile(lm, settings: Settings, requests: Sequence[Request], opts: Profi
     return report, use_chat
 
 
+def compare_quantized(report: ProfileReport, reference: ProfileReport) -> dict[str, dict]:
+    """Per policy, a quantized run (``report``) against the same policy on the unquantized weights
+    (``reference``, the same prompts and seed): ``speedup`` (tokens/s over the reference's), ``latency_speedup``
+    (the reference's mean latency over this one's), ``identical_share`` and ``token_agreement`` of the answers
+    (``metrics.fidelity``), ``score`` and ``score_unquantized`` (None without a scored task), and both
+    tokens/s. ``profile --compare-quantize`` (README "Quantized weights")."""
+    from ..metrics.fidelity import fidelity
+
+    out = {}
+    for p in report.policies:
+        q, ref = report.summaries[p], reference.summaries[p]
+        rows = [r for run in report.runs[p] for r in run.rows]
+        ref_rows = [r for run in reference.runs[p] for r in run.rows]
+        fid = fidelity(rows, ref_rows)
+        out[p] = {"tokens_per_s": q["tokens_per_s"], "tokens_per_s_unquantized": ref["tokens_per_s"],
+                  "speedup": q["tokens_per_s"] / ref["tokens_per_s"] if ref["tokens_per_s"] else None,
+                  "latency_speedup": ref["mean_ms"] / q["mean_ms"] if q.get("mean_ms") else None,
+                  "identical_share": fid["identical_share"], "token_agreement": fid["token_agreement"],
+                  "score": q.get("score"), "score_unquantized": ref.get("score")}
+    return out
+
+
+def render_comparison(comparison: dict[str, dict], fmt: str):
+    """``--compare-quantize``'s table: per policy, ``fmt`` weights against unquantized ones (the JSON
+    document has every number, e.g. both tokens/s and the latency speedup)."""
+    from rich.table import Table
+
+    t = Table(title=f"{fmt} weights vs unquantized (same policy, prompts and seed)", title_justify="left",
+              caption="speedup: tok/s over the unquantized weights'; identical / agree: answers vs theirs",
+              caption_justify="left")
+    t.add_column("policy", overflow="fold", min_width=8)
+    for h in ("tok/s", "speedup", "identical\n%", "agree\n%", "score", "unquant.\nscore"):
+        t.add_column(h, justify="right", no_wrap=True)
+    for p, c in comparison.items():
+        t.add_row(p, cell(c["tokens_per_s"], "num"), cell(c["speedup"], "{:.2f}×"), cell(c["identical_share"], "pct"),
+                  cell(c["token_agreement"], "pct"), cell(c["score"], "pct"), cell(c["score_unquantized"], "pct"))
+    return t
+
+
 def _check_requests(requests: Sequence[Request], engine, chat: bool, gen_length: int, input_file) -> None:
     """Every request read from the input checked by the model before any is decoded
     (``gen_input.check_prompts``: UsageError naming each prompt it cannot decode)."""
