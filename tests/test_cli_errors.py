@@ -497,6 +497,18 @@ def test_sampling_flags_at_temperature_0_warn_once(cli, llada_dir, flags, needle
     assert sampled.exit_code == 0 and "warning" not in without_cut_warning(sampled.stderr), sampled.stderr
 
 
+def test_a_dream_model_keeps_top_p_at_temperature_0_without_a_warning(cli, dream_dir):
+    """Dream's rules filter its confidence with --top-p even when greedy: the flag changes the tokens, so no
+    "ignored" warning."""
+    runs = [cli("generate", "x", *flags, "--remasking", "entropy", "--model", dream_dir, "--jsonl", *SMALL)
+            for flags in ([], ["--top-p", "0.3"])]
+    assert all(r.exit_code == 0 for r in runs), runs[1].stderr
+    assert "warning" not in without_cut_warning(runs[1].stderr), runs[1].stderr
+    import json
+
+    assert json.loads(runs[0].stdout)["token_ids"] != json.loads(runs[1].stdout)["token_ids"]
+
+
 @pytest.mark.parametrize("args, needles", [
     (["generate", "x", "--threshold", "1.5"], ["--threshold 1.5", "(0, 1]"]),
     (["generate", "x", "--tau", "-0.5"], ["--tau -0.5", "≥ 0", "nats"]),

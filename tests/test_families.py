@@ -234,15 +234,21 @@ def test_grouped_experts_equal_a_loop_over_tokens():
 
 
 @pytest.mark.parametrize("change, needle", [
-    ({"partial_rotary_factor": None}, "no 'partial_rotary_factor'"),
-    ({"moe_layer_freq": [1]}, "moe_layer_freq [1] must list one entry per layer (2)"),
+    ({"partial_rotary_factor": None}, "partial_rotary_factor is None: the official code then rotates nothing"),
+    ({"partial_rotary_factor": -1}, "partial_rotary_factor is -1.0: the official code then rotates nothing"),
+    ({"partial_rotary_factor": 0}, "set it to the share of each head RoPE turns, in (0, 1]"),
+    ({"clip_qkv": -1}, "clip_qkv is -1.0; it must be > 0"),
+    ({"moe_layer_freq": [1, "x"]}, "moe_layer_freq [1, 'x'] must list one number per layer (2)"),
+    ({"num_experts": 0}, "num_experts is 0 but moe_layer_freq makes layers MoE; it must be ≥ 1"),
+    ({"hidden_size": None}, "config.json field 'hidden_size' is null; it must be a whole number"),
+    ({"moe_layer_freq": [1]}, "moe_layer_freq [1] must list one number per layer (2)"),
     ({"num_experts_per_tok": 9}, "num_experts_per_tok 9 is more than num_experts 8"),
     ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 4"),
     ({"rope_scaling": {"type": "linear", "factor": 2}}, "only the default RoPE"),
 ])
 def test_bad_moe_configs_are_one_line(change, needle):
     cfg = {**tiny_config("llada-moe"), **change}
-    if change.get("partial_rotary_factor", 0) is None:
+    if "partial_rotary_factor" in change and change["partial_rotary_factor"] is None:
         del cfg["partial_rotary_factor"]
     with pytest.raises(ModelLoadError) as e:
         spec_from_config(cfg, "ckpt/config.json", vocab={"<|mask|>": 2, "<|endoftext|>": 1})

@@ -16,11 +16,21 @@ from ecache_cli.runtime import load_for_command
     ({"top_k": 5}, "warning: --top-k does nothing at temperature 0"),
     ({"top_k": 5, "top_p": 0.9}, "warning: --top-k and --top-p do nothing at temperature 0"),
 ])
-def test_resolve_settings_warns_once_for_sampling_flags_at_temperature_0(profiles_dir, capsys, flags, needle):
-    resolve_settings("tiny", flags, {"policy": "entropy"})
+def test_sampling_flags_at_temperature_0_warn_once_under_llada_rules(profiles_dir, capsys, flags, needle):
+    """Without --schedule the model's sampler decides (warn_model_rules, after the load): LLaDA's drops the
+    flags at temperature 0, Dream's keeps them (they filter its confidence); --schedule llada warns at once."""
+    from ecache_cli.runs.settings import warn_model_rules
+
+    settings = resolve_settings("tiny", flags, {"policy": "entropy"})
+    assert capsys.readouterr().err == ""
+    warn_model_rules(settings, "dream")
+    assert capsys.readouterr().err == ""
+    warn_model_rules(settings, "llada")
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and needle in err, err
-    resolve_settings("tiny", {**flags, "temperature": 1.0}, {"policy": "entropy"})
+    resolve_settings("tiny", {**flags, "schedule": "llada"}, {"policy": "entropy"})
+    assert needle in capsys.readouterr().err
+    warn_model_rules(resolve_settings("tiny", {**flags, "temperature": 1.0}, {"policy": "entropy"}), "llada")
     assert capsys.readouterr().err == ""
 
 

@@ -154,11 +154,11 @@ def calibrate_cmd(
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # the ranks share the batches
     if dist.is_main:
         from ..runs.confidence import warn_untrained
-        from ..runs.settings import warn_idle_steps
+        from ..runs.settings import warn_model_rules
 
         for name in names:
             warn_untrained(lm, name)
-        warn_idle_steps(settings.decode, lm.spec.sampler)
+        warn_model_rules(settings, lm.spec.sampler)
     try:
         outcome = calibrate(lm, settings, task_obj, opts, err if dist.is_main else None, dist=dist)
     except Interrupted as e:  # Ctrl-C: the run file keeps the records; --json gets what finished

@@ -45,7 +45,7 @@ def generate(
     from ..runs.confidence import warn_untrained
     from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
     from ..runs.inputs import check_input_file
-    from ..runs.settings import not_used_by, resolve_settings, warn_idle_steps, warn_unused_cache_flags
+    from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
     from ..runtime import compile_line, load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)
@@ -75,7 +75,7 @@ def generate(
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
     if dist.is_main:
-        warn_idle_steps(settings.decode, lm.spec.sampler)
+        warn_model_rules(settings, lm.spec.sampler)
     try:
         run(lm, settings, opts, sys.stdout, err, dist=dist)
         if (line := compile_line(lm.model)) and not quiet and dist.is_main:

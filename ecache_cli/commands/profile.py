@@ -111,10 +111,10 @@ def profile_cmd(
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # this rank's share, rank 0 reports
     if dist.is_main:
         from ..runs.confidence import warn_untrained
-        from ..runs.settings import warn_idle_steps
+        from ..runs.settings import warn_model_rules
 
         warn_untrained(lm, task)
-        warn_idle_steps(settings.decode, lm.spec.sampler)
+        warn_model_rules(settings, lm.spec.sampler)
     on_run = _progress(err, opts, len(requests), quiet or not dist.is_main)
     report, use_chat = run_profile(lm, settings, requests, opts, on_run, dist, task_info)
     if report is None:  # another rank than 0: its runs went to rank 0, which prints and writes

@@ -48,7 +48,7 @@ def trace_drift_cmd(
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
-    from ..runs.settings import not_used_by, resolve_settings, warn_idle_steps, warn_unused_cache_flags
+    from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
     from ..runs.trace_drift import TraceOptions, check_flags, signal_kind, summary_document, trace
     from ..runtime import compile_line, load_for_command
 
@@ -72,7 +72,7 @@ def trace_drift_cmd(
     announce(None if quiet else settings.describe(model))  # what this run uses, before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)  # one process: no ranks
     warn_untrained(lm, task)
-    warn_idle_steps(settings.decode, lm.spec.sampler)
+    warn_model_rules(settings, lm.spec.sampler)
     sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)
     if quiet or not err.is_terminal:
         report = trace(lm, settings, opts, sinks)

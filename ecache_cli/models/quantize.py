@@ -76,9 +76,12 @@ def parse_quantize(value: str | None, group_size: int | None = None) -> Quantiza
                          "(int4:64 sets int4's group size)")
     if size:
         try:
-            group_size = int(size)
+            inline = int(size)
         except ValueError:
             raise UsageError(f"--quantize {value!r}: the group size after ':' must be a number, e.g. int4:64") from None
+        if group_size is not None and group_size != inline:
+            raise UsageError(f"--quantize {value} and --group-size {group_size} name two group sizes; keep one")
+        group_size = inline
     if fmt == "none":
         if group_size is not None:
             raise UsageError(f"--group-size {group_size} needs --quantize int4 (it sets int4's group size)")

@@ -122,10 +122,12 @@ class ConfigReader:
         self.cfg, self.path, self.family_hint = cfg, Path(path), family_hint
 
     def need(self, key: str) -> int:
-        """``cfg[key]`` as a whole number; ModelLoadError when it is missing or not one."""
+        """``cfg[key]`` as a whole number; ModelLoadError when it is missing, null or not one."""
         if key not in self.cfg:
             raise ModelLoadError(f"{self.path}: config.json has no '{key}' field; is this an official "
                                  f"{self.family_hint} checkpoint?")
+        if self.cfg[key] is None:
+            raise ModelLoadError(f"{self.path}: config.json field {key!r} is null; it must be a whole number")
         return self.num(key)
 
     def num(self, key: str, default=None, kind=int):
@@ -187,6 +189,8 @@ def check_spec(spec: ModelSpec, path: Path | str = "config.json") -> None:
         v = getattr(spec, field)
         if not (math.isfinite(v) and v > 0):
             raise bad(f"{name(field)} is {v}; it must be a finite number > 0")
+    if spec.moe_layers and any(spec.moe_layers) and spec.n_experts < 1:
+        raise bad(f"{name('n_experts')} is {spec.n_experts} but {name('moe_layers')} makes layers MoE; it must be ≥ 1")
     if spec.n_experts:
         for field in ("experts_per_token", "expert_hidden"):
             if getattr(spec, field) < 1:

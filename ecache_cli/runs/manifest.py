@@ -32,8 +32,14 @@ def manifest(lm, settings: Settings | None, seed: int | None, extra: dict | None
         "threads": torch.get_num_threads(), "seed": seed, "model": lm.name, "model_path": str(lm.path),
         "model_family": lm.spec.family, "config_sha256": lm.config_hash,
         "settings": settings.as_dict() if settings else None, "sandbox": sandbox_manifest(),
-        "compile": compile_report(lm.model), **(extra or {}),
+        "compile": compile_report(lm.model), "quantize": _quantization(lm.model), **(extra or {}),
     }
+
+
+def _quantization(model) -> str:
+    """The weights' ``--quantize`` format (``int8``, ``int4:64``...), ``none`` for weights as stored."""
+    q = getattr(model, "quantization", None)
+    return "none" if q is None else str(q)
 
 
 def cpu_name() -> str:

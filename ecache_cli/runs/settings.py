@@ -32,6 +32,7 @@ class Settings:
     profile_note: str | None = None  # e.g. "calibrated on 20 examples": the profile's ``measured.n``
     compile: bool = False  # the static-shape compiled step (--compile, profile key ``compile``)
     policy_from_profile: bool = False  # the cache policy is the profile's (cache.policy), not --cache's
+    sampling_flags: tuple[str, ...] = ()  # --top-k / --top-p given with no --schedule: warned once the model is known
     quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
     profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
 
@@ -120,7 +121,8 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     (not when ``tau_searched``: calibrate).
 
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
-    ``decode_flags`` at temperature 0 (:func:`warn_sampling_flags`), so every caller warns alike."""
+    ``decode_flags`` at temperature 0 under ``--schedule llada`` (:func:`warn_sampling_flags`; without
+    ``--schedule`` the model's sampler decides, :func:`warn_model_rules`), so every caller warns alike."""
     parallel = decode_flags.get("threshold") is not None or decode_flags.get("factor") is not None
     asked = quantize_flag(quantize, group_size) if quantize is not None else None  # fails before any profile
     prof = _find_profile(model, profile, task, parallel, asked)
@@ -141,7 +143,10 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
     decode_cfg = DecodeConfig(**decode)
-    warn_sampling_flags(decode_cfg, decode_flags.get("top_k"), decode_flags.get("top_p"))
+    sampling_flags = tuple(f for f, k in (("--top-k", "top_k"), ("--top-p", "top_p"))
+                           if decode_flags.get(k) is not None)
+    if decode_cfg.schedule is not None:  # the rules are known now; else once the model is (warn_model_rules)
+        warn_sampling_flags(decode_cfg, sampling_flags)
     if cache_flags.get("tau") is not None:
         tau_source = "flag"
     elif p_cache.get("tau") is not None:
@@ -151,6 +156,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
+                    sampling_flags=() if decode_cfg.schedule is not None else sampling_flags,
                     profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
@@ -306,17 +312,29 @@ def not_used_by(settings: "Settings", takes: bool = False) -> str:
     return f"not used by --cache {settings.cache}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def warn_sampling_flags(decode: DecodeConfig, top_k, top_p) -> None:
-    """One warning on stderr for ``--top-k`` / ``--top-p`` given at temperature 0 (greedy decoding never
-    samples, and LLaDA's confidence is the unfiltered probability, so the decoder drops them; Dream's
-    rules, ``--schedule dream``, keep them: they filter Dream's confidence)."""
-    given = [f for f, v in (("--top-k", top_k), ("--top-p", top_p)) if v is not None]
-    if given and not decode.temperature and decode.schedule != "dream":
+def warn_sampling_flags(decode: DecodeConfig, given: tuple[str, ...], sampler: str | None = None) -> None:
+    """One warning on stderr for ``--top-k`` / ``--top-p`` (``given``: the flags named) at temperature 0 under
+    LLaDA's rules (greedy decoding never samples, and LLaDA's confidence is the unfiltered probability, so
+    the decoder drops them); Dream's rules keep them: they filter Dream's confidence. The rules are
+    ``decode.schedule``, else those of the model's official sampler (``sampler``, once it is loaded)."""
+    from ..decoding.commit import family_schedule
+
+    rules = family_schedule(sampler or "llada", decode.schedule)
+    if given and not decode.temperature and rules != "dream":
         from ..console import warn
 
         warn(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 with LLaDA's "
              "rules (greedy decoding); ignored; pass --temperature > 0 to sample (with a Dream model's schedule, "
              "--schedule dream, they filter Dream's confidence)")
+
+
+def warn_model_rules(settings: "Settings", sampler: str) -> None:
+    """The warnings that need the loaded model's official sampler (``ModelSpec.sampler``): ``--steps``
+    beyond a block's masks under LLaDA's schedule (:func:`warn_idle_steps`) and ``--top-k`` / ``--top-p``
+    that greedy decoding drops under LLaDA's rules (:func:`warn_sampling_flags`; a Dream model keeps them).
+    Every command calls it right after the model loads."""
+    warn_idle_steps(settings.decode, sampler)
+    warn_sampling_flags(settings.decode, settings.sampling_flags, sampler)
 
 
 def warn_idle_steps(decode: DecodeConfig, sampler: str) -> None:

@@ -117,8 +117,10 @@ class LLaDAFamily(Family):
         cfg = r.cfg
         d = int(r.need("d_model"))
         n_heads = r.heads("n_heads")
-        n_kv = cfg.get("n_kv_heads") or (1 if cfg.get("multi_query_attention") else n_heads)
-        mlp = cfg.get("mlp_hidden_size") or int(cfg.get("mlp_ratio", 4) * d)
+        n_kv = r.num("n_kv_heads") if cfg.get("n_kv_heads") is not None else \
+            (1 if cfg.get("multi_query_attention") else n_heads)
+        mlp = r.num("mlp_hidden_size") if cfg.get("mlp_hidden_size") is not None else \
+            int(r.num("mlp_ratio", 4, float) * d)
         vocab = int(cfg.get("embedding_size") or r.need("vocab_size"))
         if cfg.get("include_bias") or cfg.get("alibi") or not cfg.get("rope", True):
             raise r.refuse("LLaDA variants with biases, ALiBi or no RoPE are not supported")

@@ -152,12 +152,18 @@ class LLaDAMoEFamily(Family):
         if cfg.get("rope_scaling") is not None:
             raise r.refuse(f"rope_scaling {cfg['rope_scaling']!r}: only the default RoPE is supported (null)")
         factor = r.num("partial_rotary_factor", None, float)
-        if factor is None:
-            raise r.refuse("config.json has no 'partial_rotary_factor'; the official code then rotates nothing "
-                           "(its default is -1): set it (1.0 in the released checkpoints)")
+        if factor is None or not 0 < factor <= 1:
+            raise r.refuse(f"partial_rotary_factor is {factor}: the official code then rotates nothing (its default "
+                           "is -1); set it to the share of each head RoPE turns, in (0, 1] (1.0 in the released "
+                           "checkpoints)")
+        clip = r.num("clip_qkv", None, float)
+        if clip is not None and not clip > 0:
+            raise r.refuse(f"clip_qkv is {clip}; it must be > 0 (the bound q, k and v are clamped to) or null")
         freq = cfg.get("moe_layer_freq")
-        if not isinstance(freq, list) or len(freq) != n_layers:
-            raise r.refuse(f"moe_layer_freq {freq!r} must list one entry per layer ({n_layers}); 0 = dense, else MoE")
+        if not isinstance(freq, list) or len(freq) != n_layers or not all(
+                isinstance(f, (int, float)) and not isinstance(f, bool) for f in freq):
+            raise r.refuse(f"moe_layer_freq {freq!r} must list one number per layer ({n_layers}); 0 = dense, "
+                           "else MoE")
         shared = cfg.get("shared_expert_intermediate_size")
         head_dim = d // n_heads
         return ModelSpec(
@@ -169,7 +175,7 @@ class LLaDAMoEFamily(Family):
             rope_full_precision=False, qkv_bias=False, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             mask_id=r.num("mask_token_id", MASK_ID), eos_id=EOS_ID, pad_id=r.num("pad_token_id", 1),
             bos_id=cfg.get("bos_token_id"), logit_shift=0, max_positions=r.num("max_position_embeddings", 4096),
-            sampler=cls.sampler, qk_norm=bool(cfg.get("qk_layernorm")), clip_qkv=r.num("clip_qkv", None, float),
+            sampler=cls.sampler, qk_norm=bool(cfg.get("qk_layernorm")), clip_qkv=clip,
             rotary_dim=max(int(head_dim * factor), 0) // 2 * 2, n_experts=int(r.need("num_experts")),
             experts_per_token=int(r.need("num_experts_per_tok")), expert_hidden=int(r.need("expert_intermediate_size")),
             shared_expert_hidden=int(shared or 0), expert_bias=bool(cfg.get("moe_router_enable_expert_bias")),
