@@ -328,6 +328,12 @@ def test_diffucoder_decodes_with_its_authors_settings(cli, diffucoder):
     rec = json.loads(r.stdout.splitlines()[-1])
     decode = rec["settings"]["decode"] if "settings" in rec else rec["decode"]
     assert (decode["temperature"], decode["top_p"], decode["remasking"], decode["steps"]) == (0.4, 0.95, "entropy", 16)
+    # the profile's one block is the whole canvas: at another --gen-length it stays one block, one token a step
+    r = cli("generate", PROMPTS[0], "--model", "diffucoder-7b", "--gen-length", "32", "--no-chat", "--jsonl",
+            "--temperature", "0")
+    assert r.exit_code == 0, r.output
+    decode = json.loads(r.stdout.splitlines()[-1])["settings"]["decode"]
+    assert (decode["gen_length"], decode["block_length"], decode["steps"], decode["temperature"]) == (32, 32, 32, 0.0)
 
 
 def test_llada_moe_runs_every_subcommand(cli, moe_dir, tmp_path):

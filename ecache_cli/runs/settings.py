@@ -139,6 +139,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     cache = resolve({"policy": "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
+    _block_follows_gen_length(decode, p_dec, decode_flags)
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
@@ -248,6 +249,17 @@ def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, pa
     if blamed and path is not None:
         names = ", ".join(f"{k} {values[k]}" for k in blamed)
         raise UsageError(f"{e} ({names} from profile {path}; pass the flag to override)") from None
+
+
+def _block_follows_gen_length(decode: dict, p_dec: dict, decode_flags: dict) -> None:
+    """A profile whose one block is its whole canvas (``block_length`` = ``gen_length``: Dream's
+    ``diffusion_generate``, the Dream-based coders' shipped profiles) keeps it whole at another length:
+    with ``--gen-length`` and no ``--block-length`` the block takes the new length. Edits ``decode`` in place."""
+    given = decode_flags.get("gen_length")
+    if given is None or decode_flags.get("block_length") is not None:
+        return
+    if p_dec.get("block_length") is not None and p_dec.get("block_length") == p_dec.get("gen_length"):
+        decode["block_length"] = given
 
 
 def _steps_follow_gen_length(decode: dict, p_dec: dict, decode_flags: dict) -> None:
