@@ -249,7 +249,7 @@ def test_greedy_check_recognises_the_greedy_continuation(profiles_dir):
 
 
 def test_sampling_model_args_at_temperature_0_warn_once_as_ecache_generate(profiles_dir, capsys):
-    EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5")  # resolve_settings warns, as for the CLI
+    EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5")  # warned once the model is loaded, as the CLI
     err = capsys.readouterr().err
     assert err.count("warning: --top-k does nothing at temperature 0") == 1, err
     EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5,temperature=1.0")

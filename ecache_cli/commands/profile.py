@@ -154,14 +154,11 @@ def profile_cmd(
 
 
 def _compare_quantized(report, lm, settings, requests, opts, console) -> dict:
-    """``--compare-quantize``: the same policies, prompts and seed on the unquantized weights (loaded now,
-    beside the quantized model), then one table of the quantized runs against them; returns the numbers."""
-    from ..models.loader import load_model
-    from ..runs.profile import compare_quantized, render_comparison, run_profile
+    """``--compare-quantize``: the same policies, prompts and seed on the unquantized weights, then one
+    table of the quantized runs against them; returns the numbers."""
+    from ..runs.profile import compare_with_unquantized, render_comparison
 
-    reference = load_model(str(lm.path), lm.device, lm.dtype, force=True)
-    ref_report, _ = run_profile(reference, settings, requests, opts, None, None, report.extra.get("task"))
-    comparison = compare_quantized(report, ref_report)
+    comparison = compare_with_unquantized(report, lm, settings, requests, opts)
     console.print(render_comparison(comparison, str(lm.model.quantization)), soft_wrap=False)
     return comparison
 

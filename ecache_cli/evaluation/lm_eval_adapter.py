@@ -90,7 +90,7 @@ class EcacheLM(LM):
                  force: bool = False, **kwargs):
         super().__init__()
         from ..models.loader import load_model
-        from ..runs.settings import resolve_settings
+        from ..runs.settings import resolve_settings, warn_model_rules
 
         model = pretrained if pretrained is not None else model
         decode = {k: kwargs.pop(k) for k in list(kwargs) if k in DECODE_KEYS}
@@ -129,6 +129,7 @@ class EcacheLM(LM):
         if self.dist.active and isinstance(dev, str) and dev.startswith("cuda:"):
             dev = "cuda"  # lm-eval's --device cuda:0 under a launcher: each rank takes its own GPU
         self.lm = load_model(str(model), self.dist.device(dev), dtype, force=force)
+        warn_model_rules(self.settings, self.lm.spec.sampler)  # as every command, once the model is known
         self.engine = Engine.from_loaded(self.lm)
         self.tokenizer = self.lm.tokenizer
         self.chat = self.lm.chat if chat is None else (bool(chat) and self.lm.chat)

@@ -257,6 +257,17 @@ def compare_quantized(report: ProfileReport, reference: ProfileReport) -> dict[s
     return out
 
 
+def compare_with_unquantized(report: ProfileReport, lm, settings: Settings, requests: Sequence[Request],
+                             opts: ProfileOptions) -> dict[str, dict]:
+    """Load ``lm``'s checkpoint again with its weights as stored (beside the quantized model), run the same
+    policies, prompts and seed on it and return :func:`compare_quantized` of ``report`` against that run."""
+    from ..models.loader import load_model
+
+    reference = load_model(str(lm.path), lm.device, lm.dtype, force=True)
+    ref_report, _ = run_profile(reference, settings, requests, opts, None, None, report.extra.get("task"))
+    return compare_quantized(report, ref_report)
+
+
 def render_comparison(comparison: dict[str, dict], fmt: str):
     """``--compare-quantize``'s table: per policy, ``fmt`` weights against unquantized ones (the JSON
     document has every number, e.g. both tokens/s and the latency speedup)."""

@@ -144,20 +144,13 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
     decode_cfg = DecodeConfig(**decode)
-    sampling_flags = tuple(f for f, k in (("--top-k", "top_k"), ("--top-p", "top_p"))
-                           if decode_flags.get(k) is not None)
-    if decode_cfg.schedule is not None:  # the rules are known now; else once the model is (warn_model_rules)
-        warn_sampling_flags(decode_cfg, sampling_flags)
-    if cache_flags.get("tau") is not None:
-        tau_source = "flag"
-    elif p_cache.get("tau") is not None:
-        tau_source = "profile"
-    else:
-        tau_source = "default"
+    sampling_flags = _sampling_flags(decode_cfg, decode_flags)
+    tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
+        else "default"
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
-                    sampling_flags=() if decode_cfg.schedule is not None else sampling_flags,
+                    sampling_flags=sampling_flags,
                     profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
@@ -208,6 +201,16 @@ def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_sour
 
     warn(f"profile {prof['_path']}'s τ was calibrated on {what(prof_q)} weights, this run uses {what(run_q)}: "
          f"quantization changes the entropy signal, so τ may not hold; run `{fix}` or pass --tau")
+
+
+def _sampling_flags(decode: DecodeConfig, decode_flags: dict) -> tuple[str, ...]:
+    """The ``--top-k`` / ``--top-p`` flags given, for :func:`warn_model_rules` once the model (hence its
+    sampler) is known; with ``--schedule`` the rules are known now: warned here, and () returned."""
+    given = tuple(f for f, k in (("--top-k", "top_k"), ("--top-p", "top_p")) if decode_flags.get(k) is not None)
+    if decode.schedule is None:
+        return given
+    warn_sampling_flags(decode, given)
+    return ()
 
 
 def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
