@@ -73,3 +73,40 @@ def test_decode_config_must_be_one(llada_lm):
     engine = Engine.from_loaded(llada_lm)
     with pytest.raises(UsageError, match="cfg must be a DecodeConfig, not dict"):
         engine.start(engine.encode(["abc"], chat=False), {"gen_length": 16}, make_policy("none"))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda e: e.encode("Sort: 3 1", chat=False), "prompts must be a list of prompts, not one string"),
+    (lambda e: e.encode([None], chat=False), "prompt 1 is None; a prompt is text"),
+    (lambda e: e.generate(["ok", 123], CFG, make_policy("none")), "prompt 2 is 123; a prompt is text"),
+    (lambda e: make_policy(None), "None is not a cache policy; use one of"),
+])
+def test_wrong_kinds_of_argument_are_usage_errors(call, message, llada_lm):
+    """A value of the wrong kind is refused in one line, never encoded as its text or a TypeError."""
+    with pytest.raises(UsageError, match=message):
+        call(Engine.from_loaded(llada_lm))
+
+
+def test_load_model_takes_force_as_a_bool(llada_dir):
+    from ecache_cli.models.loader import load_model
+
+    with pytest.raises(UsageError, match=r"load_model\(force='no'\): force is True or False"):
+        load_model(llada_dir, "cpu", "float32", force="no")
+
+
+def test_an_unused_tensor_is_one_warning_line(llada_dir, tmp_path, capsys):
+    """A checkpoint holding a tensor its config does not use (here: a head under tied embeddings) loads, with
+    one ``warning:`` line naming it."""
+    import json
+    import shutil
+
+    from ecache_cli.models.loader import load_model
+
+    d = tmp_path / "tied"
+    shutil.copytree(llada_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "weight_tying": True}))
+    capsys.readouterr()
+    load_model(d, "cpu", "float32")
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "model.transformer.ff_out.weight" in err and len(err.splitlines()) == 1

@@ -41,7 +41,7 @@ def policy_params(name: str) -> set[str]:
 
 def spec_hint(name: str) -> str:
     """For a ``name:key=value`` spec given where a bare policy name is expected: where its parameters go."""
-    if ":" not in name:
+    if not isinstance(name, str) or ":" not in name:
         return ""
     return (f" (a policy's parameters go in a profile's cache: section, e.g. cache: {{policy: {name.split(':')[0]}, "
             "key: value}, or in `ecache profile --policies name:key=value`; --tau and --recent-k are flags)")
@@ -55,7 +55,7 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
     the message ``--policies`` gives). ``strict=False`` ignores undeclared parameters instead: for
     callers that hold one set of settings for several policies (``runs.settings.Settings``, the server).
     """
-    if name not in POLICIES:
+    if not isinstance(name, str) or name not in POLICIES:
         raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}{spec_hint(name)}")
     known = policy_params(name)
     unknown = sorted(k for k in params if k not in known)

@@ -11,8 +11,11 @@ from ..models.prompting import check_prompt_ids
 
 
 def check_prompts(spec, prompts: Sequence) -> None:
-    """UsageError for a text prompt that is empty or only white space (the chat template would make a
-    prompt of it); token-id prompts are checked by ``models.prompting.encode_prompts`` (DataError)."""
+    """UsageError for one string where the list of prompts belongs, or a text prompt that is empty or only
+    white space (the chat template would make a prompt of it); token-id prompts and prompts of other types
+    are checked by ``models.prompting.encode_prompts``."""
+    if isinstance(prompts, (str, bytes)):
+        raise UsageError("prompts must be a list of prompts, not one string: pass [prompt]")
     for n, p in enumerate(prompts, 1):
         if isinstance(p, str) and not p.strip():
             raise UsageError(f"prompt {n} {p!r}: a prompt is empty; give at least one token of text")

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,7 +270,10 @@ def load_weights(model: DiffusionLM, path: Path, device: torch.device, dtype: to
         raise ModelLoadError(f"{path}: tensor {missing[0]} is missing from the checkpoint{more}")
     extra = sorted(set(files) - set(expected))
     if extra:
-        warnings.warn(f"{path}: ignoring {len(extra)} unexpected tensors, e.g. {extra[0]}", stacklevel=2)
+        from ..console import warn
+
+        warn(f"{path}: ignoring {len(extra)} tensor(s) the config.json does not use, e.g. {extra[0]} (a tied "
+             "config with a separate head, or a variant ecache does not run)")
     from . import quantize as qz
 
     for layer, group in enumerate(qz.layer_groups(model) if quantize else [list(expected)]):
@@ -544,6 +546,8 @@ def load_model(
     """
     from . import quantize as qz
 
+    if not isinstance(force, bool):
+        raise UsageError(f"load_model(force={force!r}): force is True or False")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     quant = qz.parse_quantize(quantize)

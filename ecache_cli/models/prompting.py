@@ -33,10 +33,16 @@ def encode_prompts(tokenizer, spec, prompts: Sequence[str | list], chat: bool) -
     token ids (ints: used as they are, no chat template; checked with :func:`check_prompt_ids`).
 
     With ``chat`` a string prompt is one user message through the chat template, when the tokenizer has
-    one. Raises UsageError for an empty prompt or messages without a template, DataError for bad ids.
+    one. Raises UsageError for an empty prompt, a prompt of another type (None, a number), one string in
+    place of the list, or messages without a template; DataError for bad ids.
     """
+    if isinstance(prompts, (str, bytes)):
+        raise UsageError("prompts must be a list of prompts, not one string: pass [prompt]")
     out = []
     for p in prompts:
+        if not isinstance(p, (str, list, tuple)):
+            raise UsageError(f"prompt {len(out) + 1} is {p!r}; a prompt is text, a list of chat messages or a list "
+                             "of token ids")
         if isinstance(p, (list, tuple)) and not p:
             raise UsageError("a prompt is empty; give at least one token of text")
         if isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
