@@ -227,7 +227,7 @@ class DiffusionLM(nn.Module):
             pack = None
         store.queries = [] if attn_pos is not None else None
         store.shrunk, store.produced = ([] if shrinks else None), None
-        loop = _Loop(tokens, store, query_pos, attn_pos, pack, T).start(self.embed)
+        loop = _Loop(self.embed, tokens, store, query_pos, attn_pos, pack, T)
         for i, p in enumerate(self._block_parts()):
             for sh in shrinks:
                 if sh.layer == i and loop.idx is not None:
@@ -456,21 +456,16 @@ class _Loop:
     long, None = all T), their RoPE tables, and the forward's fixed inputs. With ``pack`` (order, unpack)
     x is the (N, d) list of real entries (``forward``'s ``pack``) until :meth:`unpacked`."""
 
-    def __init__(self, tokens, store: KVStore, query_pos, attn_pos, pack, T: int):
+    def __init__(self, embed, tokens, store: KVStore, query_pos, attn_pos, pack, T: int):
         self.store, self.attn_pos, self.pack, self.T = store, attn_pos, pack, T
         self.idx = query_pos
         self.cos, self.sin = (gather_rows(t, query_pos, 2) for t in store.rope)  # (B, 1, S, D)
-        self.tokens = gather_rows(tokens, query_pos, 1)
-
-    def start(self, embed) -> "_Loop":
-        """Embed the computed positions' tokens (packing them when the forward packs)."""
-        x = embed(self.tokens)  # (B, S, d)
+        x = embed(gather_rows(tokens, query_pos, 1))  # (B, S, d) the computed positions' embeddings
         self.shape = x.shape
-        if self.pack is not None:
+        if pack is not None:
             B, S, d = x.shape
-            x = x.reshape(B * S, d)[self.pack[0]]  # (N, d) the real query entries
+            x = x.reshape(B * S, d)[pack[0]]  # (N, d) the real query entries
         self.x = x
-        return self
 
     def move(self, x: torch.Tensor, idx: torch.Tensor | None) -> None:
         """Continue with other positions (a shrink or an expansion): their states and RoPE tables."""

@@ -12,7 +12,6 @@ shape (:meth:`Family.tiny_config`, tokenizer specials, chat template) that the t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import ClassVar
 
 from .spec import ConfigReader, ModelSpec
@@ -64,6 +63,11 @@ class Family:
     field_names: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @classmethod
+    def short_title(cls) -> str:
+        """The title without its parenthesis, e.g. "LLaDA-MoE", for messages."""
+        return cls.title.split(" (")[0]
+
+    @classmethod
     def claims(cls, cfg: dict) -> bool:  # pragma: no cover - abstract
         """Whether a parsed config.json is this family's (exactly one family claims any config)."""
         raise NotImplementedError
@@ -84,7 +88,7 @@ class Family:
         raise NotImplementedError
 
     @classmethod
-    def complete(cls, spec: ModelSpec, vocab: dict[str, int], path: Path | str = "config.json") -> ModelSpec:
+    def complete(cls, spec: ModelSpec, vocab: dict[str, int]) -> ModelSpec:
         """``spec`` with the ids only the tokenizer knows (``vocab``: token -> id, empty when no tokenizer
         is at hand): the end-of-turn id and further stop ids. A family whose config.json lacks some special
         ids (LLaDA-MoE: the mask and EOS) overrides this to take them from ``vocab``."""

@@ -508,20 +508,6 @@ def _skip_init():
             setattr(init, n, fn)
 
 
-def _checked(path: Path) -> Path:
-    """``path`` once it has a config.json (ModelLoadError otherwise: the folder is no checkpoint)."""
-    config_path(path)
-    return path
-
-
-def read_checkpoint_spec(path: Path, tokenizer) -> ModelSpec:
-    """The checked :class:`ModelSpec` of the checkpoint folder ``path`` (its config.json, the eps of its
-    generation_config.json), with the ids its family reads from ``tokenizer`` (end of turn, stop ids and,
-    where config.json lacks them, mask and EOS). Raises ModelLoadError."""
-    spec, _ = read_spec(path, tokenizer.get_vocab())
-    return spec
-
-
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
@@ -554,7 +540,9 @@ def load_model(
     if quant is not None:
         qz.check_supported(quant, dev, dt)
     path, name = resolve_path(name_or_path)
-    spec = read_checkpoint_spec(path, tok := load_tokenizer(_checked(path)))
+    config_path(path)  # a folder without config.json is no checkpoint: say so before its tokenizer
+    tok = load_tokenizer(path)
+    spec, _ = read_spec(path, tok.get_vocab())  # ids only the tokenizer knows: end of turn, stops, LLaDA-MoE's
     if spec.mask_id == spec.pad_id:
         raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); "
                              "the canvas needs distinct ids")

@@ -56,7 +56,7 @@ def family_of(cfg: dict, path: Path | str = "config.json") -> type[Family]:
     ``model_type`` and the supported families) when none does."""
     claimed = [f for f in FAMILIES.values() if f.claims(cfg)]
     if len(claimed) != 1:
-        kinds = ", ".join(f"{f.title.split(' (')[0]} ({f.name})" for f in FAMILIES.values())
+        kinds = ", ".join(f"{f.short_title()} ({f.name})" for f in FAMILIES.values())
         raise ModelLoadError(f"{path}: model_type {cfg.get('model_type')!r} is not supported; ecache runs {kinds} "
                              "checkpoints")
     return claimed[0]
@@ -72,7 +72,7 @@ def spec_from_config(cfg: dict, path: Path | str = "config.json", vocab: dict[st
     """
     fam = family_of(cfg, path)
     try:
-        spec = fam.complete(fam.read(ConfigReader(cfg, path, fam.title.split(" (")[0])), vocab or {}, path)
+        spec = fam.complete(fam.read(ConfigReader(cfg, path, fam.short_title())), vocab or {})
     except (TypeError, ValueError) as e:  # e.g. "d_model": "abc" or null
         raise ModelLoadError(f"{path}: a config.json field has a wrong type ({e}); fix config.json or use the "
                              "checkpoint's original one") from None

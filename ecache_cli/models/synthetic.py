@@ -88,10 +88,10 @@ def write_random_checkpoint(out: str | Path, family: str = "llada", shards: int 
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ids = write_char_tokenizer(out, family)
+    ids = write_char_tokenizer(out, family)  # the family's specials first: the ids tiny_config assumes
     fam = FAMILIES[family]
     shape = {k: cfg_overrides.pop(k) for k in SHAPE_KEYS if k in cfg_overrides}
-    cfg = {**tiny_config(family, mask=ids[fam.fixture_mask], eos=ids[fam.fixture_eos], **shape), **cfg_overrides}
+    cfg = {**tiny_config(family, **shape), **cfg_overrides}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     model = fam.model_class(spec_from_config(cfg, vocab=ids))
     state = random_state(model, seed, scale, dtype)

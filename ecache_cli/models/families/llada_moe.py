@@ -26,6 +26,8 @@ docs/MODELS.md "LLaDA-MoE"):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -183,15 +185,13 @@ class LLaDAMoEFamily(Family):
         )
 
     @classmethod
-    def complete(cls, spec: ModelSpec, vocab: dict[str, int], path="config.json") -> ModelSpec:
+    def complete(cls, spec: ModelSpec, vocab: dict[str, int]) -> ModelSpec:
         """The tokenizer's ``<|endoftext|>`` as EOS and ``<|mask|>`` as the mask (unless config.json names a
         ``mask_token_id``), then the end-of-turn id."""
-        from dataclasses import replace
-
         spec = replace(spec, eos_id=vocab.get("<|endoftext|>", spec.eos_id))
         if spec.mask_id == MASK_ID and "<|mask|>" in vocab:
             spec = replace(spec, mask_id=vocab["<|mask|>"])
-        return super().complete(spec, vocab, path)
+        return super().complete(spec, vocab)
 
     @classmethod
     def tiny_config(cls, mask: int = 2, eos: int = 1, vocab_size: int = 128, d_model: int = 64, n_layers: int = 2,
