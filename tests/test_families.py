@@ -92,6 +92,11 @@ def test_official_sizes_of_every_alias_family():
     dream = tiny_config("dream", vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
                         mlp_hidden=18944)
     assert spec_from_config(dream).n_params == alias("diffucoder-7b")[1].params
+    llada = tiny_config("llada", vocab_size=126464, d_model=4096, n_layers=32, n_heads=32, mlp_hidden=12288)
+    assert spec_from_config(llada).n_params == alias("llada-8b")[1].params
+    for name, sp in (("llada-moe", s), ("diffucoder-7b", spec_from_config(dream)),
+                     ("llada-8b", spec_from_config(llada))):
+        assert alias(name)[1].outer == sp.vocab_size * sp.d_model * 2  # untied embedding and head
 
 
 # --- LLaDA-MoE against the official code --------------------------------------------------------------

@@ -493,3 +493,24 @@ def test_quantized_sizes_keep_embeddings_and_head_in_the_compute_dtype():
     assert 8.0e9 < quantized_bytes(bf16, spec, torch.bfloat16, "int8") < 9.5e9  # an 8B model: about 8 GB in int8
     f32 = quantized_bytes(spec.n_params * 4, spec, torch.float32, "int8")
     assert f32 > quantized_bytes(bf16, spec, torch.bfloat16, "int8")
+
+
+def test_show_gives_an_aliass_quantized_sizes_before_it_is_downloaded(cli, monkeypatch, tmp_path):
+    """Without the checkpoint, ``models show`` estimates int8 / int4 sizes from the registry's counts: the
+    same figures the official config gives."""
+    import json
+
+    import torch
+
+    from ecache_cli.models.loader import quantized_bytes
+    from ecache_cli.models.registry import spec_from_config
+    from ecache_cli.models.synthetic import tiny_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    r = cli("models", "show", "llada-8b", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["quantized_bytes"]
+    spec = spec_from_config(tiny_config("llada", vocab_size=126464, d_model=4096, n_layers=32, n_heads=32,
+                                        mlp_hidden=12288))
+    assert got == {f: quantized_bytes(spec.n_params * 2, spec, torch.bfloat16, f) for f in ("int8", "int4")}

@@ -21,13 +21,15 @@ from .spec import ConfigReader, ModelSpec
 class Alias:
     """A short name for a public checkpoint: its Hugging Face ``repo``, its parameter count ``params``
     (from the official config.json, for ``ecache models`` before anything is downloaded), what it is
-    (``kind``: e.g. "Instruct") and, for a mixture of experts, the parameters one token uses
-    (``active``; 0 = all)."""
+    (``kind``: e.g. "Instruct"), for a mixture of experts the parameters one token uses (``active``; 0 =
+    all), and the embedding and LM head's parameters (``outer``: what ``--quantize`` leaves in the compute
+    dtype; 0 = unknown)."""
 
     repo: str
     params: int
     kind: str = ""
     active: int = 0
+    outer: int = 0
 
 
 class Family:

@@ -397,12 +397,14 @@ def _apart(need: int, free: int) -> tuple[str, str]:
 QUANT_BYTES = {"int8": 1.0, "fp8": 1.0, "int4": 0.5 + 4 / 128}
 
 
-def quantized_bytes(total: int, spec: ModelSpec, dtype: torch.dtype, fmt: str) -> int:
+def quantized_bytes(total: int, spec: ModelSpec | None, dtype: torch.dtype, fmt: str, outer: int | None = None) -> int:
     """The bytes of weights that take ``total`` bytes in ``dtype`` once the blocks are quantized to ``fmt``
-    (``int8``, ``int4``, ``fp8``): the embeddings and head stay in ``dtype``, every other parameter takes
-    :data:`QUANT_BYTES` (an estimate: norms and routers, a small share, are counted as quantized too)."""
+    (``int8``, ``int4``, ``fp8``): the embeddings and head (``outer`` parameters; from ``spec`` when None)
+    stay in ``dtype``, every other parameter takes :data:`QUANT_BYTES` (an estimate: norms and routers, a
+    small share, are counted as quantized too)."""
     size = torch.empty((), dtype=dtype).element_size()
-    outer = spec.vocab_size * spec.d_model * (1 if spec.tie_embeddings else 2)
+    if outer is None:
+        outer = spec.vocab_size * spec.d_model * (1 if spec.tie_embeddings else 2)
     return int(outer * size + max(total // size - outer, 0) * QUANT_BYTES[fmt])
 
 

@@ -272,7 +272,8 @@ def default_profile(name: str) -> dict | None:
 def _sizes(info: dict, spec, path: Path | None, alias_info) -> None:
     """Fill ``params``, ``active_params`` and the bf16 / fp32 bytes: from a complete local checkpoint's
     safetensors headers (:func:`models.loader.weight_bytes`), else from its config or the registry; with a
-    checkpoint, ``quantized_bytes`` {int8, int4}: the estimate of :func:`models.loader.quantized_bytes`."""
+    checkpoint (or an alias whose embedding size the registry knows), ``quantized_bytes`` {int8, int4}: the
+    estimate of :func:`models.loader.quantized_bytes`."""
     import torch
 
     from ..models.loader import quantized_bytes, weight_bytes
@@ -289,9 +290,10 @@ def _sizes(info: dict, spec, path: Path | None, alias_info) -> None:
     if spec is not None and path is not None and not info["missing"]:
         info.update(bf16_bytes=weight_bytes(path, torch.bfloat16, spec),
                     fp32_bytes=weight_bytes(path, torch.float32, spec))
-    info["quantized_bytes"] = None
-    if spec is not None and info["bf16_bytes"] is not None:  # --quantize: the blocks quantized, the rest bf16
-        info["quantized_bytes"] = {fmt: quantized_bytes(info["bf16_bytes"], spec, torch.bfloat16, fmt)
+    info["quantized_bytes"] = None  # --quantize: the blocks quantized, the embeddings and head in bfloat16
+    outer = alias_info.outer if spec is None and alias_info is not None and alias_info.outer else None
+    if info["bf16_bytes"] is not None and (spec is not None or outer is not None):
+        info["quantized_bytes"] = {fmt: quantized_bytes(info["bf16_bytes"], spec, torch.bfloat16, fmt, outer)
                                    for fmt in ("int8", "int4")}
 
 

@@ -29,6 +29,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 DREAM_7B = 7_615_616_512  # parameters of Dream-v0-7B's config.json (and of the coders: the same shapes)
+DREAM_7B_OUTER = 152_064 * 3584 * 2  # embedding and untied head: vocab 152064 × hidden 3584
 
 
 class _Attn(nn.Module):
@@ -67,13 +68,13 @@ class DreamFamily(Family):
     sampler = "dream"
     model_class = Dream
     aliases = {
-        "dream-7b": Alias("Dream-org/Dream-v0-Instruct-7B", DREAM_7B, "Instruct"),
-        "dream-7b-instruct": Alias("Dream-org/Dream-v0-Instruct-7B", DREAM_7B, "Instruct"),
-        "dream-7b-base": Alias("Dream-org/Dream-v0-Base-7B", DREAM_7B, "Base"),
-        "diffucoder-7b": Alias("apple/DiffuCoder-7B-Instruct", DREAM_7B, "code"),
-        "diffucoder-7b-base": Alias("apple/DiffuCoder-7B-Base", DREAM_7B, "code base"),
-        "diffucoder-7b-cpgrpo": Alias("apple/DiffuCoder-7B-cpGRPO", DREAM_7B, "code cpGRPO"),
-        "dream-coder-7b": Alias("Dream-org/Dream-Coder-v0-Instruct-7B", DREAM_7B, "code"),
+        "dream-7b": Alias("Dream-org/Dream-v0-Instruct-7B", DREAM_7B, "Instruct", outer=DREAM_7B_OUTER),
+        "dream-7b-instruct": Alias("Dream-org/Dream-v0-Instruct-7B", DREAM_7B, "Instruct", outer=DREAM_7B_OUTER),
+        "dream-7b-base": Alias("Dream-org/Dream-v0-Base-7B", DREAM_7B, "Base", outer=DREAM_7B_OUTER),
+        "diffucoder-7b": Alias("apple/DiffuCoder-7B-Instruct", DREAM_7B, "code", outer=DREAM_7B_OUTER),
+        "diffucoder-7b-base": Alias("apple/DiffuCoder-7B-Base", DREAM_7B, "code base", outer=DREAM_7B_OUTER),
+        "diffucoder-7b-cpgrpo": Alias("apple/DiffuCoder-7B-cpGRPO", DREAM_7B, "code cpGRPO", outer=DREAM_7B_OUTER),
+        "dream-coder-7b": Alias("Dream-org/Dream-Coder-v0-Instruct-7B", DREAM_7B, "code", outer=DREAM_7B_OUTER),
     }
     eot_token = "<|im_end|>"
     stop_tokens = ("<|dlm_pad|>",)

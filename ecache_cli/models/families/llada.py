@@ -27,6 +27,10 @@ CHAT_TEMPLATE = (
 )
 
 
+LLADA_8B = 8_015_581_184  # parameters of LLaDA-8B's config.json
+LLADA_8B_OUTER = 126_464 * 4096 * 2  # embedding and untied head: vocab 126464 × hidden 4096
+
+
 class LLaDABlock(nn.Module):
     """One LLaDALlamaBlock's parameters (official names)."""
 
@@ -89,10 +93,10 @@ class LLaDAFamily(Family):
     sampler = "llada"
     model_class = LLaDA
     aliases = {
-        "llada-8b": Alias("GSAI-ML/LLaDA-8B-Instruct", 8_015_581_184, "Instruct"),
-        "llada-8b-instruct": Alias("GSAI-ML/LLaDA-8B-Instruct", 8_015_581_184, "Instruct"),
-        "llada-8b-base": Alias("GSAI-ML/LLaDA-8B-Base", 8_015_581_184, "Base"),
-        "llada-1.5": Alias("GSAI-ML/LLaDA-1.5", 8_015_581_184, "VRPO"),
+        "llada-8b": Alias("GSAI-ML/LLaDA-8B-Instruct", LLADA_8B, "Instruct", outer=LLADA_8B_OUTER),
+        "llada-8b-instruct": Alias("GSAI-ML/LLaDA-8B-Instruct", LLADA_8B, "Instruct", outer=LLADA_8B_OUTER),
+        "llada-8b-base": Alias("GSAI-ML/LLaDA-8B-Base", LLADA_8B, "Base", outer=LLADA_8B_OUTER),
+        "llada-1.5": Alias("GSAI-ML/LLaDA-1.5", LLADA_8B, "VRPO", outer=LLADA_8B_OUTER),
     }
     eot_token = "<|eot_id|>"
     fixture_specials = ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|start_header_id|>",

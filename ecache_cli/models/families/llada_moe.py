@@ -41,6 +41,7 @@ from ..spec import ConfigReader, ModelSpec
 MASK_ID, EOS_ID = 156895, 156892  # the official ids (dInfer's benchmarks, the model card's generate call)
 PARAMS = 7_356_880_896  # 16 layers of 64 experts (1024 wide) on hidden 2048, vocab 157184, untied head
 ACTIVE = 1_719_736_320  # the same with 8 experts a token (embeddings and head included)
+OUTER = 157_184 * 2048 * 2  # embedding and untied head: vocab 157184 × hidden 2048
 #: The role-tag chat format the official tools render (dInfer's benchmarks), for the tiny checkpoint.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -121,9 +122,9 @@ class LLaDAMoEFamily(Family):
     sampler = "llada"
     model_class = LLaDAMoE
     aliases = {
-        "llada-moe": Alias("inclusionAI/LLaDA-MoE-7B-A1B-Instruct", PARAMS, "Instruct", ACTIVE),
-        "llada-moe-instruct": Alias("inclusionAI/LLaDA-MoE-7B-A1B-Instruct", PARAMS, "Instruct", ACTIVE),
-        "llada-moe-base": Alias("inclusionAI/LLaDA-MoE-7B-A1B-Base", PARAMS, "Base", ACTIVE),
+        "llada-moe": Alias("inclusionAI/LLaDA-MoE-7B-A1B-Instruct", PARAMS, "Instruct", ACTIVE, OUTER),
+        "llada-moe-instruct": Alias("inclusionAI/LLaDA-MoE-7B-A1B-Instruct", PARAMS, "Instruct", ACTIVE, OUTER),
+        "llada-moe-base": Alias("inclusionAI/LLaDA-MoE-7B-A1B-Base", PARAMS, "Base", ACTIVE, OUTER),
     }
     mask_token, eot_token = "<|mask|>", "<|role_end|>"
     fixture_specials = ["<|padding|>", "<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
