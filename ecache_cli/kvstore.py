@@ -53,6 +53,9 @@ class KVStore:
         produced: (B, R) bool, which of the last forward's ``logits_pos`` reached the last layer (a
             shrink with ``keep_logits=False`` may drop some: their logits rows are meaningless);
             None when it produced all of them. Overwritten by every forward.
+        block: the block size of block-causal attention (block-diffusion families: a query at position
+            p sees the keys at positions q with q // block ≤ p // block, blocks counted from each row's
+            first real token), or None for bidirectional attention (docs/MODELS.md §10).
     """
 
     k: list[torch.Tensor]
@@ -68,6 +71,7 @@ class KVStore:
     #: the most rows expected at once (e.g. a server's --max-batch): full buffers grow by doubling up to
     #: it, past it only as far as the joining rows need; None: doubling without a bound
     max_rows: int | None = field(default=None)
+    block: int | None = field(default=None)
     # per buffered field: (buffers, the views of their live rows handed out as the field's tensors)
     _buffers: dict = field(default_factory=dict, repr=False, compare=False)
     # (idx, H_kv, T, flat index) of the last partial write: the layers of one forward share their idx
@@ -83,13 +87,15 @@ class KVStore:
         dtype: torch.dtype,
         keep_hidden: int | None = None,
         capacity: int | None = None,
+        block: int | None = None,
     ) -> "KVStore":
         """Allocate an empty (zero) store for a (B, T) canvas whose padding is given by ``key_mask`` (B, T)
         bool (copied: the store moves its rows in place).
 
         ``keep_hidden`` = d_model to also keep every layer's input hidden states (for layer-selective
         recomputation); None keeps none. ``capacity``: rows to allocate room for (default B; at least B),
-        so rows can join without a reallocation (:meth:`add_rows`). Memory: 2 * layers * capacity *
+        so rows can join without a reallocation (:meth:`add_rows`). ``block``: block-causal attention's
+        block size (the class docstring), None for bidirectional. Memory: 2 * layers * capacity *
         H_kv * T * D elements.
         """
         B, T = key_mask.shape
@@ -103,7 +109,7 @@ class KVStore:
         hidden = None
         if keep_hidden:
             hidden = [torch.zeros(cap, T, keep_hidden, dtype=dtype, device=dev) for _ in range(n_layers)]
-        store = cls(k=k, v=v, key_mask=mask, positions=positions, attn_mask=None, hidden=hidden)
+        store = cls(k=k, v=v, key_mask=mask, positions=positions, attn_mask=None, hidden=hidden, block=block)
         for name, bufs in (("k", k), ("v", v), ("key_mask", [mask]), ("positions", [positions]), ("hidden", hidden)):
             if bufs is not None:
                 store._put(name, bufs, B)
@@ -194,6 +200,7 @@ class KVStore:
             k=k, v=[torch.empty_like(t) for t in k], key_mask=self.key_mask[rows], positions=self.positions[rows],
             attn_mask=None if self.attn_mask is None else self.attn_mask[rows],
             rope=None if self.rope is None else (self.rope[0][rows], self.rope[1][rows]), hidden=hidden,
+            block=self.block,
         )
 
     def take_rows(self, rows: torch.Tensor) -> "KVStore":
@@ -201,7 +208,7 @@ class KVStore:
         RoPE positions and tables, for a forward of those rows only that reads what is cached (one
         ``index_select`` per tensor, no device sync). Copy the result back with
         :meth:`put_rows`."""
-        return KVStore(**row_fields.take(self, self.ROW_FIELDS, rows))
+        return KVStore(**row_fields.take(self, self.ROW_FIELDS, rows), block=self.block)
 
     def put_rows(self, rows: torch.Tensor, sub: "KVStore") -> None:
         """Overwrite batch rows ``rows`` (R,) long with every K/V (and hidden state) of ``sub``, a store of
@@ -314,4 +321,5 @@ class KVStore:
             positions=self.positions.clone(), attn_mask=None if self.attn_mask is None else key_mask[:, None, None, :],
             rope=None if self.rope is None else (self.rope[0].clone(), self.rope[1].clone()),
             hidden=None if self.hidden is None else [t.clone() for t in self.hidden], max_rows=self.max_rows,
+            block=self.block,
         )

@@ -34,6 +34,14 @@ SYNTH_SCALE = 4.0
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 #: Prompts of different lengths, so a batch of them is left padded.
 PROMPTS = ["Sort: 9 3 7 1", "abc", "Reverse the list 4 5 6 7 8", "x=2; y=x*3"]
+
+
+def bidirectional_policies() -> list[str]:
+    """The cache policies that apply to the bidirectional families (the embedded model's): every one but
+    those made for block-causal attention (tests/test_block_diffusion.py covers those)."""
+    from ecache_cli.cache import POLICIES
+
+    return sorted(n for n, c in POLICIES.items() if c.attention != "block-causal")
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -141,7 +141,8 @@ def code_tokens(path: Path) -> list[str]:
 def test_the_engine_names_no_policy_and_no_model_family():
     from ecache_cli.cache import POLICIES
 
-    words = {w for name in POLICIES for w in (name, name.replace("-", "_"))} | {"llada", "dream"}
+    # "block" is also the canvas's own unit (a row's block, its block clock), which the engine must name
+    words = {w for name in POLICIES for w in (name, name.replace("-", "_")) if w != "block"} | {"llada", "dream"}
     hits = []
     for f in sorted((PKG / "engine").glob("*.py")):
         for tok in code_tokens(f):

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 from cli_helpers import step_layer_positions
-from conftest import PROMPTS
+from conftest import PROMPTS, bidirectional_policies
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.engine import DecodeConfig, Engine
@@ -52,7 +52,7 @@ def run(lm, prompts, policy, offset=0, force=True):
     return r.results(), records, r
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", bidirectional_policies())
 def test_mixed_batch_gives_each_row_its_own_tokens(lm, policy):
     batch, records, _ = run(lm, PROMPTS, policy)
     mixed = [rec for rec in records if 0 < int(rec.refresh.sum()) < len(rec.rows)]

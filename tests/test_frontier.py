@@ -59,7 +59,7 @@ def test_every_grid_point_is_a_valid_setting_and_no_peer_point_is_its_forced_ref
             want += size
         assert n_entropy == want
         assert any("recent_steps=" in s for s in specs)  # the variant is swept beside the paper's rule
-    assert set(fr.GRIDS["small"]) == set(fr.PEER_ORDER) | {"entropy"} == set(POLICIES) - {"none"}
+    assert set(fr.GRIDS["small"]) == set(fr.PEER_ORDER) | {"entropy"} == set(POLICIES) - {"none", "block"}
 
 
 def test_high_block_tau_is_the_workloads_largest_tau_below_the_maximum(fr):

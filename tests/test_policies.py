@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import PROMPTS as RAGGED_PROMPTS
+from conftest import bidirectional_policies
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.cache.entropy import EntropyCache
@@ -17,7 +18,7 @@ PROMPTS = RAGGED_PROMPTS[:3]  # three of the shared prompts of different lengths
 # Parameters that make a policy refresh (full forward) at every step: each policy declares them in its own
 # file (``CachePolicy.forced_refresh``; None = it has no such setting, and the equivalence test skips it).
 FORCED_REFRESH: dict[str, dict] = {n: c.forced_refresh for n, c in POLICIES.items() if c.forced_refresh is not None}
-NO_FORCED_REFRESH: dict[str, str] = {n: f"{n} declares no forced_refresh setting" for n in POLICIES
+NO_FORCED_REFRESH: dict[str, str] = {n: f"{n} declares no forced_refresh setting" for n in bidirectional_policies()
                                      if POLICIES[n].forced_refresh is None}
 
 
@@ -62,7 +63,7 @@ def test_every_shipped_policy_declares_a_forced_refresh():
     assert not NO_FORCED_REFRESH, f"declare forced_refresh in the policy's class: {sorted(NO_FORCED_REFRESH)}"
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", bidirectional_policies())
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("rule", [{"steps": 16}, {"threshold": 0.7}], ids=["schedule", "threshold"])
 def test_forced_refresh_reproduces_none(lm, policy, batch, rule):
@@ -218,7 +219,7 @@ def test_fastdllm_windows():
 
 
 @pytest.mark.parametrize("policy,params",
-                         [(p, {}) for p in sorted(POLICIES)] + [("entropy", {"tau": 1.0, "recent_k": 2})])
+                         [(p, {}) for p in bidirectional_policies()] + [("entropy", {"tau": 1.0, "recent_k": 2})])
 def test_plans_cover_the_logit_sources(lm, policy, params):
     """Every plan computes, for rows that do not refresh, each masked target of the block and (Dream) the
     position i−1 whose hidden state predicts it."""

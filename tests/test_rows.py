@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from conftest import PROMPTS as RAGGED_PROMPTS
+from conftest import bidirectional_policies
 
 from ecache_cli.cache import POLICIES, make_policy
 from ecache_cli.cache.base import CachePolicy, ForwardPlan
@@ -94,7 +95,7 @@ def _alone(eng, prompt_ids, cfg, policy, row_id, seed):
     return run.results()[0]
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", bidirectional_policies())
 def test_a_row_joining_mid_block_decodes_as_its_prompt_alone(lm, policy):
     eng = Engine.from_loaded(lm)
     cfg = DecodeConfig(gen_length=16, block_length=8, steps=16, temperature=0.7)

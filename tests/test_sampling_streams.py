@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PROMPTS
+from conftest import PROMPTS, bidirectional_policies
 
-from ecache_cli.cache import POLICIES, make_policy
+from ecache_cli.cache import make_policy
 from ecache_cli.decoding.streams import row_generator
 from ecache_cli.engine import DecodeConfig, Engine
 
@@ -26,7 +26,7 @@ def decode(lm, prompts, cfg, policy, seed, row_ids=None):
 # depend on the batch, greedy or sampled.
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", bidirectional_policies())
 @pytest.mark.parametrize("rule", [{"steps": 16}, {"threshold": 0.5}], ids=["schedule", "threshold"])
 def test_every_policy_samples_the_same_alone_and_batched(lm, policy, rule):
     greedy_cfg = DecodeConfig(gen_length=16, block_length=8, **rule)

@@ -27,6 +27,7 @@ from ..contract import rows as row_fields
 from ..contract.hooks import ForwardHooks
 from ..contract.rows import PerRow
 from ..contract.state import DecodeState, StepRecord
+from ..errors import UsageError
 
 
 @dataclass(slots=True)  # built every step: a slotted class builds in a third of a frozen one's time
@@ -61,11 +62,30 @@ class CachePolicy:
     """
 
     name: ClassVar[str] = "base"
+    #: the attention the policy is made for: "bidirectional" (the approximate caches), "block-causal" (the exact
+    #: cache of finished blocks) or "any" (``none``); ``check_model`` refuses a model of the other kind
+    attention: ClassVar[str] = "bidirectional"
     row_state: ClassVar[dict[str, PerRow]] = {}
     keeps_hidden: ClassVar[bool] = False
     forced_refresh: ClassVar[dict | None] = None
     test_params: ClassVar[dict] = {}
     ranges: ClassVar[dict] = {}  # name → contract.fields.Range of each numeric parameter
+
+    def check_model(self, spec) -> None:
+        """UsageError when this policy does not apply to a model with ``spec`` (a ``ModelSpec``: its
+        ``block_causal`` and ``family``): the approximate policies need bidirectional attention, ``block``
+        block-causal attention (docs/METHOD.md, "Block diffusion"). The message names the family and the
+        policies that apply. The engine calls it before a run starts."""
+        kind = "block-causal" if spec.block_causal else "bidirectional"
+        if self.attention in ("any", kind):
+            return
+        from . import POLICIES
+
+        fits = [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+        why = ("its attention is block-causal, so the keys and values of finished blocks are cached exactly"
+               if spec.block_causal else "its attention is bidirectional: no block is ever finished for attention")
+        use = " or ".join(fits) if len(fits) <= 2 else "one of " + ", ".join(fits)
+        raise UsageError(f"--cache {self.name} does not apply to the {spec.family} model family ({why}); use {use}")
 
     def reset(self, state: DecodeState) -> None:
         """Initialise the per-row state for the rows of ``state`` (called before their first step)."""

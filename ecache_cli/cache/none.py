@@ -13,6 +13,7 @@ class NoCache(CachePolicy):
     """Plain masked-diffusion decoding (LLaDA generate.py): recompute every position every step."""
 
     name = "none"
+    attention = "any"  # a full forward is exact under either attention
     forced_refresh = {}  # every step is a full forward
 
     def plan(self, state: DecodeState) -> ForwardPlan:

@@ -32,6 +32,9 @@ class DecodeState:
     block: (B,) long each row's current block; step_in_block: (B,) long its steps taken in that block
     (0 = the block's first step); row_step: (B,) long its steps taken in the request (0 = its first).
     ``block_start`` / ``block_end`` (B,) long are the block's canvas positions [start, end).
+    block_offset: (B,) long, or None (all 0): block-diffusion families lay blocks from each row's first
+    prompt token, so a row's first block starts ``block_offset`` positions before ``prompt_len`` and holds
+    the prompt's last ``block_offset`` tokens beside its first masks (docs/MODELS.md §10).
     schedule: (B, steps_per_block) long per-step commit counts of each row's current block, or None
     (threshold / factor decoding). step: the run's step counter (steps the batch took together).
     rows: (B,) long the rows' indices in the run (``Run.add`` numbers joining rows on).
@@ -57,13 +60,14 @@ class DecodeState:
     step: int = 0
     probe: ModelProbe | None = None
     block_mask: torch.Tensor | None = None  # (B, T) bool in_block(), kept by the engine as blocks change
+    block_offset: torch.Tensor | None = None  # (B,) long prompt tokens in each row's first block (block diffusion)
     # (masked, in_block(), their AND): block_masked() of the step, for as long as both are the same tensors
     _block_masked_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     #: the per-row fields (rows along dimension 0)
     ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",
                                           "rows", "block", "step_in_block", "row_step", "schedule",
-                                          "block_mask")}
+                                          "block_mask", "block_offset")}
 
     @property
     def batch(self) -> int:
@@ -76,7 +80,8 @@ class DecodeState:
     @property
     def block_start(self) -> torch.Tensor:
         """(B,) long canvas position where each row's current block starts."""
-        return self.prompt_len + self.block * self.block_length
+        start = self.prompt_len + self.block * self.block_length
+        return start if self.block_offset is None else start - self.block_offset
 
     @property
     def block_end(self) -> torch.Tensor:

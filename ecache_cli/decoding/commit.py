@@ -39,11 +39,13 @@ from .remasking import (
     select_origin,
     select_sampled,
     select_threshold,
+    select_threshold_min,
     select_threshold_quota,
     select_topk,
 )
 from .schedule import (
     BlockPlan,
+    block_num_transfer_tokens,
     dream_num_transfer_tokens,
     num_transfer_tokens,
     validate_schedule,
@@ -67,11 +69,15 @@ def validate_eps(eps: float) -> float:
     return eps
 
 
+#: the official sampler of each model family (``ModelSpec.sampler``) → its default step schedule
+SAMPLER_SCHEDULES = {"llada": "llada", "dream": "dream", "sdar": "block", "llada2": "block"}
+
+
 def family_schedule(sampler: str, schedule: str | None) -> str:
     """The step schedule a run uses: ``schedule`` when given, else the one of the model's official sampler
-    (``ModelSpec.sampler``: "dream" for Dream and the models built on it,
-    "llada" otherwise)."""
-    return schedule or ("dream" if sampler == "dream" else "llada")
+    (``ModelSpec.sampler``: "dream" for Dream and the models built on it, "block" for the block-diffusion
+    families SDAR and LLaDA2.x, "llada" otherwise)."""
+    return schedule or SAMPLER_SCHEDULES.get(sampler, "llada")
 
 
 def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
@@ -113,6 +119,11 @@ def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str
         if low_eos_confidence:
             raise UsageError("--low-eos-confidence lowers a confidence; --remasking origin reveals positions at "
                              "random: drop one")
+
+
+def _scheduled(schedule: torch.Tensor, sib: torch.Tensor) -> torch.Tensor:
+    """(B,) long: each row's scheduled count at its step in block ``sib`` (B,) (the last column past the end)."""
+    return schedule.gather(1, sib.clamp(0, schedule.shape[1] - 1)[:, None]).squeeze(1)
 
 
 def _origin_p_transfer(steps: int, eps: float, i: torch.Tensor) -> torch.Tensor:
@@ -214,6 +225,9 @@ class CommitRule:
             the last one commits every mask). Under compat fastdllm column 0 is the forced commit of the
             block's first position (1).
         """
+        if self.schedule == "block" and self.factor is None:  # the threshold rule's minimum too
+            return block_num_transfer_tokens(mask_count.shape[0], self.block_length,
+                                             self.steps_per_block or self.block_length, mask_count.device)
         if self.threshold is not None or self.factor is not None or self.origin:
             return None
         spb = self.steps_per_block
@@ -253,6 +267,8 @@ class CommitRule:
 
     def _select_rest(self, conf, valid, schedule, sib, noise) -> torch.Tensor:
         """The threshold, factor, sampled or top-k commits (``select`` without origin and the compat first step)."""
+        if self.threshold is not None and self.schedule == "block":
+            return select_threshold_min(conf, self.threshold, _scheduled(schedule, sib))
         if self.threshold is not None:
             plain = select_threshold(conf, self.threshold)
             if not self.quota:
@@ -265,7 +281,7 @@ class CommitRule:
             return torch.where((sib < self.steps_per_block - 1)[:, None], quota, plain)
         if self.factor is not None:
             return select_factor(conf, self.factor)
-        k = schedule.gather(1, sib.clamp(0, schedule.shape[1] - 1)[:, None]).squeeze(1)  # (B,)
+        k = _scheduled(schedule, sib)
         if self.alg_temp:  # Dream alg_temp > 0: torch.multinomial(softmax(conf / alg_temp), k) in Dream
             assert noise is not None, "alg_temp > 0 needs the step's noise"
             return select_sampled(conf, k, self.alg_temp, noise)

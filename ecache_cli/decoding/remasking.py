@@ -169,6 +169,24 @@ def select_origin(conf: torch.Tensor, p_transfer: float) -> torch.Tensor:
     return _candidates(conf) & (conf < p_transfer)
 
 
+def select_threshold_min(conf: torch.Tensor, threshold: float, k: torch.Tensor) -> torch.Tensor:
+    """The block-diffusion loops' threshold rule (SDAR generate.py ``low_confidence_dynamic``, LLaDA2.0
+    ``generate``; docs/MODELS.md §10): every candidate with conf strictly above ``threshold`` when there
+    are at least k[b] of them, else the k[b] most confident (:func:`select_topk`).
+
+    Args:
+        conf: float64 (B, N), −inf (or NaN) at non-candidates.
+        threshold: a probability (SDAR's script 0.85, LLaDA2 0.95).
+        k: LongTensor (B,), the step's scheduled count per row.
+    Returns:
+        BoolTensor (B, N), True = commit.
+    """
+    conf = _no_nan(conf)
+    high = _candidates(conf) & (conf > threshold)  # (B, N)
+    k = k.to(device=conf.device, dtype=torch.long)
+    return torch.where((high.sum(-1) >= k)[:, None], high, select_topk(conf, k))
+
+
 def select_threshold(conf: torch.Tensor, threshold: float) -> torch.Tensor:
     """Fast-dLLM confidence-threshold parallel decoding (get_transfer_index with threshold, docs/MODELS.md §6.1).
 

@@ -115,15 +115,23 @@ def num_transfer_tokens(mask_count: torch.Tensor, steps: int) -> torch.Tensor:
     return base + (step_idx < remainder).long()  # (B, steps)
 
 
-SCHEDULES = ("llada", "dream")
+SCHEDULES = ("llada", "dream", "block")
 
 
 def validate_schedule(name: str) -> str:
     """Check a --schedule name (SCHEDULES). Returns it unchanged; raises UsageError listing the valid ones."""
     if name not in SCHEDULES:
-        raise UsageError(f"unknown --schedule {name!r}: "
-                         "choose llada (LLaDA's linear split) or dream (Dream's timesteps)")
+        raise UsageError(f"unknown --schedule {name!r}: choose llada (LLaDA's linear split), dream (Dream's "
+                         "timesteps) or block (the block-diffusion loops' block-length / steps per step)")
     return name
+
+
+def block_num_transfer_tokens(batch: int, block_length: int, steps: int, device) -> torch.Tensor:
+    """The block-diffusion loops' per-step counts (SDAR generate.py, LLaDA2 ``generate``; docs/MODELS.md
+    §10): block_length // steps each step, one more on the first block_length % steps, whatever masks the
+    block holds (a first block shared with the prompt's tail has fewer; the commit rule then takes what
+    there is). Returns LongTensor (batch, steps)."""
+    return num_transfer_tokens(torch.full((batch,), block_length, dtype=torch.long, device=device), steps)
 
 
 def dream_num_transfer_tokens(mask_count: torch.Tensor, steps: int, eps: float, first: int = 0) -> torch.Tensor:

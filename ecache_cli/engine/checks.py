@@ -41,3 +41,4 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]]) -> None:
         raise UsageError("no prompts to generate from")
     if not isinstance(cfg, DecodeConfig):
         raise UsageError(f"cfg must be a DecodeConfig, not {type(cfg).__name__}")
+

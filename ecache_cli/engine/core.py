@@ -30,6 +30,7 @@ from ..errors import UsageError
 from ..metrics.step_timer import StepTimer
 from ..models.prompting import check_prompt_ids, encode_prompts
 from . import forward
+from .canvas import new_canvas
 from .checks import check_ids, check_prompts, check_start
 from .ledger import GenerationResult, Ledger
 
@@ -94,7 +95,11 @@ class Run:
         self.engine, self.cfg, self.policy, self.seed = engine, cfg, policy, seed
         self.P, self.G = max([len(p) for p in prompts] + [prompt_width or 0]), cfg.gen_length
         self.P = getattr(engine.model, "prompt_bucket", lambda p, g, n: p)(self.P, self.G, spec.max_positions)
-        if self.P + self.G > spec.max_positions:
+        # generated positions (block diffusion: a row's last block decodes whole, ``canvas.new_canvas``)
+        self.block_causal, self.width = spec.block_causal, self.G + (cfg.block_length - 1) * spec.block_causal
+        if hasattr(policy, "check_model"):  # a policy made for the other kind of attention refuses the model
+            policy.check_model(spec)
+        if self.P + self.width > spec.max_positions:
             fit = spec.max_positions - self.P
             fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0
                    else "shorten the prompt (fewer shots or less context)")
@@ -102,7 +107,7 @@ class Run:
                              f"{spec.max_positions} positions; {fix}")
         self.B = len(prompts)
         self.streams = RowStreams(seed, engine.device)
-        self.ledger = Ledger(self.P + self.G, engine.device)
+        self.ledger = Ledger(self.P + self.width, engine.device)
         self._joining: list[int] = []
         self._t0: float | None = None  # set when iteration starts
         ids = list(range(len(prompts))) if row_ids is None else [int(r) for r in row_ids]
@@ -111,9 +116,10 @@ class Run:
             self.add(p, r)
         self.state = self._new_rows(self._joining)
         self._joining.clear()
-        self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden)
+        self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden,
+                                            **({"block": cfg.block_length} if self.block_causal else {}))
         self.state.probe = ModelProbe(engine.model, lambda: self.store)
-        self.steps_done, self._gen_index = 0, torch.arange(self.G, device=engine.device)  # (G,) for _finished
+        self.steps_done, self._gen_index = 0, torch.arange(self.width, device=engine.device)  # for _finished
         # step times on a clock without the model's compiling (--compile), looked up once (~1 µs a mark if not)
         paused = (lambda: engine.model.compile_s) if hasattr(engine.model, "compile_s") else None
         self.timer = StepTimer(engine.device.type == "cuda", paused=paused)
@@ -138,24 +144,19 @@ class Run:
         return r
 
     def _new_rows(self, rows: list[int]) -> DecodeState:
-        """The decode state of run rows ``rows`` at their first step: left padded to ``P``, every generated
-        position masked, block 0 with its schedule."""
-        spec, dev, P, G = self.engine.spec, self.engine.device, self.P, self.G
-        n = len(rows)
-        tokens = torch.full((n, P + G), spec.pad_id, dtype=torch.long)
-        key_mask = torch.zeros(n, P + G, dtype=torch.bool)
-        for b, r in enumerate(rows):
-            p = self.ledger.prompts[r]
-            tokens[b, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-            key_mask[b, P - len(p):] = True
-        tokens[:, P:] = spec.mask_id
+        """The decode state of run rows ``rows`` at their first step (``canvas.new_canvas``): block 0 with
+        its schedule."""
+        spec, dev, bl, P, G, n = self.engine.spec, self.engine.device, self.cfg.block_length, self.P, self.G, len(rows)
+        tokens, key_mask, offset = new_canvas([self.ledger.prompts[r] for r in rows], P, G, self.width, bl,
+                                              self.block_causal, spec.mask_id, spec.pad_id)
         tokens, key_mask = tokens.to(dev), key_mask.to(dev)
         zeros = torch.zeros(n, dtype=torch.long, device=dev)
         st = DecodeState(tokens=tokens, key_mask=key_mask, masked=tokens == spec.mask_id,
                          commit_order=torch.full_like(tokens, -1), commit_step=torch.full_like(tokens, -1),
                          n_committed=zeros, rows=torch.tensor(rows, dtype=torch.long, device=dev), block=zeros.clone(),
                          step_in_block=zeros.clone(), row_step=zeros.clone(), prompt_len=P, gen_length=G,
-                         block_length=self.cfg.block_length, logit_shift=spec.logit_shift, n_layers=spec.n_layers)
+                         block_length=bl, logit_shift=spec.logit_shift, n_layers=spec.n_layers,
+                         block_offset=None if offset is None else offset.to(dev))
         st.enter_blocks()
         st.schedule = self.rule.block_schedule(st.block_masked().sum(1))
         return st
@@ -258,7 +259,7 @@ class Run:
     def _finished(self) -> torch.Tensor:
         """(B,) bool: rows fully decoded, or (early exit) whose answer has ended: an EOS/EOT before the first
         mask (a masked position holds the mask token, never an end marker)."""
-        st, P, G = self.state, self.P, self.G
+        st, P, G = self.state, self.P, self.width
         gen_mask = st.masked[:, P:]  # (B, G)
         if not self.cfg.early_exit:
             return ~gen_mask.any(1)
@@ -275,7 +276,7 @@ class Run:
         st.step_in_block = st.step_in_block + 1
         done = ~st.block_masked().any(1)
         if st.schedule is not None:
-            done = done | (st.step_in_block >= self.blocks.steps_per_block)
+            done = done | (st.step_in_block >= st.schedule.shape[1])
         if not bool(done.any()):
             return
         st.block = torch.where(done, st.block + 1, st.block)
@@ -283,7 +284,7 @@ class Run:
         st.enter_blocks()
         if st.schedule is not None:
             st.schedule = torch.where(done[:, None], self.rule.block_schedule(st.block_masked().sum(1)), st.schedule)
-        past = st.block >= self.blocks.num_blocks  # rows that used the whole canvas without an end marker
+        past = ~(st.in_block() & st.key_mask).any(1)  # rows past their canvas's last block, without an end marker
         if bool(past.any()):
             self._retire(past)
 
@@ -296,4 +297,4 @@ class Run:
 
     def results(self) -> list[GenerationResult]:
         """Per-row outputs in run order (``engine/ledger.py`` ``Ledger.results`` lists the stats)."""
-        return self.ledger.results(self.engine.tokenizer, set(self.engine.end_ids.tolist()), self.P, self.wall_s)
+        return self.ledger.results(self.engine.tokenizer, set(self.engine.spec.end_ids), self.P, self.wall_s, self.G)

@@ -68,16 +68,19 @@ class Ledger:
         for r in rows.tolist():
             self.finish_s[r] = now
 
-    def results(self, tokenizer, end_ids: set[int], P: int, wall_s: float) -> list[GenerationResult]:
+    def results(self, tokenizer, end_ids: set[int], P: int, wall_s: float,
+                gen_length: int | None = None) -> list[GenerationResult]:
         """Per-row outputs in run order, with stats: nfe, full_forwards, partial_forwards, tokens_computed
         (positions the forwards computed for this row, padding included: ``StepRecord.computed``),
         tokens_planned (the plans' own positions, what the row would compute alone at batch 1),
         token_layer_share (tokens_computed over nfe × T), generated_tokens (answer tokens plus its end
-        marker), prompt_tokens, wall_s (seconds from the row's joining to its finishing), tokens_per_s."""
+        marker), prompt_tokens, wall_s (seconds from the row's joining to its finishing), tokens_per_s.
+        ``gen_length``: the answer's positions after ``P`` (default: the rest of the canvas; a block-diffusion
+        canvas decodes its last block whole, past the answer)."""
         out = []
         T = self.final.shape[1]
         nfe, full, part, comp, planned = zip(*self.counts.tolist()) if len(self.counts) else ((),) * 5
-        for b, ids in enumerate(self.final[:, P:].tolist()):
+        for b, ids in enumerate(self.final[:, P:P + gen_length if gen_length is not None else T].tolist()):
             end = next((i for i, t in enumerate(ids) if t in end_ids), None)
             answer = ids if end is None else ids[:end]
             gen = len(answer) + (1 if end is not None else 0)

@@ -31,12 +31,14 @@ class BlockParts:
     A dense block has ``gate``, ``up`` and ``down`` (SwiGLU); a mixture-of-experts block has ``moe``
     instead, a module mapping normed inputs (..., d) to the feed-forward output (..., d) (``models/moe.py``).
     ``q_norm`` / ``k_norm``: per-head RMSNorms (weights (head_dim,)) applied to q and k before RoPE, or
-    None."""
+    None. A checkpoint that stores q, k and v as one matrix (LLaDA2's ``query_key_value``, rows: the query
+    heads, then the key heads, then the value heads) gives that projection as ``q`` and None as ``k`` and
+    ``v``."""
 
     attn_norm: nn.Module
     q: nn.Linear
-    k: nn.Linear
-    v: nn.Linear
+    k: nn.Linear | None
+    v: nn.Linear | None
     o: nn.Linear
     mlp_norm: nn.Module
     gate: nn.Linear | None = None
@@ -165,8 +167,8 @@ class DiffusionLM(nn.Module):
         """
         for i in range(self.spec.n_layers):
             p = self.parts(i)
-            if type(p.q.weight) is not nn.Parameter:  # quantized (models/quantize.py): runs module by module
-                continue
+            if type(p.q.weight) is not nn.Parameter or p.k is None:  # quantized (models/quantize.py), or q, k, v
+                continue  # stored as one projection already: runs module by module
             p.qkv = fuse_rows([p.q.weight, p.k.weight, p.v.weight])
             if p.q.bias is not None:
                 p.qkv_bias = fuse_rows([p.q.bias, p.k.bias, p.v.bias])
@@ -193,12 +195,13 @@ class DiffusionLM(nn.Module):
             found = self.__dict__["_parts_list"] = [self.parts(i) for i in range(self.spec.n_layers)]
         return found
 
-    def new_store(self, key_mask: torch.Tensor, keep_hidden: bool = False) -> KVStore:
-        """Allocate an empty :class:`KVStore` for a canvas with padding ``key_mask`` (B, T) bool."""
+    def new_store(self, key_mask: torch.Tensor, keep_hidden: bool = False, block: int | None = None) -> KVStore:
+        """Allocate an empty :class:`KVStore` for a canvas with padding ``key_mask`` (B, T) bool; ``block``:
+        the block size of block-causal attention (``KVStore.block``), None for bidirectional."""
         s = self.spec
         dtype = next(self.parameters()).dtype
         return KVStore.allocate(s.n_layers, s.n_kv_heads, s.head_dim, key_mask, dtype,
-                                s.d_model if keep_hidden else None)
+                                s.d_model if keep_hidden else None, block=block)
 
     def forward(
         self,
@@ -251,7 +254,7 @@ class DiffusionLM(nn.Module):
         store.write(i, loop.idx, k, v)
         if loop.attn_pos is not None:
             store.queries.append(gather_rows(q, self._rows_of(loop.attn_pos, loop.idx, loop.T), 2))  # (B, H, A, D)
-        a = attend(q, store.k[i], store.v[i], store.attn_mask)  # (B, S, H*D)
+        a = attend(q, store.k[i], store.v[i], loop.attn_mask)  # (B, S, H*D)
         x = x + o(a if pack is None else a.reshape(-1, a.shape[-1])[pack[0]])  # (B, S, d) or packed (N, d)
         h = mlp_norm(x)
         if p.moe is not None:
@@ -294,6 +297,8 @@ class DiffusionLM(nn.Module):
         H, Hk, D = s.n_heads, s.n_kv_heads, s.head_dim
         if fused:
             qkv = F.linear(h, p.qkv, p.qkv_bias)  # (B, S, (H + 2 H_kv) D), or packed (N, ...)
+        elif p.k is None:  # the checkpoint's own fused projection
+            qkv = p.q(h)
         else:
             qkv = torch.cat([p.q(h), p.k(h), p.v(h)], -1)
         if unpack is not None:
@@ -451,6 +456,19 @@ class DecoderLayout(DiffusionLM):
             return self.lm_head(h)
         return h @ self.model.embed_tokens.weight.T
 
+def attention_mask(store: KVStore, query_pos: torch.Tensor | None) -> torch.Tensor | None:
+    """The attention mask of queries at ``query_pos`` (B, S) long (None: every position) over the store's
+    keys: the store's padding mask (B, 1, 1, T) bool (None without padding) for bidirectional attention;
+    with ``store.block`` set, block-causal (docs/MODELS.md §10): (B, 1, S, T) bool, True where the key is
+    real and its block (its RoPE position // block) is not after the query's, as the official SDAR and
+    LLaDA2 code build it (a left-padded row's blocks start at its first real token)."""
+    if store.block is None:
+        return store.attn_mask
+    kb = torch.div(store.positions, store.block, rounding_mode="floor")  # (B, T)
+    qb = kb if query_pos is None else kb.gather(1, query_pos)  # (B, S)
+    return ((kb[:, None, :] <= qb[:, :, None]) & store.key_mask[:, None, :])[:, None]  # (B, 1, S, T)
+
+
 class _Loop:
     """The layer loop's moving state: the residual stream ``x`` of the computed positions ``idx`` ((B, S)
     long, None = all T), their RoPE tables, and the forward's fixed inputs. With ``pack`` (order, unpack)
@@ -460,6 +478,7 @@ class _Loop:
         self.store, self.attn_pos, self.pack, self.T = store, attn_pos, pack, T
         self.idx = query_pos
         self.cos, self.sin = (gather_rows(t, query_pos, 2) for t in store.rope)  # (B, 1, S, D)
+        self.attn_mask = attention_mask(store, query_pos)
         x = embed(gather_rows(tokens, query_pos, 1))  # (B, S, d) the computed positions' embeddings
         self.shape = x.shape
         if pack is not None:
@@ -471,6 +490,7 @@ class _Loop:
         """Continue with other positions (a shrink or an expansion): their states and RoPE tables."""
         self.x, self.idx = x, idx
         self.cos, self.sin = (gather_rows(t, idx, 2) for t in self.store.rope)
+        self.attn_mask = attention_mask(self.store, idx)
 
     def unpacked(self) -> torch.Tensor:
         """The last layer's output in the padded (B, S, d) layout."""

@@ -48,6 +48,10 @@ class Family:
             0) and tokenizer_config.json entries (``chat_template`` included); fixture_mask and fixture_eos
             name its mask and EOS tokens among them.
         field_names: (spec field, config.json name) pairs for error messages (``ModelSpec.field_names``).
+        decode_defaults: decode settings of the family's official loop (``DecodeConfig`` names) that replace
+            ecache's defaults for its models, below any profile and flag (block diffusion: the block
+            the models were trained with and the official threshold).
+        cache_default: the cache policy its models run without --cache or a profile's (None: ecache's).
     """
 
     name: ClassVar[str]
@@ -63,6 +67,8 @@ class Family:
     fixture_mask: ClassVar[str]
     fixture_eos: ClassVar[str]
     field_names: ClassVar[tuple[tuple[str, str], ...]] = ()
+    decode_defaults: ClassVar[dict] = {}
+    cache_default: ClassVar[str | None] = None
 
     @classmethod
     def short_title(cls) -> str:

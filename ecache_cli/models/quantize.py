@@ -173,11 +173,11 @@ def _config(q: Quantization, device: torch.device, group_size: int):
 def block_linears(model, i: int) -> list[tuple[str, nn.Linear]]:
     """Layer ``i``'s projections that quantization replaces, with role names (``q``, ``down``,
     ``expert3.gate``...): q, k, v, o and the dense SwiGLU's gate, up, down, or every expert's (a
-    routed one's and a shared one's; the router stays)."""
+    routed one's and a shared one's; the router stays). A checkpoint's fused q, k, v projection is ``q``."""
     from .layers import SwiGLU
 
     p = model.parts(i)
-    out = [("q", p.q), ("k", p.k), ("v", p.v), ("o", p.o)]
+    out = [(r, lin) for r, lin in (("q", p.q), ("k", p.k), ("v", p.v), ("o", p.o)) if lin is not None]
     if p.moe is None:
         return out + [("gate", p.gate), ("up", p.up), ("down", p.down)]
     experts = [m for m in p.moe.modules() if isinstance(m, SwiGLU)]

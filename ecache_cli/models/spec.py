@@ -35,6 +35,12 @@ class ModelSpec:
     rotation, None = all of them). ``qk_norm``: an RMSNorm over each head's query and key vectors before RoPE
     (weights (head_dim,)); ``clip_qkv``: q, k and v clamped to ±clip after it (None: no clamp).
     ``field_names`` maps the spec's fields to the family's config.json names, for error messages.
+
+    Block diffusion (``block_causal``: SDAR, LLaDA2.x): attention is causal across blocks and bidirectional
+    inside one, blocks counted from position 0 of each sequence; ``block_size`` is the block the model was
+    trained with (the default ``--block-length``; None = no such default). A grouped router
+    (``expert_groups`` > 1) keeps the ``expert_groups_kept`` best groups of consecutive experts before its
+    top-k; ``routed_scaling`` multiplies the chosen experts' weights (LLaDA2, docs/MODELS.md §10).
     """
 
     family: str
@@ -70,6 +76,11 @@ class ModelSpec:
     moe_layers: tuple[bool, ...] = ()
     stop_ids: tuple[int, ...] = ()
     field_names: tuple[tuple[str, str], ...] = ()
+    block_causal: bool = False
+    block_size: int | None = None
+    expert_groups: int = 1
+    expert_groups_kept: int = 1
+    routed_scaling: float = 1.0
 
     @property
     def end_ids(self) -> tuple[int, ...]:

@@ -40,7 +40,8 @@ class EntropyMeter:
 
     def observe(self, rec) -> None:
         """Record the entropies of the tokens committed at this step (device ops only, no sync)."""
-        hit = rec.committed
+        # a block-diffusion row decodes its last block whole, past the answer: those positions are not kept
+        hit = rec.committed & (rec.targets < self.P + self.ent.shape[1])
         rows = rec.rows[:, None].expand_as(rec.targets)[hit]
         pos = (rec.targets - self.P)[hit]
         self.ent[rows, pos] = rec.entropy[hit].to(self.ent.dtype)

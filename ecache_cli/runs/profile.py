@@ -421,7 +421,7 @@ class _Bench:
                           latency_s=s["wall_s"], nfe=s["nfe"], full_forwards=s["full_forwards"],
                           partial_forwards=s["partial_forwards"], tokens_computed=s["tokens_computed"],
                           tokens_planned=s["tokens_planned"],
-                          canvas=run.P + run.G, token_ids=res.token_ids, answer_ids=res.answer_ids,
+                          canvas=run.P + run.width, token_ids=res.token_ids, answer_ids=res.answer_ids,
                           text=res.text, score=score)
 
     def summaries(self, runs: dict[str, list[RunMeasure]]) -> dict[str, dict]:

@@ -134,9 +134,11 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
              "are used anyway (run `ecache calibrate` for this model)")
     p_dec = (prof or {}).get("decode") or {}
     p_cache = dict((prof or {}).get("cache") or {})
-    decode = resolve(dataclass_defaults(DecodeConfig), p_dec, decode_flags)
+    fam = model_family(model)
+    decode = resolve({**dataclass_defaults(DecodeConfig), **fam.decode_defaults} if fam else
+                     dataclass_defaults(DecodeConfig), p_dec, decode_flags)
     _flag_picks_parallel_rule(decode, decode_flags)
-    cache = resolve({"policy": "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
+    cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
     _block_follows_gen_length(decode, p_dec, decode_flags)
@@ -156,6 +158,27 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
                     tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+
+
+def model_family(model: str | None):
+    """The model family (``models.family.Family``) of ``--model`` when it is known before loading: an alias's,
+    or the one that claims a folder's config.json; None otherwise (a repository id, the embedded model, a
+    folder without a readable config: the load reports any problem). Its ``decode_defaults`` and
+    ``cache_default`` sit under profiles and flags (:func:`resolve_settings`)."""
+    from ..errors import ModelLoadError
+    from ..models.registry import alias, family_of
+    from ..models.spec import read_json_object
+
+    if not model:
+        return None
+    found = alias(str(model))
+    if found is not None:
+        return found[0]
+    path = Path(model) / "config.json"
+    try:
+        return family_of(read_json_object(path), path) if path.is_file() else None
+    except (ModelLoadError, OSError):
+        return None
 
 
 def quantize_flag(quantize: str | None, group_size: int | None) -> str | None:

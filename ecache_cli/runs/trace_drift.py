@@ -83,6 +83,7 @@ class TraceReport:
     live_s: float = 0.0
     shadow_s: float = 0.0
     committed: int = 0
+    block_causal: bool = False  # block diffusion: the served keys are finished blocks', exact by construction
 
     def correlation(self) -> dict:
         """Pearson/Spearman of E_t vs drift_{t+1} (labels say exactly which), plus the increment variant."""
@@ -111,6 +112,8 @@ class TraceReport:
             "volatility": {"level": self.level, "settle_steps": settle, "tokens_per_step": self.tokens_per_step(),
                            "curve": self.volatility.curve()},
             "time_s": {"live": self.live_s, "shadow": self.shadow_s},
+            "block_causal": self.block_causal,
+            "drift_k_max": max((max(r["drift_k_max"]) for r in partial), default=None),
         }
 
 
@@ -154,7 +157,8 @@ class DriftTracer:
     def shadow(self, tokens: torch.Tensor, sources: torch.Tensor):
         """Shadow full forward on ``tokens`` (B, T) with a fresh store; returns (store, logits (B, R, V),
         seconds). Timed with a device sync on CUDA; the time is kept apart from the live timings."""
-        store = self.model.new_store(self.run.store.key_mask)
+        live = self.run.store
+        store = self.model.new_store(live.key_mask, **({"block": live.block} if live.block is not None else {}))
         t0 = _clock(tokens.device)
         with recording(self.routers) as routes:
             logits = self.model(tokens, store, query_pos=None, logits_pos=sources)
@@ -201,6 +205,8 @@ class DriftTracer:
         store, fresh, seconds = self.shadow(tokens, sources)
         computed = self.computed_mask(query, tokens.shape) | refresh[:, None]
         base = self.run.store.key_mask & ~computed  # (B, T)
+        if self.run.store.block is not None:  # block-causal: the queries read no key after their own block
+            base = base & self.run.state.span(0, self.run.state.block_end)
         L = len(store.k)
         if start is None:
             served = [base] * L
@@ -357,7 +363,8 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -
         raise UsageError(f"--volatility-level {opts.volatility_level} must be > 0 (e.g. 1e-3)")
     engine = Engine.from_loaded(lm)
     chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
-    report = TraceReport(signal=opts.signal, level=opts.volatility_level, n_layers=lm.spec.n_layers)
+    report = TraceReport(signal=opts.signal, level=opts.volatility_level, n_layers=lm.spec.n_layers,
+                         block_causal=lm.spec.block_causal)
     done = 0
     for prompts in batched(load_prompts(engine, opts, chat, settings.decode.gen_length), opts.batch_size):
         run_ = engine.start(engine.encode(prompts, chat), settings.decode, settings.policy(), seed=opts.seed,

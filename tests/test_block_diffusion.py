@@ -1,0 +1,205 @@
+"""Block diffusion (SDAR, LLaDA2.x): the official code's logits, router and generation loops on tiny
+checkpoints it wrote (``tests/fixtures/sdar``, ``tests/fixtures/llada2-mini``; their READMEs say how),
+the exact cache of finished blocks against recomputing everything, batching and the policy refusals.
+
+Tolerances: the official float32 logits move by 1.4e-5 (SDAR) and 1.9e-5 (LLaDA2) when the same code
+runs in float64 (the fixtures' metadata), so a re-implementation that sums in another order is held to
+5e-5 of either; generation is held token for token."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from ecache_cli.cache import make_policy
+from ecache_cli.engine import DecodeConfig, Engine
+from ecache_cli.errors import UsageError
+from ecache_cli.models.loader import load_model
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+BLOCK = {"sdar": 4, "llada2-mini": 8}
+TOL = 5e-5
+
+
+@pytest.fixture(scope="module", params=["sdar", "llada2-mini"])
+def fixture(request):
+    d = FIXTURES / request.param
+    with safe_open(str(d / "official_outputs.safetensors"), "pt") as f:
+        meta = f.metadata()
+    return request.param, load_model(d, device="cpu", dtype="float32"), load_file(d / "official_outputs.safetensors"), meta
+
+
+def _forward(lm, ids, block, query=None, store=None):
+    store = store or lm.model.new_store(torch.ones_like(ids, dtype=torch.bool), block=block)
+    with torch.inference_mode():
+        return lm.model(ids, store, query_pos=query), store
+
+
+def test_logits_of_a_sequence_and_of_cached_blocks_equal_the_official_code(fixture):
+    name, lm, ref, _ = fixture
+    assert lm.spec.block_causal and lm.spec.family == name.split("-")[0]
+    ids, bl = ref["ids"], BLOCK[name]
+    full, _ = _forward(lm, ids, bl)
+    assert (full - ref["logits"]).abs().max() <= TOL
+    assert (full.double() - ref["logits_f64"].double()).abs().max() <= TOL
+    # the official cache path: positions 0..15 first, then 16..23 against their cached keys and values
+    _, store = _forward(lm, ids, bl, query=torch.arange(16)[None])
+    cached, _ = _forward(lm, ids, bl, query=torch.arange(16, 24)[None], store=store)
+    assert (cached - ref["cached_logits"]).abs().max() <= TOL
+    assert (cached - full[:, 16:]).abs().max() <= 1e-5
+    # block-causal: a block's logits do not depend on any later position
+    later = ids.clone()
+    later[:, 16:] = 5
+    changed, _ = _forward(lm, later, bl)
+    assert (changed[:, :16] - full[:, :16]).abs().max() <= 1e-5  # (experts batch other tokens: rounding only)
+    assert (changed[:, 16:] - full[:, 16:]).abs().max() > 0.1
+
+
+def test_without_the_block_mask_the_logits_differ(fixture):
+    """The block mask matters: the same forward with bidirectional attention is far from the official one."""
+    name, lm, ref, _ = fixture
+    ids = ref["ids"]
+    with torch.inference_mode():
+        bidirectional = lm.model(ids, lm.model.new_store(torch.ones_like(ids, dtype=torch.bool)))
+    assert (bidirectional - ref["logits"]).abs().max() > 0.1
+
+
+def test_the_llada2_router_chooses_and_weighs_as_the_official_gate():
+    lm = load_model(FIXTURES / "llada2-mini", device="cpu", dtype="float32")
+    ref = load_file(FIXTURES / "llada2-mini" / "official_outputs.safetensors")
+    layer = lm.model.model.layers[1]
+    seen = []
+    hook = layer.post_attention_layernorm.register_forward_hook(lambda m, i, o: seen.append(o))
+    try:
+        _forward(lm, ref["ids"], 8)
+    finally:
+        hook.remove()
+    with torch.inference_mode():
+        idx, weight = layer.mlp.route(seen[0].reshape(-1, seen[0].shape[-1]))
+    assert torch.equal(idx, ref["router_idx"])
+    assert (weight - ref["router_weight"]).abs().max() <= 1e-6
+    assert torch.allclose(weight.sum(-1), torch.full((24,), 2.5))  # renormalised, times routed_scaling_factor
+
+
+def _official_runs(name: str, meta: dict) -> list[tuple[str, dict]]:
+    """(output key, official arguments) of each generation the fixture holds that ecache reproduces
+    (LLaDA2.1's editing runs are not among them: ecache has no editing decoder)."""
+    return [(k, a) for k, a in json.loads(meta["gen_args"]).items() if "editing_threshold" not in a
+            and not k.startswith("gen_llada21")]
+
+
+def _config(a: dict) -> DecodeConfig:
+    """The DecodeConfig of an official run's arguments (steps per block → ecache's total steps)."""
+    bl, G = a["block_length"], a["gen_length"]
+    steps = a.get("denoising_steps", a.get("steps"))
+    threshold = a.get("confidence_threshold", a.get("threshold"))
+    if a.get("remasking_strategy") == "low_confidence_static":
+        threshold = None
+    return DecodeConfig(gen_length=G, block_length=bl, steps=steps * (G // bl), threshold=threshold)
+
+
+@pytest.mark.parametrize("policy", ["block", "none"])
+def test_the_official_generation_loops_token_for_token(fixture, policy):
+    name, lm, ref, meta = fixture
+    prompt = ref["gen_prompt"][0].tolist()
+    runs = _official_runs(name, meta)
+    assert len(runs) == 4
+    for key, a in runs:
+        if "stopping_criteria_idx" in a:  # SDAR's stop ids: any of them ends the answer
+            spec = replace(lm.spec, eos_id=a["stopping_criteria_idx"][0], stop_ids=tuple(a["stopping_criteria_idx"]))
+        else:  # LLaDA2's eos_id
+            spec = replace(lm.spec, eos_id=a["eos_id"])
+        eng = Engine(lm.model, lm.tokenizer, spec)
+        run = eng.start([prompt], _config(a), make_policy(policy))
+        nfe = sum(1 for _ in run)
+        res = run.results()[0]
+        out = ref[key][0].tolist()
+        want = out[len(prompt):len(prompt) + a["gen_length"]] if name == "sdar" else out  # LLaDA2: the answer
+        got = res.answer_ids + ([res.token_ids[len(res.answer_ids)]] if res.ended else [])  # with its end marker
+        if res.ended:  # the official answer runs on to the end of the block holding the end marker
+            want = want[:len(got)]
+        assert got == want, key
+        forwards = json.loads(meta["forwards"])[key]
+        # SDAR spends one more forward per finished block (and the prefill) writing keys and values
+        assert nfe <= forwards and (name == "sdar" or nfe == forwards or res.ended), (key, nfe, forwards)
+
+
+def _logits_per_step(lm, prompts, cfg, policy):
+    eng = Engine.from_loaded(lm)
+    run = eng.start(prompts, cfg, make_policy(policy))
+    steps = []
+    run.on_forward = lambda r, plan, q, sources, logits: steps.append((r.state.rows.clone(), sources.clone(),
+                                                                       logits.clone()))
+    records = list(run)
+    return run.results(), records, steps
+
+
+def test_the_block_cache_equals_recomputing_everything_token_and_logit(fixture):
+    name, lm, ref, _ = fixture
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (9, 6, 12)]  # three block offsets
+    cfg = DecodeConfig(gen_length=16, block_length=BLOCK[name], steps=16)
+    ref_res, ref_recs, ref_logits = _logits_per_step(lm, prompts, cfg, "none")
+    got_res, got_recs, got_logits = _logits_per_step(lm, prompts, cfg, "block")
+    assert [r.token_ids for r in got_res] == [r.token_ids for r in ref_res]
+    assert len(got_logits) == len(ref_logits)
+    for (rows_a, src_a, lg_a), (rows_b, src_b, lg_b) in zip(got_logits, ref_logits):
+        assert torch.equal(rows_a, rows_b) and torch.equal(src_a, src_b)
+        assert (lg_a - lg_b).abs().max() <= 1e-5
+    assert all(rec.full for rec in ref_recs) and not any(rec.refresh.any() for rec in got_recs)
+    # the block cache computes each row's current block (plus, entering a block, the one just finished)
+    T = got_recs[0].targets.new_tensor(0) + ref_recs[0].query_width
+    assert sum(r.stats["tokens_computed"] for r in got_res) < 0.5 * sum(r.stats["tokens_computed"] for r in ref_res)
+    assert max(rec.query_width for rec in got_recs[1:]) <= 2 * BLOCK[name] < int(T)
+
+
+def test_a_prompt_decodes_the_same_alone_in_a_batch_and_joining_a_running_one(fixture):
+    name, lm, _, _ = fixture
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (7, 13, 4, 10)]
+    cfg = DecodeConfig(gen_length=16, block_length=BLOCK[name], threshold=0.5)
+    eng = Engine.from_loaded(lm)
+    alone = [eng.generate([p], cfg, make_policy("block"), chat=False)[0].token_ids for p in prompts]
+    batch = eng.generate(prompts, cfg, make_policy("block"), chat=False)
+    assert [r.token_ids for r in batch] == alone
+    run = eng.start(prompts[:2], cfg, make_policy("block"), prompt_width=16)
+    for i, _ in enumerate(run):
+        if i == 2:  # rows join at different blocks of the running rows
+            run.add(prompts[2])
+            run.add(prompts[3])
+    assert [r.token_ids for r in run.results()] == alone
+
+
+def test_approximate_policies_are_refused_on_block_diffusion_and_block_on_bidirectional(fixture, llada_lm):
+    name, blm, ref, _ = fixture
+    eng = Engine.from_loaded(blm)
+    cfg = DecodeConfig(gen_length=16, block_length=BLOCK[name], steps=16)
+    for policy in ("entropy", "dual", "d2cache"):
+        with pytest.raises(UsageError) as e:
+            eng.start([[5, 6, 7]], cfg, make_policy(policy))
+        msg = str(e.value)
+        assert f"--cache {policy} does not apply to the {blm.spec.family} model family" in msg
+        assert msg.endswith("use none or block") and "\n" not in msg
+    with pytest.raises(UsageError, match="--cache block does not apply to the llada model family .*; use one of none, "):
+        Engine.from_loaded(llada_lm).start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8),
+                                           make_policy("block"))
+
+
+def test_the_command_line_runs_a_block_diffusion_folder_with_its_defaults(cli):
+    """From a folder: the family's cache (block) and decoding defaults (SDAR: blocks of 4, threshold 0.85);
+    an approximate policy is refused with one line, exit 2."""
+    r = cli("generate", "--model", str(FIXTURES / "sdar"), "--gen-length", "16", "--jsonl", "hello")
+    assert r.exit_code == 0, r.stderr
+    assert "cache block" in r.stderr.splitlines()[0]
+    rec = json.loads(r.stdout)
+    assert rec["settings"]["cache"] == "block"
+    assert rec["settings"]["decode"]["block_length"] == 4 and rec["settings"]["decode"]["threshold"] == 0.85
+    assert len(rec["token_ids"]) == 16 and rec["stats"]["full_forwards"] == 0
+    r = cli("generate", "--model", str(FIXTURES / "sdar"), "--gen-length", "16", "--cache", "entropy", "hi")
+    assert r.exit_code == 2 and "does not apply to the sdar model family" in r.stderr
