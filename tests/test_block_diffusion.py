@@ -32,7 +32,8 @@ def fixture(request):
     d = FIXTURES / request.param
     with safe_open(str(d / "official_outputs.safetensors"), "pt") as f:
         meta = f.metadata()
-    return request.param, load_model(d, device="cpu", dtype="float32"), load_file(d / "official_outputs.safetensors"), meta
+    ref = load_file(d / "official_outputs.safetensors")
+    return request.param, load_model(d, device="cpu", dtype="float32"), ref, meta
 
 
 def _forward(lm, ids, block, query=None, store=None):
@@ -186,7 +187,7 @@ def test_approximate_policies_are_refused_on_block_diffusion_and_block_on_bidire
         msg = str(e.value)
         assert f"--cache {policy} does not apply to the {blm.spec.family} model family" in msg
         assert msg.endswith("use none or block") and "\n" not in msg
-    with pytest.raises(UsageError, match="--cache block does not apply to the llada model family .*; use one of none, "):
+    with pytest.raises(UsageError, match="--cache block does not apply to the llada model family .*; use one of none,"):
         Engine.from_loaded(llada_lm).start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8),
                                            make_policy("block"))
 
