@@ -204,3 +204,17 @@ def test_the_command_line_runs_a_block_diffusion_folder_with_its_defaults(cli):
     assert len(rec["token_ids"]) == 16 and rec["stats"]["full_forwards"] == 0
     r = cli("generate", "--model", str(FIXTURES / "sdar"), "--gen-length", "16", "--cache", "entropy", "hi")
     assert r.exit_code == 2 and "does not apply to the sdar model family" in r.stderr
+
+
+def test_profile_compares_the_policies_that_apply_and_records_tokens_per_forward(cli):
+    """Without --policies, profile on a block-diffusion folder runs none and block (the others do not apply);
+    both decode the same answers, block computing far less; the records carry TPF."""
+    r = cli("profile", "--model", str(FIXTURES / "sdar"), "--gen-length", "16", "--json", "-", "hello", "abc def")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    summ = doc["summary"] if "summary" in doc else doc
+    text = json.dumps(summ)
+    assert '"block"' in text and '"entropy"' not in text
+    r = cli("generate", "--model", str(FIXTURES / "sdar"), "--gen-length", "16", "--jsonl", "hello")
+    stats = json.loads(r.stdout)["stats"]
+    assert stats["tokens_per_forward"] == stats["generated_tokens"] / stats["nfe"] >= 1.0

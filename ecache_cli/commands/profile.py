@@ -70,7 +70,7 @@ def profile_cmd(
     from ..tasks import sandbox as code_sandbox
 
     hold_warnings()  # after the "using model" line (console.announce)
-    names = policy_names(policies)
+    names = policy_names(policies, model)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
                           chat=chat, trace_dir=trace_dir, trace_steps=trace_steps, input_file=input_file,
                           quiet=quiet)

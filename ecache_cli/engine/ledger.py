@@ -74,7 +74,8 @@ class Ledger:
         (positions the forwards computed for this row, padding included: ``StepRecord.computed``),
         tokens_planned (the plans' own positions, what the row would compute alone at batch 1),
         token_layer_share (tokens_computed over nfe × T), generated_tokens (answer tokens plus its end
-        marker), prompt_tokens, wall_s (seconds from the row's joining to its finishing), tokens_per_s.
+        marker), tokens_per_forward (generated_tokens / nfe: TPF), prompt_tokens, wall_s (seconds from the
+        row's joining to its finishing), tokens_per_s.
         ``gen_length``: the answer's positions after ``P`` (default: the rest of the canvas; a block-diffusion
         canvas decodes its last block whole, past the answer)."""
         out = []
@@ -87,7 +88,8 @@ class Ledger:
             wall = (self.finish_s[b] or wall_s) - self.start_s[b]
             stats = dict(nfe=nfe[b], full_forwards=full[b], partial_forwards=part[b], tokens_computed=comp[b],
                          tokens_planned=planned[b], token_layer_share=comp[b] / max(nfe[b] * T, 1),
-                         generated_tokens=gen, prompt_tokens=len(self.prompts[b]), wall_s=wall,
+                         generated_tokens=gen, tokens_per_forward=gen / max(nfe[b], 1),
+                         prompt_tokens=len(self.prompts[b]), wall_s=wall,
                          tokens_per_s=gen / wall if wall > 0 else 0.0)
             text = tokenizer.decode(answer, skip_special_tokens=True) if tokenizer is not None else ""
             out.append(GenerationResult(index=b, prompt_ids=self.prompts[b], token_ids=ids, answer_ids=answer,

@@ -30,7 +30,8 @@ needs) and the graph writes the computed positions in place. A store is bound to
 compiled forward and again after rows join or leave (one copy of its K/V then, none per step).
 
 Forwards with hooks (``expand_from_layer``, ``attn_pos``, ``shrink``), over a store that keeps hidden
-states, or with gradients on run eager (:attr:`StaticStep.stats` counts them). Graphs are bounded by
+states or attends block-causally (block diffusion: its per-query mask is not among the graphs' inputs),
+or with gradients on run eager (:attr:`StaticStep.stats` counts them). Graphs are bounded by
 ``max_graphs``: past it a new shape pads up to the cheapest compiled bucket that holds it (more rows,
 a wider query or more logits rows, the same padding mask), and runs eager when none does. Compile
 seconds are counted apart (:attr:`StaticStep.compile_s`) and the engine's clock leaves them out of
@@ -253,7 +254,7 @@ class StaticStep(torch.nn.Module):
         logits (the entries outside ``logits_rows`` are not used) and every padded query entry."""
         model = self.model
         if (expand_from_layer is not None or attn_pos is not None or shrink is not None
-                or store.hidden is not None or torch.is_grad_enabled()):
+                or store.hidden is not None or store.block is not None or torch.is_grad_enabled()):
             self.stats.eager_calls += 1
             return model(tokens, store, query_pos, logits_pos, expand_from_layer, attn_pos, shrink, logits_rows,
                          pack)

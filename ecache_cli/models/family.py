@@ -52,6 +52,7 @@ class Family:
             ecache's defaults for its models, below any profile and flag (block diffusion: the block
             the models were trained with and the official threshold).
         cache_default: the cache policy its models run without --cache or a profile's (None: ecache's).
+        block_causal: its attention is block-causal (block diffusion), as its specs say.
     """
 
     name: ClassVar[str]
@@ -67,6 +68,7 @@ class Family:
     fixture_mask: ClassVar[str]
     fixture_eos: ClassVar[str]
     field_names: ClassVar[tuple[tuple[str, str], ...]] = ()
+    block_causal: ClassVar[bool] = False  # block diffusion (``ModelSpec.block_causal``)
     decode_defaults: ClassVar[dict] = {}
     cache_default: ClassVar[str | None] = None
 

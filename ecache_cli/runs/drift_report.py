@@ -195,6 +195,17 @@ def _fmt_signal(v: float | None) -> str:
     return "–" if v is None else f"{v:.3f}"
 
 
+def _exact_note(console, report: TraceReport) -> None:
+    """For a block-diffusion model: why its drift is zero (docs/METHOD.md §5), with the largest measured."""
+    if not report.block_causal:
+        return
+    worst = report.summary()["drift_k_max"]
+    _prose(console, "drift: zero by construction for this block-diffusion model: its queries read only finished "
+                    "blocks from the cache, whose keys and values never change (block-causal attention); "
+                    f"the largest K drift measured, {sci(worst) if worst is not None else 'none'}, is float "
+                    "rounding, so the signal-vs-drift figures above carry no information", highlight=False)
+
+
 def render_summary(console, report: TraceReport) -> None:
     """Correlations and the volatility curve on ``console`` (stderr)."""
     from rich.table import Table
@@ -235,12 +246,7 @@ def render_summary(console, report: TraceReport) -> None:
                       f"below {report.level:g} (--volatility-level; bins of ≥ {SETTLE_MIN_COUNT} tokens); "
                       f"at {tps:.2f} tokens committed per step that is "
                       f"≈ {settle * tps:.0f} tokens, a guide for EntropyCache's --recent-k", highlight=False)
-    if report.block_causal:
-        worst = report.summary()["drift_k_max"]
-        _prose(console, "drift: zero by construction for this block-diffusion model: its queries read only finished "
-                        "blocks from the cache, whose keys and values never change (block-causal attention); "
-                        f"the largest K drift measured, {sci(worst) if worst is not None else 'none'}, is float "
-                        "rounding, so the signal-vs-drift figures above carry no information", highlight=False)
+    _exact_note(console, report)
     routed = report.summary()["route_change_mean"]
     if routed is not None:
         _prose(console, f"routing: on partial steps, caching changed {100 * routed:.1f}% of the computed positions' "

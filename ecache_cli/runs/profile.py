@@ -166,13 +166,20 @@ def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limi
     return [Request(it.prompt, item=it) for it in items]
 
 
-def policy_names(policies: str | None) -> list[str]:
-    """The entries of ``--policies`` (comma-separated); None: every policy. UsageError as
-    :func:`comma_lists.parse_list` (nothing named, an empty entry, an entry given twice)."""
+def policy_names(policies: str | None, model: str | None = None) -> list[str]:
+    """The entries of ``--policies`` (comma-separated); None: every policy that applies to ``model``'s
+    attention when its family is known before loading (``settings.model_family``; block diffusion: none
+    and block), else every policy for bidirectional attention. UsageError as :func:`comma_lists.parse_list`
+    (nothing named, an empty entry, an entry given twice)."""
     from ..cache import POLICIES
     from .comma_lists import parse_list
+    from .settings import model_family
 
-    return parse_list(policies, "--policies", example="none,dual,entropy") if policies is not None else list(POLICIES)
+    if policies is not None:
+        return parse_list(policies, "--policies", example="none,dual,entropy")
+    fam = model_family(model)
+    kind = "block-causal" if fam is not None and fam.block_causal else "bidirectional"
+    return [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
 
 
 def check_sources(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None,

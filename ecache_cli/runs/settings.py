@@ -135,8 +135,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     p_dec = (prof or {}).get("decode") or {}
     p_cache = dict((prof or {}).get("cache") or {})
     fam = model_family(model)
-    decode = resolve({**dataclass_defaults(DecodeConfig), **fam.decode_defaults} if fam else
-                     dataclass_defaults(DecodeConfig), p_dec, decode_flags)
+    decode = resolve({**dataclass_defaults(DecodeConfig), **(fam.decode_defaults if fam else {})}, p_dec, decode_flags)
     _flag_picks_parallel_rule(decode, decode_flags)
     cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")

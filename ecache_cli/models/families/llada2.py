@@ -180,7 +180,7 @@ class LLaDA2Family(Family):
     mask_token, eot_token = "<|mask|>", "<|role_end|>"
     # the official generate's defaults (LLaDA2.0 tech report: temperature 0, block 32, threshold 0.95)
     decode_defaults = {"block_length": 32, "threshold": 0.95}
-    cache_default = "block"
+    cache_default, block_causal = "block", True
     fixture_specials = ["<|startoftext|>", "<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
     fixture_mask, fixture_eos = "<|mask|>", "<|endoftext|>"
     fixture_tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",

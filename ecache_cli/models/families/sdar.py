@@ -97,7 +97,7 @@ class SDARFamily(Family):
     mask_token, eot_token = "<|MASK|>", "<|im_end|>"
     # generate.py's defaults: blocks of 4, low_confidence_dynamic at 0.85 (greedy here: ecache's temperature 0)
     decode_defaults = {"block_length": BLOCK, "threshold": 0.85}
-    cache_default = "block"
+    cache_default, block_causal = "block", True
     fixture_specials = ["<|im_start|>", "<|endoftext|>", "<|MASK|>", "<|im_end|>"]
     fixture_mask, fixture_eos = "<|MASK|>", "<|endoftext|>"
     fixture_tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
