@@ -123,8 +123,8 @@ app = typer.Typer(
     name="ecache", cls=EcacheGroup, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Fast approximate KV caching for diffusion language models (LLaDA, Dream): "
-         "[bold]generate[/], [bold]chat[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/], [bold]serve[/], "
-         "[bold]models[/]; "
+         "[bold]generate[/], [bold]chat[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/], "
+         "[bold]serve[/], [bold]models[/]; "
          "[bold]help[/] TOPIC for details.",
 )
 

@@ -47,8 +47,8 @@ def generate(
     from ..runs.confidence import warn_untrained
     from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
     from ..runs.inputs import check_input_file
-    from ..runs.watch import watch_available
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
+    from ..runs.watch import watch_available
     from ..runtime import compile_line, load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)

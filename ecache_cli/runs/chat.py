@@ -82,7 +82,8 @@ class ChatSession:
     def __init__(self, lm, source: SettingsSource, out: IO, console, seed: int = 0, watch: bool = False,
                  watch_delay: float = 0.0, settings: Settings | None = None):
         if not getattr(lm.tokenizer, "chat_template", None):
-            raise UsageError(f"ecache chat needs a model with a chat template; {lm.name} has none (use ecache generate)")
+            raise UsageError(f"ecache chat needs a model with a chat template; {lm.name} has none (use ecache "
+                             "generate)")
         self.lm, self.source, self.out, self.console = lm, source, out, console
         self.engine = Engine.from_loaded(lm)
         self.settings = settings or source.resolve()

@@ -85,7 +85,7 @@ def status_line(step: int, steps: int | None, block: int, blocks: int, refresh: 
         line.append("partial", style=STYLES["partial"])
     line.append(f" {pos}×{n_layers} = {100 * share:.0f}%")
     if signal is not None and math.isfinite(signal):
-        line.append(f" · E {signal:.2g} ")
+        line.append(f" · E {signal:.3g} ")
         line.append_text(signal_bar(signal, tau))
     else:
         line.append(" · E –")
