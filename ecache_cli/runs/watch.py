@@ -5,7 +5,7 @@ Each denoising step redraws one frame (rich ``Live``, no automatic refresh: exac
 - a header: model, cache policy and τ, the step and the block;
 - the canvas of the row's generated positions, wrapped at the console's width: a masked position is a
   dim ``░``, a committed token its text (a newline shown as ``↵``, a tab as ``→``), an end token a dim
-  ``·``; the tokens this step committed are highlighted, the current block is underlined. A canvas taller
+  ``·``, a token without text of its own (a special token, part of a character) a dim ``⋄``; the tokens this step committed are highlighted, the current block is underlined. A canvas taller
   than the terminal shows the lines around the current block;
 - a line of the run's refresh decisions so far (``█`` refresh, ``·`` partial; the latest steps);
 - the status lines of the latest steps, one per step (:func:`status_line`): step, block, refresh or
@@ -29,7 +29,7 @@ from rich.text import Text
 
 from .final_text import final_lengths
 
-MASK, END = "░", "·"
+MASK, END, EMPTY = "░", "·", "⋄"  # a masked position, an end token, a token without text of its own
 #: Status lines of earlier steps kept under the canvas (the latest step's is last).
 HISTORY = 4
 #: Cells of the signal bar; τ sits at its middle, a full bar is 2 τ or more.
@@ -180,7 +180,7 @@ class WatchView:
         pieces = self._pieces(tokens, masked.tolist(), n_final)
         styled = []
         for i, piece in enumerate(pieces):
-            kind = "mask" if piece == MASK else "end" if piece == END else None
+            kind = "mask" if piece == MASK else "end" if piece in (END, EMPTY) else None
             style = STYLES["new"] if i in new else STYLES[kind] if kind else ""
             if i in block:
                 style = f"{style} {STYLES['block']}".strip()
@@ -237,15 +237,15 @@ class WatchView:
             text = self.tok.decode(self.prefix_ids, skip_special_tokens=True).rstrip("\ufffd")
             piece = text[len(self.prefix_text):] if text.startswith(self.prefix_text) else self._piece(t)
             self.prefix_text = text if text.startswith(self.prefix_text) else self.prefix_text + piece
-            self.prefix_pieces.append(visible(piece))
+            self.prefix_pieces.append(visible(piece) or EMPTY)
 
     def _piece(self, t: int) -> str:
-        """The text of token ``t`` alone (cached), with a leading space kept (decoded after a plain token)."""
+        """The text of token ``t`` decoded alone (cached): its mark for an end token, ``⋄`` for no text."""
         if t not in self.pieces:
             if t in self.end_ids:
                 self.pieces[t] = END
             else:
-                self.pieces[t] = visible(self.tok.decode([t], skip_special_tokens=True))
+                self.pieces[t] = visible(self.tok.decode([t], skip_special_tokens=True)) or EMPTY
         return self.pieces[t]
 
 
