@@ -5,8 +5,9 @@ Each denoising step redraws one frame (rich ``Live``, no automatic refresh: exac
 - a header: model, cache policy and τ, the step and the block;
 - the canvas of the row's generated positions, wrapped at the console's width: a masked position is a
   dim ``░``, a committed token its text (a newline shown as ``↵``, a tab as ``→``), an end token a dim
-  ``·``, a token without text of its own (a special token, part of a character) a dim ``⋄``; the tokens this step committed are highlighted, the current block is underlined. A canvas taller
-  than the terminal shows the lines around the current block;
+  ``·``, a token without text of its own (a special token, part of a character) a dim ``⋄``; the
+  tokens this step committed are highlighted, the current block is underlined. A canvas taller than
+  the terminal shows the lines around the current block;
 - a line of the run's refresh decisions so far (``█`` refresh, ``·`` partial; the latest steps);
 - the status lines of the latest steps, one per step (:func:`status_line`): step, block, refresh or
   partial with what the forward computed (positions × layers and its share of a full forward), the
@@ -27,6 +28,7 @@ from rich.cells import cell_len
 from rich.console import Group
 from rich.text import Text
 
+from ..contract.state import SIGNALS
 from .final_text import final_lengths
 
 MASK, END, EMPTY = "░", "·", "⋄"  # a masked position, an end token, a token without text of its own
@@ -109,7 +111,8 @@ class WatchView:
         self.tok, self.spec = engine.tokenizer, engine.spec
         self.end_ids = set(engine.end_ids.tolist())
         self.tau = getattr(run.policy, "tau", None)
-        self.kind = getattr(run.policy, "signal", "max-entropy")
+        kind = getattr(run.policy, "signal", None)
+        self.kind = kind if kind in SIGNALS else "max-entropy"  # the policy's own signal, else the paper's
         self.blocks = run.blocks.num_blocks
         spb = run.blocks.steps_per_block
         self.steps = spb * self.blocks if spb else None  # None: threshold decoding, as many as the blocks need
@@ -130,7 +133,9 @@ class WatchView:
         from rich.live import Live
 
         it = iter(self.run)
-        with Live(console=self.console, auto_refresh=False, transient=False, vertical_overflow="crop") as live:
+        # stdout stays the answers' alone (not redirected through the view)
+        with Live(console=self.console, auto_refresh=False, transient=False, vertical_overflow="crop",
+                  redirect_stdout=False) as live:
             while True:
                 t0 = time.perf_counter()
                 try:
