@@ -221,3 +221,35 @@ def test_status_line_and_signal_bar():
     assert over == "▕████████▏" and under == "▕██  │   ▏"
     assert signal_bar(0.5, None).plain == ""  # a policy without τ: no bar
     assert visible("a\nb\tc\x01") == "a↵b→c\ufffd"
+
+
+def test_chat_streams_the_answer_as_its_leading_tokens_become_final(profiles_dir):
+    """In-process: the answer reaches the output in several pieces, each written once its tokens have no
+    mask before them, and the pieces join to the answer."""
+    import io
+
+    from rich.console import Console
+
+    from ecache_cli import options as o
+    from ecache_cli.models.loader import load_model
+    from ecache_cli.runs.chat import ChatSession, SettingsSource
+
+    class Out:
+        def __init__(self):
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.writes.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    out = Out()
+    source = SettingsSource("tiny", o.decode_flags(32, 8, *[None] * 10), o.cache_flags(*[None] * 6))
+    session = ChatSession(load_model("tiny", device="cpu", dtype="float32"), source, out, Console(file=io.StringIO()))
+    session.ask(PROMPT)
+    chunks = [w for w in out.writes if w]
+    assert "".join(chunks) == session.records[0]["text"] + "\n"
+    assert len(chunks) >= 3, chunks  # streamed, not written at the end
+    assert session.history == [{"role": "user", "content": PROMPT},
+                               {"role": "assistant", "content": session.records[0]["text"]}]

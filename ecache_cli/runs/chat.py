@@ -67,8 +67,14 @@ class SettingsSource:
         Raises UsageError / ConfigError as the flags would."""
         s = resolve_settings(self.model, self.decode_flags, self.cache_flags, profile=self.profile, task=self.task,
                              compile=self.compile, quantize=self.quantize, group_size=self.group_size)
-        for k, v in self.overrides.items():
-            s.cache_params.pop(k, None) if v is None else s.cache_params.__setitem__(k, v)
+        for k, v in self.overrides.items():  # None: the policy's own default (as in --policies)
+            for params in (s.cache_params, s.all_cache_params):
+                if v is None:
+                    params.pop(k, None)
+                else:
+                    params[k] = v
+        if self.overrides.get("tau") is not None:
+            s.tau_source = "flag"  # given in the session, as a flag is
         s.policy()  # a bad combination fails here, before any answer
         return s
 
