@@ -1,4 +1,4 @@
-"""The ``ecache`` command line: generate, profile, calibrate, trace-drift and serve over one engine core,
+"""The ``ecache`` command line: generate, chat, profile, calibrate, trace-drift and serve over one engine core,
 ``ecache models`` (list, ``show``, ``pull``) and ``ecache help TOPIC``.
 
 This module is thin and is the one place that registers the subcommands: each lives in
@@ -123,8 +123,8 @@ app = typer.Typer(
     name="ecache", cls=EcacheGroup, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Fast approximate KV caching for diffusion language models (LLaDA, Dream): "
-         "[bold]generate[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/], [bold]serve[/], "
-         "[bold]models[/]; "
+         "[bold]generate[/], [bold]chat[/], [bold]profile[/], [bold]calibrate[/], [bold]trace-drift[/], "
+         "[bold]serve[/], [bold]models[/]; "
          "[bold]help[/] TOPIC for details.",
 )
 
@@ -221,9 +221,9 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 def _register() -> None:
     """Every subcommand, registered here and only here (the command modules never import ``app``)."""
-    from .commands import calibrate, generate, help, models, profile, serve, trace_drift
+    from .commands import calibrate, chat, generate, help, models, profile, serve, trace_drift
 
-    for name, fn in (("generate", generate.generate), ("profile", profile.profile_cmd),
+    for name, fn in (("generate", generate.generate), ("chat", chat.chat_cmd), ("profile", profile.profile_cmd),
                      ("calibrate", calibrate.calibrate_cmd), ("trace-drift", trace_drift.trace_drift_cmd),
                      ("serve", serve.serve_cmd)):
         app.command(name, cls=EcacheCommand)(handle_errors(fn, INTERRUPTED.get(name, KEPT)))

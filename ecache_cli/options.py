@@ -48,6 +48,8 @@ Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply th
 BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=D)]
 Seed = Annotated[int, typer.Option(help="Random seed (sampling, remasking, task samples).", rich_help_panel=D)]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=O)]
+Watch = Annotated[bool, typer.Option("--watch", help="Live view: the canvas, each refresh, the signal vs τ (a terminal).", rich_help_panel=O)]
+WatchDelay = Annotated[float, typer.Option("--watch-delay", help="Seconds to wait after each --watch step (demos).", rich_help_panel=O)]
 #: ``readable=False``: the parser does not check the file (its error would be a usage error, exit 2);
 #: ``runs.inputs.check_input_file`` does, with the runtime exit code of an unreadable file (1).
 InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL records, - = stdin (ecache help input).", readable=False, rich_help_panel=O)]

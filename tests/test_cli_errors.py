@@ -423,7 +423,7 @@ def test_commands_do_not_import_cli_and_register_in_one_place():
                 assert not (isinstance(node.value, ast.Name) and node.value.id == "app"), f.name
     import typer
 
-    names = {"generate", "profile", "calibrate", "trace-drift", "serve", "models", "help"}
+    names = {"generate", "chat", "profile", "calibrate", "trace-drift", "serve", "models", "help"}
     assert set(typer.main.get_command(app).commands) == names
 
 

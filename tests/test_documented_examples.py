@@ -167,6 +167,17 @@ def _models_show(res, cwd):
     assert "profiles/diffucoder-7b/default.yaml (shipped with ecache)" in res.stdout
 
 
+def _watch_without_terminal(res, cwd):
+    assert res.stdout.strip() == "9 7 5 4 2 1"  # no terminal on stderr here: the normal output, and one line
+    assert "warning: --watch needs a terminal (stderr is not one); decoding without the live view" in res.stderr
+
+
+def _chat_piped(res, cwd):
+    answers = res.stdout.splitlines()
+    assert len(answers) == 2 and answers[0] == "1 3 7 9", res.stdout
+    assert "τ 0.5 · cache entropy" in res.stderr, res.stderr
+
+
 #: README command → check. The commands share one folder, and the ``generate --task list`` after
 #: ``calibrate --task list`` runs after it (``CHAINS``), so it reads the profile that calibration wrote.
 CHECKS = {
@@ -192,6 +203,9 @@ CHECKS = {
     "ecache generate --input questions.jsonl --skip-invalid --jsonl": _skip_invalid,
     'ecache generate --print0 "Sort: 3 1 2" "Reverse: 4 5 6" | xargs -0 -n1 echo': _prints("1 2 3\n6 5 4"),
     "ecache models": _models_list,
+    'ecache generate "Sort descending: 4 9 2 7 5 1" --gen-length 32 --block-length 8 --tau 0.001 --watch':
+        _watch_without_terminal,
+    """printf 'Sort: 9 3 7 1\\n/tau 0.5\\nReverse: 1 2 3\\n' | ecache chat --gen-length 32""": _chat_piped,
     "ecache models show diffucoder-7b": _models_show,
 }
 

@@ -31,6 +31,8 @@ def generate(
     seed: o.Seed = 0,
     stream: Annotated[bool, typer.Option("--stream", help="Show the canvas filling in live on stderr.", rich_help_panel=o.O)] = False,
     quiet: o.Quiet = False,
+    watch: o.Watch = False,
+    watch_delay: o.WatchDelay = 0.0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the JSONL records (as --jsonl prints them) to FILE, each flushed as it is done, in input order; stdout then gets nothing. An existing FILE needs --resume \\[default: none: stdout].", rich_help_panel=o.O)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue --output FILE: decode only the records it lacks (same input, model and settings; a torn last line is dropped) \\[default: off].", rich_help_panel=o.O)] = False,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help="--input records that cannot be decoded (bad JSON, no prompt, too long for the canvas) get an error record and the others are decoded \\[default: off: one error names every bad line, nothing is decoded].", rich_help_panel=o.O)] = False,
@@ -46,12 +48,14 @@ def generate(
     from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
     from ..runs.inputs import check_input_file
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
+    from ..runs.watch import watch_available
     from ..runtime import compile_line, load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)
     opts = GenerateOptions(prompts=list(prompts or []), input_file=input_file, chat=chat, jsonl=jsonl,
                            batch_size=batch_size, seed=seed, stream=stream, quiet=quiet, output=output,
-                           resume=resume, skip_invalid=skip_invalid, print0=print0)
+                           resume=resume, skip_invalid=skip_invalid, print0=print0,
+                           watch=watch, watch_delay=watch_delay)
     ranks = check_options(opts)
     check_task(task, profile)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
@@ -63,6 +67,9 @@ def generate(
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))
     if quiet and stream:  # --quiet wins: no output on stderr at all
         warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
+    if watch and not watch_available(err):
+        warn("--watch needs a terminal (stderr is not one); decoding without the live view")
+        opts.watch = False
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
     if output is None and sys.stdout is None:  # `>&-`: nowhere to put the answers; say so before decoding
         from ..errors import DataError

@@ -50,6 +50,8 @@ class GenerateOptions:
     resume: bool = False
     skip_invalid: bool = False
     print0: bool = False
+    watch: bool = False  # --watch: the first prompt's canvas live on stderr (runs/watch.py)
+    watch_delay: float = 0.0  # --watch-delay: seconds per step of the live view
 
 
 def check_options(opts: GenerateOptions):
@@ -66,6 +68,7 @@ def check_options(opts: GenerateOptions):
         raise UsageError("--output - : leave --output out to write to stdout (with --jsonl for records)")
     if opts.print0 and (opts.jsonl or opts.output is not None):
         raise UsageError("--print0 separates plain-text answers; --jsonl and --output write JSON records, one per line")
+    check_watch(opts.watch, opts.watch_delay, quiet=opts.quiet, stream=opts.stream)
     if opts.skip_invalid and opts.input_file is None:
         raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are checked "
                          "one by one")
@@ -73,6 +76,9 @@ def check_options(opts: GenerateOptions):
 
     check_distinct([(opts.output, "--output")], [(opts.input_file, "--input")])
     ranks = from_environment()
+    if ranks.active and opts.watch:
+        raise UsageError(f"--watch shows one process's canvas; under {ranks.world_size} ranks leave it out (or run one "
+                         "process)")
     if ranks.active and (opts.input_file is None or str(opts.input_file) == "-" or opts.output is None):
         raise UsageError(f"generate under {ranks.world_size} ranks needs --input FILE and --output FILE (rank 0 "
                          "writes every record to FILE, in input order); stdin and stdout are one process's")
@@ -80,6 +86,23 @@ def check_options(opts: GenerateOptions):
         raise UsageError(f"--input {opts.input_file} and {len(opts.prompts)} prompt argument(s) given: pass prompts "
                          "one way, as arguments or in the file")
     return ranks
+
+
+def check_watch(watch: bool, delay: float, quiet: bool = False, stream: bool = False) -> None:
+    """``--watch`` / ``--watch-delay`` (generate and chat): a delay ≥ 0 and finite, and no ``-q`` (which
+    silences the stderr the view is drawn on) or ``--stream`` (another live view) beside ``--watch``;
+    one-line UsageErrors."""
+    import math
+
+    from ..errors import UsageError
+
+    if not math.isfinite(delay) or delay < 0:
+        raise UsageError(f"--watch-delay {delay} must be a number of seconds ≥ 0 (e.g. 0.1)")
+    if watch and quiet:
+        raise UsageError("--watch draws the canvas on stderr and -q silences stderr; pass only one")
+    if watch and stream:
+        raise UsageError("--watch and --stream are both live views of the canvas; pass only one (--watch shows one "
+                         "prompt with the cache's decisions, --stream every prompt of a batch)")
 
 
 def check_task(task: str | None, profile: str | None) -> None:
@@ -177,6 +200,7 @@ class _Job:
         self.decoded: list[dict] = []
         self.queue: list[Item] = []  # items in input order whose record is not written yet
         self.results: dict[int, dict] = {}
+        self.watched, self.watched_index = False, None  # --watch: the one batch shown, by its first index
 
     def read_items(self) -> tuple[list[Item] | object, list[Item]]:
         """The items and the invalid ones: ``--input`` records, all read and checked first (a list);
@@ -237,7 +261,8 @@ class _Job:
 
         quiet = self.opts.quiet or not self.main
         try:
-            with Reporter(self.err_console, todo, quiet, stream=self.opts.stream and not self.dist.active) as reporter:
+            live = (self.opts.stream or self.opts.watch) and not self.dist.active  # a live view: no progress bar
+            with Reporter(self.err_console, todo, quiet, stream=live) as reporter:
                 return self._feed(iter(items), reporter)
         finally:
             if self.file is not None:
@@ -310,7 +335,10 @@ class _Job:
                             row_ids=[it.index for it in batch])
         meter = EntropyMeter(run_.B, run_.P, run_.G, run_.state.tokens.device)
         blocks = run_.blocks.num_blocks
-        if opts.stream and self.main and not opts.quiet:
+        if opts.watch and self.main and not self.watched:
+            self.watched = True
+            self._watch(run_, meter)
+        elif opts.stream and self.main and not opts.quiet:
             _stream(run_, engine, self.err_console, batch, meter)
         else:
             for rec in run_:
@@ -321,9 +349,23 @@ class _Job:
         memory = {**self.weights, "peak_bytes": peak, "peak_growth_bytes": self.probe.growth_bytes(peak),
                   "peak_kind": self.probe.kind}  # the batch's peak (every record of a batch shares it)
         ents = meter.means([r.stats["generated_tokens"] for r in res])
+        if self.watched and batch[0].index == self.watched_index:
+            from .watch import stats_line
+
+            self.err_console.print(stats_line(res[0].stats), markup=False, highlight=False)
         return [{"index": it.index, "line": it.line, **input_fields(it.rec), "text": r.text,
                  "token_ids": r.answer_ids, "ended": r.ended, "mean_entropy": e, "stats": r.stats, "memory": memory,
                  **self.common} for it, r, e in zip(batch, res, ents)]
+
+    def _watch(self, run_, meter: EntropyMeter) -> None:
+        """Decode ``run_`` showing its first row live (``runs/watch.py``)."""
+        from .watch import WatchView
+
+        self.watched_index = run_.ledger.row_ids[0]
+        title = f"{self.lm.name} · cache {self.settings.cache}"
+        view = WatchView(self.err_console, run_, row=0, title=title, delay=self.opts.watch_delay)
+        for rec in view.follow():
+            meter.observe(rec)
 
     def _emit(self) -> None:
         """Write the records at the head of the queue that are ready (rank 0), in input order."""

@@ -83,32 +83,33 @@ class ProfileOptions:
             raise UsageError(f"--trace-steps {self.trace_steps} must be ≥ 1")
 
 
-def parse_policy_spec(spec: str) -> tuple[str, dict]:
+def parse_policy_spec(spec: str, where: str = "--policies") -> tuple[str, dict]:
     """``name`` or ``name:key=value:key=value`` (e.g. ``entropy:tau=2.5:recent_k=16``) -> (name, params).
 
     Values are read as int, float, true/false, else kept as strings; ``none`` reads as None, which
     gives the parameter the policy's own default whatever the profile or flags set (e.g.
     ``entropy:block_tau=none``: no block-start signal check). A spec's parameters override the resolved
     cache settings for that entry only, so one run can compare variants of one policy.
-    Raises UsageError for an unknown policy or parameter, a malformed ``key=value`` or a key given twice.
+    Raises UsageError for an unknown policy or parameter, a malformed ``key=value`` or a key given twice,
+    naming ``where`` the spec was given (``--policies``; ``/cache`` in ``ecache chat``).
     """
     from ..cache import POLICIES, make_policy
 
     name, *pairs = spec.split(":")
     if name not in POLICIES:
-        raise UsageError(f"--policies: {name!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+        raise UsageError(f"{where}: {name!r} is not a cache policy; use names from {', '.join(POLICIES)}")
     params = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq or not key:
-            raise UsageError(f"--policies: {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
+            raise UsageError(f"{where}: {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
         if key.replace("-", "_") in params:  # as a profile refuses a key given twice: no silent "last wins"
-            raise UsageError(f"--policies {spec!r}: parameter {key} given twice; keep one {key}=value")
+            raise UsageError(f"{where} {spec!r}: parameter {key} given twice; keep one {key}=value")
         params[key.replace("-", "_")] = _scalar(value)
     try:
         make_policy(name, strict=True, **params)  # unknown parameter or bad value -> UsageError
     except UsageError as e:
-        raise UsageError(f"--policies {spec!r}: {e}") from None
+        raise UsageError(f"{where} {spec!r}: {e}") from None
     return name, params
 
 

@@ -41,6 +41,7 @@ from ..console import err
 from ..decoding.config import DecodeConfig
 from ..decoding.streams import RowStreams, row_generator
 from ..engine.core import Engine
+from ..runs.final_text import cut_answer, final_lengths, streamable
 
 #: Prompt widths are rounded up to a multiple of this many tokens, so prompts of similar length share a run.
 PROMPT_BUCKET = 64
@@ -145,45 +146,15 @@ class Job:
 
     def update(self, ids: list[int], end_ids: set[int], decode: Callable[[list[int]], str]) -> None:
         """Read the answer's final prefix ``ids`` (generated positions before the first mask): set
-        ``text`` (cut at the end token, ``max_tokens`` and the first stop string) and, when the answer
-        is decided, ``reason`` (``stop``: end token or stop string; ``length``: ``max_tokens`` reached)."""
-        end = next((i for i, t in enumerate(ids) if t in end_ids), None)
-        answer = ids if end is None else ids[:end]
-        answer = answer[:self.max_tokens]
-        text = decode(answer)
-        cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-        self.n_answer = len(answer)
-        if cut >= 0:
-            self.text, self.reason = text[:cut], "stop"
-            self.n_answer = _tokens_reaching(answer, cut, decode)  # the tokens of the text returned
-        elif end is not None and end <= self.max_tokens:
-            self.text, self.reason = text, "stop"
-        elif len(ids) >= self.max_tokens:
-            self.text, self.reason = text, "length"
-        else:
-            self.text = text
+        ``text``, ``n_answer`` and, when the answer is decided, ``reason`` (``runs/final_text.cut_answer``:
+        ``stop`` at an end token or stop string, ``length`` at ``max_tokens``)."""
+        self.text, reason, self.n_answer = cut_answer(ids, end_ids, decode, self.max_tokens, self.stop)
+        if reason is not None:
+            self.reason = reason
 
     def streamable(self) -> str:
-        """The part of ``text`` that can be sent now: without a trailing partial UTF-8 character
-        (decoded as U+FFFD) or a tail that may be the start of a stop string."""
-        text = self.text.rstrip("\ufffd") if self.reason is None else self.text
-        if self.reason is None:
-            hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - hold]
-        return text
-
-
-def _tokens_reaching(ids: list[int], chars: int, decode: Callable[[list[int]], str]) -> int:
-    """The fewest leading tokens of ``ids`` whose decoded text has at least ``chars`` characters (a
-    binary search: a prefix's text grows with it), i.e. the tokens that produced an answer cut there."""
-    lo, hi = 0, len(ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(decode(ids[:mid])) >= chars:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+        """The part of ``text`` that can be sent now (``runs/final_text.streamable``)."""
+        return streamable(self.text, self.reason, self.stop)
 
 
 class RequestStreams(RowStreams):
@@ -401,10 +372,9 @@ class Scheduler:
             return
         self.metrics.step(group.key.policy, time.perf_counter() - t0, int(rec.rows.numel()),
                           int(rec.refresh.sum()))
-        st, P, G = run.state, run.P, run.G
+        st, P = run.state, run.P
         rows = rec.rows.tolist()
-        gen_masked = st.masked[:, P:]  # (B, G)
-        first = torch.where(gen_masked.any(1), gen_masked.int().argmax(1), G).tolist()  # final prefix lengths
+        first = final_lengths(st.masked[:, P:])  # (B,) final prefix lengths
         engine_done = rec.finished.tolist()
         leave = [False] * len(rows)
         now = time.monotonic()

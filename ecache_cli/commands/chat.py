@@ -1,0 +1,56 @@
+"""``ecache chat``: a multi-turn conversation in the terminal, with generate's flags and live commands."""
+
+from __future__ import annotations
+
+import sys
+
+from .. import options as o
+
+
+def chat_cmd(
+    model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
+    quantize: o.Quantize = None, group_size: o.GroupSize = None,
+    gen_length: o.GenLength = None, block_length: o.BlockLength = None, steps: o.Steps = None,
+    temperature: o.Temperature = None, top_k: o.TopK = None, top_p: o.TopP = None, remasking: o.Remasking = None,
+    threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
+    early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
+    alg_temp: o.AlgTemp = None,
+    cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
+    block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
+    seed: o.Seed = 0,
+    watch: o.Watch = False,
+    watch_delay: o.WatchDelay = 0.0,
+):
+    """Chat with a model over its chat template: answers appear as their leading tokens become final.
+
+    Commands: /cache POLICY[:k=v], /tau X, /threshold X, /gen-length N, /watch on|off, /stats, /save FILE,
+    /clear, /help, /exit. Ctrl-C stops an answer, Ctrl-D exits. Example: [cyan]ecache chat --watch[/]
+    """
+    from ..console import announce, err, hold_warnings, warn
+    from ..runs.chat import ChatSession, SettingsSource, open_readline
+    from ..runs.generate import check_watch
+    from ..runs.settings import not_used_by, warn_model_rules, warn_unused_cache_flags
+    from ..runs.watch import watch_available
+    from ..runtime import load_for_command
+
+    hold_warnings()  # after the "using model" line (console.announce)
+    check_watch(watch, watch_delay)
+    flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
+    source = SettingsSource(model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking,
+                                                  threshold, factor, ban_eos, low_eos_confidence, early_exit, schedule,
+                                                  compat, alg_temp),
+                            dict(flags), profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
+    settings = source.resolve()
+    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))
+    if watch and not watch_available(err):
+        warn("--watch needs a terminal (stderr is not one); answering without the live view")
+        watch = False
+    announce(settings.describe(model))  # before the (maybe long) load
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force,
+                             quantize=settings.quantize)
+    warn_model_rules(settings, lm.spec.sampler)
+    session = ChatSession(lm, source, sys.stdout, err, seed=seed, watch=watch, watch_delay=watch_delay,
+                          settings=settings)
+    open_readline()
+    err.print("ecache chat: type a message; /help lists the commands, Ctrl-D ends", markup=False, highlight=False)
+    session.loop()

@@ -1,0 +1,364 @@
+"""``ecache chat``: a multi-turn conversation over the model's chat template, in the terminal.
+
+Each line typed is a user message; the conversation so far (``history``: user and assistant messages)
+goes through the chat template (``models/prompting.py``) and the answer is decoded like ``ecache
+generate``'s first prompt (the same settings, seed and random stream: row 0), printed as its leading
+tokens become final (``runs/final_text.py``, what ``ecache serve`` streams) or, with ``/watch on``,
+shown live (``runs/watch.py``). When the conversation no longer fits the model's positions beside the
+canvas, its oldest turns are left out (one note says so).
+
+Lines starting with ``/`` are commands (:data:`HELP`). The settings come from the command's flags
+resolved as ``generate`` resolves them (``runs/settings.resolve_settings``: defaults < profile <
+flags); ``/tau``, ``/threshold``, ``/gen-length`` and ``/cache`` change a flag and resolve again, so
+``/tau 0.5`` is ``--tau 0.5``. A bad value is one ``error:`` line and changes nothing. Ctrl-C during an
+answer stops it (the turn is dropped from the history); Ctrl-C at the prompt clears the line; Ctrl-D
+or ``/exit`` ends the session. ``/save FILE`` writes one JSON record per answer, the fields of
+``generate --jsonl`` with the conversation sent as ``messages``, so ``ecache generate --input FILE``
+decodes the same prompts again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from ..engine.core import Engine
+from ..errors import EcacheError, UsageError
+from .confidence import EntropyMeter
+from .final_text import FinalText
+from .settings import Settings, resolve_settings
+
+HELP = """commands:
+  /cache POLICY[:k=v...]  cache policy and its parameters (e.g. /cache entropy:tau=0.5:recent_k=16)
+  /tau X                  EntropyCache's τ (nats), as --tau
+  /threshold X|off        parallel decoding: commit tokens with confidence ≥ X, as --threshold
+  /gen-length N           canvas positions of an answer, as --gen-length
+  /watch on|off           show the canvas live while the answer decodes
+  /stats                  the last answer's NFE, refresh share, tokens/s and work share
+  /save FILE              the conversation as JSONL records (as generate --jsonl writes them)
+  /clear                  forget the conversation
+  /help                   this list
+  /exit                   end the session (Ctrl-D too); Ctrl-C stops an answer"""
+
+PROMPT = "you> "
+
+
+@dataclass
+class SettingsSource:
+    """How the chat's settings are resolved (as ``generate``'s): the model name, the profile, compile and
+    quantize flags, and the decode and cache flags (None = not given), which the commands change."""
+
+    model: str
+    decode_flags: dict
+    cache_flags: dict
+    profile: str | None = None
+    task: str | None = None
+    compile: bool | None = None
+    quantize: str | None = None
+    group_size: int | None = None
+    overrides: dict = field(default_factory=dict)  # /cache NAME:k=v parameters beyond the flags
+
+    def resolve(self) -> Settings:
+        """The settings of these flags (``resolve_settings``), with the ``/cache`` parameters on top.
+        Raises UsageError / ConfigError as the flags would."""
+        s = resolve_settings(self.model, self.decode_flags, self.cache_flags, profile=self.profile, task=self.task,
+                             compile=self.compile, quantize=self.quantize, group_size=self.group_size)
+        for k, v in self.overrides.items():  # None: the policy's own default (as in --policies)
+            for params in (s.cache_params, s.all_cache_params):
+                if v is None:
+                    params.pop(k, None)
+                else:
+                    params[k] = v
+        if self.overrides.get("tau") is not None:
+            s.tau_source = "flag"  # given in the session, as a flag is
+        s.policy()  # a bad combination fails here, before any answer
+        return s
+
+
+class ChatSession:
+    """One conversation (module docstring). ``lm``: the loaded model; ``source``: its settings' flags;
+    ``out``: where answers go (stdout); ``console``: stderr's rich console (notes, errors, the live view);
+    ``settings``: ``source`` resolved (None: resolved here). Raises UsageError for a model without a chat
+    template."""
+
+    def __init__(self, lm, source: SettingsSource, out: IO, console, seed: int = 0, watch: bool = False,
+                 watch_delay: float = 0.0, settings: Settings | None = None):
+        if not getattr(lm.tokenizer, "chat_template", None):
+            raise UsageError(f"ecache chat needs a model with a chat template; {lm.name} has none (use ecache "
+                             "generate)")
+        self.lm, self.source, self.out, self.console = lm, source, out, console
+        self.engine = Engine.from_loaded(lm)
+        self.settings = settings or source.resolve()
+        self.seed, self.watch, self.delay = seed, watch, watch_delay
+        self.history: list[dict] = []
+        self.records: list[dict] = []  # one per answer, for /save
+        self.last: dict | None = None  # the last answer's stats
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def loop(self, read=input) -> None:
+        """Read lines until Ctrl-D or ``/exit``; answer messages and run commands."""
+        prompt = PROMPT if _interactive() else ""
+        while True:
+            try:
+                line = read(prompt)
+            except EOFError:
+                if prompt:
+                    self.out.write("\n")
+                return
+            except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+                self.out.write("\n")
+                continue
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not self.command(line):
+                    return
+            else:
+                self.ask(line)
+
+    def note(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+    def error(self, text: str) -> None:
+        self.console.print("error: " + text, style="bold red", markup=False, highlight=False)
+
+    # -- commands ------------------------------------------------------------------------------------
+
+    def command(self, line: str) -> bool:
+        """Run a ``/`` command; False ends the session. A bad command or value prints one error line and
+        leaves the settings as they were."""
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        handlers = {"/cache": self._cache, "/tau": self._tau, "/threshold": self._threshold,
+                    "/gen-length": self._gen_length, "/watch": self._watch, "/stats": self._stats,
+                    "/save": self._save, "/clear": self._clear, "/help": self._help}
+        if name in ("/exit", "/quit"):
+            return False
+        if name not in handlers:
+            self.error(f"unknown command {name}; /help lists the commands")
+            return True
+        before = copy.deepcopy(self.source)
+        try:
+            handlers[name](arg)
+        except EcacheError as e:
+            self.source = before
+            msg = str(e)
+            self.error(msg if msg.startswith(name) else f"{name}: {msg}")
+        return True
+
+    def _apply(self, what: str) -> None:
+        """Resolve the changed flags and say what the setting is now."""
+        self.settings = self.source.resolve()
+        self.note(f"{what} · {self.describe()}")
+
+    def describe(self) -> str:
+        """The settings an answer uses, in one line."""
+        s, d = self.settings, self.settings.decode
+        params = ", ".join(f"{k}={v}" for k, v in sorted(s.cache_params.items()))
+        text = f"cache {s.cache}" + (f" ({params})" if params else "")
+        text += f" · gen-length {d.gen_length}, block {d.block_length}"
+        if d.threshold is not None:
+            text += f", threshold {d.threshold:g}"
+        return text
+
+    def _cache(self, arg: str) -> None:
+        from .profile import parse_policy_spec
+
+        if not arg:
+            raise UsageError("/cache needs a policy, e.g. /cache entropy:tau=0.5")
+        name, params = parse_policy_spec(arg, where="/cache")
+        self.source.cache_flags["policy"] = name
+        self.source.overrides = params
+        self._apply(f"cache {arg}")
+
+    def _tau(self, arg: str) -> None:
+        from ..cache import policy_params
+
+        x = _number(arg, float, "/tau", "0.5")
+        if "tau" not in policy_params(self.settings.cache):
+            raise UsageError(f"cache {self.settings.cache} takes no τ (only entropy does); /cache entropy first")
+        _check_range("tau", x, "/tau")
+        self.source.cache_flags["tau"] = x
+        self.source.overrides.pop("tau", None)
+        self._apply(f"τ {x:g}")
+
+    def _threshold(self, arg: str) -> None:
+        off = arg.lower() in ("off", "none")
+        x = None if off else _number(arg, float, "/threshold", "0.9")
+        self.source.decode_flags["threshold"] = x
+        if x is not None:
+            self.source.decode_flags["factor"] = None  # as --threshold: the threshold rule, not the factor one
+        self._apply("threshold off" if off else f"threshold {x:g}")
+
+    def _gen_length(self, arg: str) -> None:
+        n = _number(arg, int, "/gen-length", "64")
+        _check_range("gen_length", n, "/gen-length")
+        self.source.decode_flags["gen_length"] = n
+        self._apply(f"gen-length {n}")
+
+    def _watch(self, arg: str) -> None:
+        from .watch import watch_available
+
+        if arg not in ("on", "off"):
+            raise UsageError(f"/watch {arg!r}: say /watch on or /watch off")
+        if arg == "on" and not watch_available(self.console):
+            raise UsageError("/watch needs a terminal (stderr is not one)")
+        self.watch = arg == "on"
+        self.note(f"watch {arg}")
+
+    def _stats(self, arg: str) -> None:
+        from .watch import stats_line
+
+        if self.last is None:
+            self.note("no answer yet")
+            return
+        self.note(stats_line(self.last))
+
+    def _save(self, arg: str) -> None:
+        from ..outputs import check_file
+
+        if not arg:
+            raise UsageError("/save needs a file name, e.g. /save chat.jsonl")
+        path = check_file(Path(arg), "/save", lock=False)
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                for rec in self.records:
+                    fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        except OSError as e:
+            raise UsageError(f"cannot write {arg} ({e.strerror}); choose another path") from None
+        self.note(f"saved {len(self.records)} record(s) to {arg}")
+
+    def _clear(self, arg: str) -> None:
+        self.history.clear()
+        self.note("conversation cleared")
+
+    def _help(self, arg: str) -> None:
+        self.note(HELP)
+
+    # -- answers -------------------------------------------------------------------------------------
+
+    def ask(self, text: str) -> None:
+        """Answer user message ``text`` (streamed, or watched); Ctrl-C stops the answer and drops the turn."""
+        self.history.append({"role": "user", "content": text})
+        try:
+            messages, ids = self._prompt()
+            rec = self._decode(messages, ids)
+        except KeyboardInterrupt:
+            self.history.pop()
+            self.out.write("\n")
+            self.out.flush()
+            self.note("(answer stopped; not kept in the conversation)")
+            return
+        except EcacheError as e:
+            self.history.pop()
+            self.error(str(e))
+            return
+        self.history.append({"role": "assistant", "content": rec["text"]})
+        self.records.append({"index": len(self.records), "line": len(self.records) + 1, **rec})
+        self.last = rec["stats"]
+
+    def _prompt(self) -> tuple[list[dict], list[int]]:
+        """The messages sent and their token ids: the whole conversation, less its oldest turns when
+        prompt and canvas would not fit the model's positions."""
+        limit = self.lm.spec.max_positions - self.settings.decode.gen_length
+        messages = list(self.history)
+        ids = self.engine.encode([messages], True)[0]
+        dropped = 0
+        while len(ids) > limit and len(messages) > 1:
+            messages = messages[2:] if len(messages) > 2 else messages[1:]
+            dropped += 1
+            ids = self.engine.encode([messages], True)[0]
+        if dropped:
+            self.note(f"(the {dropped} oldest turn(s) are left out: the conversation no longer fits the model's "
+                      f"{self.lm.spec.max_positions} positions beside --gen-length {self.settings.decode.gen_length})")
+        return messages, ids
+
+    def _decode(self, messages: list[dict], ids: list[int]) -> dict:
+        """Decode one answer; print it (as it becomes final, or after the live view) and return its record."""
+        s = self.settings
+        run = self.engine.start([ids], s.decode, s.policy(), seed=self.seed, row_ids=[0])
+        meter = EntropyMeter(run.B, run.P, run.G, run.state.tokens.device)
+        if self.watch:
+            from .watch import WatchView
+
+            view = WatchView(self.console, run, row=0, title=f"{self.lm.name} · cache {s.cache}", delay=self.delay)
+            for rec in view.follow():
+                meter.observe(rec)
+            res = run.results()[0]
+            self.out.write(res.text + "\n")
+        else:
+            res = self._stream(run, meter)
+        self.out.flush()
+        if self.watch:
+            from .watch import stats_line
+
+            self.note(stats_line(res.stats))
+        return {"messages": messages, "id": None, "input": {}, "text": res.text, "token_ids": res.answer_ids,
+                "ended": res.ended, "mean_entropy": meter.means([res.stats["generated_tokens"]])[0],
+                "stats": res.stats, "settings": json.loads(json.dumps(s.as_dict())), "seed": self.seed,
+                "model": self.lm.name}
+
+    def _stream(self, run, meter: EntropyMeter):
+        """Iterate ``run``, writing the answer's text as it becomes final; return its result."""
+        tok = self.engine.tokenizer
+        final = FinalText(set(self.engine.end_ids.tolist()), lambda t: tok.decode(t, skip_special_tokens=True),
+                          run.G)
+        P = run.P
+        for rec in run:
+            meter.observe(rec)
+            if int(rec.rows[0]) == 0:
+                new = final.advance(run.state.tokens[0, P:], run.state.masked[0, P:])
+                if new:
+                    self.out.write(new)
+                    self.out.flush()
+        res = run.results()[0]
+        self.out.write(final.finish(res.token_ids) + "\n")
+        return res
+
+
+def _interactive() -> bool:
+    """stdin is a terminal (the prompt is shown; piped lines are answered without it)."""
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _number(arg: str, kind, command: str, example: str):
+    """``arg`` as an int or float; UsageError naming the command and an example otherwise."""
+    try:
+        value = kind(arg)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise UsageError(f"{command} {arg!r} is not {what} (e.g. {command} {example})") from None
+    if kind is float and value != value:
+        raise UsageError(f"{command} {arg} is not a number (e.g. {command} {example})")
+    return value
+
+
+def _check_range(name: str, value, command: str) -> None:
+    """``value`` in the declared range of setting ``name`` (``config.setting_ranges``), as the flag's."""
+    from ..config import setting_ranges
+
+    rng = setting_ranges().get(name)
+    if rng is None:
+        return
+    try:
+        rng.check(value)
+    except ValueError as e:
+        raise UsageError(f"{command} {value} {e}") from None
+
+
+def open_readline() -> None:
+    """Line editing and in-session history for ``input()`` through the standard library's ``readline``,
+    where the platform has it (else plain ``input()``)."""
+    try:
+        import readline  # noqa: F401 (importing it turns on line editing for input())
+    except ImportError:  # e.g. Windows without pyreadline
+        pass
