@@ -74,12 +74,12 @@ def trace_drift_cmd(
     warn_untrained(lm, task)
     warn_model_rules(settings, lm.spec.sampler)
     sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)
-    if quiet or not err.is_terminal:
-        report = trace(lm, settings, opts, sinks)
-    else:
-        with err.status("trace-drift: starting") as status:
-            report = trace(lm, settings, opts, sinks,
-                           progress=lambda r, s: status.update(f"trace-drift: prompts {r} · step {s}"))
+    from ..terminal import ProgressLine
+
+    with ProgressLine(err, quiet) as line:
+        line.show("trace-drift: starting", force=True)
+        report = trace(lm, settings, opts, sinks, progress=None if line.live is None else
+                       lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}"))
     rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
     rep.render_summary(err, report)
     if plot is not None:

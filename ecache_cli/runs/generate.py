@@ -238,7 +238,12 @@ class _Job:
         quiet = self.opts.quiet or not self.main
         try:
             with Reporter(self.err_console, todo, quiet, stream=self.opts.stream and not self.dist.active) as reporter:
-                return self._feed(iter(items), reporter)
+                out = self.sink.out
+                self.sink.out = reporter.stdout(out)  # on the progress line's terminal: above it
+                try:
+                    return self._feed(iter(items), reporter)
+                finally:
+                    self.sink.out = out
         finally:
             if self.file is not None:
                 self.file.close()
