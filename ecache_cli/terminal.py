@@ -102,12 +102,13 @@ class Fitted:
         return total - sum(widths)
 
     def _shrink(self, lows: list[int], highs: list[int], room: int) -> None:
-        """Column widths summing to ``room``: from the widest lines, one column at a time the one with the
-        most to spare above its widest word gives up a character."""
+        """Column widths summing to ``room``: from the widest lines, one character at a time the widest
+        column still above its widest word gives one up (a long text column narrows before a header
+        wraps)."""
         widths = list(highs)
         excess = sum(widths) - room
         while excess > 0:
-            i = max(range(len(widths)), key=lambda j: widths[j] - lows[j])
+            i = max((j for j in range(len(widths)) if widths[j] > lows[j]), key=lambda j: widths[j])
             widths[i] -= 1
             excess -= 1
         for c, w in zip(self.table.columns, widths):
