@@ -64,6 +64,28 @@ def announce(line: str | None) -> None:
         show(message)
 
 
+#: A function every warning and note passes through before it prints (:func:`rewriting`); None: as given.
+_rewrite = None
+
+
+class rewriting:
+    """Within ``with rewriting(fn):`` every warning and note prints as ``fn(message)`` (lm-eval's model
+    names its settings as model_args keys, not as the command line's flags)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __enter__(self):
+        global _rewrite
+        self.before, _rewrite = _rewrite, self.fn
+        return self
+
+    def __exit__(self, *exc):
+        global _rewrite
+        _rewrite = self.before
+        return False
+
+
 def error(message: str) -> None:
     """Print a one-line error on stderr (no markup interpretation of the message), after any held
     warnings."""
@@ -74,6 +96,8 @@ def error(message: str) -> None:
 def warn(message: str) -> None:
     """Print a one-line warning on stderr (callers print each warning once); held until the command's
     first line while :func:`hold_warnings` is in effect."""
+    if _rewrite is not None:
+        message = _rewrite(message)
     if _held is not None:
         _held.append((warn, message))
         return
@@ -82,6 +106,8 @@ def warn(message: str) -> None:
 
 def note(message: str) -> None:
     """Print a one-line note on stderr (what a run will not measure); held as :func:`warn` is."""
+    if _rewrite is not None:
+        message = _rewrite(message)
     if _held is not None:
         _held.append((note, message))
         return
