@@ -176,7 +176,6 @@ def test_model_args_message_renames_flags_with_a_key_only():
         "add force=true, or chat=false, cache='x', dtype=bfloat16"
     kept = "--threads 2 and lm-eval's --batch_size 8 stay"
     assert model_args_message(kept) == kept
-    assert model_args_message(kept) == kept
 
 
 def test_unwritable_stats_out_fails_before_decoding(tmp_path, profiles_dir):

@@ -538,7 +538,7 @@ def _run_guard(outcome: "Outcome", search: "_Search", clock, err_console, say) -
     verdict: Verdict = guard.run(cands, clock, same=search.decides_alike, warn=warn)
     outcome.speed_check = guard.document(verdict, opts.batch_size)
     if verdict.point is None:
-        outcome.choice = Choice(None, guard.no_choice_reason(verdict), outcome.choice.qualifying)
+        outcome.choice = Choice(None, guard.no_choice_reason(verdict), outcome.choice.qualifying, "wall")
         return
     reason = chosen_reason(verdict.point, outcome.base, opts.metric, opts.fractions()[0])
     outcome.choice = Choice(verdict.point, f"{reason}; wall clock {guard.speeds(verdict.chosen)}",
