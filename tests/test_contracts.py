@@ -304,3 +304,15 @@ def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, 
         assert screen.stacked == [], screen.stacked  # one row: earlier frames were erased, not pushed up
         assert not [ln for ln in shown if re.match(head, ln)], shown  # and removed at the end
     assert any(ln.strip() for ln in shown)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, cli):
+    """No "using model …" line before the error, exit 2, and the wording of ``ecache models show``."""
+    shown = cli("models", "show", "nonsense")
+    assert shown.exit_code == 2
+    wording = shown.stderr.strip().removeprefix("error: ")
+    args = [a for a in _args(command, "nonsense") if a != "-q"]
+    res = cli(*args, *([] if command == "calibrate" else ["x"]))
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr

@@ -148,6 +148,9 @@ def calibrate_cmd(
     from ..distributed import from_environment
 
     base = f"; base settings from profile {settings.profile}" if settings.profile else ""
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model, tau=f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}")
              if not quiet and from_environment().is_main else None)  # what this run uses, before the load
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)

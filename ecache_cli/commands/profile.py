@@ -104,7 +104,9 @@ def profile_cmd(
     if "none" not in names:
         note("--policies has no 'none': speedup, work share and fidelity vs none are not measured")
     from ..distributed import from_environment
+    from ..runs.models import check_model_name
 
+    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model, policies=names) if not quiet and from_environment().is_main else None)
     code_sandbox.configure(sandbox, settings.sandbox,  # its warning after the line above, before the load
                            bool(task_info and task_info["scored"] and task_obj.needs_code_execution))

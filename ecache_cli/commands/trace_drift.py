@@ -69,6 +69,9 @@ def trace_drift_cmd(
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=signal_kind(signal, settings),
                         volatility_level=volatility_level)
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(None if quiet else settings.describe(model))  # what this run uses, before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)  # one process: no ranks
     warn_untrained(lm, task)

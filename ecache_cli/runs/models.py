@@ -227,8 +227,30 @@ def resolve(name: str) -> dict:
         state, snap, missing = local_state(name)
         return {"name": name, "source": "repo", "repo": name, "family": None, "alias": None, "path": snap,
                 "local": state, "missing": missing}
-    raise UsageError(f"{name!r} is neither a model ecache knows, a checkpoint folder nor a Hugging Face repo id "
-                     "(org/name); run `ecache models` for the known models")
+    raise UsageError(unknown_model(name))
+
+
+def unknown_model(name: str, flag: str = "") -> str:
+    """The one wording of an unknown model name, for ``ecache models show NAME`` and every ``--model``."""
+    return (f"{flag + ' ' if flag else ''}{name!r} is neither a model ecache knows, a checkpoint folder nor a "
+            "Hugging Face repo id (org/name); run `ecache models` for the known models")
+
+
+def check_model_name(name: str) -> None:
+    """Refuse, before a command prints its first line, a ``--model`` that is none of the embedded model,
+    an alias, a folder or a repo id (``org/name``): UsageError (exit 2) in :func:`resolve`'s wording, so
+    ``ecache generate --model X`` and ``ecache models show X`` say the same. A name of the right shape
+    whose files are missing is the loader's to report."""
+    from ..models.loader import EMBEDDED
+    from ..models.registry import ALIASES
+
+    name = str(name)
+    local = Path(name).expanduser()
+    if name in EMBEDDED or name in ALIASES or local.is_dir():
+        return
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
+        return
+    raise UsageError(unknown_model(name, "--model"))
 
 
 def _token_table(spec, vocab: dict[str, int]) -> dict:
