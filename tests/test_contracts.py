@@ -308,11 +308,12 @@ def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, cli):
-    """No "using model …" line before the error, exit 2, and the wording of ``ecache models show``."""
+    """No "using model …" line before the error, exit 1 (a missing model), and the wording of ``ecache
+    models show``."""
     shown = cli("models", "show", "nonsense")
-    assert shown.exit_code == 2
+    assert shown.exit_code == 1
     wording = shown.stderr.strip().removeprefix("error: ")
     args = [a for a in _args(command, "nonsense") if a != "-q"]
     res = cli(*args, *([] if command == "calibrate" else ["x"]))
-    assert res.exit_code == 2, res.stderr
+    assert res.exit_code == 1, res.stderr
     assert res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr

@@ -203,7 +203,7 @@ def readme_table(rows: list[dict]) -> str:
 def resolve(name: str) -> dict:
     """What ``name`` is: ``{"name", "source": "embedded" | "alias" | "repo" | "folder", "repo", "family",
     "alias": the registry's Alias or None, "path": a local checkpoint folder or None, "local", "missing"}``.
-    Raises UsageError for a name that is none of them (naming the models and ``ecache models``)."""
+    Raises ModelLoadError for a name that is none of them (naming ``ecache models``: :func:`unknown_model`)."""
     from ..models.loader import EMBEDDED, embedded_dir
     from ..models.registry import ALIASES, alias
 
@@ -227,7 +227,7 @@ def resolve(name: str) -> dict:
         state, snap, missing = local_state(name)
         return {"name": name, "source": "repo", "repo": name, "family": None, "alias": None, "path": snap,
                 "local": state, "missing": missing}
-    raise UsageError(unknown_model(name))
+    raise ModelLoadError(unknown_model(name))
 
 
 def unknown_model(name: str, flag: str = "") -> str:
@@ -238,8 +238,9 @@ def unknown_model(name: str, flag: str = "") -> str:
 
 def check_model_name(name: str) -> None:
     """Refuse, before a command prints its first line, a ``--model`` that is none of the embedded model,
-    an alias, a folder or a repo id (``org/name``): UsageError (exit 2) in :func:`resolve`'s wording, so
-    ``ecache generate --model X`` and ``ecache models show X`` say the same. A name of the right shape
+    an alias, a folder or a repo id (``org/name``): ModelLoadError (exit 1, README: a missing model is a
+    runtime error) in :func:`resolve`'s wording, so ``ecache generate --model X`` and ``ecache models show
+    X`` say the same. A name of the right shape
     whose files are missing is the loader's to report."""
     from ..models.loader import EMBEDDED
     from ..models.registry import ALIASES
@@ -250,7 +251,7 @@ def check_model_name(name: str) -> None:
         return
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         return
-    raise UsageError(unknown_model(name, "--model"))
+    raise ModelLoadError(unknown_model(name, "--model"))
 
 
 def _token_table(spec, vocab: dict[str, int]) -> dict:
@@ -355,7 +356,7 @@ def describe(name: str) -> tuple[dict, list[str]]:
     From a local checkpoint (the embedded model, a folder, a cached alias or repo): family, sizes, the
     config summary, special tokens with their strings, the chat template; without one, what the registry
     knows (repository, family, sizes) and ``get``, the command that fetches it. ``default_profile`` in
-    both cases. Raises UsageError for an unknown name, ModelLoadError for a folder that is no checkpoint.
+    both cases. Raises ModelLoadError for an unknown name or a folder that is no checkpoint.
     """
     from ..models.loader import _download_command
     from ..models.registry import FAMILIES
@@ -385,7 +386,7 @@ def describe(name: str) -> tuple[dict, list[str]]:
 def pull(name: str) -> tuple[Path, str]:
     """Fetch ``name`` (an alias or a Hugging Face repo id) into the local hub cache; return its snapshot
     folder and what happened: "embedded" (nothing to fetch), "cached" (already complete: no network) or
-    "downloaded". Raises UsageError for a folder or an unknown name, ModelLoadError (one line with the
+    "downloaded". Raises UsageError for a folder, ModelLoadError for an unknown name or (one line with the
     command for a connected machine) when offline, unreachable or left incomplete."""
     from ..models.loader import EMBEDDED, download, embedded_dir, missing_weights
 
