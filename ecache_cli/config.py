@@ -88,11 +88,19 @@ def profile_dirs() -> list[Path]:
 
 
 def canonical_model_name(name: str) -> str:
-    """The folder name used for a model's profiles: the alias, ``tiny`` for the embedded model, or a
-    checkpoint directory's base name."""
+    """The folder name used for a model's profiles: the alias, ``tiny`` for the embedded model, the alias
+    of a Hugging Face repo id the registry knows (``apple/DiffuCoder-7B-Instruct`` → ``diffucoder-7b``,
+    its first alias in registry order, so the repo id finds the profiles the alias ships), or a
+    checkpoint directory's (or another repo id's) base name."""
     if name in ("tiny", "llada-tiny", None):
         return "tiny"
     p = Path(str(name))
+    if not p.exists() and str(name).count("/") == 1 and not str(name).startswith((".", "/", "~")):
+        from .models.registry import ALIASES
+
+        alias = next((a for a, repo in ALIASES.items() if repo.lower() == str(name).lower()), None)
+        if alias is not None:
+            return alias
     return p.name if p.exists() or "/" in str(name) else str(name)
 
 

@@ -2,7 +2,8 @@
 
 Every console of the command line is a :class:`PipeConsole` (``make``): a closed pipe raises
 :class:`BrokenPipeError`, which ``cli.handle_errors`` turns into a quiet exit 0 in every subcommand
-(rich's own console exits 1 there)."""
+(rich's own console exits 1 there). On a terminal a line longer than the terminal wraps at words within
+its width; in a pipe or a file every message stays one line (``soft_wrap`` left to :class:`PipeConsole`)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,31 @@ class PipeConsole(Console):
     """A rich console whose closed pipe (``ecache ... | head -1``) raises BrokenPipeError instead of rich's
     ``SystemExit(1)``, so the exit status of a closed stdout is decided in one place (``cli.handle_errors``)."""
 
+    @property
+    def soft_wrap(self) -> bool:
+        """Whether ``print`` leaves long lines unwrapped: as set, or when left None (``make``'s default),
+        only off a terminal (a log keeps one line per message; a terminal gets words wrapped within its
+        width, never a line wider than it)."""
+        return self._soft_wrap if self._soft_wrap is not None else not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool | None) -> None:
+        self._soft_wrap = value
+
     def on_broken_pipe(self) -> None:
         self.quiet = True  # nothing more is written to the closed stream
         raise BrokenPipeError(32, "Broken pipe")
 
 
 def make(**kwargs) -> Console:
-    """A console for the command line's output (the keyword arguments of :class:`rich.console.Console`)."""
+    """A console for the command line's output (the keyword arguments of :class:`rich.console.Console`;
+    ``soft_wrap`` left out: lines wrap at words on a terminal only)."""
+    kwargs.setdefault("soft_wrap", None)
     return PipeConsole(**kwargs)
 
 
-out = make(soft_wrap=True)
-err = make(stderr=True, soft_wrap=True)
+out = make()
+err = make(stderr=True)
 
 
 #: Warnings and notes (their printing functions and texts) waiting for the command's first stderr line
@@ -50,6 +64,28 @@ def announce(line: str | None) -> None:
         show(message)
 
 
+#: A function every warning and note passes through before it prints (:func:`rewriting`); None: as given.
+_rewrite = None
+
+
+class rewriting:
+    """Within ``with rewriting(fn):`` every warning and note prints as ``fn(message)`` (lm-eval's model
+    names its settings as model_args keys, not as the command line's flags)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __enter__(self):
+        global _rewrite
+        self.before, _rewrite = _rewrite, self.fn
+        return self
+
+    def __exit__(self, *exc):
+        global _rewrite
+        _rewrite = self.before
+        return False
+
+
 def error(message: str) -> None:
     """Print a one-line error on stderr (no markup interpretation of the message), after any held
     warnings."""
@@ -60,6 +96,8 @@ def error(message: str) -> None:
 def warn(message: str) -> None:
     """Print a one-line warning on stderr (callers print each warning once); held until the command's
     first line while :func:`hold_warnings` is in effect."""
+    if _rewrite is not None:
+        message = _rewrite(message)
     if _held is not None:
         _held.append((warn, message))
         return
@@ -68,6 +106,8 @@ def warn(message: str) -> None:
 
 def note(message: str) -> None:
     """Print a one-line note on stderr (what a run will not measure); held as :func:`warn` is."""
+    if _rewrite is not None:
+        message = _rewrite(message)
     if _held is not None:
         _held.append((note, message))
         return

@@ -373,7 +373,33 @@ def test_no_qualifying_tau_exits_1_and_writes_no_profile(cli, llada_dir, profile
     err = [line for line in res.stderr.strip().splitlines() if not line.startswith("warning: the wall-clock")]
     assert len(err) == 1 and err[0].startswith("error: no τ keeps the fidelity score within 0 points") and \
         "no profile written" in err[0]
+    assert "raise --max-drop" in err[0] and "--recent-k" not in err[0]  # rejected for the score: its knobs
     assert not (profiles_dir / "llada-rand" / "list.yaml").exists()
+
+
+def test_a_tau_rejected_for_speed_gets_the_speed_knobs(cli, llada_dir, profiles_dir):
+    """τ 0 refreshes at every step: it keeps the fidelity but saves no work, so the hint names what makes
+    a setting faster (larger τ, --recent-k, --joint), not --max-drop."""
+    res = cli("calibrate", "--model", llada_dir, "--task", "list", "--limit", 2, "--metric", "fidelity",
+              "--taus", "0", "--refine", 0, *SMALL)
+    assert res.exit_code == 1, res.stderr
+    (err,) = [line for line in res.stderr.strip().splitlines() if not line.startswith("warning: the wall-clock")]
+    assert "computes as much as none" in err and "larger τ (--taus)" in err and "--recent-k" in err, err
+    assert "--max-drop" not in err, err
+
+
+def test_the_failure_hint_follows_the_cause():
+    from test_cli_errors import _point
+
+    from ecache_cli.runs.tau_search import HINTS, choose
+
+    base = _point(None, 1.0, 1.0, score=0.9)
+    slow = choose([_point(0.1, 1.0, 1.0, score=0.9)], base, "task", 0.01)  # keeps the score, saves nothing
+    lossy = choose([_point(2.0, 3.0, 2.0, score=0.5)], base, "task", 0.01)  # fast, loses the score
+    both = choose([_point(0.1, 1.0, 1.0, score=0.9), _point(2.0, 3.0, 2.0, score=0.5)], base, "task", 0.01)
+    assert (slow.point, slow.cause, lossy.cause, both.cause) == (None, "speed", "score", "both")
+    assert "--max-drop" not in HINTS["speed"] and "--recent-k" in HINTS["speed"]
+    assert "--max-drop" in HINTS["score"] and "--recent-k" not in HINTS["score"]
 
 
 def test_zero_score_warning_says_the_tolerance_is_void_and_what_to_do():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,3 +157,163 @@ def test_quiet_profile_traces_print_no_profiler_lines(llada_dir, profiles_dir, t
     assert p.returncode == 0, err.decode()
     assert "profiler_start" not in err.decode() and "profiler_stop" not in err.decode(), err.decode()
     assert (tmp_path / "traces" / "none.chrome_trace.json").exists()
+
+
+# --- every command on a terminal: 60, 80 and 120 columns (a pseudo-terminal, stdlib pty) ---------------------
+
+#: Each command with a tiny run, and the head its progress line starts with (None: it draws no progress).
+TERMINAL = {
+    "generate": (["generate", "--input", "{input}", "--batch-size", "2"], r"generate \d"),
+    "profile": (["profile", "Sort: 3 1 2", "abc", "--policies", "none,es-dllm-conf,entropy,d2cache", "--warmup", "0"],
+                r"profile \d"),
+    "trace-drift": (["trace-drift", "Sort: 3 1 2", "Reverse the list 4 5 6 7 8", "--batch-size", "1"],
+                    r"trace-drift: "),
+    "calibrate": (["calibrate", "--task", "list", "--limit", "2", "--taus", "0.5,1", "--refine", "0", "--dry-run",
+                   "--no-speed-check"], r"(none|τ=\S+) \d+/\d+"),
+    "models": (["models"], None),
+    "models show": (["models", "show", "{model}"], None),
+}
+
+
+def _on_terminal(args: list[str], columns: int) -> tuple[int, str]:
+    """Run ``ecache ARGS`` with stdout and stderr on a pseudo-terminal ``columns`` wide (the window size
+    set as ``stty cols`` does, and $COLUMNS); return its exit status and everything it wrote."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {**os.environ, "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm-256color", "OMP_NUM_THREADS": "1"}
+    env.pop("NO_COLOR", None)
+    p = subprocess.Popen([sys.executable, "-m", "ecache_cli", *args], stdin=subprocess.DEVNULL, stdout=sub, stderr=sub,
+                         env=env, close_fds=True)
+    os.close(sub)
+    out = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the other end closed (Linux: EIO)
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif p.poll() is not None:
+            break
+    os.close(main)
+    return p.wait(timeout=300), out.decode("utf-8", "replace")
+
+
+class Screen:
+    """A terminal just large enough to check what a command drew: printable text, CR, LF, cursor up
+    (``ESC[nA``) and erase line (``ESC[2K``, ``ESC[K``); colours and cursor visibility are skipped. Rows
+    never scroll away. ``overflow``: text written past the last column (the line was wider than the
+    terminal); ``frames``: each progress frame drawn (row, text), checked against the other rows."""
+
+    ESC = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
+
+    def __init__(self, columns: int, head: str | None):
+        self.columns, self.head = columns, re.compile(head) if head else None
+        self.rows: list[list[str]] = [[]]
+        self.row = self.col = 0
+        self.overflow: list[str] = []
+        self.frames: list[tuple[int, str]] = []
+        self.stacked: list[str] = []  # progress text found on another row when a frame was drawn
+
+    def feed(self, data: str) -> None:
+        pos = 0
+        for m in self.ESC.finditer(data):
+            self._text(data[pos:m.start()])
+            n = int(m.group(1) or 1) if m.group(1).isdigit() else 1
+            if m.group(2) == "A":
+                self._frame()
+                self.row = max(0, self.row - n)
+            elif m.group(2) == "K":
+                row = self.rows[self.row]
+                del row[0 if m.group(1) == "2" else self.col:]
+            pos = m.end()
+        self._text(data[pos:])
+        self._frame()
+
+    def _text(self, text: str) -> None:
+        for ch in text:
+            if ch == "\r":
+                self._frame()
+                self.col = 0
+            elif ch == "\n":
+                self._frame()
+                self.row += 1
+                while len(self.rows) <= self.row:
+                    self.rows.append([])
+            elif ch >= " ":
+                if self.col >= self.columns:
+                    self.overflow.append(self.line(self.row))
+                row = self.rows[self.row]
+                row.extend(" " * (self.col + 1 - len(row)))
+                row[self.col] = ch
+                self.col += 1
+
+    def line(self, i: int) -> str:
+        return "".join(self.rows[i]).rstrip()
+
+    def _frame(self) -> None:
+        """Note a progress frame when the current row holds one (called before the cursor leaves it)."""
+        text = self.line(self.row)
+        if self.head is None or not self.head.match(text):
+            return
+        if not self.frames or self.frames[-1] != (self.row, text):
+            self.frames.append((self.row, text))
+        self.stacked += [self.line(i) for i in range(len(self.rows)) if i != self.row and self.head.match(self.line(i))]
+
+    def text(self) -> list[str]:
+        return [self.line(i) for i in range(len(self.rows))]
+
+
+LEFT, RIGHT = "┏┃┡│└┢╭┣", "┓┃┩│┘┪╮┫"
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+@pytest.mark.parametrize("command", list(TERMINAL))
+def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, columns, llada_dir, profiles_dir,
+                                                                       tmp_path):
+    """On a terminal every line (tables, progress, messages: wrapped at words) fits its width, no table
+    border is cut, no number ends in ``…``, and a progress display is one line redrawn in place (carriage
+    return and erase, never a second row) and removed at the end."""
+    args, head = TERMINAL[command]
+    f = tmp_path / "in.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"Sort: {i} 3 1"}) + "\n" for i in range(6)))
+    args = [a.format(input=f, model=llada_dir) for a in args]
+    if command.split()[0] != "models":
+        args += ["--model", str(llada_dir), "--gen-length", "16", "--block-length", "8", "--no-chat"]
+    rc, raw = _on_terminal(args, columns)
+    screen = Screen(columns, head)
+    screen.feed(raw)
+    shown = screen.text()
+    assert rc == 0, "\n".join(shown)
+    assert screen.overflow == [], (columns, screen.overflow)
+    assert not re.search(r"\d…|…\d", "\n".join(shown)), "\n".join(shown)
+    for line in shown:
+        if line.strip() and line.lstrip()[0] in LEFT:
+            assert line[-1] in RIGHT, (columns, line)  # a boxed row keeps its right border
+    if head is not None:
+        assert len(screen.frames) >= 2, (raw[-2000:], screen.frames)  # the progress line was redrawn
+        assert screen.stacked == [], screen.stacked  # one row: earlier frames were erased, not pushed up
+        assert not [ln for ln in shown if re.match(head, ln)], shown  # and removed at the end
+    assert any(ln.strip() for ln in shown)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, cli):
+    """No "using model …" line before the error, exit 1 (a missing model), and the wording of ``ecache
+    models show``."""
+    shown = cli("models", "show", "nonsense")
+    assert shown.exit_code == 1
+    wording = shown.stderr.strip().removeprefix("error: ")
+    args = [a for a in _args(command, "nonsense") if a != "-q"]
+    res = cli(*args, *([] if command == "calibrate" else ["x"]))
+    assert res.exit_code == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr

@@ -609,7 +609,7 @@ def test_alg_temp_and_origin_errors(llada_lm, dream_lm):
         (dream_lm, dict(steps=16, remasking="entropy", alg_temp=0.5, schedule="llada"), "use it with --schedule dream"),
         (dream_lm, dict(threshold=0.9, alg_temp=0.5), "--threshold / --factor"),
         (dream_lm, dict(steps=16, remasking="random", alg_temp=0.5), "--remasking random has none"),
-        (dream_lm, dict(steps=16, alg_temp=-1.0), "must be a finite number ≥ 0"),
+        (dream_lm, dict(steps=16, alg_temp=-1.0), "alg_temp=-1.0 must be ≥ 0"),  # DecodeConfig, as --alg-temp
         (dream_lm, dict(steps=16, alg_temp=float("nan")), "must be a finite number ≥ 0"),
         (llada_lm, dict(steps=16, remasking="origin"), "use it with --schedule dream"),
         (dream_lm, dict(steps=16, remasking="origin", compat="fastdllm"), "use --remasking entropy"),

@@ -194,20 +194,21 @@ def test_a_bad_progress_interval_is_named_once(cli, llada_dir, monkeypatch):
     assert "ECACHE_PROGRESS_INTERVAL" not in quiet.stderr
 
 
-def test_progress_bar_on_a_terminal_shows_count_rate_and_eta():
+def test_progress_bar_on_a_terminal_shows_count_rate_and_eta(monkeypatch):
     from rich.console import Console
 
+    from ecache_cli import terminal
     from ecache_cli.runs.gen_progress import Reporter, clock, rate_text
 
+    monkeypatch.setattr(terminal, "MIN_INTERVAL", 0.0)  # every report redraws
     buf = io.StringIO()
     con = Console(file=buf, force_terminal=True, width=160)
     with Reporter(con, 4, quiet=False) as rep:
         assert rep.mode == "bar"
         rep.step(0, 2, 0, 2, 0)
         rep.advance(2)
-        rep.bar.refresh()
         shown = buf.getvalue()
-    assert "2/4" in shown and "records/" in shown and "ETA" in shown and "prompts 1-2" in shown
+    assert "generate 2/4" in shown and "records/" in shown and "ETA" in shown and "prompts 1-2" in shown
     assert Reporter(con, 4, quiet=True).mode == "off"
     assert rate_text(3, 60) == "3.0 records/min" and rate_text(5, 2) == "2.5 records/s"
     assert clock(3725) == "1:02:05" and clock(65) == "1:05"

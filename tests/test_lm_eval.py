@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,39 @@ def test_wrongly_typed_model_args_are_one_line_errors(profiles_dir, arg, message
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("args, message", [
+    ("gen_length=16,block_length=32", "gen_length=16 is not a multiple of block_length=32"),
+    ("cache=foo", "cache='foo' is not a cache policy"),
+    ("dtype=foo", "dtype='foo' is not known"),
+    ("device=foo", "device='foo' is not a device"),
+    ("gen_length=32,block_length=8,steps=3", "steps=3 is fewer than the 4 blocks"),
+    ("schedule=foo", "unknown schedule='foo'"),
+    ("remasking=foo", "unknown remasking='foo'"),
+    ("threshold=0.9,alg_temp=0.5,schedule=dream", "threshold"),
+    ("model=nonsense", "model='nonsense' is neither"),
+])
+def test_errors_of_the_shared_checks_name_model_args_keys(profiles_dir, args, message):
+    """The checks the adapter shares with the command line name its model_args keys (``gen_length=``),
+    never a command-line flag (``--gen-length``)."""
+    from ecache_cli.errors import EcacheError
+
+    with pytest.raises(EcacheError) as e:
+        EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,{args}")
+    assert message in str(e.value), str(e.value)
+    assert not re.search(r"--[a-z]", str(e.value)), str(e.value)
+
+
+def test_model_args_message_renames_flags_with_a_key_only():
+    from ecache_cli.evaluation.lm_eval_adapter import model_args_message
+
+    assert model_args_message("--gen-length 16 is not a multiple of --block-length 32: use --steps ≥ 8") == \
+        "gen_length=16 is not a multiple of block_length=32: use steps ≥ 8"
+    assert model_args_message("add --force, or --no-chat, --cache 'x', --dtype bfloat16") == \
+        "add force=true, or chat=false, cache='x', dtype=bfloat16"
+    kept = "--threads 2 and lm-eval's --batch_size 8 stay"
+    assert model_args_message(kept) == kept
+
+
 def test_unwritable_stats_out_fails_before_decoding(tmp_path, profiles_dir):
     from ecache_cli.errors import EcacheError
 
@@ -157,7 +191,7 @@ def test_bad_model_args_are_one_line_errors(profiles_dir):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu,taux=0.5")
     with pytest.raises(UsageError, match="batch_size='big' must be an integer"):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu", {"batch_size": "big"})
-    with pytest.raises(UsageError, match="--cache 'nope' is not a cache policy"):
+    with pytest.raises(UsageError, match="cache='nope' is not a cache policy"):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu,cache=nope")
 
 
@@ -193,7 +227,7 @@ def test_lm_eval_command_line_prints_ecache_errors_on_one_line(tmp_path):
                        "--tasks", "ecache_list", "--include_path", str(TASKS)], tmp_path)
     assert res.returncode == 2, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
-    assert res.stderr.strip().splitlines()[-1].startswith("error: --cache 'foo' is not a cache policy")
+    assert res.stderr.strip().splitlines()[-1].startswith("error: cache='foo' is not a cache policy")
 
 
 @pytest.mark.parametrize("flag, found", [("1", True), ("0", False)])
@@ -251,6 +285,6 @@ def test_greedy_check_recognises_the_greedy_continuation(profiles_dir):
 def test_sampling_model_args_at_temperature_0_warn_once_as_ecache_generate(profiles_dir, capsys):
     EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5")  # warned once the model is loaded, as the CLI
     err = capsys.readouterr().err
-    assert err.count("warning: --top-k does nothing at temperature 0") == 1, err
+    assert err.count("warning: top_k does nothing at temperature 0") == 1, err  # the model_args key, not --top-k
     EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5,temperature=1.0")
     assert "does nothing at temperature 0" not in capsys.readouterr().err

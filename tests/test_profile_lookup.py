@@ -135,3 +135,19 @@ def test_a_parallel_rule_flag_replaces_the_profiles_other_rule(home, llada_dir):
     # the profile chose `none`: a --tau it drops is blamed on the profile, with the flag that overrides it
     warned = run("--threshold", "0.8", "--tau", "0.5").stderr
     assert f"--tau is not used by --cache none (the policy of profile {path}; pass --cache to choose" in warned
+
+
+def test_a_repo_id_finds_its_alias_s_shipped_profile(monkeypatch, tmp_path):
+    """``--model apple/DiffuCoder-7B-Instruct`` reads the profiles ``diffucoder-7b`` ships, as the alias
+    does (profiles are kept by alias folder name); a repo id the registry does not know keeps its base name."""
+    from ecache_cli.config import canonical_model_name, find_mode_profile
+    from ecache_cli.models.registry import ALIASES
+
+    monkeypatch.setenv("ECACHE_PROFILES", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert ALIASES["diffucoder-7b"] == "apple/DiffuCoder-7B-Instruct"
+    assert canonical_model_name("apple/DiffuCoder-7B-Instruct") == "diffucoder-7b"
+    found = find_mode_profile(canonical_model_name("apple/DiffuCoder-7B-Instruct"), "default", False)
+    assert found is not None and found == find_mode_profile("diffucoder-7b", "default", False)
+    assert canonical_model_name("GSAI-ML/LLaDA-8B-Instruct") == "llada-8b"  # the first of its two aliases
+    assert canonical_model_name("someone/Other-Model") == "Other-Model"

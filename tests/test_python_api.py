@@ -35,6 +35,17 @@ CASES = [
      ["generate", ""], "a prompt is empty; give at least one token of text"),
     ("blank prompt, chat", lambda e: e.generate(["   "], CFG, make_policy("none"), chat=True),
      ["generate", "   ", "--chat"], "a prompt is empty; give at least one token of text"),
+    # the decode settings' ranges (DecodeConfig.ranges), the command line's flags checking the same values
+    ("threshold above 1", lambda e: e.generate(["x"], DecodeConfig(gen_length=16, block_length=8, threshold=2),
+                                               make_policy("none")),
+     ["generate", "x", "--threshold", "2"], "must be in (0, 1] (a confidence; e.g. 0.9)"),
+    ("threshold 1.5", lambda e: DecodeConfig(threshold=1.5),
+     ["generate", "x", "--threshold", "1.5"], "must be in (0, 1] (a confidence; e.g. 0.9)"),
+    ("negative factor", lambda e: DecodeConfig(factor=-1.0),
+     ["generate", "x", "--factor", "-1"], "must be > 0 (e.g. 1.0)"),
+    ("infinite temperature", lambda e: DecodeConfig(temperature=float("inf")),
+     ["generate", "x", "--temperature", "inf"], "must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"),
+    ("gen_length 0", lambda e: DecodeConfig(gen_length=0), ["generate", "x", "--gen-length", "0"], "must be ≥ 1"),
 ]
 
 

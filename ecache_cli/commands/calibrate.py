@@ -148,6 +148,9 @@ def calibrate_cmd(
     from ..distributed import from_environment
 
     base = f"; base settings from profile {settings.profile}" if settings.profile else ""
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model, tau=f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}")
              if not quiet and from_environment().is_main else None)  # what this run uses, before the load
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
@@ -204,11 +207,10 @@ def calibrate_cmd(
         raise typer.Exit(code=interrupted_exit_code()) from None
     choice = outcome.choice
     if choice.point is None:
-        if (outcome.speed_check or {}).get("timed"):  # qualifying settings, each slower than none
-            raise EcacheError(f"{choice.reason}; no profile written (rerun on an idle machine, let settings that "
-                              "refresh less qualify with --max-drop or --joint, or pass --no-speed-check to keep "
-                              "the cost proxy's choice)")
-        raise EcacheError(f"{choice.reason}; no profile written (raise --max-drop, lower --min-fidelity or add --taus)")
+        from ..runs.tau_search import HINTS
+
+        # the hint names what the run measured as the cause: speed (the proxy or the wall clock) or score
+        raise EcacheError(f"{choice.reason}; no profile written ({HINTS.get(choice.cause, HINTS['both'])})")
     where = "dry run: no profile written" if dry_run else f"wrote {outcome.profile}"
     out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)
     if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart

@@ -77,6 +77,9 @@ def generate(
         raise DataError("cannot write the output: stdout is closed; redirect it (> answers.txt) or use --output FILE")
     if output is not None:
         check_file(output, "--output")  # before the model loads
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model) if not quiet and ranks.is_main else None)  # before the (maybe long) load
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # torchrun: this rank's share
     if task is not None and dist.is_main:

@@ -104,7 +104,9 @@ def profile_cmd(
     if "none" not in names:
         note("--policies has no 'none': speedup, work share and fidelity vs none are not measured")
     from ..distributed import from_environment
+    from ..runs.models import check_model_name
 
+    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model, policies=names) if not quiet and from_environment().is_main else None)
     code_sandbox.configure(sandbox, settings.sandbox,  # its warning after the line above, before the load
                            bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
@@ -115,8 +117,11 @@ def profile_cmd(
 
         warn_untrained(lm, task)
         warn_model_rules(settings, lm.spec.sampler)
-    on_run = _progress(err, opts, len(requests), quiet or not dist.is_main)
-    report, use_chat = run_profile(lm, settings, requests, opts, on_run, dist, task_info)
+    from ..terminal import ProgressLine
+
+    with ProgressLine(err, quiet or not dist.is_main) as line:
+        report, use_chat = run_profile(lm, settings, requests, opts, _progress(line, opts, len(requests)), dist,
+                                       task_info)
     if report is None:  # another rank than 0: its runs went to rank 0, which prints and writes
         return
 
@@ -180,21 +185,18 @@ def _write_json(doc: dict, json_out: str) -> None:
         raise DataError(f"--json {json_out}: cannot write ({e.strerror})") from None
 
 
-def _progress(console, opts, n_requests: int, quiet: bool):
-    """An ``on_run`` callback printing a one-line status per run on stderr (terminal only).
-
-    No live display thread: it would compete with the timed runs for CPU.
-    """
-    if quiet or not console.is_terminal:
+def _progress(line, opts, n_requests: int):
+    """An ``on_run`` callback showing, before each run, the runs done of all and the run's kind and policy
+    on ``line`` (a ``terminal.ProgressLine``: redrawn in place on a terminal, no display thread to
+    compete with the timed runs; None when it draws nothing)."""
+    if line.live is None:
         return None
     batches = -(-n_requests // opts.batch_size)
     total = len(opts.policies) * (opts.warmup + opts.repeats * batches + (1 if opts.trace_dir else 0))
     done = [0]
 
     def on_run(kind: str, policy: str) -> None:
+        line.show(f"profile {done[0]}/{total}", f"{kind} {policy}", done=done[0], total=total, force=True)
         done[0] += 1
-        console.print(f"\r[{done[0]}/{total}] {kind} {policy}      ", end="", markup=False, highlight=False)
-        if done[0] == total:
-            console.print()
 
     return on_run

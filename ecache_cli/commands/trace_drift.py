@@ -69,17 +69,20 @@ def trace_drift_cmd(
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=signal_kind(signal, settings),
                         volatility_level=volatility_level)
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(None if quiet else settings.describe(model))  # what this run uses, before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)  # one process: no ranks
     warn_untrained(lm, task)
     warn_model_rules(settings, lm.spec.sampler)
     sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)
-    if quiet or not err.is_terminal:
-        report = trace(lm, settings, opts, sinks)
-    else:
-        with err.status("trace-drift: starting") as status:
-            report = trace(lm, settings, opts, sinks,
-                           progress=lambda r, s: status.update(f"trace-drift: prompts {r} · step {s}"))
+    from ..terminal import ProgressLine
+
+    with ProgressLine(err, quiet) as line:
+        line.show("trace-drift: starting", force=True)
+        report = trace(lm, settings, opts, sinks, progress=None if line.live is None else
+                       lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}", force=s == 1))
     rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
     rep.render_summary(err, report)
     if plot is not None:

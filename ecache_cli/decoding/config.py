@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
@@ -59,6 +60,23 @@ class DecodeConfig:
         "alg_temp": Range(0, example="0.5", why="0 = the top-scoring positions"),
     }
 
+    def __post_init__(self) -> None:
+        """Every numeric setting in its range, as the command line checks it (``ranges``; the same Range
+        gives ``--threshold 2`` its message): UsageError ``DecodeConfig threshold=2 must be in (0, 1]
+        (a confidence; e.g. 0.9)``."""
+        from ..contract.fields import check_value
+        from ..errors import UsageError
+
+        for name, rng in self.ranges.items():
+            value = getattr(self, name)
+            try:
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    rng.check(value)  # a number: its range alone, as the flag's check (NaN: not finite)
+                else:
+                    check_value(_kinds()[name], value)  # anything else: the type's message
+            except ValueError as e:
+                raise UsageError(f"DecodeConfig {name}={value!r} {e}") from None
+
     @property
     def parallel(self) -> bool:
         """True when a step may commit several tokens: Fast-dLLM's threshold or factor rule is set."""
@@ -66,3 +84,11 @@ class DecodeConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@functools.cache
+def _kinds() -> dict:
+    """DecodeConfig's field types with their declared ranges (``contract.fields.field_types``), read once."""
+    from ..contract.fields import field_types
+
+    return field_types(DecodeConfig)

@@ -82,13 +82,25 @@ class EcacheLM(LM):
     ModelLoadError for a model that cannot be loaded.
     """
 
-    def __init__(self, model: str = "tiny", device: str | None = "auto", dtype: str = "auto",
-                 profile: str | None = None, task: str | None = None, chat: bool | None = None, batch_size=1,
-                 max_batch_size=None, seed: int = 0,
-                 cache=_UNSET, mc_num: int = 128, mc_batch_size: int | None = None, mc_seed: int = 1234,
-                 greedy_check: bool = False, stats_out: str | None = None, pretrained: str | None = None,
-                 force: bool = False, **kwargs):
+    def __init__(self, **kwargs):
         super().__init__()
+        from ..console import rewriting
+        from ..errors import EcacheError
+
+        try:
+            with rewriting(model_args_message):  # the warnings of the checks name model_args keys too
+                self._setup(**kwargs)
+        except EcacheError as e:
+            raise type(e)(model_args_message(str(e))) from None
+
+    def _setup(self, model: str = "tiny", device: str | None = "auto", dtype: str = "auto",
+               profile: str | None = None, task: str | None = None, chat: bool | None = None, batch_size=1,
+               max_batch_size=None, seed: int = 0,
+               cache=_UNSET, mc_num: int = 128, mc_batch_size: int | None = None, mc_seed: int = 1234,
+               greedy_check: bool = False, stats_out: str | None = None, pretrained: str | None = None,
+               force: bool = False, **kwargs):
+        """The constructor's work (:class:`EcacheLM`'s model_args); its errors name command-line flags,
+        which ``__init__`` renames to model_args keys (:func:`model_args_message`)."""
         from ..models.loader import load_model
         from ..runs.settings import resolve_settings, warn_model_rules
 
@@ -383,6 +395,49 @@ def cut_at(text: str, until: list[str]) -> str:
 def _request_id(text: str) -> int:
     """A stable non-negative id of a request's text (its random stream must not depend on rank or order)."""
     return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
+#: model_args keys that are not decode or cache settings; those that take true/false.
+OTHER_KEYS = {"model", "device", "dtype", "force", "profile", "task", "chat", "seed", "mc_num", "mc_batch_size",
+              "mc_seed", "greedy_check", "stats_out", "cache"}
+BOOL_KEYS = {"force", "chat", "greedy_check"}
+_FLAG = None
+
+
+def model_args_message(message: str) -> str:
+    """``message`` (an error or warning of a check the adapter shares with the command line) with each
+    flag that has a model_args key named as that key: ``--gen-length 16`` → ``gen_length=16``,
+    ``--cache 'foo'`` → ``cache='foo'``, ``--steps ≥ 8`` → ``steps ≥ 8``, ``--no-chat`` → ``chat=false``,
+    ``--force`` → ``force=true``, "pass the flag" → "set it in model_args". Flags with no model_args key
+    (``--threads``) and lm-eval's own (``--batch_size``) stay as they are."""
+    import re
+
+    global _FLAG
+    kinds = value_kinds()
+    keys = DECODE_KEYS | cache_keys() | OTHER_KEYS
+    bools = BOOL_KEYS | {k for kind in kinds.values() for k, t in kind.items() if "bool" in str(t)}
+    if _FLAG is None:
+        from ..cache import POLICIES
+        from ..decoding.remasking import REMASKING
+
+        words = {*POLICIES, *REMASKING, "llada", "dream", "fastdllm", "auto", "cpu", "cuda", "float32", "bfloat16",
+                 "float16", "true", "false", "none"}
+        value = r"'[^']*'|\"[^\"]*\"|[-+]?(?:\d[\w.+:-]*|inf|nan)|cuda:\d+|" + "|".join(sorted(map(re.escape, words),
+                                                                                             key=len, reverse=True))
+        _FLAG = re.compile(rf"--(no-)?([a-z][a-z0-9-]*)(?![\w])(?: ({value})(?![\w]))?")
+
+    def one(m):
+        neg, key, val = m.group(1), m.group(2).replace("-", "_"), m.group(3)
+        key = "cache" if key == "cache" else key
+        if key not in keys:
+            return m.group(0)
+        if key in bools and val is None:
+            return f"{key}={'false' if neg else 'true'}"
+        if neg:
+            return m.group(0)
+        return f"{key}={val}" if val is not None else key
+
+    return _FLAG.sub(one, message).replace("pass the flag to override", "set it in model_args to override")
 
 
 def _arg(key: str, value, kind):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..cache.entropy import EntropyCache
 from ..decoding.config import DecodeConfig
+from ..terminal import fit
 from .tau_search import Point, failing_groups, qualifies
 
 
@@ -57,7 +58,7 @@ def sweep_table(outcome, metric: str, max_drop: float, min_fidelity: float | Non
             mark += "✗" if p.label() in slow else "✓"
         cells = [short_setting(p, outcome.points), *_sweep_cells(p, base, metric, max_drop, min_fidelity, wide), mark]
         t.add_row(*[c for c, (_, shown) in zip(cells, cols) if shown])
-    return t
+    return fit(t)
 
 
 def slower_than_none(speed_check: dict | None) -> set[str]:
@@ -153,7 +154,7 @@ def frontier_table(outcome, metric: str):
     for p in outcome.frontier:
         t.add_row(short_setting(p, outcome.points), f"{p.speedup:.2f}×", _pct(p.metric_score(metric)),
                   _pct(p.fidelity))
-    return t
+    return fit(t)
 
 
 def plot_frontier(outcome, metric: str, max_drop: float, path: Path) -> None:

@@ -538,7 +538,7 @@ def _run_guard(outcome: "Outcome", search: "_Search", clock, err_console, say) -
     verdict: Verdict = guard.run(cands, clock, same=search.decides_alike, warn=warn)
     outcome.speed_check = guard.document(verdict, opts.batch_size)
     if verdict.point is None:
-        outcome.choice = Choice(None, guard.no_choice_reason(verdict), outcome.choice.qualifying)
+        outcome.choice = Choice(None, guard.no_choice_reason(verdict), outcome.choice.qualifying, "wall")
         return
     reason = chosen_reason(verdict.point, outcome.base, opts.metric, opts.fractions()[0])
     outcome.choice = Choice(verdict.point, f"{reason}; wall clock {guard.speeds(verdict.chosen)}",
@@ -788,38 +788,34 @@ def _summary(p: Point) -> str:
             f"{p.speedup_wall:.2f}× (wall), refresh {100 * p.refresh_rate:.0f}%, NFE {p.nfe:.1f}")
 
 
+_UNSET = object()  # no setting evaluated yet
+
+
 class _Progress:
-    """A transient rich progress bar on a terminal (examples of the current setting); else nothing."""
+    """The setting being evaluated and its examples done, on one line redrawn in place on a terminal
+    (``terminal.ProgressLine``); else nothing."""
 
     def __init__(self, console, quiet: bool, n: int):
-        self.console, self.on, self.n = console, console is not None and not quiet and console.is_terminal, n
-        self.bar = self.task = self.tau = None
+        from ..terminal import ProgressLine
+
+        self.line, self.n = ProgressLine(console, quiet), n
+        self.tau, self.done, self.t0 = _UNSET, 0, 0.0
 
     def __enter__(self):
-        if not self.on:
-            return None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=self.console, transient=True)
-        self.bar.__enter__()
-        return self.advance
+        self.line.__enter__()
+        return self.advance if self.line.live is not None else None
 
     def advance(self, tau, k: int) -> None:
-        if self.task is None or tau != self.tau:
-            if self.task is not None:
-                self.bar.remove_task(self.task)
-            self.tau = tau
-            self.task = self.bar.add_task("none" if tau is None else f"τ={tau:g}", total=self.n)
-        self.bar.advance(self.task, k)
+        import time
+
+        from .gen_progress import clock
+
+        if tau != self.tau:
+            self.tau, self.done, self.t0 = tau, 0, time.monotonic()
+        self.done += k
+        self.line.show(f"{'none' if tau is None else f'τ={tau:g}'} {self.done}/{self.n}",
+                       f"elapsed {clock(time.monotonic() - self.t0)}", done=self.done, total=self.n,
+                       force=self.done >= self.n)
 
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-        return False
+        return self.line.__exit__(*exc)

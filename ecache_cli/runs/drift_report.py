@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from ..metrics.drift import SETTLE_MIN_COUNT, next_step_pairs
+from ..terminal import fit
 from .streams import write_jsonl
 from .trace_drift import TraceReport
 
@@ -175,7 +176,7 @@ def render_steps(console, report: TraceReport, rows: int, wide: bool = False) ->
                  sci(r["drift_v"]) if partial else "–", "–" if worst is None else str(worst),
                  f"{r['fidelity_mismatch']}/{r['committed']}", f"{r['forward_ms']:.1f}"]
         t.add_row(*([str(r["prompt"])] if multi else []), *[c for c, on in zip(cells, visible) if on])
-    _prose(console, t)
+    _prose(console, fit(t))
     _prose(console, f"fwd: full refresh or partial forward; comp / srv: positions computed / served from the cache; "
                   f"E(t−1): {sig} of the previous step's commits (decides this step's refresh); drift: "
                   "1 − cos(cached, fresh) of K/V (all KV heads of a layer) over the served positions, mean over "
@@ -234,7 +235,7 @@ def render_summary(console, report: TraceReport) -> None:
     if len(shown) < len(curve):
         t.caption = (f"{len(shown)} of {len(curve)} bins shown: the first 12, powers of two, the last, and every bin "
                      f"of ≥ {SETTLE_MIN_COUNT} tokens at or above the level (--json has all)")
-    _prose(console, t)
+    _prose(console, fit(t))
     tps = report.tokens_per_step()
     if not curve:
         _prose(console, "volatility: no token stayed on the canvas for 2 steps after its commit; nothing to bin")

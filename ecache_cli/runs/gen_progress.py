@@ -1,7 +1,8 @@
 """Progress of ``ecache generate`` on stderr: records done, rate and ETA over the whole input.
 
-- stderr is a terminal: a rich progress bar (records done of the total, the rate, elapsed time and
-  ETA, and the current batch's block and step), redrawn in place and removed at the end;
+- stderr is a terminal: one line redrawn in place and removed at the end (``terminal.ProgressLine``:
+  records done of the total with a bar, then, as far as the terminal's width allows, the ETA, the
+  current batch's block and step, the rate and the elapsed time);
 - stderr is not a terminal (a batch job's log): one plain line every ``$ECACHE_PROGRESS_INTERVAL``
   seconds (default 30), e.g. ``generate: 120/500 records (24%), 2.1 records/min, elapsed 57:10,
   ETA 3:01:02``, so the log shows the run is alive and how long it has left;
@@ -69,32 +70,25 @@ class Reporter:
         self.every = interval() if self.mode == "lines" else DEFAULT_INTERVAL  # read (and warned about) when used
         self.last = self.t0
         self.where = ""
-        self.bar = self.task = None
+        self.bar = None
 
     def __enter__(self):
         if self.mode == "bar":
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from ..terminal import ProgressLine
 
-            self.bar = Progress(TextColumn(self.what), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[rate]}"),
-                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                TextColumn("{task.fields[where]}"), console=self.console, transient=True,
-                                speed_estimate_period=600)
-            self.bar.__enter__()
-            self.task = self.bar.add_task(self.what, total=self.total, rate="", where="")
+            self.bar = ProgressLine(self.console).__enter__()
+            self._tick(force=True)
         return self
 
     def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.__exit__(*exc)
         return False
+
+    def stdout(self, out):
+        """Where records go while the progress line is shown: above it when stdout is its terminal
+        (``ProgressLine.stdout``), else ``out``."""
+        return self.bar.stdout(out) if self.bar is not None else out
 
     def step(self, first: int, n: int, block, blocks: int, step: int) -> None:
         """A denoising step of the batch of records ``first`` .. ``first + n - 1`` (0-based); ``block``: the
@@ -111,13 +105,23 @@ class Reporter:
         if self.mode != "off":
             self._tick()
 
-    def _tick(self) -> None:
+    def _tick(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.mode == "bar":
-            self.bar.update(self.task, completed=self.done, rate=rate_text(self.done, now - self.t0), where=self.where)
+            el = now - self.t0
+            head = f"{self.what} {self.done}" + (f"/{self.total}" if self.total else "")
+            fields = [self._eta(el), self.where, rate_text(self.done, el), f"elapsed {clock(el)}"]
+            self.bar.show(head, *[f for f in fields if f], done=self.done, total=self.total,
+                          force=force or self.done == self.total)
         elif self.mode == "lines" and now - self.last >= self.every:
             self.last = now
             self.console.print(self.line(now), markup=False, highlight=False, soft_wrap=True)
+
+    def _eta(self, el: float) -> str:
+        """``ETA 1:02`` from the rate so far; "" before the first record or without a total."""
+        if not (self.total and self.done):
+            return ""
+        return f"ETA {clock((self.total - self.done) * el / self.done)}"
 
     def line(self, now: float | None = None) -> str:
         """The plain progress line (non-terminal stderr)."""
@@ -127,9 +131,7 @@ class Reporter:
             head = f"{self.what}: {self.done}/{self.total} records ({100 * self.done / self.total:.0f}%)"
         else:
             head = f"{self.what}: {self.done} records"
-        eta = "ETA unknown"
-        if self.total and self.done:
-            eta = f"ETA {clock((self.total - self.done) * el / self.done)}"
+        eta = self._eta(el) or "ETA unknown"
         parts = [head, rate_text(self.done, el), f"elapsed {clock(el)}"]
         if self.total:
             parts.append(eta)

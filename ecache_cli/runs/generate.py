@@ -263,7 +263,12 @@ class _Job:
         try:
             live = (self.opts.stream or self.opts.watch) and not self.dist.active  # a live view: no progress bar
             with Reporter(self.err_console, todo, quiet, stream=live) as reporter:
-                return self._feed(iter(items), reporter)
+                out = self.sink.out
+                self.sink.out = reporter.stdout(out)  # on the progress line's terminal: above it
+                try:
+                    return self._feed(iter(items), reporter)
+                finally:
+                    self.sink.out = out
         finally:
             if self.file is not None:
                 self.file.close()

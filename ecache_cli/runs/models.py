@@ -17,8 +17,9 @@ from pathlib import Path
 
 from ..errors import ModelLoadError, UsageError
 
-#: What the local column says for the embedded model, a complete snapshot, one lacking a weight file, none.
-LOCAL_TEXT = {"embedded": "yes", "yes": "yes", "partial": "part", "no": "no"}
+#: Whether a model's files are here, one vocabulary for the table, ``--json`` and ``show``: "yes" (the
+#: embedded model, a checkpoint folder, a complete snapshot), "part" (a weight file is missing), "no".
+LOCAL = ("yes", "part", "no")
 
 
 def count(n: int) -> str:
@@ -47,8 +48,8 @@ def _gib(n: int) -> str:
 
 
 def local_state(repo: str) -> tuple[str, Path | None, list[str]]:
-    """Whether ``repo`` is in the local Hugging Face cache: ("yes" | "partial" | "no", its snapshot folder or
-    None, the weight files it lacks). "partial": config.json is there but a weight file is not (an
+    """Whether ``repo`` is in the local Hugging Face cache: ("yes" | "part" | "no", its snapshot folder or
+    None, the weight files it lacks). "part": config.json is there but a weight file is not (an
     interrupted download)."""
     from ..models.loader import hub_snapshot, missing_weights
 
@@ -56,7 +57,7 @@ def local_state(repo: str) -> tuple[str, Path | None, list[str]]:
     if snap is None:
         return "no", None, []
     missing = missing_weights(snap)
-    return ("partial" if missing else "yes"), snap, missing
+    return ("part" if missing else "yes"), snap, missing
 
 
 def _embedded_row() -> dict:
@@ -72,13 +73,13 @@ def _embedded_row() -> dict:
         tasks = []
     kind = f"demo ({', '.join(tasks)})" if tasks else "demo"
     return {"alias": "tiny", "repo": None, "family": spec.family, "kind": kind, "params": spec.n_params,
-            "active_params": spec.n_active_params, **memory(spec.n_params), "local": "embedded", "path": str(path)}
+            "active_params": spec.n_active_params, **memory(spec.n_params), "local": "yes", "path": str(path)}
 
 
 def catalogue(check_local: bool = True) -> list[dict]:
     """One dict per model: the embedded ``tiny``, then every alias in registry order, with ``alias``,
     ``repo`` (None for tiny), ``family``, ``kind``, ``params``, ``active_params`` (= params for a dense
-    model), ``bf16_bytes``, ``fp32_bytes``, ``local`` ("embedded" | "yes" | "partial" | "no"; None
+    model), ``bf16_bytes``, ``fp32_bytes``, ``local`` (:data:`LOCAL`: "yes" | "part" | "no"; None
     without ``check_local``) and ``path`` (the local snapshot, or None)."""
     from ..models.registry import FAMILIES
 
@@ -135,24 +136,53 @@ def _widths(grid: list[list[str]], width: int) -> list[int]:
 
 def table(rows: list[dict], width: int = 80):
     """The table of ``ecache models`` for a terminal ``width`` columns wide (:func:`_widths`): :func:`cells`
-    and the local column, headers underlined, two spaces between columns."""
+    and the local column, headers underlined, two spaces between columns. Where the model names would
+    have to fold (a narrow terminal, about 60 columns), each row's kind (and a mixture of experts' active
+    parameters) moves under its model name instead (:func:`_stacked`), so no name is ever cut."""
     from rich import box
     from rich.table import Table
 
-    grid = [HEADERS] + [[*cells(r), LOCAL_TEXT.get(r["local"], "?")] for r in rows]
+    grid = [HEADERS] + [[*cells(r), r["local"] or "?"] for r in rows]
     widths = _widths(grid, width)
+    headers = HEADERS
+    if widths[0] < len(max((r[0] for r in grid), key=len)):
+        grid, widths = _stacked(rows, width)
+        headers = [h for i, h in enumerate(HEADERS) if i != 2]
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
               caption="bf16, fp32: GiB the weights take; local: in the Hugging Face cache (part: a weight file is "
                       "missing); ecache models show NAME: details; ecache models pull NAME: download",
               caption_justify="left")
-    for header, w in zip(HEADERS, widths):
+    for header, w in zip(headers, widths):
         t.add_column(header, width=w, overflow="fold",
                      justify="right" if header in ("params", "bf16", "fp32") else "left")
     for r in grid[1:]:
-        if len(r[3]) > widths[3]:
+        if headers is HEADERS and len(r[3]) > widths[3]:
             r[3] = r[3].replace(" (", "\n(")  # 7.4B / (1.7B active)
         t.add_row(*r)
     return t
+
+
+def _stacked(rows: list[dict], width: int) -> tuple[list[list], list[int]]:
+    """The narrow layout's grid (header row first) and column widths: the kind column gone, each model
+    cell its name over an indented, dimmed line of its kind and, for a mixture of experts, its active
+    parameters; params holds the total alone. The model column keeps its longest name (names never
+    fold); the kind line wraps at words under it."""
+    import textwrap
+
+    from rich.text import Text
+
+    header = [h for i, h in enumerate(HEADERS) if i != 2]
+    rest = [[r["family"], count(r["params"]), *cells(r)[4:], r["local"] or "?"] for r in rows]
+    natural = [max(len(header[i + 1]), *(len(g[i]) for g in rest)) for i in range(len(header) - 1)]
+    first = max(max(len(r["alias"]) for r in rows), width - SEP * (len(header) - 1) - sum(natural))
+    grid: list[list] = [header]
+    for r, more in zip(rows, rest):
+        active = r["active_params"]
+        under = r["kind"] + (f", {count(active)} active" if active and active != r["params"] else "")
+        name = Text(r["alias"])
+        name.append("".join("\n  " + line for line in textwrap.wrap(under, max(first - 2, 8))), style="dim")
+        grid.append([name, *more])
+    return grid, [first, *natural]
 
 
 def readme_table(rows: list[dict]) -> str:
@@ -173,7 +203,7 @@ def readme_table(rows: list[dict]) -> str:
 def resolve(name: str) -> dict:
     """What ``name`` is: ``{"name", "source": "embedded" | "alias" | "repo" | "folder", "repo", "family",
     "alias": the registry's Alias or None, "path": a local checkpoint folder or None, "local", "missing"}``.
-    Raises UsageError for a name that is none of them (naming the models and ``ecache models``)."""
+    Raises ModelLoadError for a name that is none of them (naming ``ecache models``: :func:`unknown_model`)."""
     from ..models.loader import EMBEDDED, embedded_dir
     from ..models.registry import ALIASES, alias
 
@@ -182,7 +212,7 @@ def resolve(name: str) -> dict:
     if known and not (local.is_dir() and (local / "config.json").is_file()):
         if name in EMBEDDED:
             return {"name": name, "source": "embedded", "repo": None, "family": None, "alias": None,
-                    "path": embedded_dir(), "local": "embedded", "missing": []}
+                    "path": embedded_dir(), "local": "yes", "missing": []}
         fam, info = alias(name)
         state, snap, missing = local_state(info.repo)
         return {"name": name, "source": "alias", "repo": info.repo, "family": fam, "alias": info, "path": snap,
@@ -192,13 +222,36 @@ def resolve(name: str) -> dict:
             raise ModelLoadError(f"{name}: no config.json, so it is not a checkpoint folder; pass a folder with "
                                  "config.json, an alias or a Hugging Face repo id (`ecache models` lists them)")
         return {"name": name, "source": "folder", "repo": None, "family": None, "alias": None, "path": local,
-                "local": "folder", "missing": []}
+                "local": "yes", "missing": []}
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         state, snap, missing = local_state(name)
         return {"name": name, "source": "repo", "repo": name, "family": None, "alias": None, "path": snap,
                 "local": state, "missing": missing}
-    raise UsageError(f"{name!r} is neither a model ecache knows, a checkpoint folder nor a Hugging Face repo id "
-                     "(org/name); run `ecache models` for the known models")
+    raise ModelLoadError(unknown_model(name))
+
+
+def unknown_model(name: str, flag: str = "") -> str:
+    """The one wording of an unknown model name, for ``ecache models show NAME`` and every ``--model``."""
+    return (f"{flag + ' ' if flag else ''}{name!r} is neither a model ecache knows, a checkpoint folder nor a "
+            "Hugging Face repo id (org/name); run `ecache models` for the known models")
+
+
+def check_model_name(name: str) -> None:
+    """Refuse, before a command prints its first line, a ``--model`` that is none of the embedded model,
+    an alias, a folder or a repo id (``org/name``): ModelLoadError (exit 1, README: a missing model is a
+    runtime error) in :func:`resolve`'s wording, so ``ecache generate --model X`` and ``ecache models show
+    X`` say the same. A name of the right shape
+    whose files are missing is the loader's to report."""
+    from ..models.loader import EMBEDDED
+    from ..models.registry import ALIASES
+
+    name = str(name)
+    local = Path(name).expanduser()
+    if name in EMBEDDED or name in ALIASES or local.is_dir():
+        return
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
+        return
+    raise ModelLoadError(unknown_model(name, "--model"))
 
 
 def _token_table(spec, vocab: dict[str, int]) -> dict:
@@ -303,7 +356,7 @@ def describe(name: str) -> tuple[dict, list[str]]:
     From a local checkpoint (the embedded model, a folder, a cached alias or repo): family, sizes, the
     config summary, special tokens with their strings, the chat template; without one, what the registry
     knows (repository, family, sizes) and ``get``, the command that fetches it. ``default_profile`` in
-    both cases. Raises UsageError for an unknown name, ModelLoadError for a folder that is no checkpoint.
+    both cases. Raises ModelLoadError for an unknown name or a folder that is no checkpoint.
     """
     from ..models.loader import _download_command
     from ..models.registry import FAMILIES
@@ -325,7 +378,7 @@ def describe(name: str) -> tuple[dict, list[str]]:
     info["chat_template"] = _template(tok) if spec is not None else None
     info["default_profile"] = default_profile(name)
     info["get"] = None
-    if where["local"] in ("no", "partial"):
+    if where["local"] in ("no", "part"):
         info["get"] = {"ecache": f"ecache models pull {name}", "hub": f"{_download_command()} {where['repo']}"}
     return info, notes
 
@@ -333,7 +386,7 @@ def describe(name: str) -> tuple[dict, list[str]]:
 def pull(name: str) -> tuple[Path, str]:
     """Fetch ``name`` (an alias or a Hugging Face repo id) into the local hub cache; return its snapshot
     folder and what happened: "embedded" (nothing to fetch), "cached" (already complete: no network) or
-    "downloaded". Raises UsageError for a folder or an unknown name, ModelLoadError (one line with the
+    "downloaded". Raises UsageError for a folder, ModelLoadError for an unknown name or (one line with the
     command for a connected machine) when offline, unreachable or left incomplete."""
     from ..models.loader import EMBEDDED, download, embedded_dir, missing_weights
 
@@ -404,10 +457,10 @@ def _local_text(info: dict) -> str:
     get = info["get"]
     if info["local"] == "no":
         return f"not downloaded: run `{get['ecache']}` (or `{get['hub']}` on a connected machine)"
-    if info["local"] == "partial":
+    if info["local"] == "part":
         return (f"partly downloaded ({info['missing'][0]} missing): run `{get['ecache']}` (or `{get['hub']}` on a "
                 "connected machine)")
-    what = {"embedded": "embedded in the package", "folder": "checkpoint folder"}.get(info["local"],
+    what = {"embedded": "embedded in the package", "folder": "checkpoint folder"}.get(info["source"],
                                                                                       "in the Hugging Face cache")
     return f"{what}: {info['path']}"
 

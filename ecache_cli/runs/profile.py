@@ -30,6 +30,7 @@ from ..errors import UsageError
 from ..metrics.fidelity import fidelity
 from ..metrics.memory import MemoryProbe
 from ..metrics.throughput import RowMeasure, RunMeasure, row_record, summarize, work_efficiency
+from ..terminal import fit
 from .inputs import piped_stdin, read_items
 from .settings import Settings
 from .streams import batched
@@ -290,7 +291,7 @@ def render_comparison(comparison: dict[str, dict], fmt: str):
     for p, c in comparison.items():
         t.add_row(p, cell(c["tokens_per_s"], "num"), cell(c["speedup"], "{:.2f}×"), cell(c["identical_share"], "pct"),
                   cell(c["token_agreement"], "pct"), cell(c["score"], "pct"), cell(c["score_unquantized"], "pct"))
-    return t
+    return fit(t)
 
 
 def _check_requests(requests: Sequence[Request], engine, chat: bool, gen_length: int, input_file) -> None:
@@ -539,7 +540,8 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
     NFE, work share, identical and token-agreement shares vs none, and the score (with a task);
     ``wide``: every column of ``COLUMNS`` (latency, full/partial forwards, planned work, decision time,
     peak memory too). No cell is ever cut: a long policy spec breaks between its parts
-    (:class:`PolicySpec`); ``--json`` keeps every number unrounded."""
+    (:class:`PolicySpec`), and the table fits the width it is printed at (``terminal.fit``); ``--json``
+    keeps every number unrounded."""
     from rich.table import Table
 
     has_score = any(report.summaries[p].get("score") is not None for p in report.policies)
@@ -569,7 +571,7 @@ def render_table(report: ProfileReport, title: str | None = None, wide: bool = F
     for p in report.policies:
         s = report.summaries[p]
         t.add_row(PolicySpec(p), *[cell(s.get(key), fmt) for _, key, fmt, _ in cols[1:]])
-    return t
+    return fit(t)
 
 
 def _quantized(report: ProfileReport) -> str:

@@ -119,11 +119,13 @@ class Point:
 
 @dataclass
 class Choice:
-    """The outcome of :func:`choose`: ``point`` (None when no τ qualifies) and a one-line ``reason``."""
+    """The outcome of :func:`choose`: ``point`` (None when no τ qualifies), a one-line ``reason`` and,
+    without a point, what rejected the τs (``cause``: a key of :data:`HINTS`)."""
 
     point: Point | None
     reason: str
     qualifying: list[float]
+    cause: str | None = None
 
 
 # --- per-example comparison with none ----------------------------------------------------------------
@@ -325,7 +327,8 @@ def choose(points: Sequence[Point], base: Point, metric: str, max_drop: float,
     """
     ok = _qualifying(points, base, metric, max_drop, min_fidelity)
     if not ok:
-        return Choice(None, _why_none(points, base, metric, max_drop, min_fidelity), [])
+        reason, cause = _why_none(points, base, metric, max_drop, min_fidelity)
+        return Choice(None, reason, [], cause)
     best = _best(ok)
     return Choice(best, chosen_reason(best, base, metric, max_drop), sorted({p.tau for p in ok}))
 
@@ -374,9 +377,12 @@ def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
     s0 = base.metric_score(metric)
     cands = [p for p in points if p.tau is not None and p.metric_score(metric) is not None]
     if s0 is None or not cands:
-        return f"no τ has a {metric} score to compare"
+        return f"no τ has a {metric} score to compare", "score"
     best = max(cands, key=lambda p: (p.metric_score(metric), -p.tau))
     groups = f" on every group ({', '.join(base.parts)})" if base.parts else ""
+    kept = [p for p in cands if _keeps(p, base, metric, max_drop, min_fidelity)]
+    faster = [p for p in cands if p.speedup > 1.0]
+    cause = "speed" if kept and not faster else "score" if faster and not kept else "both"
     msg = (f"no τ keeps the {metric} score within {100 * max_drop:g} points of none ({100 * s0:.1f}%)"
            f"{f' with fidelity ≥ {100 * min_fidelity:g}%' if min_fidelity is not None else ''}{groups} and runs "
            f"faster; closest: {best.label()} at {100 * best.metric_score(metric):.1f}%, "
@@ -384,4 +390,31 @@ def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
     failing = failing_groups(best, base, metric, max_drop, min_fidelity)
     if failing:
         msg += f" (fails on {', '.join(failing)})"
-    return msg
+    return msg, cause
+
+
+#: What to change, by what rejected the τs: ``speed`` (those that keep the score save no work: the cost
+#: proxy), ``score`` (those that save work lose too much score or fidelity), ``both``, ``wall`` (the
+#: wall-clock speed check found the qualifying ones slower than none).
+HINTS = {
+    "speed": "every τ that keeps the score computes as much as none: try larger τ (--taus), a smaller --recent-k "
+             "or --joint (block refresh, recent_steps)",
+    "score": "every τ that saves work loses too much: raise --max-drop, lower --min-fidelity if given, or try "
+             "smaller τ (--taus)",
+    "both": "the τs that keep the score save no work and those that save work lose too much: try τ between them "
+            "(--taus), raise --max-drop or search --joint",
+    "wall": "rerun on an idle machine, let settings that refresh less qualify (larger τ with --max-drop, a smaller "
+            "--recent-k, --joint), or pass --no-speed-check to keep the cost proxy's choice",
+}
+
+
+def _keeps(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None) -> bool:
+    """``p`` keeps the score (and fidelity) of :func:`qualifies`, whatever its speed."""
+    return qualifies(_with_speedup(p, 2.0), base, metric, max_drop, min_fidelity)
+
+
+def _with_speedup(p: Point, speedup: float) -> Point:
+    from dataclasses import replace
+
+    return replace(p, speedup=speedup, parts={g: replace(q, speedup=speedup) for g, q in (p.parts or {}).items()}
+                   or p.parts)
