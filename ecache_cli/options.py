@@ -34,6 +34,7 @@ LowEos = Annotated[Optional[bool], typer.Option("--low-eos-confidence/--no-low-e
 EarlyExit = Annotated[Optional[bool], typer.Option("--early-exit/--no-early-exit", help="Stop a row once its answer ended \\[default: on].", rich_help_panel=D)]
 Schedule = Annotated[Optional[str], typer.Option("--schedule", help="Commits per step: llada or dream \\[default: the model's].", rich_help_panel=D)]
 AlgTemp = Annotated[Optional[float], typer.Option("--alg-temp", help="Dream's alg_temp (dream schedule) \\[default: 0].", rich_help_panel=D)]
+EditThreshold = Annotated[Optional[float], typer.Option("--edit-threshold", help="LLaDA2.1 token editing threshold \\[default: off].", rich_help_panel=D)]
 Compat = Annotated[Optional[str], typer.Option("--compat", help="fastdllm: Fast-dLLM's Dream block sampler \\[default: off].", rich_help_panel=D)]
 
 Cache = Annotated[Optional[str], typer.Option("--cache", help=", ".join(policy_names()) + " \\[default: profile, else entropy].", rich_help_panel=C)]
@@ -56,12 +57,13 @@ InputFile = Annotated[Optional[Path], typer.Option("--input", "-i", help="JSONL 
 
 
 def decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
-                 ban_eos, low_eos_confidence, early_exit, schedule=None, compat=None, alg_temp=None) -> dict:
+                 ban_eos, low_eos_confidence, early_exit, schedule=None, compat=None, alg_temp=None,
+                 edit_threshold=None) -> dict:
     """Collect the decoding flags into a dict (None = not given)."""
     return dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature, top_k=top_k,
                 top_p=top_p, remasking=remasking, threshold=threshold, factor=factor, ban_eos=ban_eos,
                 low_eos_confidence=low_eos_confidence, early_exit=early_exit, schedule=schedule, compat=compat,
-                alg_temp=alg_temp)
+                alg_temp=alg_temp, edit_threshold=edit_threshold)
 
 
 def cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every) -> dict:

@@ -88,11 +88,14 @@ def test_the_llada2_router_chooses_and_weighs_as_the_official_gate():
     assert torch.allclose(weight.sum(-1), torch.full((24,), 2.5))  # renormalised, times routed_scaling_factor
 
 
+#: LLaDA2.1's ``generate`` defaults (dllm llada21 copy), for the runs that leave them unsaid
+LLADA21_DEFAULTS = {"threshold": 0.95, "editing_threshold": 0.9, "max_post_steps": 16}
+
+
 def _official_runs(name: str, meta: dict) -> list[tuple[str, dict]]:
-    """(output key, official arguments) of each generation the fixture holds that ecache reproduces
-    (LLaDA2.1's editing runs are not among them: ecache has no editing decoder)."""
-    return [(k, a) for k, a in json.loads(meta["gen_args"]).items() if "editing_threshold" not in a
-            and not k.startswith("gen_llada21")]
+    """(output key, official arguments) of each generation the fixture holds, LLaDA2.1's with its defaults."""
+    runs = json.loads(meta["gen_args"]).items()
+    return [(k, {**LLADA21_DEFAULTS, **a} if k.startswith("gen_llada21") else a) for k, a in runs]
 
 
 def _config(a: dict) -> DecodeConfig:
@@ -102,7 +105,8 @@ def _config(a: dict) -> DecodeConfig:
     threshold = a.get("confidence_threshold", a.get("threshold"))
     if a.get("remasking_strategy") == "low_confidence_static":
         threshold = None
-    return DecodeConfig(gen_length=G, block_length=bl, steps=steps * (G // bl), threshold=threshold)
+    return DecodeConfig(gen_length=G, block_length=bl, steps=steps and steps * (G // bl), threshold=threshold,
+                        edit_threshold=a.get("editing_threshold"), max_post_steps=a.get("max_post_steps", 16))
 
 
 @pytest.mark.parametrize("policy", ["block", "none"])
@@ -110,7 +114,7 @@ def test_the_official_generation_loops_token_for_token(fixture, policy):
     name, lm, ref, meta = fixture
     prompt = ref["gen_prompt"][0].tolist()
     runs = _official_runs(name, meta)
-    assert len(runs) == 4
+    assert len(runs) == (4 if name == "sdar" else 6)
     for key, a in runs:
         if "stopping_criteria_idx" in a:  # SDAR's stop ids: any of them ends the answer
             spec = replace(lm.spec, eos_id=a["stopping_criteria_idx"][0], stop_ids=tuple(a["stopping_criteria_idx"]))
@@ -127,7 +131,8 @@ def test_the_official_generation_loops_token_for_token(fixture, policy):
             want = want[:len(got)]
         assert got == want, key
         forwards = json.loads(meta["forwards"])[key]
-        # SDAR spends one more forward per finished block (and the prefill) writing keys and values
+        # SDAR spends one more forward per finished block (and the prefill) writing keys and values; LLaDA2
+        # runs the same forwards (LLaDA2.1's mask-free editing steps included) until the block holding EOS
         assert nfe <= forwards and (name == "sdar" or nfe == forwards or res.ended), (key, nfe, forwards)
 
 
@@ -218,3 +223,32 @@ def test_profile_compares_the_policies_that_apply_and_records_tokens_per_forward
     r = cli("generate", "--model", str(FIXTURES / "sdar"), "--gen-length", "16", "--jsonl", "hello")
     stats = json.loads(r.stdout)["stats"]
     assert stats["tokens_per_forward"] == stats["generated_tokens"] / stats["nfe"] >= 1.0
+
+
+def test_token_editing_rewrites_committed_tokens_of_the_current_block_only():
+    """LLaDA2.1's editing on the fixture: some step rewrites a committed token (never a prompt token of the
+    first block, never an earlier block), the block runs mask-free editing steps, and the answers of
+    ``none`` and ``block`` agree; on a bidirectional model the setting is refused."""
+    lm = load_model(FIXTURES / "llada2-mini", device="cpu", dtype="float32")
+    prompt = load_file(FIXTURES / "llada2-mini" / "official_outputs.safetensors")["gen_prompt"][0].tolist()
+    cfg = DecodeConfig(gen_length=16, block_length=8, threshold=0.7, edit_threshold=0.5)
+    run = Engine.from_loaded(lm).start([prompt], cfg, make_policy("block"))
+    before, edits, free_steps = run.state.tokens.clone(), 0, 0
+    for _ in run:
+        if run.state.batch == 0:
+            break
+        st = run.state
+        changed = (st.tokens != before) & ~st.masked & (before != lm.spec.mask_id)  # tokens rewritten
+        assert not changed[:, :run.P].any()  # the prompt, also its tail inside the first block, is never edited
+        pos = changed.nonzero()[:, 1]
+        assert ((pos >= st.block_start[0]) & (pos < st.block_end[0])).all()
+        edits += int(changed.sum())
+        free_steps += int(st.mask_free_steps.sum() > 0)
+        before = st.tokens.clone()
+    assert edits > 0 and free_steps > 0
+
+
+def test_edit_threshold_is_refused_on_a_bidirectional_model(llada_lm):
+    with pytest.raises(UsageError, match="--edit-threshold is LLaDA2.1's token editing"):
+        Engine.from_loaded(llada_lm).start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, edit_threshold=0.5),
+                                           make_policy("none"))

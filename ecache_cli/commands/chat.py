@@ -15,6 +15,7 @@ def chat_cmd(
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
+    edit_threshold: o.EditThreshold = None,
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
     seed: o.Seed = 0,
@@ -38,7 +39,7 @@ def chat_cmd(
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     source = SettingsSource(model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking,
                                                   threshold, factor, ban_eos, low_eos_confidence, early_exit, schedule,
-                                                  compat, alg_temp),
+                                                  compat, alg_temp, edit_threshold),
                             dict(flags), profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
     settings = source.resolve()
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))

@@ -23,6 +23,7 @@ def generate(
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
+    edit_threshold: o.EditThreshold = None,
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
     task: Annotated[Optional[str], typer.Option(help="Use the calibrated profile <model>/<task>.yaml (ecache help profiles).", rich_help_panel=o.C)] = None,
@@ -61,7 +62,7 @@ def generate(
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
-                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
+                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
     require_task_profile(settings, model, task)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))

@@ -32,6 +32,7 @@ def profile_cmd(
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
+    edit_threshold: o.EditThreshold = None,
     policies: Annotated[Optional[str], typer.Option("--policies", help="Policies to compare, e.g. none,dual,entropy:tau=2.5 \\[default: all].", rich_help_panel=o.C)] = None,
     tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
@@ -84,7 +85,7 @@ def profile_cmd(
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
-                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
+                              ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
     warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
                             f"used by none of --policies {','.join(names)}")

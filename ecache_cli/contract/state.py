@@ -35,6 +35,8 @@ class DecodeState:
     block_offset: (B,) long, or None (all 0): block-diffusion families lay blocks from each row's first
     prompt token, so a row's first block starts ``block_offset`` positions before ``prompt_len`` and holds
     the prompt's last ``block_offset`` tokens beside its first masks (docs/MODELS.md §10).
+    block_done: (B,) bool, rows whose block ended with the last step (``StepDecoder.block_done``);
+    mask_free_steps: (B,) long, the current block's steps that began without a mask (LLaDA2.1's editing).
     schedule: (B, steps_per_block) long per-step commit counts of each row's current block, or None
     (threshold / factor decoding). step: the run's step counter (steps the batch took together).
     rows: (B,) long the rows' indices in the run (``Run.add`` numbers joining rows on).
@@ -61,13 +63,15 @@ class DecodeState:
     probe: ModelProbe | None = None
     block_mask: torch.Tensor | None = None  # (B, T) bool in_block(), kept by the engine as blocks change
     block_offset: torch.Tensor | None = None  # (B,) long prompt tokens in each row's first block (block diffusion)
+    block_done: torch.Tensor | None = None  # (B,) bool rows whose block ended with the last step (the decoder's rule)
+    mask_free_steps: torch.Tensor | None = None  # (B,) long steps of the block begun without a mask (token editing)
     # (masked, in_block(), their AND): block_masked() of the step, for as long as both are the same tensors
     _block_masked_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     #: the per-row fields (rows along dimension 0)
     ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",
                                           "rows", "block", "step_in_block", "row_step", "schedule",
-                                          "block_mask", "block_offset")}
+                                          "block_mask", "block_offset", "block_done", "mask_free_steps")}
 
     @property
     def batch(self) -> int:

@@ -28,7 +28,9 @@ class DecodeConfig:
     (Fast-dLLM's Dream block sampler). eps: Dream's last timestep (None = the checkpoint's
     generation_config.json eps, else 1e-3). alg_temp: Dream's (None or 0 = the top-scoring positions;
     > 0 = positions drawn from softmax(confidence / alg_temp); dream schedule, fixed steps only). The
-    rules: decoding/commit.py.
+    rules: decoding/commit.py. edit_threshold: LLaDA2.1's token editing (block-diffusion models; None = off):
+    a committed token of the current block is rewritten when the new argmax differs with probability
+    above it; max_post_steps: mask-free editing steps a block may take (decoding/editing.py).
     """
 
     gen_length: int = 256
@@ -47,6 +49,8 @@ class DecodeConfig:
     compat: str | None = None
     eps: float | None = None
     alg_temp: float | None = None
+    edit_threshold: float | None = None
+    max_post_steps: int = 16
 
     #: the range of each numeric setting (LLaDA's and Dream's generate code; Fast-dLLM's threshold rules)
     ranges: ClassVar[dict[str, Range]] = {
@@ -58,6 +62,8 @@ class DecodeConfig:
         "factor": Range(0, lo_open=True, example="1.0"),
         "eps": Range(0, 1, hi_open=True, example="1e-3", why="Dream's last timestep"),
         "alg_temp": Range(0, example="0.5", why="0 = the top-scoring positions"),
+        "edit_threshold": Range(0, 1, lo_open=True, example="0.9", why="a confidence"),
+        "max_post_steps": count(0, "16", "mask-free editing steps per block"),
     }
 
     def __post_init__(self) -> None:

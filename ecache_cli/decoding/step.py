@@ -18,6 +18,7 @@ import torch
 
 from ..errors import UsageError
 from .commit import CommitRule
+from .editing import TokenEditing
 from .remasking import confidence_scores, validate_remasking
 from .sampling import Sampled, sample
 from .schedule import BlockPlan, default_steps, plan_blocks
@@ -42,6 +43,7 @@ class StepDecoder:
         keep = cfg.temperature > 0 or self.dream_alg is not None
         self.top_k, self.top_p = (cfg.top_k, cfg.top_p) if keep else (None, None)
         self.draws = cfg.temperature > 0 or self._scores_drawn or bool(rule.alg_temp)
+        self.editing = None if cfg.edit_threshold is None else TokenEditing(cfg.edit_threshold, cfg.max_post_steps)
 
     @classmethod
     def build(cls, cfg, spec, banned: torch.Tensor, end_ids: torch.Tensor) -> "StepDecoder":
@@ -50,6 +52,9 @@ class StepDecoder:
         remasking under parallel decoding, --threshold with --factor, ``CommitRule.resolve``'s checks)."""
         parallel = cfg.parallel
         validate_remasking(cfg.remasking, parallel=parallel)
+        if cfg.edit_threshold is not None and not spec.block_causal:
+            raise UsageError(f"--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; the "
+                             f"{spec.family} model family attends bidirectionally: drop it")
         if cfg.threshold is not None and cfg.factor is not None:
             raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
         blocks = plan_blocks(cfg.gen_length, cfg.block_length, default_steps(cfg.gen_length, cfg.steps, parallel),
@@ -71,6 +76,10 @@ class StepDecoder:
         its row's first target's outputs); each row's draws are the same as unpadded. Returns (sampled,
         commit (B, R) bool)."""
         cand = valid if produced is None else valid & produced
+        chosen = valid  # the targets the commit rule chooses among (with editing: the masks; all are sampled)
+        if self.editing is not None:
+            is_mask = state.masked.gather(1, targets)  # (B, R)
+            chosen, cand, editable = valid & is_mask, cand & is_mask, cand & ~is_mask
         cfg, rule = self.cfg, self.rule
         noise = draw(logits.shape[-1]) if cfg.temperature > 0 else None
         # padded targets (rows with fewer masks than the widest): sample the real ones; one row has none
@@ -88,5 +97,23 @@ class StepDecoder:
             conf = conf.masked_fill(torch.isin(sampled.x0, self.end_ids), 0.0)
         conf = conf.masked_fill(~cand, float("-inf"))
         keys = draw() if rule.alg_temp else None  # (B, R)
-        commit = rule.select(conf, targets, valid, state.schedule, state.step_in_block, state.block_start, noise=keys)
+        commit = rule.select(conf, targets, chosen, state.schedule, state.step_in_block, state.block_start, noise=keys)
+        if self.editing is not None:
+            return sampled, commit & cand | self.editing.edits(sampled, targets, editable, state)
         return sampled, commit & cand
+
+    def targets(self, state) -> torch.Tensor:
+        """(B, T) bool: the positions a step samples and may write: each row's current-block masks (with
+        token editing, also the tokens committed in its block: ``TokenEditing.targets``)."""
+        return state.block_masked() if self.editing is None else self.editing.targets(state)
+
+    def block_done(self, state, had_masks: torch.Tensor, edited: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: rows whose block ends with the step just applied: no mask left, or a fixed schedule's
+        steps taken (with token editing: ``TokenEditing.block_done``). ``had_masks`` / ``edited`` (B,) bool:
+        the block held masks when the step began / the step rewrote a committed token."""
+        if self.editing is not None:
+            return self.editing.block_done(state, had_masks, edited)
+        done = ~state.block_masked().any(1)
+        if state.schedule is not None:
+            done = done | (state.step_in_block + 1 >= state.schedule.shape[1])
+        return done

@@ -1,4 +1,5 @@
-"""The canvas of rows at their first step: prompts left padded, the generated positions masked."""
+"""The canvas: rows at their first step (prompts left padded, the generated positions masked), and a
+step's commits written into it."""
 
 from __future__ import annotations
 
@@ -34,3 +35,23 @@ def new_canvas(prompts: list[list[int]], P: int, G: int, width: int, block_lengt
         key_mask[b, P - len(p):end] = True
         tokens[b, P:end] = mask_id
     return tokens, key_mask, offset if block_causal else None
+
+
+def apply_commits(st, targets: torch.Tensor, commit: torch.Tensor, x0: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """Write a step's tokens into the decode state ``st``: ``x0`` (B, R) at the committed ``targets`` (B, R)
+    (``commit`` (B, R) bool). A target holding a mask is committed (its commit order and step recorded); one
+    holding a token is edited (token editing, ``decoding/editing.py``). Writing ``mask_id`` (the
+    block-diffusion loops may propose it) leaves or makes a mask. A padded target repeats its row's first
+    one, uncommitted: adding 0 leaves it. Returns (B,) bool, the rows that edited a token."""
+    current = st.tokens.gather(1, targets)  # (B, R)
+    hit = torch.zeros_like(st.tokens).scatter_add_(1, targets, commit.long()) > 0  # (B, T)
+    st.tokens = st.tokens.scatter_add(1, targets, torch.where(commit, x0 - current, 0))
+    masked = st.masked & ~hit | hit & (st.tokens == mask_id)
+    new = st.masked & ~masked  # masks committed
+    hit = hit & ~(st.masked & masked)  # a mask that stays one is no edit either
+    st.masked = masked
+    seen = new.cumsum(1)  # (B, T) long: this step's commits up to each position (order within the step)
+    st.commit_order = torch.where(new, seen + (st.n_committed - 1)[:, None], st.commit_order)
+    st.commit_step = torch.where(new, st.row_step[:, None], st.commit_step)
+    st.n_committed = st.n_committed + seen[:, -1]
+    return (hit & ~new).any(1)

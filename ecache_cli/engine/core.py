@@ -30,7 +30,7 @@ from ..errors import UsageError
 from ..metrics.step_timer import StepTimer
 from ..models.prompting import check_prompt_ids, encode_prompts
 from . import forward
-from .canvas import new_canvas
+from .canvas import apply_commits, new_canvas
 from .checks import check_ids, check_prompts, check_start
 from .ledger import GenerationResult, Ledger
 
@@ -45,7 +45,10 @@ class Engine:
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
         self.device = next(model.parameters()).device
         vocab = len(tokenizer) if tokenizer is not None else spec.vocab_size
-        banned = [spec.mask_id] + list(range(vocab, spec.vocab_size))
+        # the block-diffusion loops propose the mask id like any token (a step may then leave a mask, or with
+        # token editing turn a token back into one); the others never choose it
+        banned = [] if spec.block_causal else [spec.mask_id]
+        banned += list(range(vocab, spec.vocab_size))
         self.banned = torch.tensor(sorted(set(banned)), dtype=torch.long, device=self.device)
         self.end_ids = torch.tensor(spec.end_ids, device=self.device)
 
@@ -156,7 +159,8 @@ class Run:
                          n_committed=zeros, rows=torch.tensor(rows, dtype=torch.long, device=dev), block=zeros.clone(),
                          step_in_block=zeros.clone(), row_step=zeros.clone(), prompt_len=P, gen_length=G,
                          block_length=bl, logit_shift=spec.logit_shift, n_layers=spec.n_layers,
-                         block_offset=None if offset is None else offset.to(dev))
+                         block_offset=None if offset is None else offset.to(dev),
+                         block_done=torch.zeros(n, dtype=torch.bool, device=dev), mask_free_steps=zeros.clone())
         st.enter_blocks()
         st.schedule = self.rule.block_schedule(st.block_masked().sum(1))
         return st
@@ -207,7 +211,8 @@ class Run:
 
     def _step(self) -> StepRecord:
         st, model = self.state, self.engine.model
-        tmask = st.block_masked()  # (B, T) each row's block masks; kept on the state, so the plan reads it free
+        tmask = self.decoder.targets(st)  # (B, T) each row's block masks (kept on the state: the plan reads it free)
+        had_masks = st.block_masked().any(1)
         with self._range("ecache.decision.plan"):  # the marks time the policy's own call, not the range
             t0 = self.timer.mark()
             plan = self.policy.plan(st)
@@ -229,7 +234,8 @@ class Run:
         with self._range("ecache.sampling_commit"):
             draw = self.streams.drawer(st.rows, self.ledger.row_ids, valid)  # each row from its own stream
             sampled, commit = self.decoder(fwd.logits, targets, valid, st, draw, fwd.produced)
-            self._apply(targets, commit, sampled.x0)
+            edited = apply_commits(st, targets, commit, sampled.x0, self.engine.spec.mask_id)
+            st.block_done = self.decoder.block_done(st, had_masks, edited)
         rows, refresh = st.rows, plan.refresh
         self.ledger.count(rows, refresh, fwd.computed, fwd.planned)
         rec = StepRecord.of_step(sampled, step=st.step, block=st.block, step_in_block=st.step_in_block,
@@ -244,28 +250,16 @@ class Run:
         self.steps_done += 1
         return rec
 
-    def _apply(self, targets: torch.Tensor, commit: torch.Tensor, x0: torch.Tensor) -> None:
-        """Write committed tokens into the canvas and update the commit bookkeeping."""
-        st = self.state  # a padded target repeats its row's first one, uncommitted: added, not written
-        hit = torch.zeros_like(st.tokens).scatter_add_(1, targets, commit.long()) > 0  # (B, T)
-        # every target holds the mask id: adding x0 − mask id commits x0
-        st.tokens = st.tokens.scatter_add(1, targets, torch.where(commit, x0 - self.engine.spec.mask_id, 0))
-        st.masked = st.masked ^ hit  # hit ⊆ masked
-        seen = hit.cumsum(1)  # (B, T) long: this step's commits up to each position (order within the step)
-        st.commit_order = torch.where(hit, seen + (st.n_committed - 1)[:, None], st.commit_order)
-        st.commit_step = torch.where(hit, st.row_step[:, None], st.commit_step)
-        st.n_committed = st.n_committed + seen[:, -1]
-
     def _finished(self) -> torch.Tensor:
         """(B,) bool: rows fully decoded, or (early exit) whose answer has ended: an EOS/EOT before the first
-        mask (a masked position holds the mask token, never an end marker)."""
+        mask (a masked position holds the mask token, never an end marker). With token editing a row ends
+        only with its block (a later step of the block may still rewrite its tokens)."""
         st, P, G = self.state, self.P, self.width
         gen_mask = st.masked[:, P:]  # (B, G)
-        if not self.cfg.early_exit:
-            return ~gen_mask.any(1)
         first_mask = torch.where(gen_mask, self._gen_index, G + 1).amin(1)  # (B,) G + 1: fully decoded
         first_end = torch.where(torch.isin(st.tokens[:, P:], self.engine.end_ids), self._gen_index, G).amin(1)
-        return first_end < first_mask  # (B,) also every fully decoded row: first_end ≤ G
+        done = first_end < first_mask if self.cfg.early_exit else first_mask > G  # first_end ≤ G when decoded
+        return done if self.decoder.editing is None else done & st.block_done
 
     def _advance(self) -> None:
         """Move every row's clock on one step; a row whose block has no masks left (or, with a fixed
@@ -274,13 +268,12 @@ class Run:
         st.step += 1
         st.row_step = st.row_step + 1
         st.step_in_block = st.step_in_block + 1
-        done = ~st.block_masked().any(1)
-        if st.schedule is not None:
-            done = done | (st.step_in_block >= st.schedule.shape[1])
+        done = st.block_done  # the decoder's rule: no mask left, or the schedule's steps taken, or (editing) more
         if not bool(done.any()):
             return
         st.block = torch.where(done, st.block + 1, st.block)
         st.step_in_block = torch.where(done, 0, st.step_in_block)
+        st.mask_free_steps = torch.where(done, 0, st.mask_free_steps)
         st.enter_blocks()
         if st.schedule is not None:
             st.schedule = torch.where(done[:, None], self.rule.block_schedule(st.block_masked().sum(1)), st.schedule)
