@@ -18,7 +18,10 @@
 #      none/dual/entropy tokens/s and the experts' share of a full and a partial forward
 #      (bench/moe_speed.py; moe.log, whose last line is the JSON);
 #   6. the same 1B shape with quantized weights (--quantize): bfloat16 vs int8 vs int4 vs fp8, none and
-#      entropy tokens/s, weight bytes and CUDA peak memory (bench/quantize.py; quantize.log, last line JSON).
+#      entropy tokens/s, weight bytes and CUDA peak memory (bench/quantize.py; quantize.log, last line JSON);
+#   7. block diffusion: ~1B random SDAR- and LLaDA2-shaped models, the exact block cache beside none (their
+#      answers identical in bfloat16 too), tokens/s and TPF per decoder, batch 1 and 8, and a cached step
+#      beside a bare forward over its block (bench/block_speed.py; block.log, last line JSON).
 # Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
@@ -97,6 +100,14 @@ if [ "$(cap 90)" -ge 20 ]; then
   rm -rf "$DEST/quant_ckpt"
 else
   echo "gpu_check: no time left for step 6"
+fi
+echo "== 7. block diffusion: $SIZE random SDAR and LLaDA2 on $DEVICE $DTYPE, block vs none"
+if [ "$(cap 90)" -ge 20 ]; then
+  timeout "$(cap 90)" "$PY" bench/block_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --prompts 8 \
+      --batch-sizes 1,8 --prompt-len 256 --gen-length 64 2>&1 | tee "$DEST/block.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+else
+  echo "gpu_check: no time left for step 7"
 fi
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

@@ -138,6 +138,7 @@ def summarize(runs: Sequence[RunMeasure], baseline: Sequence[RunMeasure] | None 
         "generated_tokens": gen, "wall_s": wall, "tokens_per_s": tokens_per_s(gen, wall),
         **latency_ms([r.latency_s for r in rows]),
         "nfe_per_request": sum(r.nfe for r in rows) / n,
+        "tokens_per_forward": ratio(gen, sum(r.nfe for r in rows)),  # TPF: generated tokens per forward
         "full_forwards_per_request": sum(r.full_forwards for r in rows) / n,
         "partial_forwards_per_request": sum(r.partial_forwards for r in rows) / n,
         "nfe_total": sum(r.nfe for r in rows),

@@ -504,6 +504,7 @@ COLUMNS = [  # (header, summary key, format, in the default view)
     ("p50", "p50_ms", "{:.0f}", False),
     ("p95", "p95_ms", "{:.0f}", False),
     ("NFE\n/req", "nfe_per_request", "num", True),
+    ("TPF", "tokens_per_forward", "{:.2f}", False),
     ("full\n/req", "full_forwards_per_request", "{:.1f}", False),
     ("partial\n/req", "partial_forwards_per_request", "{:.1f}", False),
     ("work %\nof none", "work_share_vs_none", "pct", True),
