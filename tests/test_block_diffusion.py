@@ -252,3 +252,65 @@ def test_edit_threshold_is_refused_on_a_bidirectional_model(llada_lm):
     with pytest.raises(UsageError, match="--edit-threshold is LLaDA2.1's token editing"):
         Engine.from_loaded(llada_lm).start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, edit_threshold=0.5),
                                            make_policy("none"))
+
+
+def test_serve_decodes_concurrent_requests_as_generate_does(tmp_path, cli):
+    """``ecache serve`` on a block-diffusion folder: requests sent together join the running batch at different
+    blocks (each prefilled on its first step) and every answer equals ``generate``'s for its prompt alone."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    httpx = pytest.importorskip("httpx")
+    model = str(FIXTURES / "sdar")
+    prompts = ["hello", "a longer prompt, of several blocks", "abc", "x = 1; y = 2"]
+    want = []
+    for p in prompts:
+        r = cli("generate", "--model", model, "--gen-length", "16", "--no-chat", "--jsonl", p)
+        assert r.exit_code == 0, r.stderr
+        want.append(json.loads(r.stdout)["text"])
+    env = {**os.environ, "ECACHE_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    env.pop("ECACHE_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ecache_cli", "serve", "--model", model, "--port", "0",
+                             "--gen-length", "16"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:  # it prints the address before serving
+            lines.append(line)
+            if "listening on" in line:
+                break
+        url = re.search(r"http://127\.0\.0\.1:\d+", "".join(lines)).group(0)
+        assert "cache block" in "".join(lines)
+
+        def ask(p):
+            body = {"model": model, "prompt": p, "max_tokens": 16}
+            return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(ask, prompts))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert got == want
+
+
+def test_lm_eval_generates_as_generate_and_refuses_a_likelihood():
+    """lm-eval on a block-diffusion folder: generate_until gives ``generate``'s answer; loglikelihood (LLaDA's
+    bidirectional Monte Carlo estimate) is refused in one line instead of computed wrongly."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from ecache_cli.evaluation.lm_eval_adapter import EcacheLM
+
+    lm = EcacheLM.create_from_arg_string(f"model={FIXTURES / 'sdar'},device=cpu,gen_length=16")
+    got = lm.generate_until([Instance(request_type="generate_until", doc={}, arguments=("hello", {"until": []}),
+                                      idx=0)])
+    loaded = load_model(FIXTURES / "sdar", device="cpu", dtype="float32")
+    eng = Engine.from_loaded(loaded)
+    want = eng.generate(["hello"], DecodeConfig(gen_length=16, block_length=4, threshold=0.85), make_policy("block"))
+    assert got == [want[0].text]
+    with pytest.raises(UsageError, match="block-diffusion model, whose likelihood"):
+        lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=("hello", " world"), idx=0)])

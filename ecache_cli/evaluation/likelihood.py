@@ -70,9 +70,14 @@ def mc_loglikelihood(model, spec, prefix: list[int], target: list[int], mc_num: 
     Returns:
         the estimate (float, ≤ 0 up to Monte Carlo noise; larger is more likely).
     Raises:
-        UsageError for an empty target, an empty Dream prefix or bad ``mc_num``/``batch_size``.
+        UsageError for an empty target, an empty Dream prefix, bad ``mc_num``/``batch_size``, or a
+        block-diffusion model (its likelihood is not this bidirectional estimate).
     """
     check_mc(mc_num, batch_size)
+    if spec.block_causal:
+        raise UsageError(f"loglikelihood: the {spec.family} model family is a block-diffusion model, whose likelihood "
+                         "is not LLaDA's bidirectional Monte Carlo estimate; ecache scores it with generate_until "
+                         "tasks only")
     if not target:
         raise UsageError("a loglikelihood request has an empty continuation; give at least one token to score")
     if spec.logit_shift and not prefix:
