@@ -26,6 +26,7 @@ Prints the tables and a last stdout line of JSON.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -154,6 +155,7 @@ def main(argv=None) -> int:
                   f"{sc['ratio']:.2f}x (target ≤ 1.3x)")
         doc["families"][fam] = entry
         del lm
+        shutil.rmtree(tmp / fam, ignore_errors=True)  # a 1B checkpoint takes gigabytes
     print(json_line(doc))
     return 0
 

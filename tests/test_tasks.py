@@ -202,12 +202,20 @@ def test_missing_dataset_names_the_path(name, filename, tmp_path):
     assert "\n" not in str(e.value) and e.value.exit_code == 1
 
 
-def test_malformed_dataset_is_a_data_error(tmp_path):
+def test_malformed_dataset_lines_are_all_named_with_the_fix(tmp_path, cli):
+    """As ``--input``: every bad line in one usage error (exit 2) with what a line must be; an undecodable
+    file is a data error (exit 1)."""
     bad = tmp_path / "test.jsonl"
-    bad.write_text('{"question": "q"}\n')
-    with pytest.raises(DataError, match="answer"):
+    bad.write_text('{"question": "q", "answer": "1"}\nnot json\n[1]\n{"question": "q"}\n')
+    with pytest.raises(UsageError) as e:
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
-    bad.write_text("not json\n")
+    msg = str(e.value)
+    assert msg == (f"--data {bad}: line 2 is not JSON (Expecting value); line 3 is a JSON list, not an object; "
+                   "line 4 lacks answer; each line must be one JSON object with the fields question, answer (the "
+                   "official gsm8k format)")
+    r = cli("profile", "--task", "gsm8k", "--data", str(bad), "--limit", "1", "--policies", "none")
+    assert r.exit_code == 2 and "line 2 is not JSON" in r.stderr and "using model" not in r.stderr
+    bad.write_bytes(b'{"question": "\xff"}\n')
     with pytest.raises(DataError, match="test.jsonl:1"):
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
 

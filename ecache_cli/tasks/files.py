@@ -3,8 +3,8 @@
 Data is read from local files in the official JSONL formats (plain or ``.gz``), never downloaded:
 ``--data PATH`` (a file, or a folder holding the default file name), else
 ``~/.cache/ecache/data/<task>/<default file>``. The Hugging Face datasets cache stores Arrow files, not
-the official JSONL, so it is not searched. A missing or malformed file raises ``DataError`` naming the
-path.
+the official JSONL, so it is not searched. A missing or unreadable file raises ``DataError`` naming the
+path (exit 1); malformed lines a ``UsageError`` naming every one (exit 2), as ``--input`` does.
 """
 
 from __future__ import annotations
@@ -20,21 +20,50 @@ from ecache_cli.tasks.base import Example, Task, sample_indices
 DEFAULT_DATA_DIR = Path.home() / ".cache" / "ecache" / "data"
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Return the JSON objects of a ``.jsonl`` or ``.jsonl.gz`` file; raises ``DataError`` if unreadable."""
+def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task") -> list[dict]:
+    """Return the JSON objects of a ``.jsonl`` or ``.jsonl.gz`` file, each checked to hold ``fields``.
+
+    Every line is checked before any is used, as ``--input`` records are: a line that is not a JSON object
+    or lacks a field is named, all of them in one ``UsageError`` (exit 2) with the fix. Raises ``DataError``
+    (exit 1) when the file cannot be read at all (missing, unreadable, not UTF-8 or not gzip).
+    """
     opener = gzip.open if path.suffix == ".gz" else open
-    rows, lineno = [], 0
+    rows, bad, lineno = [], [], 0
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):  # noqa: B007 (lineno names the bad line below)
+            for lineno, line in enumerate(f, 1):
                 if line.strip():
-                    rows.append(json.loads(line))
+                    why = _bad_row(line, fields, rows)
+                    if why:
+                        bad.append(f"line {lineno} {why}")
     except FileNotFoundError as e:
         raise DataError(f"data file not found: {path}") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        where = f"{path}:{lineno}" if lineno else str(path)
-        raise DataError(f"cannot read {where}: {e}") from e
+    except UnicodeDecodeError as e:  # raised while reading the line after the last one read
+        raise DataError(f"cannot read {path}:{lineno + 1}: not UTF-8 text ({e.reason}); the file is damaged: "
+                        "download or copy it again") from e
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e}") from e
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        need = f" with the fields {', '.join(fields)}" if fields else ""
+        raise UsageError(f"--data {path}: {shown}; each line must be one JSON object{need} (the official {task} "
+                         "format)")
     return rows
+
+
+def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict]) -> str | None:
+    """Append the JSON object of ``line`` to ``rows``; else say why it is not one, or which fields it lacks."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"is not JSON ({e.msg})"
+    if not isinstance(row, dict):
+        return f"is a JSON {type(row).__name__}, not an object"
+    missing = [k for k in fields if k not in row]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    rows.append(row)
+    return None
 
 
 class FileTask(Task):
@@ -63,18 +92,14 @@ class FileTask(Task):
         return base
 
     def items(self) -> list[Example]:
-        """Return every example of the file in file order; raises ``DataError`` if missing or malformed."""
+        """Return every example of the file in file order; raises ``DataError`` if missing or unreadable,
+        ``UsageError`` naming every malformed line (``read_jsonl``)."""
         if self._items is None:
             path = self.data_path()
             if not path.is_file():
                 raise DataError(f"{self.name} data not found at {path}; put the official {self.filename} "
                                 f"there or pass --data PATH")
-            rows = read_jsonl(path)
-            for i, row in enumerate(rows):
-                missing = [k for k in self.fields if k not in row]
-                if missing:
-                    raise DataError(f"{path}: item {i} lacks field(s) {', '.join(missing)} "
-                                    f"(expected the official {self.name} format)")
+            rows = read_jsonl(path, self.fields, self.name)
             self._items = [self.to_example(i, row) for i, row in enumerate(rows)]
         return self._items
 
