@@ -52,8 +52,12 @@ def serving(lm, settings, **options):
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the test server did not start"
         time.sleep(0.02)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    while httpx.get(f"{url}/health/ready").status_code != 200:  # the engine's warm-up
+        assert time.monotonic() < deadline, "the test server did not get ready"
+        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+        yield url, app
     finally:
         server.should_exit = True
         thread.join(30)
@@ -72,8 +76,9 @@ def settings():
 
 @pytest.fixture(scope="module")
 def server(tiny, settings):
-    """The main server: API key, --max-batch 16."""
-    with serving(tiny, settings, api_key=KEY, max_batch=16, max_prompt_tokens=200) as s:
+    """The main server: API key, --max-batch 16, --admission always (requests share runs whatever the
+    step-cost model would say, so that the exactness test sees rows join)."""
+    with serving(tiny, settings, api_key=KEY, max_batch=16, max_prompt_tokens=200, admission="always") as s:
         yield s
 
 

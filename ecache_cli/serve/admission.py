@@ -1,0 +1,199 @@
+"""When a queued request joins the running rows: the step-cost model and the ``--admission`` rules.
+
+``always``: a queued request joins at the next step whenever fewer than ``--max-batch`` rows run
+(continuous batching as vLLM and SGLang do it). ``fcfs``: batches in arrival order: an idle engine
+takes the queue's head and the queued requests of its group, and no request joins them until they
+have all left (``--batching static``, dInfer's demo server). ``auto`` (the default): a request
+joins when that lowers the expected sum of completion times, by the model below; otherwise it waits
+and starts with the next group (docs/SERVING.md gives the model and its evidence).
+
+The model. A step of a run costs ``t = base + per_row·rows + per_position·positions`` seconds
+(``positions``: the positions the step's forwards computed, ``StepRecord.computed`` summed over its
+rows; a joining row's first full forward computes its whole canvas, so its cost is in the last
+term). :class:`StepCost` fits the three coefficients by exponentially weighted least squares over the
+steps the server runs (a ridge term keeps them defined while the rows do not vary). A running row
+still needs ``remaining`` steps, the mean over the last finished rows of its group that ran longer
+than it has (:class:`StepHistory`). :func:`admit` compares, for the queue's head, the sum of
+the completion times of the running rows, the head, and the requests queued behind it, between
+"join now" and "start when the running rows have left". On one CPU thread a step's time grows in
+proportion to its rows (``base`` ≈ 0), so a request of the size of the running ones waits (sharing
+steps would slow the running rows by what it saves the joiner) while a short one joins long ones; on
+a GPU below its compute bound ``base`` dominates and a request joins at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Callable
+
+MODES = ("always", "fcfs", "auto")
+#: Positions are counted in units of this many in the least-squares fit (keeps its terms of one scale).
+POSITION_UNIT = 1024.0
+#: A step's weight decays by this factor with each newer step of the same row count (~100 steps a count).
+FORGET = 0.99
+#: Ridge weight that pulls the fit toward its prior while the steps do not vary enough to fix it.
+RIDGE = 1e-3
+#: Finished rows per group remembered for the expected remaining steps.
+HISTORY = 64
+
+
+class StepCost:
+    """The running estimate of a step's seconds: ``base + per_row·rows + per_position·positions``.
+
+    :meth:`observe` adds one step. The steps are kept per row count, each count's exponentially
+    weighted (:data:`FORGET` per newer step of that count), so the widths the engine runs most do not
+    wash out the others (the warm-up's, say) and the three terms stay defined while the load runs at
+    one width; the coefficients solve the weighted least squares over every count with a ridge
+    (:data:`RIDGE`) toward the prior, clamped to ≥ 0. The prior (seconds): 1 ms a step, 1 ms a row,
+    1 µs a position, until the warm-up's steps replace it. :meth:`step` predicts a step of ``n`` rows
+    at the positions such steps computed (each count's weighted mean; between and beyond the counts
+    seen, by the straight line through the nearest two)."""
+
+    def __init__(self, prior: tuple[float, float, float] = (1e-3, 1e-3, 1e-6)):
+        self.prior = [prior[0], prior[1], prior[2] * POSITION_UNIT]
+        self._by_rows: dict[int, list] = {}  # rows -> [xx (3×3), xy (3), weight, weighted positions]
+        self.steps = 0
+        self.coef = list(self.prior)
+
+    def observe(self, seconds: float, rows: int, positions: float) -> None:
+        """One step of ``rows`` rows that computed ``positions`` positions in ``seconds``."""
+        x = (1.0, float(rows), positions / POSITION_UNIT)
+        xx, xy, w, pos = self._by_rows.get(rows) or ([[0.0] * 3 for _ in range(3)], [0.0] * 3, 0.0, 0.0)
+        for i in range(3):
+            xy[i] = FORGET * xy[i] + x[i] * seconds
+            for j in range(3):
+                xx[i][j] = FORGET * xx[i][j] + x[i] * x[j]
+        self._by_rows[rows] = [xx, xy, FORGET * w + 1.0, FORGET * pos + positions]
+        self.steps += 1
+        sxx = [[sum(b[0][i][j] for b in self._by_rows.values()) for j in range(3)] for i in range(3)]
+        sxy = [sum(b[1][i] for b in self._by_rows.values()) for i in range(3)]
+        self.coef = [max(c, 0.0) for c in _solve(sxx, sxy, self.prior)]
+
+    @property
+    def base(self) -> float:
+        """Seconds a step costs whatever its rows."""
+        return self.coef[0]
+
+    @property
+    def per_row(self) -> float:
+        """Seconds each row adds to a step."""
+        return self.coef[1]
+
+    @property
+    def per_position(self) -> float:
+        """Seconds each computed position adds to a step."""
+        return self.coef[2] / POSITION_UNIT
+
+    def positions(self, rows: int) -> float:
+        """The positions a step of ``rows`` rows computes, from the steps seen (0 before any)."""
+        seen = sorted((n, b[3] / b[2]) for n, b in self._by_rows.items() if b[2] > 0)
+        if not seen:
+            return 0.0
+        if len(seen) == 1:
+            n, p = seen[0]
+            return p * rows / n
+        lo = max([s for s in seen if s[0] <= rows] or seen[:1], key=lambda s: s[0])
+        hi = min([s for s in seen if s[0] > rows] or seen[-1:], key=lambda s: s[0])
+        if lo[0] == hi[0]:  # beyond the counts seen: the line through the nearest two
+            pair = seen[-2:] if rows > seen[-1][0] else seen[:2]
+            lo, hi = pair
+        slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
+        return max(lo[1] + slope * (rows - lo[0]), 0.0)
+
+    def step(self, rows: int) -> float:
+        """The expected seconds of a step of ``rows`` rows (0 for none)."""
+        if rows <= 0:
+            return 0.0
+        return self.base + self.per_row * rows + self.per_position * self.positions(rows)
+
+
+def _solve(xx, xy, prior) -> list[float]:
+    """(xx + RIDGE·s·I) θ = xy + RIDGE·s·prior, s the trace's scale, by Gaussian elimination (3×3)."""
+    scale = max(1.0, (xx[0][0] + xx[1][1] + xx[2][2]) / 3)
+    a = [[xx[i][j] + (RIDGE * scale if i == j else 0.0) for j in range(3)] + [xy[i] + RIDGE * scale * prior[i]]
+         for i in range(3)]
+    for c in range(3):
+        p = max(range(c, 3), key=lambda r: abs(a[r][c]))
+        a[c], a[p] = a[p], a[c]
+        if abs(a[c][c]) < 1e-18:
+            return list(prior)
+        for r in range(3):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [v - f * w for v, w in zip(a[r], a[c])]
+    return [a[i][3] / a[i][i] for i in range(3)]
+
+
+class StepHistory:
+    """How many steps the rows of each group took (the last :data:`HISTORY` that finished with an
+    answer)."""
+
+    def __init__(self):
+        self._steps: dict[object, collections.deque[int]] = {}
+
+    def finished(self, key, steps: int) -> None:
+        """A row of group ``key`` finished its answer after ``steps`` steps."""
+        self._steps.setdefault(key, collections.deque(maxlen=HISTORY)).append(steps)
+
+    def remaining(self, key, done: int, bound: int, per_block: int) -> float:
+        """Expected steps a row of ``key`` still runs after ``done``: the mean over the remembered rows
+        that ran longer, less ``done``; with none, to the end of its current block (of ``per_block``
+        steps); with no history, to ``bound`` (its canvas's steps)."""
+        seen = self._steps.get(key)
+        if not seen:
+            return float(max(bound - done, 1))
+        longer = [s for s in seen if s > done]
+        if longer:
+            return sum(longer) / len(longer) - done
+        return float(max(per_block - done % per_block, 1))
+
+
+@dataclasses.dataclass
+class Row:
+    """A row as :func:`admit` sees it: ``remaining`` expected steps; ``group`` (its run's group: rows
+    of one group share a step, each group steps in turn)."""
+
+    remaining: float
+    group: object
+
+
+def completions(rows: list[Row], step: Callable[[int], float], first: float = 0.0,
+                start: float = 0.0) -> tuple[float, float]:
+    """(sum of the rows' completion times, when the last ends), all starting at ``start``, their groups
+    stepped round-robin: a round costs ``step(n)`` for each group with ``n`` rows left, the first round
+    ``first`` more (a joining row's full forward)."""
+    if not rows:
+        return 0.0, start
+    order = sorted(rows, key=lambda r: r.remaining)
+    alive = collections.Counter(r.group for r in order)
+    t, done_steps, total = start + first, 0.0, 0.0
+    for r in order:
+        span = max(r.remaining, 1.0) - done_steps
+        if span > 0:
+            t += span * sum(step(n) for n in alive.values())
+            done_steps += span
+        total += t
+        alive[r.group] -= 1
+        if not alive[r.group]:
+            del alive[r.group]
+    return total, t
+
+
+def admit(running: list[Row], head: Row, join_cost: float, behind: int, step: Callable[[int], float]) -> bool:
+    """Whether the queue's ``head`` should join the ``running`` rows now (``auto``).
+
+    ``join_cost``: seconds its first full forward adds to the step it joins; ``behind``: requests
+    queued after it (they start after both schedules' last row, so each counts that end once);
+    ``step(n)``: the expected seconds of a step of ``n`` rows (:meth:`StepCost.step`). Compares the sum
+    of completion times (running rows, head, and the requests behind) between joining now and starting
+    once the running rows have left; joins when that sum is no larger (always, when nothing runs)."""
+    if not running:
+        return True
+    joined, end_joined = completions(running + [head], step, first=join_cost)
+    alone, end_running = completions(running, step)
+    mine, end_waited = completions([head], step, first=join_cost, start=end_running)
+    cost_join = joined + behind * end_joined
+    cost_wait = alone + mine + behind * end_waited
+    return cost_join <= cost_wait or not math.isfinite(cost_wait)
