@@ -34,7 +34,7 @@ POSITION_UNIT = 1024.0
 #: A step's weight decays by this factor with each newer step of the same row count (~100 steps a count).
 FORGET = 0.99
 #: Ridge weight that pulls the fit toward its prior while the steps do not vary enough to fix it.
-RIDGE = 1e-3
+RIDGE = 1e-4
 #: Finished rows per group remembered for the expected remaining steps.
 HISTORY = 64
 
@@ -45,11 +45,11 @@ class StepCost:
     :meth:`observe` adds one step. The steps are kept per row count, each count's exponentially
     weighted (:data:`FORGET` per newer step of that count), so the widths the engine runs most do not
     wash out the others (the warm-up's, say) and the three terms stay defined while the load runs at
-    one width; the coefficients solve the weighted least squares over every count with a ridge
-    (:data:`RIDGE`) toward the prior, clamped to ≥ 0. The prior (seconds): 1 ms a step, 1 ms a row,
-    1 µs a position, until the warm-up's steps replace it. :meth:`step` predicts a step of ``n`` rows
-    at the positions such steps computed (each count's weighted mean; between and beyond the counts
-    seen, by the straight line through the nearest two)."""
+    one width; the coefficients solve the weighted least squares over every count with a ridge of
+    each term's own scale (:data:`RIDGE`) toward the prior, clamped to ≥ 0. The prior (seconds): 1 ms
+    a step, 1 ms a row, 1 µs a position, until the warm-up's steps replace it. :meth:`step` predicts a
+    step of ``n`` rows at the positions such steps computed (each count's weighted mean; between and
+    beyond the counts seen, by the straight line through the nearest two)."""
 
     def __init__(self, prior: tuple[float, float, float] = (1e-3, 1e-3, 1e-6)):
         self.prior = [prior[0], prior[1], prior[2] * POSITION_UNIT]
@@ -110,9 +110,10 @@ class StepCost:
 
 
 def _solve(xx, xy, prior) -> list[float]:
-    """(xx + RIDGE·s·I) θ = xy + RIDGE·s·prior, s the trace's scale, by Gaussian elimination (3×3)."""
-    scale = max(1.0, (xx[0][0] + xx[1][1] + xx[2][2]) / 3)
-    a = [[xx[i][j] + (RIDGE * scale if i == j else 0.0) for j in range(3)] + [xy[i] + RIDGE * scale * prior[i]]
+    """(xx + RIDGE·D) θ = xy + RIDGE·D·prior, D the diagonal of xx (a ridge of each term's own scale),
+    by Gaussian elimination (3×3); the prior when nothing was observed."""
+    d = [max(xx[i][i], 1e-12) for i in range(3)]
+    a = [[xx[i][j] + (RIDGE * d[i] if i == j else 0.0) for j in range(3)] + [xy[i] + RIDGE * d[i] * prior[i]]
          for i in range(3)]
     for c in range(3):
         p = max(range(c, 3), key=lambda r: abs(a[r][c]))

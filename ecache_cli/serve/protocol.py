@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
+from ..decoding.config import DecodeConfig
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
@@ -198,6 +199,18 @@ def parse(model: type[_Body], body: Any) -> _Body:
         raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {_short(got)})", loc) from None
 
 
+def in_range(field: str, value, setting: str | None = None) -> None:
+    """400 naming ``field`` unless ``value`` is in the range of decode setting ``setting`` (default
+    ``field``): ``DecodeConfig.ranges``, the rule and the words ``ecache generate`` checks its flag by
+    (``--temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)``), with the field for the flag. None passes."""
+    if value is None:
+        return
+    try:
+        DecodeConfig.ranges[setting or field].check(value)
+    except ValueError as e:
+        raise ApiError(400, f"{field} {value} {e}", field) from None
+
+
 def _short(v: Any) -> str:
     import json
 
@@ -309,11 +322,9 @@ class Resolver:
             else "max_tokens"
         if max_tokens is None:
             max_tokens = base.gen_length
-        if max_tokens < 1:
-            raise ApiError(400, f"{field} {max_tokens} must be ≥ 1", field)
+        in_range(field, max_tokens, "gen_length")
         block = base.block_length if req.block_length is None else req.block_length
-        if block < 1:
-            raise ApiError(400, f"block_length {block} must be ≥ 1 (e.g. 32)", "block_length")
+        in_range("block_length", block)
         gen = -(-max_tokens // block) * block
         room = self.lm.spec.max_positions - len(prompt_ids)
         if block > room and req.block_length is not None:  # no number of tokens fits: the block is the problem
@@ -326,23 +337,18 @@ class Resolver:
                                 f"positions; ask for at most {room // block * block} tokens", field,
                            code="context_length_exceeded")
         temperature = base.temperature if req.temperature is None else req.temperature
-        self._cli_check("temperature", temperature)  # ecache generate's rule and message (≥ 0, finite)
-        if temperature > 2:  # OpenAI's range
-            raise ApiError(400, f"temperature {temperature} must be in [0, 2] (0 = greedy)", "temperature")
+        in_range("temperature", temperature)
+        if temperature > 2:  # OpenAI's range, narrower than ecache generate's
+            raise ApiError(400, f"temperature {temperature} must be in [0, 2] (0 = greedy; e.g. 0.7)", "temperature")
         top_p = base.top_p if req.top_p is None else req.top_p
-        self._cli_check("top_p", top_p)
-        if top_p is not None and not 0 < top_p <= 1:  # the rule of decoding/sampling.py, in the CLI's words
-            raise ApiError(400, f"top_p {top_p} must be in (0, 1] (1 or unset keeps every token)", "top_p")
+        in_range("top_p", top_p)
         threshold = base.threshold if req.threshold is None else req.threshold
-        if req.threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
-            raise ApiError(400, f"threshold {threshold} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)",
-                           "threshold")
+        in_range("threshold", threshold)
         parallel = threshold is not None or base.factor is not None
         steps = req.steps
+        in_range("steps", steps)
         if steps is None:
             steps = self._default_steps(gen, block, parallel)
-        elif steps < 1:
-            raise ApiError(400, f"steps {steps} must be ≥ 1", "steps")
         cfg = dataclasses.replace(base, gen_length=gen, block_length=block, steps=steps, temperature=temperature,
                                   top_p=top_p, threshold=threshold,
                                   ban_eos=base.ban_eos if req.ignore_eos is None else req.ignore_eos)
@@ -370,17 +376,6 @@ class Resolver:
             return None if parallel else gen
         per_block = max(1, round(block * base_steps / base.gen_length))
         return per_block * (gen // block)
-
-    @staticmethod
-    def _cli_check(field: str, value) -> None:
-        """``ecache generate``'s check of one decode setting (``runs.settings.validate_decode``), its
-        message with the field's name for the flag's."""
-        from ..runs.settings import validate_decode
-
-        try:
-            validate_decode({field: value})
-        except EcacheError as e:
-            raise ApiError(400, str(e).replace("--" + field.replace("_", "-"), field), field) from None
 
     def _check_decode(self, cfg, req: _Common) -> None:
         """The schedule and remasking checks of ``ecache generate`` (``runs.settings.validate_decode``)."""
