@@ -29,7 +29,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .. import __version__
-from .app import Server, check_key, events, read_json, resolve, submit, wait
+from .handling import Server, check_key, events, read_json, resolve, submit, wait
 from .protocol import ApiError, ignored_fields, warning_header
 
 #: Ollama options that tune the runtime, not the answer: accepted and ignored.
