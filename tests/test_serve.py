@@ -591,10 +591,11 @@ def test_developer_and_tool_messages_reach_the_chat_template(named, tiny):
 ])
 def test_fields_that_would_change_the_answer_are_refused_in_one_line(named, extra, param):
     url, _ = named
-    body = {"model": "my-model", "messages": [{"role": "user", "content": "hi"}], **extra}
-    r = httpx.post(f"{url}/v1/chat/completions", json=body)
-    err = r.json()["error"]
-    assert r.status_code == 400 and err["param"] == param and "\n" not in err["message"], err
+    with pytest.raises(openai.BadRequestError) as e:  # extra_body: sent as given, over the typed arguments
+        client(url, key="unused").chat.completions.create(
+            model="my-model", messages=[{"role": "user", "content": "hi"}], extra_body=extra)
+    err = e.value.body
+    assert err["param"] == param and err["message"] and "\n" not in err["message"], err
 
 
 def test_a_bad_temperature_gets_the_clis_message(named):

@@ -89,6 +89,10 @@ def test_a_queue_behind_the_head_counts_what_batching_saves_it():
 
     assert not admit([Row(30, "g")], Row(32, "g"), 0.0, 0, step)
     assert admit([Row(30, "g")], Row(32, "g"), 0.0, 20, step)
+    # requests expected to arrive before the running rows end count as queued: 500/s over their 45 ms
+    assert admit([Row(30, "g")], Row(32, "g"), 0.0, 0, step, arrivals=500.0)
+    assert not admit([Row(30, "g")], Row(32, "g"), 0.0, 0, step, arrivals=5.0)
+    assert not admit([Row(30, "g")], Row(32, "g"), 0.0, 0, cpu, arrivals=500.0)  # no fixed cost: nothing saved
 
 
 def test_expected_remaining_steps_come_from_the_rows_that_ran_longer():

@@ -182,19 +182,24 @@ def completions(rows: list[Row], step: Callable[[int], float], first: float = 0.
     return total, t
 
 
-def admit(running: list[Row], head: Row, join_cost: float, behind: int, step: Callable[[int], float]) -> bool:
+def admit(running: list[Row], head: Row, join_cost: float, behind: int, step: Callable[[int], float],
+          arrivals: float = 0.0) -> bool:
     """Whether the queue's ``head`` should join the ``running`` rows now (``auto``).
 
     ``join_cost``: seconds its first full forward adds to the step it joins; ``behind``: requests
-    queued after it (they start after both schedules' last row, so each counts that end once);
-    ``step(n)``: the expected seconds of a step of ``n`` rows (:meth:`StepCost.step`). Compares the sum
-    of completion times (running rows, head, and the requests behind) between joining now and starting
-    once the running rows have left; joins when that sum is no larger (always, when nothing runs)."""
+    queued after it; ``arrivals``: requests arriving per second (recent); ``step(n)``: the expected
+    seconds of a step of ``n`` rows (:meth:`StepCost.step`). Compares the sum of completion times
+    between joining now and starting once the running rows have left: of the running rows, the head,
+    and the requests that start after the last of them ends in either schedule (those queued behind it,
+    and those expected to arrive before the running rows end), each of which counts that end once, so
+    what sharing steps saves in fixed per-step cost counts for them. Joins when the first sum is no
+    larger (always, when nothing runs)."""
     if not running:
         return True
     joined, end_joined = completions(running + [head], step, first=join_cost)
     alone, end_running = completions(running, step)
     mine, end_waited = completions([head], step, first=join_cost, start=end_running)
-    cost_join = joined + behind * end_joined
-    cost_wait = alone + mine + behind * end_waited
+    later = behind + arrivals * end_running
+    cost_join = joined + later * end_joined
+    cost_wait = alone + mine + later * end_waited
     return cost_join <= cost_wait or not math.isfinite(cost_wait)

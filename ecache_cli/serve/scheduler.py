@@ -53,6 +53,8 @@ from .admission import MODES, Row, StepCost, StepHistory, admit
 PROMPT_BUCKET = 64
 #: Rows one run takes over its life before its group starts a fresh run (bounds the run's ledger).
 RUN_ROW_LIMIT = 512
+#: Recent arrivals the arrival rate of ``auto`` admission is measured over.
+ARRIVALS = 16
 #: Steps of each warm-up run (:meth:`Scheduler.start`).
 WARMUP_STEPS = 8
 #: Finish reasons beyond OpenAI's ``stop`` and ``length``.
@@ -256,6 +258,7 @@ class Scheduler:
         self.metrics, self.max_batch, self.max_queue, self.admission = metrics, max_batch, max_queue, admission
         self.cost, self.history = StepCost(), StepHistory()
         self.ready = threading.Event()
+        self._arrivals: collections.deque[float] = collections.deque(maxlen=ARRIVALS)  # monotonic seconds
         self._warmup: list[Job] = []
         self._cv = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
@@ -288,6 +291,7 @@ class Scheduler:
             if len(self._queue) >= self.max_queue and self._running + len(self._queue) >= self.max_batch:
                 return "queue_full"
             self._queue.append(job)
+            self._arrivals.append(job.arrived)
             self.metrics.queue_depth.set(len(self._queue))
             self._cv.notify()
         return None
@@ -409,7 +413,7 @@ class Scheduler:
                 head = self._queue[0]
                 if self.admission == "auto":
                     row, join = self._row(head.key, 0), self._join_cost(head.key)
-                    if not admit(running, row, join, len(self._queue) - 1, self.cost.step):
+                    if not admit(running, row, join, len(self._queue) - 1, self.cost.step, self._rate()):
                         if not head.held:
                             head.held = True
                             self.metrics.admissions.labels("held").inc()
@@ -421,6 +425,13 @@ class Scheduler:
         self.metrics.queue_depth.set(len(self._queue))
         self.metrics.running_rows.set(self._running)
         return taken
+
+    def _rate(self) -> float:
+        """(Lock held.) Requests arriving per second: the last :data:`ARRIVALS` arrivals over the time
+        from the first of them to now (so it falls while none arrive); 0 before two."""
+        if len(self._arrivals) < 2:
+            return 0.0
+        return (len(self._arrivals) - 1) / max(time.monotonic() - self._arrivals[0], 1e-3)
 
     def _row(self, key: GroupKey, done: int) -> Row:
         """A row of group ``key`` that has run ``done`` steps, as the admission model sees it."""
