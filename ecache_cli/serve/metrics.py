@@ -34,8 +34,9 @@ class ServeMetrics:
     - ``step_cost_seconds`` ``ecache_step_cost_seconds{term}``: the admission model's step-cost
       estimate (``serve/admission.py``): ``base`` (seconds a step), ``per_row`` (seconds a row adds),
       ``per_position`` (seconds a computed position adds).
-    - ``admissions`` ``ecache_admissions_total{decision}``: queued requests that joined (``joined``)
-      and that ``--admission auto`` kept waiting at least once (``held``).
+    - ``admissions`` ``ecache_admissions_total{decision}``: queued requests moved into a run
+      (``joined``, every admission mode) and those ``--admission auto`` kept waiting at least once
+      (``held``).
     """
 
     def __init__(self):

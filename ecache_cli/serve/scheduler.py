@@ -419,9 +419,10 @@ class Scheduler:
                             self.metrics.admissions.labels("held").inc()
                         break
                     running.append(row)
-                    self.metrics.admissions.labels("joined").inc()
                 taken.append(self._queue.popleft())
         self._running += len(taken)
+        if taken:
+            self.metrics.admissions.labels("joined").inc(len(taken))
         self.metrics.queue_depth.set(len(self._queue))
         self.metrics.running_rows.set(self._running)
         return taken
