@@ -47,7 +47,9 @@ def test_a_run_at_one_width_does_not_wash_out_what_other_widths_taught():
 
 
 def test_completions_sum_the_rows_end_times_round_robin_over_groups():
-    step = {1: 1.0, 2: 1.5}.get
+    def step(group, n):
+        return {1: 1.0, 2: 1.5}[n]
+
     # two rows of one group: 2 steps together (1.5 s each), then 1 step alone (1 s)
     assert completions([Row(2, "a"), Row(3, "a")], step) == (3.0 + 4.0, 4.0)
     # two groups: each round steps both (1 + 1 s); the join's full forward adds 0.5 s to the first
@@ -55,12 +57,12 @@ def test_completions_sum_the_rows_end_times_round_robin_over_groups():
     assert (total, end) == (2.5 + 3.5, 3.5)
 
 
-def cpu(n: int) -> float:
+def cpu(group, n: int) -> float:
     """One CPU thread: a step's time in proportion to its rows."""
     return 2e-3 * n if n else 0.0
 
 
-def gpu(n: int) -> float:
+def gpu(group, n: int) -> float:
     """A GPU below its compute bound: a fixed 20 ms and 0.2 ms a row."""
     return 20e-3 + 2e-4 * n if n else 0.0
 
@@ -84,7 +86,7 @@ def test_on_a_gpu_a_request_joins_at_once():
 def test_a_queue_behind_the_head_counts_what_batching_saves_it():
     """A fixed cost per step (0.5 ms) and 1 ms a row: alone the head waits; with 20 requests queued
     behind it, sharing steps ends the running work earlier for all of them, so it joins."""
-    def step(n):
+    def step(group, n):
         return 0.5e-3 + 1e-3 * n if n else 0.0
 
     assert not admit([Row(30, "g")], Row(32, "g"), 0.0, 0, step)
@@ -103,3 +105,23 @@ def test_expected_remaining_steps_come_from_the_rows_that_ran_longer():
     assert h.remaining("g", 0, 64, 32) == 48  # the mean
     assert h.remaining("g", 40, 64, 32) == 56  # past one block: only the long row ran that far
     assert h.remaining("g", 100, 64, 32) == 28  # longer than any: to the end of its block
+
+
+def test_a_groups_own_steps_set_its_level_and_the_fit_its_shape():
+    """Runs of a long prompt cost more per step than the positions they compute say: the group's own
+    steps at one row count set the level, the fit's ratio the cost of the counts it has not run."""
+    cost = StepCost()
+    for n in (1, 2, 4):
+        for full in (True, False, False, False):
+            positions = 40 * n + (160 if full else 0)
+            cost.observe(1e-3 + 1e-3 * n + 1e-5 * positions, n, positions, group="warm")
+    assert not cost.seen("long", 1) and cost.curve("long", 2) == pytest.approx(cost.step(2))  # nothing own yet
+    level = 2 * cost.step(1)  # twice what the fit says
+    for _ in range(3):
+        cost.observe(level, 1, 40.0, group="long")
+    assert cost.seen("long", 1) and not cost.seen("long", 2)
+    assert cost.curve("long", 1) == pytest.approx(level)
+    assert cost.curve("long", 2) == pytest.approx(level * cost.step(2) / cost.step(1))
+    assert cost.curve("long", 2) > 1.3 * cost.step(2)  # well above what the fit alone says
+    partial, full = 1e-3 + 4e-3 + 1e-5 * 160, 1e-3 + 4e-3 + 1e-5 * 320
+    assert partial < cost.curve("warm", 4) < (full + 3 * partial) / 4  # its own steps, the oldest weighing least

@@ -35,6 +35,9 @@ POSITION_UNIT = 1024.0
 FORGET = 0.99
 #: Ridge weight that pulls the fit toward its prior while the steps do not vary enough to fix it.
 RIDGE = 1e-4
+#: Weight (≈ steps) of a group's steps at a row count before their time replaces the fit's
+#: (:meth:`StepCost.curve`): three steps.
+MIN_SEEN = 2.9
 #: Finished rows per group remembered for the expected remaining steps.
 HISTORY = 64
 
@@ -56,9 +59,14 @@ class StepCost:
         self._by_rows: dict[int, list] = {}  # rows -> [xx (3×3), xy (3), weight, weighted positions]
         self.steps = 0
         self.coef = list(self.prior)
+        self._groups: dict[object, dict[int, list[float]]] = {}  # group -> rows -> [weight, weighted seconds]
 
-    def observe(self, seconds: float, rows: int, positions: float) -> None:
-        """One step of ``rows`` rows that computed ``positions`` positions in ``seconds``."""
+    def observe(self, seconds: float, rows: int, positions: float, group=None) -> None:
+        """One step of ``rows`` rows that computed ``positions`` positions in ``seconds`` (of a run of
+        ``group``: its own steps are also kept per row count, :meth:`curve`)."""
+        if group is not None:
+            w, t = self._groups.setdefault(group, {}).get(rows, (0.0, 0.0))
+            self._groups[group][rows] = [FORGET * w + 1.0, FORGET * t + seconds]
         x = (1.0, float(rows), positions / POSITION_UNIT)
         xx, xy, w, pos = self._by_rows.get(rows) or ([[0.0] * 3 for _ in range(3)], [0.0] * 3, 0.0, 0.0)
         for i in range(3):
@@ -103,10 +111,30 @@ class StepCost:
         return max(lo[1] + slope * (rows - lo[0]), 0.0)
 
     def step(self, rows: int) -> float:
-        """The expected seconds of a step of ``rows`` rows (0 for none)."""
+        """The expected seconds of a step of ``rows`` rows (0 for none), by the fit."""
         if rows <= 0:
             return 0.0
         return self.base + self.per_row * rows + self.per_position * self.positions(rows)
+
+    def seen(self, group, rows: int) -> bool:
+        """Whether runs of ``group`` have stepped ``rows`` rows often enough (:data:`MIN_SEEN` steps)
+        for :meth:`curve` to use their own time."""
+        return self._groups.get(group, {}).get(rows, (0.0,))[0] >= MIN_SEEN
+
+    def curve(self, group, rows: int) -> float:
+        """The expected seconds of a step of ``rows`` rows of a run of ``group``: the group's own
+        steps at that count (weighted mean) when :meth:`seen`; else its own at the nearest count seen,
+        scaled by the fit's ratio between the two counts (the fit gives the shape, the group its level:
+        a long prompt's steps cost more than the positions they compute say); else the fit."""
+        if rows <= 0:
+            return 0.0
+        own = {n: t / w for n, (w, t) in self._groups.get(group, {}).items() if w >= MIN_SEEN}
+        if rows in own:
+            return own[rows]
+        if not own:
+            return self.step(rows)
+        near = min(own, key=lambda n: (abs(n - rows), n))
+        return own[near] * self.step(rows) / max(self.step(near), 1e-12)
 
 
 def _solve(xx, xy, prior) -> list[float]:
@@ -160,11 +188,11 @@ class Row:
     group: object
 
 
-def completions(rows: list[Row], step: Callable[[int], float], first: float = 0.0,
+def completions(rows: list[Row], step: Callable[[object, int], float], first: float = 0.0,
                 start: float = 0.0) -> tuple[float, float]:
     """(sum of the rows' completion times, when the last ends), all starting at ``start``, their groups
-    stepped round-robin: a round costs ``step(n)`` for each group with ``n`` rows left, the first round
-    ``first`` more (a joining row's full forward)."""
+    stepped round-robin: a round costs ``step(group, n)`` for each group with ``n`` rows left, the first
+    round ``first`` more (a joining row's full forward)."""
     if not rows:
         return 0.0, start
     order = sorted(rows, key=lambda r: r.remaining)
@@ -173,7 +201,7 @@ def completions(rows: list[Row], step: Callable[[int], float], first: float = 0.
     for r in order:
         span = max(r.remaining, 1.0) - done_steps
         if span > 0:
-            t += span * sum(step(n) for n in alive.values())
+            t += span * sum(step(g, n) for g, n in alive.items())
             done_steps += span
         total += t
         alive[r.group] -= 1
@@ -182,18 +210,18 @@ def completions(rows: list[Row], step: Callable[[int], float], first: float = 0.
     return total, t
 
 
-def admit(running: list[Row], head: Row, join_cost: float, behind: int, step: Callable[[int], float],
+def admit(running: list[Row], head: Row, join_cost: float, behind: int, step: Callable[[object, int], float],
           arrivals: float = 0.0) -> bool:
     """Whether the queue's ``head`` should join the ``running`` rows now (``auto``).
 
     ``join_cost``: seconds its first full forward adds to the step it joins; ``behind``: requests
-    queued after it; ``arrivals``: requests arriving per second (recent); ``step(n)``: the expected
-    seconds of a step of ``n`` rows (:meth:`StepCost.step`). Compares the sum of completion times
-    between joining now and starting once the running rows have left: of the running rows, the head,
-    and the requests that start after the last of them ends in either schedule (those queued behind it,
-    and those expected to arrive before the running rows end), each of which counts that end once, so
-    what sharing steps saves in fixed per-step cost counts for them. Joins when the first sum is no
-    larger (always, when nothing runs)."""
+    queued after it; ``arrivals``: requests arriving per second (recent); ``step(group, n)``: the
+    expected seconds of a step of ``n`` rows of a run of ``group`` (:meth:`StepCost.curve`).
+    Compares the sum of completion times between joining now and starting once the running rows have
+    left: of the running rows, the head, and the requests that start after the last of them ends in
+    either schedule (those queued behind it, and those expected to arrive before the running rows
+    end), each of which counts that end once, so what sharing steps saves in fixed per-step cost
+    counts for them. Joins when the first sum is no larger (always, when nothing runs)."""
     if not running:
         return True
     joined, end_joined = completions(running + [head], step, first=join_cost)

@@ -374,9 +374,9 @@ class Scheduler:
                           highlight=False)
                 return
 
-    def _observe(self, seconds: float, rows: int, positions: float) -> None:
-        """One step into the step-cost model (and its gauges)."""
-        self.cost.observe(seconds, rows, positions)
+    def _observe(self, seconds: float, rows: int, positions: float, group=None) -> None:
+        """One step (of a run of ``group``) into the step-cost model (and its gauges)."""
+        self.cost.observe(seconds, rows, positions, group)
         self.metrics.step_cost(self.cost)
 
     def _expire_queue(self) -> None:
@@ -413,7 +413,10 @@ class Scheduler:
                 head = self._queue[0]
                 if self.admission == "auto":
                     row, join = self._row(head.key, 0), self._join_cost(head.key)
-                    if not admit(running, row, join, len(self._queue) - 1, self.cost.step, self._rate()):
+                    n = sum(r.group == head.key for r in running) + 1  # rows its group's run would step
+                    explore = n > 1 and not self.cost.seen(head.key, n)  # learn that width's cost: join
+                    if not explore and not admit(running, row, join, len(self._queue) - 1, self.cost.curve,
+                                                 self._rate()):
                         if not head.held:
                             head.held = True
                             self.metrics.admissions.labels("held").inc()
@@ -488,7 +491,7 @@ class Scheduler:
             return
         seconds = time.perf_counter() - t0
         self.metrics.step(group.key.policy, seconds, int(rec.rows.numel()), int(rec.refresh.sum()))
-        self._observe(seconds, int(rec.rows.numel()), float(rec.computed.sum()))
+        self._observe(seconds, int(rec.rows.numel()), float(rec.computed.sum()), group.key)
         st, P, G = run.state, run.P, run.G
         rows = rec.rows.tolist()
         gen_masked = st.masked[:, P:]  # (B, G)
