@@ -125,3 +125,17 @@ def test_a_groups_own_steps_set_its_level_and_the_fit_its_shape():
     assert cost.curve("long", 2) > 1.3 * cost.step(2)  # well above what the fit alone says
     partial, full = 1e-3 + 4e-3 + 1e-5 * 160, 1e-3 + 4e-3 + 1e-5 * 320
     assert partial < cost.curve("warm", 4) < (full + 3 * partial) / 4  # its own steps, the oldest weighing least
+
+
+def test_the_head_is_judged_over_the_lengths_its_group_takes_not_their_mean():
+    """Most answers of the group are short (8 steps), one in four long (200): joining a row with 100
+    steps left saves a short answer most of its wait, which outweighs what a long one costs; a head of
+    the mean length (56) would wait."""
+    running = [Row(100, "g")]
+    assert not admit(running, Row(56, "g"), 0.0, 0, cpu)
+    assert admit(running, [Row(8, "g")] * 3 + [Row(200, "g")], 0.0, 0, cpu)
+    h = StepHistory()
+    for steps in (8, 8, 8, 200) * 4:
+        h.finished("g", steps)
+    assert h.sizes("g", bound=256, k=4) == [8.0, 8.0, 8.0, 200.0]
+    assert h.sizes("new", bound=256) == [256.0]

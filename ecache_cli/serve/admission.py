@@ -61,12 +61,13 @@ class StepCost:
         self.coef = list(self.prior)
         self._groups: dict[object, dict[int, list[float]]] = {}  # group -> rows -> [weight, weighted seconds]
 
-    def observe(self, seconds: float, rows: int, positions: float, group=None) -> None:
+    def observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0) -> None:
         """One step of ``rows`` rows that computed ``positions`` positions in ``seconds`` (of a run of
-        ``group``: its own steps are also kept per row count, :meth:`curve`)."""
+        ``group``: its own steps are also kept per row count, :meth:`curve`, less ``joins``, the seconds
+        its joining rows' first full forwards are charged apart)."""
         if group is not None:
             w, t = self._groups.setdefault(group, {}).get(rows, (0.0, 0.0))
-            self._groups[group][rows] = [FORGET * w + 1.0, FORGET * t + seconds]
+            self._groups[group][rows] = [FORGET * w + 1.0, FORGET * t + max(seconds - joins, 0.0)]
         x = (1.0, float(rows), positions / POSITION_UNIT)
         xx, xy, w, pos = self._by_rows.get(rows) or ([[0.0] * 3 for _ in range(3)], [0.0] * 3, 0.0, 0.0)
         for i in range(3):
@@ -178,6 +179,15 @@ class StepHistory:
             return sum(longer) / len(longer) - done
         return float(max(per_block - done % per_block, 1))
 
+    def sizes(self, key, bound: int, k: int = 8) -> list[float]:
+        """Up to ``k`` evenly spaced quantiles of the steps the remembered rows of ``key`` took (a new
+        request's length is one of them, each as likely); ``[bound]`` with no history."""
+        seen = sorted(self._steps.get(key) or [])
+        if not seen:
+            return [float(bound)]
+        n = min(k, len(seen))
+        return [float(seen[(2 * i + 1) * len(seen) // (2 * n)]) for i in range(n)]
+
 
 @dataclasses.dataclass
 class Row:
@@ -210,10 +220,14 @@ def completions(rows: list[Row], step: Callable[[object, int], float], first: fl
     return total, t
 
 
-def admit(running: list[Row], head: Row, join_cost: float, behind: int, step: Callable[[object, int], float],
-          arrivals: float = 0.0) -> bool:
+def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: int,
+          step: Callable[[object, int], float], arrivals: float = 0.0) -> bool:
     """Whether the queue's ``head`` should join the ``running`` rows now (``auto``).
 
+    ``head``: the head's row, or its equally likely versions (one per length its group's rows have
+    taken: a request's length is not known until it ends), over which the sums are averaged (so a
+    group of short and long answers counts what joining saves a short one, not what it would save
+    one of the mean length).
     ``join_cost``: seconds its first full forward adds to the step it joins; ``behind``: requests
     queued after it; ``arrivals``: requests arriving per second (recent); ``step(group, n)``: the
     expected seconds of a step of ``n`` rows of a run of ``group`` (:meth:`StepCost.curve`).
@@ -224,10 +238,12 @@ def admit(running: list[Row], head: Row, join_cost: float, behind: int, step: Ca
     counts for them. Joins when the first sum is no larger (always, when nothing runs)."""
     if not running:
         return True
-    joined, end_joined = completions(running + [head], step, first=join_cost)
+    heads = head if isinstance(head, list) else [head]
     alone, end_running = completions(running, step)
-    mine, end_waited = completions([head], step, first=join_cost, start=end_running)
     later = behind + arrivals * end_running
-    cost_join = joined + later * end_joined
-    cost_wait = alone + mine + later * end_waited
-    return cost_join <= cost_wait or not math.isfinite(cost_wait)
+    diff = 0.0
+    for h in heads:
+        joined, end_joined = completions(running + [h], step, first=join_cost)
+        mine, end_waited = completions([h], step, first=join_cost, start=end_running)
+        diff += (joined + later * end_joined) - (alone + mine + later * end_waited)
+    return diff <= 0 or not math.isfinite(diff)

@@ -374,9 +374,10 @@ class Scheduler:
                           highlight=False)
                 return
 
-    def _observe(self, seconds: float, rows: int, positions: float, group=None) -> None:
-        """One step (of a run of ``group``) into the step-cost model (and its gauges)."""
-        self.cost.observe(seconds, rows, positions, group)
+    def _observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0) -> None:
+        """One step (of a run of ``group``; ``joins``: the seconds its joining rows' full forwards are
+        expected to add, charged apart by ``admit``) into the step-cost model (and its gauges)."""
+        self.cost.observe(seconds, rows, positions, group, joins)
         self.metrics.step_cost(self.cost)
 
     def _expire_queue(self) -> None:
@@ -415,7 +416,8 @@ class Scheduler:
                     row, join = self._row(head.key, 0), self._join_cost(head.key)
                     n = sum(r.group == head.key for r in running) + 1  # rows its group's run would step
                     explore = n > 1 and not self.cost.seen(head.key, n)  # learn that width's cost: join
-                    if not explore and not admit(running, row, join, len(self._queue) - 1, self.cost.curve,
+                    versions = [Row(size, head.key) for size in self.history.sizes(head.key, self._bound(head.key))]
+                    if not explore and not admit(running, versions, join, len(self._queue) - 1, self.cost.curve,
                                                  self._rate()):
                         if not head.held:
                             head.held = True
@@ -437,11 +439,14 @@ class Scheduler:
             return 0.0
         return (len(self._arrivals) - 1) / max(time.monotonic() - self._arrivals[0], 1e-3)
 
+    @staticmethod
+    def _bound(key: GroupKey) -> int:
+        """The most steps a row of ``key`` runs: its steps, or in threshold mode one a token."""
+        return key.cfg.steps if key.cfg.steps is not None else key.cfg.gen_length
+
     def _row(self, key: GroupKey, done: int) -> Row:
         """A row of group ``key`` that has run ``done`` steps, as the admission model sees it."""
-        cfg = key.cfg
-        blocks = max(cfg.gen_length // cfg.block_length, 1)
-        bound = cfg.steps if cfg.steps is not None else cfg.gen_length  # threshold mode: at most a step a token
+        bound, blocks = self._bound(key), max(key.cfg.gen_length // key.cfg.block_length, 1)
         return Row(self.history.remaining(key, done, bound, max(bound // blocks, 1)), key)
 
     def _join_cost(self, key: GroupKey) -> float:
@@ -491,7 +496,9 @@ class Scheduler:
             return
         seconds = time.perf_counter() - t0
         self.metrics.step(group.key.policy, seconds, int(rec.rows.numel()), int(rec.refresh.sum()))
-        self._observe(seconds, int(rec.rows.numel()), float(rec.computed.sum()), group.key)
+        joins = sum(group.jobs[r].steps == 0 for r in rec.rows.tolist())  # rows whose first step this was
+        self._observe(seconds, int(rec.rows.numel()), float(rec.computed.sum()), group.key,
+                      joins * self._join_cost(group.key))
         st, P, G = run.state, run.P, run.G
         rows = rec.rows.tolist()
         gen_masked = st.masked[:, P:]  # (B, G)
