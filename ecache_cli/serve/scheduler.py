@@ -15,7 +15,9 @@ row slot of the run's KV store, whose buffers grow by doubling up to ``--max-bat
 ``kvstore.py``) or start a new run for them. ``always`` moves the head whenever there is room;
 ``auto`` (the default) moves it when :func:`~ecache_cli.serve.admission.admit` finds that lowers the
 expected sum of completion times under the step-cost model the loop fits to its own steps (else the
-head waits, and everything behind it); ``fcfs`` (``--batching static``, the baseline of
+head waits, and everything behind it), and an idle engine takes what waits as one batch, whose rows
+start together and so stay at the same step of their blocks (a row that joins mid-block widens every
+partial forward of its run to its own targets); ``fcfs`` (``--batching static``, the baseline of
 ``bench/serve_load.py``) takes, when no run is active, the first queued request and up to
 ``--max-batch`` − 1 more of its group in queue order, and runs them to completion before taking more
 (dInfer's demo server). Runs of different groups are stepped round-robin, one denoising step each, by
@@ -410,9 +412,10 @@ class Scheduler:
             self._queue = rest
         else:
             running = self._rows() if self.admission == "auto" and self._queue else []
+            idle = not running  # an idle engine starts what waits as one batch, its rows in step
             while self._queue and self._running + len(taken) < self.max_batch:
                 head = self._queue[0]
-                if self.admission == "auto":
+                if self.admission == "auto" and not idle:
                     row, join = self._row(head.key, 0), self._join_cost(head.key)
                     n = sum(r.group == head.key for r in running) + 1  # rows its group's run would step
                     explore = n > 1 and not self.cost.seen(head.key, n)  # learn that width's cost: join
