@@ -1,9 +1,10 @@
-"""Serving load benchmark: Poisson arrivals against ``ecache serve``; continuous vs static batching,
+"""Serving load benchmark: Poisson arrivals against ``ecache serve``; the admission modes side by side,
 ``none`` vs ``entropy``.
 
-For each batching mode (``--batching continuous`` and ``static``) the script starts ``ecache serve``
-on a free loopback port (``--max-batch``, one torch thread by default), and for each cache policy
-(the request's ``policy`` field) measures:
+For each admission mode (``--admission``: ``fcfs`` = static batching, ``always`` = every queued
+request joins at the next step, ``auto`` = the step-cost model decides; ``serve/admission.py``) the
+script starts ``ecache serve`` on a free loopback port (``--max-batch``, one torch thread by
+default), and for each cache policy (the request's ``policy`` field) measures:
 
 - the unloaded latency: ``--unloaded`` requests sent one at a time (median seconds);
 - at every arrival rate of ``--rates`` (requests/s): ``--duration`` seconds of Poisson arrivals
@@ -11,7 +12,8 @@ on a free loopback port (``--max-batch``, one torch thread by default), and for 
   ``--domains`` (``list`` by default: short answers of one block; ``arith`` answers take 2-4 blocks,
   so rows of one batch end at different steps; several domains are interleaved), ``max_tokens``
   ``--max-tokens``, greedy; throughput = requests done / (last done − first sent), generated tokens/s,
-  p50/p95 latency (sent → last chunk), p50/p95 time to the first streamed text, and the share of
+  p50/p95 latency (sent → last chunk) overall and per domain, p50/p95 time to the first streamed
+  text, and the share of
   answers identical to ``none``'s answer to the same prompt (the fidelity the policy's speed costs;
   greedy answers do not depend on the batch, so ``none``'s are its answers alone).
 
@@ -19,13 +21,16 @@ The server's EntropyCache setting is its profile's (``--profile``: the embedded 
 profile unless given; ``--profile list`` is what a server of ``list`` prompts runs) unless ``--tau`` /
 ``--recent-k`` set it (requests name only the policy).
 
-Then the targets: R* is the lowest rate at which static batching's p95 latency exceeds 3× its
-unloaded latency (``--policy-for-batching``, default entropy); at R*, continuous batching's p95 must be
-≤ 0.6× static's at equal or higher throughput, and under continuous batching ``entropy`` must serve
-≥ 2× ``none``'s throughput. Prints a table and, last, one JSON line.
+Then the targets: R* is the lowest rate at which ``fcfs``'s (static batching's) p95 latency exceeds
+3× its unloaded latency (``--policy-for-batching``, default entropy); at R*, ``auto``'s p50 and p95
+must be ≤ 1.05× the better of ``always``'s and ``fcfs``'s, with several domains the first domain's
+(the short requests') p95 under ``auto`` ≤ 0.8× its p95 under ``fcfs``, and under ``always``
+``entropy`` must serve ≥ 2× ``none``'s throughput. Prints a table and, last, one JSON line.
 
-    python bench/serve_load.py                                      # ~6-8 min on a 2-core CPU
-    python bench/serve_load.py --rates 4,8,16 --duration 5 --modes continuous
+    python bench/serve_load.py --policies entropy --profile list --rates 2,4,8,16     # 0-shot list
+    python bench/serve_load.py --policies entropy --profile list --shots 4 --rates 3,4,6,8,12   # 4-shot list
+    python bench/serve_load.py --policies entropy --domains list,arith --max-tokens 128 --rates 1,2,3,4,6
+    python bench/serve_load.py --rates 4,8,16 --duration 5 --admission auto
     python bench/serve_load.py --domains arith --max-tokens 128 --tau 3 --recent-k 16   # rows of mixed length
     python bench/serve_load.py --url http://127.0.0.1:8000 --modes external   # a server already running
 """
@@ -60,7 +65,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def start_server(args, mode: str):
     """``ecache serve`` on a free loopback port; returns (process, base URL)."""
-    cmd = [sys.executable, "-m", "ecache_cli", "serve", "--model", args.model, "--port", "0", "--batching", mode,
+    cmd = [sys.executable, "-m", "ecache_cli", "serve", "--model", args.model, "--port", "0", "--admission", mode,
            "--max-batch", str(args.max_batch), "--max-queue", "100000", "--threads", str(args.threads),
            "--gen-length", str(args.max_tokens), *(["--profile", args.profile] if args.profile else [])]
     entropy = [*(["--tau", str(args.tau)] if args.tau is not None else []),
@@ -109,6 +114,14 @@ async def one(client, url: str, model: str, prompt: str, policy: str, max_tokens
             "prompt": prompt, "text": "".join(text)}
 
 
+def by_domain(res: list[dict], domain_of: dict[str, str]) -> dict[str, float]:
+    """p95 latency of each domain's requests (``domain_of``: prompt -> domain)."""
+    out: dict[str, list[float]] = {}
+    for r in res:
+        out.setdefault(domain_of.get(r["prompt"], "?"), []).append(r["done"] - r["sent"])
+    return {d: pct(xs, 0.95) for d, xs in out.items()}
+
+
 async def unloaded(url: str, args, prompts: list[str], policy: str) -> tuple[float, dict[str, str]]:
     """The median latency of ``--unloaded`` requests sent one at a time, and their answers by prompt."""
     import httpx
@@ -139,7 +152,8 @@ async def load(url: str, args, prompts: list[str], policy: str, rate: float, see
     lat = [r["done"] - r["sent"] for r in res]
     ttft = [r["first"] - r["sent"] for r in res]
     return {"n": n, "throughput": n / (end - start), "tokens_per_s": sum(r["tokens"] for r in res) / (end - start),
-            "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
+            "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p95_by_domain": by_domain(res, args.domain_of),
+            "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
             "reasons": sorted({r["reason"] for r in res}), "answers": {r["prompt"]: r["text"] for r in res}}
 
 
@@ -157,8 +171,9 @@ def main() -> None:
     ap.add_argument("--rates", default="2,4,8,16,32", help="arrival rates, requests/s (default 2,4,8,16,32)")
     ap.add_argument("--duration", type=float, default=6.0, help="seconds of arrivals per rate (default 6)")
     ap.add_argument("--policies", default="none,entropy")
-    ap.add_argument("--modes", default="static,continuous", help="batching modes to start servers for, or "
-                    "'external' with --url")
+    ap.add_argument("--admission", "--modes", dest="modes", default="fcfs,always,auto",
+                    help="admission modes to start servers for (default fcfs,always,auto; static = fcfs, "
+                    "continuous = always), or 'external' with --url")
     ap.add_argument("--url", default=None, help="a running server (with --modes external)")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -192,9 +207,14 @@ def main() -> None:
         sys.exit(2)
     per_domain = [[t.prompt(ex, args.shots, args.seed) for ex in t.examples("test", 64, args.seed)] for t in tasks]
     prompts = [p for group in zip(*per_domain) for p in group]  # one of each domain in turn
+    args.domain_of = {p: d for d, group in zip(domains, per_domain) for p in group}
     rates = [float(r) for r in args.rates.split(",")]
     policies = args.policies.split(",")
-    modes = args.modes.split(",")
+    modes = [{"static": "fcfs", "continuous": "always"}.get(m, m) for m in args.modes.split(",")]
+    bad = [m for m in modes if m not in ("fcfs", "always", "auto", "external")]
+    if bad:
+        print(f"serve_load.py: --admission {bad[0]!r}: use fcfs, always, auto or external", file=sys.stderr)
+        sys.exit(2)
     rows: list[dict] = []
     t_start = time.time()
     import httpx
@@ -232,29 +252,40 @@ def main() -> None:
         r["identical"] = identical_share(r.pop("answers"), reference)
         r.pop("unloaded_answers")
 
-    print(f"\n{'batching':>10} {'policy':>8} {'rate/s':>7} {'n':>4} {'req/s':>7} {'tok/s':>7} {'p50 s':>7} "
-          f"{'p95 s':>7} {'ttft50':>7} {'ttft95':>7} {'unl. s':>7} {'same':>5}")
+    split = len(domains) > 1  # a p95 column per domain
+    print(f"\n{'admission':>10} {'policy':>8} {'rate/s':>7} {'n':>4} {'req/s':>7} {'tok/s':>7} {'p50 s':>7} "
+          f"{'p95 s':>7}" + "".join(f" {'p95 ' + d:>10}" for d in domains if split)
+          + f" {'ttft50':>7} {'ttft95':>7} {'unl. s':>7} {'same':>5}")
     for r in rows:
         same = "-" if r["identical"] is None else f"{100 * r['identical']:.0f}%"
+        per = "".join(f" {r['p95_by_domain'].get(d, float('nan')):10.3f}" for d in domains if split)
         print(f"{r['mode']:>10} {r['policy']:>8} {r['rate']:7g} {r['n']:4d} {r['throughput']:7.2f} "
-              f"{r['tokens_per_s']:7.1f} {r['p50']:7.3f} {r['p95']:7.3f} {r['ttft_p50']:7.3f} {r['ttft_p95']:7.3f} "
-              f"{r['unloaded']:7.3f} {same:>5}")
+              f"{r['tokens_per_s']:7.1f} {r['p50']:7.3f} {r['p95']:7.3f}{per} {r['ttft_p50']:7.3f} "
+              f"{r['ttft_p95']:7.3f} {r['unloaded']:7.3f} {same:>5}")
 
     def at(mode, policy, rate):
         return next((r for r in rows if r["mode"] == mode and r["policy"] == policy and r["rate"] == rate), None)
 
     targets: dict = {}
     pol = args.policy_for_batching
-    static = [r for r in rows if r["mode"] == "static" and r["policy"] == pol]
+    static = [r for r in rows if r["mode"] == "fcfs" and r["policy"] == pol]
     r_star = next((r["rate"] for r in static if r["p95"] > 3 * r["unloaded"]), None)
     targets["r_star"] = r_star
     if r_star is not None:
-        s, c = at("static", pol, r_star), at("continuous", pol, r_star)
+        s, c, a = at("fcfs", pol, r_star), at("always", pol, r_star), at("auto", pol, r_star)
         if c is not None:
-            targets["continuous_p95_over_static"] = c["p95"] / s["p95"]
-            targets["continuous_throughput_over_static"] = c["throughput"] / s["throughput"]
-            targets["batching_met"] = c["p95"] <= 0.6 * s["p95"] and c["throughput"] >= s["throughput"] * 0.98
-        e, n_ = at("continuous", "entropy", r_star), at("continuous", "none", r_star)
+            targets["always_p95_over_fcfs"] = c["p95"] / s["p95"]
+            targets["always_throughput_over_fcfs"] = c["throughput"] / s["throughput"]
+        if a is not None and c is not None:
+            for k in ("p50", "p95"):
+                targets[f"auto_{k}_over_best"] = a[k] / min(s[k], c[k])
+            met = targets["auto_p50_over_best"] <= 1.05 and targets["auto_p95_over_best"] <= 1.05
+            if len(domains) > 1:
+                short = domains[0]
+                targets["auto_short_p95_over_fcfs"] = a["p95_by_domain"][short] / s["p95_by_domain"][short]
+                met = met and targets["auto_short_p95_over_fcfs"] <= 0.8
+            targets["admission_met"] = met
+        e, n_ = at("always", "entropy", r_star), at("always", "none", r_star)
         if e is not None and n_ is not None:
             targets["entropy_throughput_over_none"] = e["throughput"] / n_["throughput"]
             targets["entropy_met"] = e["throughput"] >= 2 * n_["throughput"]

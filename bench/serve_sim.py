@@ -1,25 +1,34 @@
-"""Continuous vs static batching inside one process: the engine thread of ``ecache serve`` fed Poisson
-arrivals directly, without HTTP.
+"""The admission modes inside one process: the engine thread of ``ecache serve`` fed Poisson arrivals
+directly, without HTTP.
 
 ``bench/serve_load.py`` measures the server as a client sees it, HTTP, SSE and the client's own CPU
 time included. This bench keeps only the scheduler and the engine (``serve/scheduler.py``), so that a
-difference between the batching modes is the scheduling's: each request is a greedy chat completion
-of a test prompt of ``--domain`` (``max_tokens`` ``--max-tokens``), built by the server's own request
-resolver with the server's settings (``--profile``), and submitted on a seeded Poisson schedule; both
-batching modes get the same schedule, in alternating order over ``--repeats``. Per mode and rate:
+difference between the admission modes (``--admission``: ``always``, ``fcfs`` = static batching,
+``auto``; ``serve/admission.py``) is the scheduling's: each request is a greedy chat completion of a
+test prompt of ``--domains`` (interleaved; ``list,arith`` with ``--max-tokens 128`` gives answers of
+one to four blocks), built by the server's own request resolver with the server's settings
+(``--profile``), and submitted on a seeded Poisson schedule; every mode gets the same schedule, in
+rotating order over ``--repeats``. Per mode and rate:
 
-- latency p50 / p95 (arrival → the result handed back), throughput (requests / (last done − first
-  arrival)); a first pass of 8 requests, not kept, warms up;
+- latency p50 / p95 (arrival → the result handed back), and p95 per domain (the first domain's
+  requests are the short ones of a mixed workload), throughput (requests / (last done − first
+  arrival)); each scheduler warms up as the server does, and a first pass of 8 requests, not kept,
+  warms the process;
 - the engine's steps: how many, rows per step (mean), busy seconds (the sum of the steps' wall
   times) and ms per step, which show how a step's time grows with its rows. When it grows in
   proportion (a CPU thread at these widths), sharing steps slows the running rows by about what it
   saves a joining one, and continuous batching behaves like processor sharing: for requests of
   similar size its median and tail latency are higher than serving batches one after another.
 
-Prints a table, then one JSON line.
+- the step-cost model ``auto`` fitted (``base``, ``per_row``, ``per_position`` seconds).
 
-    python bench/serve_sim.py --shots 4 --profile list --rates 4,8      # ~2 min, one thread
-    python bench/serve_sim.py --policy none --rates 2,3
+The targets, per rate: ``auto``'s p50 and p95 ≤ 1.05× the better of ``always`` and ``fcfs`` (the
+medians over the repeats), and with several domains the first domain's p95 under ``auto`` ≤ 0.8× its
+p95 under ``fcfs``. Prints a table, the targets, then one JSON line.
+
+    python bench/serve_sim.py --shots 0 --profile list --rates 8          # 0-shot list
+    python bench/serve_sim.py --shots 4 --profile list --rates 4,8        # 4-shot list, ~3 min, one thread
+    python bench/serve_sim.py --shots 0 --domains list,arith --max-tokens 128 --rates 3   # mixed lengths
 """
 
 from __future__ import annotations
@@ -44,16 +53,19 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def build(args):
-    """The loaded model, the server's settings and the requests' bodies (chat messages)."""
+    """The loaded model, the server's settings and the requests' (domain, prompt), domains interleaved."""
     from ecache_cli.models.loader import load_model
     from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.tasks import get_task
 
     settings = resolve_settings(args.model, {"gen_length": args.max_tokens}, {}, profile=args.profile)
     lm = load_model(args.model, device="cpu", dtype="float32")
-    task = get_task(args.domain)
-    prompts = [task.prompt(ex, args.shots, args.seed) for ex in task.examples("test", 64, args.seed)]
-    return lm, settings, prompts
+    per_domain = []
+    for name in args.domains:
+        task = get_task(name)
+        examples = task.examples("test", 64, args.seed)
+        per_domain.append([(name, task.prompt(ex, args.shots, args.seed)) for ex in examples])
+    return lm, settings, [p for group in zip(*per_domain) for p in group]
 
 
 def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: int) -> dict:
@@ -64,6 +76,13 @@ def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: 
 
     sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode)
     resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name=args.model))
+
+    def request(i: int, prompt: str):
+        messages = [{"role": "user", "content": prompt}]
+        req = parse(ChatRequest, {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
+                                  "temperature": 0, "policy": args.policy, "seed": i})
+        return resolver.job(req, "chat", resolver.chat_ids(req))
+
     steps: list[tuple[float, int]] = []  # (seconds, rows) per engine step
     done_at: dict[int, float] = {}  # id(job) -> when its result was handed back
     all_done = threading.Event()
@@ -82,15 +101,14 @@ def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: 
             all_done.set()
 
     sched._step, sched._finish = timed_step, timed_finish
-    sched.start()
+    sched.start([request(i, prompts[i % len(prompts)][1]) for i in range(min(4, args.max_batch))])  # as the server
+    sched.ready.wait()
     rng = random.Random(seed)
     jobs = []
     for i in range(n):
         time.sleep(rng.expovariate(rate))
-        messages = [{"role": "user", "content": prompts[i % len(prompts)]}]
-        req = parse(ChatRequest, {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
-                                  "temperature": 0, "policy": args.policy})
-        job = resolver.job(req, "chat", resolver.chat_ids(req))
+        job = request(i, prompts[i % len(prompts)][1])
+        job.arrived = time.monotonic()
         jobs.append(job)
         sched.submit(job)
     all_done.wait()
@@ -98,9 +116,12 @@ def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: 
     lat = [done_at[id(j)] - j.arrived for j in jobs]
     span = max(done_at.values()) - min(j.arrived for j in jobs)
     busy = sum(s for s, _ in steps)
-    return {"mode": mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "throughput": n / span,
-            "steps": len(steps), "rows_per_step": statistics.mean(r for _, r in steps), "busy_s": busy,
-            "ms_per_step": 1000 * busy / len(steps)}
+    by_domain = {d: pct([x for x, (dom, _) in zip(lat, (prompts[i % len(prompts)] for i in range(n))) if dom == d],
+                        0.95) for d in dict.fromkeys(dom for dom, _ in prompts[:n])}
+    return {"mode": mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p95_by_domain": by_domain,
+            "throughput": n / span, "steps": len(steps), "rows_per_step": statistics.mean(r for _, r in steps),
+            "busy_s": busy, "ms_per_step": 1000 * busy / len(steps),
+            "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row, "per_position": sched.cost.per_position}}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,7 +138,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--profile", default=None, help="the server's profile (default: the model's default profile)")
     ap.add_argument("--policy", default="entropy", help="the requests' cache policy (default entropy)")
-    ap.add_argument("--domain", default="list", help="task domain of the prompts (default list)")
+    ap.add_argument("--domains", default="list", help="task domains of the prompts, interleaved (default list)")
+    ap.add_argument("--admission", default="always,fcfs,auto", help="admission modes to compare (default "
+                    "always,fcfs,auto; fcfs is static batching)")
     ap.add_argument("--shots", type=int, default=4, help="solved examples before each prompt (default 4)")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request (default 64)")
     ap.add_argument("--rates", default="4,8", help="arrival rates, requests/s (default 4,8)")
@@ -131,6 +154,11 @@ def parse(argv=None) -> argparse.Namespace:
         args.rates = [float(r) for r in args.rates.split(",")]
     except ValueError:
         ap.error(f"--rates {args.rates!r} is not a list of numbers; give requests/s, e.g. --rates 4,8")
+    args.domains = args.domains.split(",")
+    args.admission = args.admission.split(",")
+    bad = [m for m in args.admission if m not in ("always", "fcfs", "auto")]
+    if bad:
+        ap.error(f"--admission {bad[0]!r}: use always, fcfs or auto (comma-separated)")
     if not all(r > 0 for r in args.rates):
         ap.error(f"--rates {','.join(f'{r:g}' for r in args.rates)}: every rate must be > 0 requests/s")
     from ecache_cli.cache import POLICIES
@@ -157,26 +185,54 @@ def main() -> None:
         print(f"serve_sim.py: {e}", file=sys.stderr)
         sys.exit(2)
     t_start = time.time()
-    one_pass(lm, settings, prompts, args, "static", rates[0], args.seed, min(args.n, 8))  # warm-up, not kept
+    one_pass(lm, settings, prompts, args, "fcfs", rates[0], args.seed, min(args.n, 8))  # warm-up, not kept
+    modes = args.admission
     rows = []
     for i, rate in enumerate(rates):
         for rep in range(args.repeats):
-            for mode in ("static", "continuous") if rep % 2 == 0 else ("continuous", "static"):
+            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:  # rotating order
                 r = one_pass(lm, settings, prompts, args, mode, rate, args.seed * 1000 + i, args.n)
                 r["repeat"] = rep
                 rows.append(r)
-                print(f"{mode:>10} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
+                print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
                       f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
                       f"{r['ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
-    print(f"\n{'batching':>10} {'rate/s':>6} {'pass':>4} {'p50 s':>6} {'p95 s':>6} {'req/s':>6} {'steps':>5} "
+    domains = list(dict.fromkeys(args.domains))
+    extra = "".join(f" {'p95 ' + d:>10}" for d in domains) if len(domains) > 1 else ""
+    print(f"\n{'admission':>9} {'rate/s':>6} {'pass':>4} {'p50 s':>6} {'p95 s':>6}{extra} {'req/s':>6} {'steps':>5} "
           f"{'rows':>5} {'busy s':>6} {'ms/step':>7}")
     for r in rows:
-        print(f"{r['mode']:>10} {r['rate']:6g} {r['repeat']:4d} {r['p50']:6.3f} {r['p95']:6.3f} {r['throughput']:6.2f} "
-              f"{r['steps']:5d} {r['rows_per_step']:5.2f} {r['busy_s']:6.2f} {r['ms_per_step']:7.2f}")
+        extra = "".join(f" {r['p95_by_domain'].get(d, float('nan')):10.3f}" for d in domains if len(domains) > 1)
+        print(f"{r['mode']:>9} {r['rate']:6g} {r['repeat']:4d} {r['p50']:6.3f} {r['p95']:6.3f}{extra} "
+              f"{r['throughput']:6.2f} {r['steps']:5d} {r['rows_per_step']:5.2f} {r['busy_s']:6.2f} "
+              f"{r['ms_per_step']:7.2f}")
+    targets = {f"{rate:g}": targets_at(rows, rate, domains) for rate in rates}
+    print("\ntargets:", json.dumps(targets))
     print(json.dumps({"bench": "serve_sim", "date": time.strftime("%Y-%m-%d"), "model": args.model,
-                      "profile": args.profile, "policy": args.policy, "domain": args.domain, "shots": args.shots,
+                      "profile": args.profile, "policy": args.policy, "domains": args.domains, "shots": args.shots,
                       "max_tokens": args.max_tokens, "n": args.n, "threads": args.threads,
-                      "max_batch": args.max_batch, "wall_s": time.time() - t_start, "rows": rows}))
+                      "max_batch": args.max_batch, "wall_s": time.time() - t_start, "rows": rows,
+                      "targets": targets}))
+
+
+def targets_at(rows: list[dict], rate: float, domains: list[str]) -> dict:
+    """The admission targets at ``rate`` from the medians over the repeats (module docstring): ratios
+    of ``auto`` to the better of ``always`` and ``fcfs``, and of the first domain's p95 under ``auto``
+    to ``fcfs``'s; ``met`` when every ratio holds. {} when a mode is missing."""
+    def med(mode: str, key, domain: str | None = None) -> float | None:
+        xs = [r["p95_by_domain"][domain] if domain else r[key] for r in rows if r["mode"] == mode and r["rate"] == rate]
+        return statistics.median(xs) if xs else None
+
+    if any(med(m, "p50") is None for m in ("always", "fcfs", "auto")):
+        return {}
+    out = {f"auto_{k}_over_best": med("auto", k) / min(med("always", k), med("fcfs", k)) for k in ("p50", "p95")}
+    ok = all(v <= 1.05 for v in out.values())
+    if len(domains) > 1:
+        short = domains[0]
+        out["auto_short_p95_over_fcfs"] = med("auto", None, short) / med("fcfs", None, short)
+        ok = ok and out["auto_short_p95_over_fcfs"] <= 0.8
+    out["met"] = ok
+    return out
 
 
 if __name__ == "__main__":

@@ -254,9 +254,13 @@ def test_edit_threshold_is_refused_on_a_bidirectional_model(llada_lm):
                                            make_policy("none"))
 
 
-def test_serve_decodes_concurrent_requests_as_generate_does(tmp_path, cli):
+@pytest.mark.parametrize("name,flags", [
+    ("sdar", []), ("llada2-mini", ["--block-length", "8", "--threshold", "0.7", "--edit-threshold", "0.5"])],
+    ids=["sdar", "llada2.1-editing"])
+def test_serve_decodes_concurrent_requests_as_generate_does(tmp_path, cli, name, flags):
     """``ecache serve`` on a block-diffusion folder: requests sent together join the running batch at different
-    blocks (each prefilled on its first step) and every answer equals ``generate``'s for its prompt alone."""
+    blocks (each prefilled on its first step) and every answer equals ``generate``'s for its prompt alone (with
+    token editing too: only finished blocks count as final)."""
     import os
     import re
     import subprocess
@@ -264,18 +268,18 @@ def test_serve_decodes_concurrent_requests_as_generate_does(tmp_path, cli):
     from concurrent.futures import ThreadPoolExecutor
 
     httpx = pytest.importorskip("httpx")
-    model = str(FIXTURES / "sdar")
+    model = str(FIXTURES / name)
     prompts = ["hello", "a longer prompt, of several blocks", "abc", "x = 1; y = 2"]
     want = []
     for p in prompts:
-        r = cli("generate", "--model", model, "--gen-length", "16", "--no-chat", "--jsonl", p)
+        r = cli("generate", "--model", model, "--gen-length", "16", "--no-chat", "--jsonl", *flags, p)
         assert r.exit_code == 0, r.stderr
         want.append(json.loads(r.stdout)["text"])
     env = {**os.environ, "ECACHE_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("ECACHE_API_KEY", None)
     proc = subprocess.Popen([sys.executable, "-m", "ecache_cli", "serve", "--model", model, "--port", "0",
-                             "--gen-length", "16"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+                             "--gen-length", "16", *flags], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
         for line in proc.stderr:  # it prints the address before serving

@@ -41,9 +41,10 @@ SORT = ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nSort: 9 3 7 
 
 
 @contextlib.contextmanager
-def serving(lm, settings, **options):
-    """An in-process server on a free loopback port; yields (base URL, app); stops it on exit."""
-    app = create_app(lm, settings, ServeOptions(model_name="tiny", **options))
+def serving(lm, settings, name: str = "tiny", ready: bool = True, **options):
+    """An in-process server on a free loopback port, serving ``lm`` as ``name``; yields (base URL, app)
+    once it answers (and, with ``ready``, once ``/health/ready`` says the engine is warm); stops it on exit."""
+    app = create_app(lm, settings, ServeOptions(model_name=name, **options))
     sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -52,8 +53,12 @@ def serving(lm, settings, **options):
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the test server did not start"
         time.sleep(0.02)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    while ready and httpx.get(f"{url}/health/ready").status_code != 200:  # the engine's warm-up
+        assert time.monotonic() < deadline, "the test server did not get ready"
+        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+        yield url, app
     finally:
         server.should_exit = True
         thread.join(30)
@@ -72,8 +77,9 @@ def settings():
 
 @pytest.fixture(scope="module")
 def server(tiny, settings):
-    """The main server: API key, --max-batch 16."""
-    with serving(tiny, settings, api_key=KEY, max_batch=16, max_prompt_tokens=200) as s:
+    """The main server: API key, --max-batch 16, --admission always (requests share runs whatever the
+    step-cost model would say, so that the exactness test sees rows join)."""
+    with serving(tiny, settings, api_key=KEY, max_batch=16, max_prompt_tokens=200, admission="always") as s:
         yield s
 
 
@@ -413,6 +419,10 @@ def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
 
 
 @pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),
+                                          (["--admission", "greedy"], "--admission 'greedy': use always, fcfs or auto"),
+                                          (["--batching", "static", "--admission", "always"],
+                                           "--batching static is --admission fcfs"),
+                                          (["--served-model-name", " "], "--served-model-name is empty"),
                                           (["--max-batch", "0"], "--max-batch 0"),
                                           (["--request-timeout", "0"], "--request-timeout 0"),
                                           (["--request-timeout", "nan"], "--request-timeout nan"),
@@ -442,3 +452,216 @@ def test_the_bound_socket_already_listens_so_an_early_client_waits_instead_of_be
             pass
     finally:
         sock.close()
+
+
+# --- operations: health probes, request ids, the served name, auto admission -----------------------------
+
+
+def test_ready_only_once_the_engine_has_warmed_up_while_live_at_once(tiny, settings, monkeypatch):
+    from ecache_cli.serve.scheduler import Scheduler
+
+    release, warm_up = threading.Event(), Scheduler._warm_up
+
+    def slow_warm_up(self):
+        release.wait(20)
+        warm_up(self)
+
+    monkeypatch.setattr(Scheduler, "_warm_up", slow_warm_up)
+    with serving(tiny, settings, ready=False) as (url, _):
+        assert httpx.get(f"{url}/health/live").status_code == 200
+        r = httpx.get(f"{url}/health/ready")
+        assert r.status_code == 503 and r.json()["status"] == "warming_up"
+        assert httpx.get(f"{url}/health").json()["status"] == "warming_up"
+        release.set()
+        wait_for(lambda: httpx.get(f"{url}/health/ready").status_code == 200, "the warm-up to end")
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_x_request_id_is_echoed_or_made_and_logged(server, caplog):
+    url, _ = server
+    with caplog.at_level("INFO", logger="ecache.serve"):
+        given = httpx.get(f"{url}/health", headers={"x-request-id": "trace-42.a:b"})
+        made = httpx.get(f"{url}/health")
+        odd = httpx.get(f"{url}/health", headers={"x-request-id": "two words"})
+    assert given.headers["x-request-id"] == "trace-42.a:b"
+    assert re.fullmatch(r"[0-9a-f]{32}", made.headers["x-request-id"])
+    assert re.fullmatch(r"[0-9a-f]{32}", odd.headers["x-request-id"])  # not echoed: it would break log lines
+    assert "trace-42.a:b GET /health 200" in caplog.text
+    bad = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}", "x-request-id": "e1"},
+                     json={"model": "tiny", "prompt": SORT, "temperature": 9})
+    assert bad.status_code == 400 and bad.headers["x-request-id"] == "e1"  # errors carry it too
+
+
+@pytest.fixture(scope="module")
+def named(tiny, settings):
+    """--served-model-name my-model, --admission auto (the default), no key."""
+    with serving(tiny, settings, name="my-model", max_batch=8) as s:
+        yield s
+
+
+def test_served_model_name_is_the_id_clients_use_and_retrieve(named):
+    url, _ = named
+    c = client(url, key="unused")
+    assert [m.id for m in c.models.list().data] == ["my-model"]
+    assert c.models.retrieve("my-model").id == "my-model"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("tiny")
+    assert e.value.body["code"] == "model_not_found"
+    resp = c.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "Sort: 9 3 7 1"}])
+    assert resp.model == "my-model" and resp.choices[0].message.content == "1 3 7 9"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["param"] == "model" and "'my-model'" in e.value.body["message"]
+
+
+def test_auto_admission_gives_each_request_what_generate_gives_it_and_exports_its_model(named):
+    url, app = named
+    c = client(url, key="unused")
+    prompts = PROMPTS[:6]
+    alone = generate(*prompts)
+
+    def chat(prompt):
+        return c.chat.completions.create(model="my-model", messages=[{"role": "user", "content": prompt}],
+                                         max_tokens=GEN).choices[0].message.content
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(chat, prompts))
+    assert got == [ref["text"] for ref in alone]
+    cost = app.state.scheduler.cost
+    assert cost.steps > 0
+    for term in ("base", "per_row", "per_position"):
+        assert metric(url, "ecache_step_cost_seconds", term=term) == pytest.approx(getattr(cost, term))
+    # every request that queued was counted once as joined; held ones also once as held
+    joined = metric(url, "ecache_admissions_total", decision="joined")
+    assert joined >= len(prompts) and metric(url, "ecache_admissions_total", decision="held") <= joined
+    assert httpx.get(f"{url}/health").json()["admission"] == "auto"
+
+
+# --- the current OpenAI request schema -----------------------------------------------------------------
+
+
+def test_current_client_fields_are_accepted_and_the_ignored_ones_named_in_a_warning(named):
+    url, _ = named
+    c = client(url, key="unused")
+    msg = [{"role": "user", "content": "Sort: 9 3 7 1"}]
+    raw = c.chat.completions.with_raw_response.create(
+        model="my-model", messages=msg, store=True, metadata={"team": "a"}, user="u1", service_tier="auto",
+        prompt_cache_key="k", parallel_tool_calls=False, tool_choice="none", stream=False)
+    assert raw.parse().choices[0].message.content == "1 3 7 9"
+    warning = raw.headers["warning"]
+    assert warning.startswith('299 ecache "accepted and ignored: ')
+    for field in ("user", "store", "metadata", "service_tier", "prompt_cache_key", "parallel_tool_calls"):
+        assert field in warning
+    plain = c.chat.completions.with_raw_response.create(model="my-model", messages=msg)
+    assert "warning" not in plain.headers
+    parts = c.chat.completions.create(model="my-model", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Sort: 9 3"}, {"type": "text", "text": " 7 1"}]}])
+    assert parts.choices[0].message.content == "1 3 7 9"
+
+
+def test_developer_and_tool_messages_reach_the_chat_template(named, tiny):
+    url, _ = named
+    c = client(url, key="unused")
+    ask = {"role": "user", "content": "Sort: 9 3 7 1"}
+    as_system = c.chat.completions.create(model="my-model", messages=[{"role": "system", "content": "Be brief."}, ask],
+                                          max_tokens=8, extra_body={"ignore_eos": True})
+    as_developer = c.chat.completions.create(model="my-model", messages=[{"role": "developer", "content": "Be brief."},
+                                                                        ask], max_tokens=8,
+                                             extra_body={"ignore_eos": True})
+    assert as_developer.choices[0].message.content == as_system.choices[0].message.content
+    assert as_developer.usage.prompt_tokens == as_system.usage.prompt_tokens
+    tool = c.chat.completions.create(model="my-model", max_tokens=8, messages=[
+        ask, {"role": "assistant", "content": "1 3 7 9"}, {"role": "tool", "tool_call_id": "c1", "content": "42"}])
+    template = tiny.tokenizer.apply_chat_template(
+        [ask, {"role": "assistant", "content": "1 3 7 9"}, {"role": "tool", "content": "42"}],
+        tokenize=True, add_generation_prompt=True)
+    assert tool.usage.prompt_tokens == len(template)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"service_tax": 1}, "service_tax"),  # in no schema: unrecognized
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]}, "messages.0.tool_calls"),
+    ({"temperature": -1}, "temperature"),
+])
+def test_fields_that_would_change_the_answer_are_refused_in_one_line(named, extra, param):
+    url, _ = named
+    with pytest.raises(openai.BadRequestError) as e:  # extra_body: sent as given, over the typed arguments
+        client(url, key="unused").chat.completions.create(
+            model="my-model", messages=[{"role": "user", "content": "hi"}], extra_body=extra)
+    err = e.value.body
+    assert err["param"] == param and err["message"] and "\n" not in err["message"], err
+
+
+def test_a_bad_temperature_gets_the_clis_message(named):
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    url, _ = named
+    r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": SORT, "temperature": -1})
+    cli = CliRunner().invoke(app, ["generate", "--temperature", "-1", "hi"])
+    message = r.json()["error"]["message"]
+    assert message == "temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)"
+    assert cli.exit_code == 2 and cli.stderr.strip() == f"error: --{message}"
+
+
+# --- Ollama's API ----------------------------------------------------------------------------------------
+
+
+def ndjson(r) -> list[dict]:
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def test_ollama_tags_version_and_generate_give_the_openai_answer(named):
+    url, _ = named
+    tags = httpx.get(f"{url}/api/tags").json()["models"]
+    assert [m["name"] for m in tags] == ["my-model"]
+    assert httpx.get(f"{url}/api/version").json()["version"]
+    body = {"model": "my-model:latest", "prompt": "Sort: 9 3 7 1", "options": {"num_predict": 64, "temperature": 0}}
+    one = httpx.post(f"{url}/api/generate", json={**body, "stream": False}, timeout=60).json()
+    assert one["response"] == "1 3 7 9" and one["done"] is True and one["done_reason"] == "stop"
+    assert one["eval_count"] > 0 and one["prompt_eval_count"] > 0 and one["total_duration"] > 0
+    lines = ndjson(httpx.post(f"{url}/api/generate", json=body, timeout=60))  # stream: Ollama's default
+    assert "".join(x["response"] for x in lines) == "1 3 7 9"
+    assert [x["done"] for x in lines][-1] is True and not any(x["done"] for x in lines[:-1])
+    raw = httpx.post(f"{url}/api/generate", json={"model": "my-model", "prompt": SORT, "raw": True,
+                                                  "stream": False}, timeout=60).json()
+    assert raw["response"] == "1 3 7 9"  # the prompt as given, like /v1/completions
+    load = httpx.post(f"{url}/api/generate", json={"model": "my-model"}).json()
+    assert load["done"] is True and load["done_reason"] == "load"
+
+
+def test_ollama_chat_streams_the_answer_and_names_ignored_options(named):
+    url, _ = named
+    body = {"model": "my-model", "messages": [{"role": "user", "content": "Reverse: 1 2 3"}],
+            "options": {"num_ctx": 4096, "seed": 1}, "keep_alive": "5m"}
+    openai_answer = client(url, key="unused").chat.completions.create(
+        model="my-model", messages=body["messages"]).choices[0].message.content
+    r = httpx.post(f"{url}/api/chat", json=body, timeout=60)
+    lines = ndjson(r)
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    assert "".join(x["message"]["content"] for x in lines) == openai_answer
+    assert lines[-1]["done"] is True and lines[-1]["message"]["role"] == "assistant"
+    assert r.headers["warning"] == '299 ecache "accepted and ignored: keep_alive, options.num_ctx"'
+
+
+@pytest.mark.parametrize("route, extra, status, needle", [
+    ("chat", {"options": {"mirostat": 2}}, 400, "options.mirostat is not supported"),
+    ("chat", {"format": "json"}, 400, "format is not supported"),
+    ("generate", {"images": ["aGk="]}, 400, "images is not supported"),
+    ("generate", {"model": "llama3"}, 404, "model 'llama3' is not served here"),
+    ("generate", {"options": {"temperature": 7.0}}, 400, "temperature 7.0 must be in [0, 2]"),
+    ("chat", {"frobnicate": 1}, 400, "unrecognized request argument 'frobnicate'"),
+])
+def test_ollama_refusals_are_ollama_errors(named, route, extra, status, needle):
+    url, _ = named
+    body = {"model": "my-model", "stream": False, **({"messages": [{"role": "user", "content": "hi"}]}
+                                                     if route == "chat" else {"prompt": "hi"}), **extra}
+    r = httpx.post(f"{url}/api/{route}", json=body)
+    assert r.status_code == status and needle in r.json()["error"], r.text

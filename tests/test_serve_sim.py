@@ -1,4 +1,4 @@
-"""bench/serve_sim.py: one-line option errors, and a real pass of each batching mode that serves every request."""
+"""bench/serve_sim.py: one-line option errors, and a real pass of each admission mode that serves every request."""
 
 from __future__ import annotations
 
@@ -18,18 +18,23 @@ def sim():
     (["--max-batch", "0"], "--max-batch 0 must be ≥ 1"),
     (["--shots", "-1"], "--shots -1 must be ≥ 0"),
     (["--policy", "fast"], "--policy 'fast' is not a cache policy; use one of none, "),
+    (["--admission", "always,static"], "--admission 'static': use always, fcfs or auto (comma-separated)"),
 ])
 def test_bad_options_exit_2_with_one_line(sim, capsys, argv, words):
     assert words in bench_usage_error(sim.parse, argv, capsys)
 
 
 def test_each_mode_serves_every_request_and_counts_its_steps(sim):
-    args = sim.parse(["--n", "3", "--rates", "50", "--shots", "0", "--max-tokens", "32", "--profile", "list"])
+    args = sim.parse(["--n", "4", "--rates", "50", "--shots", "0", "--max-tokens", "32", "--profile", "list",
+                      "--domains", "list,arith"])
     lm, settings, prompts = sim.build(args)
-    for mode in ("static", "continuous"):
-        r = sim.one_pass(lm, settings, prompts, args, mode, 50.0, 0, 3)
+    assert [d for d, _ in prompts[:4]] == ["list", "arith", "list", "arith"]  # interleaved
+    for mode in ("always", "fcfs", "auto"):
+        r = sim.one_pass(lm, settings, prompts, args, mode, 50.0, 0, 4)
         assert r["mode"] == mode and r["steps"] >= 1 and r["rows_per_step"] >= 1
         assert 0 < r["p50"] <= r["p95"] and r["throughput"] > 0
+        assert set(r["p95_by_domain"]) == {"list", "arith"} and max(r["p95_by_domain"].values()) == r["p95"]
+        assert r["cost"]["per_position"] > 0  # the model the scheduler fitted to its warm-up and steps
         # one 32-token block: at most 32 steps per request, however the requests overlap
-        assert r["steps"] <= 3 * 32
+        assert r["steps"] <= 4 * 32
         assert r["busy_s"] > 0 and r["ms_per_step"] == pytest.approx(1000 * r["busy_s"] / r["steps"])

@@ -22,7 +22,9 @@ def serve_cmd(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* \\[default: none].", rich_help_panel=S)] = None,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Rows decoded at once, over every batching group.", rich_help_panel=S)] = 32,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests waiting for a row; more get 429 with Retry-After.", rich_help_panel=S)] = 256,
-    batching: Annotated[str, typer.Option(help="continuous: requests join and leave running batches between denoising steps; static: an idle engine takes up to --max-batch queued requests and runs them to the end.", rich_help_panel=S)] = "continuous",
+    batching: Annotated[str, typer.Option(help="continuous: requests join and leave running batches between denoising steps, as --admission decides; static: an idle engine takes up to --max-batch queued requests and runs them to the end (--admission fcfs).", rich_help_panel=S)] = "continuous",
+    admission: Annotated[Optional[str], typer.Option(help="When a queued request joins the running rows: always (at the next step while there is room); fcfs (batches in arrival order: --batching static); auto (when the step-cost model fitted to this machine says it lowers the expected completion times; docs/SERVING.md) \\[default: auto].", rich_help_panel=S)] = None,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The model id clients name and /v1/models lists \\[default: --model].", rich_help_panel=S)] = None,
     request_timeout: Annotated[Optional[float], typer.Option("--request-timeout", help="Seconds from arrival after which a request ends with finish_reason 'timeout' (its text so far) \\[default: none].", rich_help_panel=S)] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (413 above).", rich_help_panel=S)] = 1 << 20,
     max_prompt_tokens: Annotated[Optional[int], typer.Option("--max-prompt-tokens", help="Longest prompt in tokens, after the chat template (400 above) \\[default: the model's positions less --gen-length].", rich_help_panel=S)] = None,
@@ -41,7 +43,8 @@ def serve_cmd(
 
     The decode and cache flags are the server's defaults; a request may override policy, tau, threshold,
     block_length and steps in its body, and max_tokens sets its canvas. Endpoints: /v1/models,
-    /v1/completions, /v1/chat/completions, /health, /metrics.
+    /v1/completions, /v1/chat/completions; Ollama's /api/tags, /api/generate, /api/chat; /health,
+    /health/live, /health/ready, /metrics.
 
     Examples: [cyan]ecache serve[/] · [cyan]ecache serve --model llada-8b --device cuda:0 --host 0.0.0.0 --api-key $KEY[/]
     """
@@ -53,6 +56,13 @@ def serve_cmd(
         raise UsageError(f"--max-queue {max_queue} must be ≥ 0")
     if batching not in ("continuous", "static"):
         raise UsageError(f"--batching {batching!r}: use continuous or static")
+    if admission is not None and admission not in ("always", "fcfs", "auto"):
+        raise UsageError(f"--admission {admission!r}: use always, fcfs or auto")
+    if batching == "static" and admission not in (None, "fcfs"):
+        raise UsageError(f"--batching static is --admission fcfs; drop --admission {admission} or --batching static")
+    admission = "fcfs" if batching == "static" else admission or "auto"
+    if served_model_name is not None and not served_model_name.strip():
+        raise UsageError("--served-model-name is empty; give a name, or leave it out (the --model name)")
     if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
         raise UsageError(f"--request-timeout {request_timeout} must be a finite number of seconds > 0 "
                          "(leave it out for no timeout)")
@@ -101,13 +111,14 @@ def serve_cmd(
     elif max_prompt_tokens > room:
         raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} + --gen-length {settings.decode.gen_length} exceed "
                          f"the model's {lm.spec.max_positions} positions; use at most {room}")
-    opts = ServeOptions(model_name=model, api_key=api_key, max_batch=max_batch, max_queue=max_queue, batching=batching,
+    name = served_model_name or model
+    opts = ServeOptions(model_name=name, api_key=api_key, max_batch=max_batch, max_queue=max_queue, admission=admission,
                         request_timeout=request_timeout, max_body_bytes=max_body_bytes,
                         max_prompt_tokens=max_prompt_tokens, shutdown_grace=shutdown_grace)
     app = create_app(lm, settings, opts)
     where, port_ = sock.getsockname()[:2]
     (err.print if port == 0 else say)(
-        f"ecache serve: model {model} on {lm.device}, {batching} batching, --max-batch {max_batch}; listening "
+        f"ecache serve: model {name} on {lm.device}, --admission {admission}, --max-batch {max_batch}; listening "
         f"on http://{_url_host(where)}:{port_} (OpenAI API under /v1)", markup=False, highlight=False)
     loopback = _is_loopback(where)
     if api_key is None and loopback:

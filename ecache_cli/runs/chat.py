@@ -29,7 +29,7 @@ from typing import IO
 from ..engine.core import Engine
 from ..errors import EcacheError, UsageError
 from .confidence import EntropyMeter
-from .final_text import FinalText
+from .final_text import FinalText, unsettled
 from .settings import Settings, resolve_settings
 
 HELP = """commands:
@@ -313,7 +313,7 @@ class ChatSession:
         for rec in run:
             meter.observe(rec)
             if int(rec.rows[0]) == 0:
-                new = final.advance(run.state.tokens[0, P:], run.state.masked[0, P:])
+                new = final.advance(run.state.tokens[0, P:], unsettled(run)[0, P:])
                 if new:
                     self.out.write(new)
                     self.out.flush()

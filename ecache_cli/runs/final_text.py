@@ -24,6 +24,14 @@ def final_lengths(gen_masked: torch.Tensor) -> list[int]:
     return torch.where(gen_masked.any(1), gen_masked.int().argmax(1), G).tolist()
 
 
+def unsettled(run) -> torch.Tensor:
+    """(B, T) bool: the canvas positions of ``run``'s rows that may still change: the masks, and with token
+    editing (LLaDA2.1, ``decoding/editing.py``) every position of a row's current block, whose committed
+    tokens a later step may rewrite. What precedes a row's first such position is final."""
+    st = run.state
+    return st.masked if run.decoder.editing is None else st.masked | st.in_block()
+
+
 def tokens_reaching(ids: list[int], chars: int, decode: Callable[[list[int]], str]) -> int:
     """The fewest leading tokens of ``ids`` whose decoded text has at least ``chars`` characters (a
     binary search: a prefix's text grows with it), i.e. the tokens that produced an answer cut there."""

@@ -1,9 +1,19 @@
-"""The HTTP side of ``ecache serve``: FastAPI routes, server-sent events, limits, and uvicorn.
+"""The HTTP side of ``ecache serve``: the app, its routes as small functions, server-sent events,
+limits, and uvicorn.
 
-Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI API
-reference shapes; ``protocol.py`` lists the fields), ``GET /health`` and ``GET /metrics``
-(Prometheus text format). With an API key, ``/v1/*`` needs ``Authorization: Bearer <key>`` (401
-otherwise); ``/health`` and ``/metrics`` stay open for probes and scrapers.
+OpenAI routes (OpenAI API reference shapes; ``protocol.py`` lists the fields): ``GET /v1/models``,
+``GET /v1/models/{id}``, ``POST /v1/completions``, ``POST /v1/chat/completions``. Ollama's
+(``ollama.py``): ``GET /api/tags``, ``GET /api/version``, ``POST /api/generate``, ``POST /api/chat``.
+Operations: ``GET /health`` (the state as JSON; 503 while shutting down), ``GET /health/live`` (200
+while the process serves HTTP), ``GET /health/ready`` (200 once the model is loaded and the engine has
+warmed up, 503 before and while shutting down), ``GET /metrics`` (Prometheus text format). With an
+API key, ``/v1/*`` and ``/api/*`` need ``Authorization: Bearer <key>`` (401 otherwise); ``/health*``
+and ``/metrics`` stay open for probes and scrapers.
+
+Every reply carries ``x-request-id``: the client's (up to 128 characters of ``[A-Za-z0-9._:-]``) or a
+new one; ``--access-log`` logs it with the request's method, path and status. A reply to a request
+that gave fields this server accepts and ignores (``protocol.IGNORED``) names them in a ``Warning:
+299`` header.
 
 Streaming (``stream: true``): ``text/event-stream`` chunks ``data: {json}`` carrying the answer's text
 as its leading tokens become final (committed with no mask before them; text that may begin a stop
@@ -11,20 +21,20 @@ string is held back until it cannot), a last chunk with ``finish_reason``, a usa
 ``stream_options.include_usage``, then ``data: [DONE]``. A client that disconnects cancels its row
 at its run's next step.
 
-Errors are OpenAI's ``{"error": {...}}``: 400 a bad field, 401 no or a wrong key, 413 a body over
-``--max-body-bytes``, 429 a full queue (with ``Retry-After``), 503 shutting down, 500 an engine fault
-(the server keeps serving). Finish reasons: ``stop``, ``length`` and, beyond OpenAI's, ``timeout``
-(``--request-timeout``), ``cancelled`` and ``shutdown`` (SIGTERM's grace ran out).
+Errors are OpenAI's ``{"error": {...}}``: 400 a bad field, 401 no or a wrong key, 404 no such route or
+model, 413 a body over ``--max-body-bytes``, 429 a full queue (with ``Retry-After``), 503 shutting
+down, 500 an engine fault (the server keeps serving). Finish reasons: ``stop``, ``length`` and,
+beyond OpenAI's, ``timeout`` (``--request-timeout``), ``cancelled`` and ``shutdown`` (SIGTERM's grace
+ran out).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import hmac
 import json
 import logging
+import re
 import signal
 import sys
 import threading
@@ -33,233 +43,260 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import ollama
+from .handling import ServeOptions, Server, check_key, events, read_json, resolve, submit, usage, wait
 from .metrics import ServeMetrics
-from .protocol import ApiError, ChatRequest, CompletionRequest, Limits, Resolver, parse
+from .protocol import ApiError, CompletionRequest, Limits, Resolver, ignored_fields, parse, warning_header
 from .scheduler import Job, Result, Scheduler
 
-#: Seconds a waiting handler sleeps between checks that its client is still connected.
-POLL_S = 0.1
-
-
-@dataclasses.dataclass
-class ServeOptions:
-    """Server settings (``ecache serve`` flags). ``model_name``: the id requests name and
-    ``/v1/models`` lists. ``api_key``: None = no key (loopback by default). ``max_batch`` rows decode
-    at once; ``max_queue`` requests wait; ``batching``: continuous | static. ``request_timeout``
-    seconds (None: none). ``max_body_bytes``: request bodies. ``max_prompt_tokens``: prompt ids.
-    ``shutdown_grace``: seconds SIGTERM leaves running rows. ``retry_after``: seconds a 429 asks for."""
-
-    model_name: str
-    api_key: str | None = None
-    max_batch: int = 32
-    max_queue: int = 256
-    batching: str = "continuous"
-    request_timeout: float | None = None
-    max_body_bytes: int = 1 << 20
-    max_prompt_tokens: int = 2048
-    shutdown_grace: float = 30.0
-    retry_after: int = 1
+#: A client's x-request-id is echoed when it matches this; otherwise the server makes one.
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+#: The logger of ``--access-log``'s request lines (with their x-request-id).
+log = logging.getLogger("ecache.serve")
 
 
 def create_app(lm, settings, opts: ServeOptions) -> FastAPI:
     """The FastAPI app over loaded model ``lm`` with server defaults ``settings`` (a ``runs.settings.Settings``).
 
-    The engine thread starts with the app's lifespan and stops with it; ``app.state.scheduler`` and
-    ``app.state.metrics`` expose them (tests, embedding)."""
+    The engine thread starts (and warms up) with the app's lifespan and stops with it;
+    ``app.state.server`` holds what the routes share, ``app.state.scheduler``, ``app.state.metrics``
+    and ``app.state.options`` expose its parts (tests, embedding)."""
     metrics = ServeMetrics()
-    sched = Scheduler(lm, metrics, opts.max_batch, opts.max_queue, opts.batching)
+    sched = Scheduler(lm, metrics, opts.max_batch, opts.max_queue, opts.admission)
     resolver = Resolver(sched.engine, lm, settings,
                         Limits(max_prompt_tokens=opts.max_prompt_tokens, model_name=opts.model_name,
                                request_timeout=opts.request_timeout))
-    created = int(time.time())
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        sched.start()
-        yield
-        await asyncio.get_running_loop().run_in_executor(None, sched.stop)
-
-    app = FastAPI(title="ecache", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="ecache", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = Server(opts, sched, metrics, resolver, int(time.time()))
     app.state.scheduler, app.state.metrics, app.state.options = sched, metrics, opts
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, e: StarletteHTTPException):
-        msg = {404: f"no route {request.url.path}; see /v1/models, /v1/completions, /v1/chat/completions",
-               405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
-        return JSONResponse(ApiError(e.status_code, msg).body(), status_code=e.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, e: RequestValidationError):
-        return JSONResponse(ApiError(400, str(e)).body(), status_code=400)
-
-    def check_key(request: Request, endpoint: str) -> None:
-        if opts.api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), opts.api_key.encode()):
-            metrics.requests.labels(endpoint, "unauthorized").inc()
-            raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
-                                "server's --api-key", type="authentication_error", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"}, outcome="unauthorized")
-
-    async def read_json(request: Request, endpoint: str):
-        limit = opts.max_body_bytes
-        too_large = ApiError(413, f"the request body exceeds {limit} bytes (--max-body-bytes)", outcome="too_large")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            metrics.requests.labels(endpoint, "too_large").inc()
-            raise too_large
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                metrics.requests.labels(endpoint, "too_large").inc()
-                raise too_large
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            metrics.requests.labels(endpoint, "invalid").inc()
-            raise ApiError(400, f"the request body is not valid JSON ({e})") from None
-
-    async def handle(request: Request, endpoint: str):
-        check_key(request, endpoint)
-        body = await read_json(request, endpoint)
-        try:
-            if endpoint == "chat":
-                req = parse(ChatRequest, body)
-                job = resolver.job(req, endpoint, resolver.chat_ids(req))
-            else:
-                req = parse(CompletionRequest, body)
-                job = resolver.job(req, endpoint, resolver.completion_ids(req))
-        except ApiError:
-            metrics.requests.labels(endpoint, "invalid").inc()
-            raise
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        job.bind(asyncio.get_running_loop())
-        refused = sched.submit(job)
-        if refused == "queue_full":
-            metrics.requests.labels(endpoint, "queue_full").inc()
-            raise ApiError(429, f"the queue is full ({opts.max_queue} requests waiting, --max-queue); retry later",
-                           type="rate_limit_error", code="queue_full", headers={"Retry-After": str(opts.retry_after)})
-        if refused == "unavailable":
-            metrics.requests.labels(endpoint, "unavailable").inc()
-            raise ApiError(503, "the server is shutting down; send the request to another replica",
-                           type="server_error", code="shutting_down")
-        rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
-        if job.stream:
-            return StreamingResponse(_sse(request, job, rid, endpoint, include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        result = await _wait(request, job)
-        return JSONResponse(_response(rid, endpoint, result))
-
-    async def _wait(request: Request, job: Job) -> Result:
-        try:
-            while True:
-                ev = await job.next_event(POLL_S)
-                if ev is None:
-                    if await request.is_disconnected():
-                        sched.cancel(job)
-                        return Result("", "cancelled", len(job.prompt_ids), 0, {})
-                    continue
-                if ev.kind == "done":
-                    return ev.result
-                if ev.kind == "error":
-                    raise ApiError(ev.status, ev.text, type="server_error", code="engine_error", outcome="error")
-        finally:
-            sched.cancel(job)  # a no-op once done; a handler cancelled midway frees the row
-
-    def _chunk(rid: str, endpoint: str, text: str | None, finish: str | None, role: bool = False) -> dict:
-        if endpoint == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": opts.model_name, "choices": [choice]}
-
-    async def _sse(request: Request, job: Job, rid: str, endpoint: str, include_usage: bool):
-        def data(obj) -> str:
-            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-        try:
-            if endpoint == "chat":
-                yield data(_chunk(rid, endpoint, None, None, role=True))
-            while True:
-                ev = await job.next_event(POLL_S)
-                if ev is None:
-                    if await request.is_disconnected():
-                        return
-                    continue
-                if ev.kind == "delta":
-                    yield data(_chunk(rid, endpoint, ev.text, None))
-                elif ev.kind == "done":
-                    res = ev.result
-                    yield data(_chunk(rid, endpoint, None if endpoint == "chat" else "", res.finish_reason)
-                               | {"ecache": res.stats})
-                    if include_usage:
-                        yield data({"id": rid, "object": _chunk(rid, endpoint, None, None)["object"],
-                                    "created": int(time.time()), "model": opts.model_name, "choices": [],
-                                    "usage": _usage(res)})
-                    yield "data: [DONE]\n\n"
-                    return
-                else:  # an engine fault after the headers went out: OpenAI's in-stream error
-                    yield data(ApiError(ev.status, ev.text, type="server_error", code="engine_error").body())
-                    yield "data: [DONE]\n\n"
-                    return
-        finally:
-            sched.cancel(job)  # a no-op once done; a client gone midway frees the row
-
-    def _response(rid: str, endpoint: str, res: Result) -> dict:
-        if endpoint == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
-                      "finish_reason": res.finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.finish_reason}
-            obj = "text_completion"
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": opts.model_name, "choices": [choice],
-                "usage": _usage(res), "ecache": res.stats}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await handle(request, "completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await handle(request, "chat")
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_key(request, "models")
-        return {"object": "list", "data": [{"id": opts.model_name, "object": "model", "created": created,
-                                            "owned_by": "ecache"}]}
-
-    @app.get("/health")
-    async def health():
-        running, queued = sched.counts()
-        body = {"status": "shutting_down" if sched.draining else "ok", "model": opts.model_name,
-                "running_rows": running, "queued": queued, "max_batch": opts.max_batch, "batching": opts.batching}
-        return JSONResponse(body, status_code=503 if sched.draining else 200)
-
-    @app.get("/metrics")
-    async def metrics_route():
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(RequestId)
+    for path, route, methods in ROUTES + ollama.ROUTES:
+        app.add_api_route(path, route, methods=methods)
     return app
 
 
-def _usage(res: Result) -> dict:
-    return {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-            "total_tokens": res.prompt_tokens + res.completion_tokens}
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    srv: Server = app.state.server
+    srv.sched.start(warmup_jobs(srv))
+    yield
+    await asyncio.get_running_loop().run_in_executor(None, srv.sched.stop)
+
+
+def warmup_jobs(srv: Server) -> list[Job]:
+    """``opts.warmup`` (at most ``--max-batch``) completion requests of the server's defaults, for the
+    engine's warm-up; none when such a request does not resolve (e.g. a canvas too long)."""
+    n = min(srv.opts.warmup, srv.opts.max_batch)
+    jobs = []
+    try:
+        for i in range(n):
+            req = parse(CompletionRequest, {"model": srv.opts.model_name, "prompt": "warm up", "seed": i})
+            jobs.append(srv.resolver.job(req, "completions", srv.resolver.completion_ids(req)))
+    except ApiError:
+        return []
+    return jobs
+
+
+# -- errors -------------------------------------------------------------------------------------------
+
+
+async def _api_error(request: Request, e: ApiError):
+    if request.url.path.startswith("/api/"):  # Ollama's error shape
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _http_error(request: Request, e: StarletteHTTPException):
+    msg = {404: f"no route {request.url.path}; see /v1/models, /v1/completions, /v1/chat/completions, /api/tags, "
+                "/api/generate, /api/chat, /health",
+           405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+    return await _api_error(request, ApiError(e.status_code, msg))
+
+
+async def _validation_error(request: Request, e: RequestValidationError):
+    return await _api_error(request, ApiError(400, str(e)))
+
+
+class RequestId:
+    """ASGI middleware: the request's ``x-request-id`` (the client's when well-formed, else a new one)
+    goes into ``request.state.request_id`` and every reply's headers, and, with ``--access-log``, a log
+    line ``<id> <method> <path> <status>``."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        status = []
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            log.info("%s %s %s %s", rid, scope.get("method"), scope.get("path"), status[0] if status else "-")
+
+
+# -- OpenAI routes ------------------------------------------------------------------------------------
+
+
+async def completions(request: Request):
+    """``POST /v1/completions``."""
+    return await _openai(request, "completions")
+
+
+async def chat_completions(request: Request):
+    """``POST /v1/chat/completions``."""
+    return await _openai(request, "chat")
+
+
+async def _openai(request: Request, endpoint: str):
+    check_key(request, endpoint)
+    req, job = resolve(request, endpoint, await read_json(request, endpoint))
+    submit(request, endpoint, job)
+    headers = warning_header(ignored_fields(req))
+    rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
+    if job.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_sse(request, job, rid, endpoint, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+    res = await wait(request, job)
+    return JSONResponse(_response(request.app.state.server, rid, endpoint, res), headers=headers)
+
+
+def _chunk(srv: Server, rid: str, endpoint: str, text: str | None, finish: str | None, role: bool = False) -> dict:
+    if endpoint == "chat":
+        delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": srv.opts.model_name, "choices": [choice]}
+
+
+async def _sse(request: Request, job: Job, rid: str, endpoint: str, include_usage: bool):
+    srv: Server = request.app.state.server
+
+    def data(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    if endpoint == "chat":
+        yield data(_chunk(srv, rid, endpoint, None, None, role=True))
+    async for ev in events(request, job):
+        if ev.kind == "delta":
+            yield data(_chunk(srv, rid, endpoint, ev.text, None))
+        elif ev.kind == "done":
+            res = ev.result
+            yield data(_chunk(srv, rid, endpoint, None if endpoint == "chat" else "", res.finish_reason)
+                       | {"ecache": res.stats})
+            if include_usage:
+                yield data({"id": rid, "object": _chunk(srv, rid, endpoint, None, None)["object"],
+                            "created": int(time.time()), "model": srv.opts.model_name, "choices": [],
+                            "usage": usage(res)})
+            yield "data: [DONE]\n\n"
+        else:  # an engine fault after the headers went out: OpenAI's in-stream error
+            yield data(ApiError(ev.status, ev.text, type="server_error", code="engine_error").body())
+            yield "data: [DONE]\n\n"
+
+
+def _response(srv: Server, rid: str, endpoint: str, res: Result) -> dict:
+    if endpoint == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": res.text, "refusal": None},
+                  "logprobs": None, "finish_reason": res.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": srv.opts.model_name, "choices": [choice],
+            "usage": usage(res), "ecache": res.stats}
+
+
+def _model_card(srv: Server) -> dict:
+    return {"id": srv.opts.model_name, "object": "model", "created": srv.created, "owned_by": "ecache"}
+
+
+async def models(request: Request):
+    """``GET /v1/models``: the one model served."""
+    check_key(request, "models")
+    return {"object": "list", "data": [_model_card(request.app.state.server)]}
+
+
+async def model(request: Request, model_id: str):
+    """``GET /v1/models/{id}``: the model served, or 404 ``model_not_found``."""
+    check_key(request, "models")
+    srv: Server = request.app.state.server
+    if model_id != srv.opts.model_name:
+        raise ApiError(404, f"model {model_id!r} is not served here; this server serves {srv.opts.model_name!r}",
+                       "model", code="model_not_found")
+    return _model_card(srv)
+
+
+# -- operations -----------------------------------------------------------------------------------------
+
+
+async def health(request: Request):
+    """``GET /health``: the server's state; 503 while shutting down."""
+    srv: Server = request.app.state.server
+    running, queued = srv.sched.counts()
+    body = {"status": "shutting_down" if srv.sched.draining else "ok" if srv.sched.ready.is_set() else "warming_up",
+            "model": srv.opts.model_name, "running_rows": running, "queued": queued, "max_batch": srv.opts.max_batch,
+            "admission": srv.opts.admission}
+    return JSONResponse(body, status_code=503 if srv.sched.draining else 200)
+
+
+async def live():
+    """``GET /health/live``: 200 while the process answers HTTP (a liveness probe)."""
+    return {"status": "live"}
+
+
+async def ready(request: Request):
+    """``GET /health/ready``: 200 once the model is loaded and the engine warm, 503 before and while
+    shutting down (a readiness probe: a load balancer sends requests only on 200)."""
+    sched: Scheduler = request.app.state.server.sched
+    if sched.draining:
+        return JSONResponse({"status": "shutting_down"}, status_code=503)
+    if not sched.ready.is_set():
+        return JSONResponse({"status": "warming_up"}, status_code=503)
+    return {"status": "ready"}
+
+
+async def metrics_route(request: Request):
+    """``GET /metrics``: Prometheus text format."""
+    return Response(request.app.state.server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def root():
+    """``GET /``: a one-line answer (Ollama clients probe it)."""
+    return PlainTextResponse("ecache serve is running: the OpenAI API under /v1, Ollama's under /api")
+
+
+#: (path, route, methods) of the OpenAI and operations routes.
+ROUTES = [
+    ("/v1/completions", completions, ["POST"]),
+    ("/v1/chat/completions", chat_completions, ["POST"]),
+    ("/v1/models", models, ["GET"]),
+    ("/v1/models/{model_id:path}", model, ["GET"]),
+    ("/health", health, ["GET"]),
+    ("/health/live", live, ["GET"]),
+    ("/health/ready", ready, ["GET"]),
+    ("/metrics", metrics_route, ["GET"]),
+    ("/", root, ["GET", "HEAD"]),
+]
 
 
 def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool = False) -> None:
@@ -289,6 +326,11 @@ def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool 
                 time.sleep(0.02)
             self.should_exit = True
 
+    if access_log:  # the request lines with their x-request-id (RequestId), on stderr
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("request %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=int(opts.shutdown_grace) + 5, timeout_keep_alive=5)
     if access_log:  # uvicorn logs each request at INFO (below the server's own level) and on stdout

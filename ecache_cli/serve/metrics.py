@@ -31,6 +31,12 @@ class ServeMetrics:
     - ``row_steps`` / ``row_refreshes`` ``ecache_row_steps_total{policy}``,
       ``ecache_row_refreshes_total{policy}``: rows stepped and rows that ran a full forward (refresh);
       ``refresh_share`` ``ecache_refresh_share{policy}`` is their ratio since the start.
+    - ``step_cost_seconds`` ``ecache_step_cost_seconds{term}``: the admission model's step-cost
+      estimate (``serve/admission.py``): ``base`` (seconds a step), ``per_row`` (seconds a row adds),
+      ``per_position`` (seconds a computed position adds).
+    - ``admissions`` ``ecache_admissions_total{decision}``: queued requests moved into a run
+      (``joined``, every admission mode) and those ``--admission auto`` kept waiting at least once
+      (``held``).
     """
 
     def __init__(self):
@@ -53,7 +59,16 @@ class ServeMetrics:
         self.refresh_share = Gauge("ecache_refresh_share",
                                    "Refreshed rows over rows stepped since the start, by policy.",
                                    ["policy"], registry=r)
+        self.step_cost_seconds = Gauge("ecache_step_cost_seconds", "The admission model's step-cost estimate: "
+                                       "base + per_row * rows + per_position * positions.", ["term"], registry=r)
+        self.admissions = Counter("ecache_admissions", "Queued requests that joined, and that auto admission "
+                                  "kept waiting at least once.", ["decision"], registry=r)
         self._counts: dict[str, list[int]] = {}
+
+    def step_cost(self, cost) -> None:
+        """Export ``cost`` (a ``serve.admission.StepCost``) as ``ecache_step_cost_seconds{term}``."""
+        for term in ("base", "per_row", "per_position"):
+            self.step_cost_seconds.labels(term).set(getattr(cost, term))
 
     def step(self, policy: str, seconds: float, rows: int, refreshed: int) -> None:
         """One denoising step of a run of ``policy``: ``rows`` rows stepped, ``refreshed`` of them refreshed."""

@@ -1,14 +1,18 @@
 """Request bodies of ``ecache serve``: OpenAI's fields, the decoding extensions, their checks, and the
 OpenAI error shape.
 
-Accepted (OpenAI API reference, "Completions" and "Chat Completions"): ``model``, ``prompt``
-(completions: a string, a one-string list or a list of token ids) or ``messages`` (chat: roles
-system, developer, user, assistant; content a string or a list of ``{"type": "text"}`` parts),
-``max_tokens`` (and ``max_completion_tokens`` for chat), ``temperature`` (0 ≤ t ≤ 2; default the
-server's), ``top_p`` (0 < p ≤ 1), ``seed``, ``stop`` (a string or up to 4), ``n`` (1 only),
-``stream``, ``stream_options.include_usage``, ``user`` (ignored). Fields OpenAI has that this server
-cannot honour (``logprobs``, ``echo``, ``best_of`` > 1, ``suffix``, penalties, ``logit_bias``,
-``tools``, a non-text ``response_format``) are refused unless they hold their neutral value.
+Accepted (OpenAI API reference, "Completions" and "Chat Completions", every field of their request
+schemas): ``model``, ``prompt`` (completions: a string, a one-string list or a list of token ids) or
+``messages`` (chat: roles system, developer, user, assistant, tool; content a string or a list of
+``{"type": "text"}`` parts), ``max_tokens`` (and ``max_completion_tokens`` for chat),
+``temperature`` (0 ≤ t ≤ 2; default the server's), ``top_p`` (0 < p ≤ 1), ``seed``, ``stop`` (a
+string or up to 4), ``n`` (1 only), ``stream``, ``stream_options.include_usage``. Fields that do not
+change the answer are accepted and ignored, and the reply names them in a ``Warning`` header
+(:data:`IGNORED`). Fields that would change the answer in a way this server cannot honour
+(``logprobs``, ``echo``, ``best_of`` > 1, ``suffix``, penalties, ``logit_bias``, ``tools``,
+``functions``, ``audio``, ``prediction``, ``reasoning_effort``, a non-text ``response_format`` ...)
+are refused with one line unless they hold their neutral value (:meth:`Resolver._unsupported`).
+A field that neither schema has is refused as unrecognized.
 
 Extensions, beside the standard fields (the openai client sends them with ``extra_body``):
 ``policy`` (a cache policy: ``ecache_cli/cache``), ``tau`` (EntropyCache's threshold, nats),
@@ -27,12 +31,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
+from ..decoding.config import DecodeConfig
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
@@ -61,6 +66,21 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: Optional[bool] = None
+    include_obfuscation: Optional[bool] = None  # ignored: no obfuscation padding is sent
+
+
+#: Fields accepted and ignored (they do not change the answer), by request schema, with why; a reply
+#: to a request that gives one names it in a ``Warning: 299`` header.
+IGNORED = {
+    "user": "an end-user id for the provider's abuse monitoring",
+    "store": "no completions are stored",
+    "metadata": "no completions are stored",
+    "service_tier": "one tier",
+    "prompt_cache_key": "the server keeps no prompt cache between requests",
+    "safety_identifier": "an end-user id for the provider's abuse monitoring",
+    "parallel_tool_calls": "no tools are called",
+    "stream_options.include_obfuscation": "no obfuscation padding is sent",
+}
 
 
 class _Common(_Body):
@@ -94,15 +114,24 @@ class CompletionRequest(_Common):
     logprobs: Optional[int] = None
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+class ContentPart(BaseModel):
+    """A part of a message's content: ``{"type": "text", "text": ...}`` is read; other types (image_url,
+    input_audio, file, refusal) parse and are refused by the resolver, naming the part."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+    text: Optional[str] = None
 
 
 class Message(_Body):
     role: str
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
+    tool_call_id: Optional[str] = None  # a tool message's call (the template reads the content)
+    tool_calls: Optional[list[Any]] = None  # an assistant message's calls: refused (this server calls no tools)
+    function_call: Optional[Any] = None
+    refusal: Optional[str] = None
+    audio: Optional[Any] = None
 
 
 class ChatRequest(_Common):
@@ -114,9 +143,40 @@ class ChatRequest(_Common):
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
     parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[Any]] = None
+    function_call: Optional[Any] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    modalities: Optional[list[str]] = None
+    audio: Optional[Any] = None
+    prediction: Optional[Any] = None
+    reasoning_effort: Optional[str] = None
+    verbosity: Optional[str] = None
+    web_search_options: Optional[Any] = None
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def ignored_fields(req: _Body) -> list[str]:
+    """The :data:`IGNORED` fields ``req`` gives (not None), in the table's order."""
+    def given(name: str) -> bool:
+        obj: Any = req
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        return obj is not None
+
+    return [f for f in IGNORED if given(f)]
+
+
+def warning_header(fields: list[str]) -> dict:
+    """The ``Warning`` header (RFC 7234 code 299) naming fields accepted and ignored; {} for none."""
+    if not fields:
+        return {}
+    return {"Warning": f'299 ecache "accepted and ignored: {", ".join(fields)}"'}
 
 
 def parse(model: type[_Body], body: Any) -> _Body:
@@ -137,6 +197,18 @@ def parse(model: type[_Body], body: Any) -> _Body:
             raise ApiError(400, f"{loc!r} is required", loc) from None
         got = first.get("input")
         raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {_short(got)})", loc) from None
+
+
+def in_range(field: str, value, setting: str | None = None) -> None:
+    """400 naming ``field`` unless ``value`` is in the range of decode setting ``setting`` (default
+    ``field``): ``DecodeConfig.ranges``, the rule and the words ``ecache generate`` checks its flag by
+    (``--temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)``), with the field for the flag. None passes."""
+    if value is None:
+        return
+    try:
+        DecodeConfig.ranges[setting or field].check(value)
+    except ValueError as e:
+        raise ApiError(400, f"{field} {value} {e}", field) from None
 
 
 def _short(v: Any) -> str:
@@ -198,12 +270,27 @@ class Resolver:
             if m.role not in ROLES:
                 raise ApiError(400, f"messages[{i}].role {m.role!r} is not supported; use one of {', '.join(ROLES)}",
                                f"messages.{i}.role")
+            if m.tool_calls or m.function_call is not None:
+                field = "tool_calls" if m.tool_calls else "function_call"
+                raise ApiError(400, f"messages[{i}].{field}: this server calls no tools; leave the assistant's "
+                                    "calls out", f"messages.{i}.{field}")
+            if m.audio is not None:
+                raise ApiError(400, f"messages[{i}].audio is not supported; this model reads text only",
+                               f"messages.{i}.audio")
             content = m.content if isinstance(m.content, str) or m.content is None else \
-                "".join(part.text for part in m.content)
+                "".join(self._part_text(part, i, j) for j, part in enumerate(m.content))
             msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
         if not any(m["content"].strip() for m in msgs):
             raise ApiError(400, "messages hold no text; give at least one message with content", "messages")
         return self._encode(msgs, chat=True, param="messages")
+
+    @staticmethod
+    def _part_text(part: ContentPart, i: int, j: int) -> str:
+        """A text part's text; any other part is a 400 naming it."""
+        if part.type != "text" or part.text is None:
+            raise ApiError(400, f"messages[{i}].content[{j}]: {part.type!r} parts are not supported; this model "
+                                "reads text only ({\"type\": \"text\", \"text\": ...})", f"messages.{i}.content.{j}")
+        return part.text
 
     def _encode(self, prompt, chat: bool, param: str) -> list[int]:
         try:
@@ -235,11 +322,9 @@ class Resolver:
             else "max_tokens"
         if max_tokens is None:
             max_tokens = base.gen_length
-        if max_tokens < 1:
-            raise ApiError(400, f"{field} {max_tokens} must be ≥ 1", field)
+        in_range(field, max_tokens, "gen_length")
         block = base.block_length if req.block_length is None else req.block_length
-        if block < 1:
-            raise ApiError(400, f"block_length {block} must be ≥ 1 (e.g. 32)", "block_length")
+        in_range("block_length", block)
         gen = -(-max_tokens // block) * block
         room = self.lm.spec.max_positions - len(prompt_ids)
         if block > room and req.block_length is not None:  # no number of tokens fits: the block is the problem
@@ -252,21 +337,18 @@ class Resolver:
                                 f"positions; ask for at most {room // block * block} tokens", field,
                            code="context_length_exceeded")
         temperature = base.temperature if req.temperature is None else req.temperature
-        if not (math.isfinite(temperature) and 0 <= temperature <= 2):
-            raise ApiError(400, f"temperature {temperature} must be in [0, 2] (0 = greedy)", "temperature")
+        in_range("temperature", temperature)
+        if temperature > 2:  # OpenAI's range, narrower than ecache generate's
+            raise ApiError(400, f"temperature {temperature} must be in [0, 2] (0 = greedy; e.g. 0.7)", "temperature")
         top_p = base.top_p if req.top_p is None else req.top_p
-        if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
-            raise ApiError(400, f"top_p {top_p} must be in (0, 1]", "top_p")
+        in_range("top_p", top_p)
         threshold = base.threshold if req.threshold is None else req.threshold
-        if req.threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
-            raise ApiError(400, f"threshold {threshold} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)",
-                           "threshold")
+        in_range("threshold", threshold)
         parallel = threshold is not None or base.factor is not None
         steps = req.steps
+        in_range("steps", steps)
         if steps is None:
             steps = self._default_steps(gen, block, parallel)
-        elif steps < 1:
-            raise ApiError(400, f"steps {steps} must be ≥ 1", "steps")
         cfg = dataclasses.replace(base, gen_length=gen, block_length=block, steps=steps, temperature=temperature,
                                   top_p=top_p, threshold=threshold,
                                   ban_eos=base.ban_eos if req.ignore_eos is None else req.ignore_eos)
@@ -354,9 +436,23 @@ class Resolver:
             checks += [("logprobs", bool(req.logprobs), "logprobs is not supported; leave it out"),
                        ("top_logprobs", req.top_logprobs is not None, "top_logprobs is not supported; leave it out"),
                        ("tools", bool(req.tools), "tools are not supported; leave them out"),
-                       ("tool_choice", req.tool_choice not in (None, "none"), "tool_choice is not supported"),
+                       ("tool_choice", req.tool_choice not in (None, "none", "auto"), "tool_choice is not supported "
+                                                                                      "(this server calls no tools)"),
+                       ("functions", bool(req.functions), "functions are not supported; leave them out"),
+                       ("function_call", req.function_call not in (None, "none", "auto"),
+                        "function_call is not supported (this server calls no functions)"),
                        ("response_format", req.response_format not in (None, {"type": "text"}),
-                        "response_format: only {\"type\": \"text\"} is supported")]
+                        "response_format: only {\"type\": \"text\"} is supported"),
+                       ("modalities", req.modalities not in (None, ["text"]), "modalities: only [\"text\"] is "
+                                                                              "supported"),
+                       ("audio", req.audio is not None, "audio output is not supported; leave it out"),
+                       ("prediction", req.prediction is not None, "prediction (predicted outputs) is not supported; "
+                                                                  "leave it out"),
+                       ("reasoning_effort", req.reasoning_effort is not None, "reasoning_effort is not supported "
+                                                                              "(not a reasoning model); leave it out"),
+                       ("verbosity", req.verbosity is not None, "verbosity is not supported; leave it out"),
+                       ("web_search_options", req.web_search_options is not None, "web search is not supported; "
+                                                                                  "leave it out")]
         for field, bad, msg in checks:
             if bad:
                 raise ApiError(400, msg, field)

@@ -8,20 +8,28 @@ equal prompt width bucket (the prompt's tokens rounded up to a multiple of :data
 The seed is per row (:class:`RequestStreams`), so it never splits a group. Each policy keeps its
 state per row, so every row makes its own cache decisions whatever else runs beside it.
 
-Continuous batching (``--batching continuous``, the default). Between two steps the loop moves
-queued requests (first come, first served, while fewer than ``--max-batch`` rows run) into the newest
-run of their group with :meth:`Run.add` (they join at that run's next step, with their own full
-forward, in a free row slot of the run's KV store, whose buffers grow by doubling up to
-``--max-batch`` rows: ``kvstore.py``) or start a new run for them. Runs of different groups are
-stepped round-robin, one denoising step each, by this one thread. A row leaves its run right after
-the step that finished it (end of answer, ``max_tokens``, a stop string, a client that went away,
-``--request-timeout``, or the end of the shutdown grace), through ``record.finished``
-(``docs/ARCHITECTURE.md``, "Row lifecycle"). A run takes at most :data:`RUN_ROW_LIMIT` rows over its
-life (its ledger keeps every row), then its group starts a new run for later requests.
+Admission (``--admission``, ``admission.py``). Between two steps the loop moves queued requests
+(first come, first served, while fewer than ``--max-batch`` rows run) into the newest run of their
+group with :meth:`Run.add` (they join at that run's next step, with their own full forward, in a free
+row slot of the run's KV store, whose buffers grow by doubling up to ``--max-batch`` rows:
+``kvstore.py``) or start a new run for them. ``always`` moves the head whenever there is room;
+``auto`` (the default) moves it when :func:`~ecache_cli.serve.admission.admit` finds that lowers the
+expected sum of completion times under the step-cost model the loop fits to its own steps (else the
+head waits, and everything behind it), and an idle engine takes what waits as one batch, whose rows
+start together and so stay at the same step of their blocks (a row that joins mid-block widens every
+partial forward of its run to its own targets); ``fcfs`` (``--batching static``, the baseline of
+``bench/serve_load.py``) takes, when no run is active, the first queued request and up to
+``--max-batch`` − 1 more of its group in queue order, and runs them to completion before taking more
+(dInfer's demo server). Runs of different groups are stepped round-robin, one denoising step each, by
+this one thread. A row leaves its run right after the step that finished it (end of answer,
+``max_tokens``, a stop string, a client that went away, ``--request-timeout``, or the end of the
+shutdown grace), through ``record.finished`` (``docs/ARCHITECTURE.md``, "Row lifecycle"). A run takes
+at most :data:`RUN_ROW_LIMIT` rows over its life (its ledger keeps every row), then its group starts a
+new run for later requests.
 
-Static batching (``--batching static``, the baseline of ``bench/serve_load.py``): when no run is
-active the loop takes the first queued request and up to ``--max-batch`` − 1 more of its group in
-queue order, and runs them to completion before taking more (dInfer's demo server).
+Before it serves, the loop warms up (:meth:`Scheduler.start` with warm-up jobs): a few steps of one
+row and of several rows, which also give the step-cost model its first points; ``ready`` is set then
+(``GET /health/ready``).
 
 Results go back to the asyncio side through :class:`Job` events (``loop.call_soon_threadsafe``).
 """
@@ -41,12 +49,17 @@ from ..console import err
 from ..decoding.config import DecodeConfig
 from ..decoding.streams import RowStreams, row_generator
 from ..engine.core import Engine
-from ..runs.final_text import cut_answer, final_lengths, streamable
+from ..runs.final_text import cut_answer, final_lengths, streamable, unsettled
+from .admission import MODES, Row, StepCost, StepHistory, admit
 
 #: Prompt widths are rounded up to a multiple of this many tokens, so prompts of similar length share a run.
 PROMPT_BUCKET = 64
 #: Rows one run takes over its life before its group starts a fresh run (bounds the run's ledger).
 RUN_ROW_LIMIT = 512
+#: Recent arrivals the arrival rate of ``auto`` admission is measured over.
+ARRIVALS = 16
+#: Steps of each warm-up run (:meth:`Scheduler.start`).
+WARMUP_STEPS = 8
 #: Finish reasons beyond OpenAI's ``stop`` and ``length``.
 TIMEOUT, CANCELLED, SHUTDOWN = "timeout", "cancelled", "shutdown"
 
@@ -109,6 +122,7 @@ class Job:
     stream: bool
     seed: int
     timeout: float | None = None
+    request_id: str = ""  # the HTTP request's x-request-id (logs)
     arrived: float = dataclasses.field(default_factory=time.monotonic)
     cancelled: bool = False
     done: bool = False
@@ -121,6 +135,8 @@ class Job:
     sent: str = ""  # streamed so far
     first_token_at: float | None = None
     in_run: bool = False
+    steps: int = 0  # denoising steps its row has run
+    held: bool = False  # auto admission kept it waiting at least once
     _loop: asyncio.AbstractEventLoop | None = None
     _events: asyncio.Queue | None = None
 
@@ -201,15 +217,22 @@ class Scheduler:
 
     ``lm``: the loaded model. ``metrics``: a :class:`~ecache_cli.serve.metrics.ServeMetrics`.
     ``max_batch``: rows running at once (≥ 1). ``max_queue``: requests waiting (≥ 0; more: 429).
-    ``batching``: ``continuous`` | ``static``. Start with :meth:`start`, end with :meth:`stop`.
+    ``admission``: ``always`` | ``fcfs`` | ``auto`` (module docstring). ``cost`` (a
+    :class:`~ecache_cli.serve.admission.StepCost`) is the step-cost estimate ``auto`` decides by, fitted
+    to every step the loop runs; ``ready`` is set once the warm-up has run. Start with :meth:`start`,
+    end with :meth:`stop`.
     """
 
-    def __init__(self, lm, metrics, max_batch: int, max_queue: int, batching: str = "continuous"):
-        assert batching in ("continuous", "static"), batching
+    def __init__(self, lm, metrics, max_batch: int, max_queue: int, admission: str = "auto"):
+        assert admission in MODES, admission
         self.engine = Engine.from_loaded(lm)
         self.tokenizer = lm.tokenizer
         self.end_ids = set(self.engine.end_ids.tolist())
-        self.metrics, self.max_batch, self.max_queue, self.batching = metrics, max_batch, max_queue, batching
+        self.metrics, self.max_batch, self.max_queue, self.admission = metrics, max_batch, max_queue, admission
+        self.cost, self.history = StepCost(), StepHistory()
+        self.ready = threading.Event()
+        self._arrivals: collections.deque[float] = collections.deque(maxlen=ARRIVALS)  # monotonic seconds
+        self._warmup: list[Job] = []
         self._cv = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
         self._groups: list[_Group] = []
@@ -241,6 +264,7 @@ class Scheduler:
             if len(self._queue) >= self.max_queue and self._running + len(self._queue) >= self.max_batch:
                 return "queue_full"
             self._queue.append(job)
+            self._arrivals.append(job.arrived)
             self.metrics.queue_depth.set(len(self._queue))
             self._cv.notify()
         return None
@@ -252,7 +276,10 @@ class Scheduler:
             with self._cv:
                 self._cv.notify()
 
-    def start(self) -> None:
+    def start(self, warmup: list[Job] | None = None) -> None:
+        """Start the engine thread; it first runs :data:`WARMUP_STEPS` steps of ``warmup``'s first job
+        alone, then of all of them together (requests built as a client's would be), then sets ``ready``."""
+        self._warmup = list(warmup or [])
         self._thread.start()
 
     def drain(self, grace: float) -> None:
@@ -280,6 +307,8 @@ class Scheduler:
         # One inference-mode context around every run's steps: the runs' generators are suspended between
         # steps, and their own inference_mode contexts nest inside this one whatever order they end in.
         with torch.inference_mode():
+            self._warm_up()
+            self.ready.set()
             while True:
                 with self._cv:
                     self._expire_queue()
@@ -298,6 +327,31 @@ class Scheduler:
                         self._step(group)
                 except Exception as e:  # a fault outside one run's step: fail what is in flight, keep serving
                     self._fail_all(e)
+
+    def _warm_up(self) -> None:
+        """:data:`WARMUP_STEPS` steps of one row, again, then of 2, 4, 8 ... rows up to the warm-up jobs:
+        the first calls' one-time costs are paid before a request waits on them, and the step-cost model
+        gets points at several widths (the first run's steps, which carry those costs, are not counted)."""
+        jobs = self._warmup
+        sizes = [1, 1] + [n for n in (2, 4, 8, 16) if n <= len(jobs)] if jobs else []
+        for i, batch in enumerate(jobs[:n] for n in sizes):
+            k = batch[0].key
+            try:
+                run = self.engine.start([j.prompt_ids for j in batch], k.cfg, batch[0].make_policy(), seed=0,
+                                        prompt_width=k.prompt_width)
+                for _, rec in zip(range(WARMUP_STEPS), _timed(run)):
+                    if i:
+                        self._observe(*rec)
+            except Exception as e:  # the server still starts: a request will meet the fault and get its 500
+                err.print(f"ecache serve: the warm-up failed ({type(e).__name__}: {e})", markup=False,
+                          highlight=False)
+                return
+
+    def _observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0) -> None:
+        """One step (of a run of ``group``; ``joins``: the seconds its joining rows' full forwards are
+        expected to add, charged apart by ``admit``) into the step-cost model (and its gauges)."""
+        self.cost.observe(seconds, rows, positions, group, joins)
+        self.metrics.step_cost(self.cost)
 
     def _expire_queue(self) -> None:
         """(Lock held.) End queued jobs that were cancelled, timed out, or meet a shutdown."""
@@ -319,7 +373,7 @@ class Scheduler:
     def _take(self) -> list[Job]:
         """(Lock held.) The queued jobs to admit now, in queue order, counted as running."""
         taken: list[Job] = []
-        if self.batching == "static":
+        if self.admission == "fcfs":
             if self._groups or not self._queue:
                 return taken
             key = self._queue[0].key
@@ -328,12 +382,56 @@ class Scheduler:
                 (taken if job.key == key and len(taken) < self.max_batch else rest).append(job)
             self._queue = rest
         else:
+            running = self._rows() if self.admission == "auto" and self._queue else []
+            idle = not running  # an idle engine starts what waits as one batch, its rows in step
             while self._queue and self._running + len(taken) < self.max_batch:
+                head = self._queue[0]
+                if self.admission == "auto" and not idle:
+                    row, join = self._row(head.key, 0), self._join_cost(head.key)
+                    n = sum(r.group == head.key for r in running) + 1  # rows its group's run would step
+                    explore = n > 1 and not self.cost.seen(head.key, n)  # learn that width's cost: join
+                    versions = [Row(size, head.key) for size in self.history.sizes(head.key, self._bound(head.key))]
+                    if not explore and not admit(running, versions, join, len(self._queue) - 1, self.cost.curve,
+                                                 self._rate()):
+                        if not head.held:
+                            head.held = True
+                            self.metrics.admissions.labels("held").inc()
+                        break
+                    running.append(row)
                 taken.append(self._queue.popleft())
         self._running += len(taken)
+        if taken:
+            self.metrics.admissions.labels("joined").inc(len(taken))
         self.metrics.queue_depth.set(len(self._queue))
         self.metrics.running_rows.set(self._running)
         return taken
+
+    def _rate(self) -> float:
+        """(Lock held.) Requests arriving per second: the last :data:`ARRIVALS` arrivals over the time
+        from the first of them to now (so it falls while none arrive); 0 before two."""
+        if len(self._arrivals) < 2:
+            return 0.0
+        return (len(self._arrivals) - 1) / max(time.monotonic() - self._arrivals[0], 1e-3)
+
+    @staticmethod
+    def _bound(key: GroupKey) -> int:
+        """The most steps a row of ``key`` runs: its steps, or in threshold mode one a token."""
+        return key.cfg.steps if key.cfg.steps is not None else key.cfg.gen_length
+
+    def _row(self, key: GroupKey, done: int) -> Row:
+        """A row of group ``key`` that has run ``done`` steps, as the admission model sees it."""
+        bound, blocks = self._bound(key), max(key.cfg.gen_length // key.cfg.block_length, 1)
+        return Row(self.history.remaining(key, done, bound, max(bound // blocks, 1)), key)
+
+    def _join_cost(self, key: GroupKey) -> float:
+        """Seconds a joining row's first full forward (its whole canvas) adds to its first step, beyond
+        a row's usual positions."""
+        full = key.prompt_width + key.cfg.gen_length
+        return self.cost.per_position * max(full - self.cost.positions(1), 0.0)
+
+    def _rows(self) -> list[Row]:
+        """The rows running now, as the admission model sees them."""
+        return [self._row(g.key, job.steps) for g in self._groups for job in g.jobs.values() if not job.done]
 
     def _admit(self, jobs: list[Job]) -> None:
         """Put each job into the newest joinable run of its group, or start a run for it."""
@@ -353,7 +451,7 @@ class Scheduler:
                 self._groups.append(group)
             except Exception as e:  # e.g. a policy that cannot be built: this request fails alone
                 self._error(job, e)
-        if self.batching == "static":  # the batch is complete: no row joins it later
+        if self.admission == "fcfs":  # the batch is complete: no row joins it later
             for group in self._groups:
                 group.joinable = False
 
@@ -370,11 +468,14 @@ class Scheduler:
         except Exception as e:  # the run is broken: its requests fail, the server keeps serving
             self._drop(group, e)
             return
-        self.metrics.step(group.key.policy, time.perf_counter() - t0, int(rec.rows.numel()),
-                          int(rec.refresh.sum()))
+        seconds = time.perf_counter() - t0
+        self.metrics.step(group.key.policy, seconds, int(rec.rows.numel()), int(rec.refresh.sum()))
+        joins = sum(group.jobs[r].steps == 0 for r in rec.rows.tolist())  # rows whose first step this was
+        self._observe(seconds, int(rec.rows.numel()), float(rec.computed.sum()), group.key,
+                      joins * self._join_cost(group.key))
         st, P = run.state, run.P
         rows = rec.rows.tolist()
-        first = final_lengths(st.masked[:, P:])  # (B,) final prefix lengths
+        first = final_lengths(unsettled(run)[:, P:P + run.G])  # (B,) final prefix lengths of the answers
         engine_done = rec.finished.tolist()
         leave = [False] * len(rows)
         now = time.monotonic()
@@ -382,6 +483,7 @@ class Scheduler:
         for b, (r, n) in enumerate(zip(rows, first)):
             job = group.jobs[r]
             job.in_run = True
+            job.steps += 1
             if n > job.seen:
                 job.seen = n
                 job.update(st.tokens[b, P:P + n].tolist(), self.end_ids, self._decode)
@@ -397,6 +499,8 @@ class Scheduler:
                     reason = SHUTDOWN
             if reason is not None:
                 leave[b] = True
+                if reason in ("stop", "length"):
+                    self.history.finished(group.key, job.steps)
                 self._finish(job, reason, self._row_stats(group, r))
                 group.streams.forget(job.uid)
             elif job.stream:
@@ -411,6 +515,7 @@ class Scheduler:
             if not job.done and job.in_run and r not in stepped:
                 ids = group.run.ledger.final[r, group.run.P:].tolist()
                 job.update(ids, self.end_ids, self._decode)
+                self.history.finished(group.key, job.steps)
                 self._finish(job, job.reason or "length", self._row_stats(group, r))
                 group.streams.forget(job.uid)
 
@@ -473,8 +578,10 @@ class Scheduler:
 
     def _drop(self, group: _Group, exc: BaseException) -> None:
         """A run's step raised: fail every request of the run and forget the run."""
+        ids = ", ".join(j.request_id for j in group.jobs.values() if j.request_id and not j.done)
         err.print(f"ecache serve: a run failed ({type(exc).__name__}: {exc}); its {len(group.jobs)} request(s) "
-                  "get a 500, the server keeps serving", markup=False, highlight=False)
+                  f"get a 500, the server keeps serving{f' (x-request-id {ids})' if ids else ''}",
+                  markup=False, highlight=False)
         for job in group.jobs.values():
             self._error(job, exc)
         if group in self._groups:
@@ -483,3 +590,15 @@ class Scheduler:
     def _fail_all(self, exc: BaseException) -> None:
         for group in list(self._groups):
             self._drop(group, exc)
+
+
+def _timed(run):
+    """(seconds, rows, positions computed) of each step of ``run``."""
+    it = iter(run)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            rec = next(it)
+        except StopIteration:
+            return
+        yield time.perf_counter() - t0, int(rec.rows.numel()), float(rec.computed.sum())

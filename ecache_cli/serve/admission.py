@@ -1,0 +1,249 @@
+"""When a queued request joins the running rows: the step-cost model and the ``--admission`` rules.
+
+``always``: a queued request joins at the next step whenever fewer than ``--max-batch`` rows run
+(continuous batching as vLLM and SGLang do it). ``fcfs``: batches in arrival order: an idle engine
+takes the queue's head and the queued requests of its group, and no request joins them until they
+have all left (``--batching static``, dInfer's demo server). ``auto`` (the default): a request
+joins when that lowers the expected sum of completion times, by the model below; otherwise it waits
+and starts with the next group (docs/SERVING.md gives the model and its evidence).
+
+The model. A step of a run costs ``t = base + per_row·rows + per_position·positions`` seconds
+(``positions``: the positions the step's forwards computed, ``StepRecord.computed`` summed over its
+rows; a joining row's first full forward computes its whole canvas, so its cost is in the last
+term). :class:`StepCost` fits the three coefficients by exponentially weighted least squares over the
+steps the server runs (a ridge term keeps them defined while the rows do not vary). A running row
+still needs ``remaining`` steps, the mean over the last finished rows of its group that ran longer
+than it has (:class:`StepHistory`). :func:`admit` compares, for the queue's head, the sum of
+the completion times of the running rows, the head, and the requests queued behind it, between
+"join now" and "start when the running rows have left". On one CPU thread a step's time grows in
+proportion to its rows (``base`` ≈ 0), so a request of the size of the running ones waits (sharing
+steps would slow the running rows by what it saves the joiner) while a short one joins long ones; on
+a GPU below its compute bound ``base`` dominates and a request joins at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Callable
+
+MODES = ("always", "fcfs", "auto")
+#: Positions are counted in units of this many in the least-squares fit (keeps its terms of one scale).
+POSITION_UNIT = 1024.0
+#: A step's weight decays by this factor with each newer step of the same row count (~100 steps a count).
+FORGET = 0.99
+#: Ridge weight that pulls the fit toward its prior while the steps do not vary enough to fix it.
+RIDGE = 1e-4
+#: Weight (≈ steps) of a group's steps at a row count before their time replaces the fit's
+#: (:meth:`StepCost.curve`): three steps.
+MIN_SEEN = 2.9
+#: Finished rows per group remembered for the expected remaining steps.
+HISTORY = 64
+
+
+class StepCost:
+    """The running estimate of a step's seconds: ``base + per_row·rows + per_position·positions``.
+
+    :meth:`observe` adds one step. The steps are kept per row count, each count's exponentially
+    weighted (:data:`FORGET` per newer step of that count), so the widths the engine runs most do not
+    wash out the others (the warm-up's, say) and the three terms stay defined while the load runs at
+    one width; the coefficients solve the weighted least squares over every count with a ridge of
+    each term's own scale (:data:`RIDGE`) toward the prior, clamped to ≥ 0. The prior (seconds): 1 ms
+    a step, 1 ms a row, 1 µs a position, until the warm-up's steps replace it. :meth:`step` predicts a
+    step of ``n`` rows at the positions such steps computed (each count's weighted mean; between and
+    beyond the counts seen, by the straight line through the nearest two)."""
+
+    def __init__(self, prior: tuple[float, float, float] = (1e-3, 1e-3, 1e-6)):
+        self.prior = [prior[0], prior[1], prior[2] * POSITION_UNIT]
+        self._by_rows: dict[int, list] = {}  # rows -> [xx (3×3), xy (3), weight, weighted positions]
+        self.steps = 0
+        self.coef = list(self.prior)
+        self._groups: dict[object, dict[int, list[float]]] = {}  # group -> rows -> [weight, weighted seconds]
+
+    def observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0) -> None:
+        """One step of ``rows`` rows that computed ``positions`` positions in ``seconds`` (of a run of
+        ``group``: its own steps are also kept per row count, :meth:`curve`, less ``joins``, the seconds
+        its joining rows' first full forwards are charged apart)."""
+        if group is not None:
+            w, t = self._groups.setdefault(group, {}).get(rows, (0.0, 0.0))
+            self._groups[group][rows] = [FORGET * w + 1.0, FORGET * t + max(seconds - joins, 0.0)]
+        x = (1.0, float(rows), positions / POSITION_UNIT)
+        xx, xy, w, pos = self._by_rows.get(rows) or ([[0.0] * 3 for _ in range(3)], [0.0] * 3, 0.0, 0.0)
+        for i in range(3):
+            xy[i] = FORGET * xy[i] + x[i] * seconds
+            for j in range(3):
+                xx[i][j] = FORGET * xx[i][j] + x[i] * x[j]
+        self._by_rows[rows] = [xx, xy, FORGET * w + 1.0, FORGET * pos + positions]
+        self.steps += 1
+        sxx = [[sum(b[0][i][j] for b in self._by_rows.values()) for j in range(3)] for i in range(3)]
+        sxy = [sum(b[1][i] for b in self._by_rows.values()) for i in range(3)]
+        self.coef = [max(c, 0.0) for c in _solve(sxx, sxy, self.prior)]
+
+    @property
+    def base(self) -> float:
+        """Seconds a step costs whatever its rows."""
+        return self.coef[0]
+
+    @property
+    def per_row(self) -> float:
+        """Seconds each row adds to a step."""
+        return self.coef[1]
+
+    @property
+    def per_position(self) -> float:
+        """Seconds each computed position adds to a step."""
+        return self.coef[2] / POSITION_UNIT
+
+    def positions(self, rows: int) -> float:
+        """The positions a step of ``rows`` rows computes, from the steps seen (0 before any)."""
+        seen = sorted((n, b[3] / b[2]) for n, b in self._by_rows.items() if b[2] > 0)
+        if not seen:
+            return 0.0
+        if len(seen) == 1:
+            n, p = seen[0]
+            return p * rows / n
+        lo = max([s for s in seen if s[0] <= rows] or seen[:1], key=lambda s: s[0])
+        hi = min([s for s in seen if s[0] > rows] or seen[-1:], key=lambda s: s[0])
+        if lo[0] == hi[0]:  # beyond the counts seen: the line through the nearest two
+            pair = seen[-2:] if rows > seen[-1][0] else seen[:2]
+            lo, hi = pair
+        slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
+        return max(lo[1] + slope * (rows - lo[0]), 0.0)
+
+    def step(self, rows: int) -> float:
+        """The expected seconds of a step of ``rows`` rows (0 for none), by the fit."""
+        if rows <= 0:
+            return 0.0
+        return self.base + self.per_row * rows + self.per_position * self.positions(rows)
+
+    def seen(self, group, rows: int) -> bool:
+        """Whether runs of ``group`` have stepped ``rows`` rows often enough (:data:`MIN_SEEN` steps)
+        for :meth:`curve` to use their own time."""
+        return self._groups.get(group, {}).get(rows, (0.0,))[0] >= MIN_SEEN
+
+    def curve(self, group, rows: int) -> float:
+        """The expected seconds of a step of ``rows`` rows of a run of ``group``: the group's own
+        steps at that count (weighted mean) when :meth:`seen`; else its own at the nearest count seen,
+        scaled by the fit's ratio between the two counts (the fit gives the shape, the group its level:
+        a long prompt's steps cost more than the positions they compute say); else the fit."""
+        if rows <= 0:
+            return 0.0
+        own = {n: t / w for n, (w, t) in self._groups.get(group, {}).items() if w >= MIN_SEEN}
+        if rows in own:
+            return own[rows]
+        if not own:
+            return self.step(rows)
+        near = min(own, key=lambda n: (abs(n - rows), n))
+        return own[near] * self.step(rows) / max(self.step(near), 1e-12)
+
+
+def _solve(xx, xy, prior) -> list[float]:
+    """(xx + RIDGE·D) θ = xy + RIDGE·D·prior, D the diagonal of xx (a ridge of each term's own scale),
+    by Gaussian elimination (3×3); the prior when nothing was observed."""
+    d = [max(xx[i][i], 1e-12) for i in range(3)]
+    a = [[xx[i][j] + (RIDGE * d[i] if i == j else 0.0) for j in range(3)] + [xy[i] + RIDGE * d[i] * prior[i]]
+         for i in range(3)]
+    for c in range(3):
+        p = max(range(c, 3), key=lambda r: abs(a[r][c]))
+        a[c], a[p] = a[p], a[c]
+        if abs(a[c][c]) < 1e-18:
+            return list(prior)
+        for r in range(3):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [v - f * w for v, w in zip(a[r], a[c])]
+    return [a[i][3] / a[i][i] for i in range(3)]
+
+
+class StepHistory:
+    """How many steps the rows of each group took (the last :data:`HISTORY` that finished with an
+    answer)."""
+
+    def __init__(self):
+        self._steps: dict[object, collections.deque[int]] = {}
+
+    def finished(self, key, steps: int) -> None:
+        """A row of group ``key`` finished its answer after ``steps`` steps."""
+        self._steps.setdefault(key, collections.deque(maxlen=HISTORY)).append(steps)
+
+    def remaining(self, key, done: int, bound: int, per_block: int) -> float:
+        """Expected steps a row of ``key`` still runs after ``done``: the mean over the remembered rows
+        that ran longer, less ``done``; with none, to the end of its current block (of ``per_block``
+        steps); with no history, to ``bound`` (its canvas's steps)."""
+        seen = self._steps.get(key)
+        if not seen:
+            return float(max(bound - done, 1))
+        longer = [s for s in seen if s > done]
+        if longer:
+            return sum(longer) / len(longer) - done
+        return float(max(per_block - done % per_block, 1))
+
+    def sizes(self, key, bound: int, k: int = 8) -> list[float]:
+        """Up to ``k`` evenly spaced quantiles of the steps the remembered rows of ``key`` took (a new
+        request's length is one of them, each as likely); ``[bound]`` with no history."""
+        seen = sorted(self._steps.get(key) or [])
+        if not seen:
+            return [float(bound)]
+        n = min(k, len(seen))
+        return [float(seen[(2 * i + 1) * len(seen) // (2 * n)]) for i in range(n)]
+
+
+@dataclasses.dataclass
+class Row:
+    """A row as :func:`admit` sees it: ``remaining`` expected steps; ``group`` (its run's group: rows
+    of one group share a step, each group steps in turn)."""
+
+    remaining: float
+    group: object
+
+
+def completions(rows: list[Row], step: Callable[[object, int], float], first: float = 0.0,
+                start: float = 0.0) -> tuple[float, float]:
+    """(sum of the rows' completion times, when the last ends), all starting at ``start``, their groups
+    stepped round-robin: a round costs ``step(group, n)`` for each group with ``n`` rows left, the first
+    round ``first`` more (a joining row's full forward)."""
+    if not rows:
+        return 0.0, start
+    order = sorted(rows, key=lambda r: r.remaining)
+    alive = collections.Counter(r.group for r in order)
+    t, done_steps, total = start + first, 0.0, 0.0
+    for r in order:
+        span = max(r.remaining, 1.0) - done_steps
+        if span > 0:
+            t += span * sum(step(g, n) for g, n in alive.items())
+            done_steps += span
+        total += t
+        alive[r.group] -= 1
+        if not alive[r.group]:
+            del alive[r.group]
+    return total, t
+
+
+def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: int,
+          step: Callable[[object, int], float], arrivals: float = 0.0) -> bool:
+    """Whether the queue's ``head`` should join the ``running`` rows now (``auto``).
+
+    ``head``: the head's row, or its equally likely versions (one per length its group's rows have
+    taken: a request's length is not known until it ends), over which the sums are averaged (so a
+    group of short and long answers counts what joining saves a short one, not what it would save
+    one of the mean length).
+    ``join_cost``: seconds its first full forward adds to the step it joins; ``behind``: requests
+    queued after it; ``arrivals``: requests arriving per second (recent); ``step(group, n)``: the
+    expected seconds of a step of ``n`` rows of a run of ``group`` (:meth:`StepCost.curve`).
+    Compares the sum of completion times between joining now and starting once the running rows have
+    left: of the running rows, the head, and the requests that start after the last of them ends in
+    either schedule (those queued behind it, and those expected to arrive before the running rows
+    end), each of which counts that end once, so what sharing steps saves in fixed per-step cost
+    counts for them. Joins when the first sum is no larger (always, when nothing runs)."""
+    if not running:
+        return True
+    heads = head if isinstance(head, list) else [head]
+    alone, end_running = completions(running, step)
+    later = behind + arrivals * end_running
+    diff = 0.0
+    for h in heads:
+        joined, end_joined = completions(running + [h], step, first=join_cost)
+        mine, end_waited = completions([h], step, first=join_cost, start=end_running)
+        diff += (joined + later * end_joined) - (alone + mine + later * end_waited)
+    return diff <= 0 or not math.isfinite(diff)

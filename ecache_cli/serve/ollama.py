@@ -1,0 +1,192 @@
+"""Ollama's API beside OpenAI's, so Ollama clients and the web front-ends that speak it work.
+
+Routes (Ollama's docs/api.md): ``GET /api/tags`` (the one model), ``GET /api/version``,
+``POST /api/generate`` (``prompt`` with ``system``; the chat template unless ``raw: true``, then the
+prompt as given like ``/v1/completions``) and ``POST /api/chat`` (``messages``). Each request is
+translated into the OpenAI request of the same meaning and goes through the same checks
+(``protocol.py``), queue and engine. ``stream`` defaults to true as in Ollama: newline-delimited JSON
+objects, ``{"response": text, "done": false}`` (chat: ``{"message": {"role": "assistant",
+"content": text}, ...}``) as the answer's text becomes final, then one with ``"done": true``,
+``done_reason`` and the counts (``prompt_eval_count``, ``eval_count``, durations in nanoseconds).
+
+``options``: ``temperature``, ``top_p``, ``seed``, ``stop``, ``num_predict`` (→ ``max_tokens``; < 0:
+the server's default), ``presence_penalty`` and ``frequency_penalty`` (refused unless 0) are read;
+the runtime ones (:data:`IGNORED_OPTIONS`: context size, threads, GPU layers ...) and ``keep_alive``
+are accepted and ignored (a ``Warning`` header names them); any other option, ``format``, ``images``,
+``tools``, ``template``, ``context``, ``suffix`` and ``think`` are refused with one line, as an
+OpenAI field that would change the answer is. Errors are Ollama's ``{"error": message}``. The model
+is the served name, with or without the tag ``:latest``. An empty ``prompt`` (or no messages) only
+loads the model: ``done_reason`` ``load``, as Ollama answers it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from .. import __version__
+from .handling import Server, check_key, events, read_json, resolve, submit, wait
+from .protocol import ApiError, ignored_fields, warning_header
+
+#: Ollama options that tune the runtime, not the answer: accepted and ignored.
+IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
+                   "low_vram", "vocab_only", "num_keep")
+#: Ollama options read, and the OpenAI field each becomes.
+OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop",
+           "num_predict": "max_tokens", "presence_penalty": "presence_penalty",
+           "frequency_penalty": "frequency_penalty"}
+#: Top-level fields of each route: read, ignored, or refused unless empty.
+FIELDS = {"generate": {"model", "prompt", "system", "stream", "raw", "options", "keep_alive", "format", "images",
+                       "template", "context", "suffix", "think"},
+          "chat": {"model", "messages", "stream", "options", "keep_alive", "format", "tools", "think"}}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def translate(srv: Server, route: str, body) -> tuple[dict | None, bool, list[str]]:
+    """(the OpenAI body of an Ollama request, or None for a load-only request; whether it is chat;
+    the fields accepted and ignored). Raises ApiError (400) naming a refused field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS[route])
+    if unknown:
+        raise ApiError(400, f"unrecognized request argument {unknown[0]!r}; see Ollama's API (docs/api.md)", unknown[0])
+    for field in ("format", "images", "tools", "template", "context", "suffix", "think"):
+        if body.get(field) not in (None, "", [], False):
+            raise ApiError(400, f"{field} is not supported by this server; leave it out", field)
+    name = body.get("model")
+    if not isinstance(name, str) or name.removesuffix(":latest") != srv.opts.model_name:
+        raise ApiError(404, f"model {name!r} is not served here; this server serves {srv.opts.model_name!r} "
+                            "(GET /api/tags)", "model")
+    ignored = ["keep_alive"] if "keep_alive" in body else []
+    out: dict = {"model": srv.opts.model_name, "stream": body.get("stream", True)}
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, f"options must be an object (got {options!r})", "options")
+    for key, value in options.items():
+        if key in IGNORED_OPTIONS:
+            ignored.append(f"options.{key}")
+        elif key not in OPTIONS:
+            raise ApiError(400, f"options.{key} is not supported by this server; leave it out (read: "
+                                f"{', '.join(OPTIONS)})", f"options.{key}")
+        elif key == "num_predict":
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ApiError(400, f"options.num_predict must be an integer (got {value!r})", "options.num_predict")
+            if value >= 0:
+                out["max_tokens"] = value
+        else:
+            out[OPTIONS[key]] = value
+    if route == "chat":
+        messages = body.get("messages") or []
+        if not isinstance(messages, list):
+            raise ApiError(400, "messages must be a list of {role, content} objects", "messages")
+        for i, m in enumerate(messages):
+            extra = sorted(set(m) - {"role", "content"}) if isinstance(m, dict) else []
+            for field in extra:
+                if m[field] not in (None, "", []):
+                    raise ApiError(400, f"messages[{i}].{field} is not supported by this server; leave it out",
+                                   f"messages.{i}.{field}")
+        if not messages:
+            return None, True, ignored
+        out["messages"] = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
+                           for m in messages]
+        return out, True, ignored
+    prompt, system = body.get("prompt"), body.get("system")
+    if prompt in (None, ""):
+        return None, False, ignored
+    if body.get("raw"):
+        if system:
+            raise ApiError(400, "system is not applied with raw: true; put it in the prompt", "system")
+        out["prompt"] = prompt
+        return out, False, ignored
+    out["messages"] = ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
+                                                                                       "content": prompt}]
+    return out, True, ignored
+
+
+async def generate(request: Request):
+    """``POST /api/generate``."""
+    return await _ollama(request, "generate")
+
+
+async def chat(request: Request):
+    """``POST /api/chat``."""
+    return await _ollama(request, "chat")
+
+
+async def _ollama(request: Request, route: str):
+    srv: Server = request.app.state.server
+    endpoint = f"ollama_{route}"
+    check_key(request, endpoint)
+    body = await read_json(request, endpoint)
+    try:
+        openai_body, is_chat, ignored = translate(srv, route, body)
+    except ApiError:
+        srv.metrics.requests.labels(endpoint, "invalid").inc()
+        raise
+    if openai_body is None:  # Ollama's "load the model" request
+        done = {"model": srv.opts.model_name, "created_at": _now(), "done": True, "done_reason": "load"}
+        return JSONResponse(done | ({"message": {"role": "assistant", "content": ""}} if route == "chat"
+                                    else {"response": ""}))
+    stream = bool(openai_body.get("stream"))
+    req, job = resolve(request, "chat" if is_chat else "completions", openai_body)
+    job.endpoint = endpoint  # metrics count Ollama's routes apart
+    submit(request, endpoint, job)
+    headers = warning_header(ignored + ignored_fields(req))
+    started = time.perf_counter_ns()
+    if not stream:
+        res = await wait(request, job)
+        return JSONResponse(_piece(srv, route, res.text) | _final(res, started), headers=headers)
+
+    async def lines():
+        async for ev in events(request, job):
+            if ev.kind == "delta":
+                yield json.dumps(_piece(srv, route, ev.text), ensure_ascii=False) + "\n"
+            elif ev.kind == "done":
+                yield json.dumps(_piece(srv, route, "") | _final(ev.result, started)) + "\n"
+            else:
+                yield json.dumps({"error": ev.text}) + "\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
+
+
+def _piece(srv: Server, route: str, text: str) -> dict:
+    obj = {"model": srv.opts.model_name, "created_at": _now()}
+    obj |= {"message": {"role": "assistant", "content": text}} if route == "chat" else {"response": text}
+    return obj | {"done": False}
+
+
+def _final(res, started_ns: int) -> dict:
+    total = time.perf_counter_ns() - started_ns
+    return {"done": True, "done_reason": res.finish_reason, "total_duration": total, "load_duration": 0,
+            "prompt_eval_count": res.prompt_tokens, "eval_count": res.completion_tokens, "eval_duration": total}
+
+
+async def tags(request: Request):
+    """``GET /api/tags``: the one model served, in Ollama's shape."""
+    check_key(request, "ollama_tags")
+    srv: Server = request.app.state.server
+    modified = datetime.datetime.fromtimestamp(srv.created, datetime.timezone.utc).isoformat()
+    return {"models": [{"name": srv.opts.model_name, "model": srv.opts.model_name, "modified_at": modified,
+                        "size": 0, "digest": "", "details": {"format": "ecache", "family": "",
+                                                             "parameter_size": "", "quantization_level": ""}}]}
+
+
+async def version():
+    """``GET /api/version``: ecache's version (Ollama clients ask for it)."""
+    return {"version": __version__}
+
+
+#: (path, route, methods) of Ollama's routes.
+ROUTES = [
+    ("/api/tags", tags, ["GET"]),
+    ("/api/version", version, ["GET"]),
+    ("/api/generate", generate, ["POST"]),
+    ("/api/chat", chat, ["POST"]),
+]

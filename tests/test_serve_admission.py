@@ -1,0 +1,141 @@
+"""The admission model of ``ecache serve`` (``serve/admission.py``): the step-cost fit recovers a known
+curve, and ``auto`` joins or holds a request as the expected completion times say, on step-cost curves
+of the two kinds of machine (a CPU thread: time in proportion to rows; a GPU below its compute bound:
+time mostly fixed per step)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ecache_cli.serve.admission import Row, StepCost, StepHistory, admit, completions
+
+
+@pytest.mark.parametrize("true", [(2e-3, 1e-4, 3e-5), (20e-3, 5e-4, 1e-6), (0.0, 2e-3, 0.0)])
+def test_the_fit_recovers_the_step_cost_from_steps_of_several_widths(true):
+    cost, rng = StepCost(), random.Random(0)
+    for _ in range(400):
+        n = rng.choice([1, 2, 3, 4, 8])
+        positions = n * rng.uniform(30, 60) + rng.choice([0, 0, 0, 200])  # some steps carry a full forward
+        cost.observe(true[0] + true[1] * n + true[2] * positions, n, positions)
+    for n, positions in ((1, 40), (4, 400), (16, 700), (8, 3000)):
+        want = true[0] + true[1] * n + true[2] * positions
+        got = cost.base + cost.per_row * n + cost.per_position * positions
+        assert got == pytest.approx(want, rel=0.01), (n, positions)
+    terms = (cost.base, cost.per_row, cost.per_position)
+    big = max(range(3), key=lambda i: true[i] * (1, 4, 200)[i])  # the term that dominates a step
+    assert terms[big] == pytest.approx(true[big], rel=0.05), terms
+
+
+def test_a_run_at_one_width_does_not_wash_out_what_other_widths_taught():
+    """The steps are kept per row count: 2000 one-row steps leave the slope the warm-up measured."""
+    def observe(n, full):  # a step of n rows of 40 positions each, one of them a full forward of 200
+        positions = 40 * n + (160 if full else 0)
+        cost.observe(1e-3 + 1e-3 * n + 1e-5 * positions, n, positions)
+
+    cost = StepCost(prior=(5e-3, 0.0, 0.0))  # a prior far from the truth
+    for n in (1, 2, 4, 8):
+        for i in range(8):
+            observe(n, i == 0)
+    for i in range(2000):
+        observe(1, i % 32 == 0)
+    assert cost.base == pytest.approx(1e-3, rel=0.05) and cost.per_row == pytest.approx(1e-3, rel=0.05)
+    assert cost.per_position == pytest.approx(1e-5, rel=0.05)
+    assert cost.positions(3) == pytest.approx(3 * 40 + 160 / 8, rel=0.05)  # between the counts seen
+    assert cost.step(16) == pytest.approx(1e-3 + 16e-3 + 1e-5 * cost.positions(16), rel=0.01)
+
+
+def test_completions_sum_the_rows_end_times_round_robin_over_groups():
+    def step(group, n):
+        return {1: 1.0, 2: 1.5}[n]
+
+    # two rows of one group: 2 steps together (1.5 s each), then 1 step alone (1 s)
+    assert completions([Row(2, "a"), Row(3, "a")], step) == (3.0 + 4.0, 4.0)
+    # two groups: each round steps both (1 + 1 s); the join's full forward adds 0.5 s to the first
+    total, end = completions([Row(1, "a"), Row(2, "b")], step, first=0.5)
+    assert (total, end) == (2.5 + 3.5, 3.5)
+
+
+def cpu(group, n: int) -> float:
+    """One CPU thread: a step's time in proportion to its rows."""
+    return 2e-3 * n if n else 0.0
+
+
+def gpu(group, n: int) -> float:
+    """A GPU below its compute bound: a fixed 20 ms and 0.2 ms a row."""
+    return 20e-3 + 2e-4 * n if n else 0.0
+
+
+def test_on_a_cpu_a_request_like_the_running_ones_waits_and_a_short_one_joins_long_ones():
+    # running rows with 20 steps left; a request of 32 steps would slow them by what it saves itself
+    assert not admit([Row(20, "g"), Row(20, "g")], Row(32, "g"), 0.0, 0, cpu)
+    # the running rows have 96 steps left: a 32-step request is done long before they are
+    assert admit([Row(96, "g")], Row(32, "g"), 0.0, 0, cpu)
+    # an idle engine takes the head whatever it is
+    assert admit([], Row(32, "g"), 1.0, 0, cpu)
+
+
+def test_on_a_gpu_a_request_joins_at_once():
+    assert admit([Row(20, "g")] * 8, Row(32, "g"), 5e-3, 0, gpu)
+    assert admit([Row(2, "g")], Row(64, "g"), 5e-3, 3, gpu)
+    # another group does not share the running group's steps: each round pays both fixed costs
+    assert not admit([Row(2, "g")], Row(64, "h"), 5e-3, 3, gpu)
+
+
+def test_a_queue_behind_the_head_counts_what_batching_saves_it():
+    """A fixed cost per step (0.5 ms) and 1 ms a row: alone the head waits; with 20 requests queued
+    behind it, sharing steps ends the running work earlier for all of them, so it joins."""
+    def step(group, n):
+        return 0.5e-3 + 1e-3 * n if n else 0.0
+
+    assert not admit([Row(30, "g")], Row(32, "g"), 0.0, 0, step)
+    assert admit([Row(30, "g")], Row(32, "g"), 0.0, 20, step)
+    # requests expected to arrive before the running rows end count as queued: 500/s over their 45 ms
+    assert admit([Row(30, "g")], Row(32, "g"), 0.0, 0, step, arrivals=500.0)
+    assert not admit([Row(30, "g")], Row(32, "g"), 0.0, 0, step, arrivals=5.0)
+    assert not admit([Row(30, "g")], Row(32, "g"), 0.0, 0, cpu, arrivals=500.0)  # no fixed cost: nothing saved
+
+
+def test_expected_remaining_steps_come_from_the_rows_that_ran_longer():
+    h = StepHistory()
+    assert h.remaining("g", 10, bound=64, per_block=32) == 54  # no history: to the canvas's end
+    for steps in (32, 32, 32, 96):
+        h.finished("g", steps)
+    assert h.remaining("g", 0, 64, 32) == 48  # the mean
+    assert h.remaining("g", 40, 64, 32) == 56  # past one block: only the long row ran that far
+    assert h.remaining("g", 100, 64, 32) == 28  # longer than any: to the end of its block
+
+
+def test_a_groups_own_steps_set_its_level_and_the_fit_its_shape():
+    """Runs of a long prompt cost more per step than the positions they compute say: the group's own
+    steps at one row count set the level, the fit's ratio the cost of the counts it has not run."""
+    cost = StepCost()
+    for n in (1, 2, 4):
+        for full in (True, False, False, False):
+            positions = 40 * n + (160 if full else 0)
+            cost.observe(1e-3 + 1e-3 * n + 1e-5 * positions, n, positions, group="warm")
+    assert not cost.seen("long", 1) and cost.curve("long", 2) == pytest.approx(cost.step(2))  # nothing own yet
+    level = 2 * cost.step(1)  # twice what the fit says
+    for _ in range(3):
+        cost.observe(level, 1, 40.0, group="long")
+    assert cost.seen("long", 1) and not cost.seen("long", 2)
+    assert cost.curve("long", 1) == pytest.approx(level)
+    assert cost.curve("long", 2) == pytest.approx(level * cost.step(2) / cost.step(1))
+    assert cost.curve("long", 2) > 1.3 * cost.step(2)  # well above what the fit alone says
+    partial, full = 1e-3 + 4e-3 + 1e-5 * 160, 1e-3 + 4e-3 + 1e-5 * 320
+    assert partial < cost.curve("warm", 4) < (full + 3 * partial) / 4  # its own steps, the oldest weighing least
+
+
+def test_the_head_is_judged_over_the_lengths_its_group_takes_not_their_mean():
+    """Most answers of the group are short (8 steps), one in four long (200): joining a row with 100
+    steps left saves a short answer most of its wait, which outweighs what a long one costs; a head of
+    the mean length (56) would wait."""
+    running = [Row(100, "g")]
+    assert not admit(running, Row(56, "g"), 0.0, 0, cpu)
+    assert admit(running, [Row(8, "g")] * 3 + [Row(200, "g")], 0.0, 0, cpu)
+    h = StepHistory()
+    for steps in (8, 8, 8, 200) * 4:
+        h.finished("g", steps)
+    assert h.sizes("g", bound=256, k=4) == [8.0, 8.0, 8.0, 200.0]
+    assert h.sizes("new", bound=256) == [256.0]
