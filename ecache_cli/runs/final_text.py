@@ -26,10 +26,13 @@ def final_lengths(gen_masked: torch.Tensor) -> list[int]:
 
 def unsettled(run) -> torch.Tensor:
     """(B, T) bool: the canvas positions of ``run``'s rows that may still change: the masks, and with token
-    editing (LLaDA2.1, ``decoding/editing.py``) every position of a row's current block, whose committed
-    tokens a later step may rewrite. What precedes a row's first such position is final."""
+    editing (LLaDA2.1, ``decoding/editing.py``) every position of a row's current block until the block
+    ends, since a later step may rewrite its committed tokens. What precedes a row's first such position is
+    final. Read between steps (after a step, before the rows' clocks move on)."""
     st = run.state
-    return st.masked if run.decoder.editing is None else st.masked | st.in_block()
+    if run.decoder.editing is None:
+        return st.masked
+    return st.masked | st.in_block() & ~st.block_done[:, None]
 
 
 def tokens_reaching(ids: list[int], chars: int, decode: Callable[[list[int]], str]) -> int:
