@@ -97,6 +97,8 @@ def check_ranges(values: dict) -> None:
     """Check every given numeric option of a command (``values``: parameter name → parsed value, None =
     not given) against its declared range; raise UsageError ``--recent-k 99999999999999999999 must be ≤
     2147483647 (e.g. 64)``, naming the flag, the value and what it must be."""
+    import dataclasses
+
     from .errors import UsageError
 
     ranges = _option_ranges()
@@ -106,8 +108,25 @@ def check_ranges(values: dict) -> None:
             continue
         try:
             rng.check(value)
-        except ValueError as e:
-            raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
+        except ValueError:
+            rng = dataclasses.replace(rng, example=_fitting_example(name, values, rng.example))
+            try:
+                rng.check(value)
+            except ValueError as e:
+                raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
+
+
+def _fitting_example(name: str, values: dict, example: str) -> str:
+    """A range's example value that also fits the other options given (``values``): a block length that
+    divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, so that a
+    suggested value is one the same command accepts."""
+    gen, block = values.get("gen_length"), values.get("block_length")
+    if name == "block_length" and isinstance(gen, int) and gen >= 1:
+        return str(next(b for b in (32, 16, 8, 4, 2, 1) if gen % b == 0)) if gen > 32 else str(gen)
+    if name == "gen_length" and isinstance(block, int) and block >= 1:
+        steps = values.get("steps")  # each block needs a whole number of the steps
+        return str(block * steps if isinstance(steps, int) and steps >= 1 else -(-256 // block) * block)
+    return example
 
 
 Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wider than 80 columns).", rich_help_panel=O)]

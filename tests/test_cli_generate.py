@@ -75,7 +75,7 @@ def test_empty_stdin_is_a_usage_error(cli, llada_dir):
 
 
 @pytest.mark.parametrize("args,needles", [
-    (["--cache", "lru"], ["'lru'", "cache", "none, prefix, dual, entropy, block, d2cache"]),
+    (["--cache", "lru"], ["'lru'", "cache", "none, prefix, dual, entropy, d2cache"]),
     (["--block-length", "0"], ["--block-length 0"]),
     (["--steps", "1"], ["--steps 1", "2 blocks"]),
     (["--gen-length", "12"], ["--gen-length 12", "--block-length 8"]),

@@ -39,7 +39,8 @@ def validate_remasking(kind: str, *, parallel: bool = False) -> str:
             low_confidence.
     """
     if kind not in REMASKING:
-        raise UsageError(f"unknown --remasking {kind!r}: choose one of {', '.join(REMASKING)}")
+        rules = ", ".join(r for r in REMASKING if r != "origin")
+        raise UsageError(f"unknown --remasking {kind!r}: choose one of {rules}, or origin with --schedule dream")
     if parallel and kind not in _PROB_KINDS:
         raise UsageError(
             f"--remasking {kind} cannot be used with threshold or factor decoding: they compare the "

@@ -139,7 +139,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _flag_picks_parallel_rule(decode, decode_flags)
     cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
-    params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name)}
+    params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
     _block_follows_gen_length(decode, p_dec, decode_flags)
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
@@ -396,13 +396,17 @@ def warn_idle_steps(decode: DecodeConfig, sampler: str) -> None:
              f"steps run (--steps {decode.gen_length} is the same decoding)")
 
 
-def policy_params_or_all(name: str) -> set[str]:
+def policy_params_or_all(name: str, family=None) -> set[str]:
+    """The parameters of policy ``name``; UsageError for a name that is none, listing the policies (those that
+    apply to ``family``'s attention when the model's family is known: ``model_family``)."""
     try:
         return policy_params(name)
     except KeyError:
         from ..cache import POLICIES, spec_hint
 
-        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}"
+        kind = "block-causal" if family is not None and family.block_causal else "bidirectional"
+        fits = [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(fits)}"
                          f"{spec_hint(name)}") from None
 
 
