@@ -312,3 +312,14 @@ def test_model_card_examples_are_the_models_answers(tmp_path):
     res = run("ecache generate " + " ".join(shlex.quote(q) for q, _ in examples), tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [a for _, a in examples]
+
+
+def test_the_readme_counts_the_tests_it_says():
+    """README's "Tests" section names the size of the default run: within 5% of what pytest collects."""
+    text = (REPO / "README.md").read_text()
+    said = int(re.search(r"CPU: (\d+) tests in", text).group(1))
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ECACHE_GIT_CLEAN_CHECK": "0"}).stdout
+    run = int(re.search(r"(\d+)(?:/\d+)? tests? collected", out).group(1))  # "A/B": A selected of B
+    assert abs(run - said) <= 0.05 * run, f"README says {said} tests; the default run has {run}: update it"
