@@ -1,4 +1,5 @@
-"""``ecache calibrate``: search τ per task domain, score it against ``none``, write it to a profile."""
+"""``ecache calibrate``: search τ per task domain, score it against ``none``, write it to a profile; on a
+block-diffusion model the decoder's threshold instead, against one token per step (``runs/calib_sweep.py``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,23 @@ from ..runs.speed_guard import DEFAULT_LIMIT
 K = "Calibration"
 
 
-def _taus(value: Optional[str]) -> Optional[list[float]]:
-    """``--taus``: a comma list of distinct numbers (their range is checked by ``runs.calibrate.validate``)."""
+def _taus(value: Optional[str], block: bool = False) -> Optional[list[float]]:
+    """``--taus`` (``--thresholds`` on a block-diffusion model, ``block``): a comma list of distinct numbers
+    (their range is checked by ``runs.calibrate.validate``)."""
     if value is None:
         return None
     from ..runs.comma_lists import parse_list
 
+    if block:
+        return parse_list(value, "--thresholds", float, what="a number", example="0.95,0.9,0.8")
     return parse_list(value, "--taus", float, what="a number", example="0.1,0.5,1")
+
+
+def _block_model(model: str) -> bool:
+    """True when ``--model`` is known before loading to be a block-diffusion model (``Family.block_causal``)."""
+    from ..runs.settings import model_family
+
+    return bool(getattr(model_family(model), "block_causal", False))
 
 
 def _counts(value: Optional[str], flag: str, example: str) -> Optional[list[int]]:
@@ -51,9 +62,9 @@ def calibrate_cmd(
     metric: Annotated[str, typer.Option("--metric", help="task (its score) or fidelity (agreement with none).", rich_help_panel=K)] = "task",
     max_drop: Annotated[float, typer.Option("--max-drop", help="Allowed score drop below none, in points of 100.", rich_help_panel=K)] = 1.0,
     min_fidelity: Annotated[Optional[float], typer.Option("--min-fidelity", help="Also require token agreement with none ≥ this percent.", rich_help_panel=K)] = None,
-    grid: Annotated[int, typer.Option("--grid", help="Coarse τ grid size (quantiles of none's signal).", rich_help_panel=K)] = 8,
+    grid: Annotated[Optional[int], typer.Option("--grid", help="Coarse τ grid size (quantiles of none's signal) \\[default: 8].", rich_help_panel=K)] = None,
     refine: Annotated[int, typer.Option("--refine", help="Bisection steps around the choice after the grid.", rich_help_panel=K)] = 3,
-    taus: Annotated[Optional[str], typer.Option("--taus", help="Explicit τ grid, e.g. 0.1,0.5,1 (replaces the quantile grid).", rich_help_panel=K)] = None,
+    taus: Annotated[Optional[str], typer.Option("--taus", "--thresholds", help="Explicit τs (0.1,0.5,1) or block-diffusion thresholds (0.95,0.9,0.8).", rich_help_panel=K)] = None,
     joint: Annotated[bool, typer.Option("--joint", help="Also search block refresh × k 16,32,64 and the recent_steps arms.", rich_help_panel=K)] = False,
     allow_code_execution: Annotated[bool, typer.Option("--allow-code-execution", help="Score code tasks by running model-written code (sandbox).", rich_help_panel=K)] = False,
     sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="Isolation of model-written code: strict, auto, guard \\[default: auto].", rich_help_panel=K)] = None,
@@ -64,7 +75,7 @@ def calibrate_cmd(
     threshold: o.Threshold = None, factor: o.Factor = None, ban_eos: o.BanEos = None, low_eos_confidence: o.LowEos = None,
     early_exit: o.EarlyExit = None, schedule: o.Schedule = None, compat: o.Compat = None,
     alg_temp: o.AlgTemp = None,
-    recent_k: Annotated[Optional[str], typer.Option("--recent-k", help="entropy: recompute the k latest commits; 16,64: searched \\[default: 64].", rich_help_panel=o.C)] = None,
+    recent_k: Annotated[Optional[str], typer.Option("--recent-k", help="entropy: recompute the k last commits; 16,64: searched \\[default: 64].", rich_help_panel=o.C)] = None,
     recent_steps: Annotated[Optional[str], typer.Option("--recent-steps", help="entropy: recompute commits ≤ n steps old; 0,4: searched \\[default: 0].", rich_help_panel=o.C)] = None,
     signal: o.Signal = None, block_refresh: o.BlockRefresh = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Base settings from a profile (its τ is ignored).", rich_help_panel=o.C)] = None,
@@ -79,7 +90,7 @@ def calibrate_cmd(
     wide: o.Wide = False,
     quiet: o.Quiet = False,
 ):
-    """Find the fastest EntropyCache τ whose score drop vs [bold]none[/] is ≤ --max-drop; write it to a profile.
+    """Find the fastest τ (block diffusion: --threshold) within --max-drop of [bold]none[/]; write a profile.
 
     Example: [cyan]ecache calibrate --task list --limit 50[/] (exit 1 when no τ qualifies)
     """
@@ -111,6 +122,12 @@ def calibrate_cmd(
 
     hold_warnings()  # after the "using model" line (console.announce)
     names, shot_list = parse_list(task, "--task"), parse_shots(shots)
+    block = _block_model(model)  # the decoder's threshold is searched, not τ (runs/calib_sweep.py)
+    if block:
+        _warn_block_flags(recent_k=recent_k, recent_steps=recent_steps, signal=signal, block_refresh=block_refresh,
+                          joint=joint or None, grid=grid, threshold=threshold, factor=factor)
+        recent_k = recent_steps = signal = block_refresh = threshold = factor = None
+        joint = False
     one_k, ks = _one_or_list(_counts(recent_k, "--recent-k", "16,32,64"))
     one_steps, step_list = _one_or_list(_counts(recent_steps, "--recent-steps", "0,4,8"))
     brs, extra = None, None
@@ -125,7 +142,8 @@ def calibrate_cmd(
     opts = CalibrateOptions(task=",".join(names), data=data, limit=limit, seed=seed,
                             shots=None if grouped or shot_list is None else shot_list[0], chat=chat, metric=metric,
                             recent_ks=ks, block_refreshes=brs, recent_steps=step_list, extra_arms=extra,
-                            max_drop=max_drop, min_fidelity=min_fidelity, grid=grid, refine=refine, taus=_taus(taus),
+                            max_drop=max_drop, min_fidelity=min_fidelity, grid=8 if grid is None else grid, refine=refine,
+                            taus=_taus(taus, block), sweep="threshold" if block else "tau",
                             batch_size=batch_size, allow_code_execution=allow_code_execution, out=out,
                             json_path=json_path, plot_path=plot, run_file=run_file, resume=resume, dry_run=dry_run,
                             quiet=quiet, speed_check=speed_check, speed_check_limit=speed_check_limit,
@@ -141,9 +159,14 @@ def calibrate_cmd(
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
-        {**o.cache_flags("entropy", None, one_k, signal, block_refresh, None), "recent_steps": one_steps},
+        {**o.cache_flags("block" if block else "entropy", None, one_k, signal, block_refresh, None),
+         "recent_steps": one_steps},
         profile=profile, compile=compile_step, quantize=quantize, group_size=group_size, tau_searched=True)
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
+    if block:
+        from ..runs.calibrate import sweep_base
+
+        settings = sweep_base(settings)
     opts.quantize = settings.quantize  # --profile's quantize key when no flag: the profile written says which
     from ..distributed import from_environment
 
@@ -151,7 +174,8 @@ def calibrate_cmd(
     from ..runs.models import check_model_name
 
     check_model_name(model)  # an unknown model is refused alone, before the first line
-    announce(settings.describe(model, tau=f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}")
+    searched = f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}"
+    announce(settings.describe(model, tau=searched, searched="threshold" if block else "τ")
              if not quiet and from_environment().is_main else None)  # what this run uses, before the load
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # the ranks share the batches
@@ -170,8 +194,9 @@ def calibrate_cmd(
         wrote = ""
         if e.outcome is not None and json_path is not None and dist.is_main:
             write_json(calibrate_document(e.outcome, lm, settings, opts, incomplete=True), json_path)
-            wrote = (f"; --json {json_path} holds the none baseline and the {len(e.outcome.points)} finished τ(s) "
-                     "(\"incomplete\": true)")
+            what = ("reference and the {} finished threshold(s)" if e.outcome.sweep == "threshold" else
+                    "none baseline and the {} finished τ(s)").format(len(e.outcome.points))
+            wrote = f"; --json {json_path} holds the {what} (\"incomplete\": true)"
         kept = "dry run: no run file kept" if dry_run else "finished records are kept in the run file (rerun with --resume)"
         error(f"interrupted; no profile written; {kept}{wrote}")
         raise typer.Exit(code=interrupted_exit_code()) from None
@@ -207,12 +232,23 @@ def calibrate_cmd(
         raise typer.Exit(code=interrupted_exit_code()) from None
     choice = outcome.choice
     if choice.point is None:
-        from ..runs.tau_search import HINTS
+        from ..runs.tau_search import hint
 
         # the hint names what the run measured as the cause: speed (the proxy or the wall clock) or score
-        raise EcacheError(f"{choice.reason}; no profile written ({HINTS.get(choice.cause, HINTS['both'])})")
+        raise EcacheError(f"{choice.reason}; no profile written ({hint(outcome.sweep, choice.cause)})")
     where = "dry run: no profile written" if dry_run else f"wrote {outcome.profile}"
     out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)
     if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart
         err.print(line, markup=False, highlight=False)
 
+
+
+def _warn_block_flags(**given) -> None:
+    """One warning naming the flags given (not None) that do not apply when a block-diffusion model's
+    threshold is calibrated (``runs.calib_sweep.ignored_flags``)."""
+    from ..console import warn
+    from ..runs.calib_sweep import ignored_flags
+
+    line = ignored_flags({f"--{k.replace('_', '-')}": v is not None for k, v in given.items()})
+    if line is not None:
+        warn(line)

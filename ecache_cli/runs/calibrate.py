@@ -28,6 +28,11 @@ Groups (``--task arith,code,list``, ``--shots 0,4``; ``runs/calib_groups.py``): 
 group's examples, each point is also aggregated per group, and a setting qualifies only when it meets
 the tolerance on every group; such a run writes the model's ``default`` profile.
 
+Block-diffusion models (``lm.spec.block_causal``; ``runs/calib_sweep.py``): the ``block`` cache is exact,
+so the decoder's threshold is searched instead of τ, against the one-token-per-step reference in
+``none``'s place; the same search, records, choice rule, reports and profile store, with the values and
+the policy and decode settings of each one from the sweep object (``calib_sweep.SWEEPS``).
+
 Speed check (``runs/speed_guard.py``; ``--no-speed-check`` skips it): after the proxy ranking, the
 best qualifying setting is timed against ``none`` on ``--speed-check-limit`` examples of the sample,
 under plain decoding and under threshold decoding (the run's ``--threshold``, else 0.9), each the
@@ -67,19 +72,19 @@ from ..distributed import DistEnv
 from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import Arm, RunFile
+from .calib_sweep import SWEEPS, ReferenceClock, ReferenceGuard, check_thresholds
 from .settings import Settings
 from .speed_guard import DEFAULT_LIMIT, DEFAULT_TRIES, SpeedGuard, Verdict, WallClock, mode_threshold, spread
 from .tau_search import (
+    KNOBS,
     Choice,
     Point,
     aggregate,
     choose,
     chosen_reason,
-    coarse_grid,
     high_tau,
     pareto_frontier,
     ranking,
-    refine_next,
     same_decisions,
 )
 
@@ -121,6 +126,7 @@ class CalibrateOptions:
     speed_check_threshold: float | None = None  # None: the run's --threshold, else speed_guard.DEFAULT_THRESHOLD
     speed_check_tries: int = DEFAULT_TRIES
     parallel: bool = False  # the run decodes in parallel (--threshold / --factor): set by calibrate()
+    sweep: str = "tau"  # what is searched (calib_sweep.SWEEPS): "threshold" on a block-diffusion model
     quantize: str | None = None  # the weights' format (--quantize): profile <task>-<format> (config.quantize_task)
 
     @property
@@ -156,6 +162,7 @@ class Outcome:
     run_file: Path
     resumed_records: int = 0
     speed_check: dict | None = None
+    sweep: str = "tau"  # what was searched: "tau" or "threshold" (calib_sweep.SWEEPS)
 
 
 def validate(opts: CalibrateOptions) -> None:
@@ -181,9 +188,11 @@ def validate(opts: CalibrateOptions) -> None:
     t = opts.speed_check_threshold
     if t is not None and not (math.isfinite(t) and 0 < t <= 1):
         raise UsageError(f"speed_check_threshold {t} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
-    if opts.taus is not None and (not opts.taus or any(not math.isfinite(t) for t in opts.taus)):
+    if opts.sweep == "threshold":
+        check_thresholds(opts.taus)
+    elif opts.taus is not None and (not opts.taus or any(not math.isfinite(t) for t in opts.taus)):
         raise UsageError("--taus needs finite numbers separated by commas, e.g. 0.1,0.5,1")
-    if opts.taus is not None and min(opts.taus) < 0:
+    elif opts.taus is not None and min(opts.taus) < 0:
         raise UsageError(f"--taus: {min(opts.taus)} must be ≥ 0 (τ is an entropy in nats); e.g. --taus 0.1,0.5,1")
     if opts.recent_ks is not None:
         if not opts.recent_ks or len(set(opts.recent_ks)) != len(opts.recent_ks) or min(opts.recent_ks) < 0:
@@ -334,6 +343,7 @@ class Evaluator:
         self.progress = progress
         self.arm: Arm | None = None
         self.own_arm = own_arm(settings)
+        self.sweep = SWEEPS[opts.sweep]
         n, bs = len(examples), opts.batch_size
         order = sorted(range(n), key=lambda i: (len(prompt_ids[i]), i)) if bs > 1 else list(range(n))
         self.chunks = [order[s:s + bs] for s in range(0, n, bs)]  # fixed: a resumed run re-runs the same batches
@@ -378,8 +388,11 @@ class Evaluator:
 
     def _reusable(self, tau: float, idx: list[int]) -> float | None:
         """An evaluated τ' of the same arm whose records of the batch ``idx`` provably equal τ's (nearest
-        first), or None. (A block refresh does not depend on τ, so the rule holds within an arm.)"""
+        first), or None. (A block refresh does not depend on τ, so the rule holds within an arm.) None for
+        a sweep without such a rule (a threshold's)."""
         tag = self.tag
+        if not self.sweep.reuses:
+            return None
         taus = sorted({t for t, _, a in self.store.records if t is not None and t != tau and a == tag},
                       key=lambda t: (abs(t - tau), t))
         for t in taus:
@@ -389,9 +402,8 @@ class Evaluator:
         return None
 
     def _run_chunk(self, tau: float | None, c: int, idx: list[int]) -> list[dict]:
-        arm = {} if self.arm is None else self.arm.params()
-        policy = self.settings.policy("none") if tau is None else self.settings.policy("entropy", tau=tau, **arm)
-        run = self.engine.start([self.prompt_ids[i] for i in idx], self.settings.decode, policy, seed=self.opts.seed,
+        policy, decode = self.sweep.setting(self.settings, tau, self.arm)
+        run = self.engine.start([self.prompt_ids[i] for i in idx], decode, policy, seed=self.opts.seed,
                                 row_ids=idx)  # an example's random stream: (seed, its index)
         signals: list[list[float]] = [[] for _ in idx]
         for step in run:
@@ -435,7 +447,7 @@ def run_key(lm, settings: Settings, task, opts: CalibrateOptions, prompt_ids: li
             **({"block_tau": params["block_tau"]} if params.get("block_tau") is not None else {}),
             **({"refresh_prompt": False} if params.get("refresh_prompt") is False else {}),
             **_arms_key(opts, settings),
-            "batch_size": opts.batch_size,
+            "batch_size": opts.batch_size, **({"sweep": opts.sweep} if opts.sweep != "tau" else {}),
             "dtype": str(lm.dtype).replace("torch.", ""), "device": lm.device.type,
             **({"quantize": settings.quantize} if settings.quantize else {}),
             "config_sha256": lm.config_hash[:16], "weights": weights_fingerprint(lm.path),
@@ -456,11 +468,15 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     ``err_console``: a rich Console for progress lines (None or ``opts.quiet``: silent).
     ``dist``: several ranks (torchrun) share the batches (``Evaluator.records``); every rank returns the
     same Outcome, and only rank 0 writes the run file and the profile.
+    A block-diffusion model (``lm.spec.block_causal``) gets the decoder's threshold searched instead of τ
+    (``runs/calib_sweep.py``).
     Returns an :class:`Outcome` (its ``profile`` is None when nothing qualified or with dry-run).
     Raises EcacheError subclasses (bad data, settings mismatch with the run file, ...).
     """
+    if getattr(lm.spec, "block_causal", False):
+        opts, settings = replace(opts, sweep="threshold"), sweep_base(settings)
     preflight(task, opts)
-    opts = replace(opts, parallel=settings.decode.parallel)
+    opts = replace(opts, parallel=settings.decode.parallel)  # a threshold sweep's base decodes one token per step
     model = canonical_model_name(lm.name)
     target = opts.out if opts.out is not None else profile_path(model, opts.profile_task)
     if not opts.dry_run:
@@ -477,7 +493,7 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
         say(f"resuming from {run_path}: {store.loaded} records{torn}")
     search = _Search(opts, say, err_console, arms(opts, settings), sample.groups)
     try:
-        with _Progress(err_console, opts.quiet, len(sample.examples)) as progress:
+        with _Progress(err_console, opts.quiet, len(sample.examples), opts.sweep) as progress:
             search.run(Evaluator(sample.engine, task, sample.examples, sample.prompt_ids, settings, opts, store,
                                  sample.can_score, progress, dist))
     except KeyboardInterrupt:
@@ -486,18 +502,30 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
         raise Interrupted(None if dist.active else search.partial(run_path, store.loaded)) from None
     finally:
         store.close()
-    outcome = search.outcome(store, dist, run_path, len(sample.examples))
+    outcome = replace(search.outcome(store, dist, run_path, len(sample.examples)), sweep=opts.sweep)
     _speed_check(outcome, search, clock, err_console if dist.is_main else None, say, dist.active)
     if outcome.choice.point is not None:
         _keep_choice(outcome, model, settings, opts, sample.shots, target, dist)
     return outcome
 
 
-def _wall_clock(sample: "_Sample", settings: Settings, opts: CalibrateOptions, dist: DistEnv) -> WallClock:
+def sweep_base(settings: Settings) -> Settings:
+    """The settings of a threshold sweep (block diffusion): the ``block`` cache and the decode settings
+    without a parallel rule (the sweep sets the threshold; its profile is the task's own, not ``-parallel``)."""
+    return replace(settings, cache="block", cache_params={},
+                   decode=replace(settings.decode, threshold=None, factor=None))
+
+
+def _wall_clock(sample: "_Sample", settings: Settings, opts: CalibrateOptions, dist: DistEnv):
     """The speed check's timing function over ``--speed-check-limit`` examples of the sample, evenly
-    spaced (``speed_guard.spread``). Raises UsageError when threshold decoding at
-    the run's ``--threshold`` (else 0.9), or plain decoding, cannot run with these decode settings."""
+    spaced (``speed_guard.spread``): a :class:`WallClock`, or a threshold sweep's ``ReferenceClock``. Raises
+    UsageError when threshold decoding at the run's ``--threshold`` (else 0.9), or plain decoding,
+    cannot run with these decode settings."""
     idx = spread(len(sample.prompt_ids), opts.speed_check_limit)
+    if opts.sweep == "threshold":
+        guard = ReferenceGuard(threshold=None, examples=len(idx), tries=opts.speed_check_tries)
+        return ReferenceClock(sample.engine, settings, [sample.prompt_ids[i] for i in idx], guard, opts.batch_size,
+                              opts.seed, dist)
     guard = SpeedGuard(threshold=mode_threshold(settings.decode, opts.speed_check_threshold), examples=len(idx),
                        tries=opts.speed_check_tries, own="threshold" if opts.parallel else "plain")
     return WallClock(sample.engine, settings, [sample.prompt_ids[i] for i in idx], guard, opts.batch_size,
@@ -533,8 +561,9 @@ def _run_guard(outcome: "Outcome", search: "_Search", clock, err_console, say) -
         return
     cands = ranking(outcome.points, outcome.base, opts.metric, *opts.fractions())
     warn = (lambda line: err_console.print(line, markup=False, highlight=False)) if err_console is not None else None
-    say(f"speed check: timing {cands[0].label()} against none on {guard.examples} example(s), plain and threshold "
-        f"{guard.threshold:g} ({guard.passes} passes each)")
+    modes = "" if opts.sweep == "threshold" else f", plain and threshold {guard.threshold:g}"
+    say(f"speed check: timing {cands[0].label()} against {guard.against} on {guard.examples} example(s){modes} "
+        f"({guard.passes} passes{'' if opts.sweep == 'threshold' else ' each'})")
     verdict: Verdict = guard.run(cands, clock, same=search.decides_alike, warn=warn)
     outcome.speed_check = guard.document(verdict, opts.batch_size)
     if verdict.point is None:
@@ -609,13 +638,14 @@ def zero_score_warning(base: Point, opts: CalibrateOptions) -> str | None:
         return None
     where = (f"the {base.n} examples of --task {opts.task}" if base.score == 0 else
              f"group{'s' if len(zero) > 1 else ''} {', '.join(zero)} of --task {opts.task}")
+    knob = KNOBS[base.knob]
     if opts.min_fidelity is not None:
-        judge = f"cannot reject any τ there (--min-fidelity {opts.min_fidelity:g} still can)"
+        judge = f"cannot reject any {knob.name} there (--min-fidelity {opts.min_fidelity:g} still can)"
     else:
-        judge = ("cannot reject any τ there; add --min-fidelity 95 (agreement with none) or use --metric "
-                 "fidelity")
-    return (f"none scores 0% on {where}, so --max-drop {judge}; for a score that tells τs apart use more "
-            "examples (--limit), more shots (--shots), another task or another model")
+        judge = (f"cannot reject any {knob.name} there; add --min-fidelity 95 (agreement with {knob.base}) or use "
+                 "--metric fidelity")
+    return (f"{knob.base_phrase} scores 0% on {where}, so --max-drop {judge}; for a score that tells {knob.name}s "
+            "apart use more examples (--limit), more shots (--shots), another task or another model")
 
 
 class _Search:
@@ -628,7 +658,8 @@ class _Search:
     def __init__(self, opts: CalibrateOptions, say, err_console, arms: list[Arm] | None = None,
                  groups: dict[str, list[int]] | None = None):
         self.opts, self.say, self.err_console = opts, say, err_console
-        self.arms = arms or [None]
+        self.sweep = SWEEPS[opts.sweep]
+        self.arms = arms if arms and opts.sweep == "tau" else [None]  # a threshold sweep has no cache knobs
         self.groups = groups
         self.base, self.base_recs, self.points, self.signals, self.ev = None, None, {}, [], None
         self.tags: dict[tuple, tuple | None] = {}  # (arm index, τ) -> the run-file arm of its records
@@ -638,21 +669,22 @@ class _Search:
         return len(self.arms) > 1
 
     def run(self, ev: Evaluator) -> None:
-        """``none``, then per arm the coarse grid (or ``--taus``), then up to ``--refine`` bisection steps."""
+        """The baseline, then per arm the coarse grid (or ``--taus``), then up to ``--refine`` bisection
+        steps; a threshold sweep: the reference, the thresholds, the refinement (``calib_sweep``)."""
         self.ev = ev
         self._run_none()
         opts = self.opts
-        high = high_tau(self.signals)  # the arms' HIGH_BLOCK_TAU, from this sample's none run
-        self.arms = [arm if arm is None else arm.resolved(high) for arm in self.arms]
+        if self.joint:  # the arms' HIGH_BLOCK_TAU, from this sample's none run
+            self.arms = [arm.resolved(high_tau(self.signals)) for arm in self.arms]
         for a, arm in enumerate(self.arms):
             ev.arm = arm
             if self.joint:
                 self.say(f"{arm.describe()}:")
-            for tau in sorted(set(opts.taus)) if opts.taus else coarse_grid(self.signals, opts.grid):
+            for tau in self.sweep.values(self.signals, opts):
                 self._add(a, tau)
             for _ in range(opts.refine):
                 mine = [p for (b, _), p in self.points.items() if b == a]
-                tau = refine_next(mine, self.base, self.signals[0], opts.metric, *self.opts.fractions())
+                tau = self.sweep.refine(mine, self.base, self.signals, opts)
                 if tau is None:
                     break
                 self._add(a, tau, " (refine)")
@@ -660,38 +692,38 @@ class _Search:
 
     def _point(self, tau: float | None, recs: list[dict], arm: Arm | None = None) -> Point:
         """The aggregate of ``recs`` against ``none``'s, with its arm (joint search) and a part per group."""
-        p = aggregate(tau, recs, self.base_recs)
+        p = replace(aggregate(tau, recs, self.base_recs), knob=self.sweep.knob)
         if self.joint and arm is not None:
             p.recent_k, p.block_refresh, p.recent_steps, p.block_tau, p.refresh_prompt = arm
         if self.groups:
-            p.parts = {g: aggregate(tau, [recs[i] for i in idx], [self.base_recs[i] for i in idx])
-                       for g, idx in self.groups.items() if idx}
+            p.parts = {g: replace(aggregate(tau, [recs[i] for i in idx], [self.base_recs[i] for i in idx]),
+                                  knob=self.sweep.knob) for g, idx in self.groups.items() if idx}
         return p
 
     def _run_none(self) -> None:
-        """Decode ``none``; its committed tokens' signals are the distribution the grid is drawn from.
-        Raises EcacheError when it committed nothing."""
+        """Decode ``none`` (a threshold sweep: its reference); its committed tokens' signals are the
+        distribution τ's grid is drawn from. Raises EcacheError when a τ search's ``none`` committed nothing."""
         self.base_recs = self.ev.records(None)
         self.base = self._point(None, self.base_recs)
-        self.say(f"none: {_summary(self.base)}")
+        self.say(f"{self.base.label()}: {_summary(self.base)}")
         warning = zero_score_warning(self.base, self.opts)
         if warning is not None and self.err_console is not None:
             self.err_console.print("warning: " + warning, style="yellow", markup=False, highlight=False)
         self.signals = sorted(s for r in self.base_recs for s in r["signals"] if s is not None)
-        if not self.signals:
+        if not self.signals and self.sweep.knob == "tau":
             raise EcacheError("the none run committed no tokens, so there is no signal to calibrate on")
 
     def _add(self, a: int, tau: float, note: str = "") -> None:
         self.points[(a, tau)] = self._point(tau, self.ev.records(tau), self.arms[a])
         self.tags[(a, tau)] = self.ev.tag
-        self.say(f"τ={tau:g}{note}: {_summary(self.points[(a, tau)])}")
+        self.say(f"{self.points[(a, tau)].label()}{note}: {_summary(self.points[(a, tau)])}")
 
     def decides_alike(self, a: Point, b: Point) -> bool:
         """True when ``a`` provably decides exactly as ``b`` on every example: same arm, and no signal of
         ``b``'s records lies between the two τs (``tau_search.same_decisions``), so both run the same
         forwards (``Evaluator``'s reuse rule)."""
         ka, kb = self._key(a), self._key(b)
-        if ka is None or kb is None or ka[0] != kb[0]:
+        if ka is None or kb is None or ka[0] != kb[0] or not self.sweep.reuses:
             return False
         recs = [self.ev.store.get(b.tau, i, self.tags[kb]) for i in range(len(self.base_recs))]
         return all(r is not None and "signals" in r and same_decisions(r["signals"], b.tau, a.tau) for r in recs)
@@ -702,17 +734,21 @@ class _Search:
                      if (q.tau, q.arm()) == (p.tau, p.arm())), None)
 
     def _ordered(self) -> list[tuple[tuple, Point]]:
-        return sorted(self.points.items(), key=lambda kv: kv[0])
+        return sorted(self.points.items(), key=lambda kv: (kv[0][0], self.sweep.order(kv[0][1])))
 
     def partial(self, run_path: Path, resumed: int) -> "Outcome | None":
         """What finished before a Ctrl-C: ``none`` and the τs done, no choice; None before ``none`` ended."""
-        if self.base is None or not self.signals:
+        if self.base is None or (not self.signals and self.sweep.knob == "tau"):
             return None
         pts = [p for _, p in self._ordered()]
         return Outcome(base=self.base, points=pts, frontier=pareto_frontier([self.base, *pts], self.opts.metric),
-                       choice=Choice(None, "interrupted before the search ended: no τ chosen", []),
-                       signal_summary=_signal_summary(self.ev.signal, self.signals), profile=None, profile_data=None,
-                       run_file=run_path, resumed_records=resumed)
+                       choice=Choice(None, f"interrupted before the search ended: no {self.sweep.name} chosen", []),
+                       signal_summary=self._signal_summary(), profile=None, profile_data=None,
+                       run_file=run_path, resumed_records=resumed, sweep=self.sweep.knob)
+
+    def _signal_summary(self) -> dict | None:
+        """The none run's signal distribution (τ's grid is drawn from it); None for a threshold sweep."""
+        return _signal_summary(self.ev.signal, self.signals) if self.sweep.knob == "tau" else None
 
     def outcome(self, store: RunFile, dist: DistEnv, run_path: Path, n: int) -> "Outcome":
         """The finished search: every point (by arm, then ascending τ), the frontier and the choice rule's
@@ -725,8 +761,8 @@ class _Search:
                                  dist.world_size) for key, p in self._ordered()]
         choice = choose(pts, base, self.opts.metric, *self.opts.fractions())
         return Outcome(base=base, points=pts, frontier=pareto_frontier([base, *pts], self.opts.metric), choice=choice,
-                       signal_summary=_signal_summary(self.ev.signal, self.signals), profile=None, profile_data=None,
-                       run_file=run_path, resumed_records=store.loaded)
+                       signal_summary=self._signal_summary(), profile=None, profile_data=None,
+                       run_file=run_path, resumed_records=store.loaded, sweep=self.sweep.knob)
 
 
 def _keep_choice(outcome: "Outcome", model: str, settings: Settings, opts: CalibrateOptions, shots: int,
@@ -784,8 +820,9 @@ def parallel_wall(p: Point, recs: list[dict], base: Point, base_recs: list[dict]
 
 def _summary(p: Point) -> str:
     score = "n/a" if p.score is None else f"{100 * p.score:.1f}%"
+    work = f"{p.tpf:.2f} tokens/forward" if p.knob == "threshold" else f"refresh {100 * p.refresh_rate:.0f}%"
     return (f"score {score}, fidelity {100 * p.fidelity:.1f}%, {p.speedup:.2f}× (cost proxy), "
-            f"{p.speedup_wall:.2f}× (wall), refresh {100 * p.refresh_rate:.0f}%, NFE {p.nfe:.1f}")
+            f"{p.speedup_wall:.2f}× (wall), {work}, NFE {p.nfe:.1f}")
 
 
 _UNSET = object()  # no setting evaluated yet
@@ -795,10 +832,10 @@ class _Progress:
     """The setting being evaluated and its examples done, on one line redrawn in place on a terminal
     (``terminal.ProgressLine``); else nothing."""
 
-    def __init__(self, console, quiet: bool, n: int):
+    def __init__(self, console, quiet: bool, n: int, knob: str = "tau"):
         from ..terminal import ProgressLine
 
-        self.line, self.n = ProgressLine(console, quiet), n
+        self.line, self.n, self.knob = ProgressLine(console, quiet), n, knob
         self.tau, self.done, self.t0 = _UNSET, 0, 0.0
 
     def __enter__(self):
@@ -813,7 +850,8 @@ class _Progress:
         if tau != self.tau:
             self.tau, self.done, self.t0 = tau, 0, time.monotonic()
         self.done += k
-        self.line.show(f"{'none' if tau is None else f'τ={tau:g}'} {self.done}/{self.n}",
+        label = KNOBS[self.knob].base if tau is None else f"{KNOBS[self.knob].name}={tau:g}"
+        self.line.show(f"{label} {self.done}/{self.n}",
                        f"elapsed {clock(time.monotonic() - self.t0)}", done=self.done, total=self.n,
                        force=self.done >= self.n)
 

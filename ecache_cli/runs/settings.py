@@ -86,15 +86,17 @@ class Settings:
                          else "τ from unquantized weights")
         return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
 
-    def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None) -> str:
+    def describe(self, model: str, policies: list[str] | None = None, tau: str | None = None,
+                 searched: str = "τ") -> str:
         """The one stderr line naming what a run uses: model, cache policy (or ``policies``), τ and its
-        source (``tau``: another text for τ, e.g. calibrate's search), and the profile read when it gives
+        source (``tau``: another text for τ, e.g. calibrate's search, after the name ``searched``: what
+        calibrate searches, a block-diffusion decoder's ``threshold``), and the profile read when it gives
         settings other than τ. τ is named only when an entropy policy runs."""
         pols = policies or [self.cache]
         text = f"using model {model}" + (f" ({self.quantize} weights)" if self.quantize else "") + ", "
         text += f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}"
         if tau is not None:
-            return f"{text}, τ {tau}"
+            return f"{text}, {searched} {tau}"
         entropy = [p.split(":") for p in pols if p.split(":")[0] == "entropy"]
         if entropy:
             own = policies is not None and all(any(kv.startswith("tau=") for kv in p[1:]) for p in entropy)

@@ -102,6 +102,7 @@ class SpeedGuard:
     tries: int = DEFAULT_TRIES
     passes: int = PASSES
     own: str = "plain"
+    against = "none"  # what the candidates are timed against, in messages (a subclass names its reference)
 
     def run(self, candidates: Sequence[Point], time_fn: Callable[[Point], tuple[float, float]],
             same: Callable[[Point, Point], bool] | None = None, warn: Callable[[str], None] | None = None) -> Verdict:
@@ -139,7 +140,7 @@ class SpeedGuard:
                 then = "trying the next qualifying setting"
             else:
                 then = f"{self.tries} setting(s) timed (--speed-check-tries), giving up"
-            say(f"speed check: rejected {p.label()}: {self.speeds(t)}, slower than none; {then}")
+            say(f"speed check: rejected {p.label()}: {self.speeds(t)}, slower than {self.against}; {then}")
         return out
 
     def speeds(self, t: Timed) -> str:

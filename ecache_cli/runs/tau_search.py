@@ -34,18 +34,39 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..metrics.fidelity import fidelity
 from ..metrics.throughput import RowMeasure, ratio, tokens_per_s
 
 EPS = 1e-9  # slack of the drop / fidelity comparisons (scores are k/n fractions)
-REL_TIE = 1e-9  # speedups within this relative difference are a tie (lower τ wins)
+REL_TIE = 1e-9  # speedups within this relative difference are a tie (the safer setting wins)
+
+
+class Knob(NamedTuple):
+    """What a calibration sweeps, as its messages name it: ``name`` (``τ``), the baseline's label in
+    tables (``base``) and in sentences (``base_phrase``), the option listing the values (``flag``)."""
+
+    name: str
+    base: str
+    base_phrase: str
+    flag: str
+
+
+#: The swept settings by ``Point.knob``: EntropyCache's τ against ``none`` (bidirectional models), or a
+#: block-diffusion decoder's confidence threshold against its one-token-per-step schedule (the ``block``
+#: cache, exact on those models: docs/METHOD.md §5).
+KNOBS = {"tau": Knob("τ", "none", "none", "--taus"),
+         "threshold": Knob("threshold", "reference", "the reference (one token per step)", "--thresholds")}
 
 
 @dataclass
 class Point:
-    """One policy setting measured over the sample (``tau=None`` is the ``none`` baseline).
+    """One setting measured over the sample (``tau=None`` is the baseline: ``none``, or for a threshold
+    sweep the one-token-per-step reference).
+
+    ``knob``: what ``tau`` holds (:data:`KNOBS`): EntropyCache's τ (nats), or with ``"threshold"`` a
+    block-diffusion decoder's confidence threshold (0–1), the cache being the exact ``block`` one.
 
     Fractions are 0–1. score: mean task score (None when the task is not scored). fidelity,
     identical: agreement with ``none`` (see module docstring). speedup: cost proxy ratio;
@@ -54,7 +75,7 @@ class Point:
     seconds. lost / gained: examples scoring lower than under ``none`` / higher (None when unscored).
     delta_ci: 95% normal interval of the paired per-example score difference (τ − none), or None.
     copied: examples whose record was copied from another τ with provably the same decisions (their
-    wall time is that τ's measurement).
+    wall time is that τ's measurement). tpf: tokens per forward (generated tokens / forwards, pooled).
     """
 
     tau: float | None
@@ -79,6 +100,8 @@ class Point:
     block_tau: float | None = None
     refresh_prompt: bool | None = None
     parts: dict[str, "Point"] | None = None
+    tpf: float = 0.0
+    knob: str = "tau"
 
     def metric_score(self, metric: str) -> float | None:
         """The number the choice constrains: the task score, or the fidelity."""
@@ -88,8 +111,8 @@ class Point:
         """``τ=0.5``, with ``k=16``, ``block-refresh`` and ``steps=4`` (recent_steps) after it in a joint
         search; ``none`` for the baseline."""
         if self.tau is None:
-            return "none"
-        out = f"τ={self.tau:g}"
+            return KNOBS[self.knob].base
+        out = f"{KNOBS[self.knob].name}={self.tau:g}"
         if self.recent_k is not None:
             out += f" k={self.recent_k}"
         if self.block_refresh:
@@ -103,9 +126,10 @@ class Point:
         return out
 
     def safety(self) -> tuple:
-        """Sort key of equally fast settings, safest first: lower τ, larger recent_k, block refresh off,
-        larger recent_steps, the prompt refreshed too."""
-        return (self.tau, -(self.recent_k or 0), bool(self.block_refresh), -(self.recent_steps or 0),
+        """Sort key of equally fast settings, safest first: lower τ (higher threshold: fewer tokens per
+        forward), larger recent_k, block refresh off, larger recent_steps, the prompt refreshed too."""
+        value = -self.tau if self.knob == "threshold" else self.tau
+        return (value, -(self.recent_k or 0), bool(self.block_refresh), -(self.recent_steps or 0),
                 self.refresh_prompt is False)
 
     def arm(self) -> tuple:
@@ -114,7 +138,16 @@ class Point:
         return (self.recent_k, self.block_refresh, self.recent_steps, self.block_tau, self.refresh_prompt)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Every field; a threshold sweep's point names its value ``threshold`` and leaves out τ's knobs."""
+        d = asdict(self)
+        if self.knob == "threshold":
+            d = {"threshold": d.pop("tau"), **{k: v for k, v in d.items() if k not in _TAU_ONLY}}
+            d["parts"] = None if self.parts is None else {g: p.as_dict() for g, p in self.parts.items()}
+        return d
+
+
+#: Point fields of EntropyCache's joint search, left out of a threshold sweep's JSON.
+_TAU_ONLY = ("recent_k", "block_refresh", "recent_steps", "block_tau", "refresh_prompt", "refresh_rate")
 
 
 @dataclass
@@ -164,12 +197,14 @@ def aggregate(tau: float | None, recs: Sequence[dict], base: Sequence[dict]) -> 
     cost, base_cost = sum(r["cost"] for r in recs), sum(b["cost"] for b in base)
     wall, base_wall = sum(r["wall_s"] for r in recs), sum(b["wall_s"] for b in base)
     nfe = sum(r["nfe"] for r in recs)
+    gen = sum(r["generated_tokens"] for r in recs)
     return Point(
         tau=tau, n=n, score=score, fidelity=fid["token_agreement"], identical=fid["identical_share"],
         speedup=ratio(base_cost, cost) or 0.0, speedup_wall=ratio(base_wall, wall) or 0.0,
-        tokens_per_s=tokens_per_s(sum(r["generated_tokens"] for r in recs), wall),
+        tokens_per_s=tokens_per_s(gen, wall),
         refresh_rate=sum(r["full_forwards"] for r in recs) / nfe if nfe else 0.0, nfe=nfe / n, cost=cost,
-        wall_s=wall, lost=lost, gained=gained, delta_ci=ci, copied=sum(1 for r in recs if "reused_from" in r))
+        wall_s=wall, lost=lost, gained=gained, delta_ci=ci, copied=sum(1 for r in recs if "reused_from" in r),
+        tpf=gen / nfe if nfe else 0.0)
 
 
 def mean_ci(diffs: Sequence[float]) -> tuple[float, float]:
@@ -287,7 +322,7 @@ def pareto_frontier(points: Sequence[Point], metric: str) -> list[Point]:
             and (q.speedup > p.speedup or q.metric_score(metric) > s) for q in scored)
         if not dominated:
             front.append(p)
-    return sorted(front, key=lambda p: (p.speedup, p.tau if p.tau is not None else -math.inf))
+    return sorted(front, key=lambda p: (p.speedup, -math.inf if p.tau is None else p.safety()[0]))
 
 
 def qualifies(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None = None) -> bool:
@@ -366,24 +401,27 @@ def _best(ok: Sequence[Point]) -> Point:
 def chosen_reason(best: Point, base: Point, metric: str, max_drop: float) -> str:
     """The one-line reason of choosing ``best``: its cost-proxy speedup and score against ``none``'s."""
     s, s0 = best.metric_score(metric), base.metric_score(metric)
-    reason = (f"{best.label()}: {best.speedup:.2f}× (cost proxy), {metric} score {100 * s:.1f}% vs "
-              f"{100 * s0:.1f}% for none (drop {100 * (s0 - s):.1f} ≤ {100 * max_drop:g} points)")
+    tpf = f", {best.tpf:.2f} tokens per forward" if best.knob == "threshold" else ""
+    reason = (f"{best.label()}: {best.speedup:.2f}× (cost proxy){tpf}, {metric} score {100 * s:.1f}% vs "
+              f"{100 * s0:.1f}% for {KNOBS[base.knob].base_phrase} (drop {100 * (s0 - s):.1f} ≤ {100 * max_drop:g} "
+              "points)")
     if base.parts:
         reason += f"; within the tolerance on every group ({', '.join(base.parts)})"
     return reason
 
 
 def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
-    s0 = base.metric_score(metric)
+    s0, knob = base.metric_score(metric), KNOBS[base.knob]
     cands = [p for p in points if p.tau is not None and p.metric_score(metric) is not None]
     if s0 is None or not cands:
-        return f"no τ has a {metric} score to compare", "score"
-    best = max(cands, key=lambda p: (p.metric_score(metric), -p.tau))
+        return f"no {knob.name} has a {metric} score to compare", "score"
+    best = min(cands, key=lambda p: (-p.metric_score(metric), p.safety()))
     groups = f" on every group ({', '.join(base.parts)})" if base.parts else ""
     kept = [p for p in cands if _keeps(p, base, metric, max_drop, min_fidelity)]
     faster = [p for p in cands if p.speedup > 1.0]
     cause = "speed" if kept and not faster else "score" if faster and not kept else "both"
-    msg = (f"no τ keeps the {metric} score within {100 * max_drop:g} points of none ({100 * s0:.1f}%)"
+    msg = (f"no {knob.name} keeps the {metric} score within {100 * max_drop:g} points of {knob.base_phrase} "
+           f"({100 * s0:.1f}%)"
            f"{f' with fidelity ≥ {100 * min_fidelity:g}%' if min_fidelity is not None else ''}{groups} and runs "
            f"faster; closest: {best.label()} at {100 * best.metric_score(metric):.1f}%, "
            f"fidelity {100 * best.fidelity:.1f}%, {best.speedup:.2f}×")
@@ -406,6 +444,48 @@ HINTS = {
     "wall": "rerun on an idle machine, let settings that refresh less qualify (larger τ with --max-drop, a smaller "
             "--recent-k, --joint), or pass --no-speed-check to keep the cost proxy's choice",
 }
+
+
+#: :data:`HINTS` for a threshold sweep (block diffusion, ``KNOBS["threshold"]``).
+THRESHOLD_HINTS = {
+    "speed": "every threshold that keeps the score commits no more tokens per forward than the reference: try "
+             "lower thresholds (--thresholds 0.7,0.5,0.3)",
+    "score": "every threshold that commits more tokens per forward loses too much: raise --max-drop, lower "
+             "--min-fidelity if given, or try higher thresholds (--thresholds 0.99,0.98,0.97)",
+    "both": "the thresholds that keep the score commit no more tokens per forward and those that do lose too much: "
+            "try thresholds between them (--thresholds) or raise --max-drop",
+    "wall": "rerun on an idle machine, or pass --no-speed-check to keep the cost proxy's choice",
+}
+
+
+def hint(knob: str, cause: str | None) -> str:
+    """What to change when nothing qualified, by ``cause`` (a key of :data:`HINTS`; None: ``both``) and
+    the swept ``knob`` (a key of :data:`KNOBS`)."""
+    table = THRESHOLD_HINTS if knob == "threshold" else HINTS
+    return table.get(cause or "both", table["both"])
+
+
+def refine_threshold(points: Sequence[Point], base: Point, metric: str, max_drop: float,
+                     min_fidelity: float | None = None) -> float | None:
+    """The next threshold to evaluate, or None when the search cannot narrow further (a threshold
+    sweep's :func:`refine_next`): the bracket is (the largest evaluated threshold below the chosen one,
+    the chosen one), with no qualifying threshold (the largest evaluated one, 1.0: above every
+    confidence, one token per step); the next is its midpoint at 3, else 4, significant digits; None
+    when it would repeat an evaluated threshold or the bracket has no lower end."""
+    values = sorted(p.tau for p in points)
+    if not values:
+        return None
+    choice = choose(points, base, metric, max_drop, min_fidelity)
+    hi = choice.point.tau if choice.point is not None else 1.0
+    below = [t for t in values if t < hi]
+    if not below:
+        return None
+    lo = below[-1]
+    for digits in (3, 4):
+        t = round_sig((lo + hi) / 2, digits)
+        if lo < t < hi and t not in values:
+            return t
+    return None
 
 
 def _keeps(p: Point, base: Point, metric: str, max_drop: float, min_fidelity: float | None) -> bool:
