@@ -39,7 +39,8 @@ from .contract.fields import (  # noqa: F401 (re-exported)
 from .errors import ConfigError
 
 DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking", "threshold",
-               "factor", "ban_eos", "low_eos_confidence", "early_exit", "schedule", "compat", "eps", "alg_temp"}
+               "factor", "ban_eos", "low_eos_confidence", "early_exit", "schedule", "compat", "eps", "alg_temp",
+               "edit_threshold", "max_post_steps"}  # DecodeConfig's fields (tests/test_block_diffusion.py checks)
 CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_every"}
 SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox", "compile", "quantize"}
 SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model-written code is isolated

@@ -318,3 +318,36 @@ def test_lm_eval_generates_as_generate_and_refuses_a_likelihood():
     assert got == [want[0].text]
     with pytest.raises(UsageError, match="block-diffusion model, whose likelihood"):
         lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=("hello", " world"), idx=0)])
+
+
+@pytest.mark.parametrize("alias,repo,folder", [("sdar-4b", "JetLM/SDAR-4B-Chat", "sdar"),
+                                               ("llada2.1-mini", "inclusionAI/LLaDA2.1-mini", "llada2-mini")])
+def test_an_alias_loads_from_the_hub_cache_and_runs_its_defaults(tmp_path, monkeypatch, profiles_dir, cli, alias,
+                                                                 repo, folder):
+    """By alias, from a Hugging Face cache holding the official-format folder under the alias's repository:
+    the family, its block cache and decoder defaults (LLaDA2.1: its shipped profile's token editing)."""
+    import huggingface_hub.constants
+    from test_families import _hub_snapshot
+
+    cache = tmp_path / "hub"
+    _hub_snapshot(cache, repo, FIXTURES / folder)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lm = load_model(alias, device="cpu", dtype="float32")
+    assert lm.spec.family == folder.split("-")[0] and lm.spec.block_causal
+    args = ["--block-length", "8"] if folder == "llada2-mini" else []
+    r = cli("generate", "--model", alias, "--gen-length", "16", *args, "--jsonl", "hello")
+    assert r.exit_code == 0, r.stderr
+    dec = json.loads(r.stdout)["settings"]["decode"]
+    assert json.loads(r.stdout)["settings"]["cache"] == "block"
+    assert dec["edit_threshold"] == (0.9 if alias == "llada2.1-mini" else None)
+
+
+def test_every_decode_setting_is_a_profile_and_model_args_key():
+    """A profile's decode section and lm-eval's model_args take every DecodeConfig field (the editing ones too)."""
+    import dataclasses
+
+    from ecache_cli.config import DECODE_KEYS
+
+    assert DECODE_KEYS == {f.name for f in dataclasses.fields(DecodeConfig)}
