@@ -150,8 +150,16 @@ confidence 0 (LLaDA confidence_eos_eot_inf); [bold]--early-exit[/] (on) stops a 
 [bold]--compat fastdllm[/] (Dream only): Fast-dLLM's Dream block sampler, which commits each block's first token
 unchecked at its first step (a compatibility mode, not a default).
 
+[bold]Block diffusion[/] (SDAR, LLaDA2.x): blocks are laid from the prompt's first token and decoded with the
+family's official rule (schedule block): block-length / steps tokens a step, and with --threshold t every
+mask strictly above t when there are at least that many (defaults: SDAR blocks of 4, t 0.85; LLaDA2
+blocks of 32, t 0.95; --threshold 1 gives the static rule). [bold]--edit-threshold e[/] (LLaDA2.1's token
+editing): a step also rewrites committed tokens of its block whose new prediction is above e; a block ends
+after a mask-free step without an edit (at most max_post_steps, a profile key, 16).
+
 Profile keys (decode:): gen_length, block_length, steps, temperature, top_k, top_p, remasking,
-threshold, factor, ban_eos, low_eos_confidence, early_exit, schedule, compat, eps, alg_temp."""),
+threshold, factor, ban_eos, low_eos_confidence, early_exit, schedule, compat, eps, alg_temp,
+edit_threshold, max_post_steps."""),
     "cache": ("Cache policies, their parameters and ranges", """\
 [bold]--cache[/] chooses the policy (default entropy). Parameters without a flag go in a profile's cache:
 section (cache: {policy: dllm-cache, kr: 4}) or a --policies variant (ecache profile --policies

@@ -351,3 +351,25 @@ def test_every_decode_setting_is_a_profile_and_model_args_key():
     from ecache_cli.config import DECODE_KEYS
 
     assert DECODE_KEYS == {f.name for f in dataclasses.fields(DecodeConfig)}
+
+
+def test_threshold_1_is_sdars_static_rule():
+    """--threshold 1 (nothing is strictly above it) commits the scheduled count every step: the official
+    low_confidence_static run, token for token."""
+    lm = load_model(FIXTURES / "sdar", device="cpu", dtype="float32")
+    ref = load_file(FIXTURES / "sdar" / "official_outputs.safetensors")
+    prompt = ref["gen_prompt"][0].tolist()
+    cfg = DecodeConfig(gen_length=16, block_length=4, steps=16, threshold=1.0)
+    res = Engine.from_loaded(lm).generate([prompt], cfg, make_policy("block"), chat=False)[0]
+    assert res.token_ids == ref["gen_sdar_static"][0, len(prompt):len(prompt) + 16].tolist()
+
+
+def test_stream_shows_the_answers_positions_and_ends_its_line(cli):
+    """--stream off a terminal: the last frame is the answer (not the last block's positions past it) on
+    a line of its own, so the next stderr line starts fresh."""
+    r = cli("generate", "--model", str(FIXTURES / "sdar"), "--gen-length", "16", "--jsonl", "--stream", "hello")
+    assert r.exit_code == 0, r.stderr
+    text = json.loads(r.stdout)["text"]
+    frames = [ln for ln in r.stderr.splitlines() if ln.startswith("[0] step ")]
+    assert frames and frames[-1].split(": ", 1)[1] == text.rstrip()
+    assert all(ln.startswith(("[0] step ", "using model", "warning:")) for ln in r.stderr.splitlines())

@@ -215,8 +215,8 @@ def test_malformed_dataset_lines_are_all_named_with_the_fix(tmp_path, cli):
                    "official gsm8k format)")
     r = cli("profile", "--task", "gsm8k", "--data", str(bad), "--limit", "1", "--policies", "none")
     assert r.exit_code == 2 and "line 2 is not JSON" in r.stderr and "using model" not in r.stderr
-    bad.write_bytes(b'{"question": "\xff"}\n')
-    with pytest.raises(DataError, match="test.jsonl:1"):
+    bad.write_bytes(b'{"question": "q", "answer": "1"}\n' * 2 + b'{"question": "\xff"}\n')
+    with pytest.raises(DataError, match="test.jsonl:3: not UTF-8"):
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
 
 

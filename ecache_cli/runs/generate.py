@@ -457,8 +457,10 @@ def _stream(run_, engine: Engine, console, batch: list[Item], meter: EntropyMete
         for rec in run_:
             meter.observe(rec)
             st = run_.state
-            canvas = st.tokens[:, run_.P:].tolist()  # (B_alive, G)
+            canvas = st.tokens[:, run_.P:run_.P + run_.G].tolist()  # (B_alive, G): the answers' positions
             for r, row in zip(st.rows.tolist(), canvas):
                 text = "".join("░" if t == spec.mask_id else tok.decode([t], skip_special_tokens=True) for t in row)
                 shown[batch[r].index] = f"[{batch[r].index}] step {st.step + 1}: " + text.rstrip()
             live.update(Text("\n".join(shown[i] for i in sorted(shown))))
+    if not console.is_terminal:  # off a terminal the last frame ends without a newline: end its line
+        console.line()

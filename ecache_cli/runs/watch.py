@@ -113,7 +113,9 @@ class WatchView:
         self.tau = getattr(run.policy, "tau", None)
         kind = getattr(run.policy, "signal", None)
         self.kind = kind if kind in SIGNALS else "max-entropy"  # the policy's own signal, else the paper's
-        self.blocks = run.blocks.num_blocks
+        # block diffusion: a row whose prompt ends inside a block decodes one block more (engine/canvas.py)
+        offset = run.state.block_offset
+        self.blocks = run.blocks.num_blocks + (0 if offset is None else int(offset[0] > 0))
         spb = run.blocks.steps_per_block
         self.steps = spb * self.blocks if spb else None  # None: threshold decoding, as many as the blocks need
         self.busy = 0.0  # seconds spent in the engine's steps

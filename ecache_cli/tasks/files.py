@@ -28,21 +28,24 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
     (exit 1) when the file cannot be read at all (missing, unreadable, not UTF-8 or not gzip).
     """
     opener = gzip.open if path.suffix == ".gz" else open
-    rows, bad, lineno = [], [], 0
+    rows, bad = [], []
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    why = _bad_row(line, fields, rows)
-                    if why:
-                        bad.append(f"line {lineno} {why}")
+        with opener(path, "rb") as f:
+            raw_lines = f.read().splitlines()
     except FileNotFoundError as e:
         raise DataError(f"data file not found: {path}") from e
-    except UnicodeDecodeError as e:  # raised while reading the line after the last one read
-        raise DataError(f"cannot read {path}:{lineno + 1}: not UTF-8 text ({e.reason}); the file is damaged: "
-                        "download or copy it again") from e
     except OSError as e:
         raise DataError(f"cannot read {path}: {e}") from e
+    for lineno, raw in enumerate(raw_lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"cannot read {path}:{lineno}: not UTF-8 text ({e.reason}); the file is damaged: "
+                            "download or copy it again") from e
+        if line.strip():
+            why = _bad_row(line, fields, rows)
+            if why:
+                bad.append(f"line {lineno} {why}")
     if bad:
         shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
         need = f" with the fields {', '.join(fields)}" if fields else ""
