@@ -246,7 +246,8 @@ def render_summary(console, report: TraceReport) -> None:
         _prose(console, f"volatility: from n = {settle} steps after its commit on, a token's mean K change per step is "
                       f"below {report.level:g} (--volatility-level; bins of ≥ {SETTLE_MIN_COUNT} tokens); "
                       f"at {tps:.2f} tokens committed per step that is "
-                      f"≈ {settle * tps:.0f} tokens, a guide for EntropyCache's --recent-k", highlight=False)
+                      f"≈ {settle * tps:.0f} tokens"
+                      + ("" if report.block_causal else ", a guide for EntropyCache's --recent-k"), highlight=False)
     _exact_note(console, report)
     routed = report.summary()["route_change_mean"]
     if routed is not None:
