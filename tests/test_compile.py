@@ -253,3 +253,34 @@ def test_a_mixture_of_experts_compiles_whole_and_decodes_the_same(moe_lm, induct
     got, _ = _decode(Engine(free, moe_lm.tokenizer, moe_lm.spec), "entropy", join_at=3)
     assert got == want and len(got) == 4
     assert free.stats.graphs == 1 and free.stats.eager_calls == 0 and free.stats.compiled_calls > 10
+
+
+def test_a_block_diffusion_model_compiles_with_its_block_causal_mask(inductor_cache):
+    """SDAR under the CPU graphs: the block-causal mask of the widened queries is a graph input, so the block
+    cache's forwards compile (none runs eager) and decode the tokens of the eager model, rows joining too;
+    the bucketed (CUDA) form runs them eager."""
+    from pathlib import Path
+
+    from ecache_cli.engine import DecodeConfig
+    from ecache_cli.models.loader import load_model
+
+    lm = load_model(Path(__file__).parent / "fixtures" / "sdar", device="cpu", dtype="float32")
+    prompts = [[5, 9, 17, 40, 41], [7, 8, 9], [30, 31, 32, 33, 34, 35, 36, 37, 38], [60, 61]]
+    cfg = DecodeConfig(gen_length=16, block_length=4, threshold=0.85)
+
+    def decode(model):
+        run = Engine(model, lm.tokenizer, lm.spec).start(prompts[:2], cfg, make_policy("block"), prompt_width=12)
+        for i, _ in enumerate(run):
+            if i == 3:
+                run.add(prompts[2])
+                run.add(prompts[3])
+        return [r.token_ids for r in run.results()]
+
+    free = StaticStep(lm.model)
+    assert decode(free) == decode(lm.model)
+    assert free.stats.eager_calls == 0 and free.stats.compiled_calls > 10
+    padded = StaticStep(lm.model, pad=True)
+    store = lm.model.new_store(torch.ones(1, 8, dtype=torch.bool), block=4)
+    with torch.inference_mode():
+        padded(torch.full((1, 8), 5), store)
+    assert padded.stats.eager_calls == 1

@@ -30,8 +30,8 @@ needs) and the graph writes the computed positions in place. A store is bound to
 compiled forward and again after rows join or leave (one copy of its K/V then, none per step).
 
 Forwards with hooks (``expand_from_layer``, ``attn_pos``, ``shrink``), over a store that keeps hidden
-states or attends block-causally (block diffusion: its per-query mask is not among the graphs' inputs),
-or with gradients on run eager (:attr:`StaticStep.stats` counts them). Graphs are bounded by
+states, block-causal ones in the bucketed form (block diffusion's per-query mask is an input of the
+unpadded graphs only), or with gradients on run eager (:attr:`StaticStep.stats` counts them). Graphs are bounded by
 ``max_graphs``: past it a new shape pads up to the cheapest compiled bucket that holds it (more rows,
 a wider query or more logits rows, the same padding mask), and runs eager when none does. Compile
 seconds are counted apart (:attr:`StaticStep.compile_s`) and the engine's clock leaves them out of
@@ -52,6 +52,7 @@ import torch
 
 from ..errors import EcacheError
 from ..kvstore import KVStore
+from .base import attention_mask
 from .layers import rope_tables
 
 #: The smallest query-width bucket (positions): narrower partial forwards pad up to it.
@@ -195,7 +196,8 @@ class _Slot:
 
 def _core(model, tokens, k, v, attn_mask, cos, sin, query_pos, logits_pos):
     """The traced forward: ``model.forward`` over a store made of the given K/V, no hooks. tokens (B, T);
-    k, v lists of (B, H_kv, T, D) (written in place); attn_mask (B, 1, 1, T) bool or None; cos, sin
+    k, v lists of (B, H_kv, T, D) (written in place); attn_mask (B, 1, 1, T) bool, or (B, 1, S, T) block-causal,
+    or None; cos, sin
     (B, 1, T, D) float32; query_pos (B, S) long; logits_pos (B, R) long. Returns logits (B, R, V).
     Bucketed form: B, S, R fixed per bucket, T symbolic; unpadded form: every size symbolic."""
     store = KVStore(k=list(k), v=list(v), key_mask=None, positions=None, attn_mask=attn_mask, rope=(cos, sin))
@@ -254,7 +256,7 @@ class StaticStep(torch.nn.Module):
         logits (the entries outside ``logits_rows`` are not used) and every padded query entry."""
         model = self.model
         if (expand_from_layer is not None or attn_pos is not None or shrink is not None
-                or store.hidden is not None or store.block is not None or torch.is_grad_enabled()):
+                or store.hidden is not None or (store.block is not None and self.pad) or torch.is_grad_enabled()):
             self.stats.eager_calls += 1
             return model(tokens, store, query_pos, logits_pos, expand_from_layer, attn_pos, shrink, logits_rows,
                          pack)
@@ -305,7 +307,8 @@ class StaticStep(torch.nn.Module):
         fills the store's RoPE tables on its first forward, as ``DiffusionLM.forward`` does."""
         if store.rope is None:
             s = self.model.spec
-            store.rope = rope_tables(store.positions, s.head_dim, s.rope_theta)
+            store.rope = rope_tables(store.positions, s.head_dim if s.rotary_dim is None else s.rotary_dim,
+                                     s.rope_theta)
         B, T = tokens.shape
         if query_pos is None:  # every position, in order: the partial forward's graph at width T computes the same
             query_pos = torch.arange(T, device=tokens.device).expand(B, T)
@@ -322,7 +325,8 @@ class StaticStep(torch.nn.Module):
         B = tokens.shape[0]
         query_pos, logits_pos, widths = self._widths(tokens, store, query_pos, logits_pos)
         Sb, Rb, R = _width(widths[0], tokens.shape[1]), _width(widths[1], tokens.shape[1]), logits_pos.shape[1]
-        key = ("any", *widths, store.attn_mask is not None)
+        # the attention mask: block-causal (per query, block diffusion), the padding mask, or none
+        key = ("any", *widths, "block" if store.block is not None else store.attn_mask is not None)
         new = key not in self._seen
         if new and len(self._seen) >= self.stats.max_graphs:
             self.stats.eager_calls += 1
@@ -343,9 +347,13 @@ class StaticStep(torch.nn.Module):
         for t in store.k + store.v:  # written in place: passed as they are
             torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(t, 2)
-        args = (model, ready(tokens, None, 0, 1), store.k, store.v, ready(store.attn_mask, None, 0, 3),
-                ready(store.rope[0], None, 0, 2), ready(store.rope[1], None, 0, 2),
-                ready(query_pos, Sb, *((0, 1) if key[1] == CANVAS else (0,))),
+        query = ready(query_pos, Sb, *((0, 1) if key[1] == CANVAS else (0,)))
+        if store.block is None:
+            mask = ready(store.attn_mask, None, 0, 3)  # (B, 1, 1, T)
+        else:  # (B, 1, S, T) of the widened queries (a repeat attends as the position it repeats)
+            mask = ready(attention_mask(store, query), None, *((0, 2, 3) if key[1] == CANVAS else (0, 3)))
+        args = (model, ready(tokens, None, 0, 1), store.k, store.v, mask,
+                ready(store.rope[0], None, 0, 2), ready(store.rope[1], None, 0, 2), query,
                 ready(logits_pos, Rb, *((0, 1) if key[2] == CANVAS else (0,))))
         return self._call(key, new, args)[:, :R]
 
