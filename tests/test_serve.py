@@ -665,3 +665,84 @@ def test_ollama_refusals_are_ollama_errors(named, route, extra, status, needle):
                                                      if route == "chat" else {"prompt": "hi"}), **extra}
     r = httpx.post(f"{url}/api/{route}", json=body)
     assert r.status_code == status and needle in r.json()["error"], r.text
+
+
+# --- settings that do not fit the model: refused before serving, or per request ---------------------------
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--edit-threshold", "0.9"], "--edit-threshold is LLaDA2.1's token editing"),
+    (["--cache", "block"], "--cache block does not apply to the llada model family"),
+    (["--model", "tests/fixtures/sdar", "--cache", "entropy"], "--cache entropy does not apply to the sdar model")],
+    ids=["edit-threshold-on-tiny", "block-on-tiny", "entropy-on-sdar"])
+def test_serve_refuses_defaults_the_model_does_not_take_before_listening(cli, args, says):
+    """The check a run of these settings meets (the policy's check_model, the decoder's build) runs before the
+    server listens: exit 2 with the engine's one line, as ``ecache generate`` exits."""
+    from pty_session import REPO
+
+    args = [str(REPO / a) if a.startswith("tests/") else a for a in args]
+    res = cli("serve", "--port", "0", "--quiet", *args)
+    assert res.exit_code == 2, res.output
+    assert says in res.stderr and "listening" not in res.stderr
+    assert "Traceback" not in res.output
+
+
+def test_a_failed_warm_up_leaves_the_server_unready(tiny, settings, monkeypatch):
+    """A warm-up that fails (here every run's start) never reports ready: /health/ready stays 503 naming it."""
+    from ecache_cli.engine.core import Engine
+
+    def broken(self, *a, **k):
+        raise RuntimeError("no engine today")
+
+    monkeypatch.setattr(Engine, "start", broken)
+    with serving(tiny, settings, ready=False) as (url, app):
+        wait_for(lambda: app.state.scheduler.warmup_error is not None, "the warm-up to fail")
+        r = httpx.get(f"{url}/health/ready")
+        assert r.status_code == 503 and r.json() == {"status": "warmup_failed",
+                                                     "error": "RuntimeError: no engine today"}
+        assert httpx.get(f"{url}/health").json()["status"] == "warmup_failed"
+        assert not app.state.scheduler.ready.is_set()
+
+
+@pytest.fixture(scope="module")
+def llada2():
+    """A server on the LLaDA2 block-diffusion fixture (cache block, the family's threshold)."""
+    from pty_session import REPO
+
+    path = REPO / "tests" / "fixtures" / "llada2-mini"
+    lm = load_model(path, "cpu", "float32")
+    with serving(lm, resolve_settings(str(path), {"gen_length": 16, "block_length": 8}, {}), name="l2", warmup=0) as s:
+        yield s
+
+
+@pytest.mark.parametrize("policy", ["entropy", "dual"])
+def test_a_request_policy_the_model_does_not_take_is_a_400(llada2, policy):
+    """On a block-diffusion model a request's approximate policy is refused as the CLI refuses --cache:
+    400 naming ``policy``, also for a stream (before any event)."""
+    url, _ = llada2
+    want = (f"--cache {policy} does not apply to the llada2 model family (its attention is block-causal, so the "
+            "keys and values of finished blocks are cached exactly); use none or block")
+    for stream in (False, True):
+        r = httpx.post(f"{url}/v1/completions", json={"model": "l2", "prompt": "hi", "max_tokens": 8,
+                                                     "policy": policy, "stream": stream}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "policy" and r.json()["error"]["message"] == want
+
+
+def test_request_suggestions_fit_a_block_diffusion_model(llada2):
+    """tau on a block-diffusion model says it does not apply (no 'use policy entropy'); an unknown policy
+    lists the policies this model takes; a fitting request still answers."""
+    url, _ = llada2
+
+    def post(**extra):
+        return httpx.post(f"{url}/v1/completions", json={"model": "l2", "prompt": "hi", "max_tokens": 8, **extra},
+                          timeout=60)
+
+    r = post(tau=0.5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tau"
+    msg = r.json()["error"]["message"]
+    assert "does not apply to the llada2 model family" in msg and "drop tau" in msg and "entropy'" not in msg
+    r = post(policy="foo")
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "policy 'foo' is not a cache policy; use one of none, block"
+    assert post(policy="none").status_code == 200

@@ -253,3 +253,74 @@ def test_chat_streams_the_answer_as_its_leading_tokens_become_final(profiles_dir
     assert len(chunks) >= 3, chunks  # streamed, not written at the end
     assert session.history == [{"role": "user", "content": PROMPT},
                                {"role": "assistant", "content": session.records[0]["text"]}]
+
+
+def _session(model: str, **decode):
+    """An in-process chat session on ``model`` (stderr's notes and errors in ``session.console.file``)."""
+    import io
+
+    from rich.console import Console
+
+    from ecache_cli.models.loader import load_model
+    from ecache_cli.runs.chat import ChatSession, SettingsSource
+
+    path = str(REPO / model) if model.startswith("tests/") else model
+    source = SettingsSource(path, dict(decode), {})
+    return ChatSession(load_model(path, device="cpu", dtype="float32"), source, io.StringIO(),
+                       Console(file=io.StringIO(), width=400))
+
+
+def test_chat_commands_check_the_policy_and_tau_against_the_model(profiles_dir):
+    """/cache refuses a policy the loaded model does not take in one line, changing nothing (as generate's run
+    would refuse it); /tau on a block-diffusion model says τ does not apply; /threshold off turns the family's
+    default threshold off."""
+    s = _session("tests/fixtures/llada2-mini", gen_length=16, block_length=8)
+    assert s.settings.cache == "block" and s.settings.decode.threshold == 0.95  # LLaDA2's default
+    for line in ("/cache entropy", "/cache dual:refresh_every=4"):
+        s.command(line)
+    s.command("/tau 0.3")
+    s.command("/threshold off")
+    errors = [x for x in s.console.file.getvalue().splitlines() if x.startswith("error:")]
+    assert errors[0] == ("error: /cache: --cache entropy does not apply to the llada2 model family (its attention "
+                         "is block-causal, so the keys and values of finished blocks are cached exactly); use none "
+                         "or block")
+    assert "--cache dual does not apply to the llada2 model family" in errors[1]
+    assert errors[2] == ("error: /tau: τ is EntropyCache's threshold, which does not apply to the llada2 model "
+                         "family (block diffusion caches finished blocks exactly)")
+    assert len(errors) == 3 and s.settings.cache == "block" and s.source.cache_flags.get("policy") is None
+    assert s.settings.decode.threshold is None and "threshold" not in s.describe()
+    s.command("/threshold 0.8")
+    assert s.settings.decode.threshold == 0.8
+    tiny = _session("tiny", gen_length=32, block_length=8)
+    tiny.command("/cache block")
+    assert "error: /cache: --cache block does not apply to the llada model family" in tiny.console.file.getvalue()
+    assert tiny.settings.cache != "block"
+
+
+def test_chat_refuses_a_policy_the_model_does_not_take_at_start(cli):
+    res = cli("chat", "--model", REPO / "tests" / "fixtures" / "sdar", "--cache", "dual", input="hello\n")
+    assert res.exit_code == 2, res.stderr
+    errors = [x for x in res.stderr.splitlines() if x.startswith("error:")]  # after the "using model" line
+    assert len(errors) == 1 and errors[0].startswith("error: --cache dual does not apply to the sdar model family")
+    assert "ecache chat: type a message" not in res.stderr
+
+
+def test_chat_skips_a_line_that_is_not_utf8_and_names_the_chat_command_to_use(tmp_path):
+    """Piped input: a line that is not UTF-8 is one error line naming it and the session goes on; a
+    /gen-length that is not whole blocks names the /gen-length that is."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ECACHE_THREADS": "1", "PYTHONPATH": str(REPO),
+           "XDG_CONFIG_HOME": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "ecache_cli", "chat", "--gen-length", "32", "--block-length", "8"],
+                         input=b"Sort: 3 1 2\n\xff\xfe bad\n/gen-length 17\nReverse: 1 2\n", capture_output=True,
+                         cwd=tmp_path, env=env, timeout=300)
+    err = res.stderr.decode()
+    assert res.returncode == 0 and "Traceback" not in err, err
+    errors = [x for x in err.splitlines() if x.startswith("error:")]
+    assert errors == ["error: line 2 is not UTF-8 text (b'\\xff\\xfe bad'); skipped (type or send UTF-8)",
+                      "error: /gen-length 17 is not a multiple of the block length 8; use a multiple, e.g. "
+                      "/gen-length 24"]
+    assert len([x for x in res.stdout.decode().splitlines() if x.strip()]) == 2  # both messages answered

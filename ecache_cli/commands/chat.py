@@ -30,7 +30,7 @@ def chat_cmd(
     from ..console import announce, err, hold_warnings, warn
     from ..runs.chat import ChatSession, SettingsSource, open_readline
     from ..runs.generate import check_watch
-    from ..runs.settings import not_used_by, warn_model_rules, warn_unused_cache_flags
+    from ..runs.settings import check_settings_fit, not_used_by, warn_model_rules, warn_unused_cache_flags
     from ..runs.watch import watch_available
     from ..runtime import load_for_command
 
@@ -49,9 +49,12 @@ def chat_cmd(
     announce(settings.describe(model))  # before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force,
                              quantize=settings.quantize)
+    check_settings_fit(settings, lm.spec)  # what every answer's run would refuse: exit 2 before the session
     warn_model_rules(settings, lm.spec.sampler)
     session = ChatSession(lm, source, sys.stdout, err, seed=seed, watch=watch, watch_delay=watch_delay,
                           settings=settings)
     open_readline()
+    if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reaches the session (one error line) intact
+        sys.stdin.reconfigure(errors="surrogateescape")
     err.print("ecache chat: type a message; /help lists the commands, Ctrl-D ends", markup=False, highlight=False)
     session.loop()

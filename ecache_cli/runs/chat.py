@@ -20,6 +20,7 @@ decodes the same prompts again.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from ..engine.core import Engine
 from ..errors import EcacheError, UsageError
 from .confidence import EntropyMeter
 from .final_text import FinalText, unsettled
-from .settings import Settings, resolve_settings
+from .settings import Settings, check_settings_fit, policies_for, resolve_settings
 
 HELP = """commands:
   /cache POLICY[:k=v...]  cache policy and its parameters (e.g. /cache entropy:tau=0.5:recent_k=16)
@@ -61,6 +62,7 @@ class SettingsSource:
     quantize: str | None = None
     group_size: int | None = None
     overrides: dict = field(default_factory=dict)  # /cache NAME:k=v parameters beyond the flags
+    threshold_off: bool = False  # /threshold off: no threshold, also over a profile's or the family's default
 
     def resolve(self) -> Settings:
         """The settings of these flags (``resolve_settings``), with the ``/cache`` parameters on top.
@@ -73,6 +75,8 @@ class SettingsSource:
                     params.pop(k, None)
                 else:
                     params[k] = v
+        if self.threshold_off and s.decode.threshold is not None:  # resolve() keeps a default under None
+            s.decode = dataclasses.replace(s.decode, threshold=None)
         if self.overrides.get("tau") is not None:
             s.tau_source = "flag"  # given in the session, as a flag is
         s.policy()  # a bad combination fails here, before any answer
@@ -103,9 +107,17 @@ class ChatSession:
     def loop(self, read=input) -> None:
         """Read lines until Ctrl-D or ``/exit``; answer messages and run commands."""
         prompt = PROMPT if _interactive() else ""
+        n = 0
         while True:
+            n += 1
             try:
                 line = read(prompt)
+                line.encode("utf-8")  # a byte that is no UTF-8 reads as a lone surrogate (surrogateescape)
+            except (UnicodeDecodeError, UnicodeEncodeError):
+                raw = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else b""
+                self.error(f"line {n} is not UTF-8 text{f' ({raw[:40]!r})' if raw else ''}; skipped (type or "
+                           "send UTF-8)")
+                continue
             except EOFError:
                 if prompt:
                     self.out.write("\n")
@@ -148,13 +160,16 @@ class ChatSession:
             handlers[name](arg)
         except EcacheError as e:
             self.source = before
-            msg = str(e)
+            msg = str(e).replace("; pass the flag to override", "; restart ecache chat with the flag to override it")
             self.error(msg if msg.startswith(name) else f"{name}: {msg}")
         return True
 
     def _apply(self, what: str) -> None:
-        """Resolve the changed flags and say what the setting is now."""
-        self.settings = self.source.resolve()
+        """Resolve the changed flags, check them against the loaded model (``check_settings_fit``: what
+        the next answer's run would refuse) and say what the setting is now."""
+        settings = self.source.resolve()
+        check_settings_fit(settings, self.lm.spec)
+        self.settings = settings
         self.note(f"{what} · {self.describe()}")
 
     def describe(self) -> str:
@@ -181,6 +196,9 @@ class ChatSession:
         from ..cache import policy_params
 
         x = _number(arg, float, "/tau", "0.5")
+        if "entropy" not in policies_for(self.lm.spec):
+            raise UsageError(f"τ is EntropyCache's threshold, which does not apply to the {self.lm.spec.family} model "
+                             "family (block diffusion caches finished blocks exactly)")
         if "tau" not in policy_params(self.settings.cache):
             raise UsageError(f"cache {self.settings.cache} takes no τ (only entropy does); /cache entropy first")
         _check_range("tau", x, "/tau")
@@ -192,6 +210,7 @@ class ChatSession:
         off = arg.lower() in ("off", "none")
         x = None if off else _number(arg, float, "/threshold", "0.9")
         self.source.decode_flags["threshold"] = x
+        self.source.threshold_off = off
         if x is not None:
             self.source.decode_flags["factor"] = None  # as --threshold: the threshold rule, not the factor one
         self._apply("threshold off" if off else f"threshold {x:g}")
@@ -200,7 +219,15 @@ class ChatSession:
         n = _number(arg, int, "/gen-length", "64")
         _check_range("gen_length", n, "/gen-length")
         self.source.decode_flags["gen_length"] = n
-        self._apply(f"gen-length {n}")
+        try:
+            self._apply(f"gen-length {n}")
+        except UsageError as e:
+            block = self.settings.decode.block_length
+            if "multiple of --block-length" not in str(e) or not block:
+                raise
+            fit = -(-n // block) * block  # the next whole number of blocks
+            raise UsageError(f"/gen-length {n} is not a multiple of the block length {block}; use a multiple, e.g. "
+                             f"/gen-length {fit}") from None
 
     def _watch(self, arg: str) -> None:
         from .watch import watch_available

@@ -451,3 +451,30 @@ def validate_decode(d: dict) -> None:
     check_dream_options(remasking=d.get("remasking") or "low_confidence", alg_temp=d.get("alg_temp"),
                         schedule=d.get("schedule"), parallel=parallel, compat=d.get("compat"),
                         low_eos_confidence=bool(d.get("low_eos_confidence")))
+
+
+def check_settings_fit(settings: "Settings", spec) -> None:
+    """The checks a run of ``settings`` meets on a loaded model with ``spec`` (a ``ModelSpec``) before its
+    first step, made before a long-lived command (``ecache serve``, ``ecache chat``) takes requests: the
+    cache policy's ``check_model`` (a block-diffusion model takes only ``none`` and ``block``, the
+    bidirectional ones every policy but ``block``: docs/METHOD.md §5) and the decoder's build
+    (``StepDecoder.build``: ``--edit-threshold`` only on block-diffusion models, the commit rule of the
+    model's sampler). Raises the one-line UsageError the engine would raise at the first run."""
+    import torch
+
+    from ..decoding.step import StepDecoder
+
+    policy = settings.policy()
+    if hasattr(policy, "check_model"):
+        policy.check_model(spec)
+    none = torch.zeros(0, dtype=torch.long)
+    StepDecoder.build(settings.decode, spec, none, none)
+
+
+def policies_for(spec) -> list[str]:
+    """The cache policies that apply to a model with ``spec`` (``ModelSpec.block_causal``): those whose
+    ``attention`` is ``any`` or the model's kind (``CachePolicy.check_model``'s rule)."""
+    from ..cache import POLICIES
+
+    kind = "block-causal" if spec.block_causal else "bidirectional"
+    return [n for n, c in POLICIES.items() if c.attention in ("any", kind)]

@@ -61,9 +61,13 @@ log = logging.getLogger("ecache.serve")
 def create_app(lm, settings, opts: ServeOptions) -> FastAPI:
     """The FastAPI app over loaded model ``lm`` with server defaults ``settings`` (a ``runs.settings.Settings``).
 
+    Raises UsageError when ``settings`` do not fit the model (``runs.settings.check_settings_fit``).
     The engine thread starts (and warms up) with the app's lifespan and stops with it;
     ``app.state.server`` holds what the routes share, ``app.state.scheduler``, ``app.state.metrics``
     and ``app.state.options`` expose its parts (tests, embedding)."""
+    from ..runs.settings import check_settings_fit
+
+    check_settings_fit(settings, lm.spec)  # UsageError for defaults no run on this model takes, before serving
     metrics = ServeMetrics()
     sched = Scheduler(lm, metrics, opts.max_batch, opts.max_queue, opts.admission)
     resolver = Resolver(sched.engine, lm, settings,
@@ -253,7 +257,9 @@ async def health(request: Request):
     """``GET /health``: the server's state; 503 while shutting down."""
     srv: Server = request.app.state.server
     running, queued = srv.sched.counts()
-    body = {"status": "shutting_down" if srv.sched.draining else "ok" if srv.sched.ready.is_set() else "warming_up",
+    state = ("shutting_down" if srv.sched.draining else "warmup_failed" if srv.sched.warmup_error is not None
+             else "ok" if srv.sched.ready.is_set() else "warming_up")
+    body = {"status": state,
             "model": srv.opts.model_name, "running_rows": running, "queued": queued, "max_batch": srv.opts.max_batch,
             "admission": srv.opts.admission}
     return JSONResponse(body, status_code=503 if srv.sched.draining else 200)
@@ -265,11 +271,14 @@ async def live():
 
 
 async def ready(request: Request):
-    """``GET /health/ready``: 200 once the model is loaded and the engine warm, 503 before and while
-    shutting down (a readiness probe: a load balancer sends requests only on 200)."""
+    """``GET /health/ready``: 200 once the model is loaded and the engine warm, 503 before, after a failed
+    warm-up (``status`` ``warmup_failed`` with the ``error``) and while shutting down (a readiness probe:
+    a load balancer sends requests only on 200)."""
     sched: Scheduler = request.app.state.server.sched
     if sched.draining:
         return JSONResponse({"status": "shutting_down"}, status_code=503)
+    if sched.warmup_error is not None:  # the engine failed its warm-up: requests would fail too
+        return JSONResponse({"status": "warmup_failed", "error": sched.warmup_error}, status_code=503)
     if not sched.ready.is_set():
         return JSONResponse({"status": "warming_up"}, status_code=503)
     return {"status": "ready"}

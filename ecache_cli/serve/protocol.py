@@ -33,6 +33,7 @@ import math
 import random
 from typing import Any, Optional, Union
 
+import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..cache import POLICIES, make_policy, policy_params
@@ -40,6 +41,7 @@ from ..cache.entropy import DEFAULT_TAU
 from ..decoding.config import DecodeConfig
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
+from ..runs.settings import policies_for
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
@@ -378,11 +380,15 @@ class Resolver:
         return per_block * (gen // block)
 
     def _check_decode(self, cfg, req: _Common) -> None:
-        """The schedule and remasking checks of ``ecache generate`` (``runs.settings.validate_decode``)."""
+        """The schedule and remasking checks of ``ecache generate`` (``runs.settings.validate_decode``) and
+        the decoder's build on the served model (``StepDecoder.build``), as 400s naming the field."""
+        from ..decoding.step import StepDecoder
         from ..runs.settings import validate_decode
 
         try:
             validate_decode(cfg.as_dict())
+            none = torch.zeros(0, dtype=torch.long)
+            StepDecoder.build(cfg, self.lm.spec, none, none)  # the engine's checks against the model's rules
         except EcacheError as e:
             msg = str(e)
             param = next((f for f, flag in (("steps", "--steps"), ("block_length", "--block-length"),
@@ -396,8 +402,14 @@ class Resolver:
         """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
         s = self.settings
         name = s.cache if req.policy is None else req.policy
+        spec = self.lm.spec
         if name not in POLICIES:
-            raise ApiError(400, f"policy {name!r} is not a cache policy; use one of {', '.join(POLICIES)}", "policy")
+            raise ApiError(400, f"policy {name!r} is not a cache policy; use one of {', '.join(policies_for(spec))}",
+                           "policy")
+        try:  # a policy made for the other kind of attention: the engine's one line (CachePolicy.check_model)
+            POLICIES[name].check_model(POLICIES[name], spec)
+        except EcacheError as e:
+            raise ApiError(400, str(e), "policy") from None
         known = policy_params(name)
         if name == s.cache:
             params = dict(s.cache_params)
@@ -406,6 +418,9 @@ class Resolver:
         if name == "entropy" and "tau" not in params:
             params["tau"] = s.cache_params.get("tau", DEFAULT_TAU)
         if req.tau is not None:
+            if "tau" not in known and "entropy" not in policies_for(spec):
+                raise ApiError(400, f"tau is EntropyCache's threshold, which does not apply to the {spec.family} "
+                                    "model family (block diffusion caches finished blocks exactly); drop tau", "tau")
             if "tau" not in known:
                 raise ApiError(400, f"tau is EntropyCache's threshold; policy {name!r} takes none (use policy "
                                     "'entropy' or drop tau)", "tau")

@@ -231,6 +231,7 @@ class Scheduler:
         self.metrics, self.max_batch, self.max_queue, self.admission = metrics, max_batch, max_queue, admission
         self.cost, self.history = StepCost(), StepHistory()
         self.ready = threading.Event()
+        self.warmup_error: str | None = None  # the warm-up's fault, one line; ``ready`` then stays unset
         self._arrivals: collections.deque[float] = collections.deque(maxlen=ARRIVALS)  # monotonic seconds
         self._warmup: list[Job] = []
         self._cv = threading.Condition()
@@ -308,7 +309,8 @@ class Scheduler:
         # steps, and their own inference_mode contexts nest inside this one whatever order they end in.
         with torch.inference_mode():
             self._warm_up()
-            self.ready.set()
+            if self.warmup_error is None:  # a failed warm-up never reports ready (/health/ready stays 503)
+                self.ready.set()
             while True:
                 with self._cv:
                     self._expire_queue()
@@ -342,9 +344,10 @@ class Scheduler:
                 for _, rec in zip(range(WARMUP_STEPS), _timed(run)):
                     if i:
                         self._observe(*rec)
-            except Exception as e:  # the server still starts: a request will meet the fault and get its 500
-                err.print(f"ecache serve: the warm-up failed ({type(e).__name__}: {e})", markup=False,
-                          highlight=False)
+            except Exception as e:  # the server still answers HTTP, but is never ready (/health/ready 503)
+                self.warmup_error = f"{type(e).__name__}: {e}"
+                err.print(f"ecache serve: the warm-up failed ({self.warmup_error}); /health/ready stays 503",
+                          markup=False, highlight=False)
                 return
 
     def _observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0) -> None:
