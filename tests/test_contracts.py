@@ -80,6 +80,23 @@ def test_records_the_model_cannot_take_are_named_before_decoding(command, cli, l
 
 
 @pytest.mark.parametrize("command", PROMPTED)
+def test_reading_and_model_errors_are_named_together(command, cli, llada_dir, llada_lm, tmp_path):
+    """A record only the model refuses (the mask id, line 5) among records the reading refuses: one error
+    names all of them, the same in every command (``gen_input.check_items``)."""
+    f = tmp_path / "in.jsonl"
+    mask = llada_lm.spec.mask_id
+    f.write_text('{"prompt": "Sort: 3 1 2"}\nnot json\n{"question": 1}\n{"prompt": " "}\n'
+                 f'{{"prompt_ids": [1, {mask}, 5]}}\n[1]\n{{"prompt_ids": []}}\nnull\n')
+    res = cli(*_args(command, llada_dir, "--input", f))
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert res.stdout == ""
+    (line,) = res.stderr.strip().splitlines()
+    assert f"error: --input {f}: 7 of 8 record(s) invalid, nothing decoded: " in line
+    assert f"{f}:5: prompt_ids[1] = {mask} is the mask id" in line
+    assert f"{f}:2: not valid JSON" in line and f"{f}:7: 'prompt_ids' must be a non-empty list" in line
+
+
+@pytest.mark.parametrize("command", PROMPTED)
 def test_non_utf8_stdin_is_found_before_decoding(command, cli, llada_dir):
     res = cli(*_args(command, llada_dir), input=b"Sort: 3 1 2\n\xff\nabc\n\xfe\xfe\n")
     assert res.exit_code == 2, (res.exit_code, res.stderr)

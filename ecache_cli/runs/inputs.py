@@ -31,13 +31,15 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
         yield (it.prompt, it.rec, it.line) if lines else (it.prompt, it.rec)
 
 
-def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None) -> list[Item]:
+def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None,
+               raise_invalid: bool = True) -> list[Item]:
     """Every prompt of a run as an :class:`Item` (``source`` set): arguments first, else ``--input``
     JSONL (``prompt``, ``messages`` or ``prompt_ids`` field), else stdin (one prompt per line, blank
     lines skipped). The whole source is read and checked first: UsageError naming every bad argument
     or line (:func:`invalid_error`, exit 2), the error of :func:`no_prompts` for a source with no
     prompt, DataError for a file that cannot be opened. Token ids, templates and lengths are the
-    model's checks (``gen_input.check_prompts``)."""
+    model's checks (``gen_input.check_prompts``). Without ``raise_invalid`` the invalid lines keep
+    their ``error`` and are returned, for the model's checks to name them all in one error."""
     if args:
         for n, a in enumerate(args, 1):  # every argument checked before the first is yielded
             _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
@@ -47,11 +49,11 @@ def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None
                 for n, a in enumerate(args, 1)]
     if input_file is not None:
         items = read_records(input_file)
-        _raise_invalid(items, f"--input {input_file}", "record", input_file)
+        _raise_invalid(items, f"--input {input_file}", "record", input_file, raise_invalid)
         return items
     if stdin is not None:
         items = stdin_items(stdin)
-        _raise_invalid(items, "stdin", "line", None)
+        _raise_invalid(items, "stdin", "line", None, raise_invalid)
         return items
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) "
                      "or use --input FILE.jsonl")
@@ -71,11 +73,14 @@ def source_head(items: list[Item], input_file: Path | None) -> tuple[str, str]:
     return "stdin", "line"
 
 
-def _raise_invalid(items: list[Item], source: str, what: str, input_file: Path | None) -> None:
-    """Raise :func:`invalid_error` for the invalid ``items`` (none: return); an empty source is
-    :func:`no_prompts`'s error."""
+def _raise_invalid(items: list[Item], source: str, what: str, input_file: Path | None,
+                   raise_invalid: bool = True) -> None:
+    """Raise :func:`invalid_error` for the invalid ``items`` (none, or not ``raise_invalid``: return);
+    an empty source is :func:`no_prompts`'s error."""
     if not items:
         raise no_prompts(input_file)
+    if not raise_invalid:
+        return
     error = invalid_error(items, source, what=what, fix=FIX)
     if error is not None:
         raise error

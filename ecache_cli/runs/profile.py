@@ -164,7 +164,7 @@ def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") 
 def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
     """Requests from arguments, a JSONL file or stdin (``runs.inputs.read_items``: every line read and
     checked first), the first ``limit``."""
-    items = read_items(args, input_file, stdin)[:limit]
+    items = read_items(args, input_file, stdin, raise_invalid=False)[:limit]
     return [Request(it.prompt, item=it) for it in items]
 
 
