@@ -334,3 +334,16 @@ def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, cl
     res = cli(*args, *([] if command == "calibrate" else ["x"]))
     assert res.exit_code == 1, res.stderr
     assert res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("name", ["no/such/folder", "./nonexist", "~/nonexist-ecache"])
+def test_a_mistyped_model_folder_is_refused_before_the_decode_settings(command, name, cli):
+    """A path-like ``--model`` that is no folder is refused as an unknown model (exit 1) even when the
+    decode settings are bad too (17 is no multiple of any block length here): the model comes first."""
+    args = [a for a in _args(command, name, "--gen-length", 17) if a != "-q"]
+    res = cli(*args, *([] if command == "calibrate" else ["x"]))
+    assert res.exit_code == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: --model {name!r} is neither a model ecache knows, a "
+                                               "checkpoint folder nor a Hugging Face repo id (org/name); run "
+                                               "`ecache models` for the known models"], res.stderr

@@ -83,6 +83,9 @@ def profile_cmd(
     check_dir(trace_dir, "--trace-dir")
     check_input_file(input_file)
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
@@ -105,9 +108,6 @@ def profile_cmd(
     if "none" not in names:
         note("--policies has no 'none': speedup, work share and fidelity vs none are not measured")
     from ..distributed import from_environment
-    from ..runs.models import check_model_name
-
-    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model, policies=names) if not quiet and from_environment().is_main else None)
     code_sandbox.configure(sandbox, settings.sandbox,  # its warning after the line above, before the load
                            bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
