@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from ..errors import DataError, UsageError
+from ..models.prompting import check_messages
 
 
 def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None,
@@ -346,12 +347,10 @@ def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
         raise error(f"{where}: not UTF-8 text{byte} at character {e.start + 1}; {fix}") from None
 
 
-#: The roles a chat message may have: those of the LLaDA and Dream chat templates (tokenizer_config.json
-#: ``chat_template``; the Hugging Face chat format).
-CHAT_ROLES = ("system", "user", "assistant")
-
-
 def prompt_of(rec, where: str) -> str | list:
+    """The prompt of one ``--input`` record: its ``prompt`` text, ``messages`` (checked by
+    ``models.prompting.check_messages``, as the Python API checks them) or ``prompt_ids`` (ints; the
+    model checks their range). DataError (``where: reason``) for a record with none or several of them."""
     given = [k for k in ("prompt", "messages", "prompt_ids") if isinstance(rec, dict) and k in rec]
     if len(given) > 1:
         raise DataError(f"{where}: the record has {' and '.join(repr(k) for k in given)}; give one of prompt, "
@@ -368,15 +367,10 @@ def prompt_of(rec, where: str) -> str | list:
         if not rec["prompt"].strip():
             raise DataError(f"{where}: 'prompt' is empty; give at least one token of text")
         return rec["prompt"]
-    if isinstance(rec, dict) and rec.get("messages") == []:
-        raise DataError(f"{where}: 'messages' is empty; give at least one {{role, content}} message")
-    if isinstance(rec, dict) and isinstance(rec.get("messages"), list) and all(
-            isinstance(m, dict) and "role" in m and "content" in m for m in rec["messages"]):
-        for i, m in enumerate(rec["messages"]):
-            if m["role"] not in CHAT_ROLES:
-                raise DataError(f"{where}: messages[{i}] has role {m['role']!r}; use one of {', '.join(CHAT_ROLES)}")
-            if not isinstance(m["content"], str):
-                raise DataError(f"{where}: messages[{i}] 'content' must be a string, not {json.dumps(m['content'])}")
+    if isinstance(rec, dict) and isinstance(rec.get("messages"), list):
+        why = check_messages(rec["messages"])  # the Python API's check too (engine.checks.check_prompts)
+        if why:
+            raise DataError(f"{where}: {why}")
         return rec["messages"]
     raise DataError(f"{where}: a record needs a string 'prompt', a 'messages' list of {{role, content}} "
                     "or a 'prompt_ids' list of token ids")
