@@ -66,7 +66,7 @@ def profile_cmd(
         task_setup,
         timing_warnings,
     )
-    from ..runs.settings import resolve_settings, warn_unused_cache_flags
+    from ..runs.settings import model_family, resolve_settings, warn_unused_cache_flags
     from ..runtime import compile_line, load_for_command, resolve_threads
     from ..tasks import sandbox as code_sandbox
 
@@ -74,7 +74,7 @@ def profile_cmd(
     names = policy_names(policies, model)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
                           chat=chat, trace_dir=trace_dir, trace_steps=trace_steps, input_file=input_file,
-                          quiet=quiet)
+                          quiet=quiet, family=model_family(model))
     opts.validate()
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     check_sources(prompts, input_file, task, data, shots, limit)
