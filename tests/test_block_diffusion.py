@@ -244,6 +244,21 @@ def test_profile_refuses_policies_that_do_not_apply_by_their_flag_before_the_sta
     assert line.startswith(wants), line
 
 
+@pytest.mark.parametrize("model, flags, wants", [
+    ("llada2-mini", ["--gen-length", "16"],
+     "error: --gen-length 16 is not a multiple of --block-length 32 (the llada2 family's default): "),
+    ("sdar", ["--gen-length", "18"], "--block-length 4 (the sdar family's default): "),
+    ("sdar", ["--gen-length", "18", "--block-length", "4"], "is not a multiple of --block-length 4: "),
+])
+def test_a_block_length_from_the_family_default_is_named_as_such(cli, model, flags, wants):
+    """A decode setting the user did not give, from ``Family.decode_defaults``, is said to be the family's
+    default in the error about it; one the user gave is not."""
+    r = cli("generate", "--model", str(FIXTURES / model), *flags, "x")
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert wants in line, line
+
+
 def test_profile_refuses_a_policy_once_the_loaded_model_shows_its_attention(llada_lm):
     """A model whose family is known only once loaded (a repository id) gets the same --policies error from
     ``run_profile``, before anything is decoded."""
