@@ -22,9 +22,11 @@ import pytest
 import typer
 from cli_helpers import no_model, one_line_error
 from conftest import SMALL
+from rich.text import Text
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
+from ecache_cli.help import TOPICS
 
 BIG = "99999999999999999999"  # > 2**64
 COMMANDS = ["generate", "profile", "calibrate", "trace-drift"]
@@ -316,10 +318,17 @@ def test_help_fits_the_terminal(command, columns):
         assert len(lines) <= 66, (command, len(lines))  # --quantize and --group-size)
 
 
-@pytest.mark.parametrize("topic", ["decoding", "cache", "profiles", "input", "outputs"])
-def test_help_topics_fit_80_columns(topic):
-    text = _help(["help", topic], 80)
-    assert len(text.splitlines()) > 3 and max(len(ln) for ln in text.splitlines()) <= 80
+@pytest.mark.parametrize("columns", [60, 80])
+@pytest.mark.parametrize("topic", [None, *TOPICS])
+def test_help_topics_fit_the_terminal(topic, columns):
+    """``ecache help [TOPIC]`` wraps to the width, its tables too, and keeps every word of the topic."""
+    from rich.cells import cell_len
+
+    text = _help(["help"] + ([topic] if topic else []), columns)
+    assert len(text.splitlines()) > 3 and max(cell_len(ln) for ln in text.splitlines()) <= columns, text
+    if topic is not None:
+        source = Text.from_markup(TOPICS[topic][1]).plain
+        assert text.split() == source.split()  # wrapped, nothing cut or added
 
 
 def test_help_lists_topics_and_rejects_an_unknown_one(cli):
