@@ -145,3 +145,16 @@ def test_api_refuses_the_chat_messages_input_refuses(message, reason, llada_lm, 
     f.write_text(json.dumps({"messages": [message]}) + "\n")
     line = _cli_error(cli, "generate", "--input", f, "--model", llada_dir, *SMALL)
     assert f"{f}:1: {reason}" in line, line
+
+
+def test_a_caller_may_widen_the_chat_roles(llada_lm):
+    """``Engine.encode(..., roles=...)``: a caller that takes more roles (``ecache serve``: OpenAI's ``tool``
+    messages) passes them; the content is still checked."""
+    eng = Engine.from_loaded(llada_lm)
+    tool = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]
+    roles = ("system", "user", "assistant", "tool")
+    want = llada_lm.tokenizer.apply_chat_template(tool, tokenize=False, add_generation_prompt=True)
+    ids = llada_lm.tokenizer(want, add_special_tokens=False)["input_ids"]
+    assert eng.encode([tool], chat=True, roles=roles) == [ids]
+    with pytest.raises(UsageError, match=r"^prompt 1: messages\[1\] 'content' must be a string, not 5$"):
+        eng.encode([[tool[0], {"role": "tool", "content": 5}]], chat=True, roles=roles)
