@@ -256,17 +256,47 @@ install."""),
 
 
 def print_topic(console, text: str) -> None:
-    """Print a topic's text on a rich ``console``: a paragraph whose lines start with two spaces is
-    printed as it is (a table or an example); any other paragraph is wrapped at the console's width."""
+    """Print a topic's text on a rich ``console``: a paragraph whose lines start with two spaces (a table
+    or an example) keeps its lines and columns, a line wider than the console wrapped under its second
+    column (:func:`wrap_table_line`); any other paragraph is wrapped at the console's width."""
     from rich.text import Text
 
     for i, para in enumerate(text.strip("\n").split("\n\n")):
         if i:
             console.print()
         if para.startswith("  "):
-            console.print(Text.from_markup(para), no_wrap=True, overflow="ignore", crop=False)
+            lines = [w for line in para.split("\n") for w in wrap_table_line(line, console.width)]
+            console.print(Text.from_markup("\n".join(lines)), no_wrap=True, overflow="ignore", crop=False)
         else:
             console.print(Text.from_markup(" ".join(para.split())))
+
+
+def wrap_table_line(line: str, width: int) -> list[str]:
+    """``line`` of an indented topic paragraph as lines of at most ``width`` characters (one word longer
+    than that stays whole). A row of columns (text after a run of two or more spaces past the indent)
+    continues under its second column; when that column starts past half the width, the first column
+    gets a line of its own and the rest follows 4 past the indent. A line without columns continues at
+    its own indent. Spaces between columns are kept."""
+    import re
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    indent = len(line) - len(line.lstrip(" "))
+    col = re.search(r"\S {2,}(?=\S)", line[indent:])
+
+    def wrap(text: str, first: int, rest: int) -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=" " * first, subsequent_indent=" " * rest,
+                             break_long_words=False, break_on_hyphens=False)
+
+    if col is None:
+        return wrap(line.strip(), indent, indent)
+    hang = indent + col.end()
+    if hang <= width // 2:
+        return textwrap.wrap(line, width, subsequent_indent=" " * hang, break_long_words=False,
+                             break_on_hyphens=False)
+    return wrap(line[:indent + col.start() + 1].strip(), indent, indent + 4) + wrap(line[hang:], indent + 4,
+                                                                                     indent + 4)
 
 
 def topic_text(name: str | None) -> str:

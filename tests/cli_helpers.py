@@ -92,3 +92,12 @@ def step_layer_positions(lm, run) -> tuple[list, list[int]]:
         for h in handles:
             h.remove()
     return records, seen
+
+
+def no_model(tmp_path: Path) -> Path:
+    """A ``--model`` folder that exists but holds no checkpoint: it passes the name check
+    (``runs.models.check_model_name``) and fails at the load, so a test with it shows that a bad flag is
+    refused before anything loads."""
+    folder = tmp_path / "no-model"
+    folder.mkdir(exist_ok=True)
+    return folder

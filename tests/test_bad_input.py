@@ -20,11 +20,13 @@ from types import SimpleNamespace
 
 import pytest
 import typer
-from cli_helpers import one_line_error
+from cli_helpers import no_model, one_line_error
 from conftest import SMALL
+from rich.text import Text
 from typer.testing import CliRunner
 
 from ecache_cli.cli import app
+from ecache_cli.help import TOPICS
 
 BIG = "99999999999999999999"  # > 2**64
 COMMANDS = ["generate", "profile", "calibrate", "trace-drift"]
@@ -84,7 +86,7 @@ def _no_traceback(res):
     (["profile", "x", "--policies", "dual:refresh_every=-1"], ["refresh_every=-1", "≥ 0"]),
 ])
 def test_out_of_range_values_are_one_line_usage_errors(cli, tmp_path, args, needles):
-    res = cli(*args, "--model", tmp_path / "no-model", "--no-chat", "-q")
+    res = cli(*args, "--model", no_model(tmp_path), "--no-chat", "-q")
     _no_traceback(res)
     one_line_error(res, 2, *needles)
 
@@ -132,7 +134,7 @@ def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
 def test_bad_profile_file_is_one_line(cli, tmp_path, content, needles):
     prof = tmp_path / "p.yaml"
     prof.write_bytes(content)
-    res = cli("generate", "x", "--profile", prof, "--model", tmp_path / "no-model", *SMALL)
+    res = cli("generate", "x", "--profile", prof, "--model", no_model(tmp_path), *SMALL)
     _no_traceback(res)
     one_line_error(res, 2, str(prof), *needles)
 
@@ -243,7 +245,7 @@ def test_a_second_writer_of_one_output_fails_at_once(cli, tmp_path, args, flag):
     try:
         assert holder.stdout.readline().strip() == "locked"
         t0 = time.perf_counter()
-        res = cli(*args, out, "--model", tmp_path / "no-model", *SMALL)
+        res = cli(*args, out, "--model", no_model(tmp_path), *SMALL)
         assert time.perf_counter() - t0 < 30  # refused at once, not after waiting
         line = one_line_error(res, 1, f"{flag} {out} is being written by another process", "choose another path")
         assert f"pid {holder.pid}" in line or "another ecache run" in line
@@ -255,7 +257,7 @@ def test_a_second_writer_of_one_output_fails_at_once(cli, tmp_path, args, flag):
 def test_the_lock_ends_with_the_command_and_a_failed_run_leaves_no_empty_file(cli, tmp_path):
     out = tmp_path / "p.json"
     for _ in range(2):  # the second run is not refused by the first one's lock
-        res = cli("profile", "x", "--policies", "none", "--json", out, "--model", tmp_path / "no-model", *SMALL)
+        res = cli("profile", "x", "--policies", "none", "--json", out, "--model", no_model(tmp_path), *SMALL)
         assert res.exit_code == 1 and "being written" not in res.stderr, res.stderr
     assert not out.exists()  # created for the lock, removed because the run wrote nothing
 
@@ -316,10 +318,17 @@ def test_help_fits_the_terminal(command, columns):
         assert len(lines) <= 66, (command, len(lines))  # --quantize and --group-size)
 
 
-@pytest.mark.parametrize("topic", ["decoding", "cache", "profiles", "input", "outputs"])
-def test_help_topics_fit_80_columns(topic):
-    text = _help(["help", topic], 80)
-    assert len(text.splitlines()) > 3 and max(len(ln) for ln in text.splitlines()) <= 80
+@pytest.mark.parametrize("columns", [60, 80])
+@pytest.mark.parametrize("topic", [None, *TOPICS])
+def test_help_topics_fit_the_terminal(topic, columns):
+    """``ecache help [TOPIC]`` wraps to the width, its tables too, and keeps every word of the topic."""
+    from rich.cells import cell_len
+
+    text = _help(["help"] + ([topic] if topic else []), columns)
+    assert len(text.splitlines()) > 3 and max(cell_len(ln) for ln in text.splitlines()) <= columns, text
+    if topic is not None:
+        source = Text.from_markup(TOPICS[topic][1]).plain
+        assert text.split() == source.split()  # wrapped, nothing cut or added
 
 
 def test_help_lists_topics_and_rejects_an_unknown_one(cli):
@@ -499,7 +508,7 @@ def test_trial_bad_inputs_are_refused_before_anything_is_written(cli, tmp_path, 
     before = _digests(tmp_path, pkg)
     fill = {"q": tmp_path / "q.jsonl", "g": tmp_path / "g.jsonl", "t": tmp_path, "pkg": pkg}
     args = [a.format(**fill) for a in args]
-    model = [] if "--model" in args else ["--model", tmp_path / "no-model"]  # fails if anything loads
+    model = [] if "--model" in args else ["--model", no_model(tmp_path)]  # fails if anything loads
     sizes = [] if "--steps" in args else ["--gen-length", "16", "--block-length", "8"]  # --steps: the profile's
     res = cli(*args, *model, *sizes, "-q")
     _no_traceback(res)
@@ -525,7 +534,7 @@ def test_closed_stdin_is_no_stdin(llada_dir, tmp_path, command):
 
 
 def test_closed_stdout_is_one_line_before_decoding(tmp_path):
-    res = _closed(1, ["generate", "Sort: 1 2", "--model", tmp_path / "no-model", *SMALL], tmp_path)
+    res = _closed(1, ["generate", "Sort: 1 2", "--model", no_model(tmp_path), *SMALL], tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.strip().splitlines() == ["error: cannot write the output: stdout is closed; redirect it "
                                                "(> answers.txt) or use --output FILE"]
@@ -604,9 +613,9 @@ def test_ctrl_c_after_the_search_keeps_the_json_and_says_what_was_written(cli, l
 def test_a_bad_value_from_a_profile_names_the_profile(cli, tmp_path, yaml_text, needles):
     prof = tmp_path / "v.yaml"
     prof.write_text(yaml_text)
-    res = cli("generate", "x", "--profile", prof, "--model", tmp_path / "no-model", "--gen-length", "16",
+    res = cli("generate", "x", "--profile", prof, "--model", no_model(tmp_path), "--gen-length", "16",
               "--block-length", "8", "-q")
     _no_traceback(res)
     one_line_error(res, 2, *needles, str(prof), "pass the flag to override")
-    flag = cli("generate", "x", "--signal", "bogus", "--model", tmp_path / "no-model", "-q")
+    flag = cli("generate", "x", "--signal", "bogus", "--model", no_model(tmp_path), "-q")
     assert flag.exit_code == 2 and "from profile" not in flag.stderr  # the user's own flag is not blamed on it

@@ -225,6 +225,52 @@ def test_profile_compares_the_policies_that_apply_and_records_tokens_per_forward
     assert stats["tokens_per_forward"] == stats["generated_tokens"] / stats["nfe"] >= 1.0
 
 
+@pytest.mark.parametrize("model, policies, wants", [
+    ("llada2-mini", "none,block,entropy",
+     "error: --policies entropy does not apply to the llada2 model family (its attention is block-causal, so the "
+     "keys and values of finished blocks are cached exactly); use none or block"),
+    ("llada2-mini", "none,foo", "error: --policies: 'foo' is not a cache policy; use names from none, block"),
+    ("llada-moe", "none,block",
+     "error: --policies block does not apply to the llada-moe model family"),
+])
+def test_profile_refuses_policies_that_do_not_apply_by_their_flag_before_the_start_line(cli, model, policies,
+                                                                                       wants):
+    """``profile --policies``: a policy for the other attention, or one that is none (listing those that apply
+    to the family), is refused naming --policies, before the "using model" line and the load."""
+    r = cli("profile", "--model", str(FIXTURES / model), "--gen-length", "32", "--block-length", "8",
+            "--policies", policies, "x")
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()  # nothing printed before it
+    assert line.startswith(wants), line
+
+
+@pytest.mark.parametrize("model, flags, wants", [
+    ("llada2-mini", ["--gen-length", "16"],
+     "error: --gen-length 16 is not a multiple of --block-length 32 (the llada2 family's default): "),
+    ("sdar", ["--gen-length", "18"], "--block-length 4 (the sdar family's default): "),
+    ("sdar", ["--gen-length", "18", "--block-length", "4"], "is not a multiple of --block-length 4: "),
+])
+def test_a_block_length_from_the_family_default_is_named_as_such(cli, model, flags, wants):
+    """A decode setting the user did not give, from ``Family.decode_defaults``, is said to be the family's
+    default in the error about it; one the user gave is not."""
+    r = cli("generate", "--model", str(FIXTURES / model), *flags, "x")
+    assert r.exit_code == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert wants in line, line
+
+
+def test_profile_refuses_a_policy_once_the_loaded_model_shows_its_attention(llada_lm):
+    """A model whose family is known only once loaded (a repository id) gets the same --policies error from
+    ``run_profile``, before anything is decoded."""
+    from ecache_cli.runs.profile import ProfileOptions, Request, run_profile
+    from ecache_cli.runs.settings import resolve_settings
+
+    settings = resolve_settings("tiny", {"gen_length": 16, "block_length": 8}, {})
+    with pytest.raises(UsageError, match=r"^--policies block does not apply to the llada model family .*; use one of "
+                                         r"none, prefix,"):
+        run_profile(llada_lm, settings, [Request("x")], ProfileOptions(policies=["none", "block"], warmup=0))
+
+
 def test_token_editing_rewrites_committed_tokens_of_the_current_block_only():
     """LLaDA2.1's editing on the fixture: some step rewrites a committed token (never a prompt token of the
     first block, never an earlier block), the block runs mask-free editing steps, and the answers of

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from cli_helpers import CUT, one_line_error, table_rows, without_cut_warning
+from cli_helpers import CUT, no_model, one_line_error, table_rows, without_cut_warning
 from conftest import SMALL
 from typer.testing import CliRunner
 
@@ -106,7 +106,7 @@ def test_profile_yaml_reads_1e_3_as_a_number(cli, llada_dir, tmp_path):
 
 def test_output_json_that_is_a_folder_fails_before_loading(cli, tmp_path):
     # a missing model would fail at load: the output check comes first
-    res = cli("trace-drift", "x", "--json", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    res = cli("trace-drift", "x", "--json", tmp_path, "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, 2, f"--json {tmp_path} is a folder", "give a file name")
 
 
@@ -119,7 +119,7 @@ def test_output_under_a_file_fails_before_loading(cli, tmp_path, command, flag):
     afile = tmp_path / "afile"
     afile.write_text("x")
     prompt = [] if command[0] == "calibrate" else ["x"]
-    res = cli(command[0], *prompt, *command[1:], flag, afile / "out", "--model", tmp_path / "no-model", *SMALL)
+    res = cli(command[0], *prompt, *command[1:], flag, afile / "out", "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, 2, f"{flag} {afile / 'out'}", f"{afile} is a file, not a folder")
 
 
@@ -129,7 +129,7 @@ def test_output_in_an_unwritable_folder(cli, tmp_path):
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        res = cli("trace-drift", "x", "--tensorboard", ro / "tb", "--model", tmp_path / "no-model", *SMALL)
+        res = cli("trace-drift", "x", "--tensorboard", ro / "tb", "--model", no_model(tmp_path), *SMALL)
         one_line_error(res, 1, "--tensorboard", "cannot create folder")
     finally:
         ro.chmod(0o700)
@@ -140,7 +140,7 @@ def test_output_in_an_unwritable_folder(cli, tmp_path):
 def test_no_new_folder_at_the_filesystem_root(cli, tmp_path, command):
     target = Path("/ecache-test-no-such-folder/out.json")
     assert not target.parent.exists()
-    res = cli(*command, "--json", target, "--model", tmp_path / "no-model", *SMALL)
+    res = cli(*command, "--json", target, "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, 2, f"--json {target}", "filesystem root", "mkdir -p")
     assert not target.parent.exists()
 
@@ -239,7 +239,7 @@ def test_full_device_on_stdout_is_one_line(llada_dir, profiles_dir):
     (["generate", "--task", "arith", "--profile", "p.yaml", "x"], 2, ["--task arith and --profile p.yaml"]),
 ])
 def test_bad_values_fail_before_loading(cli, tmp_path, args, code, needles):
-    res = cli(*args, "--model", tmp_path / "no-model", *SMALL)
+    res = cli(*args, "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, code, *needles)
 
 
@@ -247,7 +247,7 @@ def test_bad_values_fail_before_loading(cli, tmp_path, args, code, needles):
 def test_input_file_together_with_prompt_arguments(cli, tmp_path, command):
     f = tmp_path / "in.jsonl"
     f.write_text('{"prompt": "a"}\n')
-    res = cli(command[0], "x", *command[1:], "--input", f, "--model", tmp_path / "no-model", *SMALL)
+    res = cli(command[0], "x", *command[1:], "--input", f, "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, 2, f"--input {f}", "prompt argument", "one way")
 
 
@@ -515,7 +515,7 @@ def test_a_dream_model_keeps_top_p_at_temperature_0_without_a_warning(cli, dream
     (["calibrate", "--task", "list", "--taus", "0.5,-1", "--dry-run"], ["--taus", "-1.0", "≥ 0"]),
 ])
 def test_out_of_range_threshold_and_tau(cli, tmp_path, args, needles):
-    res = cli(*args, "--model", tmp_path / "no-model", *SMALL)
+    res = cli(*args, "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, 2, *needles)
 
 
@@ -538,19 +538,19 @@ def test_profile_for_another_model_warns_naming_both(cli, llada_dir, tmp_path):
 
 
 def test_plot_folder_suggests_a_png_name(cli, tmp_path):
-    res = cli("trace-drift", "x", "--plot", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    res = cli("trace-drift", "x", "--plot", tmp_path, "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, 2, f"--plot {tmp_path} is a folder", str(tmp_path / "plot.png"))
 
 
 @pytest.mark.parametrize("command", [["generate"], ["profile", "--policies", "none"], ["trace-drift"]])
 def test_input_folder_says_it_is_a_folder(cli, tmp_path, command):
-    res = cli(*command, "--input", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    res = cli(*command, "--input", tmp_path, "--model", no_model(tmp_path), *SMALL)
     line = one_line_error(res, 1, f"--input {tmp_path} is a folder; give a JSONL file")
     assert "no such file" not in line
 
 
 def test_profile_folder_lookup_lists_each_place_once(cli, tmp_path):
-    res = cli("generate", "x", "--profile", tmp_path, "--model", tmp_path / "no-model", *SMALL)
+    res = cli("generate", "x", "--profile", tmp_path, "--model", no_model(tmp_path), *SMALL)
     line = one_line_error(res, 2, f"profile {str(tmp_path)!r} is a folder")
     places = line.split("looked at ")[1].split(")")[0].split(", ")
     assert len(places) == len(set(places)), places

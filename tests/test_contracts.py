@@ -80,6 +80,23 @@ def test_records_the_model_cannot_take_are_named_before_decoding(command, cli, l
 
 
 @pytest.mark.parametrize("command", PROMPTED)
+def test_reading_and_model_errors_are_named_together(command, cli, llada_dir, llada_lm, tmp_path):
+    """A record only the model refuses (the mask id, line 5) among records the reading refuses: one error
+    names all of them, the same in every command (``gen_input.check_items``)."""
+    f = tmp_path / "in.jsonl"
+    mask = llada_lm.spec.mask_id
+    f.write_text('{"prompt": "Sort: 3 1 2"}\nnot json\n{"question": 1}\n{"prompt": " "}\n'
+                 f'{{"prompt_ids": [1, {mask}, 5]}}\n[1]\n{{"prompt_ids": []}}\nnull\n')
+    res = cli(*_args(command, llada_dir, "--input", f))
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert res.stdout == ""
+    (line,) = res.stderr.strip().splitlines()
+    assert f"error: --input {f}: 7 of 8 record(s) invalid, nothing decoded: " in line
+    assert f"{f}:5: prompt_ids[1] = {mask} is the mask id" in line
+    assert f"{f}:2: not valid JSON" in line and f"{f}:7: 'prompt_ids' must be a non-empty list" in line
+
+
+@pytest.mark.parametrize("command", PROMPTED)
 def test_non_utf8_stdin_is_found_before_decoding(command, cli, llada_dir):
     res = cli(*_args(command, llada_dir), input=b"Sort: 3 1 2\n\xff\nabc\n\xfe\xfe\n")
     assert res.exit_code == 2, (res.exit_code, res.stderr)
@@ -172,6 +189,8 @@ TERMINAL = {
                    "--no-speed-check"], r"(none|τ=\S+) \d+/\d+"),
     "models": (["models"], None),
     "models show": (["models", "show", "{model}"], None),
+    "help cache": (["help", "cache"], None),  # the topics' tables and examples wrap too
+    "help input": (["help", "input"], None),
 }
 
 
@@ -287,7 +306,7 @@ def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, 
     f = tmp_path / "in.jsonl"
     f.write_text("".join(json.dumps({"prompt": f"Sort: {i} 3 1"}) + "\n" for i in range(6)))
     args = [a.format(input=f, model=llada_dir) for a in args]
-    if command.split()[0] != "models":
+    if command.split()[0] not in ("models", "help"):
         args += ["--model", str(llada_dir), "--gen-length", "16", "--block-length", "8", "--no-chat"]
     rc, raw = _on_terminal(args, columns)
     screen = Screen(columns, head)
@@ -317,3 +336,16 @@ def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, cl
     res = cli(*args, *([] if command == "calibrate" else ["x"]))
     assert res.exit_code == 1, res.stderr
     assert res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("name", ["no/such/folder", "./nonexist", "~/nonexist-ecache"])
+def test_a_mistyped_model_folder_is_refused_before_the_decode_settings(command, name, cli):
+    """A path-like ``--model`` that is no folder is refused as an unknown model (exit 1) even when the
+    decode settings are bad too (17 is no multiple of any block length here): the model comes first."""
+    args = [a for a in _args(command, name, "--gen-length", 17) if a != "-q"]
+    res = cli(*args, *([] if command == "calibrate" else ["x"]))
+    assert res.exit_code == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: --model {name!r} is neither a model ecache knows, a "
+                                               "checkpoint folder nor a Hugging Face repo id (org/name); run "
+                                               "`ecache models` for the known models"], res.stderr

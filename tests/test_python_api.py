@@ -121,3 +121,40 @@ def test_an_unused_tensor_is_one_warning_line(llada_dir, tmp_path, capsys):
     load_model(d, "cpu", "float32")
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "model.transformer.ff_out.weight" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("message, reason", [
+    ({"role": "bot", "content": "hi"}, "messages[0] has role 'bot'; use one of system, user, assistant"),
+    ({"role": "tool", "content": "hi"}, "messages[0] has role 'tool'; use one of system, user, assistant"),
+    ({"role": "user", "content": 5}, "messages[0] 'content' must be a string, not 5"),
+    ({"role": "user"}, 'messages[0] = {"role": "user"} is not a {role, content} message'),
+])
+def test_api_refuses_the_chat_messages_input_refuses(message, reason, llada_lm, llada_dir, cli, tmp_path):
+    """``Engine.encode`` / ``Engine.generate`` check messages as ``generate --input`` checks a record's
+    (``models.prompting.check_messages``): the same reason, nothing decoded."""
+    import json
+
+    eng = Engine.from_loaded(llada_lm)
+    with pytest.raises(UsageError) as e:
+        eng.encode([[message]], chat=True)
+    assert str(e.value) == f"prompt 1: {reason}"
+    with pytest.raises(UsageError) as e:
+        eng.generate(["ok", [message]], CFG, make_policy("none"))
+    assert str(e.value) == f"prompt 2: {reason}"
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"messages": [message]}) + "\n")
+    line = _cli_error(cli, "generate", "--input", f, "--model", llada_dir, *SMALL)
+    assert f"{f}:1: {reason}" in line, line
+
+
+def test_a_caller_may_widen_the_chat_roles(llada_lm):
+    """``Engine.encode(..., roles=...)``: a caller that takes more roles (``ecache serve``: OpenAI's ``tool``
+    messages) passes them; the content is still checked."""
+    eng = Engine.from_loaded(llada_lm)
+    tool = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]
+    roles = ("system", "user", "assistant", "tool")
+    want = llada_lm.tokenizer.apply_chat_template(tool, tokenize=False, add_generation_prompt=True)
+    ids = llada_lm.tokenizer(want, add_special_tokens=False)["input_ids"]
+    assert eng.encode([tool], chat=True, roles=roles) == [ids]
+    with pytest.raises(UsageError, match=r"^prompt 1: messages\[1\] 'content' must be a string, not 5$"):
+        eng.encode([[tool[0], {"role": "tool", "content": 5}]], chat=True, roles=roles)

@@ -156,6 +156,9 @@ def calibrate_cmd(
     task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
@@ -171,9 +174,6 @@ def calibrate_cmd(
     from ..distributed import from_environment
 
     base = f"; base settings from profile {settings.profile}" if settings.profile else ""
-    from ..runs.models import check_model_name
-
-    check_model_name(model)  # an unknown model is refused alone, before the first line
     searched = f"searched on --task {task} (calibrate){f' on {settings.quantize} weights' if settings.quantize else ''}{base}"
     announce(settings.describe(model, tau=searched, searched="threshold" if block else "τ")
              if not quiet and from_environment().is_main else None)  # what this run uses, before the load

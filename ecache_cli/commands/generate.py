@@ -60,6 +60,9 @@ def generate(
     ranks = check_options(opts)
     check_task(task, profile)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
@@ -78,9 +81,6 @@ def generate(
         raise DataError("cannot write the output: stdout is closed; redirect it (> answers.txt) or use --output FILE")
     if output is not None:
         check_file(output, "--output")  # before the model loads
-    from ..runs.models import check_model_name
-
-    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model) if not quiet and ranks.is_main else None)  # before the (maybe long) load
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # torchrun: this rank's share
     if task is not None and dist.is_main:

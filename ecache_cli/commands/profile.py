@@ -66,7 +66,7 @@ def profile_cmd(
         task_setup,
         timing_warnings,
     )
-    from ..runs.settings import resolve_settings, warn_unused_cache_flags
+    from ..runs.settings import model_family, resolve_settings, warn_unused_cache_flags
     from ..runtime import compile_line, load_for_command, resolve_threads
     from ..tasks import sandbox as code_sandbox
 
@@ -74,7 +74,7 @@ def profile_cmd(
     names = policy_names(policies, model)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
                           chat=chat, trace_dir=trace_dir, trace_steps=trace_steps, input_file=input_file,
-                          quiet=quiet)
+                          quiet=quiet, family=model_family(model))
     opts.validate()
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     check_sources(prompts, input_file, task, data, shots, limit)
@@ -83,6 +83,9 @@ def profile_cmd(
     check_dir(trace_dir, "--trace-dir")
     check_input_file(input_file)
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
@@ -105,9 +108,6 @@ def profile_cmd(
     if "none" not in names:
         note("--policies has no 'none': speedup, work share and fidelity vs none are not measured")
     from ..distributed import from_environment
-    from ..runs.models import check_model_name
-
-    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(settings.describe(model, policies=names) if not quiet and from_environment().is_main else None)
     code_sandbox.configure(sandbox, settings.sandbox,  # its warning after the line above, before the load
                            bool(task_info and task_info["scored"] and task_obj.needs_code_execution))

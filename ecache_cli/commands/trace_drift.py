@@ -57,6 +57,9 @@ def trace_drift_cmd(
     check_flags(prompts, input_file, task, data, limit, batch_size, signal, plot, jsonl, json_out, volatility_level,
                 rows)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
+    from ..runs.models import check_model_name
+
+    check_model_name(model)  # an unknown model is refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
@@ -70,9 +73,6 @@ def trace_drift_cmd(
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=signal_kind(signal, settings),
                         volatility_level=volatility_level)
-    from ..runs.models import check_model_name
-
-    check_model_name(model)  # an unknown model is refused alone, before the first line
     announce(None if quiet else settings.describe(model))  # what this run uses, before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)  # one process: no ranks
     warn_untrained(lm, task)

@@ -7,18 +7,24 @@ from typing import Sequence
 
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
-from ..models.prompting import check_prompt_ids
+from ..models.prompting import CHAT_ROLES, check_messages, check_prompt_ids
 
 
-def check_prompts(spec, prompts: Sequence) -> None:
-    """UsageError for one string where the list of prompts belongs, or a text prompt that is empty or only
-    white space (the chat template would make a prompt of it); token-id prompts and prompts of other types
-    are checked by ``models.prompting.encode_prompts``."""
+def check_prompts(spec, prompts: Sequence, roles: Sequence[str] = CHAT_ROLES) -> None:
+    """UsageError for one string where the list of prompts belongs, a text prompt that is empty or only
+    white space (the chat template would make a prompt of it), or chat messages ``--input`` refuses
+    (``models.prompting.check_messages``: a role not in ``roles``, by default system, user, assistant as
+    for ``--input``; a content that is not a string; the same words as the command line's); token-id
+    prompts and prompts of other types are checked by ``models.prompting.encode_prompts``."""
     if isinstance(prompts, (str, bytes)):
         raise UsageError("prompts must be a list of prompts, not one string: pass [prompt]")
     for n, p in enumerate(prompts, 1):
         if isinstance(p, str) and not p.strip():
             raise UsageError(f"prompt {n} {p!r}: a prompt is empty; give at least one token of text")
+        if isinstance(p, (list, tuple)) and p and not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            why = check_messages(p, roles)
+            if why:
+                raise UsageError(f"prompt {n}: {why}")
 
 
 def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) -> None:

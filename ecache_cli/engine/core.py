@@ -28,7 +28,7 @@ from ..decoding.step import StepDecoder
 from ..decoding.streams import RowStreams
 from ..errors import UsageError
 from ..metrics.step_timer import StepTimer
-from ..models.prompting import check_prompt_ids, encode_prompts
+from ..models.prompting import CHAT_ROLES, check_prompt_ids, encode_prompts
 from . import forward
 from .canvas import apply_commits, new_canvas
 from .checks import check_ids, check_prompts, check_start
@@ -57,9 +57,11 @@ class Engine:
         """Build from a :class:`ecache_cli.models.loader.LoadedModel`."""
         return cls(lm.model, lm.tokenizer, lm.spec)
 
-    def encode(self, prompts: Sequence[str | list], chat: bool) -> list[list[int]]:
-        """Token ids of each prompt (``models/prompting.py``); UsageError as ``checks.check_prompts``."""
-        check_prompts(self.spec, prompts)
+    def encode(self, prompts: Sequence[str | list], chat: bool,
+               roles: Sequence[str] = CHAT_ROLES) -> list[list[int]]:
+        """Token ids of each prompt (``models/prompting.py``); UsageError as ``checks.check_prompts``
+        (chat messages' roles: ``roles``, by default those ``--input`` takes: system, user, assistant)."""
+        check_prompts(self.spec, prompts, roles)
         return encode_prompts(self.tokenizer, self.spec, prompts, chat)
 
     def check_prompt_ids(self, ids: Sequence[int]) -> str | None:

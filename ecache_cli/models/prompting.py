@@ -7,9 +7,41 @@ template carries the BOS).
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 from ..errors import DataError, UsageError
+
+#: The roles a chat message may have: those of the LLaDA and Dream chat templates (tokenizer_config.json
+#: ``chat_template``; the Hugging Face chat format).
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages: Sequence, roles: Sequence[str] = CHAT_ROLES) -> str | None:
+    """Why a list of chat messages cannot be templated, as a one-line reason naming the message
+    (``messages[1] has role 'tool'; use one of system, user, assistant``), or None if it can. Each
+    message is a dict with a role of ``roles`` (:data:`CHAT_ROLES` unless a caller widens it: ``ecache
+    serve`` takes OpenAI's ``tool`` messages) and a string ``content``. The one check of messages for
+    ``--input`` records (``runs.inputs.prompt_of``) and the Python API (``engine.checks.check_prompts``),
+    so both refuse the same messages with the same words."""
+    if not len(messages):
+        return "'messages' is empty; give at least one {role, content} message"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            return f"messages[{i}] = {_shown(m)} is not a {{role, content}} message"
+        if m["role"] not in roles:
+            return f"messages[{i}] has role {m['role']!r}; use one of {', '.join(roles)}"
+        if not isinstance(m["content"], str):
+            return f"messages[{i}] 'content' must be a string, not {_shown(m['content'])}"
+    return None
+
+
+def _shown(value) -> str:
+    """``value`` as JSON when it is JSON (as it was written in a record), else its repr."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def check_prompt_ids(spec, ids: Sequence[int]) -> str | None:

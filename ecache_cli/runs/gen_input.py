@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import EcacheError
-from .inputs import FIX, SKIP_FIX, Item, invalid_error, is_stdin, read_records, source_head
+from .inputs import FIX, SKIP_FIX, Item, invalid_error, read_records, source_head
 
 __all__ = ["FIX", "SKIP_FIX", "Item", "check_items", "check_prompts", "invalid_error", "read_input"]
 
@@ -22,30 +22,28 @@ def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[It
     """Every record of ``--input`` (``-``: stdin) as an :class:`Item`, each checked (module docstring).
 
     Raises DataError when the file cannot be read at all."""
-    return check_items(read_records(input_file), engine, chat, gen_length,
-                       "stdin" if is_stdin(input_file) else str(input_file))
+    return check_items(read_records(input_file), engine, chat, gen_length)
 
 
-def check_items(items: list[Item], engine, chat: bool, gen_length: int, name: str) -> list[Item]:
-    """The model's checks of every still-valid item (token ids, template and tokenizer, the canvas):
-    an invalid one gets its ``error`` (``name:line: reason; fix``) and loses its ``prompt``; a valid
-    one keeps its encoded ``ids``. Returns ``items``."""
-    for item in items:
-        if item.error is None:
-            prompt, item.prompt = item.prompt, None
-            item.error = _model_error(item, prompt, engine, chat, gen_length, f"{name}:{item.line}")
-    return items
-
-
-def check_prompts(items: list[Item], engine, chat: bool, gen_length: int, input_file: Path | None) -> None:
-    """The model's checks (:func:`check_items`) of every item of ``inputs.read_items`` before anything
-    is decoded: UsageError (exit 2) naming every prompt the model cannot decode, with its fix, as
-    for generate's ``--input`` (profile and trace-drift have no ``--skip-invalid``)."""
+def check_items(items: list[Item], engine, chat: bool, gen_length: int) -> list[Item]:
+    """The model's checks of every still-valid item (token ids, template and tokenizer, the canvas),
+    the one place every command checks its prompts (generate, profile, trace-drift): an invalid one
+    gets its ``error`` (``source:line: reason; fix``) and loses its ``prompt``; a valid one keeps its
+    encoded ``ids``. Items already invalid (``inputs.read_records``) keep their error. Returns ``items``."""
     for item in items:
         if item.error is None:
             prompt, item.prompt = item.prompt, None
             where = f"{item.source}:{item.line}" if item.source else f"line {item.line}"
             item.error = _model_error(item, prompt, engine, chat, gen_length, where)
+    return items
+
+
+def check_prompts(items: list[Item], engine, chat: bool, gen_length: int, input_file: Path | None) -> None:
+    """The model's checks (:func:`check_items`) of every item of ``inputs.read_items`` (read with
+    ``raise_invalid=False``) before anything is decoded: UsageError (exit 2) naming every invalid
+    prompt, those the reading refused and those the model cannot decode, with its fix, as for
+    generate's ``--input`` (profile and trace-drift have no ``--skip-invalid``)."""
+    check_items(items, engine, chat, gen_length)
     head, what = source_head(items, input_file)
     error = invalid_error(items, head, what=what, fix=FIX)
     if error is not None:

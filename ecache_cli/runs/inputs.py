@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from ..errors import DataError, UsageError
+from ..models.prompting import check_messages
 
 
 def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None,
@@ -31,13 +32,15 @@ def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | No
         yield (it.prompt, it.rec, it.line) if lines else (it.prompt, it.rec)
 
 
-def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None) -> list[Item]:
+def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None,
+               raise_invalid: bool = True) -> list[Item]:
     """Every prompt of a run as an :class:`Item` (``source`` set): arguments first, else ``--input``
     JSONL (``prompt``, ``messages`` or ``prompt_ids`` field), else stdin (one prompt per line, blank
     lines skipped). The whole source is read and checked first: UsageError naming every bad argument
     or line (:func:`invalid_error`, exit 2), the error of :func:`no_prompts` for a source with no
     prompt, DataError for a file that cannot be opened. Token ids, templates and lengths are the
-    model's checks (``gen_input.check_prompts``)."""
+    model's checks (``gen_input.check_prompts``). Without ``raise_invalid`` the invalid lines keep
+    their ``error`` and are returned, for the model's checks to name them all in one error."""
     if args:
         for n, a in enumerate(args, 1):  # every argument checked before the first is yielded
             _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
@@ -47,11 +50,11 @@ def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None
                 for n, a in enumerate(args, 1)]
     if input_file is not None:
         items = read_records(input_file)
-        _raise_invalid(items, f"--input {input_file}", "record", input_file)
+        _raise_invalid(items, f"--input {input_file}", "record", input_file, raise_invalid)
         return items
     if stdin is not None:
         items = stdin_items(stdin)
-        _raise_invalid(items, "stdin", "line", None)
+        _raise_invalid(items, "stdin", "line", None, raise_invalid)
         return items
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) "
                      "or use --input FILE.jsonl")
@@ -71,11 +74,14 @@ def source_head(items: list[Item], input_file: Path | None) -> tuple[str, str]:
     return "stdin", "line"
 
 
-def _raise_invalid(items: list[Item], source: str, what: str, input_file: Path | None) -> None:
-    """Raise :func:`invalid_error` for the invalid ``items`` (none: return); an empty source is
-    :func:`no_prompts`'s error."""
+def _raise_invalid(items: list[Item], source: str, what: str, input_file: Path | None,
+                   raise_invalid: bool = True) -> None:
+    """Raise :func:`invalid_error` for the invalid ``items`` (none, or not ``raise_invalid``: return);
+    an empty source is :func:`no_prompts`'s error."""
     if not items:
         raise no_prompts(input_file)
+    if not raise_invalid:
+        return
     error = invalid_error(items, source, what=what, fix=FIX)
     if error is not None:
         raise error
@@ -341,12 +347,10 @@ def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
         raise error(f"{where}: not UTF-8 text{byte} at character {e.start + 1}; {fix}") from None
 
 
-#: The roles a chat message may have: those of the LLaDA and Dream chat templates (tokenizer_config.json
-#: ``chat_template``; the Hugging Face chat format).
-CHAT_ROLES = ("system", "user", "assistant")
-
-
 def prompt_of(rec, where: str) -> str | list:
+    """The prompt of one ``--input`` record: its ``prompt`` text, ``messages`` (checked by
+    ``models.prompting.check_messages``, as the Python API checks them) or ``prompt_ids`` (ints; the
+    model checks their range). DataError (``where: reason``) for a record with none or several of them."""
     given = [k for k in ("prompt", "messages", "prompt_ids") if isinstance(rec, dict) and k in rec]
     if len(given) > 1:
         raise DataError(f"{where}: the record has {' and '.join(repr(k) for k in given)}; give one of prompt, "
@@ -363,15 +367,10 @@ def prompt_of(rec, where: str) -> str | list:
         if not rec["prompt"].strip():
             raise DataError(f"{where}: 'prompt' is empty; give at least one token of text")
         return rec["prompt"]
-    if isinstance(rec, dict) and rec.get("messages") == []:
-        raise DataError(f"{where}: 'messages' is empty; give at least one {{role, content}} message")
-    if isinstance(rec, dict) and isinstance(rec.get("messages"), list) and all(
-            isinstance(m, dict) and "role" in m and "content" in m for m in rec["messages"]):
-        for i, m in enumerate(rec["messages"]):
-            if m["role"] not in CHAT_ROLES:
-                raise DataError(f"{where}: messages[{i}] has role {m['role']!r}; use one of {', '.join(CHAT_ROLES)}")
-            if not isinstance(m["content"], str):
-                raise DataError(f"{where}: messages[{i}] 'content' must be a string, not {json.dumps(m['content'])}")
+    if isinstance(rec, dict) and isinstance(rec.get("messages"), list):
+        why = check_messages(rec["messages"])  # the Python API's check too (engine.checks.check_prompts)
+        if why:
+            raise DataError(f"{where}: {why}")
         return rec["messages"]
     raise DataError(f"{where}: a record needs a string 'prompt', a 'messages' list of {{role, content}} "
                     "or a 'prompt_ids' list of token ids")

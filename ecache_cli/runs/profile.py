@@ -62,15 +62,20 @@ class ProfileOptions:
     input_file: Path | None = None  # --input, named by the errors of its records
     quiet: bool = False  # -q: nothing but warnings and errors on stderr (the profiler's own lines too)
     trace_steps: int | None = 32
+    #: the model's family when it is known before loading (``settings.model_family``): the policies that
+    #: do not apply to its attention are refused before the model loads, and only those that do are listed
+    family: object | None = None
 
     def validate(self) -> None:
+        """UsageError for a bad option: an empty or repeated ``--policies`` entry, a policy that is none or
+        does not apply to ``family`` (:func:`check_policies_apply`), a count below its minimum."""
         from ..cache import POLICIES
 
         if not self.policies:
             raise UsageError("--policies is empty; name at least one of " + ", ".join(POLICIES))
         seen: dict = {}  # a setting (name, parameters as parsed) -> the entry that names it
         for p in self.policies:
-            name, params = parse_policy_spec(p)
+            name, params = parse_policy_spec(p, family=self.family)
             key = (name, tuple(sorted(params.items())))  # entropy:tau=1 is entropy:tau=1.0; order does not count
             if key in seen:
                 same = "twice" if seen[key] == p else f"twice ({seen[key]} and {p} are the same setting)"
@@ -82,9 +87,37 @@ class ProfileOptions:
                 raise UsageError(f"{flag} {v} must be ≥ {lo}")
         if self.trace_steps is not None and self.trace_steps < 1:
             raise UsageError(f"--trace-steps {self.trace_steps} must be ≥ 1")
+        if self.family is not None:
+            check_policies_apply(self.policies, self.family.block_causal, self.family.name)
 
 
-def parse_policy_spec(spec: str, where: str = "--policies") -> tuple[str, dict]:
+def _fitting(block_causal: bool | None) -> list[str]:
+    """The policies for a model's attention (``block_causal``; None: not known, bidirectional's)."""
+    from ..cache import POLICIES
+
+    kind = "block-causal" if block_causal else "bidirectional"
+    return [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+
+
+def check_policies_apply(specs: Sequence[str], block_causal: bool, family: str) -> None:
+    """UsageError naming the first ``--policies`` entry that does not apply to a model of ``family`` whose
+    attention is ``block_causal`` or not, with the policy's own reason and the policies that apply
+    (``cache.base.CachePolicy.check_model``, which the engine applies to a ``--cache`` policy)."""
+    from types import SimpleNamespace
+
+    from ..cache import make_policy
+
+    for spec in specs:
+        name, params = parse_policy_spec(spec)
+        try:
+            make_policy(name, **params).check_model(SimpleNamespace(block_causal=block_causal, family=family))
+        except UsageError as e:
+            msg = str(e)
+            raise UsageError(f"--policies {spec} {msg.removeprefix(f'--cache {name} ')}"
+                             if msg.startswith(f"--cache {name} ") else f"--policies {spec}: {msg}") from None
+
+
+def parse_policy_spec(spec: str, where: str = "--policies", family=None) -> tuple[str, dict]:
     """``name`` or ``name:key=value:key=value`` (e.g. ``entropy:tau=2.5:recent_k=16``) -> (name, params).
 
     Values are read as int, float, true/false, else kept as strings; ``none`` reads as None, which
@@ -92,13 +125,16 @@ def parse_policy_spec(spec: str, where: str = "--policies") -> tuple[str, dict]:
     ``entropy:block_tau=none``: no block-start signal check). A spec's parameters override the resolved
     cache settings for that entry only, so one run can compare variants of one policy.
     Raises UsageError for an unknown policy or parameter, a malformed ``key=value`` or a key given twice,
-    naming ``where`` the spec was given (``--policies``; ``/cache`` in ``ecache chat``).
+    naming ``where`` the spec was given (``--policies``; ``/cache`` in ``ecache chat``); an unknown name's
+    error lists the policies that apply to ``family`` (a ``models.family.Family``) when it is known, else
+    every policy.
     """
     from ..cache import POLICIES, make_policy
 
     name, *pairs = spec.split(":")
     if name not in POLICIES:
-        raise UsageError(f"{where}: {name!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+        names = _fitting(family.block_causal) if family is not None else list(POLICIES)
+        raise UsageError(f"{where}: {name!r} is not a cache policy; use names from {', '.join(names)}")
     params = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
@@ -164,7 +200,7 @@ def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") 
 def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
     """Requests from arguments, a JSONL file or stdin (``runs.inputs.read_items``: every line read and
     checked first), the first ``limit``."""
-    items = read_items(args, input_file, stdin)[:limit]
+    items = read_items(args, input_file, stdin, raise_invalid=False)[:limit]
     return [Request(it.prompt, item=it) for it in items]
 
 
@@ -173,15 +209,13 @@ def policy_names(policies: str | None, model: str | None = None) -> list[str]:
     attention when its family is known before loading (``settings.model_family``; block diffusion: none
     and block), else every policy for bidirectional attention. UsageError as :func:`comma_lists.parse_list`
     (nothing named, an empty entry, an entry given twice)."""
-    from ..cache import POLICIES
     from .comma_lists import parse_list
     from .settings import model_family
 
     if policies is not None:
         return parse_list(policies, "--policies", example="none,dual,entropy")
     fam = model_family(model)
-    kind = "block-causal" if fam is not None and fam.block_causal else "bidirectional"
-    return [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+    return _fitting(fam is not None and fam.block_causal)
 
 
 def check_sources(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None,
@@ -234,6 +268,7 @@ def run_profile(lm, settings: Settings, requests: Sequence[Request], opts: Profi
     ``extra``, or None on ranks other than 0; whether the chat template was applied)."""
     dist = dist or DistEnv()
     engine = Engine.from_loaded(lm)
+    check_policies_apply(opts.policies, lm.spec.block_causal, lm.spec.family)  # a family known only now
     use_chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
     _check_requests(requests, engine, use_chat, settings.decode.gen_length, opts.input_file)
     report = measure(engine, settings, requests, opts, chat=use_chat, on_run=on_run, dist=dist)

@@ -144,7 +144,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
     _block_follows_gen_length(decode, p_dec, decode_flags)
     _steps_follow_gen_length(decode, p_dec, decode_flags)
-    _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"))
+    _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam)
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
     decode_cfg = DecodeConfig(**decode)
     sampling_flags = _sampling_flags(decode_cfg, decode_flags)
@@ -246,14 +246,32 @@ def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
             decode[other] = None
 
 
-def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None) -> None:
-    """:func:`validate_decode`, and an error about a value the user never typed (it came from the
-    profile at ``path``) names the profile and the flag that overrides it."""
+def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None,
+                             fam=None) -> None:
+    """:func:`validate_decode`, and an error about a value the user never typed names where it came from:
+    the profile at ``path`` (and the flag that overrides it), or the model family ``fam``'s
+    ``decode_defaults`` (``--block-length 32 (the llada2 family's default)``)."""
     try:
         validate_decode(decode)
     except UsageError as e:
         _blame_profile(e, decode, p_dec, decode_flags, path)
+        _blame_family(e, decode, p_dec, decode_flags, fam)
         raise
+
+
+def _blame_family(e: UsageError, values: dict, p_dec: dict, flags: dict, fam) -> None:
+    """Raise ``e`` again saying which of its ``--flag value`` came from the defaults of the model family
+    ``fam`` (``Family.decode_defaults``: neither a flag nor the profile set it). Returns when none did."""
+    import re
+
+    msg = str(e)
+    for k, v in (getattr(fam, "decode_defaults", None) or {}).items():
+        if flags.get(k) is not None or p_dec.get(k) is not None or values.get(k) != v:
+            continue
+        msg = re.sub(rf"--{re.escape(k.replace('_', '-'))} {re.escape(str(v))}(?![\w.])",
+                     lambda m: f"{m.group(0)} (the {fam.name} family's default)", msg, count=1)
+    if msg != str(e):
+        raise UsageError(msg) from None
 
 
 def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, path: str | None) -> None:

@@ -348,7 +348,7 @@ def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int
     from .gen_input import check_prompts
 
     stdin = piped_stdin() if not opts.prompts and opts.input_file is None else None
-    items = read_items(opts.prompts, opts.input_file, stdin)
+    items = read_items(opts.prompts, opts.input_file, stdin, raise_invalid=False)
     check_prompts(items, engine, chat, gen_length, opts.input_file)
     return [it.prompt for it in items]
 
