@@ -296,7 +296,8 @@ class Resolver:
 
     def _encode(self, prompt, chat: bool, param: str) -> list[int]:
         try:
-            ids = self.engine.encode([prompt], chat=chat)[0]
+            # OpenAI's tool messages reach the chat template (developer became system above)
+            ids = self.engine.encode([prompt], chat=chat, roles=("system", "user", "assistant", "tool"))[0]
         except EcacheError as e:
             raise ApiError(400, f"{param}: {e}", param) from None
         if len(ids) > self.limits.max_prompt_tokens:
