@@ -139,3 +139,20 @@ class SwiGLU(nn.Module):
         else:
             a, b = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(a) * b)
+
+
+class Attention(nn.Module):
+    """The Hugging Face decoder layout's attention projections under their official names: ``q_proj``,
+    ``k_proj``, ``v_proj`` (with biases when ``bias``: Qwen2/Dream), ``o_proj``, and with ``qk_norm`` the
+    per-head RMSNorms ``q_norm`` / ``k_norm`` (weights (head_dim,), eps ``eps``: OLMoE/LLaDA-MoE, Qwen3/SDAR).
+    Holds parameters only; ``models/base.py`` computes with them (``BlockParts``)."""
+
+    def __init__(self, d: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool, qk_norm: bool, eps: float):
+        super().__init__()
+        self.q_proj = nn.Linear(d, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)

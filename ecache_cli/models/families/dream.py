@@ -17,7 +17,7 @@ from torch import nn
 
 from ..base import BlockParts, DecoderLayout
 from ..family import Alias, Family
-from ..layers import RMSNorm, SwiGLU
+from ..layers import Attention, RMSNorm, SwiGLU
 from ..spec import ConfigReader, ModelSpec
 
 #: Qwen2.5's ChatML with Dream's default system prompt, for the tiny checkpoint.
@@ -32,23 +32,13 @@ DREAM_7B = 7_615_616_512  # parameters of Dream-v0-7B's config.json (and of the 
 DREAM_7B_OUTER = 152_064 * 3584 * 2  # embedding and untied head: vocab 152064 × hidden 3584
 
 
-class _Attn(nn.Module):
-    def __init__(self, s: ModelSpec):
-        super().__init__()
-        d, hd = s.d_model, s.head_dim
-        self.q_proj = nn.Linear(d, s.n_heads * hd, bias=True)
-        self.k_proj = nn.Linear(d, s.n_kv_heads * hd, bias=True)
-        self.v_proj = nn.Linear(d, s.n_kv_heads * hd, bias=True)
-        self.o_proj = nn.Linear(s.n_heads * hd, d, bias=False)
-
-
 class DreamLayer(nn.Module):
     """One DreamDecoderLayer's parameters (official names)."""
 
     def __init__(self, s: ModelSpec, i: int):
         super().__init__()
         self.input_layernorm = RMSNorm(s.d_model, s.rms_eps)
-        self.self_attn = _Attn(s)
+        self.self_attn = Attention(s.d_model, s.n_heads, s.n_kv_heads, s.head_dim, True, False, s.rms_eps)
         self.post_attention_layernorm = RMSNorm(s.d_model, s.rms_eps)
         self.mlp = SwiGLU(s.d_model, s.mlp_hidden)
         a, m = self.self_attn, self.mlp

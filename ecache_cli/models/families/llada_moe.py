@@ -34,7 +34,7 @@ from torch import nn
 
 from ..base import BlockParts, DecoderLayout
 from ..family import Alias, Family
-from ..layers import RMSNorm, SwiGLU
+from ..layers import Attention, RMSNorm, SwiGLU
 from ..moe import SparseMoE, WithShared
 from ..spec import ConfigReader, ModelSpec
 
@@ -74,26 +74,13 @@ class LLaDAMoESparseBlock(SparseMoE):
         return idx, weight.to(x.dtype)
 
 
-class _Attn(nn.Module):
-    def __init__(self, s: ModelSpec):
-        super().__init__()
-        d, hd = s.d_model, s.head_dim
-        self.q_proj = nn.Linear(d, s.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, s.n_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, s.n_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(s.n_heads * hd, d, bias=False)
-        if s.qk_norm:
-            self.q_norm = RMSNorm(hd, s.rms_eps)
-            self.k_norm = RMSNorm(hd, s.rms_eps)
-
-
 class LLaDAMoELayer(nn.Module):
     """One ``LLaDAMoEDecoderLayer``'s parameters (official names)."""
 
     def __init__(self, s: ModelSpec, i: int):
         super().__init__()
         self.input_layernorm = RMSNorm(s.d_model, s.rms_eps)
-        self.self_attn = a = _Attn(s)
+        self.self_attn = a = Attention(s.d_model, s.n_heads, s.n_kv_heads, s.head_dim, False, s.qk_norm, s.rms_eps)
         self.post_attention_layernorm = RMSNorm(s.d_model, s.rms_eps)
         norms = dict(q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None))
         if s.is_moe(i):

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..base import BlockParts, DecoderLayout
 from ..family import Alias, Family
-from ..layers import RMSNorm, SwiGLU
+from ..layers import Attention, RMSNorm, SwiGLU
 from ..spec import ConfigReader, ModelSpec
 
 MASK_ID = 151669  # <|MASK|> in the official tokenizer
@@ -44,25 +44,13 @@ CHAT_TEMPLATE = (
 )
 
 
-class _Attn(nn.Module):
-    def __init__(self, s: ModelSpec):
-        super().__init__()
-        d, hd = s.d_model, s.head_dim
-        self.q_proj = nn.Linear(d, s.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, s.n_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, s.n_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(s.n_heads * hd, d, bias=False)
-        self.q_norm = RMSNorm(hd, s.rms_eps)
-        self.k_norm = RMSNorm(hd, s.rms_eps)
-
-
 class SDARLayer(nn.Module):
     """One ``SDARDecoderLayer``'s parameters (official names)."""
 
     def __init__(self, s: ModelSpec, i: int):
         super().__init__()
         self.input_layernorm = RMSNorm(s.d_model, s.rms_eps)
-        self.self_attn = a = _Attn(s)
+        self.self_attn = a = Attention(s.d_model, s.n_heads, s.n_kv_heads, s.head_dim, False, True, s.rms_eps)
         self.post_attention_layernorm = RMSNorm(s.d_model, s.rms_eps)
         self.mlp = m = SwiGLU(s.d_model, s.mlp_hidden)
         self.parts = BlockParts(self.input_layernorm, a.q_proj, a.k_proj, a.v_proj, a.o_proj,
