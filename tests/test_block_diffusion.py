@@ -419,3 +419,10 @@ def test_stream_shows_the_answers_positions_and_ends_its_line(cli):
     frames = [ln for ln in r.stderr.splitlines() if ln.startswith("[0] step ")]
     assert frames and frames[-1].split(": ", 1)[1] == text.rstrip()
     assert all(ln.startswith(("[0] step ", "using model", "warning:")) for ln in r.stderr.splitlines())
+
+
+def test_models_show_names_the_family_defaults_a_folder_runs_with(cli):
+    r = cli("models", "show", str(FIXTURES / "sdar"))
+    assert r.exit_code == 0, r.stderr
+    line = " ".join(" ".join(r.stdout.split()).split("default profile")[1:])
+    assert "sdar family's block_length 4, threshold 0.85, cache block" in line

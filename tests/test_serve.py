@@ -621,7 +621,7 @@ def ndjson(r) -> list[dict]:
 def test_ollama_tags_version_and_generate_give_the_openai_answer(named):
     url, _ = named
     tags = httpx.get(f"{url}/api/tags").json()["models"]
-    assert [m["name"] for m in tags] == ["my-model"]
+    assert [m["name"] for m in tags] == ["my-model"] and tags[0]["details"]["family"] == "llada"
     assert httpx.get(f"{url}/api/version").json()["version"]
     body = {"model": "my-model:latest", "prompt": "Sort: 9 3 7 1", "options": {"num_predict": 64, "temperature": 0}}
     one = httpx.post(f"{url}/api/generate", json={**body, "stream": False}, timeout=60).json()

@@ -438,10 +438,19 @@ def _architecture(c: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _profile_rows(p: dict | None) -> list[tuple[str, str]]:
-    """The default profile: its path (and whether ecache ships it), then its decode and cache settings."""
+def _profile_rows(p: dict | None, family: str | None = None) -> list[tuple[str, str]]:
+    """The default profile: its path (and whether ecache ships it), then its decode and cache settings; without
+    one, the model family's own defaults where it has them (``Family.decode_defaults``, ``cache_default``)."""
     if p is None:
-        return [("default profile", "none: ecache's built-in settings (`ecache calibrate` writes one)")]
+        from ..models.registry import FAMILIES
+
+        fam = FAMILIES.get(family) if family else None
+        own = {**(fam.decode_defaults if fam else {}), **({"cache": fam.cache_default} if fam and fam.cache_default
+                                                          else {})}
+        text = "none: ecache's built-in settings"
+        if own:
+            text += f" with the {family} family's {', '.join(f'{k} {v}' for k, v in own.items())}"
+        return [("default profile", text + " (`ecache calibrate` writes one)")]
 
     def flat(d: dict) -> str:
         return ", ".join(f"{k} {'null' if v is None else v}" for k, v in d.items()) or "-"
@@ -495,7 +504,7 @@ def show_rows(info: dict) -> list[tuple[str, str]]:
         line = t["first_line"] or ""
         line = line if len(line) <= TEMPLATE_SHOWN else line[:TEMPLATE_SHOWN - 3] + "..."
         rows.append(("chat template", f"yes, starting {line}" if t["present"] else "none"))
-    return rows + _profile_rows(info["default_profile"])
+    return rows + _profile_rows(info["default_profile"], info.get("family"))
 
 
 def show_table(info: dict):

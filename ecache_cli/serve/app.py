@@ -74,7 +74,7 @@ def create_app(lm, settings, opts: ServeOptions) -> FastAPI:
                         Limits(max_prompt_tokens=opts.max_prompt_tokens, model_name=opts.model_name,
                                request_timeout=opts.request_timeout))
     app = FastAPI(title="ecache", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.server = Server(opts, sched, metrics, resolver, int(time.time()))
+    app.state.server = Server(opts, sched, metrics, resolver, int(time.time()), lm.spec.family)
     app.state.scheduler, app.state.metrics, app.state.options = sched, metrics, opts
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -47,13 +47,14 @@ class ServeOptions:
 @dataclasses.dataclass
 class Server:
     """What the routes share (``app.state.server``): the options, the engine's scheduler, the metrics,
-    the request resolver, and when the server started (``created``, Unix seconds)."""
+    the request resolver, when the server started (``created``, Unix seconds) and the model's family."""
 
     opts: ServeOptions
     sched: Scheduler
     metrics: ServeMetrics
     resolver: Resolver
     created: int
+    family: str = ""
 
 
 # -- the pieces every generating route uses -----------------------------------------------------------

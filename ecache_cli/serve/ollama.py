@@ -174,7 +174,7 @@ async def tags(request: Request):
     srv: Server = request.app.state.server
     modified = datetime.datetime.fromtimestamp(srv.created, datetime.timezone.utc).isoformat()
     return {"models": [{"name": srv.opts.model_name, "model": srv.opts.model_name, "modified_at": modified,
-                        "size": 0, "digest": "", "details": {"format": "ecache", "family": "",
+                        "size": 0, "digest": "", "details": {"format": "ecache", "family": srv.family,
                                                              "parameter_size": "", "quantization_level": ""}}]}
 
 
