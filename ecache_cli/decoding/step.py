@@ -107,10 +107,11 @@ class StepDecoder:
         token editing, also the tokens committed in its block: ``TokenEditing.targets``)."""
         return state.block_masked() if self.editing is None else self.editing.targets(state)
 
-    def block_done(self, state, had_masks: torch.Tensor, edited: torch.Tensor) -> torch.Tensor:
+    def block_done(self, state, had_masks: torch.Tensor | None, edited: torch.Tensor) -> torch.Tensor:
         """(B,) bool: rows whose block ends with the step just applied: no mask left, or a fixed schedule's
         steps taken (with token editing: ``TokenEditing.block_done``). ``had_masks`` / ``edited`` (B,) bool:
-        the block held masks when the step began / the step rewrote a committed token."""
+        the block held masks when the step began / the step rewrote a committed token (``had_masks`` is
+        None without editing, the only rule that reads it)."""
         if self.editing is not None:
             return self.editing.block_done(state, had_masks, edited)
         done = ~state.block_masked().any(1)

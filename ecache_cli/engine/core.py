@@ -214,7 +214,7 @@ class Run:
     def _step(self) -> StepRecord:
         st, model = self.state, self.engine.model
         tmask = self.decoder.targets(st)  # (B, T) each row's block masks (kept on the state: the plan reads it free)
-        had_masks = st.block_masked().any(1)
+        had_masks = st.block_masked().any(1) if self.decoder.editing is not None else None  # editing's block end
         with self._range("ecache.decision.plan"):  # the marks time the policy's own call, not the range
             t0 = self.timer.mark()
             plan = self.policy.plan(st)
