@@ -34,6 +34,14 @@ def _discover() -> dict[str, type[CachePolicy]]:
 POLICIES: dict[str, type[CachePolicy]] = _discover()
 
 
+def policies_for(block_causal: bool) -> list[str]:
+    """The policies that apply to a model's attention, in registry order: those made for any attention and
+    those made for its kind (``CachePolicy.attention``: "block-causal" for block diffusion, else
+    "bidirectional")."""
+    kind = "block-causal" if block_causal else "bidirectional"
+    return [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+
+
 def policy_params(name: str) -> set[str]:
     """Names of the hyperparameters policy ``name`` accepts."""
     return {f.name for f in dataclasses.fields(POLICIES[name])}
@@ -73,4 +81,4 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
     return POLICIES[name](**typed)
 
 
-__all__ = ["CachePolicy", "ForwardPlan", "POLICIES", "make_policy", "policy_params"]
+__all__ = ["CachePolicy", "ForwardPlan", "POLICIES", "make_policy", "policies_for", "policy_params"]

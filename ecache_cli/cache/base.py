@@ -79,9 +79,9 @@ class CachePolicy:
         kind = "block-causal" if spec.block_causal else "bidirectional"
         if self.attention in ("any", kind):
             return
-        from . import POLICIES
+        from . import policies_for
 
-        fits = [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+        fits = policies_for(spec.block_causal)
         why = ("its attention is block-causal, so the keys and values of finished blocks are cached exactly"
                if spec.block_causal else "its attention is bidirectional: no block is ever finished for attention")
         use = " or ".join(fits) if len(fits) <= 2 else "one of " + ", ".join(fits)

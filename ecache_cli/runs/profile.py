@@ -93,10 +93,9 @@ class ProfileOptions:
 
 def _fitting(block_causal: bool | None) -> list[str]:
     """The policies for a model's attention (``block_causal``; None: not known, bidirectional's)."""
-    from ..cache import POLICIES
+    from ..cache import policies_for
 
-    kind = "block-causal" if block_causal else "bidirectional"
-    return [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+    return policies_for(bool(block_causal))
 
 
 def check_policies_apply(specs: Sequence[str], block_causal: bool, family: str) -> None:

@@ -422,10 +422,9 @@ def policy_params_or_all(name: str, family=None) -> set[str]:
     try:
         return policy_params(name)
     except KeyError:
-        from ..cache import POLICIES, spec_hint
+        from ..cache import policies_for, spec_hint
 
-        kind = "block-causal" if family is not None and family.block_causal else "bidirectional"
-        fits = [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+        fits = policies_for(family is not None and family.block_causal)
         raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(fits)}"
                          f"{spec_hint(name)}") from None
 
@@ -492,7 +491,6 @@ def check_settings_fit(settings: "Settings", spec) -> None:
 def policies_for(spec) -> list[str]:
     """The cache policies that apply to a model with ``spec`` (``ModelSpec.block_causal``): those whose
     ``attention`` is ``any`` or the model's kind (``CachePolicy.check_model``'s rule)."""
-    from ..cache import POLICIES
+    from ..cache import policies_for as applying
 
-    kind = "block-causal" if spec.block_causal else "bidirectional"
-    return [n for n, c in POLICIES.items() if c.attention in ("any", kind)]
+    return applying(spec.block_causal)
