@@ -349,3 +349,27 @@ def test_a_mistyped_model_folder_is_refused_before_the_decode_settings(command, 
     assert res.stderr.strip().splitlines() == [f"error: --model {name!r} is neither a model ecache knows, a "
                                                "checkpoint folder nor a Hugging Face repo id (org/name); run "
                                                "`ecache models` for the known models"], res.stderr
+
+
+def _settings_doc(command: str, stdout: str) -> dict:
+    """The run's ``settings`` as its JSON output carries them (a record's, or the document manifest's)."""
+    doc = json.loads(stdout.splitlines()[0])
+    return doc["settings"] if command == "generate" else doc["manifest"]["settings"]
+
+
+@pytest.mark.parametrize("command", PROMPTED)
+@pytest.mark.parametrize("policy,takes", [("none", False), ("dual", False), ("entropy", True)])
+def test_tau_is_reported_only_when_a_policy_of_the_run_takes_one(command, policy, takes, cli, llada_dir):
+    """The start line's rule (``no τ: only the entropy policy takes one``) holds in the JSON: ``tau`` and
+    ``tau_source`` are null unless a policy the run decodes with has a τ (``Settings.takes_tau``)."""
+    flag = ["--policies", f"none,{policy}"] if command == "profile" else ["--cache", policy]
+    if command == "profile" and policy == "none":
+        flag = ["--policies", "none"]
+    res = cli(*[a for a in _args(command, llada_dir, *flag) if a != "-q"], "Sort: 3 1 2")
+    assert res.exit_code == 0, res.stderr
+    settings = _settings_doc(command, res.stdout)
+    assert ("no τ" in res.stderr.splitlines()[0]) is not takes, res.stderr
+    if takes:
+        assert settings["tau"] == settings["cache_params"]["tau"] and settings["tau_source"] == "default"
+    else:
+        assert settings["tau"] is None and settings["tau_source"] is None, settings

@@ -19,13 +19,15 @@ def chat_cmd(
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
     seed: o.Seed = 0,
+    quiet: o.Quiet = False,
     watch: o.Watch = False,
     watch_delay: o.WatchDelay = 0.0,
 ):
     """Chat with a model over its chat template: answers appear as their leading tokens become final.
 
     Commands: /cache POLICY[:k=v], /tau X, /threshold X, /gen-length N, /watch on|off, /stats, /save FILE,
-    /clear, /help, /exit. Ctrl-C stops an answer, Ctrl-D exits. Example: [cyan]ecache chat --watch[/]
+    /clear, /help, /exit. Ctrl-C stops an answer, Ctrl-D exits. -q drops the "using model" and start lines
+    (answers to commands, warnings and errors stay). Example: [cyan]ecache chat --watch[/]
     """
     from ..console import announce, err, hold_warnings, warn
     from ..runs.chat import ChatSession, SettingsSource, open_readline
@@ -35,7 +37,7 @@ def chat_cmd(
     from ..runtime import load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)
-    check_watch(watch, watch_delay)
+    check_watch(watch, watch_delay, quiet=quiet)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     source = SettingsSource(model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking,
                                                   threshold, factor, ban_eos, low_eos_confidence, early_exit, schedule,
@@ -46,7 +48,7 @@ def chat_cmd(
     if watch and not watch_available(err):
         warn("--watch needs a terminal (stderr is not one); answering without the live view")
         watch = False
-    announce(settings.describe(model))  # before the (maybe long) load
+    announce(None if quiet else settings.describe(model))  # before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force,
                              quantize=settings.quantize)
     check_settings_fit(settings, lm.spec)  # what every answer's run would refuse: exit 2 before the session
@@ -56,5 +58,6 @@ def chat_cmd(
     open_readline()
     if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reaches the session (one error line) intact
         sys.stdin.reconfigure(errors="surrogateescape")
-    err.print("ecache chat: type a message; /help lists the commands, Ctrl-D ends", markup=False, highlight=False)
+    if not quiet:
+        err.print("ecache chat: type a message; /help lists the commands, Ctrl-D ends", markup=False, highlight=False)
     session.loop()

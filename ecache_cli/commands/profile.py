@@ -90,6 +90,7 @@ def profile_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
+    settings.policies = names  # the run's policies: its records report τ when one of them takes it
     warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
                             f"used by none of --policies {','.join(names)}")
     if compare_quantize and not settings.quantize:

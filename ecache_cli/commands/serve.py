@@ -37,6 +37,7 @@ def serve_cmd(
     edit_threshold: o.EditThreshold = None,
     cache: o.Cache = None, tau: o.Tau = None, recent_k: o.RecentK = None, signal: o.Signal = None,
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seeds of requests without a 'seed' field drawn from this stream, so a session replays (a request's own seed is as ecache generate --seed) \\[default: random].", rich_help_panel=o.D)] = None,
     quiet: o.Quiet = False,
 ):
     """Serve the model over an OpenAI-compatible HTTP API (needs the extra: pip install -e ".\\[serve]").
@@ -52,6 +53,7 @@ def serve_cmd(
 
     if max_batch < 1:
         raise UsageError(f"--max-batch {max_batch} must be ≥ 1")
+    o.check_ranges({"seed": seed})
     if max_queue < 0:
         raise UsageError(f"--max-queue {max_queue} must be ≥ 0")
     if batching not in ("continuous", "static"):
@@ -115,7 +117,7 @@ def serve_cmd(
     name = served_model_name or model
     opts = ServeOptions(model_name=name, api_key=api_key, max_batch=max_batch, max_queue=max_queue, admission=admission,
                         request_timeout=request_timeout, max_body_bytes=max_body_bytes,
-                        max_prompt_tokens=max_prompt_tokens, shutdown_grace=shutdown_grace)
+                        max_prompt_tokens=max_prompt_tokens, shutdown_grace=shutdown_grace, seed=seed)
     app = create_app(lm, settings, opts)
     where, port_ = sock.getsockname()[:2]
     (err.print if port == 0 else say)(

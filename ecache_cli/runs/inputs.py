@@ -40,7 +40,11 @@ def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None
     or line (:func:`invalid_error`, exit 2), the error of :func:`no_prompts` for a source with no
     prompt, DataError for a file that cannot be opened. Token ids, templates and lengths are the
     model's checks (``gen_input.check_prompts``). Without ``raise_invalid`` the invalid lines keep
-    their ``error`` and are returned, for the model's checks to name them all in one error."""
+    their ``error`` and are returned, for the model's checks to name them all in one error. A lone
+    ``-`` argument is stdin (README: stdin, files, ``-``), as ``--input -`` is: its lines are the
+    prompts (:func:`dash_stdin`)."""
+    if args and "-" in args:
+        args, stdin = None, dash_stdin(args, stdin)
     if args:
         for n, a in enumerate(args, 1):  # every argument checked before the first is yielded
             _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
@@ -58,6 +62,20 @@ def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None
         return items
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) "
                      "or use --input FILE.jsonl")
+
+
+def dash_stdin(args: list[str], stdin: IO | None) -> IO:
+    """The stream a ``-`` prompt argument reads: ``stdin`` (the caller's piped one), else ``sys.stdin``
+    (a terminal too: one prompt a line until Ctrl-D). UsageError when ``-`` is not the only argument or
+    stdin is closed (``<&-``)."""
+    if args != ["-"]:
+        raise UsageError(f"prompt arguments {' '.join(map(repr, args))}: - (stdin) must be the only prompt "
+                         "argument; pipe every prompt on stdin or pass them all as arguments")
+    stream = stdin if stdin is not None else sys.stdin
+    if stream is None:
+        raise UsageError("prompt argument - reads stdin, but stdin is closed; pipe the prompts (one per line) "
+                         "or pass them as arguments")
+    return stream
 
 
 #: ``Item.source`` of a prompt argument (its ``line`` is the argument's position).

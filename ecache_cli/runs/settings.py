@@ -35,6 +35,7 @@ class Settings:
     sampling_flags: tuple[str, ...] = ()  # --top-k / --top-p given with no --schedule: warned once the model is known
     quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
     profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
+    policies: list[str] | None = None  # the --policies entries a run compares (ecache profile); None: ``cache``
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -53,12 +54,22 @@ class Settings:
         """EntropyCache's τ (nats) this run uses: the resolved one (defaults < profile < flags)."""
         return self.all_cache_params.get("tau", self.cache_params.get("tau", DEFAULT_TAU))
 
+    def takes_tau(self) -> bool:
+        """Whether a policy this run decodes with has a τ (``policies``, else ``cache``; a policy takes
+        one when ``tau`` is among its parameters: ``cache.policy_params``). The one rule for reporting τ:
+        the start line (:meth:`describe`), the records' and documents' ``settings`` (:meth:`as_dict`)."""
+        names = [p.split(":")[0] for p in (self.policies or [self.cache])]
+        return any("tau" in _params_or_none(n) for n in names)
+
     def as_dict(self) -> dict:
         """JSON-ready: decode settings, cache policy and parameters, the profile file read (None when
-        none), τ and where it came from (``tau_source``: flag, profile or default)."""
+        none), τ and where it came from (``tau_source``: flag, profile or default); ``tau`` and
+        ``tau_source`` are None when no policy of the run has a τ (:meth:`takes_tau`), as the start line
+        says (no τ), and ``tau`` is None while calibrate searches it."""
+        takes = self.takes_tau()
         return {"decode": self.decode.as_dict(), "cache": self.cache, "cache_params": self.cache_params,
-                "profile": self.profile, "tau": None if self.tau_source == "search" else self.tau,
-                "tau_source": self.tau_source}
+                "profile": self.profile, "tau": None if self.tau_source == "search" or not takes else self.tau,
+                "tau_source": self.tau_source if takes else None}
 
     def tau_origin(self) -> str:
         """Where τ came from, for people: ``--tau``, ``profile PATH (shipped with ecache; calibrated on N
@@ -97,7 +108,7 @@ class Settings:
         text += f"cache {pols[0]}" if len(pols) == 1 else f"policies {','.join(pols)}"
         if tau is not None:
             return f"{text}, {searched} {tau}"
-        entropy = [p.split(":") for p in pols if p.split(":")[0] == "entropy"]
+        entropy = [p.split(":") for p in pols if "tau" in _params_or_none(p.split(":")[0])]  # as takes_tau
         if entropy:
             own = policies is not None and all(any(kv.startswith("tau=") for kv in p[1:]) for p in entropy)
             text += ", τ of each --policies entry" if own else f", τ {self.tau:g} from {self.tau_origin()}"
@@ -414,6 +425,14 @@ def warn_idle_steps(decode: DecodeConfig, sampler: str) -> None:
         warn(f"--steps {decode.steps} gives each block {per_block} steps for its {decode.block_length} masks; "
              f"LLaDA's schedule commits them in the first {decode.block_length}, so at most {decode.gen_length} "
              f"steps run (--steps {decode.gen_length} is the same decoding)")
+
+
+def _params_or_none(name: str) -> set[str]:
+    """The parameters of policy ``name``; none for a name that is no policy (checked elsewhere)."""
+    try:
+        return policy_params(name)
+    except KeyError:
+        return set()
 
 
 def policy_params_or_all(name: str, family=None) -> set[str]:

@@ -72,7 +72,7 @@ def create_app(lm, settings, opts: ServeOptions) -> FastAPI:
     sched = Scheduler(lm, metrics, opts.max_batch, opts.max_queue, opts.admission)
     resolver = Resolver(sched.engine, lm, settings,
                         Limits(max_prompt_tokens=opts.max_prompt_tokens, model_name=opts.model_name,
-                               request_timeout=opts.request_timeout))
+                               request_timeout=opts.request_timeout, seed=opts.seed))
     app = FastAPI(title="ecache", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = Server(opts, sched, metrics, resolver, int(time.time()), lm.spec.family)
     app.state.scheduler, app.state.metrics, app.state.options = sched, metrics, opts

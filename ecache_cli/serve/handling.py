@@ -29,7 +29,8 @@ class ServeOptions:
     ``admission``: always | fcfs | auto (``serve/admission.py``). ``request_timeout`` seconds (None:
     none). ``max_body_bytes``: request bodies. ``max_prompt_tokens``: prompt ids. ``shutdown_grace``:
     seconds SIGTERM leaves running rows. ``retry_after``: seconds a 429 asks for. ``warmup``: rows of
-    the engine's warm-up (0: none; ``/health/ready`` is 200 at once)."""
+    the engine's warm-up (0: none; ``/health/ready`` is 200 at once). ``seed``: ``--seed``, the stream
+    the seeds of requests without one are drawn from (None: random; ``protocol.Limits``)."""
 
     model_name: str
     api_key: str | None = None
@@ -42,6 +43,7 @@ class ServeOptions:
     shutdown_grace: float = 30.0
     retry_after: int = 1
     warmup: int = 8
+    seed: int | None = None
 
 
 @dataclasses.dataclass

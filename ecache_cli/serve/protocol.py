@@ -226,11 +226,14 @@ def _short(v: Any) -> str:
 @dataclasses.dataclass
 class Limits:
     """Server-side bounds on a request: ``max_prompt_tokens`` (prompt ids), ``model_name`` (the id
-    requests must name), ``request_timeout`` (seconds, None: none)."""
+    requests must name), ``request_timeout`` (seconds, None: none), ``seed`` (``ecache serve --seed``:
+    the seeds of requests without one are drawn from a stream seeded by it, so a session replays; None:
+    each such request draws a fresh random seed)."""
 
     max_prompt_tokens: int
     model_name: str
     request_timeout: float | None = None
+    seed: int | None = None
 
 
 class Resolver:
@@ -240,6 +243,7 @@ class Resolver:
 
     def __init__(self, engine, lm, settings, limits: Limits):
         self.engine, self.lm, self.settings, self.limits = engine, lm, settings, limits
+        self.seeds = random.Random(limits.seed) if limits.seed is not None else random  # seeds of requests without one
 
     # -- prompts --------------------------------------------------------------------------------------
 
@@ -364,7 +368,7 @@ class Resolver:
         key = GroupKey(cfg=cfg, policy=name, params=tuple(sorted(params.items())), prompt_width=width)
         if req.seed is not None and not 0 <= req.seed < 1 << 64:
             raise ApiError(400, f"seed {req.seed} must be in 0-{(1 << 64) - 1} (as ecache generate --seed)", "seed")
-        seed = random.getrandbits(63) if req.seed is None else req.seed
+        seed = self.seeds.getrandbits(63) if req.seed is None else req.seed
         return Job(endpoint=endpoint, prompt_ids=prompt_ids, key=key,
                    make_policy=lambda: make_policy(name, strict=False, **params), max_tokens=max_tokens, stop=stop,
                    stream=bool(req.stream), seed=seed, timeout=lim.request_timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import sys
 from pathlib import Path
 
 from ecache_cli.errors import DataError, UsageError
@@ -30,8 +31,14 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
     opener = gzip.open if path.suffix == ".gz" else open
     rows, bad = [], []
     try:
-        with opener(path, "rb") as f:
-            raw_lines = f.read().splitlines()
+        if str(path) == "-":  # ``--data -``: the JSONL on stdin (README: stdin, files, ``-``)
+            if sys.stdin is None:
+                raise DataError("--data -: stdin is closed; pipe the JSONL or pass --data FILE")
+            raw_lines = getattr(sys.stdin, "buffer", sys.stdin).read().splitlines()
+            raw_lines = [r.encode("utf-8", "surrogateescape") if isinstance(r, str) else r for r in raw_lines]
+        else:
+            with opener(path, "rb") as f:
+                raw_lines = f.read().splitlines()
     except FileNotFoundError as e:
         raise DataError(f"data file not found: {path}") from e
     except OSError as e:
@@ -86,6 +93,8 @@ class FileTask(Task):
 
     def data_path(self) -> Path:
         """Return the file to read: ``--data`` (file or folder) or the default location; may not exist."""
+        if self.data == "-":  # stdin (read_jsonl)
+            return Path("-")
         base = Path(self.data).expanduser() if self.data is not None else DEFAULT_DATA_DIR / self.name
         if base.is_dir() or self.data is None:
             for fname in (self.filename, *self.alt_filenames):
@@ -99,7 +108,7 @@ class FileTask(Task):
         ``UsageError`` naming every malformed line (``read_jsonl``)."""
         if self._items is None:
             path = self.data_path()
-            if not path.is_file():
+            if str(path) != "-" and not path.is_file():
                 raise DataError(f"{self.name} data not found at {path}; put the official {self.filename} "
                                 f"there or pass --data PATH")
             rows = read_jsonl(path, self.fields, self.name)
