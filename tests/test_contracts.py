@@ -117,6 +117,30 @@ def test_dash_is_stdin(command, cli, llada_dir):
     bad = cli(*_args(command, llada_dir, "--input", "-"), input='{"prompt": "Sort: 3 1 2"}\n[1, 2]\n')
     assert bad.exit_code == 2 and "error: --input -: 1 of 2 record(s) invalid" in bad.stderr, bad.stderr
     assert "stdin:2: a record needs a string 'prompt'" in bad.stderr
+    # a lone `-` prompt argument reads stdin's lines as prompts, as piping them with no argument does
+    piped = cli(*_args(command, llada_dir), input="Sort: 3 1 2\n")
+    dash = cli(*_args(command, llada_dir), "-", input="Sort: 3 1 2\n")
+    assert dash.exit_code == 0 and piped.exit_code == 0, (dash.stderr, piped.stderr)
+    same = [{k: v for k, v in json.loads(line).items() if k not in ("manifest", "stats", "memory", "time_s")}
+            for out in (dash.stdout, piped.stdout) for line in out.splitlines()]
+    if command == "generate":
+        assert same[0]["prompt"] == "Sort: 3 1 2" and same[0]["token_ids"] == same[1]["token_ids"]
+    mixed = cli(*_args(command, llada_dir), "abc", "-", input="Sort: 3 1 2\n")
+    assert mixed.exit_code == 2 and "- (stdin) must be the only prompt argument" in mixed.stderr, mixed.stderr
+
+
+def test_calibrate_data_dash_is_stdin(cli, llada_dir):
+    """``calibrate --data -`` reads the benchmark's JSONL from stdin, as ``--input -`` does for prompts."""
+    rows = "".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}) + "\n"
+                   for i in range(3))
+    args = _args("calibrate", llada_dir)
+    args[args.index("--task") + 1] = "gsm8k"
+    res = cli(*args, "--data", "-", "--json", "-", input=rows)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout.splitlines()[0])
+    assert doc["calibrate"]["data"] == "-" and doc["calibrate"]["limit"] == 2 and len(doc["points"]) == 1
+    bad = cli(*args, "--data", "-", input="not json\n")
+    assert bad.exit_code == 2 and "--data -: line 1 is not JSON" in bad.stderr, bad.stderr
 
 
 def _unreadable_prefix() -> tuple[str, ...]:
@@ -373,3 +397,36 @@ def test_tau_is_reported_only_when_a_policy_of_the_run_takes_one(command, policy
         assert settings["tau"] == settings["cache_params"]["tau"] and settings["tau_source"] == "default"
     else:
         assert settings["tau"] is None and settings["tau_source"] is None, settings
+
+
+#: The options every command that loads a model takes, with one meaning (options.py declares each once).
+GLOBAL_OPTIONS = ["--model", "-m", "--device", "--dtype", "--threads", "--force", "--compile", "--quantize",
+                  "--group-size", "--profile", "--seed", "--quiet", "-q"]
+
+
+def _model_commands() -> dict:
+    import typer
+
+    from ecache_cli.cli import app
+
+    group = typer.main.get_command(app)
+    return {name: cmd for name, cmd in group.commands.items()
+            if any("--model" in p.opts for p in getattr(cmd, "params", []))}
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "profile", "calibrate", "trace-drift", "serve"])
+def test_every_model_command_takes_the_same_global_options(command):
+    cmds = _model_commands()
+    assert set(cmds) == {"generate", "chat", "profile", "calibrate", "trace-drift", "serve"}
+    given = {o for p in cmds[command].params for o in (*p.opts, *p.secondary_opts)}
+    assert [o for o in GLOBAL_OPTIONS if o not in given] == []
+
+
+def test_chat_quiet_drops_the_start_lines(cli):
+    loud = cli("chat", "--gen-length", "16", "--block-length", "8", input="/exit\n")
+    assert loud.exit_code == 0, loud.stderr
+    assert loud.stderr.splitlines()[0].startswith("using model tiny"), loud.stderr
+    quiet = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", "--cache", "none", "--tau", "0.5",
+                input="/exit\n")
+    assert quiet.exit_code == 0, quiet.stderr
+    assert quiet.stderr.splitlines() == ["warning: --tau is not used by --cache none (it takes no parameter); ignored"]

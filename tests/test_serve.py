@@ -746,3 +746,20 @@ def test_request_suggestions_fit_a_block_diffusion_model(llada2):
     assert r.status_code == 400
     assert r.json()["error"]["message"] == "policy 'foo' is not a cache policy; use one of none, block"
     assert post(policy="none").status_code == 200
+
+
+def test_serve_seed_draws_the_seeds_of_requests_without_one_from_one_stream(tiny, settings):
+    """``ecache serve --seed S``: requests without a ``seed`` get the same seeds in every session with S
+    (``generate --seed`` has one meaning for a command's own draws); a request's own seed is kept."""
+    from ecache_cli.engine import Engine
+    from ecache_cli.serve.protocol import CompletionRequest, Limits, Resolver, parse
+
+    engine = Engine.from_loaded(tiny)
+
+    def seeds(seed, given=None):
+        r = Resolver(engine, tiny, settings, Limits(max_prompt_tokens=64, model_name="tiny", seed=seed))
+        req = parse(CompletionRequest, {"model": "tiny", "prompt": "abc", **({"seed": given} if given else {})})
+        return [r.job(req, "completions", [5, 6, 7]).seed for _ in range(3)]
+
+    assert seeds(7) == seeds(7) and seeds(7) != seeds(8) and len(set(seeds(7))) == 3
+    assert seeds(7, given=42) == [42, 42, 42]
