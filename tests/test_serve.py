@@ -383,7 +383,10 @@ def test_serve_command_says_loopback_and_exits_0_on_sigterm_ending_running_reque
         if proc.poll() is None:
             proc.kill()
     assert "listening on loopback only" in "".join(lines) + rest and "stopped" in rest
-    assert '"GET /health HTTP/1.1" 503' in rest  # --access-log: a line per request, on stderr
+    # --access-log: one line per request, on stderr, carrying its x-request-id (uvicorn's own line is off)
+    health = [line for line in rest.splitlines() if '"GET /health HTTP/1.1" 503' in line]
+    assert len(health) == 1 and re.fullmatch(r'request [0-9a-f]{32} 127\.0\.0\.1:\d+ "GET /health HTTP/1\.1" 503',
+                                              health[0]), rest
 
 
 def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):

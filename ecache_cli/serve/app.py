@@ -11,7 +11,7 @@ API key, ``/v1/*`` and ``/api/*`` need ``Authorization: Bearer <key>`` (401 othe
 and ``/metrics`` stay open for probes and scrapers.
 
 Every reply carries ``x-request-id``: the client's (up to 128 characters of ``[A-Za-z0-9._:-]``) or a
-new one; ``--access-log`` logs it with the request's method, path and status. A reply to a request
+new one; ``--access-log`` logs one line per request with it, the client, method, path and status. A reply to a request
 that gave fields this server accepts and ignores (``protocol.IGNORED``) names them in a ``Warning:
 299`` header.
 
@@ -129,8 +129,9 @@ async def _validation_error(request: Request, e: RequestValidationError):
 
 class RequestId:
     """ASGI middleware: the request's ``x-request-id`` (the client's when well-formed, else a new one)
-    goes into ``request.state.request_id`` and every reply's headers, and, with ``--access-log``, a log
-    line ``<id> <method> <path> <status>``."""
+    goes into ``request.state.request_id`` and every reply's headers, and, with ``--access-log``, the one
+    log line of the request: ``<id> <client> "<method> <path> HTTP/<version>" <status>`` (uvicorn's access
+    line with the id in front; uvicorn's own is off, so a request is one line)."""
 
     def __init__(self, app):
         self.app = app
@@ -152,7 +153,12 @@ class RequestId:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            log.info("%s %s %s %s", rid, scope.get("method"), scope.get("path"), status[0] if status else "-")
+            client = scope.get("client")
+            where = f"{client[0]}:{client[1]}" if client else "-"
+            query = scope.get("query_string", b"").decode("latin-1")
+            path = scope.get("path", "") + (f"?{query}" if query else "")
+            log.info('%s %s "%s %s HTTP/%s" %s', rid, where, scope.get("method"), path,
+                     scope.get("http_version", "1.1"), status[0] if status else "-")
 
 
 # -- OpenAI routes ------------------------------------------------------------------------------------
@@ -340,14 +346,9 @@ def run_server(app: FastAPI, sock, log_level: str = "warning", access_log: bool 
         handler.setFormatter(logging.Formatter("request %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
+    # uvicorn's access line stays off: RequestId's line is the request's one line, with its id
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=int(opts.shutdown_grace) + 5, timeout_keep_alive=5)
-    if access_log:  # uvicorn logs each request at INFO (below the server's own level) and on stdout
-        access = logging.getLogger("uvicorn.access")
-        access.setLevel(logging.INFO)
-        for handler in access.handlers:
-            if isinstance(handler, logging.StreamHandler):
-                handler.setStream(sys.stderr)
     _Server(config).run(sockets=[sock])
 
 
