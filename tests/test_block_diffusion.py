@@ -426,3 +426,35 @@ def test_models_show_names_the_family_defaults_a_folder_runs_with(cli):
     assert r.exit_code == 0, r.stderr
     line = " ".join(" ".join(r.stdout.split()).split("default profile")[1:])
     assert "sdar family's block_length 4, threshold 0.85, cache block" in line
+
+
+@pytest.mark.parametrize("command", ["generate", "profile", "trace-drift"])
+@pytest.mark.parametrize("model, remasking", [("sdar", "random"), ("llada2-mini", "entropy")])
+def test_a_remasking_flag_wins_over_the_family_default_threshold(cli, command, model, remasking):
+    """defaults < profile < flags: ``--remasking`` other than low_confidence needs fixed-step decoding, so the
+    family's default threshold (SDAR 0.85, LLaDA2 0.95) is dropped with a note naming it, in every command;
+    a ``--threshold`` the user gives beside it still conflicts (exit 2)."""
+    fam = {"sdar": ("sdar", 0.85), "llada2-mini": ("llada2", 0.95)}[model]
+    out = {"generate": ["--jsonl"], "profile": ["--warmup", "0", "--json", "-"],
+           "trace-drift": ["--rows", "0", "--json", "-"]}[command]
+    args = [command, "--model", str(FIXTURES / model), "--gen-length", "32", "--block-length", "8", "--no-chat",
+            "--remasking", remasking, *out]
+    r = cli(*args, "hello")
+    assert r.exit_code == 0, r.stderr
+    assert (f"note: --remasking {remasking} needs fixed-step decoding: --threshold {fam[1]:g} (the {fam[0]} family's "
+            "default) is dropped") in r.stderr, r.stderr
+    doc = json.loads(r.stdout.splitlines()[0])
+    decode = (doc["settings"] if command == "generate" else doc["manifest"]["settings"])["decode"]
+    assert decode["threshold"] is None and decode["remasking"] == remasking
+    both = cli(*args, "--threshold", "0.9", "hello")
+    assert both.exit_code == 2 and f"--remasking {remasking} cannot be used with threshold" in both.stderr
+
+
+def test_a_remasking_flag_wins_over_a_profile_threshold(cli, tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("decode:\n  threshold: 0.7\n")
+    r = cli("generate", "--gen-length", "16", "--block-length", "8", "--profile", prof, "--remasking", "random",
+            "--jsonl", "Sort: 3 1 2")
+    assert r.exit_code == 0, r.stderr
+    assert f"--threshold 0.7 (profile {prof}) is dropped" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["settings"]["decode"]["threshold"] is None

@@ -23,7 +23,7 @@ from ecache_cli.decoding.sampling import Sampled
 from ecache_cli.errors import UsageError
 
 REMASKING = ("low_confidence", "random", "topk_margin", "entropy", "maskgit_plus", "origin")
-_PROB_KINDS = ("low_confidence", "maskgit_plus")  # scores that are the probability of x0
+PROB_KINDS = ("low_confidence", "maskgit_plus")  # scores that are the probability of x0
 
 
 def validate_remasking(kind: str, *, parallel: bool = False) -> str:
@@ -41,7 +41,7 @@ def validate_remasking(kind: str, *, parallel: bool = False) -> str:
     if kind not in REMASKING:
         rules = ", ".join(r for r in REMASKING if r != "origin")
         raise UsageError(f"unknown --remasking {kind!r}: choose one of {rules}, or origin with --schedule dream")
-    if parallel and kind not in _PROB_KINDS:
+    if parallel and kind not in PROB_KINDS:
         raise UsageError(
             f"--remasking {kind} cannot be used with threshold or factor decoding: they compare the "
             "probability of the chosen token, use --remasking low_confidence"

@@ -150,6 +150,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     fam = model_family(model)
     decode = resolve({**dataclass_defaults(DecodeConfig), **(fam.decode_defaults if fam else {})}, p_dec, decode_flags)
     _flag_picks_parallel_rule(decode, decode_flags)
+    _flag_drops_parallel_default(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
     cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
@@ -255,6 +256,38 @@ def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
     for flag, other in (("threshold", "factor"), ("factor", "threshold")):
         if decode_flags.get(flag) is not None and decode_flags.get(other) is None:
             decode[other] = None
+
+
+def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> None:
+    """A flag that needs fixed-step decoding (``--remasking`` other than low_confidence / maskgit_plus,
+    whose scores are no probability; ``--alg-temp`` > 0) wins over a ``threshold`` or ``factor`` that no flag
+    gave (the model family's ``decode_defaults``, e.g. SDAR's and LLaDA2's threshold, or the profile's):
+    defaults < profile < flags, so the lower layer's value is dropped with a note naming it and where it
+    came from; a ``--threshold`` / ``--factor`` flag beside it still conflicts (``validate_decode``).
+    Edits ``decode`` in place."""
+    from ..decoding.remasking import PROB_KINDS, REMASKING
+
+    remasking, alg_temp = decode_flags.get("remasking"), decode_flags.get("alg_temp")
+    if remasking is not None and remasking in REMASKING and remasking not in PROB_KINDS:
+        why = f"--remasking {remasking}"
+    elif alg_temp:
+        why = f"--alg-temp {alg_temp:g}"
+    else:
+        return
+    for key in ("threshold", "factor"):
+        if decode_flags.get(key) is not None or decode.get(key) is None:
+            continue
+        if p_dec.get(key) is not None and path is not None:
+            source = f"profile {path}"
+        elif fam is not None and (fam.decode_defaults or {}).get(key) is not None:
+            source = f"the {fam.name} family's default"
+        else:
+            source = "the defaults"
+        from ..console import note
+
+        note(f"{why} needs fixed-step decoding: --{key.replace('_', '-')} {decode[key]:g} ({source}) is dropped; "
+             f"each block decodes in its steps (pass --remasking low_confidence to keep the {key} rule)")
+        decode[key] = None
 
 
 def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None,
