@@ -217,6 +217,11 @@ def _version(value: bool):
 @app.callback()
 def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")):
     """ecache: EntropyCache and peer KV caches for diffusion LMs."""
+    import warnings
+
+    from .errors import IgnoredSetting
+
+    warnings.simplefilter("ignore", IgnoredSetting)  # the commands warn these rules on their own stderr lines
 
 
 def _register() -> None:

@@ -29,6 +29,12 @@ class DataError(EcacheError):
     """An input file or dataset that is missing, unreadable or malformed (exit code 1)."""
 
 
+class IgnoredSetting(UserWarning):
+    """A library setting that has no effect with the others given (e.g. ``DecodeConfig.schedule`` under the
+    threshold rule: ``decoding.commit.ignored_schedule``), warned by ``Engine.start`` through ``warnings``;
+    the command line warns the same rule on its own stderr line and ignores this category."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM during a command (``timeout``, a batch scheduler, a container stop), raised by the handler
     that ``cli.handle_errors`` installs: every ``except KeyboardInterrupt`` writes the same partial

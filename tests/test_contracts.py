@@ -430,3 +430,46 @@ def test_chat_quiet_drops_the_start_lines(cli):
                 input="/exit\n")
     assert quiet.exit_code == 0, quiet.stderr
     assert quiet.stderr.splitlines() == ["warning: --tau is not used by --cache none (it takes no parameter); ignored"]
+
+
+SDAR = os.path.join(os.path.dirname(__file__), "fixtures", "sdar")
+
+
+@pytest.mark.parametrize("command", PROMPTED)
+@pytest.mark.parametrize("flags,ignored", [
+    (["--schedule", "llada"], "--threshold 0.85 (the sdar family's default)"),  # the block rule's threshold
+    (["--schedule", "dream", "--threshold", "0.5"], "--threshold 0.5"),
+    (["--schedule", "block", "--steps", "8"], None),  # block's per-step minimum: 2 a step
+    (["--schedule", "dream", "--temperature", "0.5"], None),  # Dream's confidences
+])
+def test_a_schedule_the_threshold_rule_ignores_is_warned(command, flags, ignored, cli):
+    """``--schedule`` does nothing under the threshold rule unless --steps or sampling give it a role
+    (``decoding.commit.ignored_schedule``): one warning in every command, none when it counts."""
+    args = [a for a in _args(command, SDAR, *flags) if a != "-q"]
+    res = cli(*args, "Sort: 3 1 2")
+    assert res.exit_code == 0, res.stderr
+    warned = [line for line in res.stderr.splitlines() if "--schedule" in line]
+    if ignored is None:
+        assert warned == [], res.stderr
+    else:
+        assert warned == [f"warning: --schedule {flags[1]} does nothing with {ignored}: that rule commits by "
+                          "confidence, not by a schedule's counts (which count there only with --steps, as block's "
+                          "minimum or dream's quota, or as dream's confidences when sampling); ignored"], res.stderr
+
+
+def test_the_python_api_warns_the_same_ignored_schedule(llada_lm):
+    """``Engine.start`` warns (``IgnoredSetting``) on the rule the command line warns with."""
+    import warnings
+
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig, Engine
+    from ecache_cli.errors import IgnoredSetting
+
+    engine = Engine.from_loaded(llada_lm)
+    with pytest.warns(IgnoredSetting, match=r"^--schedule dream does nothing with --threshold 0\.9: "):
+        engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, threshold=0.9, schedule="dream"),
+                     make_policy("none"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IgnoredSetting)  # the quota counts with --steps: no warning
+        engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, threshold=0.9, schedule="dream",
+                                               steps=8), make_policy("none"))

@@ -86,7 +86,13 @@ def serve_cmd(
         raise EcacheError(f"ecache serve needs the 'serve' extra ({e.name} is missing): pip install -e \".[serve]\" "
                           "(or pip install 'ecache[serve]')") from None
     from ..console import err, warn
-    from ..runs.settings import check_settings_fit, not_used_by, resolve_settings, warn_unused_cache_flags
+    from ..runs.settings import (
+        check_settings_fit,
+        not_used_by,
+        resolve_settings,
+        warn_model_rules,
+        warn_unused_cache_flags,
+    )
     from ..runtime import load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
 
@@ -103,6 +109,7 @@ def serve_cmd(
     say(settings.describe(model), markup=False, highlight=False)
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)
     check_settings_fit(settings, lm.spec)  # before listening: what every request's run would refuse (exit 2)
+    warn_model_rules(settings, lm.spec.sampler)  # the flags the model's rules ignore, as every command warns
     room = lm.spec.max_positions - settings.decode.gen_length
     if room < 1:
         block = settings.decode.block_length

@@ -80,6 +80,44 @@ def family_schedule(sampler: str, schedule: str | None) -> str:
     return schedule or SAMPLER_SCHEDULES.get(sampler, "llada")
 
 
+def ignored_schedule(cfg, sampler: str) -> str | None:
+    """Why ``cfg.schedule`` (a ``DecodeConfig``'s ``--schedule``) does nothing on a model whose official
+    sampler is ``sampler`` (``ModelSpec.sampler``), or None when it has an effect (or is not set).
+
+    A schedule sets per-step commit counts; threshold and factor decoding (``--threshold``, a
+    block-diffusion family's default threshold, ``--factor``) commit by confidence instead, and use a
+    schedule only for: the block rule's per-step minimum (``--schedule block`` with ``--steps`` giving
+    fewer steps per block than its length), Dream's per-step quota (``--schedule dream`` with ``--steps``
+    giving ≥ 2 steps per block, no ``--compat``) and Dream's confidences (``--schedule dream`` at
+    temperature > 0 or with ``--top-k`` / ``--top-p``: :meth:`CommitRule.dream_alg`). When neither the given
+    schedule nor the model's own (:func:`family_schedule`) uses any of these, the two decode alike and
+    the flag is ignored: the one rule the command line warns with (``runs.settings.warn_model_rules``)
+    and ``Engine.start`` warns with (``IgnoredSetting``)."""
+    if cfg.schedule is None or (cfg.threshold is None and cfg.factor is None):
+        return None
+    spb = None
+    if cfg.steps is not None and cfg.block_length and cfg.gen_length % cfg.block_length == 0:
+        spb = cfg.steps // max(cfg.gen_length // cfg.block_length, 1)
+
+    def effect(schedule: str) -> tuple[str, bool]:
+        kind = "plain"
+        if cfg.factor is None and spb is not None:
+            if schedule == "block" and spb < cfg.block_length:
+                kind = "block minimum"
+            elif schedule == "dream" and cfg.compat is None and spb > 1:
+                kind = "dream quota"
+        sampled = bool(cfg.temperature) or cfg.top_k is not None or cfg.top_p is not None
+        return kind, schedule == "dream" and sampled and cfg.remasking not in ("random", "origin")
+
+    own = family_schedule(sampler, None)
+    if effect(cfg.schedule) != ("plain", False) or effect(own) != ("plain", False):
+        return None
+    rule = f"--threshold {cfg.threshold:g}" if cfg.threshold is not None else f"--factor {cfg.factor:g}"
+    return (f"--schedule {cfg.schedule} does nothing with {rule}: that rule commits by confidence, not by a "
+            "schedule's counts (which count there only with --steps, as block's minimum or dream's quota, or "
+            "as dream's confidences when sampling); ignored")
+
+
 def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
                         compat: str | None, low_eos_confidence: bool = False) -> None:
     """Check Dream's alg_temp and alg 'origin' against the rest of the decode settings.

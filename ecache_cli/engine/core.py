@@ -96,6 +96,7 @@ class Run:
         check_start(cfg, prompts)  # each prompt's ids: ``add`` below
         spec = engine.spec
         self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
+        _warn_ignored(cfg, spec.sampler)
         self.blocks, self.rule = self.decoder.blocks, self.decoder.rule
         self.engine, self.cfg, self.policy, self.seed = engine, cfg, policy, seed
         self.P, self.G = max([len(p) for p in prompts] + [prompt_width or 0]), cfg.gen_length
@@ -293,3 +294,17 @@ class Run:
     def results(self) -> list[GenerationResult]:
         """Per-row outputs in run order (``engine/ledger.py`` ``Ledger.results`` lists the stats)."""
         return self.ledger.results(self.engine.tokenizer, set(self.engine.spec.end_ids), self.P, self.wall_s, self.G)
+
+
+def _warn_ignored(cfg: DecodeConfig, sampler: str) -> None:
+    """Warn (``errors.IgnoredSetting``, through ``warnings``) about a decode setting that has no effect with
+    the others given on this model: the rule the command line warns with (``decoding.commit.ignored_schedule``)."""
+    from ..decoding.commit import ignored_schedule
+
+    why = ignored_schedule(cfg, sampler)
+    if why:
+        import warnings
+
+        from ..errors import IgnoredSetting
+
+        warnings.warn(why, IgnoredSetting, stacklevel=4)

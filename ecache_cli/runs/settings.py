@@ -36,6 +36,8 @@ class Settings:
     quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
     profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
     policies: list[str] | None = None  # the --policies entries a run compares (ecache profile); None: ``cache``
+    schedule_given: bool = False  # --schedule was a flag: warned when the run's rule ignores it (warn_model_rules)
+    parallel_source: str | None = None  # where a threshold / factor no flag gave came from (a family, a profile)
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -165,7 +167,8 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
-                    sampling_flags=sampling_flags,
+                    sampling_flags=sampling_flags, schedule_given=decode_flags.get("schedule") is not None,
+                    parallel_source=_parallel_source(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam),
                     profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
@@ -258,6 +261,19 @@ def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
             decode[other] = None
 
 
+def _parallel_source(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> str | None:
+    """Where the run's threshold (or factor) came from when no flag gave it: ``profile PATH`` or ``the F
+    family's default``; None when a flag gave it or there is none."""
+    for key in ("threshold", "factor"):
+        if decode.get(key) is None or decode_flags.get(key) is not None:
+            continue
+        if p_dec.get(key) is not None and path is not None:
+            return f"profile {path}"
+        if fam is not None and (fam.decode_defaults or {}).get(key) is not None:
+            return f"the {fam.name} family's default"
+    return None
+
+
 def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> None:
     """A flag that needs fixed-step decoding (``--remasking`` other than low_confidence / maskgit_plus,
     whose scores are no probability; ``--alg-temp`` > 0) wins over a ``threshold`` or ``factor`` that no flag
@@ -277,12 +293,7 @@ def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, 
     for key in ("threshold", "factor"):
         if decode_flags.get(key) is not None or decode.get(key) is None:
             continue
-        if p_dec.get(key) is not None and path is not None:
-            source = f"profile {path}"
-        elif fam is not None and (fam.decode_defaults or {}).get(key) is not None:
-            source = f"the {fam.name} family's default"
-        else:
-            source = "the defaults"
+        source = _parallel_source({key: decode[key]}, decode_flags, p_dec, path, fam) or "the defaults"
         from ..console import note
 
         note(f"{why} needs fixed-step decoding: --{key.replace('_', '-')} {decode[key]:g} ({source}) is dropped; "
@@ -432,10 +443,31 @@ def warn_sampling_flags(decode: DecodeConfig, given: tuple[str, ...], sampler: s
 def warn_model_rules(settings: "Settings", sampler: str) -> None:
     """The warnings that need the loaded model's official sampler (``ModelSpec.sampler``): ``--steps``
     beyond a block's masks under LLaDA's schedule (:func:`warn_idle_steps`) and ``--top-k`` / ``--top-p``
-    that greedy decoding drops under LLaDA's rules (:func:`warn_sampling_flags`; a Dream model keeps them).
-    Every command calls it right after the model loads."""
+    that greedy decoding drops under LLaDA's rules (:func:`warn_sampling_flags`; a Dream model keeps them),
+    ``--schedule`` that the threshold or factor rule ignores (:func:`warn_ignored_schedule`). Every command
+    (serve too) calls it right after the model loads."""
     warn_idle_steps(settings.decode, sampler)
     warn_sampling_flags(settings.decode, settings.sampling_flags, sampler)
+    warn_ignored_schedule(settings, sampler)
+
+
+def warn_ignored_schedule(settings: "Settings", sampler: str) -> None:
+    """One warning on stderr when the ``--schedule`` flag does nothing under the run's threshold or factor
+    rule on a model whose official sampler is ``sampler`` (``decoding.commit.ignored_schedule``, the rule
+    ``Engine.start`` warns with too), naming where a threshold no flag gave came from (the model family's
+    default, a profile)."""
+    from ..decoding.commit import ignored_schedule
+
+    why = ignored_schedule(settings.decode, sampler) if settings.schedule_given else None
+    if why:
+        import re
+
+        from ..console import warn
+
+        if settings.parallel_source:
+            why = re.sub(r"with (--(?:threshold|factor) [^:]+):", rf"with \1 ({settings.parallel_source}):", why,
+                         count=1)
+        warn(why)
 
 
 def warn_idle_steps(decode: DecodeConfig, sampler: str) -> None:
