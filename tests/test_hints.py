@@ -30,6 +30,7 @@ CASES = [
     ("--cache", "lru", BASE, r"use one of ([\w, -]+)$"),
     ("--remasking", "bogus", BASE, r"choose one of ([\w, ]+), or origin"),
     ("--remasking", "bogus", [*BASE, "--schedule", "dream"], r"or (origin) with --schedule dream"),
+    ("--remasking", "random", [*BASE, "--threshold", "0.9"], r"use --remasking (\w+)$"),
 ]
 
 
@@ -45,3 +46,17 @@ def test_every_suggested_value_is_accepted_by_the_same_command(cli, flag, bad, o
     for value in values:
         again = cli("generate", *others, flag, value, "Sort: 3 1 2")
         assert again.exit_code == 0, (flag, value, again.stderr)
+
+
+def test_the_note_of_a_dropped_family_threshold_suggests_an_accepted_value(cli):
+    """``--remasking random`` on SDAR drops the family's default threshold with a note; the remasking it
+    suggests to keep the threshold rule is accepted by the same command."""
+    from pathlib import Path
+
+    sdar = str(Path(__file__).resolve().parent / "fixtures" / "sdar")
+    r = cli("generate", "--model", sdar, "--gen-length", "16", "--remasking", "random", "Sort: 3 1 2")
+    assert r.exit_code == 0, r.stderr
+    (note,) = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
+    value = re.search(r"pass --remasking (\w+) to keep", note).group(1)
+    again = cli("generate", "--model", sdar, "--gen-length", "16", "--remasking", value, "Sort: 3 1 2")
+    assert again.exit_code == 0 and "note: " not in again.stderr, again.stderr
