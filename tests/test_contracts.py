@@ -457,6 +457,24 @@ def test_a_schedule_the_threshold_rule_ignores_is_warned(command, flags, ignored
                           "minimum or dream's quota, or as dream's confidences when sampling); ignored"], res.stderr
 
 
+@pytest.mark.parametrize("command", PROMPTED)
+@pytest.mark.parametrize("model,flags,ignored", [
+    (SDAR, ["--steps", "16"], "--threshold 0.85 (the sdar family's default)"),  # 8 a block of 8: no minimum
+    (SDAR, ["--steps", "8"], None),  # 4 a block of 8: block's per-step minimum of 2
+    ("tiny", ["--threshold", "0.5", "--steps", "8"], "--threshold 0.5"),  # LLaDA's uncapped rule
+    ("tiny", ["--threshold", "0.5", "--steps", "8", "--schedule", "dream"], None),  # Dream's quota
+])
+def test_steps_the_threshold_rule_ignores_are_warned(command, model, flags, ignored, cli):
+    args = [a for a in _args(command, model, *flags) if a != "-q"]
+    res = cli(*args, "Sort: 3 1 2")
+    assert res.exit_code == 0, res.stderr
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning: --steps")]
+    steps = flags[flags.index("--steps") + 1]
+    assert warned == ([] if ignored is None else [
+        f"warning: --steps {steps} does nothing with {ignored}: a block runs until no mask is left (steps count "
+        "there only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored"]), res.stderr
+
+
 def test_the_python_api_warns_the_same_ignored_schedule(llada_lm):
     """``Engine.start`` warns (``IgnoredSetting``) on the rule the command line warns with."""
     import warnings
@@ -473,3 +491,6 @@ def test_the_python_api_warns_the_same_ignored_schedule(llada_lm):
         warnings.simplefilter("error", IgnoredSetting)  # the quota counts with --steps: no warning
         engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, threshold=0.9, schedule="dream",
                                                steps=8), make_policy("none"))
+    with pytest.warns(IgnoredSetting, match=r"^--steps 8 does nothing with --threshold 0\.9: "):
+        engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, threshold=0.9, steps=8),
+                     make_policy("none"))

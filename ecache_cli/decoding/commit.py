@@ -118,6 +118,26 @@ def ignored_schedule(cfg, sampler: str) -> str | None:
             "as dream's confidences when sampling); ignored")
 
 
+def ignored_steps(cfg, sampler: str) -> str | None:
+    """Why ``cfg.steps`` (``--steps``) does nothing, or None when it has an effect (or is not set): under
+    the factor rule, and under the threshold rule unless the run's schedule (``cfg.schedule``, else the
+    model's: :func:`family_schedule`) turns the steps per block into block's per-step minimum (fewer
+    steps than the block's length) or Dream's quota (≥ 2 steps a block, no ``--compat``): a threshold
+    block runs until no mask is left, whatever the steps (``DecodeConfig``). Warned as
+    :func:`ignored_schedule` is."""
+    if cfg.steps is None or (cfg.threshold is None and cfg.factor is None):
+        return None
+    if cfg.factor is None and cfg.block_length and cfg.gen_length % cfg.block_length == 0:
+        spb = cfg.steps // max(cfg.gen_length // cfg.block_length, 1)
+        schedule = family_schedule(sampler, cfg.schedule)
+        if (schedule == "block" and spb < cfg.block_length) or (schedule == "dream" and cfg.compat is None
+                                                                and spb > 1):
+            return None
+    rule = f"--threshold {cfg.threshold:g}" if cfg.factor is None else f"--factor {cfg.factor:g}"
+    return (f"--steps {cfg.steps} does nothing with {rule}: a block runs until no mask is left (steps count there "
+            "only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored")
+
+
 def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
                         compat: str | None, low_eos_confidence: bool = False) -> None:
     """Check Dream's alg_temp and alg 'origin' against the rest of the decode settings.

@@ -298,13 +298,13 @@ class Run:
 
 def _warn_ignored(cfg: DecodeConfig, sampler: str) -> None:
     """Warn (``errors.IgnoredSetting``, through ``warnings``) about a decode setting that has no effect with
-    the others given on this model: the rule the command line warns with (``decoding.commit.ignored_schedule``)."""
-    from ..decoding.commit import ignored_schedule
+    the others given on this model: the rules the command line warns with (``decoding.commit.ignored_schedule``, ``ignored_steps``)."""
+    from ..decoding.commit import ignored_schedule, ignored_steps
 
-    why = ignored_schedule(cfg, sampler)
-    if why:
-        import warnings
+    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler)):
+        if why:
+            import warnings
 
-        from ..errors import IgnoredSetting
+            from ..errors import IgnoredSetting
 
-        warnings.warn(why, IgnoredSetting, stacklevel=4)
+            warnings.warn(why, IgnoredSetting, stacklevel=4)

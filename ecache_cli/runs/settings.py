@@ -37,6 +37,7 @@ class Settings:
     profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
     policies: list[str] | None = None  # the --policies entries a run compares (ecache profile); None: ``cache``
     schedule_given: bool = False  # --schedule was a flag: warned when the run's rule ignores it (warn_model_rules)
+    steps_given: bool = False  # --steps was a flag: warned as --schedule is
     parallel_source: str | None = None  # where a threshold / factor no flag gave came from (a family, a profile)
 
     def policy(self, name: str | None = None, **override):
@@ -168,6 +169,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
                     sampling_flags=sampling_flags, schedule_given=decode_flags.get("schedule") is not None,
+                    steps_given=decode_flags.get("steps") is not None,
                     parallel_source=_parallel_source(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam),
                     profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
@@ -452,22 +454,23 @@ def warn_model_rules(settings: "Settings", sampler: str) -> None:
 
 
 def warn_ignored_schedule(settings: "Settings", sampler: str) -> None:
-    """One warning on stderr when the ``--schedule`` flag does nothing under the run's threshold or factor
-    rule on a model whose official sampler is ``sampler`` (``decoding.commit.ignored_schedule``, the rule
-    ``Engine.start`` warns with too), naming where a threshold no flag gave came from (the model family's
+    """One warning on stderr for each of the ``--schedule`` and ``--steps`` flags that does nothing under the
+    run's threshold or factor rule on a model whose official sampler is ``sampler``
+    (``decoding.commit.ignored_schedule``, ``ignored_steps``: the rules ``Engine.start`` warns with too), naming where a threshold no flag gave came from (the model family's
     default, a profile)."""
-    from ..decoding.commit import ignored_schedule
+    from ..decoding.commit import ignored_schedule, ignored_steps
 
-    why = ignored_schedule(settings.decode, sampler) if settings.schedule_given else None
-    if why:
-        import re
+    for given, rule in ((settings.schedule_given, ignored_schedule), (settings.steps_given, ignored_steps)):
+        why = rule(settings.decode, sampler) if given else None
+        if why:
+            import re
 
-        from ..console import warn
+            from ..console import warn
 
-        if settings.parallel_source:
-            why = re.sub(r"with (--(?:threshold|factor) [^:]+):", rf"with \1 ({settings.parallel_source}):", why,
-                         count=1)
-        warn(why)
+            if settings.parallel_source:
+                why = re.sub(r"with (--(?:threshold|factor) [^:]+):", rf"with \1 ({settings.parallel_source}):",
+                             why, count=1)
+            warn(why)
 
 
 def warn_idle_steps(decode: DecodeConfig, sampler: str) -> None:
