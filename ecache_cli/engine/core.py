@@ -298,7 +298,8 @@ class Run:
 
 def _warn_ignored(cfg: DecodeConfig, sampler: str) -> None:
     """Warn (``errors.IgnoredSetting``, through ``warnings``) about a decode setting that has no effect with
-    the others given on this model: the rules the command line warns with (``decoding.commit.ignored_schedule``, ``ignored_steps``)."""
+    the others given on this model: the rules the command line warns with
+    (``decoding.commit.ignored_schedule``, ``ignored_steps``)."""
     from ..decoding.commit import ignored_schedule, ignored_steps
 
     for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler)):

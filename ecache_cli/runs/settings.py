@@ -456,8 +456,8 @@ def warn_model_rules(settings: "Settings", sampler: str) -> None:
 def warn_ignored_schedule(settings: "Settings", sampler: str) -> None:
     """One warning on stderr for each of the ``--schedule`` and ``--steps`` flags that does nothing under the
     run's threshold or factor rule on a model whose official sampler is ``sampler``
-    (``decoding.commit.ignored_schedule``, ``ignored_steps``: the rules ``Engine.start`` warns with too), naming where a threshold no flag gave came from (the model family's
-    default, a profile)."""
+    (``decoding.commit.ignored_schedule``, ``ignored_steps``: the rules ``Engine.start`` warns with too),
+    naming where a threshold no flag gave came from (the model family's default, a profile)."""
     from ..decoding.commit import ignored_schedule, ignored_steps
 
     for given, rule in ((settings.schedule_given, ignored_schedule), (settings.steps_given, ignored_steps)):
