@@ -142,6 +142,11 @@ class EcacheLM(LM):
             dev = "cuda"  # lm-eval's --device cuda:0 under a launcher: each rank takes its own GPU
         self.lm = load_model(str(model), self.dist.device(dev), dtype, force=force)
         warn_model_rules(self.settings, self.lm.spec.sampler)  # as every command, once the model is known
+        import warnings
+
+        from ..errors import IgnoredSetting
+
+        warnings.simplefilter("ignore", IgnoredSetting)  # warned just above, in model_args' names
         self.engine = Engine.from_loaded(self.lm)
         self.tokenizer = self.lm.tokenizer
         self.chat = self.lm.chat if chat is None else (bool(chat) and self.lm.chat)
