@@ -138,6 +138,20 @@ def ignored_steps(cfg, sampler: str) -> str | None:
             "only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored")
 
 
+def warn_ignored_settings(cfg, sampler: str) -> None:
+    """Warn (``errors.IgnoredSetting``, through ``warnings``: the library's way) about each decode setting of
+    ``cfg`` that has no effect with the others given on a model whose official sampler is ``sampler``:
+    :func:`ignored_schedule`, :func:`ignored_steps`, the rules the command line warns with on its stderr
+    (``runs.settings.warn_ignored_schedule``). Called by ``Engine.start``."""
+    import warnings
+
+    from ..errors import IgnoredSetting
+
+    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler)):
+        if why:
+            warnings.warn(why, IgnoredSetting, stacklevel=4)
+
+
 def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
                         compat: str | None, low_eos_confidence: bool = False) -> None:
     """Check Dream's alg_temp and alg 'origin' against the rest of the decode settings.

@@ -23,6 +23,7 @@ import torch
 from ..contract.hooks import ModelProbe
 from ..contract.rows import compact_order, padded_index
 from ..contract.state import DecodeState, StepRecord
+from ..decoding.commit import warn_ignored_settings
 from ..decoding.config import DecodeConfig
 from ..decoding.step import StepDecoder
 from ..decoding.streams import RowStreams
@@ -96,7 +97,7 @@ class Run:
         check_start(cfg, prompts)  # each prompt's ids: ``add`` below
         spec = engine.spec
         self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
-        _warn_ignored(cfg, spec.sampler)
+        warn_ignored_settings(cfg, spec.sampler)  # warnings.warn: IgnoredSetting
         self.blocks, self.rule = self.decoder.blocks, self.decoder.rule
         self.engine, self.cfg, self.policy, self.seed = engine, cfg, policy, seed
         self.P, self.G = max([len(p) for p in prompts] + [prompt_width or 0]), cfg.gen_length
@@ -295,17 +296,3 @@ class Run:
         """Per-row outputs in run order (``engine/ledger.py`` ``Ledger.results`` lists the stats)."""
         return self.ledger.results(self.engine.tokenizer, set(self.engine.spec.end_ids), self.P, self.wall_s, self.G)
 
-
-def _warn_ignored(cfg: DecodeConfig, sampler: str) -> None:
-    """Warn (``errors.IgnoredSetting``, through ``warnings``) about a decode setting that has no effect with
-    the others given on this model: the rules the command line warns with
-    (``decoding.commit.ignored_schedule``, ``ignored_steps``)."""
-    from ..decoding.commit import ignored_schedule, ignored_steps
-
-    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler)):
-        if why:
-            import warnings
-
-            from ..errors import IgnoredSetting
-
-            warnings.warn(why, IgnoredSetting, stacklevel=4)

@@ -36,8 +36,7 @@ class Settings:
     quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
     profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
     policies: list[str] | None = None  # the --policies entries a run compares (ecache profile); None: ``cache``
-    schedule_given: bool = False  # --schedule was a flag: warned when the run's rule ignores it (warn_model_rules)
-    steps_given: bool = False  # --steps was a flag: warned as --schedule is
+    decode_given: frozenset = frozenset()  # the decode flags given (--schedule, --steps: warn_ignored_schedule)
     parallel_source: str | None = None  # where a threshold / factor no flag gave came from (a family, a profile)
 
     def policy(self, name: str | None = None, **override):
@@ -152,8 +151,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     p_cache = dict((prof or {}).get("cache") or {})
     fam = model_family(model)
     decode = resolve({**dataclass_defaults(DecodeConfig), **(fam.decode_defaults if fam else {})}, p_dec, decode_flags)
-    _flag_picks_parallel_rule(decode, decode_flags)
-    _flag_drops_parallel_default(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
+    _flag_picks_parallel_rule(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
     cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
@@ -162,20 +160,24 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam)
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
     decode_cfg = DecodeConfig(**decode)
-    sampling_flags = _sampling_flags(decode_cfg, decode_flags)
     tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
         else "default"
-    n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
-                    sampling_flags=sampling_flags, schedule_given=decode_flags.get("schedule") is not None,
-                    steps_given=decode_flags.get("steps") is not None,
+                    sampling_flags=_sampling_flags(decode_cfg, decode_flags),
+                    decode_given=frozenset(k for k, v in decode_flags.items() if v is not None),
                     parallel_source=_parallel_source(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam),
                     profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
-                    tau_source=tau_source, profile_note=f"calibrated on {n} examples" if n else None)
+                    tau_source=tau_source, profile_note=_measured_note(prof))
+
+
+def _measured_note(prof: dict | None) -> str | None:
+    """``calibrated on N examples``: the profile's ``measured.n``, for the start line; None without it."""
+    n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
+    return f"calibrated on {n} examples" if n else None
 
 
 def model_family(model: str | None):
@@ -254,13 +256,15 @@ def _sampling_flags(decode: DecodeConfig, decode_flags: dict) -> tuple[str, ...]
     return ()
 
 
-def _flag_picks_parallel_rule(decode: dict, decode_flags: dict) -> None:
+def _flag_picks_parallel_rule(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> None:
     """``--threshold`` or ``--factor`` picks the parallel-decoding rule: the profile's other rule gives
-    way, since Fast-dLLM's threshold and factor rules exclude each other (``decoding/step.py``).
-    Edits ``decode`` in place."""
+    way, since Fast-dLLM's threshold and factor rules exclude each other (``decoding/step.py``); a flag that
+    needs fixed steps drops a lower layer's rule (:func:`_flag_drops_parallel_default`). Edits ``decode``
+    in place."""
     for flag, other in (("threshold", "factor"), ("factor", "threshold")):
         if decode_flags.get(flag) is not None and decode_flags.get(other) is None:
             decode[other] = None
+    _flag_drops_parallel_default(decode, decode_flags, p_dec, path, fam)
 
 
 def _parallel_source(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> str | None:
@@ -460,8 +464,8 @@ def warn_ignored_schedule(settings: "Settings", sampler: str) -> None:
     naming where a threshold no flag gave came from (the model family's default, a profile)."""
     from ..decoding.commit import ignored_schedule, ignored_steps
 
-    for given, rule in ((settings.schedule_given, ignored_schedule), (settings.steps_given, ignored_steps)):
-        why = rule(settings.decode, sampler) if given else None
+    for flag, rule in (("schedule", ignored_schedule), ("steps", ignored_steps)):
+        why = rule(settings.decode, sampler) if flag in settings.decode_given else None
         if why:
             import re
 
