@@ -236,3 +236,16 @@ def test_the_scheduler_reads_a_rows_phase_and_a_steps_mixedness():
         rec = types.SimpleNamespace(step_in_block=torch.tensor(sib))
         Scheduler._observe(sched, 2e-3, len(sib), 80.0, "g", 0.0, rec)
         assert sched.cost._groups["g"][(len(sib), mixed)][0] == 1.0
+
+
+def test_a_join_mid_block_counts_only_the_running_rows_and_the_head():
+    """With 20 requests queued, a step's fixed cost makes joining in step pay for all of them; mid-block
+    the group would step mixed, which that saving does not cover, so the head waits."""
+    def step(group, n, mixed=False):
+        return (0.5e-3 + 1e-3 * n) * (1.27 if mixed and n > 1 else 1.0) if n else 0.0
+
+    assert admit([Row(30, "g", 0)], Row(32, "g"), 0.0, 20, step)
+    assert not admit([Row(30, "g", 5)], Row(32, "g"), 0.0, 20, step)
+    assert not admit([Row(30, "g", 5)], Row(32, "g"), 0.0, 0, step, arrivals=500.0)
+    # a short head beside a long running row still joins mid-block: it saves itself the long wait
+    assert admit([Row(96, "g", 5)], Row(8, "g"), 0.0, 20, step)

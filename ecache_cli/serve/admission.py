@@ -295,10 +295,31 @@ def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: i
         return True
     heads = head if isinstance(head, list) else [head]
     alone, end_running = completions(running, step)
-    later = behind + arrivals * end_running
+    # A join mid-block runs its group mixed while both live, and the rows that arrive meanwhile join
+    # mixed too: what sharing steps would save the requests after the head (a step's fixed cost) is
+    # spent on mixed steps, so such a join counts only the running rows and the head
+    # (bench/admission_model.py: counting them made auto lose near capacity).
+    mixed = bool({r.phase for r in running if r.group == heads[0].group} - {heads[0].phase})
+    later = 0.0 if mixed else behind + arrivals * end_running
     diff = 0.0
     for h in heads:
         joined, end_joined = completions(running + [h], step, first=join_cost)
         mine, end_waited = completions([h], step, first=join_cost, start=end_running)
         diff += (joined + later * end_joined) - (alone + mine + later * end_waited)
     return diff <= 0 or not math.isfinite(diff)
+
+
+def joins(running: list[Row], group, sizes: list[float], join_cost: float, behind: int, cost: StepCost,
+          arrivals: float = 0.0) -> bool:
+    """``auto``'s decision for the queue's head, of ``group``, while ``running`` rows run: join now?
+
+    ``sizes``: the steps its group's rows have taken (:meth:`StepHistory.sizes`: its equally likely
+    lengths); ``join_cost``, ``behind``, ``arrivals`` as :func:`admit`, which decides by ``cost``'s
+    curves. Before that, a head that would join its group's rows at the start of their blocks (in
+    step) at a width the group has not run (:meth:`StepCost.seen`) joins, so that the next decision
+    at that width rests on measured steps rather than on the fit's shape alone."""
+    mine = [r for r in running if r.group == group]
+    n = len(mine) + 1
+    if n > 1 and all(r.phase == 0 for r in mine) and not cost.seen(group, n):
+        return True
+    return admit(running, [Row(s, group) for s in sizes], join_cost, behind, cost.curve, arrivals)

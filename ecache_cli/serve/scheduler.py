@@ -50,7 +50,7 @@ from ..decoding.config import DecodeConfig
 from ..decoding.streams import RowStreams, row_generator
 from ..engine.core import Engine
 from ..runs.final_text import cut_answer, final_lengths, streamable, unsettled
-from .admission import MODES, Row, StepCost, StepHistory, admit
+from .admission import MODES, Row, StepCost, StepHistory, joins
 
 #: Prompt widths are rounded up to a multiple of this many tokens, so prompts of similar length share a run.
 PROMPT_BUCKET = 64
@@ -393,19 +393,14 @@ class Scheduler:
             while self._queue and self._running + len(taken) < self.max_batch:
                 head = self._queue[0]
                 if self.admission == "auto" and not idle:
-                    row, join = self._row(head.key, 0), self._join_cost(head.key)
-                    mine = [r for r in running if r.group == head.key]  # its group's rows: it would step with them
-                    n = len(mine) + 1
-                    in_step = all(r.phase == row.phase for r in mine)  # they start a block at the next step
-                    explore = n > 1 and in_step and not self.cost.seen(head.key, n)  # learn that width's cost
-                    versions = [Row(size, head.key) for size in self.history.sizes(head.key, self._bound(head.key))]
-                    if not explore and not admit(running, versions, join, len(self._queue) - 1, self.cost.curve,
-                                                 self._rate()):
+                    sizes = self.history.sizes(head.key, self._bound(head.key))
+                    if not joins(running, head.key, sizes, self._join_cost(head.key), len(self._queue) - 1,
+                                 self.cost, self._rate()):
                         if not head.held:
                             head.held = True
                             self.metrics.admissions.labels("held").inc()
                         break
-                    running.append(row)
+                    running.append(self._row(head.key, 0))
                 taken.append(self._queue.popleft())
         self._running += len(taken)
         if taken:
