@@ -41,4 +41,4 @@ def test_on_a_gpu_auto_joins_as_always_does(model):
     out = model.run(model.parse(["--sizes", "32", "--rate", "8", "--n", "300", "--seeds", "1", "--base", "0.02",
                                  "--row", "0.0002"]))
     assert out["modes"]["always"]["p95"] < 0.85 * out["modes"]["fcfs"]["p95"]
-    assert out["modes"]["auto"]["p95"] <= 1.02 * out["modes"]["always"]["p95"]
+    assert out["modes"]["auto"]["p95"] <= 1.05 * out["modes"]["always"]["p95"]

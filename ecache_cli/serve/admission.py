@@ -7,18 +7,23 @@ have all left (``--batching static``, dInfer's demo server). ``auto`` (the defau
 joins when that lowers the expected sum of completion times, by the model below; otherwise it waits
 and starts with the next group (docs/SERVING.md gives the model and its evidence).
 
-The model. A step of a run costs ``t = base + per_row·rows + per_position·positions`` seconds
-(``positions``: the positions the step's forwards computed, ``StepRecord.computed`` summed over its
-rows; a joining row's first full forward computes its whole canvas, so its cost is in the last
-term). :class:`StepCost` fits the three coefficients by exponentially weighted least squares over the
-steps the server runs (a ridge term keeps them defined while the rows do not vary). A running row
-still needs ``remaining`` steps, the mean over the last finished rows of its group that ran longer
-than it has (:class:`StepHistory`). :func:`admit` compares, for the queue's head, the sum of
-the completion times of the running rows, the head, and the requests queued behind it, between
-"join now" and "start when the running rows have left". On one CPU thread a step's time grows in
-proportion to its rows (``base`` ≈ 0), so a request of the size of the running ones waits (sharing
-steps would slow the running rows by what it saves the joiner) while a short one joins long ones; on
-a GPU below its compute bound ``base`` dominates and a request joins at once.
+The model. A step of a run whose rows are in step (at the same step of their blocks) costs
+``t = base + per_row·rows + per_position·positions`` seconds (``positions``: the positions the step's
+forwards computed, ``StepRecord.computed`` summed over its rows; a joining row's first full forward
+computes its whole canvas, so its cost is in the last term). :class:`StepCost` fits the three
+coefficients by exponentially weighted least squares over those steps (a ridge term keeps them
+defined while the rows do not vary), and keeps apart the *mixed* steps, of rows at different steps of
+their blocks (a row that joined mid-block), which cost more (two rows 1.9× one, against 1.5× in
+step, on one CPU thread). A running row still needs ``remaining`` steps, the mean over the last
+finished rows of its group that ran longer than it has (:class:`StepHistory`), and is at a
+``phase`` of its block. :func:`joins` / :func:`admit` compare, for the queue's head, the sum of the
+completion times of the running rows and the head (and, for a join in step, of the requests queued
+behind it) between "join now" and "start when the running rows have left". On one CPU thread a
+step's time grows about in proportion to its rows, so a request of the size of the running ones
+waits mid-block (sharing mixed steps would slow the running rows by more than it saves the joiner),
+joins at their block start, and a short one joins long ones; on a GPU below its compute bound
+``base`` dominates and a request joins at once. ``bench/admission_model.py`` runs these rules on a
+modelled engine.
 """
 
 from __future__ import annotations

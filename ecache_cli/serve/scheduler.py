@@ -13,7 +13,7 @@ Admission (``--admission``, ``admission.py``). Between two steps the loop moves 
 group with :meth:`Run.add` (they join at that run's next step, with their own full forward, in a free
 row slot of the run's KV store, whose buffers grow by doubling up to ``--max-batch`` rows:
 ``kvstore.py``) or start a new run for them. ``always`` moves the head whenever there is room;
-``auto`` (the default) moves it when :func:`~ecache_cli.serve.admission.admit` finds that lowers the
+``auto`` (the default) moves it when :func:`~ecache_cli.serve.admission.joins` finds that lowers the
 expected sum of completion times under the step-cost model the loop fits to its own steps (else the
 head waits, and everything behind it), and an idle engine takes what waits as one batch, whose rows
 start together and so stay at the same step of their blocks (a row that joins mid-block widens every
