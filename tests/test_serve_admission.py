@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ecache_cli.serve.admission import Row, StepCost, StepHistory, admit, completions
+from ecache_cli.serve.admission import CLIP, MIXED_PRIOR, Row, StepCost, StepHistory, admit, completions
 
 
 @pytest.mark.parametrize("true", [(2e-3, 1e-4, 3e-5), (20e-3, 5e-4, 1e-6), (0.0, 2e-3, 0.0)])
@@ -112,12 +112,12 @@ def test_a_groups_own_steps_set_its_level_and_the_fit_its_shape():
     steps at one row count set the level, the fit's ratio the cost of the counts it has not run."""
     cost = StepCost()
     for n in (1, 2, 4):
-        for full in (True, False, False, False):
+        for full in (True, False, False, False) * 2:
             positions = 40 * n + (160 if full else 0)
             cost.observe(1e-3 + 1e-3 * n + 1e-5 * positions, n, positions, group="warm")
     assert not cost.seen("long", 1) and cost.curve("long", 2) == pytest.approx(cost.step(2))  # nothing own yet
     level = 2 * cost.step(1)  # twice what the fit says
-    for _ in range(3):
+    for _ in range(8):
         cost.observe(level, 1, 40.0, group="long")
     assert cost.seen("long", 1) and not cost.seen("long", 2)
     assert cost.curve("long", 1) == pytest.approx(level)
@@ -139,3 +139,113 @@ def test_the_head_is_judged_over_the_lengths_its_group_takes_not_their_mean():
         h.finished("g", steps)
     assert h.sizes("g", bound=256, k=4) == [8.0, 8.0, 8.0, 200.0]
     assert h.sizes("new", bound=256) == [256.0]
+
+
+def test_mixed_steps_are_kept_apart_from_the_fit_and_priced_by_their_own_ratio():
+    """Steps of rows at different steps of their blocks cost more than the positions they compute say:
+    they stay out of the fit, and a mixed step is the step in step times the measured ratio."""
+    def observe(cost, n, mixed=False, scale=1.0, group="g"):
+        positions = 40.0 * n
+        cost.observe(scale * (1e-3 + 1e-3 * n + 1e-5 * positions), n, positions, group, mixed=mixed)
+
+    plain, cost = StepCost(), StepCost()
+    for c in (plain, cost):
+        for n in (1, 2, 4):
+            for _ in range(10):
+                observe(c, n)
+    assert cost.mixed_ratio(2) == MIXED_PRIOR  # no mixed step seen yet
+    assert cost.curve("g", 2, True) == pytest.approx(cost.curve("g", 2) * MIXED_PRIOR)
+    for _ in range(10):
+        observe(cost, 2, mixed=True, scale=1.4)
+    assert cost.coef == pytest.approx(plain.coef)  # the fit never saw them
+    assert cost.mixed_ratio(2) == pytest.approx(1.4) and cost.mixed_ratio(4) == pytest.approx(1.4)  # nearest count
+    assert cost.curve("g", 2, True) == pytest.approx(1.4 * cost.curve("g", 2))  # the group's own mixed steps
+    assert cost.curve("g", 4, True) == pytest.approx(1.4 * cost.curve("g", 4))  # ratio × the step in step
+    assert cost.curve("g", 1, True) == pytest.approx(cost.curve("g", 1))  # one row is always in step
+    cheap = StepCost()
+    for _ in range(10):
+        observe(cheap, 2)
+        observe(cheap, 2, mixed=True, scale=0.8)
+    assert cheap.mixed_ratio(2) == 1.0  # never below the step in step
+
+
+def test_a_stalled_step_counts_at_most_clip_times_its_kinds_mean():
+    cost = StepCost()
+    for _ in range(10):
+        cost.observe(2e-3, 1, 40.0, group="g")
+    cost.observe(1.0, 1, 40.0, group="g")  # the machine's other work held the CPU for a second
+    w = sum(0.99 ** k for k in range(11))
+    want = (0.99 * 2e-3 * sum(0.99 ** k for k in range(10)) + CLIP * 2e-3) / w
+    assert cost.curve("g", 1) == pytest.approx(want)
+    assert cost.curve("g", 1) < 2 * 2e-3  # unclipped, the one stall would make it 0.097 s
+
+
+def test_completions_price_a_group_at_several_phases_as_mixed():
+    def step(group, n, mixed=False):
+        return {(1, False): 1.0, (2, False): 1.5, (2, True): 1.9}[(n, mixed)]
+
+    # in step: 2 steps together (1.5 s each), then 1 alone
+    assert completions([Row(2, "a", 0), Row(3, "a", 0)], step) == (3.0 + 4.0, 4.0)
+    # one row joined mid-block (phase 0 against 7): the 2 shared steps cost 1.9 s each
+    assert completions([Row(2, "a", 7), Row(3, "a", 0)], step) == pytest.approx((3.8 + 4.8, 4.8))
+    # rows of two groups never share a step: each group steps in step on its own
+    assert completions([Row(1, "a", 7), Row(1, "b", 0)], step) == (4.0, 2.0)
+
+
+def cpu_phases(group, n: int, mixed: bool = False) -> float:
+    """One CPU thread as measured (bench/serve_sim.py, embedded model): 2 rows in step 1.45× one row,
+    2 rows at different steps of their blocks 1.9×; more rows in proportion."""
+    if not n:
+        return 0.0
+    return 1e-3 * (1.0 + 0.45 * (n - 1)) * (1.9 / 1.45 if mixed and n > 1 else 1.0)
+
+
+def test_on_a_cpu_a_request_joins_at_a_block_start_and_waits_mid_block():
+    """A running row with 32 steps left; the head takes 32 or 64 steps. Joining at the running row's
+    block start runs both in step (1.45× a row: sharing saves more than it costs); joining it 10
+    steps into its block runs them mixed (1.9×: each would be better off one after the other)."""
+    head = [Row(32, "g"), Row(64, "g")]
+    assert admit([Row(32, "g", phase=0)], head, 0.0, 0, cpu_phases)
+    assert not admit([Row(32, "g", phase=10)], head, 0.0, 0, cpu_phases)
+    # the same for the fitted curves: a mixed ratio measured at 1.31 holds the head mid-block
+    cost = StepCost()
+    for _ in range(10):
+        for n in (1, 2):
+            cost.observe(cpu_phases("g", n), n, 40.0 * n, "g")
+        cost.observe(cpu_phases("g", 2, True), 2, 80.0, "g", mixed=True)
+    assert admit([Row(32, "g", 0)], head, 0.0, 0, cost.curve)
+    assert not admit([Row(32, "g", 10)], head, 0.0, 0, cost.curve)
+
+
+def test_the_scheduler_reads_a_rows_phase_and_a_steps_mixedness():
+    """``Scheduler._row``: a row's phase is its steps modulo its block's steps; ``_observe``: a step
+    whose rows are at different steps of their blocks goes to the mixed curve."""
+    import collections
+    import types
+
+    import torch
+
+    from ecache_cli.serve.scheduler import Scheduler
+
+    Cfg = collections.namedtuple("Cfg", "steps gen_length block_length")
+    key = collections.namedtuple("Key", "cfg")(Cfg(128, 128, 32))  # 4 blocks of 32 steps
+    sched = types.SimpleNamespace(history=StepHistory(), _bound=Scheduler._bound, cost=StepCost(),
+                                  metrics=types.SimpleNamespace(step_cost=lambda cost: None))
+    assert [Scheduler._row(sched, key, done).phase for done in (0, 5, 32, 70)] == [0, 5, 0, 6]
+    for sib, mixed in (([3, 3], False), ([0, 3], True), ([4], False)):
+        rec = types.SimpleNamespace(step_in_block=torch.tensor(sib))
+        Scheduler._observe(sched, 2e-3, len(sib), 80.0, "g", 0.0, rec)
+        assert sched.cost._groups["g"][(len(sib), mixed)][0] == 1.0
+
+
+def test_a_join_mid_block_counts_only_the_running_rows_and_the_head():
+    """With 20 requests queued, a step's fixed cost makes joining in step pay for all of them; mid-block
+    the group would step mixed, which that saving does not cover, so the head waits."""
+    def step(group, n, mixed=False):
+        return (0.5e-3 + 1e-3 * n) * (1.27 if mixed and n > 1 else 1.0) if n else 0.0
+
+    assert admit([Row(30, "g", 0)], Row(32, "g"), 0.0, 20, step)
+    assert not admit([Row(30, "g", 5)], Row(32, "g"), 0.0, 20, step)
+    assert not admit([Row(30, "g", 5)], Row(32, "g"), 0.0, 0, step, arrivals=500.0)
+    # a short head beside a long running row still joins mid-block: it saves itself the long wait
+    assert admit([Row(96, "g", 5)], Row(8, "g"), 0.0, 20, step)

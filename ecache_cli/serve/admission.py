@@ -7,18 +7,23 @@ have all left (``--batching static``, dInfer's demo server). ``auto`` (the defau
 joins when that lowers the expected sum of completion times, by the model below; otherwise it waits
 and starts with the next group (docs/SERVING.md gives the model and its evidence).
 
-The model. A step of a run costs ``t = base + per_row·rows + per_position·positions`` seconds
-(``positions``: the positions the step's forwards computed, ``StepRecord.computed`` summed over its
-rows; a joining row's first full forward computes its whole canvas, so its cost is in the last
-term). :class:`StepCost` fits the three coefficients by exponentially weighted least squares over the
-steps the server runs (a ridge term keeps them defined while the rows do not vary). A running row
-still needs ``remaining`` steps, the mean over the last finished rows of its group that ran longer
-than it has (:class:`StepHistory`). :func:`admit` compares, for the queue's head, the sum of
-the completion times of the running rows, the head, and the requests queued behind it, between
-"join now" and "start when the running rows have left". On one CPU thread a step's time grows in
-proportion to its rows (``base`` ≈ 0), so a request of the size of the running ones waits (sharing
-steps would slow the running rows by what it saves the joiner) while a short one joins long ones; on
-a GPU below its compute bound ``base`` dominates and a request joins at once.
+The model. A step of a run whose rows are in step (at the same step of their blocks) costs
+``t = base + per_row·rows + per_position·positions`` seconds (``positions``: the positions the step's
+forwards computed, ``StepRecord.computed`` summed over its rows; a joining row's first full forward
+computes its whole canvas, so its cost is in the last term). :class:`StepCost` fits the three
+coefficients by exponentially weighted least squares over those steps (a ridge term keeps them
+defined while the rows do not vary), and keeps apart the *mixed* steps, of rows at different steps of
+their blocks (a row that joined mid-block), which cost more (two rows 1.9× one, against 1.5× in
+step, on one CPU thread). A running row still needs ``remaining`` steps, the mean over the last
+finished rows of its group that ran longer than it has (:class:`StepHistory`), and is at a
+``phase`` of its block. :func:`joins` / :func:`admit` compare, for the queue's head, the sum of the
+completion times of the running rows and the head (and, for a join in step, of the requests queued
+behind it) between "join now" and "start when the running rows have left". On one CPU thread a
+step's time grows about in proportion to its rows, so a request of the size of the running ones
+waits mid-block (sharing mixed steps would slow the running rows by more than it saves the joiner),
+joins at their block start, and a short one joins long ones; on a GPU below its compute bound
+``base`` dominates and a request joins at once. ``bench/admission_model.py`` runs these rules on a
+modelled engine.
 """
 
 from __future__ import annotations
@@ -35,11 +40,20 @@ POSITION_UNIT = 1024.0
 FORGET = 0.99
 #: Ridge weight that pulls the fit toward its prior while the steps do not vary enough to fix it.
 RIDGE = 1e-4
-#: Weight (≈ steps) of a group's steps at a row count before their time replaces the fit's
-#: (:meth:`StepCost.curve`): three steps.
-MIN_SEEN = 2.9
+#: Weight (≈ steps) of a group's steps at a row count before their mean replaces the fit's
+#: (:meth:`StepCost.curve`): eight steps (0.99-decayed weights sum to 7.7), a quarter of a 32-step block,
+#: so that one block start's full forwards do not set the level alone.
+MIN_SEEN = 7.5
+#: A step counts at most this many times the mean of its kind (group, rows, mixed) once that is
+#: :data:`MIN_SEEN`: a block start's full forwards take up to ~4× a partial step, while a step the
+#: machine's other work stalled (a shared CPU) can take 40×, and would set a mean of a few steps alone.
+CLIP = 8.0
 #: Finished rows per group remembered for the expected remaining steps.
 HISTORY = 64
+#: A step of rows at different steps of their blocks (``mixed``) over one of as many rows in step, until
+#: measured: the embedded model on one CPU thread, 2 rows, 5.6 ms mixed against 4.4 ms in step (means
+#: over a ``bench/serve_sim.py`` mixed-length pass each of ``always`` and ``fcfs``).
+MIXED_PRIOR = 1.25
 
 
 class StepCost:
@@ -52,22 +66,36 @@ class StepCost:
     each term's own scale (:data:`RIDGE`) toward the prior, clamped to ≥ 0. The prior (seconds): 1 ms
     a step, 1 ms a row, 1 µs a position, until the warm-up's steps replace it. :meth:`step` predicts a
     step of ``n`` rows at the positions such steps computed (each count's weighted mean; between and
-    beyond the counts seen, by the straight line through the nearest two)."""
+    beyond the counts seen, by the straight line through the nearest two).
+
+    Rows that started together stay at the same step of their blocks; a row that joined later is at
+    another, and a step of such *mixed* rows costs more than one of as many rows in step (its partial
+    forward runs at the widest row's targets, and each row's block start and refreshes run as forwards
+    of their own). Mixed steps are kept apart: they do not enter the fit, and :meth:`curve` prices them
+    by their own mean, or by the aligned curve times :meth:`mixed_ratio`."""
 
     def __init__(self, prior: tuple[float, float, float] = (1e-3, 1e-3, 1e-6)):
         self.prior = [prior[0], prior[1], prior[2] * POSITION_UNIT]
         self._by_rows: dict[int, list] = {}  # rows -> [xx (3×3), xy (3), weight, weighted positions]
         self.steps = 0
         self.coef = list(self.prior)
-        self._groups: dict[object, dict[int, list[float]]] = {}  # group -> rows -> [weight, weighted seconds]
+        # group -> (rows, mixed) -> [weight, weighted seconds]
+        self._groups: dict[object, dict[tuple[int, bool], list[float]]] = {}
+        self._all: dict[tuple[int, bool], list[float]] = {}  # (rows, mixed) -> [weight, weighted seconds], every group
 
-    def observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0) -> None:
+    def observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0,
+                mixed: bool = False) -> None:
         """One step of ``rows`` rows that computed ``positions`` positions in ``seconds`` (of a run of
         ``group``: its own steps are also kept per row count, :meth:`curve`, less ``joins``, the seconds
-        its joining rows' first full forwards are charged apart)."""
-        if group is not None:
-            w, t = self._groups.setdefault(group, {}).get(rows, (0.0, 0.0))
-            self._groups[group][rows] = [FORGET * w + 1.0, FORGET * t + max(seconds - joins, 0.0)]
+        its joining rows' first full forwards are charged apart). ``mixed``: its rows were not all at
+        the same step of their blocks (kept apart from the fit)."""
+        own = max(seconds - joins, 0.0)
+        for table in ([self._all] + ([self._groups.setdefault(group, {})] if group is not None else [])):
+            w, t = table.get((rows, mixed), (0.0, 0.0))
+            cut = min(own, CLIP * t / w) if w >= MIN_SEEN else own
+            table[(rows, mixed)] = [FORGET * w + 1.0, FORGET * t + cut]
+        if mixed:
+            return
         x = (1.0, float(rows), positions / POSITION_UNIT)
         xx, xy, w, pos = self._by_rows.get(rows) or ([[0.0] * 3 for _ in range(3)], [0.0] * 3, 0.0, 0.0)
         for i in range(3):
@@ -117,19 +145,38 @@ class StepCost:
             return 0.0
         return self.base + self.per_row * rows + self.per_position * self.positions(rows)
 
-    def seen(self, group, rows: int) -> bool:
-        """Whether runs of ``group`` have stepped ``rows`` rows often enough (:data:`MIN_SEEN` steps)
-        for :meth:`curve` to use their own time."""
-        return self._groups.get(group, {}).get(rows, (0.0,))[0] >= MIN_SEEN
+    def seen(self, group, rows: int, mixed: bool = False) -> bool:
+        """Whether runs of ``group`` have stepped ``rows`` rows (``mixed`` or in step) often enough
+        (:data:`MIN_SEEN` steps) for :meth:`curve` to use their own time."""
+        return self._groups.get(group, {}).get((rows, mixed), (0.0,))[0] >= MIN_SEEN
 
-    def curve(self, group, rows: int) -> float:
-        """The expected seconds of a step of ``rows`` rows of a run of ``group``: the group's own
-        steps at that count (weighted mean) when :meth:`seen`; else its own at the nearest count seen,
+    def mixed_ratio(self, rows: int) -> float:
+        """A mixed step of ``rows`` rows over one of as many rows in step (≥ 1): the ratio of the two
+        weighted means over every group's steps, at the nearest count where both were seen
+        (:data:`MIN_SEEN` steps each); :data:`MIXED_PRIOR` before."""
+        both = [n for (n, m), (w, _) in self._all.items()
+                if m and w >= MIN_SEEN and self._all.get((n, False), (0.0,))[0] >= MIN_SEEN]
+        if not both:
+            return MIXED_PRIOR
+        n = min(both, key=lambda k: (abs(k - rows), k))
+        (wm, tm), (wa, ta) = self._all[(n, True)], self._all[(n, False)]
+        return max((tm / wm) / max(ta / wa, 1e-12), 1.0)
+
+    def curve(self, group, rows: int, mixed: bool = False) -> float:
+        """The expected seconds of a step of ``rows`` rows of a run of ``group`` (``mixed``: not all
+        at the same step of their blocks): for a mixed step, the group's own mixed steps at that count
+        (weighted mean) when :meth:`seen`, else the step in step times :meth:`mixed_ratio`. In step:
+        the group's own steps at that count when :meth:`seen`; else its own at the nearest count seen,
         scaled by the fit's ratio between the two counts (the fit gives the shape, the group its level:
         a long prompt's steps cost more than the positions they compute say); else the fit."""
         if rows <= 0:
             return 0.0
-        own = {n: t / w for n, (w, t) in self._groups.get(group, {}).items() if w >= MIN_SEEN}
+        if mixed and rows > 1:
+            if self.seen(group, rows, True):
+                w, t = self._groups[group][(rows, True)]
+                return t / w
+            return self.curve(group, rows) * self.mixed_ratio(rows)
+        own = {n: t / w for (n, m), (w, t) in self._groups.get(group, {}).items() if w >= MIN_SEEN and not m}
         if rows in own:
             return own[rows]
         if not own:
@@ -192,36 +239,47 @@ class StepHistory:
 @dataclasses.dataclass
 class Row:
     """A row as :func:`admit` sees it: ``remaining`` expected steps; ``group`` (its run's group: rows
-    of one group share a step, each group steps in turn)."""
+    of one group share a step, each group steps in turn); ``phase``: the step of its block it runs
+    next (a joining row: 0). Rows of one group at one phase stay in step; a group whose live rows are
+    at several phases steps *mixed* (:meth:`StepCost.curve`)."""
 
     remaining: float
     group: object
+    phase: int = 0
 
 
-def completions(rows: list[Row], step: Callable[[object, int], float], first: float = 0.0,
+def completions(rows: list[Row], step: Callable[..., float], first: float = 0.0,
                 start: float = 0.0) -> tuple[float, float]:
     """(sum of the rows' completion times, when the last ends), all starting at ``start``, their groups
-    stepped round-robin: a round costs ``step(group, n)`` for each group with ``n`` rows left, the first
-    round ``first`` more (a joining row's full forward)."""
+    stepped round-robin: a round costs ``step(group, n)`` for each group with ``n`` rows left, at one
+    phase, or ``step(group, n, True)`` when they are at several (mixed); the first round ``first``
+    more (a joining row's full forward)."""
     if not rows:
         return 0.0, start
     order = sorted(rows, key=lambda r: r.remaining)
-    alive = collections.Counter(r.group for r in order)
+    alive = collections.Counter((r.group, r.phase) for r in order)
+
+    def round_cost() -> float:
+        by_group: dict[object, list[int]] = {}
+        for (g, _), n in alive.items():
+            by_group.setdefault(g, []).append(n)
+        return sum(step(g, sum(ns), True) if len(ns) > 1 else step(g, ns[0]) for g, ns in by_group.items())
+
     t, done_steps, total = start + first, 0.0, 0.0
     for r in order:
         span = max(r.remaining, 1.0) - done_steps
         if span > 0:
-            t += span * sum(step(g, n) for g, n in alive.items())
+            t += span * round_cost()
             done_steps += span
         total += t
-        alive[r.group] -= 1
-        if not alive[r.group]:
-            del alive[r.group]
+        alive[(r.group, r.phase)] -= 1
+        if not alive[(r.group, r.phase)]:
+            del alive[(r.group, r.phase)]
     return total, t
 
 
 def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: int,
-          step: Callable[[object, int], float], arrivals: float = 0.0) -> bool:
+          step: Callable[..., float], arrivals: float = 0.0) -> bool:
     """Whether the queue's ``head`` should join the ``running`` rows now (``auto``).
 
     ``head``: the head's row, or its equally likely versions (one per length its group's rows have
@@ -229,8 +287,10 @@ def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: i
     group of short and long answers counts what joining saves a short one, not what it would save
     one of the mean length).
     ``join_cost``: seconds its first full forward adds to the step it joins; ``behind``: requests
-    queued after it; ``arrivals``: requests arriving per second (recent); ``step(group, n)``: the
-    expected seconds of a step of ``n`` rows of a run of ``group`` (:meth:`StepCost.curve`).
+    queued after it; ``arrivals``: requests arriving per second (recent); ``step(group, n[, mixed])``:
+    the expected seconds of a step of ``n`` rows of a run of ``group``, mixed or in step
+    (:meth:`StepCost.curve`). The head joins at phase 0: in step with the running rows of its group
+    only when they are at the start of a block, mixed otherwise, for as long as both live.
     Compares the sum of completion times between joining now and starting once the running rows have
     left: of the running rows, the head, and the requests that start after the last of them ends in
     either schedule (those queued behind it, and those expected to arrive before the running rows
@@ -240,10 +300,31 @@ def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: i
         return True
     heads = head if isinstance(head, list) else [head]
     alone, end_running = completions(running, step)
-    later = behind + arrivals * end_running
+    # A join mid-block runs its group mixed while both live, and the rows that arrive meanwhile join
+    # mixed too: what sharing steps would save the requests after the head (a step's fixed cost) is
+    # spent on mixed steps, so such a join counts only the running rows and the head
+    # (bench/admission_model.py: counting them made auto lose near capacity).
+    mixed = bool({r.phase for r in running if r.group == heads[0].group} - {heads[0].phase})
+    later = 0.0 if mixed else behind + arrivals * end_running
     diff = 0.0
     for h in heads:
         joined, end_joined = completions(running + [h], step, first=join_cost)
         mine, end_waited = completions([h], step, first=join_cost, start=end_running)
         diff += (joined + later * end_joined) - (alone + mine + later * end_waited)
     return diff <= 0 or not math.isfinite(diff)
+
+
+def joins(running: list[Row], group, sizes: list[float], join_cost: float, behind: int, cost: StepCost,
+          arrivals: float = 0.0) -> bool:
+    """``auto``'s decision for the queue's head, of ``group``, while ``running`` rows run: join now?
+
+    ``sizes``: the steps its group's rows have taken (:meth:`StepHistory.sizes`: its equally likely
+    lengths); ``join_cost``, ``behind``, ``arrivals`` as :func:`admit`, which decides by ``cost``'s
+    curves. Before that, a head that would join its group's rows at the start of their blocks (in
+    step) at a width the group has not run (:meth:`StepCost.seen`) joins, so that the next decision
+    at that width rests on measured steps rather than on the fit's shape alone."""
+    mine = [r for r in running if r.group == group]
+    n = len(mine) + 1
+    if n > 1 and all(r.phase == 0 for r in mine) and not cost.seen(group, n):
+        return True
+    return admit(running, [Row(s, group) for s in sizes], join_cost, behind, cost.curve, arrivals)

@@ -13,7 +13,7 @@ Admission (``--admission``, ``admission.py``). Between two steps the loop moves 
 group with :meth:`Run.add` (they join at that run's next step, with their own full forward, in a free
 row slot of the run's KV store, whose buffers grow by doubling up to ``--max-batch`` rows:
 ``kvstore.py``) or start a new run for them. ``always`` moves the head whenever there is room;
-``auto`` (the default) moves it when :func:`~ecache_cli.serve.admission.admit` finds that lowers the
+``auto`` (the default) moves it when :func:`~ecache_cli.serve.admission.joins` finds that lowers the
 expected sum of completion times under the step-cost model the loop fits to its own steps (else the
 head waits, and everything behind it), and an idle engine takes what waits as one batch, whose rows
 start together and so stay at the same step of their blocks (a row that joins mid-block widens every
@@ -50,7 +50,7 @@ from ..decoding.config import DecodeConfig
 from ..decoding.streams import RowStreams, row_generator
 from ..engine.core import Engine
 from ..runs.final_text import cut_answer, final_lengths, streamable, unsettled
-from .admission import MODES, Row, StepCost, StepHistory, admit
+from .admission import MODES, Row, StepCost, StepHistory, joins
 
 #: Prompt widths are rounded up to a multiple of this many tokens, so prompts of similar length share a run.
 PROMPT_BUCKET = 64
@@ -350,10 +350,13 @@ class Scheduler:
                           markup=False, highlight=False)
                 return
 
-    def _observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0) -> None:
+    def _observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0,
+                 rec=None) -> None:
         """One step (of a run of ``group``; ``joins``: the seconds its joining rows' full forwards are
-        expected to add, charged apart by ``admit``) into the step-cost model (and its gauges)."""
-        self.cost.observe(seconds, rows, positions, group, joins)
+        expected to add, charged apart by ``admit``; ``rec``: its ``StepRecord``, whose rows' steps of
+        their blocks tell a mixed step from one in step) into the step-cost model (and its gauges)."""
+        mixed = rec is not None and rows > 1 and bool((rec.step_in_block != rec.step_in_block[0]).any())
+        self.cost.observe(seconds, rows, positions, group, joins, mixed)
         self.metrics.step_cost(self.cost)
 
     def _expire_queue(self) -> None:
@@ -390,17 +393,14 @@ class Scheduler:
             while self._queue and self._running + len(taken) < self.max_batch:
                 head = self._queue[0]
                 if self.admission == "auto" and not idle:
-                    row, join = self._row(head.key, 0), self._join_cost(head.key)
-                    n = sum(r.group == head.key for r in running) + 1  # rows its group's run would step
-                    explore = n > 1 and not self.cost.seen(head.key, n)  # learn that width's cost: join
-                    versions = [Row(size, head.key) for size in self.history.sizes(head.key, self._bound(head.key))]
-                    if not explore and not admit(running, versions, join, len(self._queue) - 1, self.cost.curve,
-                                                 self._rate()):
+                    sizes = self.history.sizes(head.key, self._bound(head.key))
+                    if not joins(running, head.key, sizes, self._join_cost(head.key), len(self._queue) - 1,
+                                 self.cost, self._rate()):
                         if not head.held:
                             head.held = True
                             self.metrics.admissions.labels("held").inc()
                         break
-                    running.append(row)
+                    running.append(self._row(head.key, 0))
                 taken.append(self._queue.popleft())
         self._running += len(taken)
         if taken:
@@ -422,9 +422,13 @@ class Scheduler:
         return key.cfg.steps if key.cfg.steps is not None else key.cfg.gen_length
 
     def _row(self, key: GroupKey, done: int) -> Row:
-        """A row of group ``key`` that has run ``done`` steps, as the admission model sees it."""
+        """A row of group ``key`` that has run ``done`` steps, as the admission model sees it: its
+        expected remaining steps, and its phase, the step of its block it runs next (with a fixed step
+        count a block takes ``steps / blocks`` steps; in threshold mode the block length is taken as
+        its step count, so rows that joined apart count as mixed)."""
         bound, blocks = self._bound(key), max(key.cfg.gen_length // key.cfg.block_length, 1)
-        return Row(self.history.remaining(key, done, bound, max(bound // blocks, 1)), key)
+        per_block = max(bound // blocks, 1)
+        return Row(self.history.remaining(key, done, bound, per_block), key, done % per_block)
 
     def _join_cost(self, key: GroupKey) -> float:
         """Seconds a joining row's first full forward (its whole canvas) adds to its first step, beyond
@@ -475,7 +479,7 @@ class Scheduler:
         self.metrics.step(group.key.policy, seconds, int(rec.rows.numel()), int(rec.refresh.sum()))
         joins = sum(group.jobs[r].steps == 0 for r in rec.rows.tolist())  # rows whose first step this was
         self._observe(seconds, int(rec.rows.numel()), float(rec.computed.sum()), group.key,
-                      joins * self._join_cost(group.key))
+                      joins * self._join_cost(group.key), rec)
         st, P = run.state, run.P
         rows = rec.rows.tolist()
         first = final_lengths(unsettled(run)[:, P:P + run.G])  # (B,) final prefix lengths of the answers
