@@ -112,7 +112,7 @@ class _Decoder:
     def __call__(self, batch: dict) -> dict:
         out = [json.dumps(self.job._decode(pickle.loads(p), _NoProgress()), ensure_ascii=False)
                for p in batch["items"]]
-        return {"first": batch["first"], "records": out}
+        return {"records": out}
 
 
 class _NoProgress:
@@ -142,7 +142,7 @@ class RayJob(_Job):
         self._emit()  # records kept from --output or invalid ones ahead of the first batch
         batches = [todo[i:i + size] for i in range(0, len(todo), size)]
         if batches:
-            for first, records in self._stream(batches):
+            for records in self._stream(batches):
                 got = json.loads(records)
                 for rec in got:
                     self.results[rec["index"]] = rec
@@ -153,7 +153,7 @@ class RayJob(_Job):
         return None
 
     def _stream(self, batches: list[list]):
-        """(first index, records JSON) of each batch, in input order, from the actor pool."""
+        """The records of each batch (a JSON list), in input order, from the actor pool."""
         import ray
 
         load, replicas, res = self.pool
@@ -163,7 +163,7 @@ class RayJob(_Job):
         ctx.print_on_execution_start = False
         logging.getLogger("ray.data").setLevel(logging.ERROR)
         worker_opts = dataclasses.replace(self.opts, quiet=True, stream=False, watch=False, output=None, resume=False)
-        rows = [{"first": b[0].index, "items": pickle.dumps(b)} for b in batches]
+        rows = [{"items": pickle.dumps(b)} for b in batches]
         ds = ray.data.from_items(rows, override_num_blocks=len(rows))
         pool = ray.data.ActorPoolStrategy(size=min(replicas, len(rows)))
         # max_restarts=0: an actor that dies fails the run (the records written stay, --resume continues);
@@ -173,7 +173,7 @@ class RayJob(_Job):
             ds = ds.map_batches(_Decoder, fn_constructor_args=(load, self.settings, worker_opts), batch_size=1,
                                 compute=pool, max_restarts=0, **res)
         for row in ds.iter_rows():
-            yield row["first"], row["records"]
+            yield row["records"]
 
 
 def run(lm, settings, opts: GenerateOptions, out, err_console, load: Callable, replicas: int, res: dict) -> int:
