@@ -158,23 +158,26 @@ def test_two_ray_serve_replicas_answer_concurrent_requests_as_generate_does(ray_
 @pytest.mark.slow
 def test_generate_ray_writes_generates_records_in_order_and_resumes(ray_local, cli, tmp_path):
     src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(PROMPTS)))
+    lines = [json.dumps({"prompt": p, "id": i}) for i, p in enumerate(PROMPTS)]
+    src.write_text("\n".join(lines[:2] + ['{"question": "no prompt field"}'] + lines[2:]) + "\n")
     plain, on_ray = tmp_path / "plain.jsonl", tmp_path / "ray.jsonl"
-    res = cli("generate", *GEN, "-q", "-b", "2", "--input", src, "--output", plain)
+    flags = [*GEN, "-b", "2", "--skip-invalid", "--input", src]
+    res = cli("generate", *flags, "-q", "--output", plain)
     assert res.exit_code == 0, res.output
-    res = cli("generate", *GEN, "-q", "-b", "2", "--input", src, "--output", on_ray, "--ray", "2")
+    res = cli("generate", *flags, "-q", "--output", on_ray, "--ray", "2")
     assert res.exit_code == 0, res.output
     want = [json.loads(line) for line in plain.read_text().splitlines()]
     got = [json.loads(line) for line in on_ray.read_text().splitlines()]
-    assert [r["index"] for r in got] == list(range(len(PROMPTS)))
-    assert [_same(r) for r in got] == [_same(r) for r in want]
-    assert [r["text"] for r in got] == ["1 3 7 9", "3 2 1", "2 5 8", "7 6 5 4", "1 2 3"]
+    assert [r["index"] for r in got] == list(range(len(PROMPTS) + 1))
+    assert got[2]["line"] == 3 and ":3: " in got[2]["error"]  # the invalid line's record, in its place
+    assert [_same(r) if "stats" in r else r for r in got] == [_same(r) if "stats" in r else r for r in want]
+    assert [r.get("text") for r in got] == ["1 3 7 9", "3 2 1", None, "2 5 8", "7 6 5 4", "1 2 3"]
     # an interrupted run: two records and half of the third; --resume decodes the rest on Ray
-    lines = on_ray.read_bytes().splitlines(keepends=True)
-    on_ray.write_bytes(b"".join(lines[:2]) + lines[2][:40])
-    res = cli("generate", *GEN, "-b", "2", "--input", src, "--output", on_ray, "--ray", "2", "--resume")
+    written = on_ray.read_bytes().splitlines(keepends=True)
+    on_ray.write_bytes(b"".join(written[:3]) + written[3][:40])
+    res = cli("generate", *flags, "--output", on_ray, "--ray", "2", "--resume")
     assert res.exit_code == 0, res.output
-    assert "2 record(s) kept (a torn last line dropped), 3 to decode" in res.stderr
+    assert "3 record(s) kept (a torn last line dropped), 3 to decode" in res.stderr
     resumed = [json.loads(line) for line in on_ray.read_text().splitlines()]
-    assert resumed[:2] == got[:2]
-    assert [_same(r) for r in resumed] == [_same(r) for r in want]
+    assert resumed[:3] == got[:3]
+    assert [_same(r) if "stats" in r else r for r in resumed] == [_same(r) if "stats" in r else r for r in want]
