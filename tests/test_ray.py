@@ -72,6 +72,21 @@ def test_deployment_options_fix_the_replicas_or_autoscale_on_requests_in_flight(
     assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
 
 
+def test_replicas_beyond_the_clusters_room_are_refused_naming_the_flags():
+    from types import SimpleNamespace
+
+    from ecache_cli.errors import EcacheError
+    from ecache_cli.serve.ray_serve import check_capacity
+
+    cluster = SimpleNamespace(cluster_resources=lambda: {"CPU": 8.0, "GPU": 2.0})
+    assert check_capacity(cluster, "4", {"num_cpus": 2, "num_gpus": 0}) == 4
+    assert check_capacity(cluster, "auto", {"num_cpus": 1, "num_gpus": 1}) == 2
+    with pytest.raises(EcacheError, match=r"--replicas 3: the Ray cluster holds 2 replica\(s\) of 1 GPU each; lower"):
+        check_capacity(cluster, "3", {"num_cpus": 1, "num_gpus": 1})
+    with pytest.raises(EcacheError, match=r"holds 0 replica\(s\) of 16 CPU core\(s\)"):
+        check_capacity(cluster, "auto", {"num_cpus": 16, "num_gpus": 0})
+
+
 def test_a_cuda_device_reserves_one_gpu_per_replica_and_loads_on_its_own():
     from ecache_cli.runs.ray_batch import replica_device, resources
 
@@ -116,6 +131,7 @@ def test_two_ray_serve_replicas_answer_concurrent_requests_as_generate_does(ray_
     from ray import serve
 
     from ecache_cli.commands.serve import prompt_limit
+    from ecache_cli.errors import UsageError
     from ecache_cli.runs.ray_batch import resources
     from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.runtime import load_for_command
@@ -128,6 +144,8 @@ def test_two_ray_serve_replicas_answer_concurrent_requests_as_generate_does(ray_
     res = resources("cpu", 1)
     limit = probe(ray_local, load, partial(prompt_limit, settings=settings, max_prompt_tokens=None), res)
     assert limit == prompt_limit(load()[0], settings, None)  # what one server computes after loading
+    with pytest.raises(UsageError, match="--max-prompt-tokens 1000000 \\+ --gen-length 16 exceed"):
+        probe(ray_local, load, partial(prompt_limit, settings=settings, max_prompt_tokens=10**6), res)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     sock.close()

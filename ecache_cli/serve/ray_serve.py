@@ -83,6 +83,18 @@ def capacity(ray, res: dict) -> int:
     return int(total.get("CPU", 0) // max(res.get("num_cpus", 1), 1))
 
 
+def check_capacity(ray, replicas: int | str, res: dict) -> int:
+    """The replicas of resources ``res`` the connected cluster holds (:func:`capacity`); EcacheError
+    (exit 1) when ``replicas`` (a count) exceeds it, naming the flags to lower."""
+    from ..errors import EcacheError
+
+    cap = capacity(ray, res)
+    if replicas != "auto" and int(replicas) > cap or cap < 1:
+        raise EcacheError(f"--replicas {replicas}: the Ray cluster holds {cap} replica(s) of {_resources_text(res)} "
+                          "each; lower --replicas or --cores-per-replica, or add machines to the cluster")
+    return cap
+
+
 def deploy(load: Callable, settings, opts: ServeOptions, replicas: int | str, res: dict, host: str, port: int,
            blocking_timeout_s: float | None = None) -> str:
     """Start Ray Serve's proxy on ``host``:``port`` and deploy the replicas (Ray must be connected:
@@ -94,11 +106,7 @@ def deploy(load: Callable, settings, opts: ServeOptions, replicas: int | str, re
 
     from ..errors import EcacheError
 
-    cap = capacity(ray, res)
-    if replicas != "auto" and int(replicas) > cap:
-        raise EcacheError(f"--replicas {replicas}: the Ray cluster holds {cap} replica(s) of {_resources_text(res)} "
-                          "each; lower "
-                          "--replicas or --cores-per-replica, or add machines to the cluster")
+    cap = check_capacity(ray, replicas, res)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's start-up INFO lines stay off stderr
     serve.start(http_options={"host": host, "port": port})
     dep = serve.deployment(replica_class(), name="ecache", **deployment_options(replicas, res, opts, cap))
@@ -156,6 +164,7 @@ def serve_ray(load: Callable, check: Callable, settings, opts: ServeOptions, rep
 
     ray = require_ray("serve --ray")
     with ray_session(ray):
+        check_capacity(ray, replicas, res)  # before the probe loads the model
         opts = dataclasses.replace(opts, max_prompt_tokens=probe(ray, load, check, res))
         url = deploy(load, settings, opts, replicas, res, host, port)
         try:
