@@ -21,6 +21,7 @@ already started (``ray.is_initialized()``) is used and left running.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -79,22 +80,18 @@ def resources(device: str | None, cores: int) -> dict:
     return {"num_cpus": cores, "num_gpus": 0}
 
 
+@contextlib.contextmanager
 def ray_session(ray):
-    """A context manager: Ray connected (module docstring), and shut down at its end if it was started here."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def session():
-        started = not ray.is_initialized()
-        if started:  # Ray's own INFO and WARNING lines (start-up, token auth, progress) stay off stderr
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-        try:
-            yield
-        finally:
-            if started:
-                ray.shutdown()
-
-    return session()
+    """Ray connected for the block (module docstring: ``$RAY_ADDRESS``, else a local instance), and
+    shut down at its end if it was started here."""
+    started = not ray.is_initialized()
+    if started:  # Ray's own INFO and WARNING lines (start-up, token auth, progress) stay off stderr
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 class _Decoder:
