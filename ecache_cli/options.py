@@ -142,5 +142,5 @@ def table_console(console, wide: bool):
                               force_terminal=console.is_terminal, no_color=console.no_color)
 
 
-R = "Scale-out (Ray)"  # the `ray` extra: runs/ray_batch.py, serve/ray_serve.py
-CoresPerReplica = Annotated[int, typer.Option("--cores-per-replica", help="With --ray: CPU cores each Ray replica reserves (and its torch threads unless --threads); a CUDA --device reserves one GPU per replica instead.", rich_help_panel=R)]
+R = "Scale-out (Ray)"  # the `ray` extra: serve/ray_serve.py
+CoresPerReplica = Annotated[int, typer.Option("--cores-per-replica", help="With --ray: CPU cores each replica reserves (and its torch threads unless --threads); a CUDA --device reserves one GPU per replica instead.", rich_help_panel=R)]

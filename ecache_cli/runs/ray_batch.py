@@ -5,7 +5,8 @@ every ``--input`` record, plans a resumed ``--output`` and writes the records ex
 ``runs/generate.py`` does (the same ``_Job``: record order, one flush per record, ``--resume``); only
 the decoding moves. The records to decode are cut into batches of ``--batch-size`` in input order,
 as one process cuts them, and a Ray Dataset of those batches goes through ``map_batches`` on a pool
-of N actors (each loads the model once, ``--cores-per-replica`` CPUs or one GPU each). The dataset
+of N actors (each loads the model once and reserves ``--threads`` CPU cores, default 1, or one GPU
+under a CUDA ``--device``). The dataset
 keeps its input order (``DataContext.execution_options.preserve_order``), so this process receives
 the batches in order as they finish and writes each record as soon as those before it are written.
 
@@ -45,16 +46,14 @@ def require_ray(what: str):
     return ray
 
 
-def check_ray_options(opts: GenerateOptions, replicas: int, cores: int, ranks) -> None:
-    """``generate --ray N``: N ≥ 1, ``--cores-per-replica`` ≥ 1, an ``--input`` FILE (all records read
+def check_ray_options(opts: GenerateOptions, replicas: int, ranks) -> None:
+    """``generate --ray N``: N ≥ 1, an ``--input`` FILE (all records read
     before the batches are cut), no live view (the canvas is on an actor) and no launcher ranks
     (one process drives the actors); one-line UsageErrors. Then Ray itself (:func:`require_ray`)."""
     from ..errors import UsageError
 
     if replicas < 1:
         raise UsageError(f"--ray {replicas} must be ≥ 1 (the number of Ray actors, each loading the model)")
-    if cores < 1:
-        raise UsageError(f"--cores-per-replica {cores} must be ≥ 1")
     if opts.input_file is None or str(opts.input_file) == "-":
         raise UsageError("--ray decodes the records of --input FILE; pass --input FILE (a JSONL file, not stdin)")
     if opts.watch or opts.stream:
