@@ -140,3 +140,7 @@ def table_console(console, wide: bool):
         return console
     return type(console)(file=console.file, width=max(console.width, 240), soft_wrap=True,
                               force_terminal=console.is_terminal, no_color=console.no_color)
+
+
+R = "Scale-out (Ray)"  # the `ray` extra: serve/ray_serve.py
+CoresPerReplica = Annotated[int, typer.Option("--cores-per-replica", help="With --ray: CPU cores each replica reserves (and its torch threads unless --threads); a CUDA --device reserves one GPU per replica instead.", rich_help_panel=R)]

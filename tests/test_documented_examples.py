@@ -237,6 +237,11 @@ NOT_RUN = {
     "torchrun --nproc_per_node 2 -m ecache_cli calibrate --task list --limit 8":
         "tests/test_distributed.py (slow, in .ci/run) runs it against one process",
     'pip install -e ".[serve]"': "the install is .ci/run's (it installs the serve extra)",
+    'pip install -e ".[ray]"': "the install is .ci/run's (it installs the ray extra)",
+    "ray start --head": "starts a Ray cluster that outlives the command; tests/test_ray.py starts a local instance",
+    "ecache generate --input questions.jsonl --output answers.jsonl --ray":
+        "needs the ray extra and starts Ray (~1 min on two cores); tests/test_ray.py (slow, in .ci/run) checks its "
+        "records against plain generate --input and its --resume",
     "ecache serve": "a server runs until stopped; tests/test_serve.py starts it and drives it with the openai client",
     "curl ": "needs a running server; tests/test_serve.py sends these requests through the openai client and httpx",
     "ecache models pull llada-moe": "a 14 GB download; tests/test_models_cmd.py runs pull offline, cached and against "

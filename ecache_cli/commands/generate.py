@@ -37,7 +37,8 @@ def generate(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the JSONL records (as --jsonl prints them) to FILE, each flushed as it is done, in input order; stdout then gets nothing. An existing FILE needs --resume \\[default: none: stdout].", rich_help_panel=o.O)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue --output FILE: decode only the records it lacks (same input, model and settings; a torn last line is dropped) \\[default: off].", rich_help_panel=o.O)] = False,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help="--input records that cannot be decoded (bad JSON, no prompt, too long for the canvas) get an error record and the others are decoded \\[default: off: one error names every bad line, nothing is decoded].", rich_help_panel=o.O)] = False,
-    print0: Annotated[bool, typer.Option("--print0", help="Plain text: end each answer with a NUL byte instead of a newline, so answers that hold newlines split exactly (xargs -0, read -d '') \\[default: off].", rich_help_panel=o.O)] = False,
+    print0: Annotated[bool, typer.Option("--print0", help="Plain text: end each answer with a NUL byte, not a newline, so answers with newlines split exactly (xargs -0) \\[default: off].", rich_help_panel=o.O)] = False,
+    ray: Annotated[Optional[int], typer.Option("--ray", help="Decode --input on N Ray actors of --threads cores each \\[default: off].", rich_help_panel=o.M)] = None,
 ):
     """Generate text with a cached denoising loop: results on stdout, progress on stderr.
 
@@ -58,6 +59,10 @@ def generate(
                            resume=resume, skip_invalid=skip_invalid, print0=print0,
                            watch=watch, watch_delay=watch_delay)
     ranks = check_options(opts)
+    if ray is not None:
+        from ..runs.ray_batch import check_ray_options
+
+        check_ray_options(opts, ray, ranks)
     check_task(task, profile)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     from ..runs.models import check_model_name
@@ -88,7 +93,16 @@ def generate(
     if dist.is_main:
         warn_model_rules(settings, lm.spec.sampler)
     try:
-        run(lm, settings, opts, sys.stdout, err, dist=dist)
+        if ray is None:
+            run(lm, settings, opts, sys.stdout, err, dist=dist)
+        else:
+            from functools import partial
+
+            from ..runs import ray_batch
+
+            load = partial(load_for_command, model, ray_batch.replica_device(device), dtype, threads,
+                           compile=settings.compile, force=force, quantize=settings.quantize)
+            ray_batch.run(lm, settings, opts, sys.stdout, err, load, ray, ray_batch.resources(device, threads or 1))
         if (line := compile_line(lm.model)) and not quiet and dist.is_main:
             err.print(line, markup=False, highlight=False)
     except KeyboardInterrupt:

@@ -39,6 +39,9 @@ def serve_cmd(
     block_refresh: o.BlockRefresh = None, refresh_every: o.RefreshEvery = None, profile: o.Profile = None,
     seed: Annotated[Optional[int], typer.Option(help="Seeds of requests without a 'seed' field drawn from this stream, so a session replays (a request's own seed is as ecache generate --seed) \\[default: random].", rich_help_panel=o.D)] = None,
     quiet: o.Quiet = False,
+    ray: Annotated[bool, typer.Option("--ray", help="Serve the same app from Ray Serve replicas, each loading the model (the 'ray' extra; $RAY_ADDRESS: a running cluster; docs/SERVING.md) \\[default: off: one process].", rich_help_panel=o.R)] = False,
+    replicas: Annotated[str, typer.Option("--replicas", help="With --ray: the number of replicas, or auto (Ray Serve's autoscaling on requests in flight per replica, target --max-batch, up to what the cluster holds).", rich_help_panel=o.R)] = "1",
+    cores_per_replica: o.CoresPerReplica = 1,
 ):
     """Serve the model over an OpenAI-compatible HTTP API (needs the extra: pip install -e ".\\[serve]").
 
@@ -78,6 +81,16 @@ def serve_cmd(
         raise UsageError(f"--port {port} must be in 0-65535")
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty; give a key, or leave it (and $ECACHE_API_KEY) out")
+    if not ray and (replicas != "1" or cores_per_replica != 1):
+        raise UsageError(f"--{'replicas' if replicas != '1' else 'cores-per-replica'} applies to Ray replicas; add --ray")
+    if replicas != "auto" and not (replicas.isdigit() and int(replicas) >= 1):
+        raise UsageError(f"--replicas {replicas!r}: give a number ≥ 1 or auto")
+    if cores_per_replica < 1:
+        raise UsageError(f"--cores-per-replica {cores_per_replica} must be ≥ 1")
+    if ray:
+        from ..runs.ray_batch import require_ray
+
+        require_ray("serve --ray")
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -86,13 +99,7 @@ def serve_cmd(
         raise EcacheError(f"ecache serve needs the 'serve' extra ({e.name} is missing): pip install -e \".[serve]\" "
                           "(or pip install 'ecache[serve]')") from None
     from ..console import err, warn
-    from ..runs.settings import (
-        check_settings_fit,
-        not_used_by,
-        resolve_settings,
-        warn_model_rules,
-        warn_unused_cache_flags,
-    )
+    from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
     from ..runtime import load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
 
@@ -107,24 +114,28 @@ def serve_cmd(
     # picked it (printed nowhere else)
     say = (lambda *a, **k: None) if quiet else err.print
     say(settings.describe(model), markup=False, highlight=False)
-    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)
-    check_settings_fit(settings, lm.spec)  # before listening: what every request's run would refuse (exit 2)
-    warn_model_rules(settings, lm.spec.sampler)  # the flags the model's rules ignore, as every command warns
-    room = lm.spec.max_positions - settings.decode.gen_length
-    if room < 1:
-        block = settings.decode.block_length
-        fit = (lm.spec.max_positions - 1) // block * block
-        raise UsageError(f"--gen-length {settings.decode.gen_length} leaves no room for a prompt in the model's "
-                         f"{lm.spec.max_positions} positions; use at most {fit} (whole blocks of {block})")
-    if max_prompt_tokens is None:
-        max_prompt_tokens = room
-    elif max_prompt_tokens > room:
-        raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} + --gen-length {settings.decode.gen_length} exceed "
-                         f"the model's {lm.spec.max_positions} positions; use at most {room}")
     name = served_model_name or model
     opts = ServeOptions(model_name=name, api_key=api_key, max_batch=max_batch, max_queue=max_queue, admission=admission,
                         request_timeout=request_timeout, max_body_bytes=max_body_bytes,
-                        max_prompt_tokens=max_prompt_tokens, shutdown_grace=shutdown_grace, seed=seed)
+                        max_prompt_tokens=0, shutdown_grace=shutdown_grace,  # the prompt limit: once the model loads
+                        seed=seed)
+    if ray:  # the replicas load the model and listen (Ray Serve's proxy): this process only starts them
+        from functools import partial
+
+        from ..runs.ray_batch import replica_device, resources
+        from ..serve.ray_serve import serve_ray
+
+        port_ = sock.getsockname()[1]  # a free one under --port 0; Ray Serve's proxy binds it
+        sock.close()
+        load = partial(load_for_command, model, replica_device(device), dtype, threads or cores_per_replica,
+                       compile=settings.compile, force=force, quantize=settings.quantize)
+        check = partial(prompt_limit, settings=settings, max_prompt_tokens=max_prompt_tokens)
+        serve_ray(load, check, settings, opts, replicas, resources(device, cores_per_replica), host, port_,
+                  say=say, say_url=err.print if port == 0 else say)
+        return
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)
+    opts.max_prompt_tokens = prompt_limit(lm, settings, max_prompt_tokens)  # before listening
+    warn_model_rules(settings, lm.spec.sampler)  # the flags the model's rules ignore, as every command warns
     app = create_app(lm, settings, opts)
     where, port_ = sock.getsockname()[:2]
     (err.print if port == 0 else say)(
@@ -140,6 +151,29 @@ def serve_cmd(
              "(or set ECACHE_API_KEY)")
     run_server(app, sock, access_log=access_log)
     say("ecache serve: stopped", markup=False, highlight=False)
+
+
+def prompt_limit(lm, settings, max_prompt_tokens: int | None) -> int:
+    """The checks made once the model is loaded, before listening: the settings fit the model
+    (``runs.settings.check_settings_fit``: what every request's run would refuse) and the prompt limit,
+    ``--max-prompt-tokens`` or by default the positions ``--gen-length`` leaves. Returns that limit;
+    raises UsageError (exit 2) naming the flag to change."""
+    from ..errors import UsageError
+    from ..runs.settings import check_settings_fit
+
+    check_settings_fit(settings, lm.spec)
+    room = lm.spec.max_positions - settings.decode.gen_length
+    if room < 1:
+        block = settings.decode.block_length
+        fit = (lm.spec.max_positions - 1) // block * block
+        raise UsageError(f"--gen-length {settings.decode.gen_length} leaves no room for a prompt in the model's "
+                         f"{lm.spec.max_positions} positions; use at most {fit} (whole blocks of {block})")
+    if max_prompt_tokens is None:
+        return room
+    if max_prompt_tokens > room:
+        raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} + --gen-length {settings.decode.gen_length} exceed "
+                         f"the model's {lm.spec.max_positions} positions; use at most {room}")
+    return max_prompt_tokens
 
 
 def _is_loopback(host: str) -> bool:

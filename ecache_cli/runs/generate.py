@@ -156,14 +156,15 @@ class _Sink:
             self.out.flush()
 
 
-def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dist=None) -> int:
+def run(lm, settings: Settings, opts: GenerateOptions, out: IO, err_console, dist=None, job_cls=None) -> int:
     """Generate for every record; return the number of records decoded by this run. Raises
-    EcacheError subclasses. ``dist``: this process's ``DistEnv`` (None: one process)."""
+    EcacheError subclasses. ``dist``: this process's ``DistEnv`` (None: one process); ``job_cls``: a
+    ``_Job`` subclass that decodes elsewhere (``runs/ray_batch.py``)."""
     from ..console import warn
     from ..distributed import DistEnv
     from .inputs import no_prompts
 
-    job = _Job(lm, settings, opts, err_console, dist or DistEnv())
+    job = (job_cls or _Job)(lm, settings, opts, err_console, dist or DistEnv())
     items, bad = job.read_items()
     job.plan_output(items)
     if isinstance(items, list) and not items:

@@ -11,6 +11,7 @@
 - ``app.py``: the app, the OpenAI, health and metrics routes, server-sent events, x-request-id, and the
   uvicorn server with its SIGTERM handling.
 - ``ollama.py``: Ollama's routes, translated into OpenAI requests.
+- ``ray_serve.py``: ``--ray``: the same app as Ray Serve replicas (the optional extra ``ray``).
 
 FastAPI, uvicorn and prometheus-client come with the optional extra ``serve``
 (``pip install -e ".[serve]"``); nothing here is imported by the other subcommands.
