@@ -29,7 +29,10 @@ class ServeOptions:
     ``admission``: always | fcfs | auto (``serve/admission.py``). ``request_timeout`` seconds (None:
     none). ``max_body_bytes``: request bodies. ``max_prompt_tokens``: prompt ids. ``shutdown_grace``:
     seconds SIGTERM leaves running rows. ``retry_after``: seconds a 429 asks for. ``warmup``: rows of
-    the engine's warm-up (0: none; ``/health/ready`` is 200 at once)."""
+    the engine's warm-up (0: none; ``/health/ready`` is 200 at once). ``prefix_cache``: reuse prompts'
+    keys and values across requests (docs/SERVING.md, "Prefix reuse"; None: where it is exact, on
+    block-diffusion models), in a store of at most ``prefix_cache_mb`` MiB cut in chunks of
+    ``prefix_chunk`` tokens."""
 
     model_name: str
     api_key: str | None = None
@@ -42,6 +45,9 @@ class ServeOptions:
     shutdown_grace: float = 30.0
     retry_after: int = 1
     warmup: int = 8
+    prefix_cache: bool | None = None
+    prefix_cache_mb: int = 1024
+    prefix_chunk: int = 32
 
 
 @dataclasses.dataclass
