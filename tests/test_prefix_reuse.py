@@ -159,3 +159,12 @@ def test_prefix_cache_mb_out_of_range_is_one_line_naming_the_value(cli, mb):
     r = cli("serve", "--prefix-cache-mb", mb)
     assert r.exit_code == 2
     assert f"--prefix-cache-mb {mb} must be in 1-1048576 (MiB); use --no-prefix-cache" in r.output
+
+
+def test_the_start_line_names_reuse_and_whether_it_is_exact():
+    from ecache_cli.commands.serve import _prefix_line
+
+    assert _prefix_line(None, True, 1024) == "--prefix-cache (exact; at most 1024 MiB)"
+    assert _prefix_line(None, False, 1024) == "--no-prefix-cache"
+    assert _prefix_line(False, True, 1024) == "--no-prefix-cache"
+    assert _prefix_line(True, False, 64).startswith("--prefix-cache (approximate: ")
