@@ -107,7 +107,8 @@ def one_pass(lm, settings, texts: list[str], args, reuse: bool) -> dict:
     seconds = time.perf_counter() - t0
     sched.stop()
     st = store.stats if store is not None else None
-    return {"seconds": seconds, "positions": work[0], "busy_s": work[1], "texts": [j.text for j in jobs], "ids": [j.ids[:j.n_answer] for j in jobs],
+    return {"seconds": seconds, "positions": work[0], "busy_s": work[1], "texts": [j.text for j in jobs],
+            "ids": [j.ids[:j.n_answer] for j in jobs],
             "hit_rate": st.reused_tokens / max(st.prompt_tokens, 1) if st else 0.0,
             "store_mb": store.bytes / 2**20 if store is not None else 0.0,
             "prompt_tokens": statistics.mean(len(j.prompt_ids) for j in jobs)}
@@ -208,7 +209,8 @@ def main() -> None:
           f"{'speedup':>7} {'busy':>6} {'work':>6} {'identical':>9} {'tokens':>6} {'hit rate':>8} {'store MB':>8}")
     for r in rows:
         print(f"{r['workload']:>13} {r['n']:3d} {r['prompt_tokens']:6.0f} {r['s_off']:6.2f} {r['s_on']:6.2f} "
-              f"{r['req_s_off']:9.2f} {r['req_s_on']:8.2f} {r['speedup']:6.2f}x {r['busy_speedup']:5.2f}x {r['work_ratio']:5.2f}x {100 * r['identical']:8.1f}% "
+              f"{r['req_s_off']:9.2f} {r['req_s_on']:8.2f} {r['speedup']:6.2f}x {r['busy_speedup']:5.2f}x "
+              f"{r['work_ratio']:5.2f}x {100 * r['identical']:8.1f}% "
               f"{100 * r['token_agreement']:5.1f}% {100 * r['hit_rate']:7.1f}% {r['store_mb']:8.2f}")
     target = {r["workload"]: {"speedup": r["speedup"], "identical": r["identical"],
                               "met": r["speedup"] >= TARGET_SPEEDUP and r["identical"] >= TARGET_IDENTICAL}
