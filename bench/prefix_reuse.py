@@ -65,11 +65,12 @@ def one_pass(lm, settings, texts: list[str], args, reuse: bool) -> dict:
     """Every request of ``texts`` queued at once through a fresh scheduler, with or without a prefix
     store; the wall seconds, each answer's text and token ids, the store's counts."""
     from ecache_cli.prefixstore import PrefixStore
+    from ecache_cli.serve.handling import ServeOptions
     from ecache_cli.serve.metrics import ServeMetrics
     from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
     from ecache_cli.serve.scheduler import Scheduler
 
-    store = PrefixStore(32, args.prefix_cache_mb << 20) if reuse else None
+    store = PrefixStore(ServeOptions.prefix_chunk, args.prefix_cache_mb << 20) if reuse else None
     sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, "always", prefix=store)
     resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name="m"))
 

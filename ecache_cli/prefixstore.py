@@ -79,11 +79,13 @@ class PrefixStore:
             parent = e.uid
         return found
 
-    def lookup(self, ids, root=None, limit: int | None = None) -> torch.Tensor | None:
-        """(2, L, H_kv, n, D) the keys and values of ``ids``' longest stored prefix of whole chunks
-        (n tokens, at most ``limit``), or None when no chunk is stored; counted in ``stats``, and the
-        entries found become the most recently used."""
+    def lookup(self, ids, root=None, limit: int | None = None, unit: int = 1) -> torch.Tensor | None:
+        """(2, L, H_kv, n, D) the keys and values of ``ids``' longest stored prefix of whole chunks, cut
+        to a multiple of ``unit`` tokens (n, at most ``limit``), or None when that leaves none; counted
+        in ``stats``, and the entries used become the most recently used."""
         chain = self._chain(ids if limit is None else ids[:limit], root)
+        n = len(chain) * self.chunk // unit * unit
+        chain = chain[:-(-n // self.chunk)] if n else []
         self.stats.lookups += 1
         self.stats.prompt_tokens += len(ids)
         if not chain:
@@ -91,8 +93,8 @@ class PrefixStore:
         for e in chain:
             self._entries.move_to_end(e.key)
         self.stats.hits += 1
-        self.stats.reused_tokens += len(chain) * self.chunk
-        return torch.cat([e.kv for e in chain], dim=3)
+        self.stats.reused_tokens += n
+        return torch.cat([e.kv for e in chain], dim=3)[:, :, :, :n]
 
     def stored(self, ids, root=None) -> int:
         """Tokens of ``ids``' leading whole chunks already stored (no counting, no reordering)."""

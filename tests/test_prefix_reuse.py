@@ -42,9 +42,11 @@ def test_the_store_finds_the_longest_stored_prefix_of_whole_chunks_and_counts_it
     assert torch.equal(got, kv[:, :, :, :8])
     assert s.lookup([10, 11, 12, 0] + ids[4:]) is None  # the first chunk differs: nothing after it matches
     assert s.lookup(ids, limit=7).shape[3] == 4  # at most 7 tokens: one chunk
+    assert torch.equal(s.lookup(ids, unit=3), kv[:, :, :, :6])  # whole units of 3 tokens: 6 of the 8 found
+    assert s.lookup(ids, unit=9) is None  # no whole unit of 9 in the 8 found
     assert s.lookup(ids, root="other") is None  # another root: other keys and values
-    assert (s.stats.lookups, s.stats.hits, s.stats.reused_tokens) == (4, 2, 12)
-    assert s.stats.prompt_tokens == 13 + 12 + 12 + 12
+    assert (s.stats.lookups, s.stats.hits, s.stats.reused_tokens) == (6, 3, 18)
+    assert s.stats.prompt_tokens == 13 + 12 * 5
     assert s.stored(ids) == 8 and len(s) == 2 and s.bytes == 2 * 128
 
 
@@ -67,10 +69,10 @@ def test_the_store_evicts_least_recently_used_chunks_within_its_bytes():
     assert PrefixStore(chunk=4, max_bytes=64).add(a, torch.cat([_kv(1), _kv(2)], 3)) == 0  # a chunk over the bound
 
 
-def _serve(lm, settings, first: list[list[int]], later: list[list[int]], **options):
+def _serve(lm, settings, first: list[list[int]], later: list[list[int]], chunk: int = 8, **options):
     """Serve ``first`` together, then (once the first row has run a step) ``later``, through the scheduler
-    in-process; returns (answers in order, the scheduler)."""
-    app = create_app(lm, settings, ServeOptions(model_name="m", warmup=0, admission="always", prefix_chunk=8,
+    in-process, with a prefix store of ``chunk``-token chunks; returns (answers in order, the scheduler)."""
+    app = create_app(lm, settings, ServeOptions(model_name="m", warmup=0, admission="always", prefix_chunk=chunk,
                                                 **options))
     srv, sched = app.state.server, app.state.scheduler
 
@@ -105,25 +107,28 @@ def _prompts(seed: int, shared: int, tails: list[int]) -> list[list[int]]:
     return [head + torch.randint(3, 150, (n,), generator=g).tolist() for n in tails]
 
 
-@pytest.mark.parametrize("name,block", [("sdar", 4), ("llada2-mini", 8)])
-def test_block_diffusion_answers_with_reused_prompt_blocks_equal_generate(name, block):
-    """Requests sharing a 24-token prefix, of different lengths (so different left padding in their run),
-    two started together and three joining mid-run: each reads the shared prompt blocks from the store
-    and answers exactly as ``generate`` does for its prompt alone."""
+@pytest.mark.parametrize("name,block,chunk,shared", [("sdar", 4, 6, 24), ("llada2-mini", 8, 10, 20)])
+def test_block_diffusion_answers_with_reused_prompt_blocks_equal_generate(name, block, chunk, shared):
+    """Requests sharing a prefix, of different lengths (so different left padding in their run), two
+    started together and three joining mid-run: each reads the shared prompt's whole blocks within whole
+    chunks from the store and answers exactly as ``generate`` does for its prompt alone. Chunks need not
+    end on block ends: with chunks of 10 and blocks of 8 the 20 shared tokens are found, but only 16 are
+    reused (the block 16-24 holds tokens that differ, so its keys and values do too)."""
     lm = load_model(FIXTURES / name, device="cpu", dtype="float32")
     settings = resolve_settings(str(FIXTURES / name), {"gen_length": GEN, "block_length": block}, {})
-    prompts = _prompts(7, 24, [3, 9, 1, 14, 6])
+    prompts = _prompts(7, shared, [3 + 24 - shared, 9, 5, 14, 6])
     eng = Engine.from_loaded(lm)
     want = [eng.generate([p], settings.decode, settings.policy(), chat=False)[0].text
             for p in prompts]
-    got, sched = _serve(lm, settings, prompts[:2], prompts[2:])
+    got, sched = _serve(lm, settings, prompts[:2], prompts[2:], chunk=chunk)
     assert got == want
     st = sched.prefix.stats
-    assert st.hits == 3 and st.reused_tokens == 3 * 24  # the three later prompts: the shared 24 tokens each
+    reused = shared // chunk * chunk // block * block  # the shared tokens in whole chunks, then in whole blocks
+    assert st.hits == 3 and st.reused_tokens == 3 * reused > 0  # the three later prompts
     assert st.lookups == 5 and sched.prefix.bytes > 0
     text = sched.metrics.render().decode()
     assert 'ecache_prefix_cache_lookups_total{result="hit"} 3.0' in text
-    assert f'ecache_prefix_cache_tokens_total{{kind="reused"}} {3 * 24}.0' in text
+    assert f'ecache_prefix_cache_tokens_total{{kind="reused"}} {3 * reused}.0' in text
     assert f"ecache_prefix_cache_bytes {float(sched.prefix.bytes)}" in text
 
 

@@ -148,6 +148,7 @@ class ReusedPrefix:
 
     def __init__(self, policy):
         self.inner = policy
+        self._memo = None  # (state.reused, frozen span (B, T), rows with reuse (B,), any of them): per batch
 
     @staticmethod
     def wraps(policy) -> bool:
@@ -164,8 +165,13 @@ class ReusedPrefix:
         plan = self.inner.plan(state)
         if state.reused is None:
             return plan
-        frozen = state.reused_span()  # (B, T) bool
-        hit = frozen.any(1)  # (B,) rows with reused positions: one sync-free where
+        memo = self._memo
+        if memo is None or memo[0] is not state.reused:  # rows joined or left (the tensor is replaced): one sync
+            frozen = state.reused_span()  # (B, T) bool
+            memo = self._memo = (state.reused, frozen, frozen.any(1), bool(state.reused.any()))
+        _, frozen, hit, any_hit = memo
+        if not any_hit:
+            return plan
         hooks = plan.hooks
         keep = self.targets_and_sources(state)
         if hooks is not None and hooks.attention_rows is not None:

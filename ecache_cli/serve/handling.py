@@ -47,7 +47,7 @@ class ServeOptions:
     warmup: int = 8
     prefix_cache: bool | None = None
     prefix_cache_mb: int = 1024
-    prefix_chunk: int = 32
+    prefix_chunk: int = 16
 
 
 @dataclasses.dataclass

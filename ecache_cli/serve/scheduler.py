@@ -450,7 +450,7 @@ class Scheduler:
                     group.add(job, group.run.add(job.prompt_ids, row_id=job.uid, reuse=kv))
                     continue
                 k, policy = job.key, job.make_policy()
-                reuse = self.prefix is not None and ReusedPrefix.wraps(policy) and self._reach(k) > 0
+                reuse = self.prefix is not None and ReusedPrefix.wraps(policy)
                 run = self.engine.start([job.prompt_ids], k.cfg, ReusedPrefix(policy) if reuse else policy, seed=0,
                                         row_ids=[job.uid], prompt_width=k.prompt_width,
                                         reuse=[self._lookup(job)] if reuse else None)
@@ -467,13 +467,11 @@ class Scheduler:
     # -- prefix reuse (docs/SERVING.md, "Prefix reuse") ---------------------------------------------
 
     def _reach(self, key: GroupKey) -> int:
-        """Tokens per block whose keys and values are final once computed: a block-causal model's block
-        length (its whole prompt blocks depend on nothing after them), 1 on bidirectional attention (the
-        approximation: any prompt position); 0 when the store's chunks do not end on block ends."""
-        if not self.engine.spec.block_causal:
-            return 1
-        bl = key.cfg.block_length
-        return bl if self.prefix.chunk % bl == 0 else 0
+        """The unit of a prompt's reusable positions: a block-causal model's block length (a whole prompt
+        block's keys and values depend only on the tokens up to its end, so a stored prefix is reused in
+        whole blocks, each matched to its last token), 1 on bidirectional attention (the approximation:
+        any prompt position)."""
+        return key.cfg.block_length if self.engine.spec.block_causal else 1
 
     def _root(self, key: GroupKey):
         """What a prompt's keys and values depend on beyond its tokens (the prefix store's ``root``)."""
@@ -482,11 +480,12 @@ class Scheduler:
     def _final(self, job: Job) -> int:
         """The prompt's leading tokens whose keys and values may be stored and reused (``_reach``)."""
         reach = self._reach(job.key)
-        return len(job.prompt_ids) // reach * reach if reach else 0
+        return len(job.prompt_ids) // reach * reach
 
     def _lookup(self, job: Job):
-        """The stored keys and values of ``job``'s prompt's longest stored prefix, or None."""
-        kv = self.prefix.lookup(job.prompt_ids, self._root(job.key), limit=self._final(job))
+        """The stored keys and values of ``job``'s prompt's longest stored prefix in whole ``_reach``
+        units, or None."""
+        kv = self.prefix.lookup(job.prompt_ids, self._root(job.key), limit=self._final(job), unit=self._reach(job.key))
         self.metrics.prefix_cache(self.prefix)
         return kv
 
