@@ -11,6 +11,8 @@ Workloads (each request a greedy chat completion built by the server's own reque
   first request's canvas and stay frozen), so the answers are compared with no reuse: the share of
   identical answers and the token agreement (answer positions holding the same token, over the longer
   answer of each pair).
+  Two rules side by side: ``frozen`` (the server's: reused positions are never recomputed) and ``first``
+  (only a request's first forward skips them; its later refreshes recompute them in its own canvas).
 - ``block``: a random-weight SDAR-shaped model of the tiny model's size (``models/synthetic.py``, block
   length 4, its character tokenizer), same prompts. Reuse is exact there: the answers must be identical.
 
@@ -61,17 +63,20 @@ def block_model(out: Path) -> Path:
                                    n_kv_heads=4, mlp_hidden=384)
 
 
-def one_pass(lm, settings, texts: list[str], args, reuse: bool) -> dict:
-    """Every request of ``texts`` queued at once through a fresh scheduler, with or without a prefix
-    store; the wall seconds, each answer's text and token ids, the store's counts."""
+def one_pass(lm, settings, texts: list[str], args, rule: str) -> dict:
+    """Every request of ``texts`` queued at once through a fresh scheduler, without a prefix store
+    (``rule`` ``off``) or with one, reused positions frozen for the whole request (``frozen``) or
+    skipped by the first forward only (``first``); the wall seconds, each answer's text and token ids,
+    the store's counts."""
     from ecache_cli.prefixstore import PrefixStore
     from ecache_cli.serve.handling import ServeOptions
     from ecache_cli.serve.metrics import ServeMetrics
     from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
     from ecache_cli.serve.scheduler import Scheduler
 
-    store = PrefixStore(ServeOptions.prefix_chunk, args.prefix_cache_mb << 20) if reuse else None
+    store = PrefixStore(ServeOptions.prefix_chunk, args.prefix_cache_mb << 20) if rule != "off" else None
     sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, "always", prefix=store)
+    sched.prefix_frozen = rule == "frozen"
     resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name="m"))
 
     def request(i: int, text: str):
@@ -121,30 +126,32 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / max(sum(max(len(p), len(q)) for p, q in zip(a, b)), 1)
 
 
-def workload(name: str, lm, settings, texts: list[str], args) -> dict:
-    """The passes of one workload (alternating order over ``--repeats``) and its row of the table."""
-    times, busy = {True: [], False: []}, {True: [], False: []}
-    base = got = None
+def workload(name: str, lm, settings, texts: list[str], args, rules: list[str]) -> list[dict]:
+    """The passes of one workload (no reuse and each of ``rules``, the order rotating over ``--repeats``)
+    and its rows of the table, one per rule against no reuse."""
+    order = ["off"] + rules
+    times, busy, last = {r: [] for r in order}, {r: [] for r in order}, {}
     for rep in range(args.repeats):
-        for reuse in ((False, True) if rep % 2 == 0 else (True, False)):
-            r = one_pass(lm, settings, texts, args, reuse)
-            times[reuse].append(r["seconds"])
-            busy[reuse].append(r["busy_s"])
-            if reuse:
-                got = r
-            else:
-                base = r
-            print(f"{name:>13} reuse {'on ' if reuse else 'off'} pass {rep}: {r['seconds']:.2f} s, steps' busy "
-                  f"{r['busy_s']:.2f} s, {r['positions']:.0f} positions computed",
-                  file=sys.stderr, flush=True)
-    off, on = statistics.median(times[False]), statistics.median(times[True])
-    same = sum(x == y for x, y in zip(base["texts"], got["texts"])) / len(texts)
-    return {"workload": name, "n": len(texts), "prompt_tokens": got["prompt_tokens"], "s_off": off, "s_on": on,
-            "req_s_off": len(texts) / off, "req_s_on": len(texts) / on, "speedup": off / on, "identical": same,
-            "busy_speedup": statistics.median(busy[False]) / statistics.median(busy[True]),
-            "work_ratio": base["positions"] / max(got["positions"], 1.0),
-            "token_agreement": agreement(base["ids"], got["ids"]), "hit_rate": got["hit_rate"],
-            "store_mb": got["store_mb"]}
+        for rule in order[rep % len(order):] + order[:rep % len(order)]:
+            r = one_pass(lm, settings, texts, args, rule)
+            times[rule].append(r["seconds"])
+            busy[rule].append(r["busy_s"])
+            last[rule] = r
+            print(f"{name:>13} {rule:>6} pass {rep}: {r['seconds']:.2f} s, steps' busy {r['busy_s']:.2f} s, "
+                  f"{r['positions']:.0f} positions computed", file=sys.stderr, flush=True)
+    base, off = last["off"], statistics.median(times["off"])
+    rows = []
+    for rule in rules:
+        got, on = last[rule], statistics.median(times[rule])
+        same = sum(x == y for x, y in zip(base["texts"], got["texts"])) / len(texts)
+        rows.append({"workload": name, "rule": rule, "n": len(texts), "prompt_tokens": got["prompt_tokens"],
+                     "s_off": off, "s_on": on, "req_s_off": len(texts) / off, "req_s_on": len(texts) / on,
+                     "speedup": off / on, "identical": same,
+                     "busy_speedup": statistics.median(busy["off"]) / statistics.median(busy[rule]),
+                     "work_ratio": base["positions"] / max(got["positions"], 1.0),
+                     "token_agreement": agreement(base["ids"], got["ids"]), "hit_rate": got["hit_rate"],
+                     "store_mb": got["store_mb"]})
+    return rows
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,24 +203,27 @@ def main() -> None:
         if "bidirectional" in args.workloads:
             settings = resolve_settings(args.model, {"gen_length": args.max_tokens}, {}, profile=args.profile)
             lm = load_model(args.model, device="cpu", dtype="float32")
-            rows.append(workload("bidirectional", lm, settings, texts, args))
+            rows += workload("bidirectional", lm, settings, texts, args, ["frozen", "first"])
         if "block" in args.workloads:
             with tempfile.TemporaryDirectory() as tmp:
                 path = str(block_model(Path(tmp)))
                 settings = resolve_settings(path, {"gen_length": args.max_tokens, "block_length": 4}, {})
                 lm = load_model(path, device="cpu", dtype="float32")
-                rows.append(workload("block", lm, settings, texts, args))
+                rows += workload("block", lm, settings, texts, args, ["frozen"])  # "first": the same plans
     except EcacheError as e:
         print(f"prefix_reuse.py: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"\n{'workload':>13} {'n':>3} {'prompt':>6} {'off s':>6} {'on s':>6} {'req/s off':>9} {'req/s on':>8} "
-          f"{'speedup':>7} {'busy':>6} {'work':>6} {'identical':>9} {'tokens':>6} {'hit rate':>8} {'store MB':>8}")
+    head = ("workload", "rule", "n", "prompt", "off s", "on s", "req/s off", "req/s on", "speedup", "busy",
+            "work", "identical", "tokens", "hit rate", "store MB")
+    widths = (13, 6, 3, 6, 6, 6, 9, 8, 7, 6, 6, 9, 6, 8, 8)
+    print("\n" + " ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
     for r in rows:
-        print(f"{r['workload']:>13} {r['n']:3d} {r['prompt_tokens']:6.0f} {r['s_off']:6.2f} {r['s_on']:6.2f} "
-              f"{r['req_s_off']:9.2f} {r['req_s_on']:8.2f} {r['speedup']:6.2f}x {r['busy_speedup']:5.2f}x "
-              f"{r['work_ratio']:5.2f}x {100 * r['identical']:8.1f}% "
-              f"{100 * r['token_agreement']:5.1f}% {100 * r['hit_rate']:7.1f}% {r['store_mb']:8.2f}")
-    target = {r["workload"]: {"speedup": r["speedup"], "identical": r["identical"],
+        cells = (r["workload"], r["rule"], r["n"], f"{r['prompt_tokens']:.0f}", f"{r['s_off']:.2f}",
+                 f"{r['s_on']:.2f}", f"{r['req_s_off']:.2f}", f"{r['req_s_on']:.2f}", f"{r['speedup']:.2f}x",
+                 f"{r['busy_speedup']:.2f}x", f"{r['work_ratio']:.2f}x", f"{100 * r['identical']:.1f}%",
+                 f"{100 * r['token_agreement']:.1f}%", f"{100 * r['hit_rate']:.1f}%", f"{r['store_mb']:.2f}")
+        print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+    target = {f"{r['workload']}/{r['rule']}": {"speedup": r["speedup"], "identical": r["identical"],
                               "met": r["speedup"] >= TARGET_SPEEDUP and r["identical"] >= TARGET_IDENTICAL}
               for r in rows}
     print("\ntarget (throughput ≥ 1.3× at ≥ 99% identical answers):", json.dumps(target))

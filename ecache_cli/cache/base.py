@@ -144,10 +144,14 @@ class ReusedPrefix:
     2606.07571): a shared prefix is encoded once and read by every request that starts with it.
     A policy that keeps hidden states (``keeps_hidden``) gets no reuse: its layer-selective
     recomputation would read hidden states the store never had (``wraps`` says so).
+
+    ``frozen`` False applies the rule to a row's first step only: its later refreshes recompute the
+    reused positions in its own canvas (less approximate on bidirectional attention, and less saved;
+    ``bench/prefix_reuse.py`` measures both).
     """
 
-    def __init__(self, policy):
-        self.inner = policy
+    def __init__(self, policy, frozen: bool = True):
+        self.inner, self.frozen = policy, frozen
         self._memo = None  # (state.reused, frozen span (B, T), rows with reuse (B,), any of them): per batch
 
     @staticmethod
@@ -172,6 +176,8 @@ class ReusedPrefix:
         _, frozen, hit, any_hit = memo
         if not any_hit:
             return plan
+        if not self.frozen:
+            hit = hit & (state.row_step == 0)
         hooks = plan.hooks
         keep = self.targets_and_sources(state)
         if hooks is not None and hooks.attention_rows is not None:

@@ -228,6 +228,7 @@ class Scheduler:
     def __init__(self, lm, metrics, max_batch: int, max_queue: int, admission: str = "auto", prefix=None):
         assert admission in MODES, admission
         self.prefix = prefix  # a prefixstore.PrefixStore, or None: no reuse across requests
+        self.prefix_frozen = True  # reused positions stay frozen for the whole request (``ReusedPrefix``)
         self.engine = Engine.from_loaded(lm)
         self.tokenizer = lm.tokenizer
         self.end_ids = set(self.engine.end_ids.tolist())
@@ -451,9 +452,9 @@ class Scheduler:
                     continue
                 k, policy = job.key, job.make_policy()
                 reuse = self.prefix is not None and ReusedPrefix.wraps(policy)
-                run = self.engine.start([job.prompt_ids], k.cfg, ReusedPrefix(policy) if reuse else policy, seed=0,
-                                        row_ids=[job.uid], prompt_width=k.prompt_width,
-                                        reuse=[self._lookup(job)] if reuse else None)
+                policy = ReusedPrefix(policy, self.prefix_frozen) if reuse else policy
+                run = self.engine.start([job.prompt_ids], k.cfg, policy, seed=0, row_ids=[job.uid],
+                                        prompt_width=k.prompt_width, reuse=[self._lookup(job)] if reuse else None)
                 run.store.max_rows = self.max_batch  # its KV store's buffers grow by doubling up to it
                 group = _Group(k, run, joinable=True, reuse=reuse)
                 group.add(job, 0)
