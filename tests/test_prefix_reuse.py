@@ -173,3 +173,17 @@ def test_the_start_line_names_reuse_and_whether_it_is_exact():
     assert _prefix_line(None, False, 1024) == "--no-prefix-cache"
     assert _prefix_line(False, True, 1024) == "--no-prefix-cache"
     assert _prefix_line(True, False, 64).startswith("--prefix-cache (approximate: ")
+
+
+def test_every_bidirectional_policy_runs_with_reused_prefixes_but_those_that_keep_hidden_states(tiny):
+    """The frozen-prefix rule fits every policy's plans (the positions a step needs stay computed; the
+    engine's check would fail otherwise); a policy that keeps hidden states runs without reuse."""
+    from ecache_cli.cache import POLICIES, policies_for
+
+    shared = _prompts(4, 16, [5, 9, 3])
+    for name in policies_for(False):
+        settings = resolve_settings("tiny", {"gen_length": GEN, "block_length": GEN}, {"policy": name})
+        got, sched = _serve(tiny, settings, shared[:1], shared[1:], prefix_cache=True)
+        assert len(got) == 3 and all(isinstance(t, str) for t in got)
+        want = 0 if POLICIES[name].keeps_hidden else 2 * 16
+        assert sched.prefix.stats.reused_tokens == want, name
