@@ -170,6 +170,18 @@ class KVStore:
         else:
             self.hidden[layer].scatter_(1, idx[:, :, None].expand(-1, -1, h.shape[-1]), h)
 
+    def write_span(self, row: int, start: int, kv: torch.Tensor) -> None:
+        """Write ``kv`` (2, L, H_kv, n, D), keys (after RoPE) and values of every layer, into batch row
+        ``row`` at positions [start, start + n) (e.g. a prompt's prefix kept from another request)."""
+        n = kv.shape[3]
+        for layer in range(self.n_layers):
+            self.k[layer][row, :, start:start + n] = kv[0, layer]
+            self.v[layer][row, :, start:start + n] = kv[1, layer]
+
+    def read_span(self, row: int, start: int, n: int) -> torch.Tensor:
+        """(2, L, H_kv, n, D) a copy of batch row ``row``'s keys and values at positions [start, start + n)."""
+        return torch.stack([torch.stack([t[row, :, start:start + n] for t in kv]) for kv in (self.k, self.v)])
+
     #: the per-row fields (not ``queries``, ``shrunk``, ``produced``: they belong to the last forward's batch)
     ROW_FIELDS = {name: ROW for name in ("k", "v", "key_mask", "positions", "attn_mask", "rope", "hidden")}
 

@@ -334,6 +334,7 @@ def test_serve_decodes_concurrent_requests_as_generate_does(tmp_path, cli, name,
                 break
         url = re.search(r"http://127\.0\.0\.1:\d+", "".join(lines)).group(0)
         assert "cache block" in "".join(lines)
+        assert "--prefix-cache (exact; at most 1024 MiB)" in lines[-1]  # on by default where reuse is exact
 
         def ask(p):
             body = {"model": model, "prompt": p, "max_tokens": 16}

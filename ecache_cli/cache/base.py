@@ -127,3 +127,62 @@ class CachePolicy:
         if hasattr(self, "__dataclass_fields__"):
             return {f.name: getattr(self, f.name) for f in fields(self)}
         return {}
+
+
+class ReusedPrefix:
+    """A policy whose plans leave uncomputed the prompt positions a prefix store gave a row
+    (``DecodeState.reused_span``): the keys and values written there when the row joined stay frozen
+    for the whole request. Every other attribute and call is the wrapped policy's.
+
+    The rule, per row: a refresh becomes a forward of every position but those (``refresh`` False,
+    ``compute`` = the row's real positions outside the span), and a partial plan drops them from its
+    ``compute``; the positions whose logits the step needs and any attention rows the hooks request are
+    always computed. On block-causal attention this is exact: a whole prompt block's keys and values
+    depend only on the blocks up to it, so the stored ones are what the row would compute (``block``
+    never recomputes them either). On bidirectional attention it is an approximation (a prompt's keys
+    and values depend on the whole canvas they were computed with), the one of bicache (arXiv
+    2606.07571): a shared prefix is encoded once and read by every request that starts with it.
+    A policy that keeps hidden states (``keeps_hidden``) gets no reuse: its layer-selective
+    recomputation would read hidden states the store never had (``wraps`` says so).
+
+    ``frozen`` False applies the rule to a row's first step only: its later refreshes recompute the
+    reused positions in its own canvas (less approximate on bidirectional attention, and less saved;
+    ``bench/prefix_reuse.py`` measures both).
+    """
+
+    def __init__(self, policy, frozen: bool = True):
+        self.inner, self.frozen = policy, frozen
+        self._memo = None  # (state.reused, frozen span (B, T), rows with reuse (B,), any of them): per batch
+
+    @staticmethod
+    def wraps(policy) -> bool:
+        """Whether ``policy`` can run with reused prefix positions (it keeps no hidden states)."""
+        return not getattr(policy, "keeps_hidden", False)
+
+    def __getattr__(self, name):
+        if name == "inner":  # not set yet (a copy under construction): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def plan(self, state: DecodeState) -> ForwardPlan:
+        """The wrapped policy's plan with the reused positions of every row left out (class docstring)."""
+        plan = self.inner.plan(state)
+        if state.reused is None:
+            return plan
+        memo = self._memo
+        if memo is None or memo[0] is not state.reused:  # rows joined or left (the tensor is replaced): one sync
+            frozen = state.reused_span()  # (B, T) bool
+            memo = self._memo = (state.reused, frozen, frozen.any(1), bool(state.reused.any()))
+        _, frozen, hit, any_hit = memo
+        if not any_hit:
+            return plan
+        if not self.frozen:
+            hit = hit & (state.row_step == 0)
+        hooks = plan.hooks
+        keep = self.targets_and_sources(state)
+        if hooks is not None and hooks.attention_rows is not None:
+            keep = keep | hooks.attention_rows
+        own = state.key_mask if plan.compute is None else torch.where(plan.refresh[:, None], state.key_mask,
+                                                                      plan.compute)
+        compute = torch.where(hit[:, None], own & ~frozen | keep, own)
+        return ForwardPlan(refresh=plan.refresh & ~hit, compute=compute, hooks=hooks)

@@ -12,6 +12,8 @@ from .. import options as o
 S = "Server"
 #: The largest --max-body-bytes (1 GiB): a body is read into memory whole.
 MAX_BODY_LIMIT = 1 << 30
+#: The largest --prefix-cache-mb (1 TiB).
+MAX_PREFIX_MB = 1 << 20
 
 
 def serve_cmd(
@@ -24,6 +26,8 @@ def serve_cmd(
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests waiting for a row; more get 429 with Retry-After.", rich_help_panel=S)] = 256,
     batching: Annotated[str, typer.Option(help="continuous: requests join and leave running batches between denoising steps, as --admission decides; static: an idle engine takes up to --max-batch queued requests and runs them to the end (--admission fcfs).", rich_help_panel=S)] = "continuous",
     admission: Annotated[Optional[str], typer.Option(help="When a queued request joins the running rows: always (at the next step while there is room); fcfs (batches in arrival order: --batching static); auto (when the step-cost model fitted to this machine says it lowers the expected completion times; docs/SERVING.md) \\[default: auto].", rich_help_panel=S)] = None,
+    prefix_cache: Annotated[Optional[bool], typer.Option("--prefix-cache/--no-prefix-cache", help="Keep prompts' keys and values across requests and reuse them for a prompt that starts with a stored prefix (docs/SERVING.md, 'Prefix reuse'): exact on block-diffusion models, an approximation on bidirectional ones \\[default: on for block diffusion, off otherwise].", rich_help_panel=S)] = None,
+    prefix_cache_mb: Annotated[int, typer.Option("--prefix-cache-mb", help="Most MiB the reused keys and values take (least recently used evicted first).", rich_help_panel=S)] = 1024,
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The model id clients name and /v1/models lists \\[default: --model].", rich_help_panel=S)] = None,
     request_timeout: Annotated[Optional[float], typer.Option("--request-timeout", help="Seconds from arrival after which a request ends with finish_reason 'timeout' (its text so far) \\[default: none].", rich_help_panel=S)] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (413 above).", rich_help_panel=S)] = 1 << 20,
@@ -66,6 +70,9 @@ def serve_cmd(
     if batching == "static" and admission not in (None, "fcfs"):
         raise UsageError(f"--batching static is --admission fcfs; drop --admission {admission} or --batching static")
     admission = "fcfs" if batching == "static" else admission or "auto"
+    if not 1 <= prefix_cache_mb <= MAX_PREFIX_MB:
+        raise UsageError(f"--prefix-cache-mb {prefix_cache_mb} must be in 1-{MAX_PREFIX_MB} (MiB); "
+                         "use --no-prefix-cache to keep no prefixes")
     if served_model_name is not None and not served_model_name.strip():
         raise UsageError("--served-model-name is empty; give a name, or leave it out (the --model name)")
     if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
@@ -118,7 +125,7 @@ def serve_cmd(
     opts = ServeOptions(model_name=name, api_key=api_key, max_batch=max_batch, max_queue=max_queue, admission=admission,
                         request_timeout=request_timeout, max_body_bytes=max_body_bytes,
                         max_prompt_tokens=0, shutdown_grace=shutdown_grace,  # the prompt limit: once the model loads
-                        seed=seed)
+                        seed=seed, prefix_cache=prefix_cache, prefix_cache_mb=prefix_cache_mb)
     if ray:  # the replicas load the model and listen (Ray Serve's proxy): this process only starts them
         from functools import partial
 
@@ -139,7 +146,8 @@ def serve_cmd(
     app = create_app(lm, settings, opts)
     where, port_ = sock.getsockname()[:2]
     (err.print if port == 0 else say)(
-        f"ecache serve: model {name} on {lm.device}, --admission {admission}, --max-batch {max_batch}; listening "
+        f"ecache serve: model {name} on {lm.device}, --admission {admission}, --max-batch {max_batch}, "
+        f"{_prefix_line(prefix_cache, lm.spec.block_causal, prefix_cache_mb)}; listening "
         f"on http://{_url_host(where)}:{port_} (OpenAI API under /v1)", markup=False, highlight=False)
     loopback = _is_loopback(where)
     if api_key is None and loopback:
@@ -174,6 +182,14 @@ def prompt_limit(lm, settings, max_prompt_tokens: int | None) -> int:
         raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} + --gen-length {settings.decode.gen_length} exceed "
                          f"the model's {lm.spec.max_positions} positions; use at most {room}")
     return max_prompt_tokens
+
+
+def _prefix_line(on: bool | None, exact: bool, mb: int) -> str:
+    """The start line's words on prefix reuse (``--prefix-cache``'s default: on where it is exact)."""
+    if not (exact if on is None else on):
+        return "--no-prefix-cache"
+    kind = "exact" if exact else "approximate: a shared prefix's keys and values come from another request's canvas"
+    return f"--prefix-cache ({kind}; at most {mb} MiB)"
 
 
 def _is_loopback(host: str) -> bool:

@@ -37,6 +37,9 @@ class DecodeState:
     the prompt's last ``block_offset`` tokens beside its first masks (docs/MODELS.md §10).
     block_done: (B,) bool, rows whose block ended with the last step (``StepDecoder.block_done``);
     mask_free_steps: (B,) long, the current block's steps that began without a mask (LLaDA2.1's editing).
+    reused: (B,) long, or None (all 0): each row's leading prompt positions whose keys and values came from a
+    prefix store when it joined (``reused_span``); a policy's plan may leave them uncomputed
+    (``cache.base.ReusedPrefix``).
     schedule: (B, steps_per_block) long per-step commit counts of each row's current block, or None
     (threshold / factor decoding). step: the run's step counter (steps the batch took together).
     rows: (B,) long the rows' indices in the run (``Run.add`` numbers joining rows on).
@@ -65,13 +68,14 @@ class DecodeState:
     block_offset: torch.Tensor | None = None  # (B,) long prompt tokens in each row's first block (block diffusion)
     block_done: torch.Tensor | None = None  # (B,) bool rows whose block ended with the last step (the decoder's rule)
     mask_free_steps: torch.Tensor | None = None  # (B,) long steps of the block begun without a mask (token editing)
+    reused: torch.Tensor | None = None  # (B,) long leading prompt positions whose K/V a prefix store gave (None: 0)
     # (masked, in_block(), their AND): block_masked() of the step, for as long as both are the same tensors
     _block_masked_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     #: the per-row fields (rows along dimension 0)
     ROW_FIELDS = {name: ROW for name in ("tokens", "key_mask", "masked", "commit_order", "commit_step", "n_committed",
                                           "rows", "block", "step_in_block", "row_step", "schedule",
-                                          "block_mask", "block_offset", "block_done", "mask_free_steps")}
+                                          "block_mask", "block_offset", "block_done", "mask_free_steps", "reused")}
 
     @property
     def batch(self) -> int:
@@ -98,6 +102,14 @@ class DecodeState:
         start = torch.as_tensor(start, device=pos.device).reshape(-1, 1)
         end = torch.as_tensor(end, device=pos.device).reshape(-1, 1)
         return ((pos >= start) & (pos < end)).expand(self.batch, -1)
+
+    def reused_span(self) -> torch.Tensor:
+        """(B, T) bool: each row's leading prompt positions whose keys and values were written from a prefix
+        store when the row joined (``reused``; ``Run.add``'s ``reuse``), none when ``reused`` is None."""
+        if self.reused is None:
+            return torch.zeros_like(self.key_mask)
+        start = self.prompt_len - self.key_mask[:, :self.prompt_len].sum(1)  # (B,) each row's first prompt token
+        return self.span(start, start + self.reused)
 
     def in_block(self) -> torch.Tensor:
         """(B, T) bool: the positions of each row's current block (``block_mask`` when the engine keeps it)."""

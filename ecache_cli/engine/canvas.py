@@ -37,6 +37,23 @@ def new_canvas(prompts: list[list[int]], P: int, G: int, width: int, block_lengt
     return tokens, key_mask, offset if block_causal else None
 
 
+def reused(kv: torch.Tensor | None) -> int:
+    """The prompt positions ``kv`` (2, L, H_kv, n, D) or None (none) holds: n."""
+    return 0 if kv is None else kv.shape[3]
+
+
+def write_reused(store, rows: list[int], first: int, reuse: dict, P: int, prompts: list[list[int]]) -> None:
+    """Write the given keys and values of joining run rows ``rows`` (now batch rows ``first``, ``first``
+    + 1 ...) into their ``store`` rows at their prompts' first positions, taking them out of ``reuse``
+    (run row → (2, L, H_kv, n, D) K after RoPE and V, or None: ``Run.add``'s ``reuse``). A row's
+    prompt ``prompts[r]`` ends at canvas position ``P`` (left padding) and its token i has RoPE position
+    i (``KVStore.positions``), so keys computed for the same tokens at the start of any prompt fit."""
+    for b, r in enumerate(rows, first):
+        kv = reuse.pop(r, None)
+        if reused(kv):
+            store.write_span(b, P - len(prompts[r]), kv)
+
+
 def apply_commits(st, targets: torch.Tensor, commit: torch.Tensor, x0: torch.Tensor, mask_id: int) -> torch.Tensor:
     """Write a step's tokens into the decode state ``st``: ``x0`` (B, R) at the committed ``targets`` (B, R)
     (``commit`` (B, R) bool). A target holding a mask is committed (its commit order and step recorded); one

@@ -31,7 +31,7 @@ from ..errors import UsageError
 from ..metrics.step_timer import StepTimer
 from ..models.prompting import CHAT_ROLES, check_prompt_ids, encode_prompts
 from . import forward
-from .canvas import apply_commits, new_canvas
+from .canvas import apply_commits, new_canvas, reused, write_reused
 from .checks import check_ids, check_prompts, check_start
 from .ledger import GenerationResult, Ledger
 
@@ -70,15 +70,16 @@ class Engine:
         return check_prompt_ids(self.spec, ids)
 
     def start(self, prompt_ids: Sequence[Sequence[int]], cfg: DecodeConfig, policy, seed: int = 0,
-              row_ids: Sequence[int] | None = None, prompt_width: int | None = None) -> "Run":
+              row_ids: Sequence[int] | None = None, prompt_width: int | None = None, reuse=None) -> "Run":
         """Prepare a run over a batch of tokenized prompts; iterate it for StepRecords.
 
         ``policy``: a ``CachePolicy`` (``ecache_cli.cache.make_policy``). ``row_ids``: each prompt's index
         in the whole input (default 0..B-1); row b's random stream is ``row_generator(seed, row_ids[b])``, so
-        a prompt decodes the same in any batch. ``prompt_width``: the canvas's prompt
-        positions (default: the longest prompt); rows joining later (:meth:`Run.add`) must fit it.
+        a prompt decodes the same in any batch. ``prompt_width``: the canvas's prompt positions (default: the
+        longest prompt); rows joining later (:meth:`Run.add`) must fit it. ``reuse``: per prompt, None or
+        the K/V of its leading positions (:meth:`Run.add`).
         """
-        return Run(self, [list(p) for p in prompt_ids], cfg, policy, seed, row_ids, prompt_width)
+        return Run(self, [list(p) for p in prompt_ids], cfg, policy, seed, row_ids, prompt_width, reuse)
 
     def generate(self, prompts: Sequence[str | list], cfg: DecodeConfig, policy, chat: bool = True, seed: int = 0,
                  row_ids: Sequence[int] | None = None) -> list[GenerationResult]:
@@ -93,7 +94,7 @@ class Run:
     """One denoising run over rows that may join and leave; iterate for StepRecords, then ``results()``."""
 
     def __init__(self, engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, policy, seed: int,
-                 row_ids: Sequence[int] | None = None, prompt_width: int | None = None):
+                 row_ids: Sequence[int] | None = None, prompt_width: int | None = None, reuse=None):
         check_start(cfg, prompts)  # each prompt's ids: ``add`` below
         spec = engine.spec
         self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
@@ -112,19 +113,19 @@ class Run:
                    else "shorten the prompt (fewer shots or less context)")
             raise UsageError(f"prompt ({self.P} tokens) + --gen-length {self.G} exceeds the model's "
                              f"{spec.max_positions} positions; {fix}")
-        self.B = len(prompts)
-        self.streams = RowStreams(seed, engine.device)
+        self.B, self.streams = len(prompts), RowStreams(seed, engine.device)
         self.ledger = Ledger(self.P + self.width, engine.device)
-        self._joining: list[int] = []
+        self._joining, self._reuse = [], {}  # rows to join; joining row → K/V of its first positions (``add``)
         self._t0: float | None = None  # set when iteration starts
         ids = list(range(len(prompts))) if row_ids is None else [int(r) for r in row_ids]
         assert len(ids) == len(prompts), f"{len(ids)} row_ids for {len(prompts)} prompts"
-        for p, r in zip(prompts, ids):
-            self.add(p, r)
+        for p, r, kv in zip(prompts, ids, reuse or [None] * len(prompts)):
+            self.add(p, r, kv)
         self.state = self._new_rows(self._joining)
-        self._joining.clear()
         self.store = engine.model.new_store(self.state.key_mask, keep_hidden=policy.keeps_hidden,
                                             **({"block": cfg.block_length} if self.block_causal else {}))
+        write_reused(self.store, self._joining, 0, self._reuse, self.P, self.ledger.prompts)
+        self._joining.clear()
         self.state.probe = ModelProbe(engine.model, lambda: self.store)
         self.steps_done, self._gen_index = 0, torch.arange(self.width, device=engine.device)  # for _finished
         # step times on a clock without the model's compiling (--compile), looked up once (~1 µs a mark if not)
@@ -140,14 +141,16 @@ class Run:
 
     # -- rows joining and leaving ---------------------------------------------------------------------
 
-    def add(self, prompt_ids: Sequence[int], row_id: int | None = None) -> int:
+    def add(self, prompt_ids: Sequence[int], row_id: int | None = None, reuse: torch.Tensor | None = None) -> int:
         """Queue a tokenized prompt to join at the next step boundary (its first step is its own full
         forward under every shipped policy). Returns its index in the run (its place in ``results()``).
-        ``row_id``: its random stream's index (default: that index). Raises UsageError when the prompt is
-        longer than the canvas's prompt width ``P`` or holds ids the model cannot take (or none)."""
+        ``row_id``: its random stream's index (default: that index). ``reuse``: K/V of its first positions
+        (``canvas.write_reused``). Raises UsageError when the prompt is longer than the canvas's prompt
+        width ``P`` or holds ids the model cannot take (or none)."""
         check_ids(self.engine.spec, prompt_ids, "a joining prompt", width=self.P)
         r = self.ledger.add(list(prompt_ids), row_id, 0.0 if self._t0 is None else self._now() - self._t0)
         self._joining.append(r)
+        self._reuse[r] = reuse
         return r
 
     def _new_rows(self, rows: list[int]) -> DecodeState:
@@ -164,7 +167,8 @@ class Run:
                          step_in_block=zeros.clone(), row_step=zeros.clone(), prompt_len=P, gen_length=G,
                          block_length=bl, logit_shift=spec.logit_shift, n_layers=spec.n_layers,
                          block_offset=None if offset is None else offset.to(dev),
-                         block_done=torch.zeros(n, dtype=torch.bool, device=dev), mask_free_steps=zeros.clone())
+                         block_done=torch.zeros(n, dtype=torch.bool, device=dev), mask_free_steps=zeros.clone(),
+                         reused=torch.tensor([reused(self._reuse.get(r)) for r in rows], dtype=torch.long, device=dev))
         st.enter_blocks()
         st.schedule = self.rule.block_schedule(st.block_masked().sum(1))
         return st
@@ -173,10 +177,11 @@ class Run:
         """Bring the queued rows into the batch: their decode state, KV store rows (free slots) and policy state."""
         if not self._joining:
             return
-        new = self._new_rows(self._joining)
-        self._joining.clear()
+        new, first = self._new_rows(self._joining), self.state.batch
         self.state.append_rows({name: getattr(new, name) for name in DecodeState.ROW_FIELDS})
         self.store.add_rows(new.key_mask)
+        write_reused(self.store, self._joining, first, self._reuse, self.P, self.ledger.prompts)
+        self._joining.clear()
         self.policy.add_rows(new)
 
     def _retire(self, done: torch.Tensor) -> None:

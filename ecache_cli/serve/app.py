@@ -69,7 +69,7 @@ def create_app(lm, settings, opts: ServeOptions) -> FastAPI:
 
     check_settings_fit(settings, lm.spec)  # UsageError for defaults no run on this model takes, before serving
     metrics = ServeMetrics()
-    sched = Scheduler(lm, metrics, opts.max_batch, opts.max_queue, opts.admission)
+    sched = Scheduler(lm, metrics, opts.max_batch, opts.max_queue, opts.admission, prefix_store(opts, lm.spec))
     resolver = Resolver(sched.engine, lm, settings,
                         Limits(max_prompt_tokens=opts.max_prompt_tokens, model_name=opts.model_name,
                                request_timeout=opts.request_timeout, seed=opts.seed))
@@ -83,6 +83,15 @@ def create_app(lm, settings, opts: ServeOptions) -> FastAPI:
     for path, route, methods in ROUTES + ollama.ROUTES:
         app.add_api_route(path, route, methods=methods)
     return app
+
+
+def prefix_store(opts: ServeOptions, spec):
+    """The prefix store ``opts`` ask for on a model with ``spec`` (docs/SERVING.md, "Prefix reuse"), or
+    None: ``prefix_cache`` None turns it on where reuse is exact (block-causal attention)."""
+    from ..prefixstore import PrefixStore
+
+    on = spec.block_causal if opts.prefix_cache is None else opts.prefix_cache
+    return PrefixStore(opts.prefix_chunk, opts.prefix_cache_mb << 20) if on else None
 
 
 @contextlib.asynccontextmanager

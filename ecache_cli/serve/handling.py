@@ -30,7 +30,10 @@ class ServeOptions:
     none). ``max_body_bytes``: request bodies. ``max_prompt_tokens``: prompt ids. ``shutdown_grace``:
     seconds SIGTERM leaves running rows. ``retry_after``: seconds a 429 asks for. ``warmup``: rows of
     the engine's warm-up (0: none; ``/health/ready`` is 200 at once). ``seed``: ``--seed``, the stream
-    the seeds of requests without one are drawn from (None: random; ``protocol.Limits``)."""
+    the seeds of requests without one are drawn from (None: random; ``protocol.Limits``).
+    ``prefix_cache``: reuse prompts' keys and values across requests (docs/SERVING.md, "Prefix reuse";
+    None: where it is exact, on block-diffusion models), in a store of at most ``prefix_cache_mb`` MiB
+    cut in chunks of ``prefix_chunk`` tokens."""
 
     model_name: str
     api_key: str | None = None
@@ -44,6 +47,9 @@ class ServeOptions:
     retry_after: int = 1
     warmup: int = 8
     seed: int | None = None
+    prefix_cache: bool | None = None
+    prefix_cache_mb: int = 1024
+    prefix_chunk: int = 16
 
 
 @dataclasses.dataclass

@@ -37,6 +37,12 @@ class ServeMetrics:
     - ``admissions`` ``ecache_admissions_total{decision}``: queued requests moved into a run
       (``joined``, every admission mode) and those ``--admission auto`` kept waiting at least once
       (``held``).
+    - prefix reuse (``--prefix-cache``, docs/SERVING.md "Prefix reuse"):
+      ``ecache_prefix_cache_lookups_total{result}`` prompts looked up (``hit``: at least one chunk found,
+      ``miss``), ``ecache_prefix_cache_tokens_total{kind}`` their tokens (``prompt``) and those whose keys
+      and values came from the store (``reused``), ``ecache_prefix_cache_hit_rate`` reused over prompt
+      tokens since the start, ``ecache_prefix_cache_bytes`` / ``ecache_prefix_cache_entries`` what the
+      store holds, ``ecache_prefix_cache_evictions_total`` chunks evicted (least recently used first).
     """
 
     def __init__(self):
@@ -63,7 +69,34 @@ class ServeMetrics:
                                        "base + per_row * rows + per_position * positions.", ["term"], registry=r)
         self.admissions = Counter("ecache_admissions", "Queued requests that joined, and that auto admission "
                                   "kept waiting at least once.", ["decision"], registry=r)
+        self.prefix_lookups = Counter("ecache_prefix_cache_lookups", "Prompts looked up in the prefix store, by "
+                                      "result (hit: at least one chunk found).", ["result"], registry=r)
+        self.prefix_tokens = Counter("ecache_prefix_cache_tokens", "Prompt tokens looked up (prompt) and those "
+                                     "whose keys and values the prefix store gave (reused).", ["kind"], registry=r)
+        self.prefix_hit_rate = Gauge("ecache_prefix_cache_hit_rate", "Reused over prompt tokens looked up since "
+                                     "the start.", registry=r)
+        self.prefix_bytes = Gauge("ecache_prefix_cache_bytes", "Bytes the prefix store's keys and values take.",
+                                  registry=r)
+        self.prefix_entries = Gauge("ecache_prefix_cache_entries", "Chunks the prefix store holds.", registry=r)
+        self.prefix_evictions = Counter("ecache_prefix_cache_evictions", "Chunks evicted from the prefix store "
+                                        "(least recently used first).", registry=r)
+        self._prefix_seen = (0, 0, 0, 0, 0)  # lookups, hits, prompt tokens, reused tokens, evictions exported
         self._counts: dict[str, list[int]] = {}
+
+    def prefix_cache(self, store) -> None:
+        """Export a ``prefixstore.PrefixStore``'s counts and size (only the engine thread calls it)."""
+        st = store.stats
+        now = (st.lookups, st.hits, st.prompt_tokens, st.reused_tokens, st.evictions)
+        d = [a - b for a, b in zip(now, self._prefix_seen)]
+        self._prefix_seen = now
+        self.prefix_lookups.labels("hit").inc(d[1])
+        self.prefix_lookups.labels("miss").inc(d[0] - d[1])
+        self.prefix_tokens.labels("prompt").inc(d[2])
+        self.prefix_tokens.labels("reused").inc(d[3])
+        self.prefix_evictions.inc(d[4])
+        self.prefix_hit_rate.set(st.reused_tokens / max(st.prompt_tokens, 1))
+        self.prefix_bytes.set(store.bytes)
+        self.prefix_entries.set(len(store))
 
     def step_cost(self, cost) -> None:
         """Export ``cost`` (a ``serve.admission.StepCost``) as ``ecache_step_cost_seconds{term}``."""

@@ -45,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from ..cache.base import ReusedPrefix
 from ..console import err
 from ..decoding.config import DecodeConfig
 from ..decoding.streams import RowStreams, row_generator
@@ -194,10 +195,11 @@ class RequestStreams(RowStreams):
 
 
 class _Group:
-    """One run and the jobs of its rows (by run row index)."""
+    """One run and the jobs of its rows (by run row index); ``reuse``: its rows read and fill the prefix
+    store (its policy is wrapped in ``ReusedPrefix``)."""
 
-    def __init__(self, key: GroupKey, run, joinable: bool):
-        self.key, self.run, self.joinable = key, run, joinable
+    def __init__(self, key: GroupKey, run, joinable: bool, reuse: bool = False):
+        self.key, self.run, self.joinable, self.reuse = key, run, joinable, reuse
         self.it = iter(run)
         self.jobs: dict[int, Job] = {}
         self.streams = RequestStreams(run.engine.device)
@@ -223,8 +225,10 @@ class Scheduler:
     end with :meth:`stop`.
     """
 
-    def __init__(self, lm, metrics, max_batch: int, max_queue: int, admission: str = "auto"):
+    def __init__(self, lm, metrics, max_batch: int, max_queue: int, admission: str = "auto", prefix=None):
         assert admission in MODES, admission
+        self.prefix = prefix  # a prefixstore.PrefixStore, or None: no reuse across requests
+        self.prefix_frozen = True  # reused positions stay frozen for the whole request (``ReusedPrefix``)
         self.engine = Engine.from_loaded(lm)
         self.tokenizer = lm.tokenizer
         self.end_ids = set(self.engine.end_ids.tolist())
@@ -447,13 +451,16 @@ class Scheduler:
             group = next((g for g in reversed(self._groups) if g.key == job.key and g.accepts), None)
             try:
                 if group is not None:
-                    group.add(job, group.run.add(job.prompt_ids, row_id=job.uid))
+                    kv = self._lookup(job) if group.reuse else None
+                    group.add(job, group.run.add(job.prompt_ids, row_id=job.uid, reuse=kv))
                     continue
-                k = job.key
-                run = self.engine.start([job.prompt_ids], k.cfg, job.make_policy(), seed=0, row_ids=[job.uid],
-                                        prompt_width=k.prompt_width)
+                k, policy = job.key, job.make_policy()
+                reuse = self.prefix is not None and ReusedPrefix.wraps(policy)
+                policy = ReusedPrefix(policy, self.prefix_frozen) if reuse else policy
+                run = self.engine.start([job.prompt_ids], k.cfg, policy, seed=0, row_ids=[job.uid],
+                                        prompt_width=k.prompt_width, reuse=[self._lookup(job)] if reuse else None)
                 run.store.max_rows = self.max_batch  # its KV store's buffers grow by doubling up to it
-                group = _Group(k, run, joinable=True)
+                group = _Group(k, run, joinable=True, reuse=reuse)
                 group.add(job, 0)
                 self._groups.append(group)
             except Exception as e:  # e.g. a policy that cannot be built: this request fails alone
@@ -461,6 +468,44 @@ class Scheduler:
         if self.admission == "fcfs":  # the batch is complete: no row joins it later
             for group in self._groups:
                 group.joinable = False
+
+    # -- prefix reuse (docs/SERVING.md, "Prefix reuse") ---------------------------------------------
+
+    def _reach(self, key: GroupKey) -> int:
+        """The unit of a prompt's reusable positions: a block-causal model's block length (a whole prompt
+        block's keys and values depend only on the tokens up to its end, so a stored prefix is reused in
+        whole blocks, each matched to its last token), 1 on bidirectional attention (the approximation:
+        any prompt position)."""
+        return key.cfg.block_length if self.engine.spec.block_causal else 1
+
+    def _root(self, key: GroupKey):
+        """What a prompt's keys and values depend on beyond its tokens (the prefix store's ``root``)."""
+        return ("block", key.cfg.block_length) if self.engine.spec.block_causal else ("bidirectional",)
+
+    def _final(self, job: Job) -> int:
+        """The prompt's leading tokens whose keys and values may be stored and reused (``_reach``)."""
+        reach = self._reach(job.key)
+        return len(job.prompt_ids) // reach * reach
+
+    def _lookup(self, job: Job):
+        """The stored keys and values of ``job``'s prompt's longest stored prefix in whole ``_reach``
+        units, or None."""
+        kv = self.prefix.lookup(job.prompt_ids, self._root(job.key), limit=self._final(job), unit=self._reach(job.key))
+        self.metrics.prefix_cache(self.prefix)
+        return kv
+
+    def _store_prefixes(self, group: _Group, rec) -> None:
+        """After the first step of rows of a reusing run: their prompts' final keys and values into the store."""
+        run = group.run
+        for b, r in enumerate(rec.rows.tolist()):
+            job = group.jobs[r]
+            n = self._final(job)
+            if job.steps or n < self.prefix.chunk:
+                continue
+            ids, root = job.prompt_ids[:n], self._root(job.key)
+            if self.prefix.stored(ids, root) < n // self.prefix.chunk * self.prefix.chunk:
+                self.prefix.add(ids, run.store.read_span(b, run.P - len(job.prompt_ids), n), root)
+        self.metrics.prefix_cache(self.prefix)
 
     def _step(self, group: _Group) -> None:
         """One denoising step of ``group``'s run, then every row's answer checked."""
@@ -478,6 +523,8 @@ class Scheduler:
         seconds = time.perf_counter() - t0
         self.metrics.step(group.key.policy, seconds, int(rec.rows.numel()), int(rec.refresh.sum()))
         joins = sum(group.jobs[r].steps == 0 for r in rec.rows.tolist())  # rows whose first step this was
+        if group.reuse and joins:
+            self._store_prefixes(group, rec)
         self._observe(seconds, int(rec.rows.numel()), float(rec.computed.sum()), group.key,
                       joins * self._join_cost(group.key), rec)
         st, P = run.state, run.P
