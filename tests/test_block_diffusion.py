@@ -109,6 +109,7 @@ def _config(a: dict) -> DecodeConfig:
                         edit_threshold=a.get("editing_threshold"), max_post_steps=a.get("max_post_steps", 16))
 
 
+@pytest.mark.filterwarnings("ignore::ecache_cli.errors.IgnoredSetting")  # the official runs pass SDAR's steps too
 @pytest.mark.parametrize("policy", ["block", "none"])
 def test_the_official_generation_loops_token_for_token(fixture, policy):
     name, lm, ref, meta = fixture

@@ -77,8 +77,7 @@ class Engine:
         in the whole input (default 0..B-1); row b's random stream is ``row_generator(seed, row_ids[b])``, so
         a prompt decodes the same in any batch. ``prompt_width``: the canvas's prompt positions (default: the
         longest prompt); rows joining later (:meth:`Run.add`) must fit it. ``reuse``: per prompt, None or
-        the K/V of its leading positions (:meth:`Run.add`).
-        """
+        the K/V of its leading positions (:meth:`Run.add`)."""
         return Run(self, [list(p) for p in prompt_ids], cfg, policy, seed, row_ids, prompt_width, reuse)
 
     def generate(self, prompts: Sequence[str | list], cfg: DecodeConfig, policy, chat: bool = True, seed: int = 0,
@@ -142,11 +141,10 @@ class Run:
     # -- rows joining and leaving ---------------------------------------------------------------------
 
     def add(self, prompt_ids: Sequence[int], row_id: int | None = None, reuse: torch.Tensor | None = None) -> int:
-        """Queue a tokenized prompt to join at the next step boundary (its first step is its own full
-        forward under every shipped policy). Returns its index in the run (its place in ``results()``).
-        ``row_id``: its random stream's index (default: that index). ``reuse``: K/V of its first positions
-        (``canvas.write_reused``). Raises UsageError when the prompt is longer than the canvas's prompt
-        width ``P`` or holds ids the model cannot take (or none)."""
+        """Queue a tokenized prompt to join at the next step boundary (its first step is its own full forward
+        under every shipped policy). Returns its index in the run (its place in ``results()``). ``row_id``: its
+        random stream's index (default: that index). ``reuse``: K/V of its first positions (``canvas.write_reused``).
+        Raises UsageError when the prompt is longer than the prompt width ``P`` or holds ids the model cannot take."""
         check_ids(self.engine.spec, prompt_ids, "a joining prompt", width=self.P)
         r = self.ledger.add(list(prompt_ids), row_id, 0.0 if self._t0 is None else self._now() - self._t0)
         self._joining.append(r)
@@ -188,8 +186,7 @@ class Run:
         """Copy rows ``done`` (B,) bool into the output canvas (masks → EOS) and drop them (``compact_order``)."""
         st, spec = self.state, self.engine.spec
         fin = done.nonzero().squeeze(1)
-        tok = st.tokens[fin]
-        tok = torch.where(tok == spec.mask_id, torch.full_like(tok, spec.eos_id), tok)
+        tok = st.tokens[fin].masked_fill(st.tokens[fin] == spec.mask_id, spec.eos_id)
         self.ledger.finish(st.rows[fin], tok, self._now() - self._t0)
         keep = compact_order(done)
         st.select_rows(keep)
