@@ -21,11 +21,19 @@
 #      entropy tokens/s, weight bytes and CUDA peak memory (bench/quantize.py; quantize.log, last line JSON);
 #   7. block diffusion: ~1B random SDAR- and LLaDA2-shaped models, the exact block cache beside none (their
 #      answers identical in bfloat16 too), tokens/s and TPF per decoder, batch 1 and 8, and a cached step
-#      beside a bare forward over its block (bench/block_speed.py; block.log, last line JSON).
+#      beside a bare forward over its block (bench/block_speed.py; block.log, last line JSON);
+#   8. serving: the ~1B random LLaDA (the embedded model's tokenizer, 4-shot list chat requests, 64 tokens)
+#      behind the server's scheduler in one process, admission always (continuous batching), fcfs (static)
+#      and auto side by side on the same seeded Poisson arrivals at 0.6x and 0.9x the static capacity
+#      measured first (16 requests as one batch), 24 requests a pass, one pass each (bench/serve_sim.py;
+#      serve_sim.log, last line JSON). Expectation (issue 53): a GPU step's time grows sub-linearly with
+#      its rows, so continuous p95 <= 0.6x static's near capacity (R*; gpu_expectation in the JSON), and
+#      auto's p50 and p95 <= 1.05x the better of the two (targets).
 # Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
-#   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log, moe.log.
+#   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log, moe.log,
+#   quantize.log, block.log, serve_sim.log.
 # Dry run of the CPU-runnable parts with a tiny model:
 #   ECACHE_GPU_CHECK_SIZE=tiny ECACHE_GPU_CHECK_DEVICE=cpu ECACHE_GPU_CHECK_DTYPE=float32 bash bench/gpu_check.sh
 set -uo pipefail
@@ -108,6 +116,16 @@ if [ "$(cap 90)" -ge 20 ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 else
   echo "gpu_check: no time left for step 7"
+fi
+echo "== 8. serving: $SIZE random LLaDA on $DEVICE $DTYPE, admission always vs fcfs vs auto near capacity"
+if [ "$(cap 90)" -ge 40 ]; then   # writing and loading the 1B checkpoint takes ~20 s of it
+  # on CUDA the CPU threads only write the checkpoint faster; a CPU dry run keeps one
+  timeout "$(cap 90)" "$PY" bench/serve_sim.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
+      --threads "$([ "$DEVICE" = cpu ] && echo 1 || echo 4)" --admission always,fcfs,auto --shots 4 \
+      --max-tokens 64 --rates 0.6x,0.9x --n 24 --repeats 1 2>&1 | tee "$DEST/serve_sim.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+else
+  echo "gpu_check: no time left for step 8"
 fi
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

@@ -520,6 +520,7 @@ class Scheduler:
         except Exception as e:  # the run is broken: its requests fail, the server keeps serving
             self._drop(group, e)
             return
+        _settle(rec)
         seconds = time.perf_counter() - t0
         self.metrics.step(group.key.policy, seconds, int(rec.rows.numel()), int(rec.refresh.sum()))
         joins = sum(group.jobs[r].steps == 0 for r in rec.rows.tolist())  # rows whose first step this was
@@ -655,4 +656,14 @@ def _timed(run):
             rec = next(it)
         except StopIteration:
             return
+        _settle(rec)
         yield time.perf_counter() - t0, int(rec.rows.numel()), float(rec.computed.sum())
+
+
+def _settle(rec) -> None:
+    """Wait for the kernels of a CUDA step (``rec``: its ``StepRecord``) before its time is read: a step
+    returns once its work is queued (its one host sync is before the forwards), so without the wait a
+    step's seconds would be its launch time and the step-cost model would not see the device's curve.
+    The scheduler reads the record's tensors right after, which waits as long, so this costs nothing."""
+    if rec.rows.is_cuda:
+        torch.cuda.synchronize(rec.rows.device)
