@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU check for a CUDA machine (about 7-9 minutes on one H100/H200; budgeted < 10 min), what
-# only a GPU can show first:
+# One prepared GPU check for a CUDA machine (steps 1-7 about 7-9 minutes on one H100/H200, step 8 up to
+# 1.5 more; budgeted < 10 min, so step 8 is the first a slow run loses), what only a GPU can show first:
 #   1. the equivalence checks on CUDA in bfloat16 (bench/gpu_equivalence.py: every policy forced to
 #      refresh at every step == none, token for token; LLaDA and Dream; schedule and threshold decoding),
 #      plus any tests marked `gpu` (pytest -m gpu);
@@ -27,8 +27,8 @@
 #      and auto side by side on the same seeded Poisson arrivals at 0.6x and 0.9x the static capacity
 #      measured first (16 requests as one batch), 24 requests a pass, one pass each (bench/serve_sim.py;
 #      serve_sim.log, last line JSON). Expectation (issue 53): a GPU step's time grows sub-linearly with
-#      its rows, so continuous p95 <= 0.6x static's near capacity (R*; gpu_expectation in the JSON), and
-#      auto's p50 and p95 <= 1.05x the better of the two (targets).
+#      its rows, so continuous p95 <= 0.6x static's near capacity (the issue's R*; gpu_expectation in
+#      the JSON), and auto's p50 and p95 <= 1.05x the better of the two (targets).
 # Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
