@@ -237,7 +237,8 @@ def test_empty_data_is_a_usage_error(command, cli, llada_dir, tmp_path):
 def test_chat_reads_piped_stdin_in_full_first(cli):
     """A line that is not UTF-8 among piped chat lines: named before anything is answered, exit 2, as the
     prompt commands name theirs (``test_non_utf8_stdin_is_found_before_decoding``)."""
-    res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input=b"Sort: 3 1 2\n\xff\xfe bad\nabc\n\xfe\n")
+    piped = b"Sort: 3 1 2\n\xff\xfe bad\nabc\n\xfe\n"
+    res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input=piped)
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     assert res.stdout == ""  # the good first line was not answered
     (line,) = res.stderr.strip().splitlines()
