@@ -192,10 +192,12 @@ def _stdin_lines(stdin: IO) -> list[tuple[int, str | None]]:
     raw = getattr(stdin, "buffer", None)
     if raw is not None:
         return split_lines(raw.read())
-    try:  # a text stream without bytes underneath (e.g. a test runner's)
-        return split_lines(stdin.read().encode("utf-8", "surrogateescape"))
+    try:  # a text stream without bytes underneath (e.g. a test runner's): undecodable bytes arrive as
+        # surrogates (surrogateescape), which stdin_items names with their byte (_check_utf8)
+        lines = [(n, t.removeprefix("\ufeff") if n == 1 else t) for n, t in enumerate(stdin.read().split("\n"), 1)]
     except UnicodeDecodeError:
         raise UsageError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
+    return [(n, t.removesuffix("\r")) for n, t in lines]
 
 
 def piped_lines(stdin: IO) -> list[str]:
@@ -204,7 +206,7 @@ def piped_lines(stdin: IO) -> list[str]:
     commands name theirs, before anything is answered."""
     lines = _stdin_lines(stdin)
     items = [Item(index=i, line=n, rec=None, prompt=t, source="stdin",
-                  error=None if t is not None else f"stdin:{n}: not UTF-8 text; pipe UTF-8 lines")
+                  error=None if t is not None and _utf8(t) else f"stdin:{n}: not UTF-8 text; pipe UTF-8 lines")
              for i, (n, t) in enumerate(lines)]
     error = invalid_error(items, "stdin", what="line", fix="fix them and run again")
     if error is not None:
@@ -310,6 +312,15 @@ def no_prompts(input_file: Path | None) -> UsageError:
                           "object with a 'prompt' field per line")
     return UsageError("no prompt given: stdin was empty; pipe prompts one per line, pass them as arguments or use "
                       "--input FILE.jsonl")
+
+
+def _utf8(text: str) -> bool:
+    """``text`` holds no lone surrogate (an undecodable byte read with surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
