@@ -211,7 +211,7 @@ def test_malformed_dataset_lines_are_all_named_with_the_fix(tmp_path, cli):
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
     msg = str(e.value)
     assert msg == (f"--data {bad}: line 2 is not JSON (Expecting value); line 3 is a JSON list, not an object; "
-                   "line 4 lacks answer; each line must be one JSON object with the fields question, answer (the "
+                   "line 4 lacks answer; each line must be one UTF-8 JSON object with the fields question, answer (the "
                    "official gsm8k format)")
     r = cli("profile", "--task", "gsm8k", "--data", str(bad), "--limit", "1", "--policies", "none")
     assert r.exit_code == 2 and "line 2 is not JSON" in r.stderr and "using model" not in r.stderr
