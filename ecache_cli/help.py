@@ -219,9 +219,11 @@ object a line with one of:
 
 Chat roles: system, user, assistant; any other role is an error naming it.
 
-Files and stdin must be UTF-8. Every record (and every stdin line) is checked before decoding starts,
-in every command: invalid ones stop the run (exit 2) naming file:line and why; generate's
---skip-invalid decodes the others and writes an error record for each.
+--input and --data take any readable path (a file, a named pipe, /dev/stdin, <(...)) or - (stdin).
+Files and stdin must be UTF-8. Every record (and every stdin line, chat's too) is read and checked
+before decoding starts, in every command: invalid ones stop the run (exit 2) naming file:line and
+why, and so does an input with no record (empty stdin or file); generate's --skip-invalid decodes
+the others and writes an error record for each.
 --jsonl output records echo the input record's other fields."""),
     "outputs": ("Tables, JSON files and concurrent runs", """\
 Tables are sized for an 80-column terminal: [bold]profile[/] and [bold]calibrate[/] show the columns that matter
@@ -235,7 +237,7 @@ given the same file fails at once (exit 1), naming the other process, instead of
 lines.
 
 Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage
-error (bad flag, value or profile), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (timeout, a
+error (bad flag, value or profile, invalid or empty input), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (timeout, a
 batch scheduler: the same partial outputs as Ctrl-C are written)."""),
     "compile": ("--compile: the forward compiled per shape bucket", """\
 [bold]--compile[/] (every command; profile key compile: true; --no-compile overrides) runs the

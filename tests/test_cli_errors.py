@@ -256,10 +256,18 @@ def test_task_without_a_profile(cli, profiles_dir, llada_dir):
     one_line_error(res, 2, "--task arith: no calibrated profile", "arith.yaml", "ecache calibrate --task arith")
 
 
-def test_task_the_model_was_not_trained_on_says_so(cli, profiles_dir):
-    res = cli("generate", "--task", "gsm8k", "x", *SMALL)  # the embedded model: arith, code and list only
-    one_line_error(res, 2, "--task gsm8k: no calibrated profile", "trained only on arith, code, list", "drop --task")
-    assert "ecache calibrate" not in res.stderr
+def test_task_the_model_was_not_trained_on_warns_and_uses_the_settings_without_it(cli, profiles_dir):
+    res = cli("generate", "--task", "gsm8k", "x", *SMALL, "--jsonl")  # the embedded model: arith, code and list only
+    assert res.exit_code == 0, res.stderr
+    assert "warning: model tiny was trained only on arith, code, list, not gsm8k" in res.stderr
+    plain = cli("generate", "x", *SMALL, "--jsonl")
+    assert json.loads(res.stdout)["settings"] == json.loads(plain.stdout)["settings"]
+
+
+def test_skip_invalid_without_input_says_what_stdin_does(cli, llada_dir):
+    res = cli("generate", "--skip-invalid", "x", "--model", llada_dir, *SMALL)
+    line = one_line_error(res, 2, "--skip-invalid applies to --input records")
+    assert "checked before any is decoded" in line and "one by one" not in line
 
 
 def test_task_with_its_profile_uses_it(cli, profiles_dir, llada_dir):
@@ -295,7 +303,7 @@ def test_empty_input_file_names_the_file(cli, llada_dir, tmp_path, command):
     f = tmp_path / "empty.jsonl"
     f.write_text("\n\n")
     res = cli(*command, "--input", f, "--model", llada_dir, *SMALL)
-    line = one_line_error(res, 1, f"--input {f}", "holds no record", "'prompt'")
+    line = one_line_error(res, 2, f"--input {f}", "holds no record", "'prompt'")  # empty input: usage, as stdin's
     assert "stdin" not in line
 
 

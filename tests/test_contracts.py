@@ -143,6 +143,123 @@ def test_calibrate_data_dash_is_stdin(cli, llada_dir):
     assert bad.exit_code == 2 and "--data -: line 1 is not JSON" in bad.stderr, bad.stderr
 
 
+#: The commands that read a benchmark's ``--data`` (``--task gsm8k``), with the flags of a short run.
+DATA_COMMANDS = {
+    "calibrate": ["calibrate", "--limit", "2", "--dry-run", "--taus", "0.5", "--refine", "0", "--no-speed-check"],
+    "profile": ["profile", "--policies", "none", "--warmup", "0", "--json", "-", "--limit", "2"],
+    "trace-drift": ["trace-drift", "--rows", "0", "--json", "-", "--limit", "2"],
+}
+GSM_ROWS = "".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}) + "\n"
+                   for i in range(3))
+
+
+def _data_args(command: str, model, data) -> list[str]:
+    return [*DATA_COMMANDS[command], "--task", "gsm8k", "--shots", "0", "--data", str(data), "--model", str(model),
+            *SMALL]
+
+
+@pytest.mark.parametrize("command", list(DATA_COMMANDS))
+@pytest.mark.parametrize("source", ["file", "dash"])
+def test_data_names_every_bad_line_exit_2(command, source, cli, llada_dir, tmp_path):
+    """``--data`` lines are checked as ``--input`` records are (one reader, ``sources.py``): a line that
+    is not UTF-8 is named with the others, exit 2, nothing decoded, from a file as from stdin."""
+    bad = GSM_ROWS.encode() + b'{"question": "\xff", "answer": "#### 2"}\nnot json\n\xfe\n'
+    f = tmp_path / "gsm.jsonl"
+    f.write_bytes(bad)
+    res = cli(*_data_args(command, llada_dir, f if source == "file" else "-"), input=bad if source == "dash" else None)
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert res.stdout == ""
+    (line,) = res.stderr.strip().splitlines()
+    name = f if source == "file" else "-"
+    assert line.startswith(f"error: --data {name}: line 4 is not UTF-8 text; line 5 is not JSON"), line
+    assert "line 6 is not UTF-8 text" in line and "(the official gsm8k format)" in line
+
+
+@pytest.mark.parametrize("flag", ["--input", "--data"])
+@pytest.mark.parametrize("how", ["dev-stdin", "fifo"])
+def test_input_and_data_take_any_readable_path(flag, how, llada_dir, tmp_path):
+    """README: ``--input`` and ``--data`` take any readable path (a named pipe, ``/dev/stdin``), read once
+    as a stream by the same reader; ``--data`` refused both before."""
+    def args(path) -> list[str]:
+        if flag == "--input":
+            return _args("profile", llada_dir, "--input", path)
+        return _data_args("profile", llada_dir, path)
+
+    text = '{"prompt": "Sort: 3 1 2"}\n' if flag == "--input" else GSM_ROWS
+    if how == "dev-stdin":
+        p = subprocess.Popen([sys.executable, "-m", "ecache_cli", *args("/dev/stdin")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        out, err = p.communicate(text.encode(), timeout=300)
+    else:
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        p = _popen(args(fifo))
+        with open(fifo, "w") as w:  # blocks until the command opens it to read
+            w.write(text)
+        out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()
+    doc = json.loads(out.decode().splitlines()[0])
+    assert doc["prompts_done"] == (1 if flag == "--input" else 2), doc
+
+
+EMPTY_CASES = {  # (command, how the input is empty) -> (args after the command's own, stdin)
+    "stdin": ([], ""),
+    "input-file": (["--input", "EMPTY"], None),
+    "input-dash": (["--input", "-"], "\n\n"),
+}
+
+
+@pytest.mark.parametrize("command", PROMPTED)
+@pytest.mark.parametrize("case", list(EMPTY_CASES))
+def test_empty_input_is_a_usage_error(command, case, cli, llada_dir, tmp_path):
+    """One rule for an input with no record: exit 2, one line naming the source and the fix."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n \n")
+    extra, stdin = EMPTY_CASES[case]
+    res = cli(*_args(command, llada_dir, *[str(empty) if a == "EMPTY" else a for a in extra]), input=stdin)
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    want = {"stdin": "no prompt given: stdin was empty", "input-file": f"--input {empty} holds no record",
+            "input-dash": "--input - holds no record"}[case]
+    assert line.startswith(f"error: {want}") and ("pipe prompts" in line or "'prompt' field" in line), line
+
+
+@pytest.mark.parametrize("command", list(DATA_COMMANDS))
+def test_empty_data_is_a_usage_error(command, cli, llada_dir, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    res = cli(*_data_args(command, llada_dir, empty))
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"error: --data {empty} holds no record") and "question, answer" in line, line
+
+
+def test_chat_reads_piped_stdin_in_full_first(cli):
+    """A line that is not UTF-8 among piped chat lines: named before anything is answered, exit 2, as the
+    prompt commands name theirs (``test_non_utf8_stdin_is_found_before_decoding``)."""
+    piped = b"Sort: 3 1 2\n\xff\xfe bad\nabc\n\xfe\n"
+    res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input=piped)
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert res.stdout == ""  # the good first line was not answered
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("error: stdin: 2 of 4 line(s) invalid, nothing decoded: stdin lines 2, 4: not UTF-8 text")
+
+
+@pytest.mark.parametrize("command", ["generate", *DATA_COMMANDS])
+def test_a_task_the_model_was_not_trained_on_warns_and_runs_in_every_command(command, cli, tmp_path):
+    """README: every command that takes ``--task`` warns when the embedded model was not trained on it
+    (gsm8k), and runs; ``generate --task`` refused it before."""
+    data = tmp_path / "gsm.jsonl"
+    data.write_text(GSM_ROWS)
+    if command == "generate":
+        args = ["generate", "--task", "gsm8k", *SMALL, "What is 2+2?"]
+    else:
+        args = [a for a in _data_args(command, "tiny", data) if a != "--no-chat"]
+    res = cli(*args)
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("warning: model tiny was trained only on arith, code, list, not gsm8k") == 1, res.stderr
+
+
 def _unreadable_prefix() -> tuple[str, ...]:
     """Run as a process that cannot read a mode-000 file: root keeps its read override unless it is
     dropped (``setpriv``); another user cannot read it anyway."""
@@ -420,6 +537,45 @@ def test_every_model_command_takes_the_same_global_options(command):
     assert set(cmds) == {"generate", "chat", "profile", "calibrate", "trace-drift", "serve"}
     given = {o for p in cmds[command].params for o in (*p.opts, *p.secondary_opts)}
     assert [o for o in GLOBAL_OPTIONS if o not in given] == []
+
+
+def _leaf_commands() -> dict:
+    """Every command a user runs (``models show``, not ``models``' group alone), by its full name."""
+    import typer
+
+    from ecache_cli.cli import app
+
+    out = {}
+
+    def walk(cmd, name):
+        if hasattr(cmd, "commands"):  # a group (typer's own click Group)
+            if name:  # a group with a callback of its own (``ecache models`` lists the models)
+                out[name] = cmd
+            for sub, c in cmd.commands.items():
+                walk(c, f"{name} {sub}".strip())
+        else:
+            out[name] = cmd
+
+    walk(typer.main.get_command(app), "")
+    return out
+
+
+def test_every_command_takes_quiet():
+    """``-q`` is a global option of every command (README), the model-less ones too; ``help`` prints
+    only what it is asked for."""
+    cmds = _leaf_commands()
+    assert {"models", "models show", "models pull", "generate", "chat", "serve"} <= set(cmds)
+    lacking = [name for name, cmd in cmds.items() if name != "help"
+               and not {"-q", "--quiet"} <= {o for p in cmd.params for o in p.opts}]
+    assert lacking == []
+
+
+@pytest.mark.parametrize("where", [["models", "-q", "pull", "tiny"], ["models", "pull", "tiny", "-q"]])
+def test_models_quiet_keeps_stdout_only(where, cli):
+    loud = cli("models", "pull", "tiny")
+    assert loud.exit_code == 0 and "embedded in the package" in loud.stderr, loud.stderr
+    res = cli(*where)
+    assert res.exit_code == 0 and res.stderr == "" and res.stdout == loud.stdout
 
 
 def test_chat_quiet_drops_the_start_lines(cli):

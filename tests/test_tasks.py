@@ -203,20 +203,20 @@ def test_missing_dataset_names_the_path(name, filename, tmp_path):
 
 
 def test_malformed_dataset_lines_are_all_named_with_the_fix(tmp_path, cli):
-    """As ``--input``: every bad line in one usage error (exit 2) with what a line must be; an undecodable
-    file is a data error (exit 1)."""
+    """As ``--input``: every bad line in one usage error (exit 2) with what a line must be, a line that
+    is not UTF-8 too (the reader ``--input`` uses, ``sources.py``)."""
     bad = tmp_path / "test.jsonl"
     bad.write_text('{"question": "q", "answer": "1"}\nnot json\n[1]\n{"question": "q"}\n')
     with pytest.raises(UsageError) as e:
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
     msg = str(e.value)
     assert msg == (f"--data {bad}: line 2 is not JSON (Expecting value); line 3 is a JSON list, not an object; "
-                   "line 4 lacks answer; each line must be one JSON object with the fields question, answer (the "
+                   "line 4 lacks answer; each line must be one UTF-8 JSON object with the fields question, answer (the "
                    "official gsm8k format)")
     r = cli("profile", "--task", "gsm8k", "--data", str(bad), "--limit", "1", "--policies", "none")
     assert r.exit_code == 2 and "line 2 is not JSON" in r.stderr and "using model" not in r.stderr
-    bad.write_bytes(b'{"question": "q", "answer": "1"}\n' * 2 + b'{"question": "\xff"}\n')
-    with pytest.raises(DataError, match="test.jsonl:3: not UTF-8"):
+    bad.write_bytes(b'{"question": "q", "answer": "1"}\n' * 2 + b'{"question": "\xff"}\nnot json\n')
+    with pytest.raises(UsageError, match="test.jsonl: line 3 is not UTF-8 text; line 4 is not JSON"):
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
 
 

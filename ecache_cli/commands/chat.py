@@ -32,6 +32,7 @@ def chat_cmd(
     from ..console import announce, err, hold_warnings, warn
     from ..runs.chat import ChatSession, SettingsSource, open_readline
     from ..runs.generate import check_watch
+    from ..runs.inputs import piped_lines, piped_stdin
     from ..runs.settings import check_settings_fit, not_used_by, warn_model_rules, warn_unused_cache_flags
     from ..runs.watch import watch_available
     from ..runtime import load_for_command
@@ -48,6 +49,8 @@ def chat_cmd(
     if watch and not watch_available(err):
         warn("--watch needs a terminal (stderr is not one); answering without the live view")
         watch = False
+    piped = piped_stdin()  # piped lines are read and checked in full first (README), before the load
+    lines = piped_lines(piped) if piped is not None else None
     announce(None if quiet else settings.describe(model))  # before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force,
                              quantize=settings.quantize)
@@ -60,4 +63,17 @@ def chat_cmd(
         sys.stdin.reconfigure(errors="surrogateescape")
     if not quiet:
         err.print("ecache chat: type a message; /help lists the commands, Ctrl-D ends", markup=False, highlight=False)
-    session.loop()
+    session.loop() if lines is None else session.loop(read=lines_reader(lines))
+
+
+def lines_reader(lines: list[str]):
+    """``input()``'s stand-in over lines already read: each call returns the next, EOFError at the end."""
+    it = iter(lines)
+
+    def read(prompt: str = "") -> str:
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None
+
+    return read

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from ..options import Quiet
+
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of the table.")]
 Name = Annotated[str, typer.Argument(metavar="NAME", show_default=False, help="An alias (ecache models lists them), "
                                       "tiny, a Hugging Face repo id or a checkpoint folder.")]
@@ -40,13 +42,14 @@ def _json(data) -> None:
     sys.stdout.flush()
 
 
-def models_cmd(ctx: typer.Context, as_json: Json = False):
+def models_cmd(ctx: typer.Context, as_json: Json = False, quiet: Quiet = False):
     """The models ecache knows: every alias and the embedded tiny, with family, kind, parameters, the memory
     their weights need in bfloat16 and float32, and whether each is in the local Hugging Face cache (no
     network). [bold]show[/] NAME: one model's facts; [bold]pull[/] NAME: download one.
 
     Examples: [cyan]ecache models[/] · [cyan]ecache models show dream-7b[/] · [cyan]ecache models pull llada-moe[/]
     """
+    ctx.obj = {"quiet": quiet}  # `ecache models -q show NAME`: the subcommand's -q too (every command takes -q)
     if ctx.invoked_subcommand is not None:
         if as_json:
             from ..errors import UsageError
@@ -65,14 +68,20 @@ def models_cmd(ctx: typer.Context, as_json: Json = False):
         _write(table(rows, console.width), console)
 
 
-def show_cmd(name: Name, as_json: Json = False):
+def _quiet(ctx: typer.Context, quiet: bool) -> bool:
+    """-q given to the subcommand or to ``ecache models`` before it."""
+    return quiet or bool((ctx.obj or {}).get("quiet"))
+
+
+def show_cmd(ctx: typer.Context, name: Name, as_json: Json = False, quiet: Quiet = False):
     """One model's facts: family, repository, sizes and weight memory, config summary, special tokens, chat
-    template and default profile; for an alias not downloaded yet, what is known and how to get it."""
+    template and default profile; for an alias not downloaded yet, what is known and how to get it. -q drops
+    the notes on stderr."""
     from ..console import err
     from ..runs.models import describe, show_table
 
     info, notes = describe(name)
-    for note in notes:
+    for note in [] if _quiet(ctx, quiet) else notes:
         err.print(f"note: {note}", markup=False, highlight=False)
     if as_json:
         _json(info)
@@ -80,9 +89,10 @@ def show_cmd(name: Name, as_json: Json = False):
         _write(show_table(info))
 
 
-def pull_cmd(name: Repo):
+def pull_cmd(ctx: typer.Context, name: Repo, quiet: Quiet = False):
     """Download an alias (or a Hugging Face repo id) into the Hugging Face cache with huggingface_hub, and
-    print its folder; offline, one line says so and gives the command to run on a connected machine."""
+    print its folder; offline, one line says so and gives the command to run on a connected machine. -q
+    drops the line saying what was done (the folder is still printed)."""
     from ..console import err
     from ..runs.models import pull
 
@@ -90,6 +100,7 @@ def pull_cmd(name: Repo):
     say = {"embedded": f"{name} is embedded in the package: nothing to download",
            "cached": f"{name} is already in the Hugging Face cache: nothing to download",
            "downloaded": f"downloaded {name}"}[how]
-    err.print(f"{say} ({path}); use it with --model {name}", markup=False, highlight=False)
+    if not _quiet(ctx, quiet):
+        err.print(f"{say} ({path}); use it with --model {name}", markup=False, highlight=False)
     sys.stdout.write(f"{path}\n")
     sys.stdout.flush()

@@ -70,8 +70,9 @@ def check_options(opts: GenerateOptions):
         raise UsageError("--print0 separates plain-text answers; --jsonl and --output write JSON records, one per line")
     check_watch(opts.watch, opts.watch_delay, quiet=opts.quiet, stream=opts.stream)
     if opts.skip_invalid and opts.input_file is None:
-        raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are checked "
-                         "one by one")
+        raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are all read "
+                         "and checked before any is decoded, and an invalid one stops the run (exit 2): fix it, "
+                         "or pass the prompts as --input FILE.jsonl records")
     from ..outputs import check_distinct
 
     check_distinct([(opts.output, "--output")], [(opts.input_file, "--input")])
@@ -121,7 +122,10 @@ def check_task(task: str | None, profile: str | None) -> None:
 def require_task_profile(settings: Settings, model: str, task: str | None) -> None:
     """``--task``: the settings came from the model's calibrated profile ``<model>/<task>.yaml`` (or,
     under parallel decoding, ``<task>-parallel.yaml``; with quantized weights those with the format after
-    them, ``config.quantize_task``), else ConfigError naming the places looked in and the fix."""
+    them, ``config.quantize_task``), else ConfigError naming the places looked in and the fix. A task the
+    model's card says it was not trained on (the embedded model: arith, code, list) is not refused: as in
+    every command (README), the run warns after the load (``confidence.warn_untrained``) and uses the
+    settings without ``--task`` (a calibrated profile of that task, if one exists, still comes first)."""
     from ..config import mode_task, profile_candidates, quantize_task
 
     names = [n for t in (task, mode_task(task, True)) for n in (t, quantize_task(t, settings.quantize))] if task else []
@@ -133,11 +137,11 @@ def require_task_profile(settings: Settings, model: str, task: str | None) -> No
 
     local = embedded_dir() if model in EMBEDDED else Path(model).expanduser()  # a hub model: not looked up here
     tasks = trained_tasks(local) if local.is_dir() else None
-    fix = (f"drop --task: model {model} was trained only on {', '.join(tasks)}, so its {task} answers mean nothing "
-           f"and no profile can tune it for them" if tasks is not None and task not in tasks
-           else f"run `ecache calibrate --task {task} --model {model}` or drop --task")
+    if tasks is not None and task not in tasks:  # one rule in every command: a warning after the load
+        return  # (confidence.warn_untrained), and the settings without --task
     raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
-                      f"{', '.join(map(str, profile_candidates(model, task)))}); {fix}")
+                      f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task "
+                      f"{task} --model {model}` or drop --task")
 
 
 class _Sink:

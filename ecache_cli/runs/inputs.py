@@ -18,6 +18,7 @@ from typing import IO, Iterator
 
 from ..errors import DataError, UsageError
 from ..models.prompting import check_messages
+from ..sources import check_readable, is_stdin, read_lines, split_lines
 
 
 def read_prompts(args: list[str] | None, input_file: Path | None, stdin: IO | None,
@@ -135,7 +136,7 @@ def read_records(input_file: Path) -> list[Item]:
     only when the file cannot be opened."""
     name = "stdin" if is_stdin(input_file) else str(input_file)
     items: list[Item] = []
-    for n, line in jsonl_lines(input_file, lenient=True):
+    for n, line in jsonl_lines(input_file):
         if line is not None and not line.strip():
             continue
         item = Item(index=len(items), line=n, rec=None, prompt=None, source=name)
@@ -186,25 +187,31 @@ def stdin_items(stdin: IO) -> list[Item]:
 
 
 def _stdin_lines(stdin: IO) -> list[tuple[int, str | None]]:
-    """(1-based number, text or None when not UTF-8) of every line of ``stdin``, read to its end."""
+    """(1-based number, text or None when not UTF-8) of every line of ``stdin``, read to its end
+    (``sources.split_lines``, the reader of every input)."""
     raw = getattr(stdin, "buffer", None)
     if raw is not None:
-        lines = [(n, _decode(b, n)) for n, b in enumerate(raw.read().split(b"\n"), 1)]
-    else:  # a text stream without bytes underneath (e.g. a test runner's)
-        try:
-            lines = [(n, t.removeprefix("\ufeff") if n == 1 else t)
-                     for n, t in enumerate(stdin.read().split("\n"), 1)]
-        except UnicodeDecodeError:
-            raise UsageError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
-    return [(n, None if t is None else t.removesuffix("\r")) for n, t in lines]
-
-
-def _decode(raw: bytes, n: int) -> str | None:
-    """One stdin line as text (``utf-8-sig`` on the first: a BOM dropped), None when not UTF-8."""
-    try:
-        return raw.decode("utf-8-sig" if n == 1 else "utf-8")
+        return split_lines(raw.read())
+    try:  # a text stream without bytes underneath (e.g. a test runner's): undecodable bytes arrive as
+        # surrogates (surrogateescape), which stdin_items names with their byte (_check_utf8)
+        lines = [(n, t.removeprefix("\ufeff") if n == 1 else t) for n, t in enumerate(stdin.read().split("\n"), 1)]
     except UnicodeDecodeError:
-        return None
+        raise UsageError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
+    return [(n, t.removesuffix("\r")) for n, t in lines]
+
+
+def piped_lines(stdin: IO) -> list[str]:
+    """Every line of piped ``stdin`` as text (``ecache chat``'s messages and commands), all read first;
+    UsageError (exit 2, :func:`invalid_error`) naming every line that is not UTF-8, as the prompt
+    commands name theirs, before anything is answered."""
+    lines = _stdin_lines(stdin)
+    items = [Item(index=i, line=n, rec=None, prompt=t, source="stdin",
+                  error=None if t is not None and _utf8(t) else f"stdin:{n}: not UTF-8 text; pipe UTF-8 lines")
+             for i, (n, t) in enumerate(lines)]
+    error = invalid_error(items, "stdin", what="line", fix="fix them and run again")
+    if error is not None:
+        raise error
+    return [t for _, t in lines]
 
 
 #: The way out of invalid records for a command without ``--skip-invalid``.
@@ -281,77 +288,39 @@ def piped_stdin() -> IO | None:
         return None
 
 
-def is_stdin(input_file: Path | str | None) -> bool:
-    """``--input -``: JSONL records read from stdin."""
-    return input_file is not None and str(input_file) == "-"
-
-
 def check_input_file(input_file: Path | None) -> None:
-    """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing, readable file; else a
-    DataError (exit 1, README's exit codes: an unreadable input is a runtime error). Anything readable
-    that is not a folder counts: a named pipe, ``/dev/stdin``, a shell's ``<(...)`` (the records are read
-    once, as a stream; only a regular file is opened to try it)."""
-    import errno
-    import os
-
-    if input_file is None or is_stdin(input_file):
-        return
-    if input_file.is_dir():
-        raise DataError(f"--input {input_file} is a folder; give a JSONL file (one JSON object with a 'prompt' "
-                        "field per line), or - for stdin")
-    if not input_file.exists():
-        raise DataError(f"--input {input_file}: no such file; pass a JSONL file with a 'prompt' field per line")
-    try:
-        if input_file.is_file():
-            os.close(os.open(input_file, os.O_RDONLY))
-        elif not os.access(input_file, os.R_OK):  # a pipe is not opened here: that would take its writer
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-    except OSError as e:
-        raise DataError(f"--input {input_file}: cannot read ({e.strerror}); make it readable (chmod +r) or pass "
-                        "another file") from None
+    """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing, readable path that is
+    not a folder (a file, a named pipe, ``/dev/stdin``, a shell's ``<(...)``); else a DataError (exit
+    1, README's exit codes: an unreadable input is a runtime error). ``sources.check_readable``, as
+    ``--data`` is checked."""
+    check_readable(input_file, "--input", "give a JSONL file (one JSON object with a 'prompt' field per line), "
+                   "or - for stdin")
 
 
-def jsonl_lines(input_file: Path, lenient: bool = False) -> Iterator[tuple[int, str | None]]:
-    """(1-based line number, text) of each line of an ``--input`` file (``-``: stdin), decoded line by
-    line so a bad byte fails at its line, after earlier ones; a UTF-8 BOM at the start is accepted
-    (``utf-8-sig``) and a CRLF line end is dropped. ``lenient``: a line that is not UTF-8 is yielded
-    as (n, None) instead of raising DataError."""
-    if is_stdin(input_file):
-        stream = getattr(sys.stdin, "buffer", None)
-        if stream is None:  # a text stream without bytes underneath (e.g. a test runner's)
-            for n, line in enumerate(sys.stdin, 1):
-                yield n, (line.removeprefix("\ufeff") if n == 1 else line).rstrip("\r\n")
-            return
-        fh = stream
-    else:
-        try:
-            fh = open(input_file, "rb")
-        except OSError as e:
-            raise DataError(f"--input {input_file}: cannot read ({e.strerror})") from None
-    try:
-        for n, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-            except UnicodeDecodeError:
-                if lenient:
-                    yield n, None
-                    continue
-                where = "stdin" if is_stdin(input_file) else input_file
-                raise DataError(f"{where}:{n}: not UTF-8 text; save the file as UTF-8 JSONL") from None
-            yield n, line.rstrip("\r\n")
-    finally:
-        if fh is not getattr(sys.stdin, "buffer", None):
-            fh.close()
+def jsonl_lines(input_file: Path) -> list[tuple[int, str | None]]:
+    """(1-based line number, text or None when not UTF-8) of each line of an ``--input`` source
+    (``-``: stdin), read in full first by the reader every input shares (``sources.read_lines``)."""
+    return read_lines(input_file, "--input")
 
 
-def no_prompts(input_file: Path | None):
-    """The error for a prompt source that gave nothing: an empty ``--input`` file (DataError, naming
-    it) or empty stdin (UsageError)."""
+def no_prompts(input_file: Path | None) -> UsageError:
+    """The error for a prompt source that gave nothing (README: empty input is a usage error, exit 2,
+    in every command, as ``--data`` is: ``tasks.files.read_jsonl``): an empty or blank ``--input``
+    source, naming it, or empty stdin."""
     if input_file is not None:
-        return DataError(f"--input {input_file} holds no record (the file is empty or blank); write one JSON "
-                         "object with a 'prompt' field per line")
+        return UsageError(f"--input {input_file} holds no record (it is empty or blank); write one JSON "
+                          "object with a 'prompt' field per line")
     return UsageError("no prompt given: stdin was empty; pipe prompts one per line, pass them as arguments or use "
                       "--input FILE.jsonl")
+
+
+def _utf8(text: str) -> bool:
+    """``text`` holds no lone surrogate (an undecodable byte read with surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_utf8(text: str, where: str, error: type, fix: str) -> None:

@@ -376,7 +376,8 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
     """
     opts.validate()
     if not requests:
-        raise UsageError("no prompts to profile")
+        raise UsageError("no prompts to profile: pass prompts as arguments, on stdin, as --input FILE.jsonl "
+                         "or --task NAME")
     bench = _Bench(engine, settings, requests, opts, chat, on_run)
     dist = dist or DistEnv()
     runs, incomplete = bench.timed_runs(dist)

@@ -2,62 +2,53 @@
 
 Data is read from local files in the official JSONL formats (plain or ``.gz``), never downloaded:
 ``--data PATH`` (a file, or a folder holding the default file name), else
-``~/.cache/ecache/data/<task>/<default file>``. The Hugging Face datasets cache stores Arrow files, not
-the official JSONL, so it is not searched. A missing or unreadable file raises ``DataError`` naming the
-path (exit 1); malformed lines a ``UsageError`` naming every one (exit 2), as ``--input`` does.
+``~/.cache/ecache/data/<task>/<default file>``; ``--data`` also takes ``-`` (stdin), a named pipe,
+``/dev/stdin`` or ``<(...)``, read by the reader ``--input`` uses (``ecache_cli/sources.py``). The Hugging
+Face datasets cache stores Arrow files, not the official JSONL, so it is not searched. A missing or
+unreadable source raises ``DataError`` naming the path (exit 1); malformed lines (not UTF-8, not JSON,
+a field missing) a ``UsageError`` naming every one (exit 2), as ``--input`` does, and so does an empty
+source.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import random
-import sys
 from pathlib import Path
 
 from ecache_cli.errors import DataError, UsageError
+from ecache_cli.sources import check_readable, is_stdin, read_lines
 from ecache_cli.tasks.base import Example, Task, sample_indices
 
 DEFAULT_DATA_DIR = Path.home() / ".cache" / "ecache" / "data"
 
 
 def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task") -> list[dict]:
-    """Return the JSON objects of a ``.jsonl`` or ``.jsonl.gz`` file, each checked to hold ``fields``.
+    """Return the JSON objects of a ``--data`` source (``-``: stdin; any readable path: a file, a named
+    pipe, ``/dev/stdin``, ``<(...)``; gzip data decompressed), each checked to hold ``fields``.
 
-    Every line is checked before any is used, as ``--input`` records are: a line that is not a JSON object
-    or lacks a field is named, all of them in one ``UsageError`` (exit 2) with the fix. Raises ``DataError``
-    (exit 1) when the file cannot be read at all (missing, unreadable, not UTF-8 or not gzip).
+    The source is read in full by the reader ``--input`` uses (``sources.read_lines``) and every line
+    checked before any is used: a line that is not UTF-8, not a JSON object or lacks a field is named,
+    all of them in one ``UsageError`` (exit 2) with the fix, and so is a source with no record (empty
+    or blank; README: empty input is a usage error in every command). Raises ``DataError`` (exit 1)
+    only when the source cannot be read at all (missing, unreadable, damaged gzip).
     """
-    opener = gzip.open if path.suffix == ".gz" else open
     rows, bad = [], []
-    try:
-        if str(path) == "-":  # ``--data -``: the JSONL on stdin (README: stdin, files, ``-``)
-            if sys.stdin is None:
-                raise DataError("--data -: stdin is closed; pipe the JSONL or pass --data FILE")
-            raw_lines = getattr(sys.stdin, "buffer", sys.stdin).read().splitlines()
-            raw_lines = [r.encode("utf-8", "surrogateescape") if isinstance(r, str) else r for r in raw_lines]
-        else:
-            with opener(path, "rb") as f:
-                raw_lines = f.read().splitlines()
-    except FileNotFoundError as e:
-        raise DataError(f"data file not found: {path}") from e
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e}") from e
-    for lineno, raw in enumerate(raw_lines, 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"cannot read {path}:{lineno}: not UTF-8 text ({e.reason}); the file is damaged: "
-                            "download or copy it again") from e
-        if line.strip():
+    for lineno, line in read_lines(path, "--data"):
+        if line is None:
+            bad.append(f"line {lineno} is not UTF-8 text")
+        elif line.strip():
             why = _bad_row(line, fields, rows)
             if why:
                 bad.append(f"line {lineno} {why}")
+    need = f" with the fields {', '.join(fields)}" if fields else ""
     if bad:
         shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-        need = f" with the fields {', '.join(fields)}" if fields else ""
-        raise UsageError(f"--data {path}: {shown}; each line must be one JSON object{need} (the official {task} "
-                         "format)")
+        raise UsageError(f"--data {path}: {shown}; each line must be one UTF-8 JSON object{need} (the official "
+                         f"{task} format)")
+    if not rows:
+        raise UsageError(f"--data {path} holds no record (it is empty or blank); give the official {task} JSONL, "
+                         f"one JSON object{need} per line")
     return rows
 
 
@@ -108,9 +99,10 @@ class FileTask(Task):
         ``UsageError`` naming every malformed line (``read_jsonl``)."""
         if self._items is None:
             path = self.data_path()
-            if str(path) != "-" and not path.is_file():
+            if not is_stdin(path) and not path.exists():
                 raise DataError(f"{self.name} data not found at {path}; put the official {self.filename} "
                                 f"there or pass --data PATH")
+            check_readable(path, "--data", f"give the official {self.name} JSONL file (or - for stdin)")
             rows = read_jsonl(path, self.fields, self.name)
             self._items = [self.to_example(i, row) for i, row in enumerate(rows)]
         return self._items
