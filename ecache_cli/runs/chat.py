@@ -187,7 +187,7 @@ class ChatSession:
 
         if not arg:
             raise UsageError("/cache needs a policy, e.g. /cache entropy:tau=0.5")
-        name, params = parse_policy_spec(arg, where="/cache")
+        name, params = parse_policy_spec(arg, where="/cache", family=self.lm.spec)
         self.source.cache_flags["policy"] = name
         self.source.overrides = params
         self._apply(f"cache {arg}")

@@ -151,7 +151,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     p_cache = dict((prof or {}).get("cache") or {})
     fam = model_family(model)
     decode = resolve({**dataclass_defaults(DecodeConfig), **(fam.decode_defaults if fam else {})}, p_dec, decode_flags)
-    _flag_picks_parallel_rule(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
+    notes = _flag_picks_parallel_rule(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
     cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
@@ -159,6 +159,10 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam)
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
+    from ..console import note
+
+    for text in notes:  # a dropped threshold is noted only for settings that are valid
+        note(text)
     decode_cfg = DecodeConfig(**decode)
     tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
         else "default"
@@ -182,19 +186,21 @@ def _measured_note(prof: dict | None) -> str | None:
 
 def model_family(model: str | None):
     """The model family (``models.family.Family``) of ``--model`` when it is known before loading: an alias's,
-    or the one that claims a folder's config.json; None otherwise (a repository id, the embedded model, a
-    folder without a readable config: the load reports any problem). Its ``decode_defaults`` and
-    ``cache_default`` sit under profiles and flags (:func:`resolve_settings`)."""
+    the one that claims a folder's config.json, the embedded model's (no ``model`` or ``tiny``: its packaged
+    config.json); None otherwise (a repository id, a folder without a readable config: the load reports any
+    problem). Its ``decode_defaults`` and ``cache_default`` sit under profiles and flags
+    (:func:`resolve_settings`); its ``block_causal`` and ``sampler`` let the policies and decode options
+    that do not apply to it be refused before the model loads."""
     from ..errors import ModelLoadError
+    from ..models.loader import EMBEDDED, embedded_dir
     from ..models.registry import alias, family_of
     from ..models.spec import read_json_object
 
-    if not model:
-        return None
-    found = alias(str(model))
+    embedded = not model or str(model) in EMBEDDED
+    found = None if embedded else alias(str(model))
     if found is not None:
         return found[0]
-    path = Path(model) / "config.json"
+    path = (embedded_dir() if embedded else Path(model)) / "config.json"
     try:
         return family_of(read_json_object(path), path) if path.is_file() else None
     except (ModelLoadError, OSError):
@@ -256,15 +262,15 @@ def _sampling_flags(decode: DecodeConfig, decode_flags: dict) -> tuple[str, ...]
     return ()
 
 
-def _flag_picks_parallel_rule(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> None:
+def _flag_picks_parallel_rule(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> list[str]:
     """``--threshold`` or ``--factor`` picks the parallel-decoding rule: the profile's other rule gives
     way, since Fast-dLLM's threshold and factor rules exclude each other (``decoding/step.py``); a flag that
     needs fixed steps drops a lower layer's rule (:func:`_flag_drops_parallel_default`). Edits ``decode``
-    in place."""
+    in place; returns the notes to print once the settings are checked."""
     for flag, other in (("threshold", "factor"), ("factor", "threshold")):
         if decode_flags.get(flag) is not None and decode_flags.get(other) is None:
             decode[other] = None
-    _flag_drops_parallel_default(decode, decode_flags, p_dec, path, fam)
+    return _flag_drops_parallel_default(decode, decode_flags, p_dec, path, fam)
 
 
 def _parallel_source(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> str | None:
@@ -280,31 +286,31 @@ def _parallel_source(decode: dict, decode_flags: dict, p_dec: dict, path: str | 
     return None
 
 
-def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> None:
+def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> list[str]:
     """A flag that needs fixed-step decoding (``--remasking`` other than low_confidence / maskgit_plus,
     whose scores are no probability; ``--alg-temp`` > 0) wins over a ``threshold`` or ``factor`` that no flag
     gave (the model family's ``decode_defaults``, e.g. SDAR's and LLaDA2's threshold, or the profile's):
     defaults < profile < flags, so the lower layer's value is dropped with a note naming it and where it
     came from; a ``--threshold`` / ``--factor`` flag beside it still conflicts (``validate_decode``).
-    Edits ``decode`` in place."""
+    Edits ``decode`` in place; returns the notes, whose hint undoes the flag that caused the drop."""
     from ..decoding.remasking import PROB_KINDS, REMASKING
 
     remasking, alg_temp = decode_flags.get("remasking"), decode_flags.get("alg_temp")
     if remasking is not None and remasking in REMASKING and remasking not in PROB_KINDS:
-        why = f"--remasking {remasking}"
+        why, undo = f"--remasking {remasking}", "pass --remasking low_confidence"
     elif alg_temp:
-        why = f"--alg-temp {alg_temp:g}"
+        why, undo = f"--alg-temp {alg_temp:g}", "drop --alg-temp"
     else:
-        return
+        return []
+    notes = []
     for key in ("threshold", "factor"):
         if decode_flags.get(key) is not None or decode.get(key) is None:
             continue
         source = _parallel_source({key: decode[key]}, decode_flags, p_dec, path, fam) or "the defaults"
-        from ..console import note
-
-        note(f"{why} needs fixed-step decoding: --{key.replace('_', '-')} {decode[key]:g} ({source}) is dropped; "
-             f"each block decodes in its steps (pass --remasking low_confidence to keep the {key} rule)")
+        notes.append(f"{why} needs fixed-step decoding: --{key.replace('_', '-')} {decode[key]:g} ({source}) is "
+                     f"dropped; each block decodes in its steps ({undo} to keep the {key} rule)")
         decode[key] = None
+    return notes
 
 
 def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None,
@@ -313,7 +319,7 @@ def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path
     the profile at ``path`` (and the flag that overrides it), or the model family ``fam``'s
     ``decode_defaults`` (``--block-length 32 (the llada2 family's default)``)."""
     try:
-        validate_decode(decode)
+        validate_decode(decode, getattr(fam, "sampler", None))
     except UsageError as e:
         _blame_profile(e, decode, p_dec, decode_flags, path)
         _blame_family(e, decode, p_dec, decode_flags, fam)
@@ -520,8 +526,11 @@ def policy_params_or_all(name: str, family=None) -> set[str]:
                          f"{spec_hint(name)}") from None
 
 
-def validate_decode(d: dict) -> None:
-    """Range checks for decode settings that the schedule does not check (one-line UsageErrors)."""
+def validate_decode(d: dict, sampler: str | None = None) -> None:
+    """Range checks for decode settings that the schedule does not check (one-line UsageErrors); with the
+    model's ``sampler`` (its family's, when known before loading) also the sampler's own rules
+    (``decoding.commit.check_sampler_options``: Dream's alg_temp / origin on the dream schedule only,
+    ``--compat fastdllm`` on Dream only), so they fail before the model loads as the engine would."""
     import math
 
     for key in ("temperature", "top_p", "threshold", "factor"):  # inf or NaN would pass the range checks
@@ -559,6 +568,12 @@ def validate_decode(d: dict) -> None:
     check_dream_options(remasking=d.get("remasking") or "low_confidence", alg_temp=d.get("alg_temp"),
                         schedule=d.get("schedule"), parallel=parallel, compat=d.get("compat"),
                         low_eos_confidence=bool(d.get("low_eos_confidence")))
+    if sampler is not None:
+        from ..decoding.commit import check_sampler_options
+
+        check_sampler_options(sampler, schedule=d.get("schedule"), compat=d.get("compat"),
+                              remasking=d.get("remasking") or "low_confidence", alg_temp=d.get("alg_temp"),
+                              parallel=parallel, low_eos_confidence=bool(d.get("low_eos_confidence")))
 
 
 def check_settings_fit(settings: "Settings", spec) -> None:
