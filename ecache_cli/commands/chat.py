@@ -36,7 +36,10 @@ def chat_cmd(
     from ..runs.watch import watch_available
     from ..runtime import load_for_command
 
+    from ..runs.models import check_start
+
     hold_warnings()  # after the "using model" line (console.announce)
+    check_start(model, device, dtype)  # refused alone, before the first line and the settings
     check_watch(watch, watch_delay, quiet=quiet)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     source = SettingsSource(model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking,

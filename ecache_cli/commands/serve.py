@@ -110,6 +110,9 @@ def serve_cmd(
     from ..runtime import load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
 
+    from ..runs.models import check_start
+
+    check_start(model, device, dtype)  # before the settings, as every model command
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,

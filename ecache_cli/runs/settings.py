@@ -159,6 +159,12 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam)
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
+    if fam is not None and cache_flags.get("policy") is not None:  # --cache that does not fit: before the first line
+        from types import SimpleNamespace
+
+        from ..cache import make_policy
+
+        make_policy(name, strict=False).check_model(SimpleNamespace(block_causal=fam.block_causal, family=fam.name))
     from ..console import note
 
     for text in notes:  # a dropped threshold is noted only for settings that are valid
