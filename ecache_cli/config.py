@@ -63,6 +63,22 @@ def setting_ranges() -> dict:
     return out
 
 
+def check_setting(name: str, value, label: str) -> None:
+    """``value`` in the declared range of setting ``name`` (:func:`setting_ranges`): the one check and
+    message of a flag, a chat command, a server field and a profile key, which differ only in ``label``
+    (``--threshold``, ``/threshold``, ``threshold``). UsageError ``--threshold 1.5 must be in (0, 1] (a
+    confidence; e.g. 0.9)``; a name without a range, or a value that is no number, passes."""
+    from .errors import UsageError
+
+    rng = setting_ranges().get(name)
+    if rng is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    try:
+        rng.check(value)
+    except ValueError as e:
+        raise UsageError(f"{label} {value} {e}") from None
+
+
 def profiles_dir() -> Path:
     """Where ``ecache calibrate`` writes profiles: ``$ECACHE_PROFILES`` if set, else ``./profiles``
     of the current directory (looked up first as well)."""

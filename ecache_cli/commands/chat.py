@@ -32,11 +32,10 @@ def chat_cmd(
     from ..console import announce, err, hold_warnings, warn
     from ..runs.chat import ChatSession, SettingsSource, open_readline
     from ..runs.generate import check_watch
+    from ..runs.models import check_start
     from ..runs.settings import check_settings_fit, not_used_by, warn_model_rules, warn_unused_cache_flags
     from ..runs.watch import watch_available
     from ..runtime import load_for_command
-
-    from ..runs.models import check_start
 
     hold_warnings()  # after the "using model" line (console.announce)
     check_start(model, device, dtype)  # refused alone, before the first line and the settings

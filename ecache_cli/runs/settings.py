@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..cache import make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..config import dataclass_defaults, find_mode_profile, load_profile, resolve
+from ..config import check_setting, dataclass_defaults, find_mode_profile, load_profile, resolve
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
 
@@ -537,18 +537,8 @@ def validate_decode(d: dict, sampler: str | None = None) -> None:
     model's ``sampler`` (its family's, when known before loading) also the sampler's own rules
     (``decoding.commit.check_sampler_options``: Dream's alg_temp / origin on the dream schedule only,
     ``--compat fastdllm`` on Dream only), so they fail before the model loads as the engine would."""
-    import math
-
-    for key in ("temperature", "top_p", "threshold", "factor"):  # inf or NaN would pass the range checks
-        v = d.get(key)
-        if v is not None and not math.isfinite(v):
-            raise UsageError(f"--{key.replace('_', '-')} {v} must be a finite number")
-    if d.get("temperature") is not None and d["temperature"] < 0:
-        raise UsageError(f"--temperature {d['temperature']} must be ≥ 0 (0 = greedy)")
-    if d.get("threshold") is not None and not 0 < d["threshold"] <= 1:  # a probability; 1.0 is reachable in float32
-        raise UsageError(f"--threshold {d['threshold']} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
-    if d.get("factor") is not None and d["factor"] <= 0:
-        raise UsageError(f"--factor {d['factor']} must be > 0 (Fast-dLLM uses 1.0)")
+    for key in ("temperature", "top_p", "threshold", "factor"):  # the flag's own range check and message
+        check_setting(key, d.get(key), f"--{key.replace('_', '-')}")
     # the block schedule and remasking rule, checked here so that a bad flag fails before the model loads
     # (the engine checks them again for library callers)
     from ..decoding.remasking import validate_remasking

@@ -29,7 +29,6 @@ one a block). Every refusal is an :class:`ApiError`: HTTP status and OpenAI's
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 from typing import Any, Optional, Union
 
@@ -38,10 +37,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..decoding.config import DecodeConfig
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
-from ..runs.settings import policies_for
+from ..runs.settings import check_setting, policies_for
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
@@ -202,15 +200,31 @@ def parse(model: type[_Body], body: Any) -> _Body:
 
 
 def in_range(field: str, value, setting: str | None = None) -> None:
-    """400 naming ``field`` unless ``value`` is in the range of decode setting ``setting`` (default
-    ``field``): ``DecodeConfig.ranges``, the rule and the words ``ecache generate`` checks its flag by
-    (``--temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)``), with the field for the flag. None passes."""
+    """400 naming ``field`` unless ``value`` is in the range of decode setting or policy parameter
+    ``setting`` (default ``field``): ``config.check_setting``, the rule and the words ``ecache generate``
+    checks its flag by (``--temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)``), with the field for the
+    flag. None passes."""
     if value is None:
         return
     try:
-        DecodeConfig.ranges[setting or field].check(value)
-    except ValueError as e:
-        raise ApiError(400, f"{field} {value} {e}", field) from None
+        check_setting(setting or field, value, field)
+    except EcacheError as e:
+        raise ApiError(400, str(e), field) from None
+
+
+#: ``ecache generate``'s flags as a request names them (the error of a shared check, in the API's words)
+_FIELDS = (("--gen-length", "the canvas (max_tokens rounded up to whole blocks)"), ("--block-length", "block_length"),
+           ("--steps", "steps"), ("--threshold", "threshold"), ("--cache", "policy"), ("--tau", "tau"),
+           ("--top-p", "top_p"), ("--top-k", "top_k"), ("--temperature", "temperature"))
+
+
+def api_words(msg: str) -> str:
+    """A one-line error of a check the command line shares (``validate_decode``, ``CachePolicy.check_model``,
+    ``make_policy``) with each flag replaced by the request field that sets it (``--cache block`` →
+    ``policy block``), so a client reads the field it sent."""
+    for flag, name in _FIELDS:
+        msg = msg.replace(flag, name)
+    return msg
 
 
 def _short(v: Any) -> str:
@@ -398,10 +412,7 @@ class Resolver:
             msg = str(e)
             param = next((f for f, flag in (("steps", "--steps"), ("block_length", "--block-length"),
                                             ("threshold", "--threshold"), ("top_p", "--top-p")) if flag in msg), None)
-            for flag, name in (("--gen-length", "the canvas (max_tokens rounded up to whole blocks)"),
-                               ("--block-length", "block_length"), ("--steps", "steps"), ("--threshold", "threshold")):
-                msg = msg.replace(flag, name)
-            raise ApiError(400, msg, param) from None
+            raise ApiError(400, api_words(msg), param) from None
 
     def _policy(self, req: _Common) -> tuple[str, dict]:
         """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
@@ -414,7 +425,7 @@ class Resolver:
         try:  # a policy made for the other kind of attention: the engine's one line (CachePolicy.check_model)
             POLICIES[name].check_model(POLICIES[name], spec)
         except EcacheError as e:
-            raise ApiError(400, str(e), "policy") from None
+            raise ApiError(400, api_words(str(e)), "policy") from None
         known = policy_params(name)
         if name == s.cache:
             params = dict(s.cache_params)
@@ -429,13 +440,13 @@ class Resolver:
             if "tau" not in known:
                 raise ApiError(400, f"tau is EntropyCache's threshold; policy {name!r} takes none (use policy "
                                     "'entropy' or drop tau)", "tau")
-            if not (math.isfinite(req.tau) and req.tau >= 0):
-                raise ApiError(400, f"tau {req.tau} must be a finite number ≥ 0 (nats)", "tau")
+            in_range("tau", req.tau)  # --tau's own range check and message
             params["tau"] = req.tau
         try:
             make_policy(name, strict=False, **params)
         except EcacheError as e:
-            raise ApiError(400, f"policy {name}: {e}", "tau" if req.tau is not None else "policy") from None
+            raise ApiError(400, f"policy {name}: {api_words(str(e))}", "tau" if req.tau is not None else "policy") \
+                from None
         return name, params
 
     @staticmethod
