@@ -138,16 +138,32 @@ def ignored_steps(cfg, sampler: str) -> str | None:
             "only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored")
 
 
+def ignored_sampling(cfg, sampler: str | None, given: tuple[str, ...] | None = None) -> str | None:
+    """Why ``--top-k`` / ``--top-p`` (``given``: the flags named; None: those ``cfg`` sets) do nothing, or
+    None: at temperature 0 under LLaDA's rules greedy decoding never samples and LLaDA's confidence is the
+    unfiltered probability, so the decoder drops them; Dream's rules keep them (they filter Dream's
+    confidence). The rules are ``cfg.schedule``, else those of the model's official sampler (``sampler``;
+    None: not known yet, LLaDA's)."""
+    if given is None:
+        given = tuple(f for f, v in (("--top-k", cfg.top_k), ("--top-p", cfg.top_p)) if v is not None)
+    if not given or cfg.temperature or family_schedule(sampler or "llada", cfg.schedule) == "dream":
+        return None
+    return (f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 with LLaDA's "
+            "rules (greedy decoding); ignored; pass --temperature > 0 to sample (with a Dream model's schedule, "
+            "--schedule dream, they filter Dream's confidence)")
+
+
 def warn_ignored_settings(cfg, sampler: str) -> None:
     """Warn (``errors.IgnoredSetting``, through ``warnings``: the library's way) about each decode setting of
     ``cfg`` that has no effect with the others given on a model whose official sampler is ``sampler``:
-    :func:`ignored_schedule`, :func:`ignored_steps`, the rules the command line warns with on its stderr
-    (``runs.settings.warn_ignored_schedule``). Called by ``Engine.start``."""
+    :func:`ignored_schedule`, :func:`ignored_steps`, :func:`ignored_sampling`, the rules the command line
+    warns with on its stderr (``runs.settings.warn_ignored_schedule``, ``warn_sampling_flags``). Called by
+    ``Engine.start``."""
     import warnings
 
     from ..errors import IgnoredSetting
 
-    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler)):
+    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler), ignored_sampling(cfg, sampler)):
         if why:
             warnings.warn(why, IgnoredSetting, stacklevel=4)
 

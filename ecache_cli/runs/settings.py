@@ -447,15 +447,13 @@ def warn_sampling_flags(decode: DecodeConfig, given: tuple[str, ...], sampler: s
     LLaDA's rules (greedy decoding never samples, and LLaDA's confidence is the unfiltered probability, so
     the decoder drops them); Dream's rules keep them: they filter Dream's confidence. The rules are
     ``decode.schedule``, else those of the model's official sampler (``sampler``, once it is loaded)."""
-    from ..decoding.commit import family_schedule
+    from ..decoding.commit import ignored_sampling
 
-    rules = family_schedule(sampler or "llada", decode.schedule)
-    if given and not decode.temperature and rules != "dream":
+    why = ignored_sampling(decode, sampler, given) if given else None  # Engine.start warns the same rule
+    if why:
         from ..console import warn
 
-        warn(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 with LLaDA's "
-             "rules (greedy decoding); ignored; pass --temperature > 0 to sample (with a Dream model's schedule, "
-             "--schedule dream, they filter Dream's confidence)")
+        warn(why)
 
 
 def warn_model_rules(settings: "Settings", sampler: str) -> None:

@@ -33,7 +33,7 @@ import random
 from typing import Any, Optional, Union
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
@@ -104,6 +104,10 @@ class _Common(_Body):
     block_length: Optional[int] = None
     steps: Optional[int] = None
     ignore_eos: Optional[bool] = None
+    #: settings of this request that its run ignores, with why (``Resolver.job``), named in the Warning header
+    #: beside :data:`IGNORED`'s: the command line's warnings (``tau`` a policy does not take, ``steps`` the
+    #: threshold rule ignores)
+    _ignored: list = PrivateAttr(default_factory=list)
 
 
 class CompletionRequest(_Common):
@@ -169,7 +173,7 @@ def ignored_fields(req: _Body) -> list[str]:
             obj = getattr(obj, part, None)
         return obj is not None
 
-    return [f for f in IGNORED if given(f)]
+    return [f for f in IGNORED if given(f)] + list(getattr(req, "_ignored", None) or [])
 
 
 def warning_header(fields: list[str]) -> dict:
@@ -374,6 +378,7 @@ class Resolver:
                                   top_p=top_p, threshold=threshold,
                                   ban_eos=base.ban_eos if req.ignore_eos is None else req.ignore_eos)
         self._check_decode(cfg, req)
+        self._ignored_decode(cfg, req)
         name, params = self._policy(req)
         stop = [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if len(stop) > MAX_STOP or any(not s for s in stop):
@@ -414,6 +419,15 @@ class Resolver:
                                             ("threshold", "--threshold"), ("top_p", "--top-p")) if flag in msg), None)
             raise ApiError(400, api_words(msg), param) from None
 
+    def _ignored_decode(self, cfg, req: _Common) -> None:
+        """A request's ``steps`` that its threshold or factor rule ignores is named in the Warning header, the
+        rule ``ecache generate`` warns ``--steps`` by (``decoding.commit.ignored_steps``)."""
+        from ..decoding.commit import ignored_steps
+
+        if req.steps is not None and ignored_steps(cfg, self.lm.spec.sampler):
+            rule = "threshold" if cfg.threshold is not None else "factor"
+            req._ignored.append(f"steps (the {rule} rule runs each block until no mask is left)")
+
     def _policy(self, req: _Common) -> tuple[str, dict]:
         """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
         s = self.settings
@@ -434,14 +448,14 @@ class Resolver:
         if name == "entropy" and "tau" not in params:
             params["tau"] = s.cache_params.get("tau", DEFAULT_TAU)
         if req.tau is not None:
-            if "tau" not in known and "entropy" not in policies_for(spec):
-                raise ApiError(400, f"tau is EntropyCache's threshold, which does not apply to the {spec.family} "
-                                    "model family (block diffusion caches finished blocks exactly); drop tau", "tau")
-            if "tau" not in known:
-                raise ApiError(400, f"tau is EntropyCache's threshold; policy {name!r} takes none (use policy "
-                                    "'entropy' or drop tau)", "tau")
             in_range("tau", req.tau)  # --tau's own range check and message
-            params["tau"] = req.tau
+            if "tau" in known:
+                params["tau"] = req.tau
+            elif "entropy" not in policies_for(spec):  # ignored and named, as generate warns --tau
+                req._ignored.append(f"tau (the {spec.family} model family takes no tau: block diffusion caches "
+                                    "finished blocks exactly)")
+            else:
+                req._ignored.append(f"tau (policy {name} takes none; only entropy does)")
         try:
             make_policy(name, strict=False, **params)
         except EcacheError as e:
