@@ -238,8 +238,18 @@ def read_yaml(path: Path):
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
-        msg = " ".join(str(e).split())
-        raise ConfigError(f"{path}: not valid YAML ({msg})") from None
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML error in one line of words and a line number (``expected ',' or ']' (line 2, column 9)``),
+    never the parser's raw fragment (``in "<unicode string>", line 2 … ^``)."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if not problem:
+        return " ".join(str(e).split())
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None and "line" not in problem else ""
+    context = getattr(e, "context", None)
+    return " ".join(f"{context + ': ' if context else ''}{problem}{where}".split())
 
 
 def validate_profile(data: dict, path: Path | str = "profile") -> None:

@@ -349,10 +349,16 @@ def _blame_family(e: UsageError, values: dict, p_dec: dict, flags: dict, fam) ->
 
 def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, path: str | None) -> None:
     """Build the policy once, so a bad name or value fails before the model loads (UsageError; one about a
-    value the profile at ``path`` set names it)."""
+    value the profile at ``path`` set names it, one about a flag's value names the flag: ``--refresh-every
+    0 must be ≥ 1 (dkv refreshes …)``, not the parameter's Python name)."""
     try:
         make_policy(name, strict=False, **params)
     except UsageError as e:
+        msg = str(e)
+        for k, v in cache_flags.items():
+            head = f"{name} parameter {k}={v!r} "
+            if k != "policy" and v is not None and msg.startswith(head):
+                raise UsageError(f"--{k.replace('_', '-')} {v} {msg.removeprefix(head)}") from None
         _blame_profile(e, params, p_cache, cache_flags, path)
         raise
 
@@ -363,7 +369,7 @@ def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, pa
     Returns when no such key is found."""
     msg = str(e)
     blamed = [k for k in from_file if flags.get(k) is None and values.get(k) is not None
-              and k.replace("_", "-") in msg and str(values[k]) in msg]
+              and (k.replace("_", "-") in msg or k in msg) and str(values[k]) in msg]
     if blamed and path is not None:
         names = ", ".join(f"{k} {values[k]}" for k in blamed)
         raise UsageError(f"{e} ({names} from profile {path}; pass the flag to override)") from None
