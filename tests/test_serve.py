@@ -512,9 +512,10 @@ def test_served_model_name_is_the_id_clients_use_and_retrieve(named):
     assert e.value.body["code"] == "model_not_found"
     resp = c.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "Sort: 9 3 7 1"}])
     assert resp.model == "my-model" and resp.choices[0].message.content == "1 3 7 9"
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(openai.NotFoundError) as e:  # 404 model_not_found on every route, as OpenAI's
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
     assert e.value.body["param"] == "model" and "'my-model'" in e.value.body["message"]
+    assert e.value.body["code"] == "model_not_found"
 
 
 def test_auto_admission_gives_each_request_what_generate_gives_it_and_exports_its_model(named):

@@ -301,6 +301,9 @@ class Resolver:
             if m.audio is not None:
                 raise ApiError(400, f"messages[{i}].audio is not supported; this model reads text only",
                                f"messages.{i}.audio")
+            if m.content is None and m.role != "assistant":  # OpenAI's schema: only an assistant's may be absent
+                raise ApiError(400, f"messages[{i}].content is missing; a {m.role} message needs content (a string "
+                                    "or a list of text parts)", f"messages.{i}.content")
             content = m.content if isinstance(m.content, str) or m.content is None else \
                 "".join(self._part_text(part, i, j) for j, part in enumerate(m.content))
             msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
@@ -334,8 +337,11 @@ class Resolver:
         """The :class:`Job` of a parsed request with its prompt ids. Raises ApiError (400) naming the field."""
         lim = self.limits
         if req.model != lim.model_name:
-            raise ApiError(400, f"model {req.model!r} is not served here; this server serves {lim.model_name!r} "
-                                "(GET /v1/models)", "model", code="model_not_found")
+            raise ApiError(404, f"model {req.model!r} is not served here; this server serves {lim.model_name!r} "
+                                "(GET /v1/models)", "model", code="model_not_found")  # OpenAI's (and every route's) 404
+        if req.stream_options is not None and not req.stream:
+            raise ApiError(400, "stream_options applies only with stream: true; set stream or leave stream_options out",
+                           "stream_options")  # OpenAI's rule
         self._unsupported(req)
         base = self.settings.decode
         max_tokens = req.max_tokens
