@@ -51,5 +51,5 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_w
     if prompt_width is not None and (isinstance(prompt_width, bool) or not isinstance(prompt_width, int)
                                      or prompt_width < 1):
         raise UsageError(f"prompt_width {prompt_width!r} must be a whole number ≥ 1 (the canvas's prompt "
-                         "positions; None: the longest prompt's)")
+                         "positions; leave it unset for the longest prompt's)")
 

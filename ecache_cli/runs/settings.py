@@ -158,17 +158,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _block_follows_gen_length(decode, p_dec, decode_flags)
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam)
-    _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
-    if fam is not None and cache_flags.get("policy") is not None:  # --cache that does not fit: before the first line
-        from types import SimpleNamespace
-
-        from ..cache import make_policy
-
-        make_policy(name, strict=False).check_model(SimpleNamespace(block_causal=fam.block_causal, family=fam.name))
-    from ..console import note
-
-    for text in notes:  # a dropped threshold is noted only for settings that are valid
-        note(text)
+    _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"), fam, notes)
     decode_cfg = DecodeConfig(**decode)
     tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
         else "default"
@@ -268,6 +258,21 @@ def _sampling_flags(decode: DecodeConfig, decode_flags: dict) -> tuple[str, ...]
     return ()
 
 
+def _fits_family(name: str, fam, cache_flags: dict, notes: list[str]) -> None:
+    """The last checks of :func:`resolve_settings`, before the first line: a ``--cache`` that does not apply
+    to the model family ``fam`` (when known before loading) is refused as the engine would refuse it
+    (``CachePolicy.check_model``); then the ``notes`` of a dropped threshold are printed, for settings
+    that are valid only."""
+    if fam is not None and cache_flags.get("policy") is not None:
+        from types import SimpleNamespace
+
+        make_policy(name, strict=False).check_model(SimpleNamespace(block_causal=fam.block_causal, family=fam.name))
+    from ..console import note
+
+    for text in notes:
+        note(text)
+
+
 def _flag_picks_parallel_rule(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> list[str]:
     """``--threshold`` or ``--factor`` picks the parallel-decoding rule: the profile's other rule gives
     way, since Fast-dLLM's threshold and factor rules exclude each other (``decoding/step.py``); a flag that
@@ -347,10 +352,11 @@ def _blame_family(e: UsageError, values: dict, p_dec: dict, flags: dict, fam) ->
         raise UsageError(msg) from None
 
 
-def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, path: str | None) -> None:
+def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, path: str | None, fam=None,
+                     notes: list[str] = ()) -> None:
     """Build the policy once, so a bad name or value fails before the model loads (UsageError; one about a
     value the profile at ``path`` set names it, one about a flag's value names the flag: ``--refresh-every
-    0 must be ≥ 1 (dkv refreshes …)``, not the parameter's Python name)."""
+    0 must be ≥ 1 (dkv refreshes …)``, not the parameter's Python name); then :func:`_fits_family`."""
     try:
         make_policy(name, strict=False, **params)
     except UsageError as e:
@@ -361,6 +367,7 @@ def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, 
                 raise UsageError(f"--{k.replace('_', '-')} {v} {msg.removeprefix(head)}") from None
         _blame_profile(e, params, p_cache, cache_flags, path)
         raise
+    _fits_family(name, fam, cache_flags, list(notes))
 
 
 def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, path: str | None) -> None:
