@@ -63,6 +63,22 @@ def setting_ranges() -> dict:
     return out
 
 
+def check_setting(name: str, value, label: str) -> None:
+    """``value`` in the declared range of setting ``name`` (:func:`setting_ranges`): the one check and
+    message of a flag, a chat command, a server field and a profile key, which differ only in ``label``
+    (``--threshold``, ``/threshold``, ``threshold``). UsageError ``--threshold 1.5 must be in (0, 1] (a
+    confidence; e.g. 0.9)``; a name without a range, or a value that is no number, passes."""
+    from .errors import UsageError
+
+    rng = setting_ranges().get(name)
+    if rng is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    try:
+        rng.check(value)
+    except ValueError as e:
+        raise UsageError(f"{label} {value} {e}") from None
+
+
 def profiles_dir() -> Path:
     """Where ``ecache calibrate`` writes profiles: ``$ECACHE_PROFILES`` if set, else ``./profiles``
     of the current directory (looked up first as well)."""
@@ -222,8 +238,18 @@ def read_yaml(path: Path):
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
-        msg = " ".join(str(e).split())
-        raise ConfigError(f"{path}: not valid YAML ({msg})") from None
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML error in one line of words and a line number (``expected ',' or ']' (line 2, column 9)``),
+    never the parser's raw fragment (``in "<unicode string>", line 2 … ^``)."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if not problem:
+        return " ".join(str(e).split())
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None and "line" not in problem else ""
+    context = getattr(e, "context", None)
+    return " ".join(f"{context + ': ' if context else ''}{problem}{where}".split())
 
 
 def validate_profile(data: dict, path: Path | str = "profile") -> None:

@@ -130,6 +130,10 @@ def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
     (b"decode: {top_p: .nan}\n", ["decode.top_p: nan", "not NaN"]),
     (b"cache: [1, 2]\n", ["'cache' must be a mapping"]),
     (b"cache: {tau: [0.5\n", ["not valid YAML"]),
+    (b"cache:\n  policy: entropy\n  policy: dual\n", ["not valid YAML (key 'policy' given twice (lines 2 and 3); "
+                                                      "keep one)"]),
+    (b"cache: [a, b\ndecode: {x: 1}\n", ["not valid YAML (while parsing a flow sequence: expected ',' or ']'",
+                                         "(line 2, column 7))"]),
 ])
 def test_bad_profile_file_is_one_line(cli, tmp_path, content, needles):
     prof = tmp_path / "p.yaml"
@@ -137,6 +141,7 @@ def test_bad_profile_file_is_one_line(cli, tmp_path, content, needles):
     res = cli("generate", "x", "--profile", prof, "--model", no_model(tmp_path), *SMALL)
     _no_traceback(res)
     one_line_error(res, 2, str(prof), *needles)
+    assert "<unicode string>" not in res.stderr and " ^" not in res.stderr  # words, never the parser's fragment
 
 
 def test_profile_with_its_own_policy_keys_is_accepted(cli, llada_dir, tmp_path):

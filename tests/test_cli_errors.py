@@ -229,7 +229,7 @@ def test_full_device_on_stdout_is_one_line(llada_dir, profiles_dir):
 
 @pytest.mark.parametrize("args, code, needles", [
     (["generate", "x", "--cache", "dual", "--refresh-every", "-1"], 2, ["--refresh-every -1", "must be ≥ 0"]),
-    (["generate", "x", "--cache", "dkv", "--refresh-every", "0"], 2, ["dkv parameter refresh_every=0", "≥ 1"]),
+    (["generate", "x", "--cache", "dkv", "--refresh-every", "0"], 2, ["--refresh-every 0 must be ≥ 1", "dkv"]),
     (["generate", "x", "--temperature", "inf"], 2, ["--temperature inf", "finite"]),
     (["generate", "x", "--tau", "nan"], 2, ["--tau nan", "a finite number ≥ 0", "e.g. 0.5"]),
     (["trace-drift", "x", "--volatility-level", "nan"], 2, ["--volatility-level nan", "> 0"]),

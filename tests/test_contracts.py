@@ -650,3 +650,47 @@ def test_the_python_api_warns_the_same_ignored_schedule(llada_lm):
     with pytest.warns(IgnoredSetting, match=r"^--steps 8 does nothing with --threshold 0\.9: "):
         engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, threshold=0.9, steps=8),
                      make_policy("none"))
+
+
+#: Values refused before the "using model …" line (README: it comes first; a bad value is refused before
+#: it): the model's family rules where the family is known before loading (the embedded model's, a
+#: folder's), a device or dtype that is none, an empty prompt argument. (model, flags, what the error says)
+BEFORE_THE_FIRST_LINE = [
+    (SDAR, ["--alg-temp", "0.5"], "use it with --schedule dream (the block schedule"),
+    (SDAR, ["--remasking", "origin"], "use it with --schedule dream (the block schedule"),
+    (SDAR, ["--compat", "fastdllm"], "an SDAR model decodes with SDAR's own block-diffusion sampler: drop --compat"),
+    ("tests/fixtures/llada2-mini", ["--compat", "fastdllm"], "a LLaDA2 model decodes with LLaDA2's own"),
+    ("tiny", ["--compat", "fastdllm"], "LLaDA already decodes as Fast-dLLM's LLaDA generators: drop --compat"),
+    ("tiny", ["--alg-temp", "0.5"], "use it with --schedule dream (the llada schedule"),
+    ("tiny", ["--dtype", "float8"], "--dtype 'float8' is not known"),
+    ("tiny", ["--device", "tpu"], "--device 'tpu' is not a device"),
+]
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "chat"])
+@pytest.mark.parametrize("model,flags,says", BEFORE_THE_FIRST_LINE, ids=lambda v: " ".join(v) if isinstance(v, list)
+                         else None)
+def test_a_value_the_model_refuses_is_refused_alone_before_the_first_line(command, model, flags, says, cli):
+    """One error line, exit 2, and no "using model …" line or note before it, in every model command."""
+    args = ["chat", "--gen-length", "16", "--block-length", "8"] if command == "chat" else \
+        [a for a in _args(command, model) if a != "-q"]
+    if command == "chat":
+        args += ["--model", model]
+    res = cli(*args, *flags, *([] if command in ("calibrate", "chat") else ["x"]), input="")
+    assert res.exit_code == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and says in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("command", PROMPTED)
+@pytest.mark.parametrize("model,cache", [(SDAR, "entropy"), ("tiny", "block")])
+def test_a_cache_the_family_refuses_and_an_empty_prompt_come_before_the_first_line(command, model, cache, cli):
+    flag = ["--policies", f"none,{cache}"] if command == "profile" else ["--cache", cache]
+    args = [a for a in _args(command, model) if a not in ("-q", "none")]
+    if command == "profile":
+        args.remove("--policies")
+    res = cli(*args, *flag, "x")
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "does not apply to the" in res.stderr
+    empty = cli(*[a for a in _args(command, model) if a != "-q"], "")
+    assert empty.exit_code == 2 and empty.stderr.strip() == ("error: prompt argument 1 '': a prompt is empty; give "
+                                                             "at least one token of text"), empty.stderr

@@ -60,3 +60,65 @@ def test_the_note_of_a_dropped_family_threshold_suggests_an_accepted_value(cli):
     value = re.search(r"pass --remasking (\w+) to keep", note).group(1)
     again = cli("generate", "--model", sdar, "--gen-length", "16", "--remasking", value, "Sort: 3 1 2")
     assert again.exit_code == 0 and "note: " not in again.stderr, again.stderr
+
+
+SDAR = str(__import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "sdar")
+LISTED = r"(?:use one of|use names from) ([\w, -]+)$"
+
+
+@pytest.mark.parametrize("model", [None, SDAR], ids=["tiny", "sdar"])
+@pytest.mark.parametrize("command", ["generate", "trace-drift", "profile", "chat"])
+def test_every_policy_an_unknown_name_lists_is_one_the_command_runs_on_the_model(cli, command, model):
+    """``--cache foo`` (``--policies none,foo``, chat's ``/cache foo``) lists the policies that apply to the
+    model's attention (the embedded model's too, whose family is known before it loads), and the same
+    command takes each of them: generate and trace-drift run each, profile runs them all, chat switches
+    to each without an error."""
+    m = ["--model", model] if model else []
+    run = ["--gen-length", "16", "--block-length", "8", *m]
+    if command == "chat":
+        first = cli("chat", *run, input="/cache foo\n")
+        listed = re.search(LISTED, first.stderr.strip().splitlines()[-1]).group(1).split(", ")
+        again = cli("chat", *run, input="".join(f"/cache {p}\n" for p in listed))
+        assert again.exit_code == 0 and "error" not in again.stderr, again.stderr
+    elif command == "profile":
+        first = cli("profile", *run, "--policies", "none,foo", "x")
+        assert first.exit_code == 2, first.stderr
+        listed = re.search(LISTED, first.stderr.strip().splitlines()[-1]).group(1).split(", ")
+        again = cli("profile", *run, "-q", "--warmup", "0", "--repeats", "1", "--policies", ",".join(listed), "x")
+        assert again.exit_code == 0, again.stderr
+    else:
+        first = cli(command, *run, "--cache", "foo", "x")
+        assert first.exit_code == 2, first.stderr
+        listed = re.search(LISTED, first.stderr.strip().splitlines()[-1]).group(1).split(", ")
+        for policy in listed:
+            again = cli(command, *run, "-q", "--cache", policy, "x")
+            assert again.exit_code == 0, (policy, again.stderr)
+    assert ("block" in listed) == (model == SDAR) and "none" in listed, listed
+
+
+def test_the_note_of_a_threshold_dropped_for_alg_temp_names_alg_temp(cli, dream_dir, tmp_path):
+    """``--alg-temp`` drops a profile's threshold with a note whose hint undoes what caused it (drop
+    ``--alg-temp``), not a flag the user already passed; following it keeps the threshold, with no note."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("decode: {threshold: 0.9}\n")
+    run = ["generate", "--model", str(dream_dir), "--profile", str(prof), "--gen-length", "16", "--block-length",
+           "8", "--no-chat", "--remasking", "low_confidence"]
+    r = cli(*run, "--alg-temp", "0.5", "x")
+    assert r.exit_code == 0, r.stderr
+    (note,) = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
+    assert "(drop --alg-temp to keep the threshold rule)" in note and "--remasking" not in note, note
+    again = cli(*run, "x")
+    assert again.exit_code == 0 and "note: " not in again.stderr, again.stderr
+
+
+@pytest.mark.parametrize("command,flag,value", [("/threshold", "--threshold", "2"), ("/tau", "--tau", "-1"),
+                                                ("/gen-length", "--gen-length", "0")])
+def test_a_chat_command_refuses_a_value_in_its_flags_words(cli, command, flag, value):
+    """Chat's ``/threshold 2`` is refused with ``generate --threshold 2``'s message, the command in place of
+    the flag: one check, not a second copy."""
+    chat = cli("chat", "--gen-length", "16", "--block-length", "8", input=f"{command} {value}\n")
+    (said,) = [line for line in chat.stderr.splitlines() if line.startswith("error: ")]
+    gen = cli("generate", "--gen-length", "16", "--block-length", "8", flag, value, "x")
+    assert gen.exit_code == 2, gen.stderr
+    number = said.split()[2]  # as the chat command read it (2.0 for a float)
+    assert said == gen.stderr.strip().replace(f"{flag} {gen.stderr.split()[2]}", f"{command} {number}"), said

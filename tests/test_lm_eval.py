@@ -288,3 +288,16 @@ def test_sampling_model_args_at_temperature_0_warn_once_as_ecache_generate(profi
     assert err.count("warning: top_k does nothing at temperature 0") == 1, err  # the model_args key, not --top-k
     EcacheLM.create_from_arg_string("model=tiny,device=cpu,top_k=5,temperature=1.0")
     assert "does nothing at temperature 0" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,warned", [
+    ("cache=dual,tau=0.5", "warning: tau is not used by cache=dual (it takes refresh_every); ignored"),
+    ("cache=entropy,kr=3", "warning: kr is not used by cache=entropy (it takes "),
+])
+def test_a_cache_key_the_policy_does_not_take_is_warned_as_generate_warns_its_flag(profiles_dir, capsys, args,
+                                                                                   warned):
+    """model_args are the command line's flags: a cache key of another policy is one warning, in model_args'
+    words, and the run goes on (``generate --cache dual --tau 0.5``); a key of no policy stays an error."""
+    EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,gen_length=32,{args}")
+    err = capsys.readouterr().err
+    assert err.count(warned) == 1, err

@@ -91,6 +91,11 @@ def test_decode_config_must_be_one(llada_lm):
     (lambda e: e.encode([None], chat=False), "prompt 1 is None; a prompt is text"),
     (lambda e: e.generate(["ok", 123], CFG, make_policy("none")), "prompt 2 is 123; a prompt is text"),
     (lambda e: make_policy(None), "None is not a cache policy; use one of"),
+    (lambda e: make_policy("entropy", tau="0.5"), r"tau='0.5' must be a number, not a string \(e.g. tau=0.5\)"),
+    (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), prompt_width=0),
+     "prompt_width 0 must be a whole number ≥ 1"),
+    (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), prompt_width=-1),
+     "prompt_width -1 must be a whole number ≥ 1"),
 ])
 def test_wrong_kinds_of_argument_are_usage_errors(call, message, llada_lm):
     """A value of the wrong kind is refused in one line, never encoded as its text or a TypeError."""
@@ -158,3 +163,22 @@ def test_a_caller_may_widen_the_chat_roles(llada_lm):
     assert eng.encode([tool], chat=True, roles=roles) == [ids]
     with pytest.raises(UsageError, match=r"^prompt 1: messages\[1\] 'content' must be a string, not 5$"):
         eng.encode([[tool[0], {"role": "tool", "content": 5}]], chat=True, roles=roles)
+
+
+def test_engine_warns_the_top_k_greedy_decoding_ignores_as_the_cli_does(llada_lm, llada_dir, cli):
+    """``top_k`` at temperature 0 under LLaDA's rules: the command line's warning, and ``Engine.start``'s
+    ``IgnoredSetting`` with the same words; at temperature > 0 neither warns."""
+    import warnings
+
+    from ecache_cli.errors import IgnoredSetting
+
+    engine = Engine.from_loaded(llada_lm)
+    with pytest.warns(IgnoredSetting) as got:
+        engine.generate(["abc"], DecodeConfig(gen_length=16, block_length=8, top_k=5), make_policy("none"), chat=False)
+    res = cli("generate", "x", "--model", llada_dir, "--top-k", "5", *[a for a in SMALL if a != "-q"])
+    assert res.exit_code == 0, res.stderr
+    assert [f"warning: {w.message}" for w in got] == [ln for ln in res.stderr.splitlines() if "--top-k" in ln]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IgnoredSetting)
+        engine.generate(["abc"], DecodeConfig(gen_length=16, block_length=8, top_k=5, temperature=0.7),
+                        make_policy("none"), chat=False)

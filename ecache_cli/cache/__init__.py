@@ -60,8 +60,10 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
 
     Raises UsageError for an unknown name (listing the valid ones), a wrongly typed or out-of-range value
     (``tau='x'``, NaN, ``block_refresh='maybe'``) or a parameter the policy does not declare (``kr=3``:
-    the message ``--policies`` gives). ``strict=False`` ignores undeclared parameters instead: for
-    callers that hold one set of settings for several policies (``runs.settings.Settings``, the server).
+    the message ``--policies`` gives), and a number given as a string (``tau='0.5'``, which the flags never
+    pass). ``strict=False`` ignores undeclared parameters instead and reads numbers written as text (a
+    profile's YAML ``1e-3``): for callers that hold one set of settings for several policies
+    (``runs.settings.Settings``, the server).
     """
     if not isinstance(name, str) or name not in POLICIES:
         raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}{spec_hint(name)}")
@@ -78,6 +80,8 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
                 typed[k] = check_value(kinds[k], v)
             except ValueError as e:  # e.g. tau='x' from --policies entropy:tau=x, or --tau nan
                 raise UsageError(f"{name} parameter {k}={v!r} {e}") from None
+            if strict and isinstance(v, str) and not isinstance(typed[k], str):  # tau='0.5': a number as text
+                raise UsageError(f"{name} parameter {k}={v!r} must be a number, not a string (e.g. {k}={typed[k]!r})")
     return POLICIES[name](**typed)
 
 

@@ -156,9 +156,9 @@ def calibrate_cmd(
     task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
-    from ..runs.models import check_model_name
+    from ..runs.models import check_start
 
-    check_model_name(model)  # an unknown model is refused alone, before the first line and the settings
+    check_start(model, device, dtype)  # refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),

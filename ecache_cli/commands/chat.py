@@ -33,11 +33,13 @@ def chat_cmd(
     from ..runs.chat import ChatSession, SettingsSource, open_readline
     from ..runs.generate import check_watch
     from ..runs.inputs import piped_lines, piped_stdin
+    from ..runs.models import check_start
     from ..runs.settings import check_settings_fit, not_used_by, warn_model_rules, warn_unused_cache_flags
     from ..runs.watch import watch_available
     from ..runtime import load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)
+    check_start(model, device, dtype)  # refused alone, before the first line and the settings
     check_watch(watch, watch_delay, quiet=quiet)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     source = SettingsSource(model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking,

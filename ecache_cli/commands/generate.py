@@ -65,9 +65,9 @@ def generate(
         check_ray_options(opts, ray, ranks)
     check_task(task, profile)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
-    from ..runs.models import check_model_name
+    from ..runs.models import check_start
 
-    check_model_name(model)  # an unknown model is refused alone, before the first line and the settings
+    check_start(model, device, dtype, prompts)  # refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),

@@ -106,10 +106,12 @@ def serve_cmd(
         raise EcacheError(f"ecache serve needs the 'serve' extra ({e.name} is missing): pip install -e \".[serve]\" "
                           "(or pip install 'ecache[serve]')") from None
     from ..console import err, warn
+    from ..runs.models import check_start
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
     from ..runtime import load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
 
+    check_start(model, device, dtype)  # before the settings, as every model command
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,

@@ -138,16 +138,32 @@ def ignored_steps(cfg, sampler: str) -> str | None:
             "only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored")
 
 
+def ignored_sampling(cfg, sampler: str | None, given: tuple[str, ...] | None = None) -> str | None:
+    """Why ``--top-k`` / ``--top-p`` (``given``: the flags named; None: those ``cfg`` sets) do nothing, or
+    None: at temperature 0 under LLaDA's rules greedy decoding never samples and LLaDA's confidence is the
+    unfiltered probability, so the decoder drops them; Dream's rules keep them (they filter Dream's
+    confidence). The rules are ``cfg.schedule``, else those of the model's official sampler (``sampler``;
+    None: not known yet, LLaDA's)."""
+    if given is None:
+        given = tuple(f for f, v in (("--top-k", cfg.top_k), ("--top-p", cfg.top_p)) if v is not None)
+    if not given or cfg.temperature or family_schedule(sampler or "llada", cfg.schedule) == "dream":
+        return None
+    return (f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 with LLaDA's "
+            "rules (greedy decoding); ignored; pass --temperature > 0 to sample (with a Dream model's schedule, "
+            "--schedule dream, they filter Dream's confidence)")
+
+
 def warn_ignored_settings(cfg, sampler: str) -> None:
     """Warn (``errors.IgnoredSetting``, through ``warnings``: the library's way) about each decode setting of
     ``cfg`` that has no effect with the others given on a model whose official sampler is ``sampler``:
-    :func:`ignored_schedule`, :func:`ignored_steps`, the rules the command line warns with on its stderr
-    (``runs.settings.warn_ignored_schedule``). Called by ``Engine.start``."""
+    :func:`ignored_schedule`, :func:`ignored_steps`, :func:`ignored_sampling`, the rules the command line
+    warns with on its stderr (``runs.settings.warn_ignored_schedule``, ``warn_sampling_flags``). Called by
+    ``Engine.start``."""
     import warnings
 
     from ..errors import IgnoredSetting
 
-    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler)):
+    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler), ignored_sampling(cfg, sampler)):
         if why:
             warnings.warn(why, IgnoredSetting, stacklevel=4)
 
@@ -155,6 +171,9 @@ def warn_ignored_settings(cfg, sampler: str) -> None:
 def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str | None, parallel: bool,
                         compat: str | None, low_eos_confidence: bool = False) -> None:
     """Check Dream's alg_temp and alg 'origin' against the rest of the decode settings.
+
+    README's rule "dream schedule only": any other schedule (llada, LLaDA's; block, the block-diffusion
+    families') refuses both, naming the schedule.
 
     Both are rules of Dream's fixed-step sampler (Dream generation_utils.py ``_sample``): alg_temp > 0
     samples the positions from softmax(confidence / alg_temp), so it needs a confidence alg
@@ -164,7 +183,8 @@ def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str
 
     Raises:
         UsageError (one line): alg_temp < 0 or not finite; alg_temp > 0 with --threshold / --factor, with
-            remasking random / origin, or with the llada schedule; origin with the llada schedule, with
+            remasking random / origin, or with a schedule other than dream; origin with a schedule other
+            than dream, with
             --compat fastdllm (Fast-dLLM's block sampler has no origin) or with --low-eos-confidence.
     """
     if alg_temp is not None and not 0 <= alg_temp < float("inf"):  # also rejects NaN
@@ -178,19 +198,49 @@ def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str
             raise UsageError(f"--alg-temp samples positions by their confidence; --remasking {remasking} has none "
                              "(Dream ignores alg_temp there): use maskgit_plus, topk_margin or entropy, "
                              "or drop --alg-temp")
-        if schedule == "llada":
-            raise UsageError("--alg-temp is a rule of Dream's sampler: use it with --schedule dream (the llada "
-                             "schedule, LLaDA's default, picks the top-scoring positions)")
+        if schedule not in (None, "dream"):
+            raise UsageError(f"--alg-temp is a rule of Dream's sampler: use it with --schedule dream (the "
+                             f"{_SCHEDULE_OF[schedule]} picks the top-scoring positions)")
     if remasking == "origin":
-        if schedule == "llada":
+        if schedule not in (None, "dream"):
             raise UsageError("--remasking origin is Dream's alg on Dream's timesteps: use it with --schedule dream "
-                             "(the llada schedule is LLaDA's default)")
+                             f"(the {_SCHEDULE_OF[schedule]} has its own steps)")
         if compat == "fastdllm":
             raise UsageError("--compat fastdllm: Fast-dLLM's block sampler has no origin alg (it scores by negative "
                              "entropy): use --remasking entropy")
         if low_eos_confidence:
             raise UsageError("--low-eos-confidence lowers a confidence; --remasking origin reveals positions at "
                              "random: drop one")
+
+
+#: each schedule as the errors name it
+_SCHEDULE_OF = {"llada": "llada schedule, LLaDA's default,", "block": "block schedule, the block-diffusion "
+                "families' default,"}
+#: why --compat fastdllm does not apply to a model of each sampler other than Dream's
+_OWN_SAMPLER = {"llada": "LLaDA already decodes as Fast-dLLM's LLaDA generators",
+                "sdar": "an SDAR model decodes with SDAR's own block-diffusion sampler",
+                "llada2": "a LLaDA2 model decodes with LLaDA2's own block-diffusion sampler"}
+
+
+def check_sampler_options(sampler: str, *, schedule: str | None, compat: str | None, remasking: str,
+                          alg_temp: float | None, parallel: bool, low_eos_confidence: bool = False) -> str:
+    """The decode options that depend on the model's official sampler (``ModelSpec.sampler``; a family's
+    ``sampler``): the schedule it runs (``family_schedule``), Dream's alg_temp / origin on it
+    (``check_dream_options``) and ``--compat fastdllm`` (Fast-dLLM's Dream block sampler: a Dream model and
+    the dream schedule only). One rule for every path: ``runs.settings`` checks it before the model loads
+    when the family is known there, ``CommitRule.resolve`` at build. Returns the schedule; raises the
+    one-line UsageError, naming the model's own sampler."""
+    schedule = validate_schedule(family_schedule(sampler, schedule))
+    compat = validate_compat(compat)
+    check_dream_options(remasking=remasking, alg_temp=alg_temp, schedule=schedule, parallel=parallel,
+                        compat=compat, low_eos_confidence=low_eos_confidence)
+    if compat == "fastdllm":
+        if sampler != "dream":
+            why = _OWN_SAMPLER.get(sampler, f"a {sampler} model decodes with its own sampler")
+            raise UsageError(f"--compat fastdllm reproduces Fast-dLLM's Dream block sampler; {why}: drop --compat")
+        if schedule != "dream":
+            raise UsageError(f"--compat fastdllm uses Dream's schedule: drop --schedule {schedule}")
+    return schedule
 
 
 def _scheduled(schedule: torch.Tensor, sib: torch.Tensor) -> torch.Tensor:
@@ -243,18 +293,12 @@ class CommitRule:
                 block's other masks unfilled); the dream threshold quota with a block length that is
                 not a multiple of the steps per block (Fast-dLLM asserts masks % steps == 0).
         """
-        schedule = validate_schedule(family_schedule(sampler, schedule))
-        compat, eps = validate_compat(compat), validate_eps(eps)
-        check_dream_options(remasking=remasking, alg_temp=alg_temp, schedule=schedule,
-                            parallel=threshold is not None or factor is not None, compat=compat,
-                            low_eos_confidence=low_eos_confidence)
+        eps = validate_eps(eps)
+        schedule = check_sampler_options(sampler, schedule=schedule, compat=compat, remasking=remasking,
+                                         alg_temp=alg_temp, parallel=threshold is not None or factor is not None,
+                                         low_eos_confidence=low_eos_confidence)
         spb = plan.steps_per_block
         if compat == "fastdllm":
-            if sampler != "dream":
-                raise UsageError("--compat fastdllm reproduces Fast-dLLM's Dream block sampler; LLaDA already "
-                                 "decodes as Fast-dLLM's LLaDA generators: drop --compat")
-            if schedule != "dream":
-                raise UsageError("--compat fastdllm uses Dream's schedule: drop --schedule llada")
             if threshold is None and factor is None and spb == 1:
                 raise UsageError("--compat fastdllm needs ≥ 2 steps per block (step 1 commits only the block's "
                                  "first position): raise --steps")

@@ -40,11 +40,16 @@ def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) ->
         raise UsageError(f"{where}: {why}; give ids of the model's tokenizer")
 
 
-def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]]) -> None:
-    """A run's arguments before anything is built: some prompts and a DecodeConfig (its values are
-    checked by the decoder it builds; a threshold above 1 is the library's way to commit one token a step)."""
+def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_width: int | None = None) -> None:
+    """A run's arguments before anything is built: some prompts, a DecodeConfig (its values are checked
+    by the decoder it builds) and a ``prompt_width`` that is None or a whole number ≥ 1 (the canvas's
+    prompt positions; a prompt longer than it is refused by ``Run.add``)."""
     if not prompt_ids:
         raise UsageError("no prompts to generate from")
     if not isinstance(cfg, DecodeConfig):
         raise UsageError(f"cfg must be a DecodeConfig, not {type(cfg).__name__}")
+    if prompt_width is not None and (isinstance(prompt_width, bool) or not isinstance(prompt_width, int)
+                                     or prompt_width < 1):
+        raise UsageError(f"prompt_width {prompt_width!r} must be a whole number ≥ 1 (the canvas's prompt "
+                         "positions; leave it unset for the longest prompt's)")
 

@@ -94,7 +94,7 @@ class Run:
 
     def __init__(self, engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, policy, seed: int,
                  row_ids: Sequence[int] | None = None, prompt_width: int | None = None, reuse=None):
-        check_start(cfg, prompts)  # each prompt's ids: ``add`` below
+        check_start(cfg, prompts, prompt_width)  # each prompt's ids: ``add`` below
         spec = engine.spec
         self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
         warn_ignored_settings(cfg, spec.sampler)  # warnings.warn: IgnoredSetting

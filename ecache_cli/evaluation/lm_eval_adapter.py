@@ -102,7 +102,7 @@ class EcacheLM(LM):
         """The constructor's work (:class:`EcacheLM`'s model_args); its errors name command-line flags,
         which ``__init__`` renames to model_args keys (:func:`model_args_message`)."""
         from ..models.loader import load_model
-        from ..runs.settings import resolve_settings, warn_model_rules
+        from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
 
         model = pretrained if pretrained is not None else model
         decode = {k: kwargs.pop(k) for k in list(kwargs) if k in DECODE_KEYS}
@@ -133,6 +133,8 @@ class EcacheLM(LM):
         self.greedy_check, self.seed, self.stats_out = greedy_check, seed, stats_out
         self.settings = resolve_settings(str(model), decode, {"policy": policy, **extra_cache},
                                          profile=profile, task=task)
+        # a cache key the run's policy does not take: warned and ignored, as generate's cache flags are
+        warn_unused_cache_flags([self.settings.cache], extra_cache, not_used_by(self.settings, takes=True))
         prof = load_profile(self.settings.profile) if self.settings.profile else {}
         # the canvas follows max_gen_toks unless the user (or the profile) fixed it
         self.fixed_gen_length = "gen_length" in decode or "gen_length" in (prof.get("decode") or {})

@@ -187,7 +187,7 @@ class ChatSession:
 
         if not arg:
             raise UsageError("/cache needs a policy, e.g. /cache entropy:tau=0.5")
-        name, params = parse_policy_spec(arg, where="/cache")
+        name, params = parse_policy_spec(arg, where="/cache", family=self.lm.spec)
         self.source.cache_flags["policy"] = name
         self.source.overrides = params
         self._apply(f"cache {arg}")
@@ -209,6 +209,8 @@ class ChatSession:
     def _threshold(self, arg: str) -> None:
         off = arg.lower() in ("off", "none")
         x = None if off else _number(arg, float, "/threshold", "0.9")
+        if x is not None:
+            _check_range("threshold", x, "/threshold")
         self.source.decode_flags["threshold"] = x
         self.source.threshold_off = off
         if x is not None:
@@ -370,16 +372,10 @@ def _number(arg: str, kind, command: str, example: str):
 
 
 def _check_range(name: str, value, command: str) -> None:
-    """``value`` in the declared range of setting ``name`` (``config.setting_ranges``), as the flag's."""
-    from ..config import setting_ranges
+    """``value`` in the declared range of setting ``name``, in the flag's words (``config.check_setting``)."""
+    from ..config import check_setting
 
-    rng = setting_ranges().get(name)
-    if rng is None:
-        return
-    try:
-        rng.check(value)
-    except ValueError as e:
-        raise UsageError(f"{command} {value} {e}") from None
+    check_setting(name, value, command)
 
 
 def open_readline() -> None:

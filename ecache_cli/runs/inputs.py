@@ -47,10 +47,7 @@ def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None
     if args and "-" in args:
         args, stdin = None, dash_stdin(args, stdin)
     if args:
-        for n, a in enumerate(args, 1):  # every argument checked before the first is yielded
-            _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
-            if not a.strip():  # the chat template would otherwise turn it into a non-empty prompt
-                raise UsageError(f"prompt argument {n} {a!r}: a prompt is empty; give at least one token of text")
+        check_arguments(args)
         return [Item(index=n - 1, line=n, rec={"prompt": a}, prompt=a, source=ARGUMENT)
                 for n, a in enumerate(args, 1)]
     if input_file is not None:
@@ -63,6 +60,18 @@ def read_items(args: list[str] | None, input_file: Path | None, stdin: IO | None
         return items
     raise UsageError("no prompt given: pass it as an argument, pipe prompts on stdin (one per line) "
                      "or use --input FILE.jsonl")
+
+
+def check_arguments(args: list[str]) -> None:
+    """Every prompt argument checked before the first is used: UsageError for one that is not UTF-8 text or
+    is empty (the chat template would otherwise turn it into a non-empty prompt); a lone ``-`` (stdin) is
+    no prompt of its own and passes."""
+    if "-" in args:
+        return
+    for n, a in enumerate(args, 1):
+        _check_utf8(a, f"prompt argument {n}", UsageError, "pass UTF-8 text (check the shell's encoding)")
+        if not a.strip():
+            raise UsageError(f"prompt argument {n} {a!r}: a prompt is empty; give at least one token of text")
 
 
 def dash_stdin(args: list[str], stdin: IO | None) -> IO:

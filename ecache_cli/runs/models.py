@@ -254,6 +254,22 @@ def check_model_name(name: str) -> None:
     raise ModelLoadError(unknown_model(name, "--model"))
 
 
+def check_start(model, device: str | None = None, dtype: str | None = None, prompts: list[str] | None = None) -> None:
+    """What every model command refuses before its first line ("using model …", README) and its settings:
+    an unknown ``--model`` (:func:`check_model_name`, exit 1), then a ``--device`` or ``--dtype`` that is
+    none (``models.loader.resolve_device`` / ``resolve_dtype``) and an empty or non-UTF-8 prompt argument
+    (``inputs.check_arguments``): one-line UsageErrors (exit 2), as the load and the reading would raise
+    them later."""
+    from ..models.loader import resolve_device, resolve_dtype
+
+    check_model_name(model)
+    resolve_dtype(dtype, resolve_device(device))
+    if prompts:
+        from .inputs import check_arguments
+
+        check_arguments(prompts)
+
+
 def _token_table(spec, vocab: dict[str, int]) -> dict:
     """The special ids of ``spec`` with their token strings (None where the tokenizer is not at hand)."""
     by_id = {i: t for t, i in vocab.items()}

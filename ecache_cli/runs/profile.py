@@ -69,10 +69,9 @@ class ProfileOptions:
     def validate(self) -> None:
         """UsageError for a bad option: an empty or repeated ``--policies`` entry, a policy that is none or
         does not apply to ``family`` (:func:`check_policies_apply`), a count below its minimum."""
-        from ..cache import POLICIES
-
         if not self.policies:
-            raise UsageError("--policies is empty; name at least one of " + ", ".join(POLICIES))
+            fits = _fitting(getattr(self.family, "block_causal", None))
+            raise UsageError("--policies is empty; name at least one of " + ", ".join(fits))
         seen: dict = {}  # a setting (name, parameters as parsed) -> the entry that names it
         for p in self.policies:
             name, params = parse_policy_spec(p, family=self.family)
@@ -125,14 +124,15 @@ def parse_policy_spec(spec: str, where: str = "--policies", family=None) -> tupl
     cache settings for that entry only, so one run can compare variants of one policy.
     Raises UsageError for an unknown policy or parameter, a malformed ``key=value`` or a key given twice,
     naming ``where`` the spec was given (``--policies``; ``/cache`` in ``ecache chat``); an unknown name's
-    error lists the policies that apply to ``family`` (a ``models.family.Family``) when it is known, else
-    every policy.
+    error lists the policies that apply to ``family`` (a ``models.family.Family`` or a ``ModelSpec``: its
+    ``block_causal``) when it is known, else those for bidirectional attention, as ``--cache``'s error does
+    (the embedded model's and a repository id's family is known only once loaded).
     """
     from ..cache import POLICIES, make_policy
 
     name, *pairs = spec.split(":")
     if name not in POLICIES:
-        names = _fitting(family.block_causal) if family is not None else list(POLICIES)
+        names = _fitting(getattr(family, "block_causal", None))  # unknown family: bidirectional, as --cache's
         raise UsageError(f"{where}: {name!r} is not a cache policy; use names from {', '.join(names)}")
     params = {}
     for pair in pairs:

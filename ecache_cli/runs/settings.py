@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..cache import make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..config import dataclass_defaults, find_mode_profile, load_profile, resolve
+from ..config import check_setting, dataclass_defaults, find_mode_profile, load_profile, resolve
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
 
@@ -151,14 +151,14 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     p_cache = dict((prof or {}).get("cache") or {})
     fam = model_family(model)
     decode = resolve({**dataclass_defaults(DecodeConfig), **(fam.decode_defaults if fam else {})}, p_dec, decode_flags)
-    _flag_picks_parallel_rule(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
+    notes = _flag_picks_parallel_rule(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
     cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
     _block_follows_gen_length(decode, p_dec, decode_flags)
     _steps_follow_gen_length(decode, p_dec, decode_flags)
     _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam)
-    _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"))
+    _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"), fam, notes)
     decode_cfg = DecodeConfig(**decode)
     tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
         else "default"
@@ -182,19 +182,21 @@ def _measured_note(prof: dict | None) -> str | None:
 
 def model_family(model: str | None):
     """The model family (``models.family.Family``) of ``--model`` when it is known before loading: an alias's,
-    or the one that claims a folder's config.json; None otherwise (a repository id, the embedded model, a
-    folder without a readable config: the load reports any problem). Its ``decode_defaults`` and
-    ``cache_default`` sit under profiles and flags (:func:`resolve_settings`)."""
+    the one that claims a folder's config.json, the embedded model's (no ``model`` or ``tiny``: its packaged
+    config.json); None otherwise (a repository id, a folder without a readable config: the load reports any
+    problem). Its ``decode_defaults`` and ``cache_default`` sit under profiles and flags
+    (:func:`resolve_settings`); its ``block_causal`` and ``sampler`` let the policies and decode options
+    that do not apply to it be refused before the model loads."""
     from ..errors import ModelLoadError
+    from ..models.loader import EMBEDDED, embedded_dir
     from ..models.registry import alias, family_of
     from ..models.spec import read_json_object
 
-    if not model:
-        return None
-    found = alias(str(model))
+    embedded = not model or str(model) in EMBEDDED
+    found = None if embedded else alias(str(model))
     if found is not None:
         return found[0]
-    path = Path(model) / "config.json"
+    path = (embedded_dir() if embedded else Path(model)) / "config.json"
     try:
         return family_of(read_json_object(path), path) if path.is_file() else None
     except (ModelLoadError, OSError):
@@ -256,15 +258,30 @@ def _sampling_flags(decode: DecodeConfig, decode_flags: dict) -> tuple[str, ...]
     return ()
 
 
-def _flag_picks_parallel_rule(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> None:
+def _fits_family(name: str, fam, cache_flags: dict, notes: list[str]) -> None:
+    """The last checks of :func:`resolve_settings`, before the first line: a ``--cache`` that does not apply
+    to the model family ``fam`` (when known before loading) is refused as the engine would refuse it
+    (``CachePolicy.check_model``); then the ``notes`` of a dropped threshold are printed, for settings
+    that are valid only."""
+    if fam is not None and cache_flags.get("policy") is not None:
+        from types import SimpleNamespace
+
+        make_policy(name, strict=False).check_model(SimpleNamespace(block_causal=fam.block_causal, family=fam.name))
+    from ..console import note
+
+    for text in notes:
+        note(text)
+
+
+def _flag_picks_parallel_rule(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> list[str]:
     """``--threshold`` or ``--factor`` picks the parallel-decoding rule: the profile's other rule gives
     way, since Fast-dLLM's threshold and factor rules exclude each other (``decoding/step.py``); a flag that
     needs fixed steps drops a lower layer's rule (:func:`_flag_drops_parallel_default`). Edits ``decode``
-    in place."""
+    in place; returns the notes to print once the settings are checked."""
     for flag, other in (("threshold", "factor"), ("factor", "threshold")):
         if decode_flags.get(flag) is not None and decode_flags.get(other) is None:
             decode[other] = None
-    _flag_drops_parallel_default(decode, decode_flags, p_dec, path, fam)
+    return _flag_drops_parallel_default(decode, decode_flags, p_dec, path, fam)
 
 
 def _parallel_source(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> str | None:
@@ -280,31 +297,31 @@ def _parallel_source(decode: dict, decode_flags: dict, p_dec: dict, path: str | 
     return None
 
 
-def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> None:
+def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, path: str | None, fam) -> list[str]:
     """A flag that needs fixed-step decoding (``--remasking`` other than low_confidence / maskgit_plus,
     whose scores are no probability; ``--alg-temp`` > 0) wins over a ``threshold`` or ``factor`` that no flag
     gave (the model family's ``decode_defaults``, e.g. SDAR's and LLaDA2's threshold, or the profile's):
     defaults < profile < flags, so the lower layer's value is dropped with a note naming it and where it
     came from; a ``--threshold`` / ``--factor`` flag beside it still conflicts (``validate_decode``).
-    Edits ``decode`` in place."""
+    Edits ``decode`` in place; returns the notes, whose hint undoes the flag that caused the drop."""
     from ..decoding.remasking import PROB_KINDS, REMASKING
 
     remasking, alg_temp = decode_flags.get("remasking"), decode_flags.get("alg_temp")
     if remasking is not None and remasking in REMASKING and remasking not in PROB_KINDS:
-        why = f"--remasking {remasking}"
+        why, undo = f"--remasking {remasking}", "pass --remasking low_confidence"
     elif alg_temp:
-        why = f"--alg-temp {alg_temp:g}"
+        why, undo = f"--alg-temp {alg_temp:g}", "drop --alg-temp"
     else:
-        return
+        return []
+    notes = []
     for key in ("threshold", "factor"):
         if decode_flags.get(key) is not None or decode.get(key) is None:
             continue
         source = _parallel_source({key: decode[key]}, decode_flags, p_dec, path, fam) or "the defaults"
-        from ..console import note
-
-        note(f"{why} needs fixed-step decoding: --{key.replace('_', '-')} {decode[key]:g} ({source}) is dropped; "
-             f"each block decodes in its steps (pass --remasking low_confidence to keep the {key} rule)")
+        notes.append(f"{why} needs fixed-step decoding: --{key.replace('_', '-')} {decode[key]:g} ({source}) is "
+                     f"dropped; each block decodes in its steps ({undo} to keep the {key} rule)")
         decode[key] = None
+    return notes
 
 
 def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None,
@@ -313,7 +330,7 @@ def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path
     the profile at ``path`` (and the flag that overrides it), or the model family ``fam``'s
     ``decode_defaults`` (``--block-length 32 (the llada2 family's default)``)."""
     try:
-        validate_decode(decode)
+        validate_decode(decode, getattr(fam, "sampler", None))
     except UsageError as e:
         _blame_profile(e, decode, p_dec, decode_flags, path)
         _blame_family(e, decode, p_dec, decode_flags, fam)
@@ -335,14 +352,22 @@ def _blame_family(e: UsageError, values: dict, p_dec: dict, flags: dict, fam) ->
         raise UsageError(msg) from None
 
 
-def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, path: str | None) -> None:
+def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, path: str | None, fam=None,
+                     notes: list[str] = ()) -> None:
     """Build the policy once, so a bad name or value fails before the model loads (UsageError; one about a
-    value the profile at ``path`` set names it)."""
+    value the profile at ``path`` set names it, one about a flag's value names the flag: ``--refresh-every
+    0 must be ≥ 1 (dkv refreshes …)``, not the parameter's Python name); then :func:`_fits_family`."""
     try:
         make_policy(name, strict=False, **params)
     except UsageError as e:
+        msg = str(e)
+        for k, v in cache_flags.items():
+            head = f"{name} parameter {k}={v!r} "
+            if k != "policy" and v is not None and msg.startswith(head):
+                raise UsageError(f"--{k.replace('_', '-')} {v} {msg.removeprefix(head)}") from None
         _blame_profile(e, params, p_cache, cache_flags, path)
         raise
+    _fits_family(name, fam, cache_flags, list(notes))
 
 
 def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, path: str | None) -> None:
@@ -351,7 +376,7 @@ def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, pa
     Returns when no such key is found."""
     msg = str(e)
     blamed = [k for k in from_file if flags.get(k) is None and values.get(k) is not None
-              and k.replace("_", "-") in msg and str(values[k]) in msg]
+              and (k.replace("_", "-") in msg or k in msg) and str(values[k]) in msg]
     if blamed and path is not None:
         names = ", ".join(f"{k} {values[k]}" for k in blamed)
         raise UsageError(f"{e} ({names} from profile {path}; pass the flag to override)") from None
@@ -435,15 +460,13 @@ def warn_sampling_flags(decode: DecodeConfig, given: tuple[str, ...], sampler: s
     LLaDA's rules (greedy decoding never samples, and LLaDA's confidence is the unfiltered probability, so
     the decoder drops them); Dream's rules keep them: they filter Dream's confidence. The rules are
     ``decode.schedule``, else those of the model's official sampler (``sampler``, once it is loaded)."""
-    from ..decoding.commit import family_schedule
+    from ..decoding.commit import ignored_sampling
 
-    rules = family_schedule(sampler or "llada", decode.schedule)
-    if given and not decode.temperature and rules != "dream":
+    why = ignored_sampling(decode, sampler, given) if given else None  # Engine.start warns the same rule
+    if why:
         from ..console import warn
 
-        warn(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} nothing at temperature 0 with LLaDA's "
-             "rules (greedy decoding); ignored; pass --temperature > 0 to sample (with a Dream model's schedule, "
-             "--schedule dream, they filter Dream's confidence)")
+        warn(why)
 
 
 def warn_model_rules(settings: "Settings", sampler: str) -> None:
@@ -520,20 +543,13 @@ def policy_params_or_all(name: str, family=None) -> set[str]:
                          f"{spec_hint(name)}") from None
 
 
-def validate_decode(d: dict) -> None:
-    """Range checks for decode settings that the schedule does not check (one-line UsageErrors)."""
-    import math
-
-    for key in ("temperature", "top_p", "threshold", "factor"):  # inf or NaN would pass the range checks
-        v = d.get(key)
-        if v is not None and not math.isfinite(v):
-            raise UsageError(f"--{key.replace('_', '-')} {v} must be a finite number")
-    if d.get("temperature") is not None and d["temperature"] < 0:
-        raise UsageError(f"--temperature {d['temperature']} must be ≥ 0 (0 = greedy)")
-    if d.get("threshold") is not None and not 0 < d["threshold"] <= 1:  # a probability; 1.0 is reachable in float32
-        raise UsageError(f"--threshold {d['threshold']} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
-    if d.get("factor") is not None and d["factor"] <= 0:
-        raise UsageError(f"--factor {d['factor']} must be > 0 (Fast-dLLM uses 1.0)")
+def validate_decode(d: dict, sampler: str | None = None) -> None:
+    """Range checks for decode settings that the schedule does not check (one-line UsageErrors); with the
+    model's ``sampler`` (its family's, when known before loading) also the sampler's own rules
+    (``decoding.commit.check_sampler_options``: Dream's alg_temp / origin on the dream schedule only,
+    ``--compat fastdllm`` on Dream only), so they fail before the model loads as the engine would."""
+    for key in ("temperature", "top_p", "threshold", "factor"):  # the flag's own range check and message
+        check_setting(key, d.get(key), f"--{key.replace('_', '-')}")
     # the block schedule and remasking rule, checked here so that a bad flag fails before the model loads
     # (the engine checks them again for library callers)
     from ..decoding.remasking import validate_remasking
@@ -559,6 +575,12 @@ def validate_decode(d: dict) -> None:
     check_dream_options(remasking=d.get("remasking") or "low_confidence", alg_temp=d.get("alg_temp"),
                         schedule=d.get("schedule"), parallel=parallel, compat=d.get("compat"),
                         low_eos_confidence=bool(d.get("low_eos_confidence")))
+    if sampler is not None:
+        from ..decoding.commit import check_sampler_options
+
+        check_sampler_options(sampler, schedule=d.get("schedule"), compat=d.get("compat"),
+                              remasking=d.get("remasking") or "low_confidence", alg_temp=d.get("alg_temp"),
+                              parallel=parallel, low_eos_confidence=bool(d.get("low_eos_confidence")))
 
 
 def check_settings_fit(settings: "Settings", spec) -> None:

@@ -29,19 +29,17 @@ one a block). Every refusal is an :class:`ApiError`: HTTP status and OpenAI's
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 from typing import Any, Optional, Union
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..decoding.config import DecodeConfig
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
-from ..runs.settings import policies_for
+from ..runs.settings import check_setting, policies_for
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
@@ -106,6 +104,10 @@ class _Common(_Body):
     block_length: Optional[int] = None
     steps: Optional[int] = None
     ignore_eos: Optional[bool] = None
+    #: settings of this request that its run ignores, with why (``Resolver.job``), named in the Warning header
+    #: beside :data:`IGNORED`'s: the command line's warnings (``tau`` a policy does not take, ``steps`` the
+    #: threshold rule ignores)
+    _ignored: list = PrivateAttr(default_factory=list)
 
 
 class CompletionRequest(_Common):
@@ -171,7 +173,7 @@ def ignored_fields(req: _Body) -> list[str]:
             obj = getattr(obj, part, None)
         return obj is not None
 
-    return [f for f in IGNORED if given(f)]
+    return [f for f in IGNORED if given(f)] + list(getattr(req, "_ignored", None) or [])
 
 
 def warning_header(fields: list[str]) -> dict:
@@ -202,15 +204,31 @@ def parse(model: type[_Body], body: Any) -> _Body:
 
 
 def in_range(field: str, value, setting: str | None = None) -> None:
-    """400 naming ``field`` unless ``value`` is in the range of decode setting ``setting`` (default
-    ``field``): ``DecodeConfig.ranges``, the rule and the words ``ecache generate`` checks its flag by
-    (``--temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)``), with the field for the flag. None passes."""
+    """400 naming ``field`` unless ``value`` is in the range of decode setting or policy parameter
+    ``setting`` (default ``field``): ``config.check_setting``, the rule and the words ``ecache generate``
+    checks its flag by (``--temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)``), with the field for the
+    flag. None passes."""
     if value is None:
         return
     try:
-        DecodeConfig.ranges[setting or field].check(value)
-    except ValueError as e:
-        raise ApiError(400, f"{field} {value} {e}", field) from None
+        check_setting(setting or field, value, field)
+    except EcacheError as e:
+        raise ApiError(400, str(e), field) from None
+
+
+#: ``ecache generate``'s flags as a request names them (the error of a shared check, in the API's words)
+_FIELDS = (("--gen-length", "the canvas (max_tokens rounded up to whole blocks)"), ("--block-length", "block_length"),
+           ("--steps", "steps"), ("--threshold", "threshold"), ("--cache", "policy"), ("--tau", "tau"),
+           ("--top-p", "top_p"), ("--top-k", "top_k"), ("--temperature", "temperature"))
+
+
+def api_words(msg: str) -> str:
+    """A one-line error of a check the command line shares (``validate_decode``, ``CachePolicy.check_model``,
+    ``make_policy``) with each flag replaced by the request field that sets it (``--cache block`` →
+    ``policy block``), so a client reads the field it sent."""
+    for flag, name in _FIELDS:
+        msg = msg.replace(flag, name)
+    return msg
 
 
 def _short(v: Any) -> str:
@@ -283,6 +301,9 @@ class Resolver:
             if m.audio is not None:
                 raise ApiError(400, f"messages[{i}].audio is not supported; this model reads text only",
                                f"messages.{i}.audio")
+            if m.content is None and m.role != "assistant":  # OpenAI's schema: only an assistant's may be absent
+                raise ApiError(400, f"messages[{i}].content is missing; a {m.role} message needs content (a string "
+                                    "or a list of text parts)", f"messages.{i}.content")
             content = m.content if isinstance(m.content, str) or m.content is None else \
                 "".join(self._part_text(part, i, j) for j, part in enumerate(m.content))
             msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
@@ -316,8 +337,11 @@ class Resolver:
         """The :class:`Job` of a parsed request with its prompt ids. Raises ApiError (400) naming the field."""
         lim = self.limits
         if req.model != lim.model_name:
-            raise ApiError(400, f"model {req.model!r} is not served here; this server serves {lim.model_name!r} "
-                                "(GET /v1/models)", "model", code="model_not_found")
+            raise ApiError(404, f"model {req.model!r} is not served here; this server serves {lim.model_name!r} "
+                                "(GET /v1/models)", "model", code="model_not_found")  # OpenAI's (and every route's) 404
+        if req.stream_options is not None and not req.stream:
+            raise ApiError(400, "stream_options applies only with stream: true; set stream or leave stream_options out",
+                           "stream_options")  # OpenAI's rule
         self._unsupported(req)
         base = self.settings.decode
         max_tokens = req.max_tokens
@@ -360,6 +384,7 @@ class Resolver:
                                   top_p=top_p, threshold=threshold,
                                   ban_eos=base.ban_eos if req.ignore_eos is None else req.ignore_eos)
         self._check_decode(cfg, req)
+        self._ignored_decode(cfg, req)
         name, params = self._policy(req)
         stop = [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if len(stop) > MAX_STOP or any(not s for s in stop):
@@ -398,10 +423,16 @@ class Resolver:
             msg = str(e)
             param = next((f for f, flag in (("steps", "--steps"), ("block_length", "--block-length"),
                                             ("threshold", "--threshold"), ("top_p", "--top-p")) if flag in msg), None)
-            for flag, name in (("--gen-length", "the canvas (max_tokens rounded up to whole blocks)"),
-                               ("--block-length", "block_length"), ("--steps", "steps"), ("--threshold", "threshold")):
-                msg = msg.replace(flag, name)
-            raise ApiError(400, msg, param) from None
+            raise ApiError(400, api_words(msg), param) from None
+
+    def _ignored_decode(self, cfg, req: _Common) -> None:
+        """A request's ``steps`` that its threshold or factor rule ignores is named in the Warning header, the
+        rule ``ecache generate`` warns ``--steps`` by (``decoding.commit.ignored_steps``)."""
+        from ..decoding.commit import ignored_steps
+
+        if req.steps is not None and ignored_steps(cfg, self.lm.spec.sampler):
+            rule = "threshold" if cfg.threshold is not None else "factor"
+            req._ignored.append(f"steps (the {rule} rule runs each block until no mask is left)")
 
     def _policy(self, req: _Common) -> tuple[str, dict]:
         """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
@@ -414,7 +445,7 @@ class Resolver:
         try:  # a policy made for the other kind of attention: the engine's one line (CachePolicy.check_model)
             POLICIES[name].check_model(POLICIES[name], spec)
         except EcacheError as e:
-            raise ApiError(400, str(e), "policy") from None
+            raise ApiError(400, api_words(str(e)), "policy") from None
         known = policy_params(name)
         if name == s.cache:
             params = dict(s.cache_params)
@@ -423,19 +454,19 @@ class Resolver:
         if name == "entropy" and "tau" not in params:
             params["tau"] = s.cache_params.get("tau", DEFAULT_TAU)
         if req.tau is not None:
-            if "tau" not in known and "entropy" not in policies_for(spec):
-                raise ApiError(400, f"tau is EntropyCache's threshold, which does not apply to the {spec.family} "
-                                    "model family (block diffusion caches finished blocks exactly); drop tau", "tau")
-            if "tau" not in known:
-                raise ApiError(400, f"tau is EntropyCache's threshold; policy {name!r} takes none (use policy "
-                                    "'entropy' or drop tau)", "tau")
-            if not (math.isfinite(req.tau) and req.tau >= 0):
-                raise ApiError(400, f"tau {req.tau} must be a finite number ≥ 0 (nats)", "tau")
-            params["tau"] = req.tau
+            in_range("tau", req.tau)  # --tau's own range check and message
+            if "tau" in known:
+                params["tau"] = req.tau
+            elif "entropy" not in policies_for(spec):  # ignored and named, as generate warns --tau
+                req._ignored.append(f"tau (the {spec.family} model family takes no tau: block diffusion caches "
+                                    "finished blocks exactly)")
+            else:
+                req._ignored.append(f"tau (policy {name} takes none; only entropy does)")
         try:
             make_policy(name, strict=False, **params)
         except EcacheError as e:
-            raise ApiError(400, f"policy {name}: {e}", "tau" if req.tau is not None else "policy") from None
+            raise ApiError(400, f"policy {name}: {api_words(str(e))}", "tau" if req.tau is not None else "policy") \
+                from None
         return name, params
 
     @staticmethod
