@@ -190,8 +190,8 @@ def _write_json(doc: dict, json_out: str) -> None:
 def _progress(line, opts, n_requests: int):
     """An ``on_run`` callback showing, before each run, the runs done of all and the run's kind and policy
     on ``line`` (a ``terminal.ProgressLine``: redrawn in place on a terminal, no display thread to
-    compete with the timed runs; None when it draws nothing)."""
-    if line.live is None:
+    compete with the timed runs; periodic plain lines off a terminal; None when it shows nothing)."""
+    if not line.active:
         return None
     batches = -(-n_requests // opts.batch_size)
     total = len(opts.policies) * (opts.warmup + opts.repeats * batches + (1 if opts.trace_dir else 0))

@@ -82,7 +82,7 @@ def trace_drift_cmd(
 
     with ProgressLine(err, quiet) as line:
         line.show("trace-drift: starting", force=True)
-        report = trace(lm, settings, opts, sinks, progress=None if line.live is None else
+        report = trace(lm, settings, opts, sinks, progress=None if not line.active else
                        lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}", force=s == 1))
     rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
     rep.render_summary(err, report)

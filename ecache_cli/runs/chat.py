@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from .. import errors
 from ..engine.core import Engine
 from ..errors import EcacheError, UsageError
 from .confidence import EntropyMeter
@@ -123,6 +124,7 @@ class ChatSession:
                     self.out.write("\n")
                 return
             except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+                errors.interrupt_pending = False  # handled: the session goes on
                 self.out.write("\n")
                 continue
             line = line.strip()
@@ -277,6 +279,7 @@ class ChatSession:
             messages, ids = self._prompt()
             rec = self._decode(messages, ids)
         except KeyboardInterrupt:
+            errors.interrupt_pending = False  # handled: the session goes on
             self.history.pop()
             self.out.write("\n")
             self.out.flush()
