@@ -50,7 +50,7 @@ def profile_cmd(
 
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
-    from ..console import announce, err, hold_warnings, note, out, warn
+    from ..console import announce, err, hold_warnings, info, note, out, warn
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs.inputs import check_input_file
     from ..runs.profile import (
@@ -143,8 +143,8 @@ def profile_cmd(
         warn(f"every answer is empty ({n_empty} runs of {report.prompts_done} prompts): the model ended each answer "
              "at once, so the scores and speedups measure nothing useful; check --model, --task and --chat")
     if report.trace:
-        err.print(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
-                  f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing", markup=False, highlight=False)
+        info(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
+             f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing")  # a status line: not under -q
     comparison = _compare_quantized(report, lm, settings, requests, opts, table_console) if compare_quantize else None
     if json_out is not None:
         doc = profile_document(report, lm, settings, opts, use_chat, task_info, len(requests))

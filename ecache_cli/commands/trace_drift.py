@@ -45,7 +45,7 @@ def trace_drift_cmd(
 
     Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
-    from ..console import announce, err, hold_warnings
+    from ..console import announce, err, hold_warnings, info
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
@@ -84,8 +84,10 @@ def trace_drift_cmd(
         line.show("trace-drift: starting", force=True)
         report = trace(lm, settings, opts, sinks, progress=None if not line.active else
                        lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}", force=s == 1))
-    rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
-    rep.render_summary(err, report)
+    # -q leaves stderr to warnings and errors; the tables stay when they are the run's only result
+    if not quiet or all(p is None for p in (jsonl, json_out, plot, tensorboard)):
+        rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
+        rep.render_summary(err, report)
     if plot is not None:
         rep.plot(report, plot, rep.figure_title(lm, settings), tau=rep.plot_tau(settings))
     if json_out is not None:
@@ -98,6 +100,6 @@ def trace_drift_cmd(
     written = [f"{label} {p}" for label, p in (("JSONL", jsonl), ("TensorBoard", tensorboard), ("plot", plot),
                                                 ("summary", json_out)) if p is not None and str(p) != "-"]
     if written:
-        err.print("wrote " + ", ".join(written), style="dim", highlight=False)
+        info("wrote " + ", ".join(written), style="dim")
     if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart
         err.print(line, markup=False, highlight=False)
