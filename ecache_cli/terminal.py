@@ -177,9 +177,9 @@ INTERVAL_ENV = "ECACHE_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 30.0
 
 
-def interval() -> float:
+def interval(console=None) -> float:
     """``$ECACHE_PROGRESS_INTERVAL`` in seconds (default 30; a value that is not a number ≥ 0 falls back to
-    it, with a warning)."""
+    it, with a warning on ``console``, stderr's, when given)."""
     raw = os.environ.get(INTERVAL_ENV)
     if raw is None:
         return DEFAULT_INTERVAL
@@ -189,10 +189,9 @@ def interval() -> float:
         v = float("nan")
     if v >= 0:
         return v
-    from .console import warn
-
-    warn(f"{INTERVAL_ENV}={raw!r} is not a number of seconds ≥ 0; progress lines every {DEFAULT_INTERVAL:g} s "
-         f"(e.g. {INTERVAL_ENV}=60)")
+    if console is not None:  # console.warn's form; this module imports no other of ecache's
+        console.print(f"warning: {INTERVAL_ENV}={raw!r} is not a number of seconds ≥ 0; progress lines every "
+                      f"{DEFAULT_INTERVAL:g} s (e.g. {INTERVAL_ENV}=60)", style="yellow", markup=False, highlight=False)
     return DEFAULT_INTERVAL
 
 
@@ -218,7 +217,7 @@ class ProgressLine:
         self.live = None
         self.last = 0.0
         self.t0 = self.last_line = time.monotonic()
-        self.every = interval() if self.mode == "lines" else DEFAULT_INTERVAL
+        self.every = interval(console) if self.mode == "lines" else DEFAULT_INTERVAL
 
     @property
     def active(self) -> bool:

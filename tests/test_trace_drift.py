@@ -342,7 +342,8 @@ def app_():
 
 def test_cli_writes_jsonl_tensorboard_plot_and_summary(cli, llada_dir, tmp_path):
     out = tmp_path / "steps.jsonl"
-    res = cli("trace-drift", "--model", llada_dir, *PROMPTS, "-b", "2", *SMALL, "--tau", NEVER, "--recent-k", "2",
+    loud = [a for a in SMALL if a != "-q"]  # under -q the tables stay off stderr when files hold the results
+    res = cli("trace-drift", "--model", llada_dir, *PROMPTS, "-b", "2", *loud, "--tau", NEVER, "--recent-k", "2",
               "--jsonl", out, "--tensorboard", tmp_path / "tb", "--plot", tmp_path / "p.png", "--json", "-")
     assert res.exit_code == 0, res.stderr
     summary = json.loads(res.stdout)
