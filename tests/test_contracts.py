@@ -643,3 +643,27 @@ def test_chat_save_replaces_an_existing_file(cli, tmp_path):
     assert res.exit_code == 0, res.stderr
     records = [json.loads(line) for line in f.read_text().splitlines()]
     assert len(records) == 1 and records[0]["messages"][-1]["content"] == "Sort: 3 1 2", records
+
+
+@pytest.mark.parametrize("sig,code,answers", [("SIGINT", 0, 1), ("SIGTERM", 143, 0)])
+def test_chat_ctrl_c_stops_one_answer_and_sigterm_ends_the_session(sig, code, answers, cli, monkeypatch):
+    """In chat Ctrl-C stops the answer being decoded and the session goes on (the next line is answered);
+    SIGTERM (``timeout``, a scheduler) ends the session as it ends every command: one line, exit 143."""
+    import signal
+
+    from ecache_cli.runs import chat
+
+    real, calls = chat.ChatSession._decode, {"n": 0}
+
+    def decode(self, messages, ids):  # the first answer is interrupted
+        calls["n"] += 1
+        if calls["n"] == 1:
+            signal.raise_signal(getattr(signal, sig))
+        return real(self, messages, ids)
+
+    monkeypatch.setattr(chat.ChatSession, "_decode", decode)
+    res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input="Sort: 3 1 2\nReverse: 4 5\n")
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    assert calls["n"] == 1 + answers and len(res.stdout.strip().splitlines()) == answers, res.stdout
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == ([] if code == 0 else ["error: interrupted; records written so far are kept"]), res.stderr

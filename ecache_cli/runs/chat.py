@@ -123,7 +123,9 @@ class ChatSession:
                 if prompt:
                     self.out.write("\n")
                 return
-            except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+            except KeyboardInterrupt as e:  # at the prompt: a fresh line, as a shell does
+                if isinstance(e, errors.Terminated):  # SIGTERM ends the session (exit 143), Ctrl-C does not
+                    raise
                 errors.interrupt_pending = False  # handled: the session goes on
                 self.out.write("\n")
                 continue
@@ -286,7 +288,9 @@ class ChatSession:
         try:
             messages, ids = self._prompt()
             rec = self._decode(messages, ids)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, errors.Terminated):  # SIGTERM ends the session (exit 143), Ctrl-C only the answer
+                raise
             errors.interrupt_pending = False  # handled: the session goes on
             self.history.pop()
             self.out.write("\n")
