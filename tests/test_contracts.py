@@ -554,6 +554,9 @@ QUIET = {
                     ["wrote ", "trace-drift: per-step"]),
     "calibrate": (["calibrate", "--task", "list", "--limit", "2", "--dry-run", "--taus", "0.5", "--refine", "0",
                    "--no-speed-check", "--json", "{dir}/c.json"], []),
+    "profile --json -": (["profile", "x", "--policies", "none", "--warmup", "0", "--json", "-"], []),  # table: stderr
+    "calibrate --json -": (["calibrate", "--task", "list", "--limit", "2", "--dry-run", "--taus", "0.5", "--refine",
+                            "0", "--no-speed-check", "--json", "-"], []),
     "chat": (["chat", "--stdin", "Sort: 3 1 2\n/tau 0.5\n/save {dir}/s.jsonl\n/clear\n"],
              ["τ 0.5 · ", "saved 1 record", "conversation cleared"]),
 }

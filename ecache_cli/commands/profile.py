@@ -134,7 +134,8 @@ def profile_cmd(
         f"{n} prompt{'' if n == 1 else 's'}"
     title = (f"ecache profile · {lm.name} · {shown} · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
-    table_console.print(render_table(report, title, wide=wide), soft_wrap=False)  # title and caption wrap at words
+    if not (quiet and to_stdout):  # -q: stderr keeps no table when the JSON on stdout holds the results
+        table_console.print(render_table(report, title, wide=wide), soft_wrap=False)  # title and caption wrap at words
     if (line := compile_line(lm.model)) and not quiet:
         err.print(line, markup=False, highlight=False)
     for line in timing_warnings(report):
