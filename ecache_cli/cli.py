@@ -149,49 +149,68 @@ INTERRUPTED = {"profile": "interrupted before every policy finished a batch; the
 def _raise_terminated(signum, frame):
     from . import errors
 
-    errors.terminated = True
+    errors.terminated = errors.interrupt_pending = True
     raise errors.Terminated()
 
 
-def _on_sigterm(handler):
-    """Install ``handler`` for SIGTERM and return the previous one; None off the main thread, where
+def _raise_interrupt(signum, frame):
+    """Ctrl-C: Python's own KeyboardInterrupt, remembered (``errors.interrupt_pending``) so that an error it
+    turns into on its way up (a C extension's import failing with ``ImportError: initialization failed``)
+    still ends the command as an interrupt."""
+    from . import errors
+
+    errors.interrupt_pending = True
+    raise KeyboardInterrupt
+
+
+def _on_signal(signum, handler):
+    """Install ``handler`` for ``signum`` and return the previous one; None off the main thread, where
     Python cannot set signal handlers (an in-process caller running a command from a worker thread)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, handler)
+    return signal.signal(signum, handler)
 
 
 def handle_errors(fn, interrupted: str = KEPT):
     """Run a command body; EcacheError → one red line on stderr and its exit code; Ctrl-C → exit 130
-    with ``interrupted`` (what the command has written by then), SIGTERM the same with exit 143; a
-    closed stdout pipe → quiet exit 0; an unwritable stdout (full device) → one line, exit 1."""
+    with ``interrupted`` (what the command has written by then), SIGTERM the same with exit 143, also when
+    the interrupt surfaced as another error (``errors.interrupt_pending``); a closed stdout pipe → quiet
+    exit 0; an unwritable stdout (full device) → one line, exit 1. The command's ``quiet`` flag (``-q``)
+    is set for :func:`console.info` while it runs."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         import errno
 
-        from . import errors
+        from . import console, errors
         from .console import error
         from .errors import EcacheError
 
-        errors.terminated = False
-        previous = _on_sigterm(_raise_terminated)
+        errors.terminated = errors.interrupt_pending = False
+        console.quiet = bool(kwargs.get("quiet"))
+        previous = _on_signal(signal.SIGTERM, _raise_terminated)
+        previous_int = _on_signal(signal.SIGINT, _raise_interrupt)
         try:
             from .options import check_ranges
 
             check_ranges(kwargs)  # every numeric option in its range before the command starts
             return fn(*args, **kwargs)
-        except EcacheError as e:
-            error(str(e))
-            raise typer.Exit(code=e.exit_code) from None
+        except (typer.Exit, typer.Abort):  # the command's own exit status (it has said why)
+            raise
         except KeyboardInterrupt:
             error(interrupted)
             raise typer.Exit(code=errors.interrupted_exit_code()) from None
-        except BrokenPipeError:
-            _quiet_stdout()
-            raise typer.Exit(code=0) from None
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
+        except Exception as e:
+            if errors.interrupt_pending:  # the interrupt, turned into another error on its way up
+                error(interrupted)
+                raise typer.Exit(code=errors.interrupted_exit_code()) from None
+            if isinstance(e, EcacheError):
+                error(str(e))
+                raise typer.Exit(code=e.exit_code) from None
+            if isinstance(e, BrokenPipeError):
+                _quiet_stdout()
+                raise typer.Exit(code=0) from None
+            if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
                 raise
             error(f"cannot write the output ({e.strerror}); free space on the device or write elsewhere")
             _quiet_stdout()
@@ -202,8 +221,11 @@ def handle_errors(fn, interrupted: str = KEPT):
 
             announce(None)  # warnings held for a first line that never came
             release_all()  # the output locks end with the command (in-process callers run several)
+            console.quiet = False
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+            if previous_int is not None:
+                signal.signal(signal.SIGINT, previous_int)
 
     return wrapper
 

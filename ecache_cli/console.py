@@ -104,6 +104,19 @@ def warn(message: str) -> None:
     err.print("warning: " + message, style="yellow", markup=False, highlight=False)
 
 
+#: ``-q`` of the running command (set by ``cli.handle_errors`` from the command's ``quiet`` flag):
+#: :func:`info` prints nothing then. Warnings, notes and errors print under ``-q`` too.
+quiet = False
+
+
+def info(message: str, style: str | None = None) -> None:
+    """Print a status line on stderr (what the command did or uses: files written, traces made, a setting
+    changed, compile seconds); nothing under ``-q``. README's rule: ``-q`` leaves stderr only warnings,
+    notes and errors."""
+    if not quiet:
+        err.print(message, style=style, markup=False, highlight=False)
+
+
 def note(message: str) -> None:
     """Print a one-line note on stderr (what a run will not measure); held as :func:`warn` is."""
     if _rewrite is not None:

@@ -44,6 +44,11 @@ class Terminated(KeyboardInterrupt):
 #: Set when SIGTERM arrives during a command (cleared when a command starts).
 terminated = False
 
+#: Set when Ctrl-C or SIGTERM arrives during a command and nothing has handled it yet (cleared when a command
+#: starts, and by code that catches Ctrl-C and carries on, as chat's prompt does): an error raised after it
+#: (an import or C extension that turned the KeyboardInterrupt into its own ImportError) is the interrupt.
+interrupt_pending = False
+
 
 def interrupted_exit_code() -> int:
     """The exit status of an interrupted command: 143 (128 + SIGTERM) after SIGTERM, else 130 (Ctrl-C)."""

@@ -234,7 +234,12 @@ a closed stdout (ecache profile ... | head -1) ends quietly with exit 0.
 Output files (--json, --jsonl, --plot, calibrate's --run-file, which also guards its profile) are
 checked before the model loads and locked while a command writes them: a second ecache process
 given the same file fails at once (exit 1), naming the other process, instead of interleaving its
-lines.
+lines. An existing output file is replaced (as a shell's > does), except generate's --output and
+calibrate's run file: refused unless --resume (exit 2), which continues them.
+
+Progress: on a terminal one line redrawn in place; off it a plain line every $ECACHE_PROGRESS_INTERVAL
+seconds (30). [bold]-q[/] leaves stderr to warnings, notes and errors (no start line, progress or status
+lines).
 
 Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage
 error (bad flag, value or profile, invalid or empty input), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (timeout, a

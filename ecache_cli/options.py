@@ -135,11 +135,14 @@ Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wid
 def table_console(console, wide: bool):
     """The console a table is printed on: ``console`` itself (the terminal's width, ``$COLUMNS``, or 80
     for a pipe), or with ``wide`` one wide enough for every column (240), so no cell is ever cut: of
-    ``console``'s own class, so a closed pipe ends the same way (``console.PipeConsole``)."""
+    ``console``'s own class, so a closed pipe ends the same way (``console.PipeConsole``). Its
+    ``prose_width`` is ``console``'s width: text printed with ``terminal.prose`` wraps there, not at 240."""
     if not wide:
         return console
-    return type(console)(file=console.file, width=max(console.width, 240), soft_wrap=True,
-                              force_terminal=console.is_terminal, no_color=console.no_color)
+    wide_console = type(console)(file=console.file, width=max(console.width, 240), soft_wrap=True,
+                                 force_terminal=console.is_terminal, no_color=console.no_color)
+    wide_console.prose_width = console.width  # prose around the tables still wraps at the terminal's width
+    return wide_console
 
 
 R = "Scale-out (Ray)"  # the `ray` extra: serve/ray_serve.py

@@ -8,7 +8,8 @@ in place. Every subcommand uses these two, so a table or a progress display beha
 - :class:`ProgressLine` is a single line on stderr redrawn in place (rich ``Live``, no refresh thread:
   it redraws when the command reports, at most every :data:`MIN_INTERVAL` seconds) and removed at the
   end; it is never wider than the terminal (the least important fields drop first, the bar shrinks),
-  so it stays one line. Off the terminal (a pipe, a log file) and under ``-q`` it draws nothing.
+  so it stays one line. Off the terminal (a pipe, a log file) it prints one plain line every
+  ``$ECACHE_PROGRESS_INTERVAL`` seconds (default 30) instead; under ``-q`` nothing.
   A record written to stdout while it is shown on the same terminal goes above it (:meth:`ProgressLine.stdout`).
 """
 
@@ -131,19 +132,96 @@ _COMPACT = _compact(1)
 _TIGHT = _compact(0)
 
 
+# --- prose and status lines ------------------------------------------------------------------------------
+
+
+def prose(console, *objects, **kwargs) -> None:
+    """Print prose (a legend, a note under a table) wrapped at words within the terminal's width, also on
+    a ``--wide`` table console (``options.table_console``: its ``prose_width``), where only the tables
+    may be wider than the terminal."""
+    console.print(*objects, soft_wrap=False, width=getattr(console, "prose_width", None), **kwargs)
+
+
+def fold_fields(text, width: int, sep: str = " · ") -> list:
+    """A status line of fields joined by ``sep`` (a rich Text) laid out on as many rows as it needs within
+    ``width`` cells, breaking only between fields (a field wider than a row is folded), so nothing is
+    cut and no row ends in ``…``; returns the rows (rich Texts)."""
+    from rich.text import Text
+
+    fields = text.split(sep, allow_blank=True) if sep in text.plain else [text]
+    rows: list = []
+    row = None
+    for f in fields:
+        if row is not None and row.cell_len + len(sep) + f.cell_len <= width:
+            row.append(sep)
+            row.append_text(f)
+            continue
+        if row is not None:
+            rows.append(row)
+        row = f.copy()
+        while row.cell_len > width:  # a field wider than a row: cut at the width, the rest on the next
+            head, row = row.divide([width])
+            rows.append(head)
+    if row is not None:
+        rows.append(row)
+    for r in rows:
+        r.no_wrap, r.overflow, r.end = True, "crop", "\n"
+    return rows or [Text("")]
+
+
 # --- progress ----------------------------------------------------------------------------------------------
 
 
+#: Environment variable: seconds between two progress lines when stderr is not a terminal.
+INTERVAL_ENV = "ECACHE_PROGRESS_INTERVAL"
+DEFAULT_INTERVAL = 30.0
+
+
+def interval(console=None) -> float:
+    """``$ECACHE_PROGRESS_INTERVAL`` in seconds (default 30; a value that is not a number ≥ 0 falls back to
+    it, with a warning on ``console``, stderr's, when given)."""
+    raw = os.environ.get(INTERVAL_ENV)
+    if raw is None:
+        return DEFAULT_INTERVAL
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if v >= 0:
+        return v
+    if console is not None:  # console.warn's form; this module imports no other of ecache's
+        console.print(f"warning: {INTERVAL_ENV}={raw!r} is not a number of seconds ≥ 0; progress lines every "
+                      f"{DEFAULT_INTERVAL:g} s (e.g. {INTERVAL_ENV}=60)", style="yellow", markup=False, highlight=False)
+    return DEFAULT_INTERVAL
+
+
+def clock(seconds: float) -> str:
+    """``M:SS`` or ``H:MM:SS``."""
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
 class ProgressLine:
-    """One line of progress on ``console`` (stderr's), redrawn in place on a terminal, never wider than
-    it; nothing when ``quiet`` or when ``console`` is not a terminal. A context manager:
-    ``with ProgressLine(err, quiet) as line: line.show("generate 3/8", "ETA 0:12", done=3, total=8)``."""
+    """Progress on ``console`` (stderr's), one rule for every command: on a terminal one line redrawn in
+    place, never wider than it; off a terminal (a pipe, a batch job's log) one plain line every
+    ``$ECACHE_PROGRESS_INTERVAL`` seconds (default 30), so a log shows the run is alive; nothing when
+    ``quiet``. A context manager:
+    ``with ProgressLine(err, quiet) as line: line.show("generate 3/8", "ETA 0:12", done=3, total=8)``.
+    ``active``: whether it shows anything (callers skip their progress bookkeeping otherwise)."""
 
     def __init__(self, console, quiet: bool = False):
         self.console = console
-        self.on = not quiet and console is not None and console.is_terminal
+        self.mode = "off" if quiet or console is None else ("live" if console.is_terminal else "lines")
+        self.on = self.mode == "live"
         self.live = None
         self.last = 0.0
+        self.t0 = self.last_line = time.monotonic()
+        self.every = interval(console) if self.mode == "lines" else DEFAULT_INTERVAL
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off"
 
     def __enter__(self):
         if self.on:
@@ -161,13 +239,29 @@ class ProgressLine:
         return False
 
     def show(self, head: str, *fields: str, done: int | None = None, total: int | None = None,
-             force: bool = False) -> None:
-        """Redraw the line: ``head`` (always shown), a bar of ``done`` / ``total`` when a total is known,
-        then ``fields`` most important first (those that do not fit are left out). Redraws at most every
-        :data:`MIN_INTERVAL` seconds unless ``force``."""
+             force: bool = False, plain=None) -> None:
+        """Report progress. On a terminal: redraw the line: ``head`` (always shown), a bar of ``done`` /
+        ``total`` when a total is known, then ``fields`` most important first (those that do not fit are
+        left out), at most every :data:`MIN_INTERVAL` seconds unless ``force``. Off a terminal: print
+        ``plain()`` (a callable giving the line; default ``head (done/total %), fields…, elapsed M:SS``)
+        when :func:`interval` seconds have passed since the last line (``force`` does not shorten it)."""
+        now = time.monotonic()
+        if self.mode == "lines":
+            if now - self.last_line < self.every:
+                return
+            self.last_line = now
+            if plain is not None:
+                text = plain()
+            else:
+                pct = f" ({100 * min(done, total) / total:.0f}%)" if total and done is not None else ""
+                kept = [f for f in fields if f]
+                if not any(f.startswith("elapsed ") for f in kept):
+                    kept.append(f"elapsed {clock(now - self.t0)}")
+                text = ", ".join([head + pct, *kept])
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            return
         if self.live is None:
             return
-        now = time.monotonic()
         if not force and now - self.last < MIN_INTERVAL:
             return
         self.last = now

@@ -243,6 +243,9 @@ HOLD = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_WRONLY | os
     (["profile", "x", "--policies", "none", "--json"], "--json"),
     (["trace-drift", "x", "--jsonl"], "--jsonl"),
     (["calibrate", "--task", "list", "--run-file"], "--run-file"),
+    (["generate", "x", "--output"], "--output"),
+    (["trace-drift", "x", "--json"], "--json"),
+    (["calibrate", "--task", "list", "--dry-run", "--json"], "--json"),
 ])
 def test_a_second_writer_of_one_output_fails_at_once(cli, tmp_path, args, flag):
     out = tmp_path / "out.file"

@@ -328,6 +328,9 @@ TERMINAL = {
                     r"trace-drift: "),
     "calibrate": (["calibrate", "--task", "list", "--limit", "2", "--taus", "0.5,1", "--refine", "0", "--dry-run",
                    "--no-speed-check"], r"(none|τ=\S+) \d+/\d+"),
+    "trace-drift --wide": (["trace-drift", "Sort: 3 1 2", "--wide"], r"trace-drift: "),  # prose at the terminal's width
+    "generate --watch": (["generate", "Sort: 3 1 2", "--watch"], None),  # header and status lines: whole fields
+    "chat --watch": (["chat", "--watch", "--stdin", "Sort: 3 1 2\n"], None),
     "models": (["models"], None),
     "models show": (["models", "show", "{model}"], None),
     "help cache": (["help", "cache"], None),  # the topics' tables and examples wrap too
@@ -337,7 +340,13 @@ TERMINAL = {
 
 def _on_terminal(args: list[str], columns: int) -> tuple[int, str]:
     """Run ``ecache ARGS`` with stdout and stderr on a pseudo-terminal ``columns`` wide (the window size
-    set as ``stty cols`` does, and $COLUMNS); return its exit status and everything it wrote."""
+    set as ``stty cols`` does, and $COLUMNS); return its exit status and everything it wrote. ``--stdin
+    TEXT`` among ARGS is not passed on: TEXT is the command's stdin (else /dev/null)."""
+    stdin = subprocess.DEVNULL
+    if "--stdin" in args:
+        i = args.index("--stdin")
+        text, args = args[i + 1], args[:i] + args[i + 2:]
+        stdin = subprocess.PIPE
     import fcntl
     import pty
     import select
@@ -348,9 +357,12 @@ def _on_terminal(args: list[str], columns: int) -> tuple[int, str]:
     fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     env = {**os.environ, "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm-256color", "OMP_NUM_THREADS": "1"}
     env.pop("NO_COLOR", None)
-    p = subprocess.Popen([sys.executable, "-m", "ecache_cli", *args], stdin=subprocess.DEVNULL, stdout=sub, stderr=sub,
+    p = subprocess.Popen([sys.executable, "-m", "ecache_cli", *args], stdin=stdin, stdout=sub, stderr=sub,
                          env=env, close_fds=True)
     os.close(sub)
+    if stdin is subprocess.PIPE:
+        p.stdin.write(text.encode())
+        p.stdin.close()
     out = b""
     while True:
         ready, _, _ = select.select([main], [], [], 1.0)
@@ -447,7 +459,9 @@ def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, 
     f = tmp_path / "in.jsonl"
     f.write_text("".join(json.dumps({"prompt": f"Sort: {i} 3 1"}) + "\n" for i in range(6)))
     args = [a.format(input=f, model=llada_dir) for a in args]
-    if command.split()[0] not in ("models", "help"):
+    if command.split()[0] == "chat":  # the embedded model: it has a chat template
+        args += ["--gen-length", "16", "--block-length", "8"]
+    elif command.split()[0] not in ("models", "help"):
         args += ["--model", str(llada_dir), "--gen-length", "16", "--block-length", "8", "--no-chat"]
     rc, raw = _on_terminal(args, columns)
     screen = Screen(columns, head)
@@ -456,6 +470,7 @@ def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, 
     assert rc == 0, "\n".join(shown)
     assert screen.overflow == [], (columns, screen.overflow)
     assert not re.search(r"\d…|…\d", "\n".join(shown)), "\n".join(shown)
+    assert not [ln for ln in shown if re.match(r"(ecache watch|step \d)", ln) and ln.endswith("…")], shown  # no cut
     for line in shown:
         if line.strip() and line.lstrip()[0] in LEFT:
             assert line[-1] in RIGHT, (columns, line)  # a boxed row keeps its right border
@@ -694,3 +709,164 @@ def test_a_cache_the_family_refuses_and_an_empty_prompt_come_before_the_first_li
     empty = cli(*[a for a in _args(command, model) if a != "-q"], "")
     assert empty.exit_code == 2 and empty.stderr.strip() == ("error: prompt argument 1 '': a prompt is empty; give "
                                                              "at least one token of text"), empty.stderr
+
+
+# --- interrupts, -q, progress off a terminal, existing output files: one rule in every command ---------------
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_that_surfaces_as_another_error_ends_as_the_interrupt(sig, code, capsys):
+    """Ctrl-C inside a C extension's import comes back as ``ImportError: initialization failed``: every
+    command (``cli.handle_errors``) still ends with one line and 130 (143 for SIGTERM), no traceback; the
+    same error without an interrupt is not hidden."""
+    import signal
+
+    import typer
+
+    from ecache_cli.cli import KEPT, app, handle_errors
+
+    def body(**_):
+        try:
+            signal.raise_signal(getattr(signal, sig))
+        except KeyboardInterrupt:
+            raise ImportError("initialization failed") from None
+
+    with pytest.raises(typer.Exit) as exc:
+        handle_errors(body)()
+    assert exc.value.exit_code == code
+    assert capsys.readouterr().err.splitlines() == [f"error: {KEPT}"]
+
+    def broken(**_):
+        raise ImportError("initialization failed")
+
+    with pytest.raises(ImportError):
+        handle_errors(broken)()
+    wrapped = [c.callback for c in app.registered_commands if c.name != "help"]
+    assert len(wrapped) == 6 and all(hasattr(cb, "__wrapped__") for cb in wrapped)  # every command goes through it
+
+
+#: Each command with -q and outputs in files, and the status lines it prints without -q.
+QUIET = {
+    "generate": (["generate", "--input", "{input}", "--output", "{dir}/o.jsonl"], []),
+    "profile": (["profile", "x", "--policies", "none", "--warmup", "0", "--json", "{dir}/p.json", "--trace-dir",
+                 "{dir}/tr", "--trace-steps", "2"], ["traces in "]),
+    "trace-drift": (["trace-drift", "x", "--json", "{dir}/t.json", "--jsonl", "{dir}/t.jsonl"],
+                    ["wrote ", "trace-drift: per-step"]),
+    "calibrate": (["calibrate", "--task", "list", "--limit", "2", "--dry-run", "--taus", "0.5", "--refine", "0",
+                   "--no-speed-check", "--json", "{dir}/c.json"], []),
+    "profile --json -": (["profile", "x", "--policies", "none", "--warmup", "0", "--json", "-"], []),  # table: stderr
+    "calibrate --json -": (["calibrate", "--task", "list", "--limit", "2", "--dry-run", "--taus", "0.5", "--refine",
+                            "0", "--no-speed-check", "--json", "-"], []),
+    "chat": (["chat", "--stdin", "Sort: 3 1 2\n/tau 0.5\n/save {dir}/s.jsonl\n/clear\n"],
+             ["τ 0.5 · ", "saved 1 record", "conversation cleared"]),
+}
+
+
+@pytest.mark.parametrize("command", list(QUIET))
+def test_quiet_leaves_stderr_to_warnings_notes_and_errors(command, cli, llada_dir, tmp_path):
+    """README: ``-q`` (every command but ``models``) leaves stderr to warnings, notes and errors: no first
+    line, progress or status line (files written, traces made, chat's replies to its commands)."""
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "Sort: 3 1 2"}\n')
+    args = [a.format(input=f, dir=tmp_path) for a in QUIET[command][0]]
+    stdin = None
+    if "--stdin" in args:
+        i = args.index("--stdin")
+        stdin, args = args[i + 1], args[:i] + args[i + 2:]
+    small = [a for a in SMALL if a != "-q"]
+    if command == "chat":
+        small = [a for a in small if a != "--no-chat"]
+    else:
+        args += ["--model", str(llada_dir)]
+    loud = cli(*args, *small, input=stdin)
+    assert loud.exit_code == 0, loud.stderr
+    for status in QUIET[command][1]:  # the status lines are there without -q
+        assert any(line.startswith(status) for line in loud.stderr.splitlines()), (status, loud.stderr)
+    for p in tmp_path.glob("*.json*"):  # the outputs: generate --output refuses an existing one
+        if p != f:
+            p.unlink()
+    quiet = cli(*args, *small, "-q", input=stdin)
+    assert quiet.exit_code == 0, quiet.stderr
+    others = [ln for ln in quiet.stderr.splitlines() if ln.strip() and not ln.startswith(("warning: ", "note: "))]
+    assert others == [], quiet.stderr
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_progress_off_a_terminal_is_a_periodic_line_in_every_command(command, cli, llada_dir, monkeypatch):
+    """Off a terminal (a log) every command prints a plain progress line every $ECACHE_PROGRESS_INTERVAL
+    seconds (0: at every report); -q prints none."""
+    monkeypatch.setenv("ECACHE_PROGRESS_INTERVAL", "0")
+    prompts = [] if command == "calibrate" else ["Sort: 3 1 2", "abc"]
+    head = {"generate": r"generate: \d+/2 records", "profile": r"profile \d+/\d+ \(\d+%\), (warmup|measure) none",
+            "trace-drift": r"trace-drift: prompts 1-\d, step \d+", "calibrate": r"(none|τ=0\.5) \d/2 \(\d+%\)"}[command]
+    args = [a for a in _args(command, llada_dir) if a != "-q"]
+    loud = cli(*args, *prompts)
+    assert loud.exit_code == 0, loud.stderr
+    lines = [ln for ln in loud.stderr.splitlines() if re.match(head, ln)]
+    assert len(lines) >= 2 and all("elapsed " in ln for ln in lines), loud.stderr
+    quiet = cli(*args, "-q", *prompts)
+    assert quiet.exit_code == 0 and not [ln for ln in quiet.stderr.splitlines() if re.match(head, ln)], quiet.stderr
+
+
+#: Each output flag and whether an existing file is replaced (True) or refused unless --resume (False).
+OUTPUTS = {
+    "generate --output": (["generate", "x", "--output"], False),
+    "profile --json": (["profile", "x", "--policies", "none", "--warmup", "0", "--json"], True),
+    "trace-drift --jsonl": (["trace-drift", "x", "--jsonl"], True),
+    "trace-drift --json": (["trace-drift", "x", "--json"], True),
+    "calibrate --json": (["calibrate", "--task", "list", "--limit", "2", "--dry-run", "--taus", "0.5", "--refine",
+                          "0", "--no-speed-check", "--json"], True),
+    "calibrate --run-file": (["calibrate", "--task", "list", "--limit", "2", "--taus", "0.5", "--refine", "0",
+                              "--no-speed-check", "--out", "{dir}/prof.yaml", "--run-file"], False),
+}
+
+
+@pytest.mark.parametrize("output", list(OUTPUTS))
+def test_an_existing_output_file_is_replaced_unless_a_later_run_continues_it(output, cli, llada_dir, tmp_path):
+    """README: an existing output file is replaced as a shell's ``>`` replaces it, except the two files a
+    later run continues (``generate --output``, calibrate's run file): refused without --resume, exit 2,
+    the file untouched."""
+    args, replaced = OUTPUTS[output]
+    f = tmp_path / "existing.out"
+    f.write_text('{"old": "a previous run"}\n')
+    res = cli(*[a.format(dir=tmp_path) for a in args], f, "--model", llada_dir, *SMALL)
+    if replaced:
+        assert res.exit_code == 0, res.stderr
+        assert "previous run" not in f.read_text() and f.read_text().strip(), f.read_text()
+    else:
+        assert res.exit_code == 2, res.stderr
+        assert "already exists" in res.stderr and "--resume" in res.stderr, res.stderr
+        assert f.read_text() == '{"old": "a previous run"}\n'
+
+
+def test_chat_save_replaces_an_existing_file(cli, tmp_path):
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"old": "a previous run"}\n')
+    res = cli("chat", "--gen-length", "16", "--block-length", "8", "-q", input=f"Sort: 3 1 2\n/save {f}\n")
+    assert res.exit_code == 0, res.stderr
+    records = [json.loads(line) for line in f.read_text().splitlines()]
+    assert len(records) == 1 and records[0]["messages"][-1]["content"] == "Sort: 3 1 2", records
+
+
+@pytest.mark.parametrize("sig,code,answers", [("SIGINT", 0, 1), ("SIGTERM", 143, 0)])
+def test_chat_ctrl_c_stops_one_answer_and_sigterm_ends_the_session(sig, code, answers, cli, monkeypatch):
+    """In chat Ctrl-C stops the answer being decoded and the session goes on (the next line is answered);
+    SIGTERM (``timeout``, a scheduler) ends the session as it ends every command: one line, exit 143."""
+    import signal
+
+    from ecache_cli.runs import chat
+
+    real, calls = chat.ChatSession._decode, {"n": 0}
+
+    def decode(self, messages, ids):  # the first answer is interrupted
+        calls["n"] += 1
+        if calls["n"] == 1:
+            signal.raise_signal(getattr(signal, sig))
+        return real(self, messages, ids)
+
+    monkeypatch.setattr(chat.ChatSession, "_decode", decode)
+    res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input="Sort: 3 1 2\nReverse: 4 5\n")
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    assert calls["n"] == 1 + answers and len(res.stdout.strip().splitlines()) == answers, res.stdout
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == ([] if code == 0 else ["error: interrupted; records written so far are kept"]), res.stderr

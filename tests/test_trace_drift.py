@@ -342,7 +342,8 @@ def app_():
 
 def test_cli_writes_jsonl_tensorboard_plot_and_summary(cli, llada_dir, tmp_path):
     out = tmp_path / "steps.jsonl"
-    res = cli("trace-drift", "--model", llada_dir, *PROMPTS, "-b", "2", *SMALL, "--tau", NEVER, "--recent-k", "2",
+    loud = [a for a in SMALL if a != "-q"]  # under -q the tables stay off stderr when files hold the results
+    res = cli("trace-drift", "--model", llada_dir, *PROMPTS, "-b", "2", *loud, "--tau", NEVER, "--recent-k", "2",
               "--jsonl", out, "--tensorboard", tmp_path / "tb", "--plot", tmp_path / "p.png", "--json", "-")
     assert res.exit_code == 0, res.stderr
     summary = json.loads(res.stdout)
@@ -396,3 +397,37 @@ def test_volatility_table_keeps_the_bins_that_decide_the_verdict():
     shown = [p["n"] for p in _condense_curve(curve, level=1e-3, settle=31)]
     assert shown == [*range(2, 14), 16, 21, 29, 30, 31]  # first 12, powers of two, the deciding bins, the last
     assert [p["n"] for p in _condense_curve(curve, level=1e-2, settle=2)] == [*range(2, 14), 16, 31]
+
+
+@pytest.mark.parametrize("signal_name,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupted_trace_reports_and_writes_what_it_measured(signal_name, code, cli, llada_dir, tmp_path,
+                                                                  monkeypatch):
+    """Ctrl-C (130) or SIGTERM (143) during the trace, as in profile: --jsonl keeps every step measured,
+    --json gets their summary with ``"incomplete": true``, one error line says so."""
+    import os
+    import signal
+
+    from ecache_cli.runs import trace_drift
+
+    real, tracers = trace_drift.DriftTracer.measure, []
+
+    def measure(self, rec):  # the signal arrives at the second prompt's third step, before it is measured
+        tracers.append(id(self))
+        if tracers.count(id(self)) == 3 and len(set(tracers)) == 2:
+            os.kill(os.getpid(), getattr(signal, signal_name))
+        return real(self, rec)
+
+    monkeypatch.setattr(trace_drift.DriftTracer, "measure", measure)
+    before = signal.getsignal(signal.SIGTERM)
+    js, jl = tmp_path / "t.json", tmp_path / "t.jsonl"
+    res = cli("trace-drift", "Sort: 3 1 2", "Reverse: 4 5 6", "abc", "--batch-size", "1", "--model", llada_dir,
+              *SMALL, "--json", js, "--jsonl", jl)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    doc = json.loads(js.read_text())
+    steps = [json.loads(line) for line in jl.read_text().splitlines()]
+    measured = tracers.count(tracers[0]) + 2  # the first prompt's steps and two of the second's
+    assert doc["incomplete"] is True and doc["prompts"] == 1 and doc["records"] == len(steps) == measured, doc
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: interrupted; the report covers 1 finished prompt(s) and {measured} measured step(s); --json {js} "
+        "holds them (\"incomplete\": true)"]

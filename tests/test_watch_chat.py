@@ -34,9 +34,11 @@ def frames(text: str) -> list[list[str]]:
 
 
 def canvas(frame: list[str]) -> str:
-    """A frame's canvas: the lines between its header and its rule, joined."""
+    """A frame's canvas: the lines between its header (one row or more, its last field the block) and its
+    rule, joined."""
+    start = next(i for i, line in enumerate(frame) if re.search(r"block \d+/\d+\s*$", line)) + 1
     end = next(i for i, line in enumerate(frame) if set(line) == {"─"})
-    return "".join(frame[1:end])
+    return "".join(frame[start:end])
 
 
 def view(frame: list[str]) -> list[str]:

@@ -210,8 +210,9 @@ def calibrate_cmd(
         if json_path is not None and str(json_path) == "-":  # stdout carries the JSON: tables go to stderr
             out_console = err
         tables = o.table_console(out_console, wide)
-        tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide), soft_wrap=False)  # captions wrap
-        tables.print(frontier_table(outcome, metric), soft_wrap=False)
+        if not (quiet and out_console is err):  # -q: stderr keeps no table when the JSON holds the results
+            tables.print(sweep_table(outcome, metric, max_frac, min_frac, wide=wide), soft_wrap=False)  # captions wrap
+            tables.print(frontier_table(outcome, metric), soft_wrap=False)
         for line in wall_warnings(outcome):
             err.print(line, markup=False, highlight=False)
         if json_path is not None:
@@ -237,7 +238,8 @@ def calibrate_cmd(
         # the hint names what the run measured as the cause: speed (the proxy or the wall clock) or score
         raise EcacheError(f"{choice.reason}; no profile written ({hint(outcome.sweep, choice.cause)})")
     where = "dry run: no profile written" if dry_run else f"wrote {outcome.profile}"
-    out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)
+    if not (quiet and out_console is err):  # -q: nothing on stderr when the JSON on stdout holds the choice
+        out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)
     if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart
         err.print(line, markup=False, highlight=False)
 

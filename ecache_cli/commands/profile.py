@@ -50,7 +50,7 @@ def profile_cmd(
 
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
-    from ..console import announce, err, hold_warnings, note, out, warn
+    from ..console import announce, err, hold_warnings, info, note, out, warn
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs.inputs import check_input_file
     from ..runs.profile import (
@@ -134,7 +134,8 @@ def profile_cmd(
         f"{n} prompt{'' if n == 1 else 's'}"
     title = (f"ecache profile · {lm.name} · {shown} · batch {opts.batch_size} · "
              f"{lm.device} {str(lm.dtype).replace('torch.', '')}")
-    table_console.print(render_table(report, title, wide=wide), soft_wrap=False)  # title and caption wrap at words
+    if not (quiet and to_stdout):  # -q: stderr keeps no table when the JSON on stdout holds the results
+        table_console.print(render_table(report, title, wide=wide), soft_wrap=False)  # title and caption wrap at words
     if (line := compile_line(lm.model)) and not quiet:
         err.print(line, markup=False, highlight=False)
     for line in timing_warnings(report):
@@ -143,8 +144,8 @@ def profile_cmd(
         warn(f"every answer is empty ({n_empty} runs of {report.prompts_done} prompts): the model ended each answer "
              "at once, so the scores and speedups measure nothing useful; check --model, --task and --chat")
     if report.trace:
-        err.print(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
-                  f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing", markup=False, highlight=False)
+        info(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
+             f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing")  # a status line: not under -q
     comparison = _compare_quantized(report, lm, settings, requests, opts, table_console) if compare_quantize else None
     if json_out is not None:
         doc = profile_document(report, lm, settings, opts, use_chat, task_info, len(requests))
@@ -190,8 +191,8 @@ def _write_json(doc: dict, json_out: str) -> None:
 def _progress(line, opts, n_requests: int):
     """An ``on_run`` callback showing, before each run, the runs done of all and the run's kind and policy
     on ``line`` (a ``terminal.ProgressLine``: redrawn in place on a terminal, no display thread to
-    compete with the timed runs; None when it draws nothing)."""
-    if line.live is None:
+    compete with the timed runs; periodic plain lines off a terminal; None when it shows nothing)."""
+    if not line.active:
         return None
     batches = -(-n_requests // opts.batch_size)
     total = len(opts.policies) * (opts.warmup + opts.repeats * batches + (1 if opts.trace_dir else 0))

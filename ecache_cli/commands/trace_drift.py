@@ -45,7 +45,7 @@ def trace_drift_cmd(
 
     Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
-    from ..console import announce, err, hold_warnings
+    from ..console import announce, err, hold_warnings, info
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
@@ -82,22 +82,41 @@ def trace_drift_cmd(
 
     with ProgressLine(err, quiet) as line:
         line.show("trace-drift: starting", force=True)
-        report = trace(lm, settings, opts, sinks, progress=None if line.live is None else
+        report = trace(lm, settings, opts, sinks, progress=None if not line.active else
                        lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}", force=s == 1))
-    rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
-    rep.render_summary(err, report)
-    if plot is not None:
-        rep.plot(report, plot, rep.figure_title(lm, settings), tau=rep.plot_tau(settings))
-    if json_out is not None:
+    if json_out is not None:  # the summary first: an interrupt while drawing the tables or the plot keeps it
         doc = json.dumps(summary_document(lm, settings, opts, report), ensure_ascii=False)
         if json_out == "-":
             sys.stdout.write(doc + "\n")
             sys.stdout.flush()
         else:
             Path(json_out).write_text(doc + "\n", encoding="utf-8")
+    try:
+        # -q leaves stderr to warnings and errors; the tables stay when they are the run's only result
+        if not quiet or all(p is None for p in (jsonl, json_out, plot, tensorboard)):
+            rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
+            rep.render_summary(err, report)
+        if plot is not None:
+            rep.plot(report, plot, rep.figure_title(lm, settings), tau=rep.plot_tau(settings))
+    except KeyboardInterrupt:  # after the trace: the results are whole and --json is written
+        if json_out in (None, "-"):
+            raise
+        from ..console import error
+        from ..errors import interrupted_exit_code
+
+        error(f"interrupted; --json {json_out} holds the whole trace's summary (tables and plot not drawn)")
+        raise typer.Exit(code=interrupted_exit_code()) from None
     written = [f"{label} {p}" for label, p in (("JSONL", jsonl), ("TensorBoard", tensorboard), ("plot", plot),
                                                 ("summary", json_out)) if p is not None and str(p) != "-"]
     if written:
-        err.print("wrote " + ", ".join(written), style="dim", highlight=False)
+        info("wrote " + ", ".join(written), style="dim")
     if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart
         err.print(line, markup=False, highlight=False)
+    if report.incomplete:  # Ctrl-C / SIGTERM: what was measured is shown and written; exit as interrupted
+        from ..console import error
+        from ..errors import interrupted_exit_code
+
+        wrote = f"; --json {json_out} holds them (\"incomplete\": true)" if json_out not in (None, "-") else ""
+        error(f"interrupted; the report covers {len(report.results)} finished prompt(s) and "
+              f"{len(report.records)} measured step(s){wrote}")
+        raise typer.Exit(code=interrupted_exit_code())

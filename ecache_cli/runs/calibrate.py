@@ -829,8 +829,8 @@ _UNSET = object()  # no setting evaluated yet
 
 
 class _Progress:
-    """The setting being evaluated and its examples done, on one line redrawn in place on a terminal
-    (``terminal.ProgressLine``); else nothing."""
+    """The setting being evaluated and its examples done, on one line redrawn in place on a terminal,
+    periodic plain lines off it (``terminal.ProgressLine``); nothing under ``-q``."""
 
     def __init__(self, console, quiet: bool, n: int, knob: str = "tau"):
         from ..terminal import ProgressLine
@@ -840,7 +840,7 @@ class _Progress:
 
     def __enter__(self):
         self.line.__enter__()
-        return self.advance if self.line.live is not None else None
+        return self.advance if self.line.active else None
 
     def advance(self, tau, k: int) -> None:
         import time

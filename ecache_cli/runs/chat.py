@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from .. import errors
 from ..engine.core import Engine
 from ..errors import EcacheError, UsageError
 from .confidence import EntropyMeter
@@ -122,7 +123,10 @@ class ChatSession:
                 if prompt:
                     self.out.write("\n")
                 return
-            except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+            except KeyboardInterrupt as e:  # at the prompt: a fresh line, as a shell does
+                if isinstance(e, errors.Terminated):  # SIGTERM ends the session (exit 143), Ctrl-C does not
+                    raise
+                errors.interrupt_pending = False  # handled: the session goes on
                 self.out.write("\n")
                 continue
             line = line.strip()
@@ -136,6 +140,14 @@ class ChatSession:
 
     def note(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
+
+    def status(self, text: str) -> None:
+        """A status line (a setting changed, a file saved, the stats after an answer): none under ``-q``
+        (``console.quiet``, README's rule: -q leaves stderr to warnings, errors and what was asked for)."""
+        from .. import console
+
+        if not console.quiet:
+            self.note(text)
 
     def error(self, text: str) -> None:
         self.console.print("error: " + text, style="bold red", markup=False, highlight=False)
@@ -170,7 +182,7 @@ class ChatSession:
         settings = self.source.resolve()
         check_settings_fit(settings, self.lm.spec)
         self.settings = settings
-        self.note(f"{what} · {self.describe()}")
+        self.status(f"{what} · {self.describe()}")
 
     def describe(self) -> str:
         """The settings an answer uses, in one line."""
@@ -239,7 +251,7 @@ class ChatSession:
         if arg == "on" and not watch_available(self.console):
             raise UsageError("/watch needs a terminal (stderr is not one)")
         self.watch = arg == "on"
-        self.note(f"watch {arg}")
+        self.status(f"watch {arg}")
 
     def _stats(self, arg: str) -> None:
         from .watch import stats_line
@@ -261,11 +273,11 @@ class ChatSession:
                     fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
         except OSError as e:
             raise UsageError(f"cannot write {arg} ({e.strerror}); choose another path") from None
-        self.note(f"saved {len(self.records)} record(s) to {arg}")
+        self.status(f"saved {len(self.records)} record(s) to {arg}")
 
     def _clear(self, arg: str) -> None:
         self.history.clear()
-        self.note("conversation cleared")
+        self.status("conversation cleared")
 
     def _help(self, arg: str) -> None:
         self.note(HELP)
@@ -278,7 +290,10 @@ class ChatSession:
         try:
             messages, ids = self._prompt()
             rec = self._decode(messages, ids)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, errors.Terminated):  # SIGTERM ends the session (exit 143), Ctrl-C only the answer
+                raise
+            errors.interrupt_pending = False  # handled: the session goes on
             self.history.pop()
             self.out.write("\n")
             self.out.flush()
@@ -327,7 +342,7 @@ class ChatSession:
         if self.watch:
             from .watch import stats_line
 
-            self.note(stats_line(res.stats))
+            self.status(stats_line(res.stats))
         return {"messages": messages, "id": None, "input": {}, "text": res.text, "token_ids": res.answer_ids,
                 "ended": res.ended, "mean_entropy": meter.means([res.stats["generated_tokens"]])[0],
                 "stats": res.stats, "settings": json.loads(json.dumps(s.as_dict())), "seed": self.seed,

@@ -189,7 +189,9 @@ def render_steps(console, report: TraceReport, rows: int, wide: bool = False) ->
 def _prose(console, *objects, **kwargs) -> None:
     """Print prose wrapped at words to the console's width (ecache's consoles soft-wrap, which keeps
     one-line errors whole but would leave a paragraph as long as a terminal's edge cuts it)."""
-    console.print(*objects, soft_wrap=False, **kwargs)
+    from ..terminal import prose
+
+    prose(console, *objects, **kwargs)
 
 
 def _fmt_signal(v: float | None) -> str:

@@ -4,8 +4,9 @@
   records done of the total with a bar, then, as far as the terminal's width allows, the ETA, the
   current batch's block and step, the rate and the elapsed time);
 - stderr is not a terminal (a batch job's log): one plain line every ``$ECACHE_PROGRESS_INTERVAL``
-  seconds (default 30), e.g. ``generate: 120/500 records (24%), 2.1 records/min, elapsed 57:10,
-  ETA 3:01:02``, so the log shows the run is alive and how long it has left;
+  seconds (default 30; ``ProgressLine``'s rule for every command), e.g. ``generate: 120/500 records
+  (24%), 2.1 records/min, elapsed 57:10, ETA 3:01:02``, so the log shows the run is alive and how long
+  it has left;
 - ``--quiet``: nothing.
 
 The rate is the run's records over its elapsed time (steady for a long run); the ETA is the records
@@ -14,38 +15,9 @@ left at that rate. The clock is read once per denoising step (no sync, no thread
 
 from __future__ import annotations
 
-import os
 import time
 
-#: Environment variable: seconds between two progress lines when stderr is not a terminal.
-INTERVAL_ENV = "ECACHE_PROGRESS_INTERVAL"
-DEFAULT_INTERVAL = 30.0
-
-
-def interval() -> float:
-    """``$ECACHE_PROGRESS_INTERVAL`` in seconds (default 30; a value that is not a number ≥ 0 falls back to
-    it, with a warning)."""
-    raw = os.environ.get(INTERVAL_ENV)
-    if raw is None:
-        return DEFAULT_INTERVAL
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if v >= 0:
-        return v
-    from ..console import warn
-
-    warn(f"{INTERVAL_ENV}={raw!r} is not a number of seconds ≥ 0; progress lines every {DEFAULT_INTERVAL:g} s "
-         f"(e.g. {INTERVAL_ENV}=60)")
-    return DEFAULT_INTERVAL
-
-
-def clock(seconds: float) -> str:
-    """``M:SS`` or ``H:MM:SS``."""
-    s = int(round(seconds))
-    h, m = divmod(s // 60, 60)
-    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+from ..terminal import DEFAULT_INTERVAL, INTERVAL_ENV, ProgressLine, clock, interval  # noqa: F401 (re-exported)
 
 
 def rate_text(done: int, elapsed: float) -> str:
@@ -64,31 +36,26 @@ class Reporter:
 
     def __init__(self, console, total: int | None, quiet: bool, stream: bool = False, what: str = "generate"):
         self.console, self.total, self.what = console, total, what
-        self.mode = "off" if quiet or stream else ("bar" if console.is_terminal else "lines")
+        self.bar = ProgressLine(console, quiet or stream)  # the shared rule: in place, periodic lines, or off
+        self.mode = {"live": "bar"}.get(self.bar.mode, self.bar.mode)
         self.done = 0
-        self.t0 = time.monotonic()
-        self.every = interval() if self.mode == "lines" else DEFAULT_INTERVAL  # read (and warned about) when used
-        self.last = self.t0
+        self.t0 = self.bar.t0
         self.where = ""
-        self.bar = None
 
     def __enter__(self):
+        self.bar.__enter__()
         if self.mode == "bar":
-            from ..terminal import ProgressLine
-
-            self.bar = ProgressLine(self.console).__enter__()
             self._tick(force=True)
         return self
 
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+        self.bar.__exit__(*exc)
         return False
 
     def stdout(self, out):
         """Where records go while the progress line is shown: above it when stdout is its terminal
         (``ProgressLine.stdout``), else ``out``."""
-        return self.bar.stdout(out) if self.bar is not None else out
+        return self.bar.stdout(out)
 
     def step(self, first: int, n: int, block, blocks: int, step: int) -> None:
         """A denoising step of the batch of records ``first`` .. ``first + n - 1`` (0-based); ``block``: the
@@ -107,15 +74,11 @@ class Reporter:
 
     def _tick(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.mode == "bar":
-            el = now - self.t0
-            head = f"{self.what} {self.done}" + (f"/{self.total}" if self.total else "")
-            fields = [self._eta(el), self.where, rate_text(self.done, el), f"elapsed {clock(el)}"]
-            self.bar.show(head, *[f for f in fields if f], done=self.done, total=self.total,
-                          force=force or self.done == self.total)
-        elif self.mode == "lines" and now - self.last >= self.every:
-            self.last = now
-            self.console.print(self.line(now), markup=False, highlight=False, soft_wrap=True)
+        el = now - self.t0
+        head = f"{self.what} {self.done}" + (f"/{self.total}" if self.total else "")
+        fields = [self._eta(el), self.where, rate_text(self.done, el), f"elapsed {clock(el)}"]
+        self.bar.show(head, *[f for f in fields if f], done=self.done, total=self.total,
+                      force=force or self.done == self.total, plain=lambda: self.line(now))
 
     def _eta(self, el: float) -> str:
         """``ETA 1:02`` from the rate so far; "" before the first record or without a total."""

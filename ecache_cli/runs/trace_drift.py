@@ -84,6 +84,7 @@ class TraceReport:
     shadow_s: float = 0.0
     committed: int = 0
     block_causal: bool = False  # block diffusion: the served keys are finished blocks', exact by construction
+    incomplete: bool = False  # Ctrl-C or SIGTERM ended the trace: it covers the steps measured before
 
     def correlation(self) -> dict:
         """Pearson/Spearman of E_t vs drift_{t+1} (labels say exactly which), plus the increment variant."""
@@ -103,6 +104,7 @@ class TraceReport:
         by_layer = lambda key: [sum(r[key][i] for r in partial) / len(partial) for i in range(L)] if partial else None  # noqa: E731
         settle = self.volatility.settle_steps(self.level)
         return {
+            "incomplete": self.incomplete,  # interrupted: prompts counts the finished ones, records every step measured
             "prompts": len(self.results), "records": len(self.records), "partial_steps": len(partial),
             "refresh_steps": sum(r["refresh"] for r in self.records), "signal": self.signal,
             "correlation": self.correlation(),
@@ -365,8 +367,23 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -
     chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
     report = TraceReport(signal=opts.signal, level=opts.volatility_level, n_layers=lm.spec.n_layers,
                          block_causal=lm.spec.block_causal)
+    prompts_all = load_prompts(engine, opts, chat, settings.decode.gen_length)
+    import scipy.stats  # noqa: F401  (the summary's correlations; imported before, so Ctrl-C after the trace
+    # finds a summary that takes milliseconds to write, not a second-long import)
+    try:
+        _trace_batches(engine, settings, opts, chat, prompts_all, report, sinks, progress)
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: what was measured is reported (README: as profile does)
+        report.incomplete = True
+    for s in sinks:
+        s.close(report)
+    return report
+
+
+def _trace_batches(engine, settings: Settings, opts: TraceOptions, chat: bool, prompts_all: list, report: TraceReport,
+                   sinks, progress) -> None:
+    """:func:`trace`'s loop over the batches of ``prompts_all``, adding to ``report``."""
     done = 0
-    for prompts in batched(load_prompts(engine, opts, chat, settings.decode.gen_length), opts.batch_size):
+    for prompts in batched(prompts_all, opts.batch_size):
         run_ = engine.start(engine.encode(prompts, chat), settings.decode, settings.policy(), seed=opts.seed,
                             row_ids=range(done, done + len(prompts)))  # as generate: (seed, prompt index)
         tracer = DriftTracer(run_, offset=done)
@@ -387,9 +404,6 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -
             report.volatility.merge(bins)
         report.results.extend(_renumber(run_.results(), done))
         done += len(prompts)
-    for s in sinks:
-        s.close(report)
-    return report
 
 
 def _mean(values: list[float]) -> float | None:

@@ -14,6 +14,8 @@ Each denoising step redraws one frame (rich ``Live``, no automatic refresh: exac
   signal that decided the step (the entropy of the previous step's commits, as ``ecache trace-drift``
   records it) against τ as a small bar, and the tokens per second so far (decoding time alone).
 
+The header and each status line break between their `` · `` fields onto as many rows as the
+console's width needs (``terminal.fold_fields``), never cut with ``…``.
 The answer text and the stats come after the view, as the command writes them without ``--watch``.
 :func:`watch_available` says whether the console is a terminal (else one warning line and no view).
 """
@@ -29,6 +31,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..contract.state import SIGNALS
+from ..terminal import fold_fields
 from .final_text import final_lengths
 
 MASK, END, EMPTY = "░", "·", "⋄"  # a masked position, an end token, a token without text of its own
@@ -193,26 +196,25 @@ class WatchView:
                 style = f"{style} {STYLES['block']}".strip()
             styled.append((piece, style))
         lines, block_line = _wrap(styled, width, block.start)
-        history = self.lines[-HISTORY:]
-        room = max(3, height - 3 - len(history))
-        shown = _window(lines, block_line, room)
         step = len(self.refreshes)
         steps = f"step {step}/{self.steps}" if self.steps else f"step {step}"
         tau = f" τ {self.tau:g}" if self.tau is not None else ""
-        head = Text(f"ecache watch · {self.title}{tau} · {steps} · block {block_index + 1}/{self.blocks}",
-                    style="bold", overflow="ellipsis", no_wrap=True)
-        head.truncate(width)
+        head = fold_fields(Text(f"ecache watch · {self.title}{tau} · {steps} · block {block_index + 1}/{self.blocks}",
+                                style="bold"), width)  # whole fields on as many rows as they need
+        status = []
+        history = self.lines[-HISTORY:]
+        for i, line in enumerate(history):
+            line = line.copy()
+            if i < len(history) - 1:
+                line.stylize("grey50")
+            status += fold_fields(line, width)
+        room = max(3, height - 2 - len(head) - len(status))
+        shown = _window(lines, block_line, room)
         rule = Text("─" * width, style="grey50")
         strip = "".join("█" if r else "·" for r in self.refreshes)[-(width - 9):]
         refresh_map = Text("refresh  ", style="grey50")
         refresh_map.append(strip)
-        status = [line.copy() for line in history]
-        for line in status[:-1]:
-            line.stylize("grey50")
-        for line in status:
-            line.no_wrap, line.overflow = True, "ellipsis"
-            line.truncate(width, overflow="ellipsis")
-        return Group(head, *shown, rule, refresh_map, *status)
+        return Group(*head, *shown, rule, refresh_map, *status)
 
     def _pieces(self, tokens: list[int], masked: list[bool], n_final: int) -> list[str]:
         """The text of every generated position: the final prefix read as the answer reads (pieces of its
