@@ -237,12 +237,12 @@ def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profi
      "error: --taus 0.5,0.50,1 lists 0.5 twice; give each value once: --taus 0.5,1"),
     (["--task", "list", "--taus", "0.1,x"], "error: --taus 0.1,x: 'x' is not a number; e.g. --taus 0.1,0.5,1"),
     (["--task", "list", "--shots", "0,0"], "error: --shots 0,0 lists 0 twice; give each value once: --shots 0"),
-    (["--task", "list", "--recent-k", "-1"], "recent_k=-1 must be ≥ 0"),
+    (["--task", "list", "--recent-k", "-1"], "error: --recent-k -1 must be ≥ 0"),
     (["--task", "list", "--recent-k", "4,-1"], "distinct whole numbers ≥ 0"),
     (["--task", "list", "--recent-steps", "4,4"],
      "error: --recent-steps 4,4 lists 4 twice; give each value once: --recent-steps 4"),
     (["--task", "list", "--recent-steps", "0,-4"], "--recent-steps 0,-4: give distinct whole numbers ≥ 0"),
-    (["--task", "list", "--recent-steps", "-4"], "recent_steps=-4 must be ≥ 0"),
+    (["--task", "list", "--recent-steps", "-4"], "error: --recent-steps -4 must be ≥ 0"),
     (["--task", "list", "--shots", "0,a"], "error: --shots 0,a: 'a' is not a whole number; e.g. --shots 0,4"),
 ])
 def test_cli_bad_lists_are_one_line_usage_errors(cli, args, msg):

@@ -104,7 +104,9 @@ def test_variant_parameters_are_checked():
         EntropyCache(recent_steps=-1)
     with pytest.raises(UsageError, match="block_tau=-0.5"):
         make_policy("entropy", block_tau=-0.5)
-    assert make_policy("entropy", block_tau="0.5").block_tau == 0.5
+    with pytest.raises(UsageError, match=r"block_tau='0\.5' must be a number, not a string \(e\.g\. block_tau=0\.5\)"):
+        make_policy("entropy", block_tau="0.5")  # the Python API takes numbers, as --policies' parser gives it
+    assert make_policy("entropy", block_tau=0.5).block_tau == 0.5
 
 
 @pytest.mark.parametrize("variant", [{"recent_steps": 2, "recent_k": 0}, {"block_tau": 0.5},
