@@ -431,3 +431,59 @@ def test_an_interrupted_trace_reports_and_writes_what_it_measured(signal_name, c
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("error:")] == [
         f"error: interrupted; the report covers 1 finished prompt(s) and {measured} measured step(s); --json {js} "
         "holds them (\"incomplete\": true)"]
+
+
+@pytest.mark.parametrize("when,signal_name,code", [("summary", "SIGINT", 130), ("summary", "SIGTERM", 143),
+                                                   ("sinks", "SIGTERM", 143), ("loop-and-summary", "SIGINT", 130)])
+def test_an_interrupt_after_the_last_step_still_writes_the_json(when, signal_name, code, cli, llada_dir, tmp_path,
+                                                                monkeypatch):
+    """A signal after the trace's loop (closing the sinks, computing the summary) is held until --json is
+    written: the summary is whole (``"incomplete": false``) when every step ran, and the exit is 130 / 143;
+    a second signal while an interrupted trace is summed up keeps ``"incomplete": true``."""
+    import os
+    import signal
+
+    from ecache_cli.runs import drift_report, trace_drift
+
+    sig = getattr(signal, signal_name)
+    real_summary, real_measure, calls = trace_drift.TraceReport.summary, trace_drift.DriftTracer.measure, []
+
+    def summary(self):
+        os.kill(os.getpid(), sig)  # held: the summary is still computed and written
+        return real_summary(self)
+
+    def measure(self, rec):  # loop-and-summary: a first signal at the third step, before it is measured
+        calls.append(rec.step)
+        if len(calls) == 3:
+            os.kill(os.getpid(), sig)
+        return real_measure(self, rec)
+
+    if when == "sinks":
+        real_close = drift_report.JsonlSink.close
+
+        def close(self, report):
+            os.kill(os.getpid(), sig)
+            return real_close(self, report)
+
+        monkeypatch.setattr(drift_report.JsonlSink, "close", close)
+    else:
+        monkeypatch.setattr(trace_drift.TraceReport, "summary", summary)
+    if when == "loop-and-summary":
+        monkeypatch.setattr(trace_drift.DriftTracer, "measure", measure)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    js, jl = tmp_path / "t.json", tmp_path / "t.jsonl"
+    res = cli("trace-drift", "Sort: 3 1 2", "Reverse: 4 5 6", "--model", llada_dir, *SMALL, "--json", js,
+              "--jsonl", jl)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    doc = json.loads(js.read_text())
+    steps = [json.loads(line) for line in jl.read_text().splitlines()]
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    if when == "loop-and-summary":
+        assert doc["incomplete"] is True and doc["prompts"] == 0 and doc["records"] == len(steps) == 2, doc
+        assert errors == [f"error: interrupted; the report covers 0 finished prompt(s) and 2 measured step(s); "
+                          f"--json {js} holds them (\"incomplete\": true)"]
+    else:
+        assert doc["incomplete"] is False and doc["prompts"] == 2 and doc["records"] == len(steps) > 2, doc
+        assert errors == [f"error: interrupted; --json {js} holds the whole trace's summary "
+                          "(tables and plot not drawn)"]

@@ -78,33 +78,37 @@ def trace_drift_cmd(
     warn_untrained(lm, task)
     warn_model_rules(settings, lm.spec.sampler)
     sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)
+    from ..interrupts import HeldInterrupts
     from ..terminal import ProgressLine
 
-    with ProgressLine(err, quiet) as line:
-        line.show("trace-drift: starting", force=True)
-        report = trace(lm, settings, opts, sinks, progress=None if not line.active else
-                       lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}", force=s == 1))
-    if json_out is not None:  # the summary first: an interrupt while drawing the tables or the plot keeps it
-        doc = json.dumps(summary_document(lm, settings, opts, report), ensure_ascii=False)
-        if json_out == "-":
-            sys.stdout.write(doc + "\n")
-            sys.stdout.flush()
-        else:
-            Path(json_out).write_text(doc + "\n", encoding="utf-8")
+    hold, report = HeldInterrupts(), None
     try:
+        with hold:  # an interrupt after the trace's loop waits until --json is written, then arrives here
+            with ProgressLine(err, quiet) as line:
+                line.show("trace-drift: starting", force=True)
+                report = trace(lm, settings, opts, sinks, hold=hold, progress=None if not line.active else
+                               lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}", force=s == 1))
+            if json_out is not None:  # the summary first: an interrupt while drawing the tables or the plot keeps it
+                doc = json.dumps(summary_document(lm, settings, opts, report), ensure_ascii=False)
+                if json_out == "-":
+                    sys.stdout.write(doc + "\n")
+                    sys.stdout.flush()
+                else:
+                    Path(json_out).write_text(doc + "\n", encoding="utf-8")
         # -q leaves stderr to warnings and errors; the tables stay when they are the run's only result
         if not quiet or all(p is None for p in (jsonl, json_out, plot, tensorboard)):
             rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)
             rep.render_summary(err, report)
         if plot is not None:
             rep.plot(report, plot, rep.figure_title(lm, settings), tau=rep.plot_tau(settings))
-    except KeyboardInterrupt:  # after the trace: the results are whole and --json is written
-        if json_out in (None, "-"):
+    except KeyboardInterrupt:  # after the trace's loop: --json is written, whole or "incomplete"
+        if report is None or json_out in (None, "-"):
             raise
         from ..console import error
         from ..errors import interrupted_exit_code
 
-        error(f"interrupted; --json {json_out} holds the whole trace's summary (tables and plot not drawn)")
+        error(_interrupted_line(report, json_out) if report.incomplete else
+              f"interrupted; --json {json_out} holds the whole trace's summary (tables and plot not drawn)")
         raise typer.Exit(code=interrupted_exit_code()) from None
     written = [f"{label} {p}" for label, p in (("JSONL", jsonl), ("TensorBoard", tensorboard), ("plot", plot),
                                                 ("summary", json_out)) if p is not None and str(p) != "-"]
@@ -116,7 +120,12 @@ def trace_drift_cmd(
         from ..console import error
         from ..errors import interrupted_exit_code
 
-        wrote = f"; --json {json_out} holds them (\"incomplete\": true)" if json_out not in (None, "-") else ""
-        error(f"interrupted; the report covers {len(report.results)} finished prompt(s) and "
-              f"{len(report.records)} measured step(s){wrote}")
+        error(_interrupted_line(report, json_out))
         raise typer.Exit(code=interrupted_exit_code())
+
+
+def _interrupted_line(report, json_out: str | None) -> str:
+    """The error line of a trace cut short: what the report covers and where its summary went."""
+    wrote = f"; --json {json_out} holds them (\"incomplete\": true)" if json_out not in (None, "-") else ""
+    return (f"interrupted; the report covers {len(report.results)} finished prompt(s) and "
+            f"{len(report.records)} measured step(s){wrote}")

@@ -355,11 +355,13 @@ def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int
     return [it.prompt for it in items]
 
 
-def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -> TraceReport:
+def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None, hold=None) -> TraceReport:
     """Decode every prompt with the settings' policy and measure each step beside it.
 
     ``sinks``: objects with ``step(record, hist)`` (called per record, in order) and ``close(report)``.
-    ``progress``: optional callable(prompt_range, step) for a status line. Returns the TraceReport.
+    ``progress``: optional callable(prompt_range, step) for a status line. ``hold``: an
+    ``interrupts.HeldInterrupts`` started as the loop ends (finished or interrupted), so a Ctrl-C or SIGTERM
+    after it waits until the caller has written the summary. Returns the TraceReport.
     """
     if opts.volatility_level <= 0:
         raise UsageError(f"--volatility-level {opts.volatility_level} must be > 0 (e.g. 1e-3)")
@@ -374,6 +376,9 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None) -
         _trace_batches(engine, settings, opts, chat, prompts_all, report, sinks, progress)
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM: what was measured is reported (README: as profile does)
         report.incomplete = True
+    finally:
+        if hold is not None:  # from here to the caller's --json write an interrupt is held, not lost
+            hold.start()
     for s in sinks:
         s.close(report)
     return report
