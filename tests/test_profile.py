@@ -230,3 +230,31 @@ def test_timing_warnings_flag_speedups_the_work_cannot_explain():
     # slower than none while skipping work: flagged; within the bound or without none's numbers: not
     assert len(timing_warnings(rep(entropy=(0.5, 0.3)))) == 1
     assert timing_warnings(rep(entropy=(2.9, 0.3), prefix=(None, None))) == []
+
+
+@pytest.mark.parametrize("signal_name,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_after_the_timed_runs_still_writes_the_json(signal_name, code, cli, llada_dir, tmp_path,
+                                                                 monkeypatch):
+    """Ctrl-C / SIGTERM while the finished runs are summed up is held until --json is written: the document
+    covers every prompt (``"incomplete": false``), one error line says so, exit 130 / 143."""
+    import os
+    import signal
+
+    from ecache_cli.runs import profile as prof
+
+    real = prof._Bench.summaries
+
+    def summaries(self, runs):
+        os.kill(os.getpid(), getattr(signal, signal_name))
+        return real(self, runs)
+
+    monkeypatch.setattr(prof._Bench, "summaries", summaries)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    js = tmp_path / "p.json"
+    res = cli("profile", "--model", llada_dir, "--policies", "none,entropy", *SMALL, "--json", js, "Sort: 3 1 2", "Hi")
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    doc = json.loads(js.read_text())
+    assert doc["incomplete"] is False and doc["prompts_done"] == 2 and len(doc["requests"]) == 4, doc
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: interrupted after every policy finished; the results cover all 2 prompts; --json {js} holds them"]

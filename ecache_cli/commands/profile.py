@@ -119,11 +119,15 @@ def profile_cmd(
 
         warn_untrained(lm, task)
         warn_model_rules(settings, lm.spec.sampler)
+    from ..interrupts import HeldInterrupts
     from ..terminal import ProgressLine
 
+    # an interrupt after the timed runs waits until --json is written (not with --compare-quantize: its
+    # second set of runs, before the write, must stop at once)
+    hold = None if compare_quantize else HeldInterrupts()
     with ProgressLine(err, quiet or not dist.is_main) as line:
         report, use_chat = run_profile(lm, settings, requests, opts, _progress(line, opts, len(requests)), dist,
-                                       task_info)
+                                       task_info, hold=hold)
     if report is None:  # another rank than 0: its runs went to rank 0, which prints and writes
         return
 
@@ -152,12 +156,22 @@ def profile_cmd(
         if comparison is not None:
             doc["quantize_comparison"] = comparison
         _write_json(doc, json_out)
-    if report.incomplete:  # Ctrl-C: what every policy finished was reported and written; exit as interrupted
+    held = False
+    if hold is not None:
+        try:
+            hold.release()  # an interrupt held since the timed runs ended arrives now
+        except KeyboardInterrupt:
+            held = True
+    if report.incomplete or held:  # Ctrl-C: what every policy finished was reported and written; exit as interrupted
         from ..console import error
 
-        wrote = f"; --json {json_out} holds them (\"incomplete\": true)" if json_out not in (None, "-") else ""
-        error(f"interrupted; the table covers the {report.prompts_done} of {len(requests)} prompts every policy "
-              f"finished{wrote}")
+        if report.incomplete:
+            wrote = f"; --json {json_out} holds them (\"incomplete\": true)" if json_out not in (None, "-") else ""
+            error(f"interrupted; the table covers the {report.prompts_done} of {len(requests)} prompts every "
+                  f"policy finished{wrote}")
+        else:
+            wrote = f"; --json {json_out} holds them" if json_out not in (None, "-") else ""
+            error(f"interrupted after every policy finished; the results cover all {len(requests)} prompts{wrote}")
         raise typer.Exit(code=interrupted_exit_code())
 
 

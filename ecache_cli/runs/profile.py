@@ -261,16 +261,17 @@ def input_requests(prompts: list[str] | None, input_file: Path | None, limit: in
 
 
 def run_profile(lm, settings: Settings, requests: Sequence[Request], opts: ProfileOptions, on_run=None,
-                dist: DistEnv | None = None, task_info: dict | None = None) -> tuple[ProfileReport | None, bool]:
-    """:func:`measure` on the loaded model, the chat template applied when ``opts.chat`` allows and the
-    model has one. Returns (the report with ``task``, ``world_size`` and ``prompts_done`` in its
+                dist: DistEnv | None = None, task_info: dict | None = None,
+                hold=None) -> tuple[ProfileReport | None, bool]:
+    """:func:`measure` (``hold`` passed on) on the loaded model, the chat template applied when ``opts.chat``
+    allows and the model has one. Returns (the report with ``task``, ``world_size`` and ``prompts_done`` in its
     ``extra``, or None on ranks other than 0; whether the chat template was applied)."""
     dist = dist or DistEnv()
     engine = Engine.from_loaded(lm)
     check_policies_apply(opts.policies, lm.spec.block_causal, lm.spec.family)  # a family known only now
     use_chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
     _check_requests(requests, engine, use_chat, settings.decode.gen_length, opts.input_file)
-    report = measure(engine, settings, requests, opts, chat=use_chat, on_run=on_run, dist=dist)
+    report = measure(engine, settings, requests, opts, chat=use_chat, on_run=on_run, dist=dist, hold=hold)
     if report is not None:
         report.extra["task"] = task_info
         report.extra["world_size"] = dist.world_size
@@ -363,7 +364,7 @@ def profile_document(report: ProfileReport, lm, settings: Settings, opts: Profil
 
 def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opts: ProfileOptions,
             chat: bool = True, on_run: Callable[[str, str], None] | None = None,
-            dist: DistEnv | None = None) -> ProfileReport | None:
+            dist: DistEnv | None = None, hold=None) -> ProfileReport | None:
     """Decode ``requests`` under every policy of ``opts`` (protocol in the module docstring).
 
     ``on_run(kind, policy)`` is called before each run (kind: "warmup", "measure", "trace"), outside
@@ -373,6 +374,9 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
     batches (same batches, seeds and row ids as one process, so the same tokens) and warms up on its
     own first batch; rank 0 gathers every run and returns the report (other ranks return None), with
     tokens/s and speedups over the slowest rank's wall time (``merge_ranks``). Traces: rank 0 only.
+
+    ``hold`` (one process, no ``--trace-dir``): an ``interrupts.HeldInterrupts`` started as the timed runs
+    end, so a Ctrl-C or SIGTERM while they are summed up waits until the caller has written ``--json``.
     """
     opts.validate()
     if not requests:
@@ -381,6 +385,8 @@ def measure(engine: Engine, settings: Settings, requests: Sequence[Request], opt
     bench = _Bench(engine, settings, requests, opts, chat, on_run)
     dist = dist or DistEnv()
     runs, incomplete = bench.timed_runs(dist)
+    if hold is not None and not dist.active and opts.trace_dir is None:  # traces: a decode Ctrl-C stops at once
+        hold.start()
     runs, rank_speed = merge_ranks(dist, runs)
     if runs is None:  # not rank 0: its runs are on rank 0 now
         return None
