@@ -660,13 +660,40 @@ def test_ollama_chat_streams_the_answer_and_names_ignored_options(named):
     ("generate", {"model": "llama3"}, 404, "model 'llama3' is not served here"),
     ("generate", {"options": {"temperature": 7.0}}, 400, "temperature 7.0 must be in [0, 2]"),
     ("chat", {"frobnicate": 1}, 400, "unrecognized request argument 'frobnicate'"),
+    ("chat", {"options": {"num_predict": 0}}, 400, "num_predict 0 must be ≥ 1"),
+    ("generate", {"options": {"num_predict": 100000}}, 400, "num_predict 100000 (a canvas of"),
 ])
 def test_ollama_refusals_are_ollama_errors(named, route, extra, status, needle):
+    """Each refusal is Ollama's ``{"error": ...}`` naming the field the client sent (``num_predict``, never
+    the OpenAI ``max_tokens`` it is translated into)."""
     url, _ = named
     body = {"model": "my-model", "stream": False, **({"messages": [{"role": "user", "content": "hi"}]}
                                                      if route == "chat" else {"prompt": "hi"}), **extra}
     r = httpx.post(f"{url}/api/{route}", json=body)
     assert r.status_code == status and needle in r.json()["error"], r.text
+    assert "max_tokens" not in r.json()["error"]
+
+
+def test_top_p_greedy_decoding_drops_is_named_on_every_route(named, llada2):
+    """``top_p`` at temperature 0 (greedy decoding: ``ecache generate --top-p`` warns it) is named in the
+    Warning header on chat, completions, Ollama's chat (as ``options.top_p``) and a block-diffusion model;
+    with temperature > 0 it samples, and no header names it."""
+    url, _ = named
+    msgs = [{"role": "user", "content": "hi"}]
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": msgs, "max_tokens": 8,
+                                                       "top_p": 0.5}, timeout=60)
+    assert r.status_code == 200 and "top_p (temperature 0" in r.headers["warning"], r.text
+    r = httpx.post(f"{url}/api/chat", json={"model": "my-model", "messages": msgs, "stream": False,
+                                            "options": {"top_p": 0.5, "num_predict": 8}}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["warning"].startswith('299 ecache "accepted and ignored: options.top_p (temperature 0')
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": msgs, "max_tokens": 8,
+                                                       "top_p": 0.5, "temperature": 0.7}, timeout=60)
+    assert r.status_code == 200 and "warning" not in r.headers, r.text
+    url2, _ = llada2
+    r = httpx.post(f"{url2}/v1/completions", json={"model": "l2", "prompt": "hi", "max_tokens": 8, "top_p": 0.5},
+                   timeout=60)
+    assert r.status_code == 200 and "top_p (temperature 0" in r.headers["warning"], r.text
 
 
 # --- settings that do not fit the model: refused before serving, or per request ---------------------------
@@ -795,6 +822,7 @@ def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(
     ({"policy": "dual", "tau": 0.5}, "tau (policy dual takes none"),
     ({"policy": "none", "tau": 0.5}, "tau (policy none takes none"),
     ({"threshold": 0.9, "steps": 4}, "steps (the threshold rule"),
+    ({"top_p": 0.5}, "top_p (temperature 0 decodes greedily"),
 ])
 def test_a_request_setting_its_run_ignores_is_named_in_the_warning_header(named, extra, named_field):
     """Where ``ecache generate`` warns a flag and runs (``--cache dual --tau 0.5``, ``--steps`` under

@@ -24,6 +24,16 @@ from .sampling import Sampled, sample
 from .schedule import BlockPlan, default_steps, plan_blocks
 
 
+def check_edit_threshold(edit_threshold: float | None, block_causal: bool, family: str) -> None:
+    """Refuse ``--edit-threshold`` (LLaDA2.1's token editing: it re-opens committed tokens of the current
+    block, which only a block-diffusion model's block-causal attention supports) on a model family that
+    attends bidirectionally. Raises UsageError naming the family; checked by ``StepDecoder.build`` and,
+    where the family is known before loading, by ``runs.settings.resolve_settings``."""
+    if edit_threshold is not None and not block_causal:
+        raise UsageError(f"--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; the "
+                         f"{family} model family attends bidirectionally: drop it")
+
+
 class StepDecoder:
     """Samples a step's logits and chooses its commits.
 
@@ -52,9 +62,7 @@ class StepDecoder:
         remasking under parallel decoding, --threshold with --factor, ``CommitRule.resolve``'s checks)."""
         parallel = cfg.parallel
         validate_remasking(cfg.remasking, parallel=parallel)
-        if cfg.edit_threshold is not None and not spec.block_causal:
-            raise UsageError(f"--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; the "
-                             f"{spec.family} model family attends bidirectionally: drop it")
+        check_edit_threshold(cfg.edit_threshold, spec.block_causal, spec.family)
         if cfg.threshold is not None and cfg.factor is not None:
             raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
         blocks = plan_blocks(cfg.gen_length, cfg.block_length, default_steps(cfg.gen_length, cfg.steps, parallel),

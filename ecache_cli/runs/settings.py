@@ -328,9 +328,14 @@ def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path
                              fam=None) -> None:
     """:func:`validate_decode`, and an error about a value the user never typed names where it came from:
     the profile at ``path`` (and the flag that overrides it), or the model family ``fam``'s
-    ``decode_defaults`` (``--block-length 32 (the llada2 family's default)``)."""
+    ``decode_defaults`` (``--block-length 32 (the llada2 family's default)``); ``--edit-threshold`` on a
+    family that attends bidirectionally is refused here too, as the decoder's build would refuse it."""
     try:
         validate_decode(decode, getattr(fam, "sampler", None))
+        if fam is not None:
+            from ..decoding.step import check_edit_threshold
+
+            check_edit_threshold(decode.get("edit_threshold"), fam.block_causal, fam.name)
     except UsageError as e:
         _blame_profile(e, decode, p_dec, decode_flags, path)
         _blame_family(e, decode, p_dec, decode_flags, fam)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import time
 
 from fastapi import Request
@@ -43,6 +44,21 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop
 FIELDS = {"generate": {"model", "prompt", "system", "stream", "raw", "options", "keep_alive", "format", "images",
                        "template", "context", "suffix", "think"},
           "chat": {"model", "messages", "stream", "options", "keep_alive", "format", "tools", "think"}}
+
+
+def ollama_words(e: ApiError) -> ApiError:
+    """``e`` (a refusal of the translated OpenAI request) with each OpenAI field that an Ollama option
+    became named as the option the client sent (:data:`OPTIONS`: ``max_tokens 0 must be ≥ 1`` →
+    ``num_predict 0 must be ≥ 1``; its ``param`` ``options.num_predict``)."""
+    msg, param = e.message, e.param
+    for option, field in OPTIONS.items():
+        if option != field:
+            msg = re.sub(rf"\b{field}\b", option, msg)
+        if param == field:
+            param = f"options.{option}"
+    e.message, e.param = msg, param
+    e.args = (msg,)
+    return e
 
 
 def _now() -> str:
@@ -135,10 +151,15 @@ async def _ollama(request: Request, route: str):
         return JSONResponse(done | ({"message": {"role": "assistant", "content": ""}} if route == "chat"
                                     else {"response": ""}))
     stream = bool(openai_body.get("stream"))
-    req, job = resolve(request, "chat" if is_chat else "completions", openai_body)
+    try:
+        req, job = resolve(request, "chat" if is_chat else "completions", openai_body)
+    except ApiError as e:
+        raise ollama_words(e) from None
     job.endpoint = endpoint  # metrics count Ollama's routes apart
     submit(request, endpoint, job)
-    headers = warning_header(ignored + ignored_fields(req))
+    renamed = {field: option for option, field in OPTIONS.items()}  # the run's ignored settings, as options
+    headers = warning_header(ignored + [f"options.{renamed[w.split(' ')[0]]}{w[len(w.split(' ')[0]):]}"
+                                        if w.split(" ")[0] in renamed else w for w in ignored_fields(req)])
     started = time.perf_counter_ns()
     if not stream:
         res = await wait(request, job)

@@ -426,13 +426,17 @@ class Resolver:
             raise ApiError(400, api_words(msg), param) from None
 
     def _ignored_decode(self, cfg, req: _Common) -> None:
-        """A request's ``steps`` that its threshold or factor rule ignores is named in the Warning header, the
-        rule ``ecache generate`` warns ``--steps`` by (``decoding.commit.ignored_steps``)."""
-        from ..decoding.commit import ignored_steps
+        """A request's ``steps`` that its threshold or factor rule ignores, and its ``top_p`` that greedy
+        decoding drops (temperature 0 under LLaDA's rules), are named in the Warning header: the rules
+        ``ecache generate`` warns ``--steps`` and ``--top-p`` by (``decoding.commit.ignored_steps``,
+        ``ignored_sampling``)."""
+        from ..decoding.commit import ignored_sampling, ignored_steps
 
         if req.steps is not None and ignored_steps(cfg, self.lm.spec.sampler):
             rule = "threshold" if cfg.threshold is not None else "factor"
             req._ignored.append(f"steps (the {rule} rule runs each block until no mask is left)")
+        if req.top_p is not None and ignored_sampling(cfg, self.lm.spec.sampler, ("top_p",)):
+            req._ignored.append("top_p (temperature 0 decodes greedily; give temperature > 0 to sample)")
 
     def _policy(self, req: _Common) -> tuple[str, dict]:
         """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
