@@ -768,7 +768,7 @@ QUIET = {
 
 @pytest.mark.parametrize("command", list(QUIET))
 def test_quiet_leaves_stderr_to_warnings_notes_and_errors(command, cli, llada_dir, tmp_path):
-    """README: ``-q`` (every command but ``models``) leaves stderr to warnings, notes and errors: no first
+    """README: ``-q`` (every command; ``models``: stdout only) leaves stderr to warnings, notes and errors: no first
     line, progress or status line (files written, traces made, chat's replies to its commands)."""
     f = tmp_path / "in.jsonl"
     f.write_text('{"prompt": "Sort: 3 1 2"}\n')
