@@ -15,7 +15,9 @@ default), and for each cache policy (the request's ``policy`` field) measures:
   p50/p95 latency (sent → last chunk) overall and per domain, p50/p95 time to the first streamed
   text, and the share of
   answers identical to ``none``'s answer to the same prompt (the fidelity the policy's speed costs;
-  greedy answers do not depend on the batch, so ``none``'s are its answers alone).
+  greedy answers do not depend on the batch, so ``none``'s are its answers alone), and ``joined``, the
+  requests that joined rows already running (the server's ``ecache_admissions_total``: none under
+  ``fcfs``, most under ``always``; under ``auto`` it shows whose schedule ``auto`` kept).
 
 The server's EntropyCache setting is its profile's (``--profile``: the embedded model's default
 profile unless given; ``--profile list`` is what a server of ``list`` prompts runs) unless ``--tau`` /
@@ -133,10 +135,27 @@ async def unloaded(url: str, args, prompts: list[str], policy: str) -> tuple[flo
     return statistics.median(r["done"] - r["sent"] for r in res), {r["prompt"]: r["text"] for r in res}
 
 
+def admissions(url: str) -> dict[str, float]:
+    """The server's ``ecache_admissions_total`` by decision (``started``, ``joined``, ``held``), from
+    /metrics; {} where the server exports none (an external server without the metric)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == "ecache_admissions_total":
+                out[sample.labels["decision"]] = sample.value
+    return out
+
+
 async def load(url: str, args, prompts: list[str], policy: str, rate: float, seed: int) -> dict:
-    """``--duration`` seconds of Poisson arrivals at ``rate``/s (at least 8 requests); the measures."""
+    """``--duration`` seconds of Poisson arrivals at ``rate``/s (at least 8 requests); the measures, with
+    ``joined``: the requests that joined rows already running (the server's admission counter over the
+    pass: none under ``fcfs``, most under ``always``, under ``auto`` the joins its model approved)."""
     import httpx
 
+    before = admissions(url)
     rng = random.Random(seed)
     n = max(8, round(rate * args.duration))
     gaps = [rng.expovariate(rate) for _ in range(n)]
@@ -148,13 +167,15 @@ async def load(url: str, args, prompts: list[str], policy: str, rate: float, see
             tasks.append(asyncio.create_task(one(client, url, args.model, prompts[i % len(prompts)], policy,
                                                  args.max_tokens)))
         res = await asyncio.gather(*tasks)
+    after = admissions(url)
     start, end = min(r["sent"] for r in res), max(r["done"] for r in res)
     lat = [r["done"] - r["sent"] for r in res]
     ttft = [r["first"] - r["sent"] for r in res]
     return {"n": n, "throughput": n / (end - start), "tokens_per_s": sum(r["tokens"] for r in res) / (end - start),
             "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p95_by_domain": by_domain(res, args.domain_of),
             "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
-            "reasons": sorted({r["reason"] for r in res}), "answers": {r["prompt"]: r["text"] for r in res}}
+            "reasons": sorted({r["reason"] for r in res}), "answers": {r["prompt"]: r["text"] for r in res},
+            "joined": int(after.get("joined", 0) - before.get("joined", 0)) if after else None}
 
 
 def identical_share(answers: dict[str, str], reference: dict[str, str]) -> float | None:
@@ -255,13 +276,13 @@ def main() -> None:
     split = len(domains) > 1  # a p95 column per domain
     print(f"\n{'admission':>10} {'policy':>8} {'rate/s':>7} {'n':>4} {'req/s':>7} {'tok/s':>7} {'p50 s':>7} "
           f"{'p95 s':>7}" + "".join(f" {'p95 ' + d:>10}" for d in domains if split)
-          + f" {'ttft50':>7} {'ttft95':>7} {'unl. s':>7} {'same':>5}")
+          + f" {'ttft50':>7} {'ttft95':>7} {'unl. s':>7} {'same':>5} {'joined':>6}")
     for r in rows:
         same = "-" if r["identical"] is None else f"{100 * r['identical']:.0f}%"
         per = "".join(f" {r['p95_by_domain'].get(d, float('nan')):10.3f}" for d in domains if split)
         print(f"{r['mode']:>10} {r['policy']:>8} {r['rate']:7g} {r['n']:4d} {r['throughput']:7.2f} "
               f"{r['tokens_per_s']:7.1f} {r['p50']:7.3f} {r['p95']:7.3f}{per} {r['ttft_p50']:7.3f} "
-              f"{r['ttft_p95']:7.3f} {r['unloaded']:7.3f} {same:>5}")
+              f"{r['ttft_p95']:7.3f} {r['unloaded']:7.3f} {same:>5} {'-' if r['joined'] is None else r['joined']:>6}")
 
     def at(mode, policy, rate):
         return next((r for r in rows if r["mode"] == mode and r["policy"] == policy and r["rate"] == rate), None)

@@ -20,7 +20,13 @@ rotating order over ``--repeats``. Per mode and rate:
   saves a joining one, and continuous batching behaves like processor sharing: for requests of
   similar size its median and tail latency are higher than serving batches one after another.
 
+- ``joined``: requests that joined rows already running (``fcfs``: none; ``always``: most; ``auto``: the
+  joins its model approved), so a mode's schedule can be told from another's apart from the clock;
 - the step-cost model ``auto`` fitted (``base``, ``per_row``, ``per_position`` seconds).
+
+With ``--repeats`` > 1 the run also reports, per mode, the slowest over the fastest of its passes' p50
+and p95 (``spread``): the passes of one mode get the same requests on the same schedule, so this is the
+machine's noise, the resolution a comparison of the modes has in this run.
 
 A rate given as ``<f>x`` (``--rates 0.6x,0.9x``) is that fraction of the static capacity measured first:
 ``--max-batch`` requests queued before a ``fcfs`` scheduler starts, so that they run as one full batch;
@@ -160,6 +166,8 @@ def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: 
         sched.submit(job)
     all_done.wait()
     sched.stop()
+    # requests that joined rows already running (fcfs: none; always: most; auto: the joins its model approved)
+    joined = sched.metrics.registry.get_sample_value("ecache_admissions_total", {"decision": "joined"}) or 0.0
     lat = [done_at[id(j)] - j.arrived for j in jobs]
     span = max(done_at.values()) - min(j.arrived for j in jobs)
     busy = sum(s for s, _ in steps)
@@ -167,7 +175,7 @@ def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: 
                         0.95) for d in dict.fromkeys(dom for dom, _ in prompts[:n])}
     return {"mode": mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p95_by_domain": by_domain,
             "throughput": n / span, "steps": len(steps), "rows_per_step": statistics.mean(r for _, r in steps),
-            "busy_s": busy, "ms_per_step": 1000 * busy / len(steps),
+            "busy_s": busy, "ms_per_step": 1000 * busy / len(steps), "joined_running": int(joined),
             "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row, "per_position": sched.cost.per_position}}
 
 
@@ -281,12 +289,15 @@ def main() -> None:
     domains = list(dict.fromkeys(args.domains))
     extra = "".join(f" {'p95 ' + d:>10}" for d in domains) if len(domains) > 1 else ""
     print(f"\n{'admission':>9} {'rate/s':>6} {'pass':>4} {'p50 s':>6} {'p95 s':>6}{extra} {'req/s':>6} {'steps':>5} "
-          f"{'rows':>5} {'busy s':>6} {'ms/step':>7}")
+          f"{'rows':>5} {'busy s':>6} {'ms/step':>7} {'joined':>6}")
     for r in rows:
         extra = "".join(f" {r['p95_by_domain'].get(d, float('nan')):10.3f}" for d in domains if len(domains) > 1)
         print(f"{r['mode']:>9} {r['rate']:6g} {r['repeat']:4d} {r['p50']:6.3f} {r['p95']:6.3f}{extra} "
               f"{r['throughput']:6.2f} {r['steps']:5d} {r['rows_per_step']:5.2f} {r['busy_s']:6.2f} "
-              f"{r['ms_per_step']:7.2f}")
+              f"{r['ms_per_step']:7.2f} {r['joined_running']:6d}")
+    spread = {f"{rate:g}": spread_at(rows, rate) for rate in rates}
+    if args.repeats > 1:
+        print("\npasses of one mode, slowest over fastest (the run's noise):", json.dumps(spread))
     targets = {f"{rate:g}": targets_at(rows, rate, domains) for rate in rates}
     print("\ntargets:", json.dumps(targets))
     if args.size:
@@ -296,7 +307,18 @@ def main() -> None:
                       "profile": args.profile, "policy": args.policy, "domains": args.domains, "shots": args.shots,
                       "max_tokens": args.max_tokens, "n": args.n, "threads": args.threads,
                       "max_batch": args.max_batch, "wall_s": time.time() - t_start, "rows": rows,
-                      "targets": targets, **about}))
+                      "targets": targets, "spread": spread, **about}))
+
+
+def spread_at(rows: list[dict], rate: float) -> dict:
+    """Per mode at ``rate``: the slowest over the fastest of its passes' p50 and p95 (1.0 with one pass).
+    Passes of one mode get the same requests on the same schedule, so this is the machine's noise, the
+    resolution a comparison of the modes has in this run."""
+    out = {}
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode and r["rate"] == rate]
+        out[mode] = {k: max(r[k] for r in mine) / min(r[k] for r in mine) for k in ("p50", "p95")}
+    return out
 
 
 def continuous_over_static(rows: list[dict], rate: float) -> dict:

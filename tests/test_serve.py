@@ -533,9 +533,16 @@ def test_auto_admission_gives_each_request_what_generate_gives_it_and_exports_it
     assert cost.steps > 0
     for term in ("base", "per_row", "per_position"):
         assert metric(url, "ecache_step_cost_seconds", term=term) == pytest.approx(getattr(cost, term))
-    # every request that queued was counted once as joined; held ones also once as held
+    # every request was counted once as started (a new batch) or joined (running rows); held ones also once as held
+    started = metric(url, "ecache_admissions_total", decision="started")
     joined = metric(url, "ecache_admissions_total", decision="joined")
-    assert joined >= len(prompts) and metric(url, "ecache_admissions_total", decision="held") <= joined
+    assert started >= 1 and started + joined >= len(prompts)
+    assert metric(url, "ecache_admissions_total", decision="held") <= started + joined
+    from cli_helpers import load_bench  # bench/serve_load.py reads the same counters per pass
+    counted = load_bench("serve_load").admissions(url)
+    for d in ("started", "joined", "held"):  # a decision never taken has no sample yet
+        assert counted.get(d, 0.0) == metric(url, "ecache_admissions_total", decision=d)
+    assert counted["started"] == started
     assert httpx.get(f"{url}/health").json()["admission"] == "auto"
 
 

@@ -48,6 +48,19 @@ def test_each_mode_serves_every_request_and_counts_its_steps(sim):
         # one 32-token block: at most 32 steps per request, however the requests overlap
         assert r["steps"] <= 4 * 32
         assert r["busy_s"] > 0 and r["ms_per_step"] == pytest.approx(1000 * r["busy_s"] / r["steps"])
+        assert 0 <= r["joined_running"] <= 3  # the first request finds nothing running
+        if mode == "fcfs":
+            assert r["joined_running"] == 0  # static batches: no request joins running rows
+
+
+def test_spread_is_each_modes_slowest_over_fastest_pass(sim):
+    rows = [{"mode": "fcfs", "rate": 8.0, "p50": 0.2, "p95": 0.5},
+            {"mode": "fcfs", "rate": 8.0, "p50": 0.3, "p95": 0.4},
+            {"mode": "auto", "rate": 8.0, "p50": 0.25, "p95": 0.5},
+            {"mode": "auto", "rate": 4.0, "p50": 9.0, "p95": 9.0}]
+    spread = sim.spread_at(rows, 8.0)
+    assert spread["fcfs"] == pytest.approx({"p50": 1.5, "p95": 1.25})
+    assert spread["auto"] == {"p50": 1.0, "p95": 1.0}  # one pass at this rate
 
 
 def test_rates_take_numbers_and_fractions_of_the_measured_capacity(sim):

@@ -34,9 +34,9 @@ class ServeMetrics:
     - ``step_cost_seconds`` ``ecache_step_cost_seconds{term}``: the admission model's step-cost
       estimate (``serve/admission.py``): ``base`` (seconds a step), ``per_row`` (seconds a row adds),
       ``per_position`` (seconds a computed position adds).
-    - ``admissions`` ``ecache_admissions_total{decision}``: queued requests moved into a run
-      (``joined``, every admission mode) and those ``--admission auto`` kept waiting at least once
-      (``held``).
+    - ``admissions`` ``ecache_admissions_total{decision}``: queued requests that started a batch on an
+      idle engine (``started``), that joined rows already running (``joined``; never under ``fcfs``),
+      and those ``--admission auto`` kept waiting at least once (``held``).
     - prefix reuse (``--prefix-cache``, docs/SERVING.md "Prefix reuse"):
       ``ecache_prefix_cache_lookups_total{result}`` prompts looked up (``hit``: at least one chunk found,
       ``miss``), ``ecache_prefix_cache_tokens_total{kind}`` their tokens (``prompt``) and those whose keys
@@ -67,8 +67,9 @@ class ServeMetrics:
                                    ["policy"], registry=r)
         self.step_cost_seconds = Gauge("ecache_step_cost_seconds", "The admission model's step-cost estimate: "
                                        "base + per_row * rows + per_position * positions.", ["term"], registry=r)
-        self.admissions = Counter("ecache_admissions", "Queued requests that joined, and that auto admission "
-                                  "kept waiting at least once.", ["decision"], registry=r)
+        self.admissions = Counter("ecache_admissions", "Queued requests that started a batch on an idle "
+                                  "engine, that joined running rows, and that auto admission kept waiting at least "
+                                  "once.", ["decision"], registry=r)
         self.prefix_lookups = Counter("ecache_prefix_cache_lookups", "Prompts looked up in the prefix store, by "
                                       "result (hit: at least one chunk found).", ["result"], registry=r)
         self.prefix_tokens = Counter("ecache_prefix_cache_tokens", "Prompt tokens looked up (prompt) and those "

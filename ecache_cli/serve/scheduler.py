@@ -383,6 +383,7 @@ class Scheduler:
     def _take(self) -> list[Job]:
         """(Lock held.) The queued jobs to admit now, in queue order, counted as running."""
         taken: list[Job] = []
+        running_before = self._running
         if self.admission == "fcfs":
             if self._groups or not self._queue:
                 return taken
@@ -407,8 +408,8 @@ class Scheduler:
                     running.append(self._row(head.key, 0))
                 taken.append(self._queue.popleft())
         self._running += len(taken)
-        if taken:
-            self.metrics.admissions.labels("joined").inc(len(taken))
+        if taken:  # into rows already running, or as a new batch of an idle engine
+            self.metrics.admissions.labels("joined" if running_before else "started").inc(len(taken))
         self.metrics.queue_depth.set(len(self._queue))
         self.metrics.running_rows.set(self._running)
         return taken
