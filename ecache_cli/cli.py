@@ -143,7 +143,8 @@ def _quiet_stdout() -> None:
 KEPT = "interrupted; records written so far are kept"
 INTERRUPTED = {"profile": "interrupted before every policy finished a batch; the table and --json were not written "
                           "(they cover the batches every policy finished)",
-               "serve": "interrupted; the server stopped at once (SIGTERM stops it after --shutdown-grace)"}
+               "serve": "interrupted; the server stopped at once (SIGTERM stops it after --shutdown-grace)",
+               "chat": "interrupted; the session ended (the answers so far were printed; files /save wrote are kept)"}
 
 
 def _raise_terminated(signum, frame):

@@ -873,4 +873,5 @@ def test_chat_ctrl_c_stops_one_answer_and_sigterm_ends_the_session(sig, code, an
     assert res.exit_code == code, (res.exit_code, res.stderr)
     assert calls["n"] == 1 + answers and len(res.stdout.strip().splitlines()) == answers, res.stdout
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert errors == ([] if code == 0 else ["error: interrupted; records written so far are kept"]), res.stderr
+    assert errors == ([] if code == 0 else ["error: interrupted; the session ended (the answers so far were printed; "
+                                            "files /save wrote are kept)"]), res.stderr

@@ -77,7 +77,9 @@ def test_every_policy_an_unknown_name_lists_is_one_the_command_runs_on_the_model
     run = ["--gen-length", "16", "--block-length", "8", *m]
     if command == "chat":
         first = cli("chat", *run, input="/cache foo\n")
-        listed = re.search(LISTED, first.stderr.strip().splitlines()[-1]).group(1).split(", ")
+        assert first.exit_code == 2, first.stderr  # a piped script with a failed line
+        (line,) = [ln for ln in first.stderr.splitlines() if ln.startswith("error: /cache")]
+        listed = re.search(LISTED, line).group(1).split(", ")
         again = cli("chat", *run, input="".join(f"/cache {p}\n" for p in listed))
         assert again.exit_code == 0 and "error" not in again.stderr, again.stderr
     elif command == "profile":
@@ -117,7 +119,8 @@ def test_a_chat_command_refuses_a_value_in_its_flags_words(cli, command, flag, v
     """Chat's ``/threshold 2`` is refused with ``generate --threshold 2``'s message, the command in place of
     the flag: one check, not a second copy."""
     chat = cli("chat", "--gen-length", "16", "--block-length", "8", input=f"{command} {value}\n")
-    (said,) = [line for line in chat.stderr.splitlines() if line.startswith("error: ")]
+    assert chat.exit_code == 2, chat.stderr  # a piped script with a failed line
+    (said,) = [line for line in chat.stderr.splitlines() if line.startswith(f"error: {command}")]
     gen = cli("generate", "--gen-length", "16", "--block-length", "8", flag, value, "x")
     assert gen.exit_code == 2, gen.stderr
     number = said.split()[2]  # as the chat command read it (2.0 for a float)

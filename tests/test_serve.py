@@ -559,13 +559,50 @@ def test_current_client_fields_are_accepted_and_the_ignored_ones_named_in_a_warn
     assert raw.parse().choices[0].message.content == "1 3 7 9"
     warning = raw.headers["warning"]
     assert warning.startswith('299 ecache "accepted and ignored: ')
-    for field in ("user", "store", "metadata", "service_tier", "prompt_cache_key", "parallel_tool_calls"):
+    for field in ("user", "store", "metadata", "service_tier", "prompt_cache_key", "parallel_tool_calls",
+                  "tool_choice (no tools are called)"):
         assert field in warning
     plain = c.chat.completions.with_raw_response.create(model="my-model", messages=msg)
     assert "warning" not in plain.headers
     parts = c.chat.completions.create(model="my-model", messages=[{"role": "user", "content": [
         {"type": "text", "text": "Sort: 9 3"}, {"type": "text", "text": " 7 1"}]}])
     assert parts.choices[0].message.content == "1 3 7 9"
+
+
+def test_stored_completion_routes_say_stored_completions_are_not_supported(named):
+    """The client's stored-completions methods (list, retrieve, update, delete, messages.list) reach routes
+    that answer OpenAI's error shape with a 404 saying none is stored; the client raises NotFoundError with
+    that message (not a bare 404/405, and not a 5xx it would retry)."""
+    url, _ = named
+    c = client(url, key="unused").chat.completions
+    calls = {"list": lambda: c.list(), "retrieve": lambda: c.retrieve("chatcmpl-1"),
+             "update": lambda: c.update("chatcmpl-1", metadata={"a": "b"}), "delete": lambda: c.delete("chatcmpl-1"),
+             "messages.list": lambda: c.messages.list("chatcmpl-1")}
+    for name, call in calls.items():
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.status_code == 404, name
+        assert e.value.body["code"] == "stored_completions_not_supported", (name, e.value.body)
+        assert e.value.body["message"].startswith("stored chat completions are not supported"), name
+    assert httpx.post(f"{url}/v1/chat/completions", json={  # the create route is still POST's
+        "model": "my-model", "messages": [{"role": "user", "content": "Sort: 9 3 7 1"}]}, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize("messages,param,message", [
+    ([{"role": "user", "content": ""}], "messages.0.content",
+     "messages[0] (user) has empty content; give it some text"),
+    ([{"role": "system", "content": " "}, {"role": "user", "content": [{"type": "text", "text": ""}]}], "messages",
+     "every message has empty content (messages[0] (system), messages[1] (user)); give at least one of them some "
+     "text"),
+])
+def test_messages_without_text_are_named(named, messages, param, message):
+    url, _ = named
+    with pytest.raises(openai.BadRequestError) as e:
+        client(url, key="unused").chat.completions.create(model="my-model", messages=messages)
+    assert e.value.body["param"] == param and e.value.body["message"] == message
+    r = httpx.post(f"{url}/api/chat", json={"model": "my-model", "messages": messages[-1:] if param != "messages"
+                                            else [{"role": "user", "content": ""}], "stream": False})
+    assert r.status_code == 400 and r.json() == {"error": "messages[0] (user) has empty content; give it some text"}
 
 
 def test_developer_and_tool_messages_reach_the_chat_template(named, tiny):
@@ -649,7 +686,7 @@ def test_ollama_tags_version_and_generate_give_the_openai_answer(named):
 def test_ollama_chat_streams_the_answer_and_names_ignored_options(named):
     url, _ = named
     body = {"model": "my-model", "messages": [{"role": "user", "content": "Reverse: 1 2 3"}],
-            "options": {"num_ctx": 4096, "seed": 1}, "keep_alive": "5m"}
+            "options": {"num_ctx": 4096, "seed": 1}, "keep_alive": "5m", "think": False}
     openai_answer = client(url, key="unused").chat.completions.create(
         model="my-model", messages=body["messages"]).choices[0].message.content
     r = httpx.post(f"{url}/api/chat", json=body, timeout=60)
@@ -657,12 +694,14 @@ def test_ollama_chat_streams_the_answer_and_names_ignored_options(named):
     assert r.headers["content-type"].startswith("application/x-ndjson")
     assert "".join(x["message"]["content"] for x in lines) == openai_answer
     assert lines[-1]["done"] is True and lines[-1]["message"]["role"] == "assistant"
-    assert r.headers["warning"] == '299 ecache "accepted and ignored: keep_alive, options.num_ctx"'
+    assert r.headers["warning"] == '299 ecache "accepted and ignored: keep_alive, think, options.num_ctx"'
 
 
 @pytest.mark.parametrize("route, extra, status, needle", [
     ("chat", {"options": {"mirostat": 2}}, 400, "options.mirostat is not supported"),
     ("chat", {"format": "json"}, 400, "format is not supported"),
+    ("chat", {"think": True}, 400, "think is not supported by this server (the model does not think apart"),
+    ("chat", {"options": {"top_k": 0}}, 400, "top_k 0 must be ≥ 1"),
     ("generate", {"images": ["aGk="]}, 400, "images is not supported"),
     ("generate", {"model": "llama3"}, 404, "model 'llama3' is not served here"),
     ("generate", {"options": {"temperature": 7.0}}, 400, "temperature 7.0 must be in [0, 2]"),
@@ -830,6 +869,7 @@ def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(
     ({"policy": "none", "tau": 0.5}, "tau (policy none takes none"),
     ({"threshold": 0.9, "steps": 4}, "steps (the threshold rule"),
     ({"top_p": 0.5}, "top_p (temperature 0 decodes greedily"),
+    ({"top_k": 5}, "top_k (temperature 0 decodes greedily"),
 ])
 def test_a_request_setting_its_run_ignores_is_named_in_the_warning_header(named, extra, named_field):
     """Where ``ecache generate`` warns a flag and runs (``--cache dual --tau 0.5``, ``--steps`` under
@@ -860,3 +900,25 @@ def test_unknown_model_stream_options_and_missing_content_as_openai_answers_them
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content", r.text
     assert "messages[0].content is missing" in r.json()["error"]["message"]
+
+
+def test_top_k_is_read_per_request_as_generate_top_k_on_both_apis(named):
+    """``top_k`` (OpenAI extension, as vLLM's; Ollama's ``options.top_k``) samples as ``ecache generate
+    --top-k`` does: the same seed, temperature and top-k give generate's answer on both routes (on a prompt
+    outside the embedded model's domains, where sampling at temperature 2 with and without top-k 1 differ)."""
+    url, _ = named
+    prompt = "Tell me a story"
+    msgs = [{"role": "user", "content": prompt}]
+    flags = ["--temperature", "2", "--seed", "3"]
+    alone = generate(*flags, "--top-k", "1", prompt)[0]["text"]
+    wild = generate(*flags, prompt)[0]["text"]
+    assert alone != wild  # top-k changes this answer (else the test could not fail)
+    extra = {"top_k": 1}
+    c = client(url, key="unused")
+    got = c.chat.completions.with_raw_response.create(model="my-model", messages=msgs, max_tokens=GEN,
+                                                      temperature=2, seed=3, extra_body=extra)
+    assert got.parse().choices[0].message.content == alone and "warning" not in got.headers
+    r = httpx.post(f"{url}/api/chat", json={"model": "my-model", "messages": msgs, "stream": False,
+                                            "options": {"top_k": 1, "temperature": 2, "seed": 3, "num_predict": GEN}},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["message"]["content"] == alone, r.text

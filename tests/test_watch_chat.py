@@ -140,7 +140,7 @@ def test_chat_commands_change_settings_and_save_records(cli, tmp_path):
     say(s, "/threshold 0.9")
     say(s, "abc")
     assert "cache dual" in say(s, "/cache dual")
-    assert "error: /tau: cache dual takes no τ" in say(s, "/tau 2")
+    assert "warning: /tau is not used by cache dual" in say(s, "/tau 2")  # as --tau under dual: ignored
     assert "error: /gen-length" in say(s, "/gen-length 12")  # not a multiple of the block: nothing changes
     say(s, "x=2")
     stats = say(s, "/stats")
@@ -283,20 +283,28 @@ def test_chat_commands_check_the_policy_and_tau_against_the_model(profiles_dir):
     s.command("/tau 0.3")
     s.command("/threshold off")
     errors = [x for x in s.console.file.getvalue().splitlines() if x.startswith("error:")]
-    assert errors[0] == ("error: /cache: --cache entropy does not apply to the llada2 model family (its attention "
-                         "is block-causal, so the keys and values of finished blocks are cached exactly); use none "
-                         "or block")
-    assert "--cache dual does not apply to the llada2 model family" in errors[1]
-    assert errors[2] == ("error: /tau: τ is EntropyCache's threshold, which does not apply to the llada2 model "
-                         "family (block diffusion caches finished blocks exactly)")
-    assert len(errors) == 3 and s.settings.cache == "block" and s.source.cache_flags.get("policy") is None
+    assert errors[0] == ("error: /cache entropy does not apply to the llada2 model family (its attention "
+                         "is block-causal, so the keys and values of finished blocks are cached exactly); /cache "
+                         "takes none or block")
+    assert errors[1].startswith("error: /cache dual does not apply to the llada2 model family")
+    warnings = [x for x in s.console.file.getvalue().splitlines() if x.startswith("warning:")]
+    assert warnings == ["warning: /tau is not used by the llada2 model family (τ is EntropyCache's threshold; block "
+                        "diffusion caches finished blocks exactly); ignored"]  # as --tau on this family
+    assert len(errors) == 2 and s.settings.cache == "block" and s.source.cache_flags.get("policy") is None
     assert s.settings.decode.threshold is None and "threshold" not in s.describe()
     s.command("/threshold 0.8")
     assert s.settings.decode.threshold == 0.8
     tiny = _session("tiny", gen_length=32, block_length=8)
     tiny.command("/cache block")
-    assert "error: /cache: --cache block does not apply to the llada model family" in tiny.console.file.getvalue()
-    assert tiny.settings.cache != "block"
+    shown = tiny.console.file.getvalue()
+    assert "error: /cache block does not apply to the llada model family" in shown and "--cache" not in shown
+    assert "; /cache takes one of none, " in shown and tiny.settings.cache != "block"
+    tiny.command("/cache dual")
+    tiny.command("/tau 0.3")  # under dual: warned and ignored, kept for entropy, as --cache dual --tau 0.3
+    assert "warning: /tau is not used by cache dual (it takes refresh_every); ignored" in tiny.console.file.getvalue()
+    assert tiny.settings.cache == "dual" and "tau" not in tiny.settings.cache_params
+    tiny.command("/cache entropy")
+    assert tiny.settings.cache_params["tau"] == 0.3
 
 
 def test_chat_refuses_a_policy_the_model_does_not_take_at_start(cli):
@@ -309,7 +317,8 @@ def test_chat_refuses_a_policy_the_model_does_not_take_at_start(cli):
 
 def test_chat_names_the_chat_command_to_use_and_goes_on(tmp_path):
     """Piped input: a /gen-length that is not whole blocks is one error line naming the /gen-length that
-    is, and the session goes on (a line that is not UTF-8 stops it before any answer, exit 2:
+    is, and the session goes on; at the end a last error line names the failed line and the script exits 2
+    (a line that is not UTF-8 stops it before any answer, exit 2:
     ``test_contracts.test_chat_reads_piped_stdin_in_full_first``)."""
     import os
     import subprocess
@@ -321,8 +330,29 @@ def test_chat_names_the_chat_command_to_use_and_goes_on(tmp_path):
                          input=b"Sort: 3 1 2\n/gen-length 17\nReverse: 1 2\n", capture_output=True,
                          cwd=tmp_path, env=env, timeout=300)
     err = res.stderr.decode()
-    assert res.returncode == 0 and "Traceback" not in err, err
+    assert res.returncode == 2 and "Traceback" not in err, err
     errors = [x for x in err.splitlines() if x.startswith("error:")]
     assert errors == ["error: /gen-length 17 is not a multiple of the block length 8; use a multiple, e.g. "
-                      "/gen-length 24"]
+                      "/gen-length 24",
+                      "error: piped line 2 failed (the errors above); the other lines ran; fix the script and pipe "
+                      "it again"]
     assert len([x for x in res.stdout.decode().splitlines() if x.strip()]) == 2  # both messages answered
+
+
+def test_chat_stats_and_help_answer_on_stdout_under_q_and_tau_under_dual_warns_as_the_flag(cli):
+    """``/stats`` and ``/help`` are asked-for output: on stdout beside the answers, kept under ``-q``
+    (which drops status lines); ``/tau`` under a policy without τ is one warning and ignored, as ``--tau``
+    under it is; a clean piped script exits 0."""
+    flag = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", "--cache", "dual", "--tau", "0.1",
+               input="/exit\n")
+    assert flag.exit_code == 0 and flag.stderr.splitlines() == [
+        "warning: --tau is not used by --cache dual (it takes refresh_every); ignored"], flag.stderr
+    res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", "--cache", "dual",
+              input="/stats\nSort: 3 1 2\n/stats\n/tau 0.1\n/help\n")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines() == ["warning: /tau is not used by cache dual (it takes refresh_every); ignored "
+                                       "(/cache entropy uses τ 0.1)"]
+    out = res.stdout.splitlines()
+    assert out[0] == "no answer yet" and out[1] == "1 2 3", out
+    assert re.fullmatch(r"NFE \d+ · refresh \d+ \(\d+%\) · \d+ tokens · [\d.]+ tok/s · work \d+% of no cache", out[2])
+    assert out[3] == "commands:" and out[-1].lstrip().startswith("/exit")

@@ -27,7 +27,8 @@ def chat_cmd(
 
     Commands: /cache POLICY[:k=v], /tau X, /threshold X, /gen-length N, /watch on|off, /stats, /save FILE,
     /clear, /help, /exit. Ctrl-C stops an answer, Ctrl-D exits. -q drops the "using model" and start lines
-    (answers to commands, warnings and errors stay). Example: [cyan]ecache chat --watch[/]
+    and the status lines of commands (answers, /stats and /help on stdout, warnings and errors stay). Piped
+    lines exit 2 at the end when one failed. Example: [cyan]ecache chat --watch[/]
     """
     from ..console import announce, err, hold_warnings, warn
     from ..runs.chat import ChatSession, SettingsSource, open_readline
@@ -65,7 +66,13 @@ def chat_cmd(
         sys.stdin.reconfigure(errors="surrogateescape")
     if not quiet:
         err.print("ecache chat: type a message; /help lists the commands, Ctrl-D ends", markup=False, highlight=False)
-    session.loop() if lines is None else session.loop(read=lines_reader(lines))
+    if lines is None:
+        session.loop()
+        return
+    session.loop(read=lines_reader(lines))
+    failure = session.failure()  # a script: a line that failed fails the run (exit 2), after every line ran
+    if failure is not None:
+        raise failure
 
 
 def lines_reader(lines: list[str]):

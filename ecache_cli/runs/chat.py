@@ -10,11 +10,15 @@ canvas, its oldest turns are left out (one note says so).
 Lines starting with ``/`` are commands (:data:`HELP`). The settings come from the command's flags
 resolved as ``generate`` resolves them (``runs/settings.resolve_settings``: defaults < profile <
 flags); ``/tau``, ``/threshold``, ``/gen-length`` and ``/cache`` change a flag and resolve again, so
-``/tau 0.5`` is ``--tau 0.5``. A bad value is one ``error:`` line and changes nothing. Ctrl-C during an
-answer stops it (the turn is dropped from the history); Ctrl-C at the prompt clears the line; Ctrl-D
-or ``/exit`` ends the session. ``/save FILE`` writes one JSON record per answer, the fields of
-``generate --jsonl`` with the conversation sent as ``messages``, so ``ecache generate --input FILE``
-decodes the same prompts again.
+``/tau 0.5`` is ``--tau 0.5``; a setting the chosen policy does not take (``/tau`` under ``dual``) is kept
+for a later policy and warned ignored, as its flag is. A bad value is one ``error:`` line and changes
+nothing; piped lines (a script) go on past it, and the command exits 2 at the end (:attr:`ChatSession.failed`
+names the lines). ``/stats`` and ``/help`` answer on stdout, as the answers do (asked-for output, kept under
+``-q``); the replies that confirm a change (``/tau``, ``/save``, ``/clear``, ``/watch``) are status lines on
+stderr, dropped by ``-q``. Ctrl-C during an answer stops it (the turn is dropped from the history); Ctrl-C at
+the prompt clears the line; Ctrl-D or ``/exit`` ends the session. ``/save FILE`` writes one JSON record
+per answer, the fields of ``generate --jsonl`` with the conversation sent as ``messages``, so ``ecache
+generate --input FILE`` decodes the same prompts again.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ class ChatSession:
         self.history: list[dict] = []
         self.records: list[dict] = []  # one per answer, for /save
         self.last: dict | None = None  # the last answer's stats
+        self.line = 0  # the number of the line being run (1-based, blank lines counted)
+        self.failed: list[tuple[int, int]] = []  # (line, exit code) of each line that ended in an error
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -111,6 +117,7 @@ class ChatSession:
         n = 0
         while True:
             n += 1
+            self.line = n
             try:
                 line = read(prompt)
                 line.encode("utf-8")  # a byte that is no UTF-8 reads as a lone surrogate (surrogateescape)
@@ -149,8 +156,30 @@ class ChatSession:
         if not console.quiet:
             self.note(text)
 
-    def error(self, text: str) -> None:
+    def reply(self, text: str) -> None:
+        """Output the user asked for (``/stats``, ``/help``): on stdout beside the answers, under ``-q`` too."""
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def warn(self, text: str) -> None:
+        """A ``warning:`` line on stderr (kept under ``-q``, as every command's warnings)."""
+        self.console.print("warning: " + text, style="yellow", markup=False, highlight=False)
+
+    def error(self, text: str, code: int = 2) -> None:
+        """One ``error:`` line on stderr; the line being run is remembered as failed (exit ``code``)."""
+        self.failed.append((self.line, code))
         self.console.print("error: " + text, style="bold red", markup=False, highlight=False)
+
+    def failure(self) -> EcacheError | None:
+        """The error a script of piped lines ends with when some of its lines failed (exit 2, or 1 when
+        every failure was a runtime one), naming those lines; None when none failed."""
+        if not self.failed:
+            return None
+        lines = sorted({n for n, _ in self.failed})
+        shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
+        kind = UsageError if max(c for _, c in self.failed) == 2 else EcacheError
+        return kind(f"piped line{'s' if len(lines) > 1 else ''} {shown} failed (the errors above); the other lines "
+                    "ran; fix the script and pipe it again")
 
     # -- commands ------------------------------------------------------------------------------------
 
@@ -173,7 +202,7 @@ class ChatSession:
         except EcacheError as e:
             self.source = before
             msg = str(e).replace("; pass the flag to override", "; restart ecache chat with the flag to override it")
-            self.error(msg if msg.startswith(name) else f"{name}: {msg}")
+            self.error(msg if msg.startswith(name) else f"{name}: {msg}", e.exit_code)
         return True
 
     def _apply(self, what: str) -> None:
@@ -200,6 +229,7 @@ class ChatSession:
         if not arg:
             raise UsageError("/cache needs a policy, e.g. /cache entropy:tau=0.5")
         name, params = parse_policy_spec(arg, where="/cache", family=self.lm.spec)
+        _check_model(name, self.lm.spec)
         self.source.cache_flags["policy"] = name
         self.source.overrides = params
         self._apply(f"cache {arg}")
@@ -208,14 +238,19 @@ class ChatSession:
         from ..cache import policy_params
 
         x = _number(arg, float, "/tau", "0.5")
-        if "entropy" not in policies_for(self.lm.spec):
-            raise UsageError(f"τ is EntropyCache's threshold, which does not apply to the {self.lm.spec.family} model "
-                             "family (block diffusion caches finished blocks exactly)")
-        if "tau" not in policy_params(self.settings.cache):
-            raise UsageError(f"cache {self.settings.cache} takes no τ (only entropy does); /cache entropy first")
         _check_range("tau", x, "/tau")
+        if "entropy" not in policies_for(self.lm.spec):  # as --tau on this family: warned, ignored
+            self.warn(f"/tau is not used by the {self.lm.spec.family} model family (τ is EntropyCache's threshold; "
+                      "block diffusion caches finished blocks exactly); ignored")
+            return
         self.source.cache_flags["tau"] = x
         self.source.overrides.pop("tau", None)
+        if "tau" not in policy_params(self.settings.cache):  # as --tau under this policy: warned, ignored
+            self.settings = self.source.resolve()
+            takes = ", ".join(sorted(policy_params(self.settings.cache))) or "no parameter"
+            self.warn(f"/tau is not used by cache {self.settings.cache} (it takes {takes}); ignored (/cache entropy "
+                      f"uses τ {x:g})")
+            return
         self._apply(f"τ {x:g}")
 
     def _threshold(self, arg: str) -> None:
@@ -256,10 +291,7 @@ class ChatSession:
     def _stats(self, arg: str) -> None:
         from .watch import stats_line
 
-        if self.last is None:
-            self.note("no answer yet")
-            return
-        self.note(stats_line(self.last))
+        self.reply("no answer yet" if self.last is None else stats_line(self.last))
 
     def _save(self, arg: str) -> None:
         from ..outputs import check_file
@@ -280,7 +312,7 @@ class ChatSession:
         self.status("conversation cleared")
 
     def _help(self, arg: str) -> None:
-        self.note(HELP)
+        self.reply(HELP)
 
     # -- answers -------------------------------------------------------------------------------------
 
@@ -301,7 +333,7 @@ class ChatSession:
             return
         except EcacheError as e:
             self.history.pop()
-            self.error(str(e))
+            self.error(str(e), e.exit_code)
             return
         self.history.append({"role": "assistant", "content": rec["text"]})
         self.records.append({"index": len(self.records), "line": len(self.records) + 1, **rec})
@@ -384,6 +416,19 @@ def _number(arg: str, kind, command: str, example: str):
     if kind is float and value != value:
         raise UsageError(f"{command} {arg} is not a number (e.g. {command} {example})")
     return value
+
+
+def _check_model(name: str, spec) -> None:
+    """UsageError when cache policy ``name`` does not apply to the loaded model (``CachePolicy.check_model``),
+    in the chat's words: ``/cache block does not apply to the llada model family (...); /cache takes one of
+    none, entropy, ...``."""
+    from ..cache import POLICIES
+
+    try:
+        POLICIES[name].check_model(POLICIES[name], spec)
+    except UsageError as e:
+        msg = str(e).replace(f"--cache {name}", f"/cache {name}", 1).replace("; use ", "; /cache takes ")
+        raise UsageError(msg) from None
 
 
 def _check_range(name: str, value, command: str) -> None:

@@ -2,7 +2,9 @@
 limits, and uvicorn.
 
 OpenAI routes (OpenAI API reference shapes; ``protocol.py`` lists the fields): ``GET /v1/models``,
-``GET /v1/models/{id}``, ``POST /v1/completions``, ``POST /v1/chat/completions``. Ollama's
+``GET /v1/models/{id}``, ``POST /v1/completions``, ``POST /v1/chat/completions``; the stored-completions
+routes (``GET /v1/chat/completions[/{id}[/messages]]``, ``POST|DELETE /v1/chat/completions/{id}``) answer a
+404 saying no completion is stored. Ollama's
 (``ollama.py``): ``GET /api/tags``, ``GET /api/version``, ``POST /api/generate``, ``POST /api/chat``.
 Operations: ``GET /health`` (the state as JSON; 503 while shutting down), ``GET /health/live`` (200
 while the process serves HTTP), ``GET /health/ready`` (200 once the model is loaded and the engine has
@@ -197,6 +199,18 @@ async def _openai(request: Request, endpoint: str):
     return JSONResponse(_response(request.app.state.server, rid, endpoint, res), headers=headers)
 
 
+async def stored_completions(request: Request):
+    """OpenAI's stored chat completions (``GET /v1/chat/completions``, ``GET|POST|DELETE
+    /v1/chat/completions/{id}``, ``GET /v1/chat/completions/{id}/messages``: the client's ``list``,
+    ``retrieve``, ``update``, ``delete`` and ``messages.list``): a 404 in OpenAI's error shape saying this
+    server stores none (``store`` is accepted and ignored), so the client raises ``NotFoundError`` with
+    that message; not a 5xx, which the client would retry."""
+    check_key(request, "chat")
+    raise ApiError(404, "stored chat completions are not supported: this server keeps no completion (store is "
+                        "accepted and ignored), so there is none to list, retrieve, update or delete",
+                   code="stored_completions_not_supported")
+
+
 def _chunk(srv: Server, rid: str, endpoint: str, text: str | None, finish: str | None, role: bool = False) -> dict:
     if endpoint == "chat":
         delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
@@ -313,6 +327,9 @@ async def root():
 ROUTES = [
     ("/v1/completions", completions, ["POST"]),
     ("/v1/chat/completions", chat_completions, ["POST"]),
+    ("/v1/chat/completions", stored_completions, ["GET"]),
+    ("/v1/chat/completions/{completion_id}", stored_completions, ["GET", "POST", "DELETE"]),
+    ("/v1/chat/completions/{completion_id}/messages", stored_completions, ["GET"]),
     ("/v1/models", models, ["GET"]),
     ("/v1/models/{model_id:path}", model, ["GET"]),
     ("/health", health, ["GET"]),

@@ -9,14 +9,16 @@ objects, ``{"response": text, "done": false}`` (chat: ``{"message": {"role": "as
 "content": text}, ...}``) as the answer's text becomes final, then one with ``"done": true``,
 ``done_reason`` and the counts (``prompt_eval_count``, ``eval_count``, durations in nanoseconds).
 
-``options``: ``temperature``, ``top_p``, ``seed``, ``stop``, ``num_predict`` (→ ``max_tokens``; < 0:
-the server's default), ``presence_penalty`` and ``frequency_penalty`` (refused unless 0) are read;
-the runtime ones (:data:`IGNORED_OPTIONS`: context size, threads, GPU layers ...) and ``keep_alive``
-are accepted and ignored (a ``Warning`` header names them); any other option, ``format``, ``images``,
-``tools``, ``template``, ``context``, ``suffix`` and ``think`` are refused with one line, as an
-OpenAI field that would change the answer is. Errors are Ollama's ``{"error": message}``. The model
-is the served name, with or without the tag ``:latest``. An empty ``prompt`` (or no messages) only
-loads the model: ``done_reason`` ``load``, as Ollama answers it.
+``options``: ``temperature``, ``top_p``, ``top_k`` (the OpenAI route's ``top_k``, as ``--top-k``),
+``seed``, ``stop``, ``num_predict`` (→ ``max_tokens``; < 0: the server's default), ``presence_penalty`` and
+``frequency_penalty`` (refused unless 0) are read; the runtime ones (:data:`IGNORED_OPTIONS`: context
+size, threads, GPU layers ...) and ``keep_alive`` are accepted and ignored (a ``Warning`` header names
+them); any other option is refused with one line, and so are ``format``, ``images``, ``tools``,
+``template``, ``context``, ``suffix`` and ``think`` (and a message's fields beyond role and content)
+unless empty or false: then they are accepted, ignored and named in the ``Warning`` header too, as an
+OpenAI field that would change the answer is refused and its neutral value named. Errors are Ollama's
+``{"error": message}``. The model is the served name, with or without the tag ``:latest``. An empty
+``prompt`` (or no messages) only loads the model: ``done_reason`` ``load``, as Ollama answers it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .protocol import ApiError, ignored_fields, warning_header
 IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
                    "low_vram", "vocab_only", "num_keep")
 #: Ollama options read, and the OpenAI field each becomes.
-OPTIONS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop",
+OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop",
            "num_predict": "max_tokens", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
 #: Top-level fields of each route: read, ignored, or refused unless empty.
@@ -73,14 +75,17 @@ def translate(srv: Server, route: str, body) -> tuple[dict | None, bool, list[st
     unknown = sorted(set(body) - FIELDS[route])
     if unknown:
         raise ApiError(400, f"unrecognized request argument {unknown[0]!r}; see Ollama's API (docs/api.md)", unknown[0])
+    ignored = ["keep_alive"] if "keep_alive" in body else []
     for field in ("format", "images", "tools", "template", "context", "suffix", "think"):
         if body.get(field) not in (None, "", [], False):
-            raise ApiError(400, f"{field} is not supported by this server; leave it out", field)
+            why = " (the model does not think apart from its answer)" if field == "think" else ""
+            raise ApiError(400, f"{field} is not supported by this server{why}; leave it out", field)
+        if body.get(field) is not None:  # given, empty or false: accepted and ignored, named
+            ignored.append(field)
     name = body.get("model")
     if not isinstance(name, str) or name.removesuffix(":latest") != srv.opts.model_name:
         raise ApiError(404, f"model {name!r} is not served here; this server serves {srv.opts.model_name!r} "
                             "(GET /api/tags)", "model")
-    ignored = ["keep_alive"] if "keep_alive" in body else []
     out: dict = {"model": srv.opts.model_name, "stream": body.get("stream", True)}
     options = body.get("options") or {}
     if not isinstance(options, dict):
@@ -108,6 +113,8 @@ def translate(srv: Server, route: str, body) -> tuple[dict | None, bool, list[st
                 if m[field] not in (None, "", []):
                     raise ApiError(400, f"messages[{i}].{field} is not supported by this server; leave it out",
                                    f"messages.{i}.{field}")
+                if m[field] is not None:
+                    ignored.append(f"messages[{i}].{field}")
         if not messages:
             return None, True, ignored
         out["messages"] = [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m

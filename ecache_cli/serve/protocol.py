@@ -17,8 +17,9 @@ A field that neither schema has is refused as unrecognized.
 Extensions, beside the standard fields (the openai client sends them with ``extra_body``):
 ``policy`` (a cache policy: ``ecache_cli/cache``), ``tau`` (EntropyCache's threshold, nats),
 ``threshold`` (Fast-dLLM parallel decoding, (0, 1]), ``block_length``, ``steps`` (denoising steps of
-the whole canvas) and ``ignore_eos`` (never commit EOS/EOT, so the answer runs to ``max_tokens``;
-vLLM's extension of that name). Anything else is refused.
+the whole canvas), ``ignore_eos`` (never commit EOS/EOT, so the answer runs to ``max_tokens``;
+vLLM's extension of that name) and ``top_k`` (≥ 1, as ``--top-k``; vLLM's extension of that name, and
+Ollama's ``options.top_k``). Anything else is refused.
 
 The canvas: ``gen_length`` = ``max_tokens`` (default: the server's ``--gen-length``) rounded up to
 whole blocks; steps default to the server's steps per generated token times ``gen_length`` (at least
@@ -104,6 +105,7 @@ class _Common(_Body):
     block_length: Optional[int] = None
     steps: Optional[int] = None
     ignore_eos: Optional[bool] = None
+    top_k: Optional[int] = None
     #: settings of this request that its run ignores, with why (``Resolver.job``), named in the Warning header
     #: beside :data:`IGNORED`'s: the command line's warnings (``tau`` a policy does not take, ``steps`` the
     #: threshold rule ignores)
@@ -195,8 +197,8 @@ def parse(model: type[_Body], body: Any) -> _Body:
                        if not (isinstance(p, str) and (p.startswith(("list[", "dict[", "union[")) or p in (
                            "str", "int", "float", "bool", "function-after"))))
         if first["type"] == "extra_forbidden":
-            raise ApiError(400, f"unrecognized request argument {loc!r}; see the OpenAI reference or the "
-                                "extensions policy, tau, threshold, block_length, steps, ignore_eos", loc) from None
+            raise ApiError(400, f"unrecognized request argument {loc!r}; see the OpenAI reference or the extensions "
+                                "policy, tau, threshold, block_length, steps, ignore_eos, top_k", loc) from None
         if first["type"] == "missing":
             raise ApiError(400, f"{loc!r} is required", loc) from None
         got = first.get("input")
@@ -308,7 +310,12 @@ class Resolver:
                 "".join(self._part_text(part, i, j) for j, part in enumerate(m.content))
             msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
         if not any(m["content"].strip() for m in msgs):
-            raise ApiError(400, "messages hold no text; give at least one message with content", "messages")
+            named = [f"messages[{i}] ({req.messages[i].role})" for i in range(len(msgs))]
+            if len(named) == 1:
+                raise ApiError(400, f"{named[0]} has empty content; give it some text", "messages.0.content")
+            shown = ", ".join(named[:4]) + (f" and {len(named) - 4} more" if len(named) > 4 else "")
+            raise ApiError(400, f"every message has empty content ({shown}); give at least one of them some text",
+                           "messages")
         return self._encode(msgs, chat=True, param="messages")
 
     @staticmethod
@@ -373,6 +380,8 @@ class Resolver:
             raise ApiError(400, f"temperature {temperature} must be in [0, 2] (0 = greedy; e.g. 0.7)", "temperature")
         top_p = base.top_p if req.top_p is None else req.top_p
         in_range("top_p", top_p)
+        top_k = base.top_k if req.top_k is None else req.top_k
+        in_range("top_k", top_k)
         threshold = base.threshold if req.threshold is None else req.threshold
         in_range("threshold", threshold)
         parallel = threshold is not None or base.factor is not None
@@ -381,7 +390,7 @@ class Resolver:
         if steps is None:
             steps = self._default_steps(gen, block, parallel)
         cfg = dataclasses.replace(base, gen_length=gen, block_length=block, steps=steps, temperature=temperature,
-                                  top_p=top_p, threshold=threshold,
+                                  top_p=top_p, top_k=top_k, threshold=threshold,
                                   ban_eos=base.ban_eos if req.ignore_eos is None else req.ignore_eos)
         self._check_decode(cfg, req)
         self._ignored_decode(cfg, req)
@@ -422,11 +431,12 @@ class Resolver:
         except EcacheError as e:
             msg = str(e)
             param = next((f for f, flag in (("steps", "--steps"), ("block_length", "--block-length"),
-                                            ("threshold", "--threshold"), ("top_p", "--top-p")) if flag in msg), None)
+                                            ("threshold", "--threshold"), ("top_p", "--top-p"), ("top_k", "--top-k"))
+                          if flag in msg), None)
             raise ApiError(400, api_words(msg), param) from None
 
     def _ignored_decode(self, cfg, req: _Common) -> None:
-        """A request's ``steps`` that its threshold or factor rule ignores, and its ``top_p`` that greedy
+        """A request's ``steps`` that its threshold or factor rule ignores, and its ``top_p`` / ``top_k`` that greedy
         decoding drops (temperature 0 under LLaDA's rules), are named in the Warning header: the rules
         ``ecache generate`` warns ``--steps`` and ``--top-p`` by (``decoding.commit.ignored_steps``,
         ``ignored_sampling``)."""
@@ -435,8 +445,9 @@ class Resolver:
         if req.steps is not None and ignored_steps(cfg, self.lm.spec.sampler):
             rule = "threshold" if cfg.threshold is not None else "factor"
             req._ignored.append(f"steps (the {rule} rule runs each block until no mask is left)")
-        if req.top_p is not None and ignored_sampling(cfg, self.lm.spec.sampler, ("top_p",)):
-            req._ignored.append("top_p (temperature 0 decodes greedily; give temperature > 0 to sample)")
+        for field in ("top_p", "top_k"):
+            if getattr(req, field) is not None and ignored_sampling(cfg, self.lm.spec.sampler, (field,)):
+                req._ignored.append(f"{field} (temperature 0 decodes greedily; give temperature > 0 to sample)")
 
     def _policy(self, req: _Common) -> tuple[str, dict]:
         """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
@@ -475,7 +486,8 @@ class Resolver:
 
     @staticmethod
     def _unsupported(req: _Common) -> None:
-        """Refuse OpenAI fields this server cannot honour (neutral values pass)."""
+        """Refuse OpenAI fields this server cannot honour; their neutral values (``tool_choice`` ``"none"`` or
+        ``"auto"`` with no tools, an empty ``tools`` list ...) pass and are named in the Warning header."""
         checks = [("n", req.n not in (None, 1), "n must be 1: one choice per request (send more requests; they are "
                                                "batched)")]
         checks += [(f, getattr(req, f) not in (None, 0, 0.0), f"{f} is not supported (diffusion decoding has no "
@@ -511,3 +523,8 @@ class Resolver:
         for field, bad, msg in checks:
             if bad:
                 raise ApiError(400, msg, field)
+        if isinstance(req, ChatRequest):  # given, neutral: accepted and ignored, as IGNORED's fields are
+            for field in ("tools", "tool_choice", "functions", "function_call"):
+                if getattr(req, field) is not None:
+                    why = "no functions are called" if field.startswith("function") else "no tools are called"
+                    req._ignored.append(f"{field} ({why})")
