@@ -159,6 +159,29 @@ def test_bidirectional_reuse_runs_and_without_a_shared_prefix_equals_no_reuse(ti
     assert all(isinstance(t, str) for t in got) and sched.prefix.stats.reused_tokens == 2 * 16
 
 
+def test_health_reports_prefix_reuse_its_mode_budget_and_what_it_holds(tiny):
+    """``/health`` and ``/health/ready`` say whether prefix reuse is on, exact or approximate, its budget
+    and the chunks and bytes stored (real HTTP requests through the app's ASGI interface)."""
+    from starlette.testclient import TestClient
+
+    sdar = load_model(FIXTURES / "sdar", device="cpu", dtype="float32")
+    settings = resolve_settings(str(FIXTURES / "sdar"), {"gen_length": GEN, "block_length": 4}, {})
+    app = create_app(sdar, settings, ServeOptions(model_name="m", warmup=0, prefix_chunk=4, prefix_cache_mb=3))
+    http = TestClient(app)  # no lifespan: the engine thread does not start, the routes answer
+    state = {"enabled": True, "mode": "exact", "budget_mb": 3, "entries": 0, "bytes": 0}
+    assert http.get("/health").json()["prefix_cache"] == state
+    app.state.scheduler.prefix.add(list(range(3, 11)), torch.zeros(2, 2, 1, 8, 2))  # two chunks of 128 bytes
+    assert http.get("/health").json()["prefix_cache"] == state | {"entries": 2, "bytes": 256}
+    app.state.scheduler.ready.set()
+    assert http.get("/health/ready").json() == {"status": "ready", "prefix_cache": state | {"entries": 2, "bytes": 256}}
+    tiny_settings = resolve_settings("tiny", {"gen_length": GEN, "block_length": GEN}, {})
+    on = create_app(tiny, tiny_settings, ServeOptions(model_name="m", warmup=0, prefix_cache=True))
+    assert TestClient(on).get("/health").json()["prefix_cache"] == {
+        "enabled": True, "mode": "approximate", "budget_mb": 1024, "entries": 0, "bytes": 0}
+    off = create_app(sdar, settings, ServeOptions(model_name="m", warmup=0, prefix_cache=False))
+    assert TestClient(off).get("/health").json()["prefix_cache"] == {"enabled": False}
+
+
 @pytest.mark.parametrize("mb", ["0", "2000000"])
 def test_prefix_cache_mb_out_of_range_is_one_line_naming_the_value(cli, mb):
     r = cli("serve", "--prefix-cache-mb", mb)
