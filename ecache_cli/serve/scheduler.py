@@ -478,7 +478,7 @@ class Scheduler:
                     group = _Group(k, run, joinable=True, reuse=reuse)
                     group.add(job, 0)
                     self._groups.append(group)
-                if group.reuse:
+                if group.reuse and self._may_defer():
                     self._unstepped.append(job)
             except Exception as e:  # e.g. a policy that cannot be built: this request fails alone
                 self._error(job, e)
@@ -509,9 +509,9 @@ class Scheduler:
         reusing run, not yet stepped) whose prompt shares more of its reusable prefix (whole chunks,
         whole ``_reach`` units) than the store holds now: after that step the store holds it and the
         job's first forward skips it (docs/SERVING.md, "Prefix reuse": requests admitted together)."""
-        if self.prefix is None or not self.batch_prefix or self._draining or self.admission == "fcfs":
-            return False  # fcfs: a batch starts and ends together, in one run
         self._unstepped = [j for j in self._unstepped if j.steps == 0 and not j.done]
+        if not self._may_defer():
+            return False
         if not self._unstepped or not self._reusable(job):
             return False
         n, root, unit = self._final(job), self._root(job.key), self._reach(job.key)
@@ -524,6 +524,11 @@ class Scheduler:
                 return True
         return False
 
+    def _may_defer(self) -> bool:
+        """Whether jobs may wait for another's first step: a prefix store, not shutting down, and not
+        ``fcfs`` (a static batch starts and ends together, in one run)."""
+        return self.prefix is not None and self.batch_prefix and not self._draining and self.admission != "fcfs"
+
     def _undeferred(self) -> list[Job]:
         """The deferred jobs in queue order, taken out of ``_deferred`` (``_admit`` defers again those that
         still wait)."""
@@ -533,7 +538,10 @@ class Scheduler:
     def _reusable(self, job: Job) -> bool:
         """Whether runs of ``job``'s group reuse stored prefixes (their policy keeps no hidden states)."""
         if job.key not in self._reuses:
-            self._reuses[job.key] = ReusedPrefix.wraps(job.make_policy())
+            try:
+                self._reuses[job.key] = ReusedPrefix.wraps(job.make_policy())
+            except Exception:  # a policy that cannot be built: the job fails alone when it is put in a run
+                return False
         return self._reuses[job.key]
 
     def _lookup(self, job: Job):
