@@ -18,9 +18,11 @@ Workloads (each request a greedy chat completion built by the server's own reque
 
 All ``--n`` requests are queued at once (``--admission always``, ``--max-batch`` rows), so throughput
 is requests over the seconds from the first submission to the last answer. The first ``--max-batch``
-requests start together and find nothing stored; the later ones join as rows finish and reuse the shots.
+requests are admitted together: the first computes the shots, the others join its run after its first
+step, which stored them, and reuse them; the later ones join as rows finish and reuse the shots.
 Columns: ``speedup`` the throughput ratio (wall time without over with reuse), ``busy`` the ratio of the
-engine steps' summed seconds, ``work`` the ratio of positions the steps computed (independent of the
+engine steps' summed seconds, ``cpu`` the ratio of the process's CPU seconds over the pass (less
+moved than wall time by other processes' load), ``work`` the ratio of positions the steps computed (independent of the
 machine's load: on a shared machine the times of two passes of one setting can differ by more than the
 effect), ``identical`` / ``tokens`` the answers against no reuse, ``hit rate`` reused over prompt tokens.
 Prints a table, the target (throughput ≥ 1.3× at ≥ 99% identical answers on the 4-shot workload), then
@@ -105,15 +107,16 @@ def one_pass(lm, settings, texts: list[str], args, rule: str) -> dict:
     sched._observe = counted
     sched.start([request(i, texts[i]) for i in range(min(4, args.max_batch, len(texts)))])  # as the server
     sched.ready.wait()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for job in jobs:
         sched.submit(job)
     while not all(j.done for j in jobs):
         time.sleep(0.002)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     sched.stop()
     st = store.stats if store is not None else None
-    return {"seconds": seconds, "positions": work[0], "busy_s": work[1], "texts": [j.text for j in jobs],
+    return {"seconds": seconds, "cpu_s": cpu, "positions": work[0], "busy_s": work[1],
+            "texts": [j.text for j in jobs],
             "ids": [j.ids[:j.n_answer] for j in jobs],
             "hit_rate": st.reused_tokens / max(st.prompt_tokens, 1) if st else 0.0,
             "store_mb": store.bytes / 2**20 if store is not None else 0.0,
@@ -130,14 +133,16 @@ def workload(name: str, lm, settings, texts: list[str], args, rules: list[str]) 
     """The passes of one workload (no reuse and each of ``rules``, the order rotating over ``--repeats``)
     and its rows of the table, one per rule against no reuse."""
     order = ["off"] + rules
-    times, busy, last = {r: [] for r in order}, {r: [] for r in order}, {}
+    times, busy, cpu, last = {r: [] for r in order}, {r: [] for r in order}, {r: [] for r in order}, {}
     for rep in range(args.repeats):
         for rule in order[rep % len(order):] + order[:rep % len(order)]:
             r = one_pass(lm, settings, texts, args, rule)
             times[rule].append(r["seconds"])
             busy[rule].append(r["busy_s"])
+            cpu[rule].append(r["cpu_s"])
             last[rule] = r
             print(f"{name:>13} {rule:>6} pass {rep}: {r['seconds']:.2f} s, steps' busy {r['busy_s']:.2f} s, "
+                  f"CPU {r['cpu_s']:.2f} s, "
                   f"{r['positions']:.0f} positions computed", file=sys.stderr, flush=True)
     base, off = last["off"], statistics.median(times["off"])
     rows = []
@@ -148,6 +153,7 @@ def workload(name: str, lm, settings, texts: list[str], args, rules: list[str]) 
                      "s_off": off, "s_on": on, "req_s_off": len(texts) / off, "req_s_on": len(texts) / on,
                      "speedup": off / on, "identical": same,
                      "busy_speedup": statistics.median(busy["off"]) / statistics.median(busy[rule]),
+                     "cpu_speedup": statistics.median(cpu["off"]) / statistics.median(cpu[rule]),
                      "work_ratio": base["positions"] / max(got["positions"], 1.0),
                      "token_agreement": agreement(base["ids"], got["ids"]), "hit_rate": got["hit_rate"],
                      "store_mb": got["store_mb"]})
@@ -214,13 +220,14 @@ def main() -> None:
         print(f"prefix_reuse.py: {e}", file=sys.stderr)
         sys.exit(2)
     head = ("workload", "rule", "n", "prompt", "off s", "on s", "req/s off", "req/s on", "speedup", "busy",
-            "work", "identical", "tokens", "hit rate", "store MB")
-    widths = (13, 6, 3, 6, 6, 6, 9, 8, 7, 6, 6, 9, 6, 8, 8)
+            "cpu", "work", "identical", "tokens", "hit rate", "store MB")
+    widths = (13, 6, 3, 6, 6, 6, 9, 8, 7, 6, 6, 6, 9, 6, 8, 8)
     print("\n" + " ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
     for r in rows:
         cells = (r["workload"], r["rule"], r["n"], f"{r['prompt_tokens']:.0f}", f"{r['s_off']:.2f}",
                  f"{r['s_on']:.2f}", f"{r['req_s_off']:.2f}", f"{r['req_s_on']:.2f}", f"{r['speedup']:.2f}x",
-                 f"{r['busy_speedup']:.2f}x", f"{r['work_ratio']:.2f}x", f"{100 * r['identical']:.1f}%",
+                 f"{r['busy_speedup']:.2f}x", f"{r['cpu_speedup']:.2f}x", f"{r['work_ratio']:.2f}x",
+                 f"{100 * r['identical']:.1f}%",
                  f"{100 * r['token_agreement']:.1f}%", f"{100 * r['hit_rate']:.1f}%", f"{r['store_mb']:.2f}")
         print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
     target = {f"{r['workload']}/{r['rule']}": {"speedup": r["speedup"], "identical": r["identical"],

@@ -97,6 +97,21 @@ def load_for_command(model: str, device: str | None, dtype: str | None, threads:
     return lm, dist
 
 
+def inspect_for_command(model: str, device: str | None, dtype: str | None, compile: bool = False,
+                        force: bool = False, quantize: str | None = None):
+    """:func:`load_for_command`'s checks without the weights: ``compile``'s compiler, then
+    ``models.loader.inspect_model`` (device, dtype, quantize, the checkpoint's config, tokenizer and spec,
+    and without ``force`` whether the weights fit the free memory). Returns its ``ModelMeta`` (``.spec``);
+    raises as :func:`load_for_command` does before it reads a weight."""
+    from .models.loader import inspect_model
+
+    if compile:
+        from .models.compiled import check_compiler
+
+        check_compiler(_device_kind(device))
+    return inspect_model(model, device, dtype, force=force, quantize=quantize)
+
+
 def _device_kind(device: str | None):
     """The torch device type a ``--device`` value will load on (``auto``: CUDA when available)."""
     import torch

@@ -69,10 +69,11 @@ def test_the_store_evicts_least_recently_used_chunks_within_its_bytes():
     assert PrefixStore(chunk=4, max_bytes=64).add(a, torch.cat([_kv(1), _kv(2)], 3)) == 0  # a chunk over the bound
 
 
-def _serve(lm, settings, first: list[list[int]], later: list[list[int]], chunk: int = 8, **options):
+def _serve(lm, settings, first: list[list[int]], later: list[list[int]], chunk: int = 8, admission: str = "always",
+           **options):
     """Serve ``first`` together, then (once the first row has run a step) ``later``, through the scheduler
     in-process, with a prefix store of ``chunk``-token chunks; returns (answers in order, the scheduler)."""
-    app = create_app(lm, settings, ServeOptions(model_name="m", warmup=0, admission="always", prefix_chunk=chunk,
+    app = create_app(lm, settings, ServeOptions(model_name="m", warmup=0, admission=admission, prefix_chunk=chunk,
                                                 **options))
     srv, sched = app.state.server, app.state.scheduler
 
@@ -110,7 +111,8 @@ def _prompts(seed: int, shared: int, tails: list[int]) -> list[list[int]]:
 @pytest.mark.parametrize("name,block,chunk,shared", [("sdar", 4, 6, 24), ("llada2-mini", 8, 10, 20)])
 def test_block_diffusion_answers_with_reused_prompt_blocks_equal_generate(name, block, chunk, shared):
     """Requests sharing a prefix, of different lengths (so different left padding in their run), two
-    started together and three joining mid-run: each reads the shared prompt's whole blocks within whole
+    admitted together (the second waits for the first's first step, which stores the shared prefix) and
+    three joining mid-run: every one but the first reads the shared prompt's whole blocks within whole
     chunks from the store and answers exactly as ``generate`` does for its prompt alone. Chunks need not
     end on block ends: with chunks of 10 and blocks of 8 the 20 shared tokens are found, but only 16 are
     reused (the block 16-24 holds tokens that differ, so its keys and values do too)."""
@@ -124,12 +126,33 @@ def test_block_diffusion_answers_with_reused_prompt_blocks_equal_generate(name, 
     assert got == want
     st = sched.prefix.stats
     reused = shared // chunk * chunk // block * block  # the shared tokens in whole chunks, then in whole blocks
-    assert st.hits == 3 and st.reused_tokens == 3 * reused > 0  # the three later prompts
+    assert st.hits == 4 and st.reused_tokens == 4 * reused > 0  # all but the first prompt
     assert st.lookups == 5 and sched.prefix.bytes > 0
     text = sched.metrics.render().decode()
-    assert 'ecache_prefix_cache_lookups_total{result="hit"} 3.0' in text
-    assert f'ecache_prefix_cache_tokens_total{{kind="reused"}} {3 * reused}.0' in text
+    assert 'ecache_prefix_cache_lookups_total{result="hit"} 4.0' in text
+    assert 'ecache_prefix_cache_lookups_total{result="miss"} 1.0' in text
+    assert f'ecache_prefix_cache_tokens_total{{kind="reused"}} {4 * reused}.0' in text
     assert f"ecache_prefix_cache_bytes {float(sched.prefix.bytes)}" in text
+
+
+@pytest.mark.parametrize("admission", ["auto", "fcfs"])
+def test_requests_admitted_together_share_the_first_ones_prefix_except_in_a_static_batch(admission):
+    """Four requests sharing 16 prompt tokens queued on an idle engine are admitted together: under
+    ``auto`` the first runs its first step alone, which stores the shared blocks, and the other three
+    join its run at the next step reading them (answers still equal ``generate``'s); ``fcfs`` starts its
+    batch in one run, so nothing is stored before the rows' first forward."""
+    lm = load_model(FIXTURES / "sdar", device="cpu", dtype="float32")
+    settings = resolve_settings(str(FIXTURES / "sdar"), {"gen_length": GEN, "block_length": 4}, {})
+    prompts = _prompts(11, 16, [5, 2, 9, 4])
+    eng = Engine.from_loaded(lm)
+    want = [eng.generate([p], settings.decode, settings.policy(), chat=False)[0].text for p in prompts]
+    got, sched = _serve(lm, settings, prompts, [], chunk=8, admission=admission)
+    assert got == want
+    st = sched.prefix.stats
+    joined = 3 if admission == "auto" else 0
+    assert (st.lookups, st.hits, st.reused_tokens) == (4, joined, 16 * joined)
+    assert not sched._deferred and sched.counts() == (0, 0)
+    assert admission == "auto" or not sched._unstepped  # fcfs keeps no job for later ones to wait on
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +180,31 @@ def test_bidirectional_reuse_runs_and_without_a_shared_prefix_equals_no_reuse(ti
     shared = _prompts(4, 16, [5, 9, 3])
     got, sched = _serve(tiny, settings, shared[:1], shared[1:], prefix_cache=True)
     assert all(isinstance(t, str) for t in got) and sched.prefix.stats.reused_tokens == 2 * 16
+    together, sched = _serve(tiny, settings, shared, [], prefix_cache=True)  # the 2nd and 3rd wait one step
+    assert together == got and sched.prefix.stats.hits == 2 and sched.prefix.stats.reused_tokens == 2 * 16
+
+
+def test_health_reports_prefix_reuse_its_mode_budget_and_what_it_holds(tiny):
+    """``/health`` and ``/health/ready`` say whether prefix reuse is on, exact or approximate, its budget
+    and the chunks and bytes stored (real HTTP requests through the app's ASGI interface)."""
+    from starlette.testclient import TestClient
+
+    sdar = load_model(FIXTURES / "sdar", device="cpu", dtype="float32")
+    settings = resolve_settings(str(FIXTURES / "sdar"), {"gen_length": GEN, "block_length": 4}, {})
+    app = create_app(sdar, settings, ServeOptions(model_name="m", warmup=0, prefix_chunk=4, prefix_cache_mb=3))
+    http = TestClient(app)  # no lifespan: the engine thread does not start, the routes answer
+    state = {"enabled": True, "mode": "exact", "budget_mb": 3, "entries": 0, "bytes": 0}
+    assert http.get("/health").json()["prefix_cache"] == state
+    app.state.scheduler.prefix.add(list(range(3, 11)), torch.zeros(2, 2, 1, 8, 2))  # two chunks of 128 bytes
+    assert http.get("/health").json()["prefix_cache"] == state | {"entries": 2, "bytes": 256}
+    app.state.scheduler.ready.set()
+    assert http.get("/health/ready").json() == {"status": "ready", "prefix_cache": state | {"entries": 2, "bytes": 256}}
+    tiny_settings = resolve_settings("tiny", {"gen_length": GEN, "block_length": GEN}, {})
+    on = create_app(tiny, tiny_settings, ServeOptions(model_name="m", warmup=0, prefix_cache=True))
+    assert TestClient(on).get("/health").json()["prefix_cache"] == {
+        "enabled": True, "mode": "approximate", "budget_mb": 1024, "entries": 0, "bytes": 0}
+    off = create_app(sdar, settings, ServeOptions(model_name="m", warmup=0, prefix_cache=False))
+    assert TestClient(off).get("/health").json()["prefix_cache"] == {"enabled": False}
 
 
 @pytest.mark.parametrize("mb", ["0", "2000000"])

@@ -15,6 +15,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 
 import pytest
 from cli_helpers import one_line_error
@@ -94,6 +95,51 @@ def test_a_cuda_device_reserves_one_gpu_per_replica_and_loads_on_its_own():
     assert resources("cpu", 4) == {"num_cpus": 4, "num_gpus": 0} and replica_device("cpu") == "cpu"
 
 
+class _InlineRay:
+    """``ray.remote(f).options(...).remote()`` and ``ray.get`` run ``f`` in this process (no Ray needed)."""
+
+    def remote(self, fn):
+        class Task:
+            def options(self, **_):
+                return self
+
+            def remote(self):
+                return fn()
+
+        return Task()
+
+    def get(self, value):
+        return value
+
+
+def test_the_pre_deploy_check_reads_no_weight_and_still_refuses_bad_settings(monkeypatch):
+    """``serve --ray``'s probe checks the settings and the prompt limit on the model's config and
+    tokenizer alone: a weight read would fail here."""
+    import ecache_cli.models.loader as loader
+    from ecache_cli.commands.serve import prompt_limit
+    from ecache_cli.errors import UsageError
+    from ecache_cli.runs.settings import resolve_settings
+    from ecache_cli.runtime import inspect_for_command
+    from ecache_cli.serve.ray_serve import probe
+
+    def no_weights(*a, **k):
+        raise AssertionError("the pre-deploy check read the weights")
+
+    monkeypatch.setattr(loader, "load_weights", no_weights)
+    inspect = partial(inspect_for_command, "tiny", "cpu", "auto")
+    settings = resolve_settings("tiny", {"gen_length": 16, "block_length": 8}, {})
+    limit = probe(_InlineRay(), inspect, partial(prompt_limit, settings=settings, max_prompt_tokens=None), {})
+    assert limit == inspect().spec.max_positions - 16 > 0
+    with pytest.raises(UsageError, match="--max-prompt-tokens 1000000 \\+ --gen-length 16 exceed"):
+        probe(_InlineRay(), inspect, partial(prompt_limit, settings=settings, max_prompt_tokens=10**6), {})
+    dual = resolve_settings("tiny", {"gen_length": 16, "block_length": 8}, {"policy": "dual"})
+    sdar = partial(inspect_for_command, str(Path(__file__).parent / "fixtures" / "sdar"), "cpu", "auto")
+    with pytest.raises(UsageError, match="--cache dual does not apply to the sdar model family"):
+        probe(_InlineRay(), sdar, partial(prompt_limit, settings=dual, max_prompt_tokens=None), {})
+    with pytest.raises(AssertionError, match="read the weights"):  # the patch holds: loading would read them
+        loader.load_model("tiny", "cpu")
+
+
 # --- on a local Ray instance ---------------------------------------------------------------------------
 
 
@@ -134,18 +180,19 @@ def test_two_ray_serve_replicas_answer_concurrent_requests_as_generate_does(ray_
     from ecache_cli.errors import UsageError
     from ecache_cli.runs.ray_batch import resources
     from ecache_cli.runs.settings import resolve_settings
-    from ecache_cli.runtime import load_for_command
+    from ecache_cli.runtime import inspect_for_command, load_for_command
     from ecache_cli.serve.app import bind
     from ecache_cli.serve.handling import ServeOptions
     from ecache_cli.serve.ray_serve import deploy, probe, shutdown
 
     settings = resolve_settings("tiny", {"gen_length": 16, "block_length": 8}, {})
     load = partial(load_for_command, "tiny", "cpu", "auto", 1)
+    inspect = partial(inspect_for_command, "tiny", "cpu", "auto")
     res = resources("cpu", 1)
-    limit = probe(ray_local, load, partial(prompt_limit, settings=settings, max_prompt_tokens=None), res)
+    limit = probe(ray_local, inspect, partial(prompt_limit, settings=settings, max_prompt_tokens=None), res)
     assert limit == prompt_limit(load()[0], settings, None)  # what one server computes after loading
     with pytest.raises(UsageError, match="--max-prompt-tokens 1000000 \\+ --gen-length 16 exceed"):
-        probe(ray_local, load, partial(prompt_limit, settings=settings, max_prompt_tokens=10**6), res)
+        probe(ray_local, inspect, partial(prompt_limit, settings=settings, max_prompt_tokens=10**6), res)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     sock.close()

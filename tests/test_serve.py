@@ -130,6 +130,8 @@ def test_models_health_and_metrics_endpoints(server):
     assert [m.id for m in client(url).models.list().data] == ["tiny"]
     health = httpx.get(f"{url}/health").json()
     assert health["status"] == "ok" and health["model"] == "tiny" and health["max_batch"] == 16
+    assert health["prefix_cache"] == {"enabled": False}  # bidirectional: reuse is off unless asked for
+    assert httpx.get(f"{url}/health/ready").json() == {"status": "ready", "prefix_cache": {"enabled": False}}
     text = httpx.get(f"{url}/metrics").text
     for name in ("ecache_queue_depth", "ecache_running_rows", "ecache_generated_tokens_total"):
         assert re.search(rf"^{name} ", text, flags=re.M), name

@@ -108,7 +108,7 @@ def serve_cmd(
     from ..console import err, warn
     from ..runs.models import check_start
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
-    from ..runtime import load_for_command
+    from ..runtime import inspect_for_command, load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
 
     check_start(model, device, dtype)  # before the settings, as every model command
@@ -138,8 +138,11 @@ def serve_cmd(
         sock.close()
         load = partial(load_for_command, model, replica_device(device), dtype, threads or cores_per_replica,
                        compile=settings.compile, force=force, quantize=settings.quantize)
+        # the pre-deploy check reads the checkpoint's config and tokenizer, never its weights
+        inspect = partial(inspect_for_command, model, replica_device(device), dtype, compile=settings.compile,
+                          force=force, quantize=settings.quantize)
         check = partial(prompt_limit, settings=settings, max_prompt_tokens=max_prompt_tokens)
-        serve_ray(load, check, settings, opts, replicas, resources(device, cores_per_replica), host, port_,
+        serve_ray(load, inspect, check, settings, opts, replicas, resources(device, cores_per_replica), host, port_,
                   say=say, say_url=err.print if port == 0 else say)
         return
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)
@@ -164,7 +167,8 @@ def serve_cmd(
 
 
 def prompt_limit(lm, settings, max_prompt_tokens: int | None) -> int:
-    """The checks made once the model is loaded, before listening: the settings fit the model
+    """The checks made once the model is loaded (``lm``: a ``LoadedModel``, or the ``ModelMeta`` of
+    ``models.loader.inspect_model``: only its ``spec`` is read), before listening: the settings fit the model
     (``runs.settings.check_settings_fit``: what every request's run would refuse) and the prompt limit,
     ``--max-prompt-tokens`` or by default the positions ``--gen-length`` leaves. Returns that limit;
     raises UsageError (exit 2) naming the flag to change."""

@@ -510,6 +510,51 @@ def _skip_init():
             setattr(init, n, fn)
 
 
+@dataclass
+class ModelMeta:
+    """What :func:`inspect_model` finds before any weight is read: the checkpoint's ``path`` and
+    ``name``, its ``tokenizer`` and ``spec`` (a ``ModelSpec``), the ``device`` and ``dtype`` it would load
+    on, and ``quant`` (a ``quantize.Quantization``, or None)."""
+
+    path: Path
+    name: str
+    tokenizer: object
+    spec: ModelSpec
+    device: torch.device
+    dtype: torch.dtype
+    quant: object = None
+
+
+def inspect_model(name_or_path: str | os.PathLike | None = None, device: str | torch.device | None = None,
+                  dtype: str | torch.dtype | None = None, force: bool = False,
+                  quantize: str | None = None) -> ModelMeta:
+    """The checks of :func:`load_model` that read no weight (the device, dtype and quantize values, the
+    folder, config.json, the tokenizer, the spec, and without ``force`` whether the weights fit the free
+    memory, from the safetensors headers), and what they find (:class:`ModelMeta`). For a check made before
+    the model loads elsewhere (``ecache serve --ray``: the replicas load it). Arguments and errors as
+    :func:`load_model`'s, less the faults only reading the weights finds (a missing tensor, a shard that
+    cannot be read)."""
+    from . import quantize as qz
+
+    if not isinstance(force, bool):
+        raise UsageError(f"load_model(force={force!r}): force is True or False")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    quant = qz.parse_quantize(quantize)
+    if quant is not None:
+        qz.check_supported(quant, dev, dt)
+    path, name = resolve_path(name_or_path)
+    config_path(path)  # a folder without config.json is no checkpoint: say so before its tokenizer
+    tok = load_tokenizer(path)
+    spec, _ = read_spec(path, tok.get_vocab())  # ids only the tokenizer knows: end of turn, stops, LLaDA-MoE's
+    if spec.mask_id == spec.pad_id:
+        raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); "
+                             "the canvas needs distinct ids")
+    if not force:
+        check_fits(path, name, spec, dev, dt, quant)
+    return ModelMeta(path, name, tok, spec, dev, dt, quant)
+
+
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
@@ -534,22 +579,9 @@ def load_model(
     """
     from . import quantize as qz
 
-    if not isinstance(force, bool):
-        raise UsageError(f"load_model(force={force!r}): force is True or False")
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    quant = qz.parse_quantize(quantize)
-    if quant is not None:
-        qz.check_supported(quant, dev, dt)
-    path, name = resolve_path(name_or_path)
-    config_path(path)  # a folder without config.json is no checkpoint: say so before its tokenizer
-    tok = load_tokenizer(path)
-    spec, _ = read_spec(path, tok.get_vocab())  # ids only the tokenizer knows: end of turn, stops, LLaDA-MoE's
-    if spec.mask_id == spec.pad_id:
-        raise ModelLoadError(f"{path}: mask_token_id equals pad_token_id ({spec.mask_id}); "
-                             "the canvas needs distinct ids")
-    if not force:
-        check_fits(path, name, spec, dev, dt, quant)
+    meta = inspect_model(name_or_path, device, dtype, force, quantize)
+    path, name, tok, spec, dev, dt, quant = (meta.path, meta.name, meta.tokenizer, meta.spec, meta.device, meta.dtype,
+                                             meta.quant)
     with torch.device("meta"), _skip_init():
         model = FAMILIES[spec.family].model_class(spec)
     if quant is not None:

@@ -290,8 +290,20 @@ async def health(request: Request):
              else "ok" if srv.sched.ready.is_set() else "warming_up")
     body = {"status": state,
             "model": srv.opts.model_name, "running_rows": running, "queued": queued, "max_batch": srv.opts.max_batch,
-            "admission": srv.opts.admission}
+            "admission": srv.opts.admission, "prefix_cache": prefix_state(srv.sched)}
     return JSONResponse(body, status_code=503 if srv.sched.draining else 200)
+
+
+def prefix_state(sched: Scheduler) -> dict:
+    """What ``/health`` and ``/health/ready`` say of prefix reuse (docs/SERVING.md, "Prefix reuse"):
+    ``{"enabled": false}``, or ``enabled``, ``mode`` (``exact`` on block-causal attention, else
+    ``approximate``), ``budget_mb`` (``--prefix-cache-mb``), ``entries`` (chunks stored) and ``bytes``
+    (their keys' and values' bytes)."""
+    store = sched.prefix
+    if store is None:
+        return {"enabled": False}
+    return {"enabled": True, "mode": "exact" if sched.engine.spec.block_causal else "approximate",
+            "budget_mb": store.max_bytes >> 20, "entries": len(store), "bytes": store.bytes}
 
 
 async def live():
@@ -310,7 +322,7 @@ async def ready(request: Request):
         return JSONResponse({"status": "warmup_failed", "error": sched.warmup_error}, status_code=503)
     if not sched.ready.is_set():
         return JSONResponse({"status": "warming_up"}, status_code=503)
-    return {"status": "ready"}
+    return {"status": "ready", "prefix_cache": prefix_state(sched)}
 
 
 async def metrics_route(request: Request):

@@ -124,16 +124,19 @@ def _last_line(e: BaseException) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
-def probe(ray, load: Callable, check: Callable, res: dict):
-    """Run ``check(lm)`` in a Ray task with one replica's resources ``res`` over a model loaded with
-    ``load``, before any replica starts: the checks a single server makes after loading (limits that
-    need the model's positions), made where the replicas will run. Returns ``check``'s value; an
-    EcacheError it raises is raised here (exit 1 or 2 as usual)."""
+def probe(ray, inspect: Callable, check: Callable, res: dict):
+    """Run ``check(meta)`` in a Ray task with one replica's resources ``res`` over what ``inspect``
+    finds of the model without loading its weights (``runtime.inspect_for_command``: a ``ModelMeta``,
+    with the model's ``spec``), before any replica starts: the checks a single server makes after loading
+    (the settings fit the model, limits that need the model's positions), made where the replicas will
+    run (their device, dtype and free memory), in seconds and without a model's memory. Returns
+    ``check``'s value; an EcacheError that ``inspect`` or ``check`` raises is raised here (exit 1 or 2 as
+    usual)."""
     from ..errors import EcacheError
 
     def run_check():
         try:
-            return True, check(load()[0])
+            return True, check(inspect())
         except EcacheError as e:
             return False, e
 
@@ -150,10 +153,11 @@ def shutdown() -> None:
     serve.shutdown()
 
 
-def serve_ray(load: Callable, check: Callable, settings, opts: ServeOptions, replicas: int | str, res: dict,
-              host: str, port: int, say: Callable, say_url: Callable) -> None:
+def serve_ray(load: Callable, inspect: Callable, check: Callable, settings, opts: ServeOptions, replicas: int | str,
+              res: dict, host: str, port: int, say: Callable, say_url: Callable) -> None:
     """``ecache serve --ray``, blocking until SIGINT or SIGTERM: connect to Ray (``runs.ray_batch.ray_session``),
-    make the checks of a loaded model (:func:`probe` with ``check``, which returns the prompt limit),
+    make the checks of a loaded model on what ``inspect`` finds without the weights (:func:`probe` with
+    ``check``, which returns the prompt limit),
     deploy (:func:`deploy`), print the address (``say_url``) and wait; then delete the deployment.
     Raises EcacheError as :func:`deploy` and :func:`probe` do."""
     import dataclasses
@@ -164,8 +168,8 @@ def serve_ray(load: Callable, check: Callable, settings, opts: ServeOptions, rep
 
     ray = require_ray("serve --ray")
     with ray_session(ray):
-        check_capacity(ray, replicas, res)  # before the probe loads the model
-        opts = dataclasses.replace(opts, max_prompt_tokens=probe(ray, load, check, res))
+        check_capacity(ray, replicas, res)  # before the probe
+        opts = dataclasses.replace(opts, max_prompt_tokens=probe(ray, inspect, check, res))
         url = deploy(load, settings, opts, replicas, res, host, port)
         try:
             stop = threading.Event()

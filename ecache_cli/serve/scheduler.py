@@ -27,6 +27,10 @@ shutdown grace), through ``record.finished`` (``docs/ARCHITECTURE.md``, "Row lif
 at most :data:`RUN_ROW_LIMIT` rows over its life (its ledger keeps every row), then its group starts a
 new run for later requests.
 
+With a prefix store (docs/SERVING.md, "Prefix reuse"), a request admitted with others whose prompt
+shares a prefix with an earlier one's that is not stored yet joins one step after it, once its first
+step has stored that prefix (:meth:`Scheduler._defers`), so rows admitted together do not all miss.
+
 Before it serves, the loop warms up (:meth:`Scheduler.start` with warm-up jobs): a few steps of one
 row and of several rows, which also give the step-cost model its first points; ``ready`` is set then
 (``GET /health/ready``).
@@ -229,6 +233,10 @@ class Scheduler:
         assert admission in MODES, admission
         self.prefix = prefix  # a prefixstore.PrefixStore, or None: no reuse across requests
         self.prefix_frozen = True  # reused positions stay frozen for the whole request (``ReusedPrefix``)
+        self.batch_prefix = True  # a job sharing a prefix with one admitted before it waits for its first step
+        self._unstepped: list[Job] = []  # jobs in reusing runs whose first step has not run (``_defers``)
+        self._deferred: list[Job] = []  # admitted jobs waiting for such a job's first step, counted as running
+        self._reuses: dict[GroupKey, bool] = {}  # whether runs of a group reuse stored prefixes
         self.engine = Engine.from_loaded(lm)
         self.tokenizer = lm.tokenizer
         self.end_ids = set(self.engine.end_ids.tolist())
@@ -319,7 +327,7 @@ class Scheduler:
                 with self._cv:
                     self._expire_queue()
                     taken = self._take()
-                    if not self._groups and not taken:
+                    if not self._groups and not taken and not self._deferred:
                         if self._stopping:
                             return
                         self._cv.wait(0.5)
@@ -446,24 +454,33 @@ class Scheduler:
         return [self._row(g.key, job.steps) for g in self._groups for job in g.jobs.values() if not job.done]
 
     def _admit(self, jobs: list[Job]) -> None:
-        """Put each job into the newest joinable run of its group, or start a run for it."""
-        for job in jobs:
-            job.uid, self._uid = self._uid, self._uid + 1
+        """Put each job into the newest joinable run of its group, or start a run for it; a job whose
+        prompt shares a prefix with a job admitted before it whose first step has not run yet waits for
+        that step (:meth:`_defers`), and is put in here at a later call."""
+        for job in self._undeferred() + jobs:
+            if self._defers(job):
+                self._deferred.append(job)
+                continue
+            if job.uid < 0:
+                job.uid, self._uid = self._uid, self._uid + 1
             group = next((g for g in reversed(self._groups) if g.key == job.key and g.accepts), None)
             try:
                 if group is not None:
                     kv = self._lookup(job) if group.reuse else None
                     group.add(job, group.run.add(job.prompt_ids, row_id=job.uid, reuse=kv))
-                    continue
-                k, policy = job.key, job.make_policy()
-                reuse = self.prefix is not None and ReusedPrefix.wraps(policy)
-                policy = ReusedPrefix(policy, self.prefix_frozen) if reuse else policy
-                run = self.engine.start([job.prompt_ids], k.cfg, policy, seed=0, row_ids=[job.uid],
-                                        prompt_width=k.prompt_width, reuse=[self._lookup(job)] if reuse else None)
-                run.store.max_rows = self.max_batch  # its KV store's buffers grow by doubling up to it
-                group = _Group(k, run, joinable=True, reuse=reuse)
-                group.add(job, 0)
-                self._groups.append(group)
+                else:
+                    k, policy = job.key, job.make_policy()
+                    reuse = self.prefix is not None and ReusedPrefix.wraps(policy)
+                    policy = ReusedPrefix(policy, self.prefix_frozen) if reuse else policy
+                    run = self.engine.start([job.prompt_ids], k.cfg, policy, seed=0, row_ids=[job.uid],
+                                            prompt_width=k.prompt_width,
+                                            reuse=[self._lookup(job)] if reuse else None)
+                    run.store.max_rows = self.max_batch  # its KV store's buffers grow by doubling up to it
+                    group = _Group(k, run, joinable=True, reuse=reuse)
+                    group.add(job, 0)
+                    self._groups.append(group)
+                if group.reuse and self._may_defer():
+                    self._unstepped.append(job)
             except Exception as e:  # e.g. a policy that cannot be built: this request fails alone
                 self._error(job, e)
         if self.admission == "fcfs":  # the batch is complete: no row joins it later
@@ -487,6 +504,46 @@ class Scheduler:
         """The prompt's leading tokens whose keys and values may be stored and reused (``_reach``)."""
         reach = self._reach(job.key)
         return len(job.prompt_ids) // reach * reach
+
+    def _defers(self, job: Job) -> bool:
+        """Whether ``job`` waits for the first step of a job admitted before it (``_unstepped``: in a
+        reusing run, not yet stepped) whose prompt shares more of its reusable prefix (whole chunks,
+        whole ``_reach`` units) than the store holds now: after that step the store holds it and the
+        job's first forward skips it (docs/SERVING.md, "Prefix reuse": requests admitted together)."""
+        self._unstepped = [j for j in self._unstepped if j.steps == 0 and not j.done]
+        if not self._may_defer():
+            return False
+        if not self._unstepped or not self._reusable(job):
+            return False
+        n, root, unit = self._final(job), self._root(job.key), self._reach(job.key)
+        have = self.prefix.stored(job.prompt_ids[:n], root) // unit * unit
+        for lead in self._unstepped:
+            if self._root(lead.key) != root:
+                continue
+            common = _common(job.prompt_ids[:n], lead.prompt_ids[:self._final(lead)])
+            if common // self.prefix.chunk * self.prefix.chunk // unit * unit > have:
+                return True
+        return False
+
+    def _may_defer(self) -> bool:
+        """Whether jobs may wait for another's first step: a prefix store, not shutting down, and not
+        ``fcfs`` (a static batch starts and ends together, in one run)."""
+        return self.prefix is not None and self.batch_prefix and not self._draining and self.admission != "fcfs"
+
+    def _undeferred(self) -> list[Job]:
+        """The deferred jobs in queue order, taken out of ``_deferred`` (``_admit`` defers again those that
+        still wait)."""
+        jobs, self._deferred = self._deferred, []
+        return jobs
+
+    def _reusable(self, job: Job) -> bool:
+        """Whether runs of ``job``'s group reuse stored prefixes (their policy keeps no hidden states)."""
+        if job.key not in self._reuses:
+            try:
+                self._reuses[job.key] = ReusedPrefix.wraps(job.make_policy())
+            except Exception:  # a policy that cannot be built: the job fails alone when it is put in a run
+                return False
+        return self._reuses[job.key]
 
     def _lookup(self, job: Job):
         """The stored keys and values of ``job``'s prompt's longest stored prefix in whole ``_reach``
@@ -644,8 +701,16 @@ class Scheduler:
             self._groups.remove(group)
 
     def _fail_all(self, exc: BaseException) -> None:
+        for job in self._undeferred():
+            self._error(job, exc)
         for group in list(self._groups):
             self._drop(group, exc)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of token lists ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _timed(run):
