@@ -32,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_args import OneLineParser, check_at_least  # noqa: E402  (bench/, the script's folder)
+
 from ecache_cli.serve.admission import Row, StepCost, StepHistory, joins  # noqa: E402
 
 GROUP = "g"
@@ -99,16 +101,9 @@ def simulate(mode: str, arrivals: list[tuple[float, int]], args) -> list[tuple[f
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``error: <message>`` on stderr, exit 2 (no usage block)."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
-
-
 def parse(argv=None) -> argparse.Namespace:
     """The options, checked (one-line error and exit 2 for a bad value); ``sizes`` comes back as a list."""
-    ap = _Parser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="32", help="steps a request runs, equally likely (default 32)")
     ap.add_argument("--rate", type=float, default=8.0, help="arrivals per second (default 8)")
     ap.add_argument("--n", type=int, default=1000, help="requests per schedule (default 1000)")
@@ -134,9 +129,7 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error(f"--{bad} {getattr(args, bad.replace('-', '_')):g} must be > 0")
     if args.mixed < 1:
         ap.error(f"--mixed {args.mixed:g} must be ≥ 1 (a mixed step costs at least one in step)")
-    for name, low in (("n", 2), ("seeds", 1), ("block", 1), ("bound", 1), ("max_batch", 1)):
-        if getattr(args, name) < low:
-            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be ≥ {low}")
+    check_at_least(ap, args, dict(n=2, seeds=1, block=1, bound=1, max_batch=1))
     for name in ("base", "row", "join"):
         if getattr(args, name) < 0:
             ap.error(f"--{name} {getattr(args, name):g} must be ≥ 0 seconds")

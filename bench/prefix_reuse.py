@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_args import OneLineParser, check_at_least  # noqa: E402  (bench/, the script's folder)
+
 #: The target on the 4-shot workload (docs issue 53, part 5).
 TARGET_SPEEDUP, TARGET_IDENTICAL = 1.3, 0.99
 
@@ -160,16 +162,9 @@ def workload(name: str, lm, settings, texts: list[str], args, rules: list[str]) 
     return rows
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``error: <message>`` on stderr, exit 2 (no usage block)."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
-
-
 def parse(argv=None) -> argparse.Namespace:
     """The options, checked (one-line error and exit 2 for a bad value, before any model loads)."""
-    ap = _Parser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", help="the bidirectional workload's model (default tiny)")
     ap.add_argument("--profile", default="list", help="its profile (default list)")
     ap.add_argument("--workloads", default="bidirectional,block", help="which to run (default both)")
@@ -186,10 +181,7 @@ def parse(argv=None) -> argparse.Namespace:
     bad = [w for w in args.workloads if w not in ("bidirectional", "block")]
     if bad:
         ap.error(f"--workloads {bad[0]!r}: use bidirectional, block or both (comma-separated)")
-    for name, low in (("n", 1), ("repeats", 1), ("max_batch", 1), ("threads", 1), ("max_tokens", 1),
-                      ("shots", 0), ("prefix_cache_mb", 1)):
-        if getattr(args, name) < low:
-            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be ≥ {low}")
+    check_at_least(ap, args, dict(n=1, repeats=1, max_batch=1, threads=1, max_tokens=1, shots=0, prefix_cache_mb=1))
     return args
 
 

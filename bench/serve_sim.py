@@ -66,6 +66,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_args import OneLineParser, check_at_least  # noqa: E402  (bench/, the script's folder)
+
 
 def pct(xs: list[float], q: float) -> float:
     """The ``q`` quantile of ``xs`` (nearest rank)."""
@@ -179,17 +181,10 @@ def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: 
             "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row, "per_position": sched.cost.per_position}}
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``error: <message>`` on stderr, exit 2 (no usage block)."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
-
-
 def parse(argv=None) -> argparse.Namespace:
     """The options, checked (one-line error and exit 2 for a bad value, before the model loads);
     ``rates`` comes back as a list of (value, True when a fraction of the measured capacity)."""
-    ap = _Parser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", help="a model name or folder (default tiny; ignored with --size)")
     ap.add_argument("--size", default=None, help="serve a random-weight LLaDA-shaped checkpoint of "
                     "bench/gpu_speed.py's SIZES (1b, tiny) instead of --model (module docstring)")
@@ -238,9 +233,7 @@ def parse(argv=None) -> argparse.Namespace:
 
     if args.policy not in POLICIES:
         ap.error(f"--policy {args.policy!r} is not a cache policy; use one of {', '.join(POLICIES)}")
-    for name, low in (("n", 2), ("repeats", 1), ("max_batch", 1), ("threads", 1), ("max_tokens", 1), ("shots", 0)):
-        if getattr(args, name) < low:
-            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be ≥ {low}")
+    check_at_least(ap, args, dict(n=2, repeats=1, max_batch=1, threads=1, max_tokens=1, shots=0))
     return args
 
 
