@@ -67,16 +67,20 @@ def check_setting(name: str, value, label: str) -> None:
     """``value`` in the declared range of setting ``name`` (:func:`setting_ranges`): the one check and
     message of a flag, a chat command, a server field and a profile key, which differ only in ``label``
     (``--threshold``, ``/threshold``, ``threshold``). UsageError ``--threshold 1.5 must be in (0, 1] (a
-    confidence; e.g. 0.9)``; a name without a range, or a value that is no number, passes."""
+    confidence; e.g. 0.9)``. NaN, ±inf and a text that is no number (``"nan"``, ``"abc"``, as typed after
+    a flag or a chat command, or sent as a request's string) get one message in every place,
+    ``contract.fields.Range.not_finite``: ``--tau abc must be a finite number ≥ 0 (an entropy in nats;
+    e.g. 0.5)``. A name without a range, or a value of another type, passes."""
     from .errors import UsageError
 
     rng = setting_ranges().get(name)
-    if rng is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+    if rng is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return
     try:
-        rng.check(value)
+        rng.check_given(value)
     except ValueError as e:
-        raise UsageError(f"{label} {value} {e}") from None
+        shown = value if not isinstance(value, str) or (value and value.strip() == value) else repr(value)
+        raise UsageError(f"{label} {shown} {e}") from None
 
 
 def profiles_dir() -> Path:

@@ -72,7 +72,7 @@ def cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every) -> d
                 refresh_every=refresh_every)
 
 
-def _option_ranges() -> dict:
+def option_ranges() -> dict:
     """The range of every numeric option, by parameter name: the decode and cache settings' own
     (``config.setting_ranges``, so a flag and a profile key are checked alike) and the command options'."""
     from .config import INT_MAX, Range, setting_ranges
@@ -101,7 +101,7 @@ def check_ranges(values: dict) -> None:
 
     from .errors import UsageError
 
-    ranges = _option_ranges()
+    ranges = option_ranges()
     for name, value in values.items():
         rng = ranges.get(name)
         if rng is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -129,20 +129,14 @@ def _fitting_example(name: str, values: dict, example: str) -> str:
     return example
 
 
-Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wider than 80 columns).", rich_help_panel=O)]
+Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (stacked tables where they do not fit).", rich_help_panel=O)]
 
 
 def table_console(console, wide: bool):
     """The console a table is printed on: ``console`` itself (the terminal's width, ``$COLUMNS``, or 80
-    for a pipe), or with ``wide`` one wide enough for every column (240), so no cell is ever cut: of
-    ``console``'s own class, so a closed pipe ends the same way (``console.PipeConsole``). Its
-    ``prose_width`` is ``console``'s width: text printed with ``terminal.prose`` wraps there, not at 240."""
-    if not wide:
-        return console
-    wide_console = type(console)(file=console.file, width=max(console.width, 240), soft_wrap=True,
-                                 force_terminal=console.is_terminal, no_color=console.no_color)
-    wide_console.prose_width = console.width  # prose around the tables still wraps at the terminal's width
-    return wide_console
+    for a pipe), with ``wide`` as without it: a table with more columns than fit is printed as stacked
+    tables of the same rows (``terminal.Fitted``), so every table fits the width and no cell is cut."""
+    return console
 
 
 R = "Scale-out (Ray)"  # the `ray` extra: serve/ray_serve.py

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,7 +208,7 @@ class ChatSession:
     def _tau(self, arg: str) -> None:
         from ..cache import policy_params
 
-        x = _number(arg, float, "/tau", "0.5")
+        x = _number(arg, float, "/tau", "0.5", "tau")
         if "entropy" not in policies_for(self.lm.spec):
             raise UsageError(f"τ is EntropyCache's threshold, which does not apply to the {self.lm.spec.family} model "
                              "family (block diffusion caches finished blocks exactly)")
@@ -220,7 +221,7 @@ class ChatSession:
 
     def _threshold(self, arg: str) -> None:
         off = arg.lower() in ("off", "none")
-        x = None if off else _number(arg, float, "/threshold", "0.9")
+        x = None if off else _number(arg, float, "/threshold", "0.9", "threshold")
         if x is not None:
             _check_range("threshold", x, "/threshold")
         self.source.decode_flags["threshold"] = x
@@ -374,8 +375,17 @@ def _interactive() -> bool:
         return False
 
 
-def _number(arg: str, kind, command: str, example: str):
-    """``arg`` as an int or float; UsageError naming the command and an example otherwise."""
+def _number(arg: str, kind, command: str, example: str, setting: str | None = None):
+    """``arg`` as an int or float; UsageError naming the command and an example otherwise. A float of
+    decode setting or policy parameter ``setting`` that is no finite number (``/tau nan``, ``/tau abc``)
+    gets the flag's message (``config.check_setting``: ``/tau abc must be a finite number ≥ 0 …``)."""
+    if kind is float and setting is not None:
+        try:
+            value = float(arg)
+        except ValueError:
+            value = arg
+        if isinstance(value, str) or not math.isfinite(value):
+            _check_range(setting, arg, command)
     try:
         value = kind(arg)
     except ValueError:

@@ -111,10 +111,9 @@ def check_task(task: str | None, profile: str | None) -> None:
     if task is None:
         return
     from ..errors import UsageError
-    from ..tasks import TASKS
+    from ..tasks import check_task_name
 
-    if task not in TASKS:
-        raise UsageError(f"--task {task!r} is not a task; choose one of {', '.join(TASKS)}")
+    check_task_name(task)
     if profile is not None:
         raise UsageError(f"--task {task} and --profile {profile} both choose a profile; pass only one")
 
