@@ -87,6 +87,7 @@ def option_ranges() -> dict:
         "warmup": count(0, "1"), "repeats": count(1, "3"), "trace_steps": count(1, "32"),
         "rows": count(0, "24", "0 = every step"), "grid": count(1, "8"), "refine": count(0, "3"),
         "volatility_level": Range(0, lo_open=True, example="1e-3"),
+        "watch_delay": Range(0, example="0.1", why="seconds after each step"),
         "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
         "min_fidelity": Range(0, 100, example="95", why="percent"),
     }

@@ -93,12 +93,10 @@ def check_watch(watch: bool, delay: float, quiet: bool = False, stream: bool = F
     """``--watch`` / ``--watch-delay`` (generate and chat): a delay ≥ 0 and finite, and no ``-q`` (which
     silences the stderr the view is drawn on) or ``--stream`` (another live view) beside ``--watch``;
     one-line UsageErrors."""
-    import math
-
     from ..errors import UsageError
+    from ..options import check_ranges
 
-    if not math.isfinite(delay) or delay < 0:
-        raise UsageError(f"--watch-delay {delay} must be a number of seconds ≥ 0 (e.g. 0.1)")
+    check_ranges({"watch_delay": delay})  # NaN and ±inf too, in the flags' words
     if watch and quiet:
         raise UsageError("--watch draws the canvas on stderr and -q silences stderr; pass only one")
     if watch and stream:
