@@ -48,13 +48,12 @@ def _range_words(err: _BadParameter, value: str | None) -> str | None:
     param = getattr(err, "param", None)
     if value is None or param is None or not getattr(param, "name", None):
         return None
-    from .config import Range
     from .errors import UsageError
     from .options import option_ranges
 
     rng = option_ranges().get(param.name)
     flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
-    if not isinstance(rng, Range) or rng.integer or not flags:
+    if rng is None or rng.integer or not flags:
         return None
     try:
         rng.check_given(value)

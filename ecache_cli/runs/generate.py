@@ -93,8 +93,8 @@ def check_watch(watch: bool, delay: float, quiet: bool = False, stream: bool = F
     """``--watch`` / ``--watch-delay`` (generate and chat): a delay ≥ 0 and finite, and no ``-q`` (which
     silences the stderr the view is drawn on) or ``--stream`` (another live view) beside ``--watch``;
     one-line UsageErrors."""
+    from ..config import check_ranges
     from ..errors import UsageError
-    from ..options import check_ranges
 
     check_ranges({"watch_delay": delay})  # NaN and ±inf too, in the flags' words
     if watch and quiet:

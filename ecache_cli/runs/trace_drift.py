@@ -305,7 +305,7 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
                 volatility_level: float, rows: int) -> None:
     """The trace-drift flags, checked before anything loads: ranges (UsageError, exit 2), ``--input``
     readable (``inputs.check_input_file``, DataError), one prompt source and one user of stdout."""
-    from ..options import check_ranges
+    from ..config import check_ranges
     from ..outputs import check_plot_name
     from ..tasks import check_task_name
     from .inputs import check_input_file
