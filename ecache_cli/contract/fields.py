@@ -123,7 +123,7 @@ def check_value(kind, value):
     try:
         value = _check_type(kind, value)
     except ValueError:
-        if rng is not None and not rng.integer and isinstance(value, (str, float)) and not isinstance(value, bool):
+        if rng is not None and float in (kind, *typing.get_args(kind)) and isinstance(value, (str, float)):
             raise ValueError(rng.not_finite()) from None  # NaN or a text that is no number: the range's words
         raise
     if rng is not None and value is not None:
