@@ -41,12 +41,36 @@ def _given_value(err: _BadParameter) -> str | None:
     return None
 
 
+def _range_words(err: _BadParameter, value: str | None) -> str | None:
+    """A number option's text that is no number (``--tau abc``) in the words of its range check, the one
+    message of a value that is no finite number (``config.check_setting``: ``--tau abc must be a finite
+    number ≥ 0 (an entropy in nats; e.g. 0.5)``), as ``--tau nan`` gets it; None for other options."""
+    param = getattr(err, "param", None)
+    if value is None or param is None or not getattr(param, "name", None):
+        return None
+    from .errors import UsageError
+    from .options import option_ranges
+
+    rng = option_ranges().get(param.name)
+    flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+    if rng is None or rng.integer or not flags:
+        return None
+    try:
+        rng.check_given(value)
+    except ValueError as e:
+        shown = value if value and value.strip() == value else repr(value)
+        return str(UsageError(f"{flags[0]} {shown} {e}"))
+    return None
+
+
 def usage_line(err: _ClickUsageError, where: str = "ecache") -> str:
     """One line for an option-parser error: what was wrong, the value given, which help to read
     (``where``: the command path when the error does not carry the subcommand's context)."""
     msg = " ".join(err.format_message().split()).rstrip(".")
     if isinstance(err, _BadParameter):
         value = _given_value(err)
+        if (shared := _range_words(err, value)) is not None:
+            return shared
         if value is not None and repr(value) not in msg:
             msg = f"{msg} (got {value!r})"
     return f"{msg[:1].lower()}{msg[1:]}; see `{where} --help`"

@@ -67,16 +67,78 @@ def check_setting(name: str, value, label: str) -> None:
     """``value`` in the declared range of setting ``name`` (:func:`setting_ranges`): the one check and
     message of a flag, a chat command, a server field and a profile key, which differ only in ``label``
     (``--threshold``, ``/threshold``, ``threshold``). UsageError ``--threshold 1.5 must be in (0, 1] (a
-    confidence; e.g. 0.9)``; a name without a range, or a value that is no number, passes."""
+    confidence; e.g. 0.9)``. NaN, ±inf and a text that is no number (``"nan"``, ``"abc"``, as typed after
+    a flag or a chat command, or sent as a request's string) get one message in every place,
+    ``contract.fields.Range.not_finite``: ``--tau abc must be a finite number ≥ 0 (an entropy in nats;
+    e.g. 0.5)``. A name without a range, or a value of another type, passes."""
     from .errors import UsageError
 
     rng = setting_ranges().get(name)
-    if rng is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+    if rng is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return
     try:
-        rng.check(value)
+        rng.check_given(value)
     except ValueError as e:
-        raise UsageError(f"{label} {value} {e}") from None
+        shown = value if not isinstance(value, str) or (value and value.strip() == value) else repr(value)
+        raise UsageError(f"{label} {shown} {e}") from None
+
+
+def option_ranges() -> dict:
+    """The range of every numeric option, by parameter name: the decode and cache settings' own
+    (:func:`setting_ranges`, so a flag and a profile key are checked alike) and the command options'
+    (``options.py`` re-exports it beside the flags' declarations)."""
+
+    def count(lo, example="", why=""):
+        return Range(lo, INT_MAX, example=example, why=why, integer=True)
+
+    own = {
+        "threads": Range(1, integer=True, example="2", why="$ECACHE_THREADS sets it too"),
+        "batch_size": count(1, "8"), "limit": count(1, "8"), "shots": count(0, "4"),
+        "seed": Range(0, 2**64 - 1, integer=True, example="0", why="a 64-bit seed"),
+        "warmup": count(0, "1"), "repeats": count(1, "3"), "trace_steps": count(1, "32"),
+        "rows": count(0, "24", "0 = every step"), "grid": count(1, "8"), "refine": count(0, "3"),
+        "volatility_level": Range(0, lo_open=True, example="1e-3"),
+        "watch_delay": Range(0, example="0.1", why="seconds after each step"),
+        "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
+        "min_fidelity": Range(0, 100, example="95", why="percent"),
+    }
+    return {**setting_ranges(), **own}
+
+
+def check_ranges(values: dict) -> None:
+    """Check every given numeric option of a command (``values``: parameter name → parsed value, None =
+    not given) against its declared range; raise UsageError ``--recent-k 99999999999999999999 must be ≤
+    2147483647 (e.g. 64)``, naming the flag, the value and what it must be."""
+    import dataclasses
+
+    from .errors import UsageError
+
+    ranges = option_ranges()
+    for name, value in values.items():
+        rng = ranges.get(name)
+        if rng is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        try:
+            rng.check(value)
+        except ValueError:
+            rng = dataclasses.replace(rng, example=_fitting_example(name, values, rng.example))
+            try:
+                rng.check(value)
+            except ValueError as e:
+                raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
+
+
+def _fitting_example(name: str, values: dict, example: str) -> str:
+    """A range's example value that also fits the other options given (``values``): a block length that
+    divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, so that a
+    suggested value is one the same command accepts."""
+    gen, block = values.get("gen_length"), values.get("block_length")
+    if name == "block_length" and isinstance(gen, int) and gen >= 1:
+        return str(next(b for b in (32, 16, 8, 4, 2, 1) if gen % b == 0)) if gen > 32 else str(gen)
+    if name == "gen_length" and isinstance(block, int) and block >= 1:
+        steps = values.get("steps")  # each block needs a whole number of the steps
+        return str(block * steps if isinstance(steps, int) and steps >= 1 else -(-256 // block) * block)
+    return example
 
 
 def profiles_dir() -> Path:

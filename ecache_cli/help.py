@@ -227,9 +227,9 @@ the others and writes an error record for each.
 --jsonl output records echo the input record's other fields."""),
     "outputs": ("Tables, JSON files and concurrent runs", """\
 Tables are sized for an 80-column terminal: [bold]profile[/] and [bold]calibrate[/] show the columns that matter
-(tokens/s, speedup, work, fidelity, score); [bold]--wide[/] shows every column (wider than 80 columns: pipe to
-less -S); --json keeps every number. Results go to stdout, progress, warnings and errors to stderr;
-a closed stdout (ecache profile ... | head -1) ends quietly with exit 0.
+(tokens/s, speedup, work, fidelity, score); [bold]--wide[/] shows every column (tables of the same rows,
+stacked where they do not fit side by side); --json keeps every number. Results go to stdout, progress,
+warnings and errors to stderr; a closed stdout (ecache profile ... | head -1) ends quietly with exit 0.
 
 Output files (--json, --jsonl, --plot, calibrate's --run-file, which also guards its profile) are
 checked before the model loads and locked while a command writes them: a second ecache process

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from .config import check_ranges, option_ranges  # noqa: F401 (the flags' ranges: config.py)
 from .contract.names import policy_names
 
 M, D, C, O = "Model", "Decoding", "Cache", "Output"  # noqa: E741 (help panel names)
@@ -72,77 +73,14 @@ def cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every) -> d
                 refresh_every=refresh_every)
 
 
-def _option_ranges() -> dict:
-    """The range of every numeric option, by parameter name: the decode and cache settings' own
-    (``config.setting_ranges``, so a flag and a profile key are checked alike) and the command options'."""
-    from .config import INT_MAX, Range, setting_ranges
-
-    def count(lo, example="", why=""):
-        return Range(lo, INT_MAX, example=example, why=why, integer=True)
-
-    own = {
-        "threads": Range(1, integer=True, example="2", why="$ECACHE_THREADS sets it too"),
-        "batch_size": count(1, "8"), "limit": count(1, "8"), "shots": count(0, "4"),
-        "seed": Range(0, 2**64 - 1, integer=True, example="0", why="a 64-bit seed"),
-        "warmup": count(0, "1"), "repeats": count(1, "3"), "trace_steps": count(1, "32"),
-        "rows": count(0, "24", "0 = every step"), "grid": count(1, "8"), "refine": count(0, "3"),
-        "volatility_level": Range(0, lo_open=True, example="1e-3"),
-        "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
-        "min_fidelity": Range(0, 100, example="95", why="percent"),
-    }
-    return {**setting_ranges(), **own}
-
-
-def check_ranges(values: dict) -> None:
-    """Check every given numeric option of a command (``values``: parameter name → parsed value, None =
-    not given) against its declared range; raise UsageError ``--recent-k 99999999999999999999 must be ≤
-    2147483647 (e.g. 64)``, naming the flag, the value and what it must be."""
-    import dataclasses
-
-    from .errors import UsageError
-
-    ranges = _option_ranges()
-    for name, value in values.items():
-        rng = ranges.get(name)
-        if rng is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        try:
-            rng.check(value)
-        except ValueError:
-            rng = dataclasses.replace(rng, example=_fitting_example(name, values, rng.example))
-            try:
-                rng.check(value)
-            except ValueError as e:
-                raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
-
-
-def _fitting_example(name: str, values: dict, example: str) -> str:
-    """A range's example value that also fits the other options given (``values``): a block length that
-    divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, so that a
-    suggested value is one the same command accepts."""
-    gen, block = values.get("gen_length"), values.get("block_length")
-    if name == "block_length" and isinstance(gen, int) and gen >= 1:
-        return str(next(b for b in (32, 16, 8, 4, 2, 1) if gen % b == 0)) if gen > 32 else str(gen)
-    if name == "gen_length" and isinstance(block, int) and block >= 1:
-        steps = values.get("steps")  # each block needs a whole number of the steps
-        return str(block * steps if isinstance(steps, int) and steps >= 1 else -(-256 // block) * block)
-    return example
-
-
-Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (wider than 80 columns).", rich_help_panel=O)]
+Wide = Annotated[bool, typer.Option("--wide", help="Show every table column (stacked tables where they do not fit).", rich_help_panel=O)]
 
 
 def table_console(console, wide: bool):
     """The console a table is printed on: ``console`` itself (the terminal's width, ``$COLUMNS``, or 80
-    for a pipe), or with ``wide`` one wide enough for every column (240), so no cell is ever cut: of
-    ``console``'s own class, so a closed pipe ends the same way (``console.PipeConsole``). Its
-    ``prose_width`` is ``console``'s width: text printed with ``terminal.prose`` wraps there, not at 240."""
-    if not wide:
-        return console
-    wide_console = type(console)(file=console.file, width=max(console.width, 240), soft_wrap=True,
-                                 force_terminal=console.is_terminal, no_color=console.no_color)
-    wide_console.prose_width = console.width  # prose around the tables still wraps at the terminal's width
-    return wide_console
+    for a pipe), with ``wide`` as without it: a table with more columns than fit is printed as stacked
+    tables of the same rows (``terminal.Fitted``), so every table fits the width and no cell is cut."""
+    return console
 
 
 R = "Scale-out (Ray)"  # the `ray` extra: serve/ray_serve.py

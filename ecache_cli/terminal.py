@@ -46,26 +46,75 @@ class Fitted:
     def __rich_measure__(self, console, options):
         from rich.measure import Measurement
 
-        self._layout(console, options)
+        if not self._layout(console, options) and len(self.table.columns) > 2:  # stacked parts: the whole width
+            return Measurement(options.max_width, options.max_width)
         return Measurement.get(console, options, self.table)
 
     def __rich_console__(self, console, options):
-        self._layout(console, options)
-        yield self.table
+        if self._layout(console, options) or len(self.table.columns) <= 2:
+            yield self.table
+            return
+        from rich.text import Text
 
-    def _layout(self, console, options) -> None:
-        """Set the table's style and column widths for ``options.max_width``."""
+        parts = self._split(console, options)
+        for i, part in enumerate(parts):
+            if i:
+                yield Text("")
+            yield Fitted(part)
+
+    def _layout(self, console, options, styles=None) -> bool:
+        """Set the table's style and column widths for ``options.max_width``; False when it does not fit
+        in any of ``styles`` (default: its own, then compact, then tight)."""
         width = options.max_width
         self._restore(self.style)
-        for style in (self.style, _COMPACT, _TIGHT):
+        for style in styles or (self.style, _COMPACT, _TIGHT):
             self._restore(style)
             lows, highs = self._content(console, options)
             chrome = self._chrome(console, options, lows)
             if sum(highs) + chrome <= width:
-                return
+                return True
             if sum(lows) + chrome <= width:
                 self._shrink(lows, highs, width - chrome)
-                return
+                return True
+        self._restore(self.style)
+        return False
+
+    def _natural_fit(self, console, options) -> bool:
+        """Whether the table fits ``options.max_width`` in its own style at its natural widths (no cell
+        wraps)."""
+        lows, highs = self._content(console, options)
+        return sum(highs) + self._chrome(console, options, lows) <= options.max_width
+
+    def _split(self, console, options) -> list:
+        """The table as stacked tables of the same rows, each with the first column (the rows' names)
+        and as many of the next columns as fit the width in the table's own style, no cell wrapped (at
+        least one; a part that still does not fit is laid out as any table, :meth:`_layout`): the
+        title above the first, the caption below the last. For a table too wide even without borders
+        (``--wide``'s every column), so that no border is cut and no number loses digits."""
+        n = len(self.table.columns)
+        groups: list[list[int]] = []
+        group = [0]
+        for j in range(1, n):
+            if len(group) > 1 and not Fitted(self._part([*group, j]))._natural_fit(console, options):
+                groups.append(group)
+                group = [0]
+            group.append(j)
+        groups.append(group)
+        title, caption = self.table.title, self.table.caption
+        return [self._part(g, title if i == 0 else None, caption if i == len(groups) - 1 else None)
+                for i, g in enumerate(groups)]
+
+    def _part(self, columns: list[int], title=None, caption=None):
+        """A copy of the table with only ``columns`` (indexes), its rows' cells and ``title``/``caption``."""
+        import copy
+        import dataclasses
+
+        part = copy.copy(self.table)
+        part.columns = [dataclasses.replace(self.table.columns[i], _index=k) for k, i in enumerate(columns)]
+        for k, i in enumerate(columns):
+            part.columns[k]._cells = list(self.table.columns[i]._cells)
+        part.title, part.caption = title, caption
+        return part
 
     def _restore(self, style: dict) -> None:
         for key, value in style.items():
@@ -274,6 +323,79 @@ class ProgressLine:
         if self.live is None or not _same_terminal(out, self.console.file):
             return out
         return _Above(self.console, out)
+
+
+def rate_text(done: int, elapsed: float, unit: str = "records") -> str:
+    """``done`` ``unit`` over ``elapsed`` seconds per second, per minute or per hour, whichever reads as a
+    number ≥ 1 (``2.5 records/s``, ``3.0 runs/min``); ``rate unknown`` before the first one."""
+    if done <= 0 or elapsed <= 0:
+        return "rate unknown"
+    r = done / elapsed
+    for per, f in (("s", 1), ("min", 60), ("h", 3600)):
+        if r * f >= 1 or per == "h":
+            return f"{r * f:.1f} {unit}/{per}"
+    return "rate unknown"
+
+
+class Counter:
+    """Progress of a count on a :class:`ProgressLine`: the one progress format of every command (generate's
+    records, profile's runs, trace-drift's prompts, calibrate's examples of each setting).
+
+    On a terminal, one line redrawn in place: ``{what} {done}/{total}``, a bar, then as far as the width
+    allows the ETA, the ``detail`` fields, the rate and the elapsed time. Off a terminal, every
+    ``$ECACHE_PROGRESS_INTERVAL`` seconds: ``{what}: {done}/{total} {unit} (pct%), {rate}, elapsed M:SS,
+    ETA M:SS, now {detail}``. Without a total (a stream): no bar, no percentage and no ETA. The rate is
+    the count over the time since the start (or :meth:`restart`); the ETA is what is left at that rate.
+    A report with ``done == total`` is always drawn, so the last frame reads N/N."""
+
+    def __init__(self, line: ProgressLine, what: str, total: int | None, unit: str):
+        self.line, self.what, self.total, self.unit = line, what, total, unit
+        self.done, self.detail = 0, ()
+        self.t0 = time.monotonic()
+
+    @property
+    def active(self) -> bool:
+        return self.line.active
+
+    def restart(self, what: str, total: int | None = None) -> None:
+        """Count anew from 0 (calibrate's next setting): ``what`` and ``total`` replace the current ones."""
+        self.what, self.done, self.detail, self.t0 = what, 0, (), time.monotonic()
+        self.total = self.total if total is None else total
+
+    def update(self, done: int, *detail: str, total: int | None = None, force: bool = False) -> None:
+        """``done`` of the total so far (``total``: a total known only now, e.g. once the prompts are
+        read); ``detail``: what runs now (``measure none``, ``step 3``), shown after the ETA on a
+        terminal and after ``now`` in a plain line."""
+        self.done, self.detail = done, tuple(d for d in detail if d)
+        self.total = self.total if total is None else total
+        if not self.line.active:
+            return
+        el = time.monotonic() - self.t0
+        head = f"{self.what} {self.done}" + (f"/{self.total}" if self.total else "")
+        fields = [self._eta(el), *self.detail, rate_text(self.done, el, self.unit), f"elapsed {clock(el)}"]
+        self.line.show(head, *[f for f in fields if f], done=self.done, total=self.total,
+                       force=force or (self.total is not None and self.done >= self.total),
+                       plain=lambda: self.plain(el))
+
+    def _eta(self, el: float) -> str:
+        """``ETA 1:02`` from the rate so far; "" before the first one or without a total."""
+        if not (self.total and self.done):
+            return ""
+        return f"ETA {clock(max(0, self.total - self.done) * el / self.done)}"
+
+    def plain(self, el: float) -> str:
+        """The plain progress line (stderr not a terminal) ``el`` seconds after the start."""
+        if self.total:
+            pct = 100 * min(self.done, self.total) / self.total
+            head = f"{self.what}: {self.done}/{self.total} {self.unit} ({pct:.0f}%)"
+        else:
+            head = f"{self.what}: {self.done} {self.unit}"
+        parts = [head, rate_text(self.done, el, self.unit), f"elapsed {clock(el)}"]
+        if self.total:
+            parts.append(self._eta(el) or "ETA unknown")
+        if self.detail:
+            parts.append("now " + " · ".join(self.detail))
+        return ", ".join(parts)
 
 
 class _Line:

@@ -49,6 +49,11 @@ def _no_traceback(res):
     (["generate", "x", "--batch-size", "-3"], ["--batch-size -3", "≥ 1"]),
     (["generate", "x", "--refresh-every", BIG, "--cache", "dual"], [f"--refresh-every {BIG}", "≤ 2147483647"]),
     (["generate", "x", "--tau", "inf"], ["--tau inf", "a finite number ≥ 0"]),
+    (["generate", "x", "--factor", "abc"], ["--factor abc must be a finite number > 0 (e.g. 1.0)"]),
+    (["generate", "x", "--watch-delay", "abc"], ["--watch-delay abc must be a finite number ≥ 0"]),
+    (["generate", "x", "--watch-delay", "nan"], ["--watch-delay nan must be a finite number ≥ 0"]),
+    (["trace-drift", "x", "--volatility-level", "abc"], ["--volatility-level abc must be a finite number > 0"]),
+    (["calibrate", "--task", "list", "--max-drop", "abc"], ["--max-drop abc must be a finite number in [0, 100]"]),
     (["generate", "x", "--tau", "-0.5"], ["--tau -0.5", "≥ 0", "e.g. 0.5"]),
     (["generate", "x", "--top-p", "nan"], ["--top-p nan", "a finite number in (0, 1]"]),
     (["generate", "x", "--threshold", "0"], ["--threshold 0.0", "in (0, 1]", "e.g. 0.9"]),
@@ -71,7 +76,7 @@ def _no_traceback(res):
     (["trace-drift", "--task", "arith", "--limit", "-1"], ["--limit -1", "≥ 1"]),
     # --policies variants: every policy's parameters, each checked against its declared range
     (["profile", "x", "--policies", f"none,entropy:recent_k={BIG}"], [f"recent_k={BIG}", "≤ 2147483647"]),
-    (["profile", "x", "--policies", "entropy:tau=nan"], ["tau=nan", "not NaN"]),
+    (["profile", "x", "--policies", "entropy:tau=nan"], ["tau=nan", "a finite number ≥ 0"]),
     (["profile", "x", "--policies", "elastic:gamma=1.5"], ["elastic parameter gamma=1.5", "in [0, 1]", "cosine"]),
     (["profile", "x", "--policies", "elastic:gamma=-0.1"], ["gamma=-0.1", "in [0, 1]"]),
     (["profile", "x", "--policies", "elastic:window=-1"], ["window=-1", "≥ 0"]),
@@ -127,7 +132,7 @@ def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
     (b"cache: {policy: elastic, gamma: 2}\n", ["cache.gamma: 2", "in [0, 1]"]),
     (b"cache: {policy: entropy, recent_k: " + BIG.encode() + b"}\n", ["cache.recent_k", "≤ 2147483647"]),
     (b"decode: {gen_length: -5}\n", ["decode.gen_length: -5", "≥ 1"]),
-    (b"decode: {top_p: .nan}\n", ["decode.top_p: nan", "not NaN"]),
+    (b"decode: {top_p: .nan}\n", ["decode.top_p: nan", "a finite number in (0, 1]"]),
     (b"cache: [1, 2]\n", ["'cache' must be a mapping"]),
     (b"cache: {tau: [0.5\n", ["not valid YAML"]),
     (b"cache:\n  policy: entropy\n  policy: dual\n", ["not valid YAML (key 'policy' given twice (lines 2 and 3); "
@@ -405,6 +410,12 @@ def test_profile_table_fits_80_columns_and_wide_has_every_column():
     for header, *_ in COLUMNS:
         assert header.split("\n")[0] in wide, header
     assert "p95" not in text and "p95" in wide  # a wide-only column
+    for width in (60, 80):  # every column at a terminal's width: tables of the same rows, stacked
+        stacked = _render(render_table(rep, "title", wide=True), width)
+        assert "…" not in stacked and max(len(ln) for ln in stacked.splitlines()) <= width, stacked
+        for header, *_ in COLUMNS:
+            assert header.split("\n")[0] in stacked, (width, header)
+        assert stacked.count("dllm-cache") >= 2  # each part names the rows
 
 
 def test_spec_lines_break_between_parts_then_before_values_then_between_words():
@@ -434,6 +445,10 @@ def test_sweep_table_fits_80_columns():
     assert "12.34×" in text and "-2.5" in text and "★" in text
     wide = _render(sweep_table(outcome, "task", 0.01, None, wide=True), 240)
     assert "[-5.1, +0.1]" in wide and "lost/gained" in wide and "[-5.1" not in text
+    for width in (60, 80):  # every column at a terminal's width: tables of the same rows, stacked
+        stacked = _render(sweep_table(outcome, "task", 0.01, None, wide=True), width)
+        assert "…" not in stacked and max(len(ln) for ln in stacked.splitlines()) <= width, stacked
+        assert "[-5.1, +0.1]" in stacked and "lost/gained" in stacked and "12.34×" in stacked
 
 
 def test_trace_drift_table_fits_80_columns():

@@ -222,7 +222,7 @@ def test_cli_joint_over_domains_writes_the_default_profile(cli, llada_dir, profi
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--task", "arith,nope"], "unknown task 'nope'"),
+    (["--task", "arith,nope"], "--task 'nope' is not a task"),
     (["--task", "list,list"], "error: --task list,list lists list twice; give each value once: --task list"),
     (["--task", "arith,,code"],
      "error: --task arith,,code has an empty entry; remove the extra comma: --task arith,code"),

@@ -70,9 +70,9 @@ def test_non_utf8_stdin_bytes(cli, llada_dir):
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("entropy:tau=x", "tau='x' must be a number"),
+    ("entropy:tau=x", "tau='x' must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
     ("entropy:recent_k=abc", "recent_k='abc' must be a whole number"),
-    ("elastic:gamma=abc", "gamma='abc' must be a number"),
+    ("elastic:gamma=abc", "gamma='abc' must be a finite number in [0, 1] (a cosine similarity; e.g. 0.9)"),
     ("entropy:block_refresh=maybe", "block_refresh='maybe' must be true or false"),
 ])
 def test_policy_variant_with_a_wrongly_typed_value(cli, llada_dir, spec, needle):
@@ -81,10 +81,10 @@ def test_policy_variant_with_a_wrongly_typed_value(cli, llada_dir, spec, needle)
 
 
 @pytest.mark.parametrize("section, key, value, needle", [
-    ("cache", "tau", "abc", "must be a number"),
+    ("cache", "tau", "abc", "must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
     ("cache", "kr", "abc", "must be a whole number"),
     ("decode", "gen_length", "abc", "must be a whole number"),
-    ("decode", "temperature", "hot", "must be a number"),
+    ("decode", "temperature", "hot", "must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"),
 ])
 def test_profile_yaml_with_a_wrongly_typed_value(cli, llada_dir, tmp_path, section, key, value, needle):
     prof = tmp_path / "bad.yaml"
@@ -167,7 +167,7 @@ def test_a_relative_new_folder_is_created_not_taken_for_the_root(cli, llada_dir,
 
 @pytest.mark.parametrize("args, needles", [
     (["generate", "x", "--gen-length", "abc"], ["'--gen-length'", "'abc'", "ecache generate --help"]),
-    (["generate", "x", "--temperature=hot"], ["'--temperature'", "'hot'"]),
+    (["generate", "x", "--temperature=hot"], ["--temperature hot must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"]),
     (["profile", "x", "--warmup", "two"], ["'--warmup'", "'two'", "ecache profile --help"]),
     (["generate", "x", "--no-such-flag"], ["no such option", "--no-such-flag"]),
     (["no-such-command"], ["no such command", "'no-such-command'"]),

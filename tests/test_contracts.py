@@ -212,11 +212,13 @@ EMPTY_CASES = {  # (command, how the input is empty) -> (args after the command'
 @pytest.mark.parametrize("command", PROMPTED)
 @pytest.mark.parametrize("case", list(EMPTY_CASES))
 def test_empty_input_is_a_usage_error(command, case, cli, llada_dir, tmp_path):
-    """One rule for an input with no record: exit 2, one line naming the source and the fix."""
+    """One rule for an input with no record: exit 2, one line naming the source and the fix; an empty
+    file is refused before the "using model …" line (without -q: no line before the error)."""
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n \n")
     extra, stdin = EMPTY_CASES[case]
-    res = cli(*_args(command, llada_dir, *[str(empty) if a == "EMPTY" else a for a in extra]), input=stdin)
+    args = _args(command, llada_dir, *[str(empty) if a == "EMPTY" else a for a in extra])
+    res = cli(*[a for a in args if a != "-q" or case != "input-file"], input=stdin)
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     (line,) = res.stderr.strip().splitlines()
     want = {"stdin": "no prompt given: stdin was empty", "input-file": f"--input {empty} holds no record",
@@ -303,7 +305,7 @@ def test_quiet_and_the_first_stderr_line(command, cli, llada_dir):
     quiet = cli(*_args(command, llada_dir), *prompts)
     assert quiet.exit_code == 0, quiet.stderr
     assert "using model" not in quiet.stderr
-    progress = ("warmup", "measure", "STAGE:", "none: score", "τ=", "generate:")
+    progress = ("warmup", "measure", "STAGE:", "none: score", "τ=", "generate", "profile", "trace-drift", "calibrate ")
     assert not [line for line in quiet.stderr.splitlines() if line.startswith(progress)], quiet.stderr
 
 
@@ -325,10 +327,16 @@ TERMINAL = {
     "profile": (["profile", "Sort: 3 1 2", "abc", "--policies", "none,es-dllm-conf,entropy,d2cache", "--warmup", "0"],
                 r"profile \d"),
     "trace-drift": (["trace-drift", "Sort: 3 1 2", "Reverse the list 4 5 6 7 8", "--batch-size", "1"],
-                    r"trace-drift: "),
+                    r"trace-drift \d"),
     "calibrate": (["calibrate", "--task", "list", "--limit", "2", "--taus", "0.5,1", "--refine", "0", "--dry-run",
-                   "--no-speed-check"], r"(none|τ=\S+) \d+/\d+"),
-    "trace-drift --wide": (["trace-drift", "Sort: 3 1 2", "--wide"], r"trace-drift: "),  # prose at the terminal's width
+                   "--no-speed-check"], r"calibrate (none|τ=\S+) \d+/\d+"),
+    # prose at the terminal's width
+    "trace-drift --wide": (["trace-drift", "Sort: 3 1 2", "--wide"], r"trace-drift \d"),
+    # every column: tables of the same rows stacked where they do not fit side by side
+    "profile --wide": (["profile", "Sort: 3 1 2", "--policies", "none,es-dllm-conf,entropy,d2cache", "--warmup", "0",
+                        "--wide"], r"profile \d"),
+    "calibrate --wide": (["calibrate", "--task", "list", "--limit", "2", "--taus", "0.5,1", "--refine", "0",
+                          "--dry-run", "--no-speed-check", "--wide"], r"calibrate (none|τ=\S+) \d+/\d+"),
     "generate --watch": (["generate", "Sort: 3 1 2", "--watch"], None),  # header and status lines: whole fields
     "chat --watch": (["chat", "--watch", "--stdin", "Sort: 3 1 2\n"], None),
     "models": (["models"], None),
@@ -478,6 +486,8 @@ def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, 
         assert len(screen.frames) >= 2, (raw[-2000:], screen.frames)  # the progress line was redrawn
         assert screen.stacked == [], screen.stacked  # one row: earlier frames were erased, not pushed up
         assert not [ln for ln in shown if re.match(head, ln)], shown  # and removed at the end
+        last = re.search(r"(\d+)/(\d+)", screen.frames[-1][1])  # the last frame drawn: all done, N/N
+        assert last and last.group(1) == last.group(2), screen.frames[-3:]
     assert any(ln.strip() for ln in shown)
 
 
@@ -681,6 +691,10 @@ BEFORE_THE_FIRST_LINE = [
      "the llada model family attends bidirectionally"),
     ("tiny", ["--dtype", "float8"], "--dtype 'float8' is not known"),
     ("tiny", ["--device", "tpu"], "--device 'tpu' is not a device"),
+    ("tiny", ["--threshold", "0.9", "--factor", "1"], "--threshold and --factor are two parallel-decoding rules; "
+     "pass only one"),
+    ("tiny", ["--task", "foo"], "--task 'foo' is not a task; choose one of arith, code, list, gsm8k, math500, "
+     "humaneval, mbpp"),
 ]
 
 
@@ -695,6 +709,8 @@ def test_a_value_the_model_refuses_is_refused_alone_before_the_first_line(comman
         args += ["--model", model]
     if command == "calibrate" and "--edit-threshold" in flags:  # calibrate has no such flag: still one line
         says = "no such option: --edit-threshold"
+    if command == "chat" and "--task" in flags:  # chat takes no --task
+        says = "no such option: --task"
     res = cli(*args, *flags, *([] if command in ("calibrate", "chat") else ["x"]), input="")
     assert res.exit_code == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and says in res.stderr, res.stderr
@@ -801,13 +817,21 @@ def test_progress_off_a_terminal_is_a_periodic_line_in_every_command(command, cl
     seconds (0: at every report); -q prints none."""
     monkeypatch.setenv("ECACHE_PROGRESS_INTERVAL", "0")
     prompts = [] if command == "calibrate" else ["Sort: 3 1 2", "abc"]
-    head = {"generate": r"generate: \d+/2 records", "profile": r"profile \d+/\d+ \(\d+%\), (warmup|measure) none",
-            "trace-drift": r"trace-drift: prompts 1-\d, step \d+", "calibrate": r"(none|τ=0\.5) \d/2 \(\d+%\)"}[command]
+    what, unit = {"generate": ("generate", "records"), "profile": ("profile", "runs"),
+                  "trace-drift": ("trace-drift", "prompts"),
+                  "calibrate": ("calibrate (none|τ=0.5)", "examples")}[command]
+    # one format (terminal.Counter): done/total, percentage, rate, elapsed time, ETA, then what runs now
+    head = (rf"{what}: \d+/2 {unit} \(\d+%\), (rate unknown|[\d.]+ {unit}/(s|min|h)), elapsed \d+:\d\d, "
+            r"ETA (unknown|\d+:\d\d)")
+    if command == "profile":
+        head = head.replace("/2 ", "/\\d+ ")
     args = [a for a in _args(command, llada_dir) if a != "-q"]
     loud = cli(*args, *prompts)
     assert loud.exit_code == 0, loud.stderr
     lines = [ln for ln in loud.stderr.splitlines() if re.match(head, ln)]
-    assert len(lines) >= 2 and all("elapsed " in ln for ln in lines), loud.stderr
+    assert len(lines) >= 2, loud.stderr
+    assert re.match(r"\S+( \S+)?: (\d+)/\2 ", lines[-1]), lines  # the last: all done
+    assert [ln for ln in lines if re.match(r"\S+( \S+)?: (\d+)/(\d+) .* ETA \d", ln)], lines  # an ETA, once a rate
     quiet = cli(*args, "-q", *prompts)
     assert quiet.exit_code == 0 and not [ln for ln in quiet.stderr.splitlines() if re.match(head, ln)], quiet.stderr
 
@@ -875,3 +899,45 @@ def test_chat_ctrl_c_stops_one_answer_and_sigterm_ends_the_session(sig, code, an
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert errors == ([] if code == 0 else ["error: interrupted; the session ended (the answers so far were printed; "
                                             "files /save wrote are kept)"]), res.stderr
+
+
+# --- a value that is no finite number: one message in every place that takes the setting --------------------
+
+#: Each float setting, its flag, and the one message of a value that is no finite number.
+NOT_FINITE = {
+    "tau": ("--tau", "must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
+    "threshold": ("--threshold", "must be a finite number in (0, 1] (a confidence; e.g. 0.9)"),
+    "top_p": ("--top-p", "must be a finite number in (0, 1] (a probability mass; e.g. 0.95)"),
+    "temperature": ("--temperature", "must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"),
+}
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "abc"])
+@pytest.mark.parametrize("name", list(NOT_FINITE))
+def test_a_value_that_is_no_finite_number_has_one_message_everywhere(name, value, cli):
+    """``--tau nan``, ``--tau abc``, chat's ``/tau abc``, ``"tau": "nan"`` in a request and the Python API
+    (``make_policy``, ``DecodeConfig``) say the same words after their own label; exit 2, UsageError, 400."""
+    from ecache_cli.cache import make_policy
+    from ecache_cli.decoding.config import DecodeConfig
+    from ecache_cli.errors import UsageError
+    from ecache_cli.serve.protocol import ApiError, CompletionRequest, in_range, parse
+
+    flag, says = NOT_FINITE[name]
+    res = cli("generate", "x", flag, value)
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {flag} {value} {says}", res.stderr
+    if name in ("tau", "threshold"):  # the chat commands that set a float
+        chat = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input=f"/{name} {value}\n")
+        assert chat.stderr.splitlines()[0] == f"error: /{name} {value} {says}", chat.stderr
+    with pytest.raises(ApiError) as api:
+        parse(CompletionRequest, {"model": "m", "prompt": "x", name: value})
+    assert (api.value.status, api.value.param, api.value.message) == (400, name, f"{name} {value} {says}")
+    numbers = [value] if value == "abc" else [value, float(value)]
+    if value != "abc":  # a JSON number (Python's json reads NaN and Infinity)
+        with pytest.raises(ApiError) as api_number:
+            in_range(name, float(value))
+        assert api_number.value.message == f"{name} {value} {says}"
+    for number in numbers:
+        call = (lambda v: make_policy("entropy", tau=v)) if name == "tau" else (lambda v: DecodeConfig(**{name: v}))
+        with pytest.raises(UsageError) as py:
+            call(number)
+        assert str(py.value).endswith(f"{name}={number!r} {says}"), str(py.value)

@@ -129,14 +129,14 @@ def test_mc_estimate_follows_llada_sampler(adapter):
 
 @pytest.mark.parametrize("arg, message", [
     ("steps=x", "model_args: steps='x' must be a whole number"),
-    ("temperature=x", "model_args: temperature='x' must be a number"),
+    ("temperature=x", "model_args: temperature='x' must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"),
     ("gen_length=2.5", "model_args: gen_length=2.5 must be a whole number"),
     ("seed=x", "model_args: seed='x' must be a whole number"),
     ("mc_num=2.5", "model_args: mc_num=2.5 must be a whole number"),
     ("greedy_check=maybe", "model_args: greedy_check='maybe' must be true or false"),
     ("chat=maybe", "model_args: chat='maybe' must be true or false"),
     ("early_exit=x", "model_args: early_exit='x' must be true or false"),
-    ("tau=abc", "model_args: tau='abc' must be a number"),
+    ("tau=abc", "model_args: tau='abc' must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
     ("task=nope", "model_args: task='nope' is not a task"),
 ])
 def test_wrongly_typed_model_args_are_one_line_errors(profiles_dir, arg, message):

@@ -28,7 +28,11 @@ CASES = [
     ("parameter out of range", lambda e: make_policy("entropy", tau=-1.0),
      ["generate", "x", "--cache", "entropy", "--tau", "-1"], "must be ≥ 0 (an entropy in nats; e.g. 0.5)"),
     ("parameter of the wrong type", lambda e: make_policy("entropy", tau="x"),
-     ["profile", "x", "--policies", "entropy:tau=x"], "tau='x' must be a number"),
+     ["profile", "x", "--policies", "entropy:tau=x"],
+     "tau='x' must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
+    ("parameter NaN", lambda e: make_policy("entropy", tau=float("nan")),
+     ["generate", "x", "--cache", "entropy", "--tau", "nan"],
+     "must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
     ("unknown policy", lambda e: make_policy("nope"),
      ["generate", "x", "--cache", "nope"], "'nope' is not a cache policy; use one of"),
     ("empty prompt", lambda e: e.encode([""], chat=False),
@@ -182,3 +186,19 @@ def test_engine_warns_the_top_k_greedy_decoding_ignores_as_the_cli_does(llada_lm
         warnings.simplefilter("error", IgnoredSetting)
         engine.generate(["abc"], DecodeConfig(gen_length=16, block_length=8, top_k=5, temperature=0.7),
                         make_policy("none"), chat=False)
+
+
+def test_engine_start_names_each_prompt_by_its_place(llada_lm):
+    """``Engine.start`` names the prompt it was passed, counted from 1 as ``Engine.encode`` and the command
+    line count them, not a run's internals; ``Run.add`` names its own argument."""
+    engine = Engine.from_loaded(llada_lm)
+    with pytest.raises(UsageError) as empty:
+        engine.start([[5, 6, 7], []], CFG, make_policy("none"))
+    assert str(empty.value) == "prompt 2: a prompt is empty; give at least one token id"
+    with pytest.raises(UsageError) as unknown:
+        engine.start([[5, 10**6]], CFG, make_policy("none"))
+    assert str(unknown.value).startswith("prompt 1: ") and str(unknown.value).endswith(
+        "; give ids of the model's tokenizer"), str(unknown.value)
+    run = engine.start([[5, 6, 7]], CFG, make_policy("none"))
+    with pytest.raises(UsageError, match=r"^Run\.add prompt_ids: a prompt is empty; give at least one token id$"):
+        run.add([])

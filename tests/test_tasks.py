@@ -41,7 +41,7 @@ def test_registry_and_unknown_name():
     for name, cls in TASKS.items():
         task = get_task(name)
         assert isinstance(task, cls) and task.name == name and task.kind in ("math", "code", "list")
-    with pytest.raises(UsageError, match="unknown task 'nope'.*arith.*gsm8k.*mbpp") as e:
+    with pytest.raises(UsageError, match="--task 'nope' is not a task.*arith.*gsm8k.*mbpp") as e:
         get_task("nope")
     assert e.value.exit_code == 2
 

@@ -126,8 +126,10 @@ def profile_cmd(
     # second set of runs, before the write, must stop at once)
     hold = None if compare_quantize else HeldInterrupts()
     with ProgressLine(err, quiet or not dist.is_main) as line:
-        report, use_chat = run_profile(lm, settings, requests, opts, _progress(line, opts, len(requests)), dist,
-                                       task_info, hold=hold)
+        on_run = _progress(line, opts, len(requests))
+        report, use_chat = run_profile(lm, settings, requests, opts, on_run, dist, task_info, hold=hold)
+        if on_run is not None and report is not None and not report.incomplete:
+            on_run.finish()
     if report is None:  # another rank than 0: its runs went to rank 0, which prints and writes
         return
 
@@ -204,16 +206,21 @@ def _write_json(doc: dict, json_out: str) -> None:
 
 def _progress(line, opts, n_requests: int):
     """An ``on_run`` callback showing, before each run, the runs done of all and the run's kind and policy
-    on ``line`` (a ``terminal.ProgressLine``: redrawn in place on a terminal, no display thread to
-    compete with the timed runs; periodic plain lines off a terminal; None when it shows nothing)."""
+    on ``line`` (a ``terminal.ProgressLine`` in the ``terminal.Counter`` format: redrawn in place on a
+    terminal, no display thread to compete with the timed runs; periodic plain lines off a terminal;
+    None when it shows nothing); its ``finish()`` shows the last run done (N/N)."""
     if not line.active:
         return None
+    from ..terminal import Counter
+
     batches = -(-n_requests // opts.batch_size)
     total = len(opts.policies) * (opts.warmup + opts.repeats * batches + (1 if opts.trace_dir else 0))
+    count = Counter(line, "profile", total, "runs")
     done = [0]
 
     def on_run(kind: str, policy: str) -> None:
-        line.show(f"profile {done[0]}/{total}", f"{kind} {policy}", done=done[0], total=total, force=True)
+        count.update(done[0], f"{kind} {policy}", force=True)
         done[0] += 1
 
+    on_run.finish = lambda: count.update(done[0], force=True)  # the last run done: the line ends at N/N
     return on_run

@@ -79,15 +79,16 @@ def trace_drift_cmd(
     warn_model_rules(settings, lm.spec.sampler)
     sinks = rep.make_sinks(jsonl, tensorboard, lm, settings, seed)
     from ..interrupts import HeldInterrupts
-    from ..terminal import ProgressLine
+    from ..terminal import Counter, ProgressLine
 
     hold, report = HeldInterrupts(), None
     try:
         with hold:  # an interrupt after the trace's loop waits until --json is written, then arrives here
             with ProgressLine(err, quiet) as line:
-                line.show("trace-drift: starting", force=True)
+                count = Counter(line, "trace-drift", None, "prompts")  # the total: once the prompts are read
+                count.update(0, force=True)
                 report = trace(lm, settings, opts, sinks, hold=hold, progress=None if not line.active else
-                               lambda r, s: line.show(f"trace-drift: prompts {r}", f"step {s}", force=s == 1))
+                               lambda done, total, now: count.update(done, now, total=total))
             if json_out is not None:  # the summary first: an interrupt while drawing the tables or the plot keeps it
                 doc = json.dumps(summary_document(lm, settings, opts, report), ensure_ascii=False)
                 if json_out == "-":

@@ -40,6 +40,29 @@ class Range:
             return f"{'<' if self.hi_open else '≤'} {self.hi:g}"
         return "a finite number"
 
+    def hint(self) -> str:
+        """`` (an entropy in nats; e.g. 0.5)``: what the value means and a good one, or ""."""
+        hint = "; ".join(x for x in (self.why, f"e.g. {self.example}" if self.example else "") if x)
+        return f" ({hint})" if hint else ""
+
+    def not_finite(self) -> str:
+        """The one message of a value that is no finite number (NaN, ±inf, a text that is no number) for
+        every setting of this range, whoever passed it (a flag, a chat command, a request field, a
+        Python argument, a profile key): ``must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)``."""
+        what = self.describe()
+        return f"must be {what if what == 'a finite number' else 'a finite number ' + what}{self.hint()}"
+
+    def check_given(self, value) -> None:
+        """:meth:`check` of a value as a user typed or sent it: a text is read as the number it writes
+        (``"0.5"``; ``"nan"``, ``"abc"``: :meth:`not_finite`), for a flag, a chat command or a request
+        field; a whole-number range's text passes (its parser names it)."""
+        if isinstance(value, str) and not self.integer:
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(self.not_finite()) from None
+        self.check(value)
+
     def check(self, value) -> None:
         """Raise ValueError (``must be in [0, 1] (e.g. 0.9)``) for a value outside the range, NaN or ±inf."""
         import math
@@ -52,12 +75,13 @@ class Range:
             bad = value <= self.lo if self.lo_open else value < self.lo
         if not bad and self.hi is not None:
             bad = value >= self.hi if self.hi_open else value > self.hi
+        if bad and not finite:
+            raise ValueError(self.not_finite())
         if bad:
-            hint = "; ".join(x for x in (self.why, f"e.g. {self.example}" if self.example else "") if x)
-            what = self.describe() if finite else f"a finite number {self.describe()}"
-            if finite and self.integer:  # a count: name the side it fell off
+            what = self.describe()
+            if self.integer:  # a count: name the side it fell off
                 what = f"≥ {self.lo}" if self.lo is not None and value < self.lo else f"≤ {self.hi}"
-            raise ValueError(f"must be {what}" + (f" ({hint})" if hint else ""))
+            raise ValueError(f"must be {what}{self.hint()}")
 
 
 def count(lo: int = 0, example: str = "", why: str = "") -> Range:
@@ -96,7 +120,12 @@ def check_value(kind, value):
     if typing.get_origin(kind) is typing.Annotated:  # field_types' declared range
         kind, *meta = typing.get_args(kind)
         rng = next((m for m in meta if isinstance(m, Range)), None)
-    value = _check_type(kind, value)
+    try:
+        value = _check_type(kind, value)
+    except ValueError:
+        if rng is not None and float in (kind, *typing.get_args(kind)) and isinstance(value, (str, float)):
+            raise ValueError(rng.not_finite()) from None  # NaN or a text that is no number: the range's words
+        raise
     if rng is not None and value is not None:
         rng.check(value)
     return value

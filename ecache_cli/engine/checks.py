@@ -40,10 +40,14 @@ def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) ->
         raise UsageError(f"{where}: {why}; give ids of the model's tokenizer")
 
 
-def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_width: int | None = None) -> None:
+def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_width: int | None = None,
+                spec=None) -> None:
     """A run's arguments before anything is built: some prompts, a DecodeConfig (its values are checked
     by the decoder it builds) and a ``prompt_width`` that is None or a whole number ≥ 1 (the canvas's
-    prompt positions; a prompt longer than it is refused by ``Run.add``)."""
+    prompt positions; a prompt longer than it is refused by ``Run.add``). With the model's ``spec``,
+    each prompt's ids too (:func:`check_ids`), named by the place it was passed in, counted from 1 as
+    ``Engine.encode`` and the command line count prompts: ``prompt 2: a prompt is empty; give at least
+    one token id``."""
     if not prompt_ids:
         raise UsageError("no prompts to generate from")
     if not isinstance(cfg, DecodeConfig):
@@ -52,4 +56,5 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_w
                                      or prompt_width < 1):
         raise UsageError(f"prompt_width {prompt_width!r} must be a whole number ≥ 1 (the canvas's prompt "
                          "positions; leave it unset for the longest prompt's)")
-
+    for n, ids in enumerate(prompt_ids if spec is not None else [], 1):
+        check_ids(spec, ids, f"prompt {n}")

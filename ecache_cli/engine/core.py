@@ -94,7 +94,7 @@ class Run:
 
     def __init__(self, engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, policy, seed: int,
                  row_ids: Sequence[int] | None = None, prompt_width: int | None = None, reuse=None):
-        check_start(cfg, prompts, prompt_width)  # each prompt's ids: ``add`` below
+        check_start(cfg, prompts, prompt_width, engine.spec)  # each prompt's ids, named by its place
         spec = engine.spec
         self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
         warn_ignored_settings(cfg, spec.sampler)  # warnings.warn: IgnoredSetting
@@ -145,7 +145,7 @@ class Run:
         under every shipped policy). Returns its index in the run (its place in ``results()``). ``row_id``: its
         random stream's index (default: that index). ``reuse``: K/V of its first positions (``canvas.write_reused``).
         Raises UsageError when the prompt is longer than the prompt width ``P`` or holds ids the model cannot take."""
-        check_ids(self.engine.spec, prompt_ids, "a joining prompt", width=self.P)
+        check_ids(self.engine.spec, prompt_ids, "Run.add prompt_ids", width=self.P)
         r = self.ledger.add(list(prompt_ids), row_id, 0.0 if self._t0 is None else self._now() - self._t0)
         self._joining.append(r)
         self._reuse[r] = reuse

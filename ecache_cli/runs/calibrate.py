@@ -829,14 +829,17 @@ _UNSET = object()  # no setting evaluated yet
 
 
 class _Progress:
-    """The setting being evaluated and its examples done, on one line redrawn in place on a terminal,
-    periodic plain lines off it (``terminal.ProgressLine``); nothing under ``-q``."""
+    """The setting being evaluated and its examples done (``calibrate τ=0.5 3/8``, rate and ETA of that
+    setting), on one line redrawn in place on a terminal, periodic plain lines off it
+    (``terminal.Counter``: every command's format); nothing under ``-q``."""
 
     def __init__(self, console, quiet: bool, n: int, knob: str = "tau"):
-        from ..terminal import ProgressLine
+        from ..terminal import Counter, ProgressLine
 
         self.line, self.n, self.knob = ProgressLine(console, quiet), n, knob
-        self.tau, self.done, self.t0 = _UNSET, 0, 0.0
+        self.count = Counter(self.line, "calibrate", n, "examples")
+        self.tau, self.done = _UNSET, 0
+        self.last = self.count.t0  # when the last examples were done: the next setting starts there
 
     def __enter__(self):
         self.line.__enter__()
@@ -845,15 +848,14 @@ class _Progress:
     def advance(self, tau, k: int) -> None:
         import time
 
-        from .gen_progress import clock
-
-        if tau != self.tau:
-            self.tau, self.done, self.t0 = tau, 0, time.monotonic()
+        if tau != self.tau:  # the settings run one after another: this one began when the last one ended
+            label = KNOBS[self.knob].base if tau is None else f"{KNOBS[self.knob].name}={tau:g}"
+            self.tau, self.done = tau, 0
+            self.count.restart(f"calibrate {label}", self.n)
+            self.count.t0 = self.last
         self.done += k
-        label = KNOBS[self.knob].base if tau is None else f"{KNOBS[self.knob].name}={tau:g}"
-        self.line.show(f"{label} {self.done}/{self.n}",
-                       f"elapsed {clock(time.monotonic() - self.t0)}", done=self.done, total=self.n,
-                       force=self.done >= self.n)
+        self.count.update(self.done)
+        self.last = time.monotonic()
 
     def __exit__(self, *exc):
         return self.line.__exit__(*exc)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,7 +238,7 @@ class ChatSession:
     def _tau(self, arg: str) -> None:
         from ..cache import policy_params
 
-        x = _number(arg, float, "/tau", "0.5")
+        x = _number(arg, float, "/tau", "0.5", "tau")
         _check_range("tau", x, "/tau")
         if "entropy" not in policies_for(self.lm.spec):  # as --tau on this family: warned, ignored
             self.warn(f"/tau is not used by the {self.lm.spec.family} model family (τ is EntropyCache's threshold; "
@@ -255,7 +256,7 @@ class ChatSession:
 
     def _threshold(self, arg: str) -> None:
         off = arg.lower() in ("off", "none")
-        x = None if off else _number(arg, float, "/threshold", "0.9")
+        x = None if off else _number(arg, float, "/threshold", "0.9", "threshold")
         if x is not None:
             _check_range("threshold", x, "/threshold")
         self.source.decode_flags["threshold"] = x
@@ -406,8 +407,17 @@ def _interactive() -> bool:
         return False
 
 
-def _number(arg: str, kind, command: str, example: str):
-    """``arg`` as an int or float; UsageError naming the command and an example otherwise."""
+def _number(arg: str, kind, command: str, example: str, setting: str | None = None):
+    """``arg`` as an int or float; UsageError naming the command and an example otherwise. A float of
+    decode setting or policy parameter ``setting`` that is no finite number (``/tau nan``, ``/tau abc``)
+    gets the flag's message (``config.check_setting``: ``/tau abc must be a finite number ≥ 0 …``)."""
+    if kind is float and setting is not None:
+        try:
+            value = float(arg)
+        except ValueError:
+            value = arg
+        if isinstance(value, str) or not math.isfinite(value):
+            _check_range(setting, arg, command)
     try:
         value = kind(arg)
     except ValueError:

@@ -93,12 +93,10 @@ def check_watch(watch: bool, delay: float, quiet: bool = False, stream: bool = F
     """``--watch`` / ``--watch-delay`` (generate and chat): a delay ≥ 0 and finite, and no ``-q`` (which
     silences the stderr the view is drawn on) or ``--stream`` (another live view) beside ``--watch``;
     one-line UsageErrors."""
-    import math
-
+    from ..config import check_ranges
     from ..errors import UsageError
 
-    if not math.isfinite(delay) or delay < 0:
-        raise UsageError(f"--watch-delay {delay} must be a number of seconds ≥ 0 (e.g. 0.1)")
+    check_ranges({"watch_delay": delay})  # NaN and ±inf too, in the flags' words
     if watch and quiet:
         raise UsageError("--watch draws the canvas on stderr and -q silences stderr; pass only one")
     if watch and stream:
@@ -111,10 +109,9 @@ def check_task(task: str | None, profile: str | None) -> None:
     if task is None:
         return
     from ..errors import UsageError
-    from ..tasks import TASKS
+    from ..tasks import check_task_name
 
-    if task not in TASKS:
-        raise UsageError(f"--task {task!r} is not a task; choose one of {', '.join(TASKS)}")
+    check_task_name(task)
     if profile is not None:
         raise UsageError(f"--task {task} and --profile {profile} both choose a profile; pass only one")
 

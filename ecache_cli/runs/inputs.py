@@ -301,9 +301,27 @@ def check_input_file(input_file: Path | None) -> None:
     """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing, readable path that is
     not a folder (a file, a named pipe, ``/dev/stdin``, a shell's ``<(...)``); else a DataError (exit
     1, README's exit codes: an unreadable input is a runtime error). ``sources.check_readable``, as
-    ``--data`` is checked."""
+    ``--data`` is checked. A regular file that is empty or blank is :func:`no_prompts`'s UsageError
+    (exit 2), refused here rather than after the model's load."""
     check_readable(input_file, "--input", "give a JSONL file (one JSON object with a 'prompt' field per line), "
                    "or - for stdin")
+    if _blank_file(input_file):  # refused before the first line, as every usage error (exit 2)
+        raise no_prompts(input_file)
+
+
+def _blank_file(path: Path | None) -> bool:
+    """Whether ``path`` is a regular file holding nothing but whitespace (read until the first other byte;
+    stdin, pipes and devices are not read here: their lines are read once, by the command)."""
+    if path is None or str(path) == "-" or not Path(path).is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 16):
+                if chunk.strip():
+                    return False
+    except OSError:  # unreadable: the reading names it
+        return False
+    return True
 
 
 def jsonl_lines(input_file: Path) -> list[tuple[int, str | None]]:

@@ -220,7 +220,12 @@ def policy_names(policies: str | None, model: str | None = None) -> list[str]:
 def check_sources(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None,
                   shots: int | None, limit: int | None) -> None:
     """The prompts come one way: ``--task`` (with ``--data``, ``--shots``), prompt arguments, or
-    ``--input`` / stdin (``--limit`` takes the first N of those). UsageError otherwise."""
+    ``--input`` / stdin (``--limit`` takes the first N of those). UsageError otherwise, and for a
+    ``--task`` that is none (``tasks.check_task_name``)."""
+    from ..tasks import check_task_name
+
+    if task is not None:
+        check_task_name(task)
     if task is not None and (prompts or input_file is not None):
         raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
     if task is None and (data is not None or shots is not None):

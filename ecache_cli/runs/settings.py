@@ -561,6 +561,8 @@ def validate_decode(d: dict, sampler: str | None = None) -> None:
     from ..decoding.schedule import default_steps, plan_blocks
 
     parallel = d.get("threshold") is not None or d.get("factor") is not None
+    if d.get("threshold") is not None and d.get("factor") is not None:  # the engine's words (decoding/step.py)
+        raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
     if d.get("gen_length") is not None and d.get("block_length") is not None:
         steps = default_steps(d["gen_length"], d.get("steps"), parallel)
         plan_blocks(d["gen_length"], d["block_length"], steps, parallel)

@@ -305,9 +305,13 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
                 volatility_level: float, rows: int) -> None:
     """The trace-drift flags, checked before anything loads: ranges (UsageError, exit 2), ``--input``
     readable (``inputs.check_input_file``, DataError), one prompt source and one user of stdout."""
+    from ..config import check_ranges
     from ..outputs import check_plot_name
+    from ..tasks import check_task_name
     from .inputs import check_input_file
 
+    if task is not None:
+        check_task_name(task)
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
     if limit < 1:
@@ -318,8 +322,7 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
     check_plot_name(plot)
     if jsonl is not None and str(jsonl) == "-" and json_out == "-":
         raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
-    if not 0 < volatility_level < float("inf"):  # NaN fails this too
-        raise UsageError(f"--volatility-level {volatility_level} must be a number > 0 (e.g. 1e-3)")
+    check_ranges({"volatility_level": volatility_level})  # NaN and ±inf too, in the flags' words
     if rows < 0:
         raise UsageError(f"--rows {rows} must be ≥ 0 (0 = every step)")
     if input_file is not None and prompts:
@@ -359,7 +362,8 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None, h
     """Decode every prompt with the settings' policy and measure each step beside it.
 
     ``sinks``: objects with ``step(record, hist)`` (called per record, in order) and ``close(report)``.
-    ``progress``: optional callable(prompt_range, step) for a status line. ``hold``: an
+    ``progress``: optional callable(prompts done, prompts in all, what runs now) for a status line
+    (``terminal.Counter``), called at each step and after each batch. ``hold``: an
     ``interrupts.HeldInterrupts`` started as the loop ends (finished or interrupted), so a Ctrl-C or SIGTERM
     after it waits until the caller has written the summary. Returns the TraceReport.
     """
@@ -401,7 +405,7 @@ def _trace_batches(engine, settings: Settings, opts: TraceOptions, chat: bool, p
                 for s in sinks:
                     s.step(record, hist)
             if progress is not None:
-                progress(f"{done + 1}-{done + len(prompts)}", rec.step + 1)
+                progress(done, len(prompts_all), f"prompts {done + 1}-{done + len(prompts)} · step {rec.step + 1}")
         report.shadow_s += tracer.shadow_s
         report.committed += tracer.committed
         for prompt, bins in tracer.bins.items():
@@ -409,6 +413,8 @@ def _trace_batches(engine, settings: Settings, opts: TraceOptions, chat: bool, p
             report.volatility.merge(bins)
         report.results.extend(_renumber(run_.results(), done))
         done += len(prompts)
+        if progress is not None:
+            progress(done, len(prompts_all), "")
 
 
 def _mean(values: list[float]) -> float | None:

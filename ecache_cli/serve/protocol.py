@@ -202,6 +202,8 @@ def parse(model: type[_Body], body: Any) -> _Body:
         if first["type"] == "missing":
             raise ApiError(400, f"{loc!r} is required", loc) from None
         got = first.get("input")
+        if isinstance(got, str) and first["type"].startswith("float"):  # "tau": "nan": the flag's message
+            in_range(loc, got)
         raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {_short(got)})", loc) from None
 
 

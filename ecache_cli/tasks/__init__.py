@@ -27,15 +27,22 @@ TASKS: dict[str, type[Task]] = {
 }
 
 
+def check_task_name(name: str, label: str = "--task") -> None:
+    """The one refusal of a name that is no task, for every command that takes ``--task`` and the Python
+    API (checked before the "using model …" line, like the other usage errors): UsageError ``--task 'foo'
+    is not a task; choose one of arith, code, …`` (``label``: how the caller named it)."""
+    if name not in TASKS:
+        raise UsageError(f"{label} {name!r} is not a task; choose one of {', '.join(TASKS)}")
+
+
 def get_task(name: str, data: str | None = None, *, allow_code_execution: bool = False) -> Task:
     """Return the task ``name`` built with ``data`` (a file or folder for the real benchmarks).
 
     Raises ``UsageError`` listing the valid names for an unknown task, or when ``data`` is given to a
     synthetic task. A missing data file raises ``DataError`` when examples are first requested.
     """
-    if name not in TASKS:
-        raise UsageError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    check_task_name(name)
     return TASKS[name](data=data, allow_code_execution=allow_code_execution)
 
 
-__all__ = ["TASKS", "Example", "Task", "get_task"]
+__all__ = ["TASKS", "Example", "Task", "check_task_name", "get_task"]
