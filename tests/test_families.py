@@ -126,15 +126,16 @@ def test_the_fixture_is_llada_moe_in_its_official_layout(moe_fixture):
 
 
 def test_logits_equal_the_official_code(moe_fixture, official):
-    """Unpadded: the official float32 logits, max |Δ| ≤ 1e-5 (they come out bit-identical here). Left
-    padded with the official key-padding mask: ≤ 1e-4 at the real positions (the official code keeps
-    positions 0..T-1 for a padded row, ecache counts them from the first real token: the same relative
-    angles, rounded differently; the official float32 logits themselves move by 2.8e-5 in float64)."""
+    """Unpadded: the official float32 logits, max |Δ| ≤ 1e-4 (bit-identical on some CPUs, 3.9e-5 on an
+    AVX2 AMD EPYC: float32 rounding follows the CPU's matmul kernels, and the official float32 logits
+    themselves move by 2.8e-5 in float64). Left padded with the official key-padding mask: ≤ 1e-4 at the
+    real positions (the official code keeps positions 0..T-1 for a padded row, ecache counts them from
+    the first real token: the same relative angles, rounded differently)."""
     m = moe_fixture.model
     with torch.inference_mode():
         ids = official["ids"]
         got = m(ids, m.new_store(torch.ones_like(ids, dtype=torch.bool)))
-        assert (got - official["logits"]).abs().max() <= 1e-5
+        assert (got - official["logits"]).abs().max() <= 1e-4
         mask = official["padded_mask"].bool()
         padded = m(official["padded_ids"], m.new_store(mask))
     assert (padded - official["padded_logits"]).abs()[mask].max() <= 1e-4
