@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import random
 import statistics
 import sys
@@ -53,6 +54,11 @@ def simulate(mode: str, arrivals: list[tuple[float, int]], args) -> list[tuple[f
         return (args.base + args.row * n) * (args.mixed if mixed and n > 1 else 1.0) + args.join * joins
 
     cost, history = StepCost(), StepHistory()
+    jitter = random.Random(args.noise_seed)
+
+    def noisy(seconds: float) -> float:  # a shared machine's clock: each step's time times a log-normal factor
+        return seconds * math.exp(jitter.gauss(0.0, args.noise)) if args.noise else seconds
+
     for n in (1, 2, 4, 8):  # the server's warm-up: 8 steps at each width, the first with its full forwards
         for i in range(8):
             cost.observe(step_seconds(n, False, n if i == 0 else 0), n, positions * n + (full - 40) * n * (i == 0))
@@ -89,7 +95,7 @@ def simulate(mode: str, arrivals: list[tuple[float, int]], args) -> list[tuple[f
             continue
         n, fresh = len(rows), sum(r[1] == 0 for r in rows)
         mixed = len({r[1] % per_block for r in rows}) > 1
-        dt = step_seconds(n, mixed, fresh)
+        dt = noisy(step_seconds(n, mixed, fresh))
         t += dt
         cost.observe(dt, n, positions * n + (full - 40) * fresh, GROUP, fresh * join_est(), mixed)
         for r in rows:
@@ -117,6 +123,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--block", type=int, default=32, help="steps a block takes (default 32)")
     ap.add_argument("--bound", type=int, default=128, help="most steps a request can take (default 128)")
     ap.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch (default 16)")
+    ap.add_argument("--noise", type=float, default=0.0,
+                    help="σ of a log-normal factor on each step's time, a shared machine's clock (default 0)")
+    ap.add_argument("--noise-seed", type=int, default=0, help="the noise's seed (default 0)")
     args = ap.parse_args(argv)
     try:
         args.sizes = [int(x) for x in args.sizes.split(",")]
@@ -130,7 +139,7 @@ def parse(argv=None) -> argparse.Namespace:
     if args.mixed < 1:
         ap.error(f"--mixed {args.mixed:g} must be ≥ 1 (a mixed step costs at least one in step)")
     check_at_least(ap, args, dict(n=2, seeds=1, block=1, bound=1, max_batch=1))
-    for name in ("base", "row", "join"):
+    for name in ("base", "row", "join", "noise"):
         if getattr(args, name) < 0:
             ap.error(f"--{name} {getattr(args, name):g} must be ≥ 0 seconds")
     return args

@@ -180,6 +180,26 @@ def test_a_stalled_step_counts_at_most_clip_times_its_kinds_mean():
     assert cost.curve("g", 1) < 2 * 2e-3  # unclipped, the one stall would make it 0.097 s
 
 
+def test_a_count_whose_mean_falls_below_a_smaller_ones_is_pooled_so_rows_never_look_free():
+    """Measured on the shared machine: 3 rows' mean (a few steps, two of them stalled) above 4 rows'. Per
+    count, the 4th row would cost nothing (it lowers the step) and a join would always pay; pooled, the
+    two counts take the fit's shape at their joint level, and the 4th row costs what the fit says."""
+    cost = StepCost()
+    for n in (1, 2, 3, 4):
+        for i in range(10):
+            stalled = n == 3 and i in (4, 8)
+            cost.observe(cpu_phases("g", n) * (8.0 if stalled else 1.0), n, 40.0 * n, "g")
+    means = {n: t / w for (n, _), (w, t) in cost._groups["g"].items()}
+    assert means[3] > means[4]  # the raw means fall from 3 to 4 rows
+    curve = [cost.curve("g", n) for n in (1, 2, 3, 4)]
+    assert curve[:2] == pytest.approx([means[1], means[2]])  # counts in order keep their own means
+    assert curve[3] - curve[2] == pytest.approx(cost.step(4) - cost.step(3), rel=0.5)  # the fit's marginal, scaled
+    assert curve[0] < curve[1] < curve[2] < curve[3]
+    w3, w4 = cost._groups["g"][(3, False)][0], cost._groups["g"][(4, False)][0]
+    pooled = (means[3] * w3 + means[4] * w4) / (w3 * cost.step(3) + w4 * cost.step(4))  # the joint level
+    assert curve[2] == pytest.approx(pooled * cost.step(3)) and curve[3] == pytest.approx(pooled * cost.step(4))
+
+
 def test_completions_price_a_group_at_several_phases_as_mixed():
     def step(group, n, mixed=False):
         return {(1, False): 1.0, (2, False): 1.5, (2, True): 1.9}[(n, mixed)]

@@ -172,17 +172,42 @@ class StepCost:
         if rows <= 0:
             return 0.0
         if mixed and rows > 1:
-            if self.seen(group, rows, True):
+            if self.seen(group, rows, True):  # never below a step of as many rows in step
                 w, t = self._groups[group][(rows, True)]
-                return t / w
+                return max(t / w, self.curve(group, rows))
             return self.curve(group, rows) * self.mixed_ratio(rows)
-        own = {n: t / w for (n, m), (w, t) in self._groups.get(group, {}).items() if w >= MIN_SEEN and not m}
+        own = self._own(group)
         if rows in own:
             return own[rows]
         if not own:
             return self.step(rows)
         near = min(own, key=lambda n: (abs(n - rows), n))
         return own[near] * self.step(rows) / max(self.step(near), 1e-12)
+
+
+    def _own(self, group) -> dict[int, float]:
+        """The group's own in-step step seconds per row count it has run (:meth:`seen`), kept growing
+        with the rows: a count's mean over a few steps moves with the machine's other work, and a mean
+        below a smaller count's would make the rows between them look free (a stalled step at 3 rows
+        pricing 4 below 3). Counts whose means fall as the rows grow are pooled (pool-adjacent-violators,
+        each count weighted by its steps), and a pooled run of counts takes the fit's shape at the
+        pooled level: its seconds over the fit's for the same steps."""
+        blocks: list[list] = []  # [counts, weight, weighted seconds, the fit's weighted seconds]
+        for (n, m), (w, t) in sorted(self._groups.get(group, {}).items()):
+            if m or w < MIN_SEEN:
+                continue
+            blocks.append([[n], w, t, w * self.step(n)])
+            while len(blocks) > 1 and blocks[-2][2] / blocks[-2][1] > blocks[-1][2] / blocks[-1][1]:
+                counts, w2, t2, f2 = blocks.pop()
+                blocks[-1][0] += counts
+                blocks[-1][1] += w2
+                blocks[-1][2] += t2
+                blocks[-1][3] += f2
+        own: dict[int, float] = {}
+        for counts, w, t, fit in blocks:
+            for n in counts:
+                own[n] = t / w if len(counts) == 1 else t / max(fit, 1e-12) * self.step(n)
+        return own
 
 
 def _solve(xx, xy, prior) -> list[float]:
