@@ -12,8 +12,10 @@ means over every step of an ``always`` and an ``fcfs`` pass on a quiet machine: 
 4.4-4.9 ms two in step, 5.6 ms two mixed, ~4 ms more for a join). A request runs a fixed number of
 steps, drawn from ``--sizes`` (``32``: one block; ``32,64``: one or two blocks, equally likely, the
 shape of the ``list,arith`` workload; the first size is the "short" one), arriving on a seeded
-Poisson schedule. Per mode: p50 / p95 latency over ``--n`` requests, the short requests' p95, and
-the mean; the targets as ``bench/serve_sim.py`` prints them; one JSON line last.
+Poisson schedule. ``--noise σ`` multiplies each step's time by a log-normal factor (σ of its log), the
+clock of a shared machine, which the scheduler's fit sees as the real engine's does. Per mode: p50 / p95
+latency over ``--n`` requests, the short requests' p95, and the mean; the targets as
+``bench/serve_sim.py`` prints them; one JSON line last.
 
     python bench/admission_model.py --sizes 32 --rate 8                    # one block (list)
     python bench/admission_model.py --sizes 32,64 --rate 3                 # mixed lengths
@@ -139,7 +141,9 @@ def parse(argv=None) -> argparse.Namespace:
     if args.mixed < 1:
         ap.error(f"--mixed {args.mixed:g} must be ≥ 1 (a mixed step costs at least one in step)")
     check_at_least(ap, args, dict(n=2, seeds=1, block=1, bound=1, max_batch=1))
-    for name in ("base", "row", "join", "noise"):
+    if args.noise < 0:
+        ap.error(f"--noise {args.noise:g} must be ≥ 0 (the σ of a log-normal factor; 0 for none)")
+    for name in ("base", "row", "join"):
         if getattr(args, name) < 0:
             ap.error(f"--{name} {getattr(args, name):g} must be ≥ 0 seconds")
     return args
