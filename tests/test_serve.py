@@ -924,3 +924,67 @@ def test_top_k_is_read_per_request_as_generate_top_k_on_both_apis(named):
                                             "options": {"top_k": 1, "temperature": 2, "seed": 3, "num_predict": GEN}},
                    timeout=60)
     assert r.status_code == 200 and r.json()["message"]["content"] == alone, r.text
+
+
+def test_neutral_values_of_unsupported_fields_are_named_in_the_warning_header(named):
+    """A 0 penalty, ``best_of`` 1 and ``modalities`` ``["text"]`` are accepted with the answer a request
+    without them gets, and named in the Warning header as ``store`` and ``user`` are."""
+    url, _ = named
+    body = {"model": "my-model", "prompt": SORT, "max_tokens": 16}
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    r = httpx.post(f"{url}/v1/completions", json={**body, "frequency_penalty": 0, "presence_penalty": 0.0,
+                                                  "best_of": 1, "user": "u1"}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"] == "1 3 7 9"
+    assert r.headers["warning"] == ('299 ecache "accepted and ignored: user, presence_penalty (diffusion decoding has '
+                                    'no per-token penalties), frequency_penalty (diffusion decoding has no per-token '
+                                    'penalties), best_of (one candidate per choice)"')
+    chat = httpx.post(f"{url}/v1/chat/completions", json={
+        "model": "my-model", "messages": [{"role": "user", "content": "Sort: 9 3 7 1"}], "modalities": ["text"],
+        "response_format": {"type": "text"}}, timeout=60)
+    assert chat.json()["choices"][0]["message"]["content"] == "1 3 7 9"
+    assert chat.headers["warning"] == ('299 ecache "accepted and ignored: response_format (text is the only format), '
+                                       'modalities (text is the only output)"')
+
+
+def test_a_batch_of_token_id_prompts_is_refused_saying_why_and_one_is_read(named, tiny):
+    url, _ = named
+    ids = tiny.tokenizer(SORT, add_special_tokens=False)["input_ids"]
+    r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": [[1, 2], [3, 4]]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["message"] == ("prompt: a list of 2 token-id lists is more than one prompt; send one "
+                                            "prompt per request (requests are batched by the server)")
+    flat = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": ids, "max_tokens": 16}, timeout=60)
+    one = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": [ids], "max_tokens": 16},
+                     timeout=60)
+    assert one.json()["choices"][0]["text"] == flat.json()["choices"][0]["text"] == "1 3 7 9"
+
+
+def test_the_function_role_is_refused_saying_why(named):
+    url, _ = named
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "function", "name": "f", "content": "42"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.role"
+    assert r.json()["error"]["message"] == ("messages[1].role 'function' is not supported: it answers a function call "
+                                            "and this server calls no functions; send the text as a 'tool' or 'user' "
+                                            "message")
+
+
+def test_ollama_options_take_the_decoding_extensions_of_the_openai_routes(named):
+    """``options.policy``/``options.tau`` give the answer the OpenAI route gives for ``policy``/``tau``; a tau
+    the policy does not take is named as ``options.tau``; ``tau`` at the top level says to put it in options."""
+    url, _ = named
+    msgs = [{"role": "user", "content": "Sort: 9 3 7 1"}]
+    want = client(url, key="unused").chat.completions.create(
+        model="my-model", messages=msgs, extra_body={"policy": "entropy", "tau": 0.5}).choices[0].message.content
+    r = httpx.post(f"{url}/api/chat", json={"model": "my-model", "messages": msgs, "stream": False,
+                                            "options": {"policy": "entropy", "tau": 0.5}}, timeout=60)
+    assert r.status_code == 200 and r.json()["message"]["content"] == want == "1 3 7 9"
+    assert "warning" not in r.headers
+    dual = httpx.post(f"{url}/api/generate", json={"model": "my-model", "prompt": "Sort: 9 3 7 1", "stream": False,
+                                                   "options": {"policy": "dual", "tau": 0.5}}, timeout=60)
+    assert dual.status_code == 200 and "options.tau (policy dual takes none" in dual.headers["warning"]
+    top = httpx.post(f"{url}/api/chat", json={"model": "my-model", "messages": msgs, "tau": 0.5})
+    assert top.status_code == 400 and top.json()["error"] == ("unrecognized request argument 'tau'; ecache's "
+                                                              "extensions go in options (options.tau)")
+    bad = httpx.post(f"{url}/api/chat", json={"model": "my-model", "messages": msgs, "options": {"policy": "bogus"}})
+    assert bad.status_code == 400 and "bogus" in bad.json()["error"]

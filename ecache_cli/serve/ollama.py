@@ -9,16 +9,17 @@ objects, ``{"response": text, "done": false}`` (chat: ``{"message": {"role": "as
 "content": text}, ...}``) as the answer's text becomes final, then one with ``"done": true``,
 ``done_reason`` and the counts (``prompt_eval_count``, ``eval_count``, durations in nanoseconds).
 
-``options``: ``temperature``, ``top_p``, ``top_k`` (the OpenAI route's ``top_k``, as ``--top-k``),
-``seed``, ``stop``, ``num_predict`` (→ ``max_tokens``; < 0: the server's default), ``presence_penalty`` and
-``frequency_penalty`` (refused unless 0) are read; the runtime ones (:data:`IGNORED_OPTIONS`: context
-size, threads, GPU layers ...) and ``keep_alive`` are accepted and ignored (a ``Warning`` header names
-them); any other option is refused with one line, and so are ``format``, ``images``, ``tools``,
-``template``, ``context``, ``suffix`` and ``think`` (and a message's fields beyond role and content)
-unless empty or false: then they are accepted, ignored and named in the ``Warning`` header too, as an
-OpenAI field that would change the answer is refused and its neutral value named. Errors are Ollama's
-``{"error": message}``. The model is the served name, with or without the tag ``:latest``. An empty
-``prompt`` (or no messages) only loads the model: ``done_reason`` ``load``, as Ollama answers it.
+``options``: ``temperature``, ``top_p``, ``top_k`` (the OpenAI route's ``top_k``, as ``--top-k``), ``seed``,
+``stop``, ``num_predict`` (→ ``max_tokens``; < 0: the server's default), ``presence_penalty`` and
+``frequency_penalty`` (refused unless 0) are read, and so are ecache's extensions of the OpenAI routes
+(:data:`EXTENSIONS`: ``policy``, ``tau``, ``threshold``, ``block_length``, ``steps``, ``ignore_eos``); the
+runtime ones (:data:`IGNORED_OPTIONS`: context size, threads, GPU layers ...) and ``keep_alive`` are
+accepted and ignored (a ``Warning`` header names them); any other option is refused with one line, and so
+are ``format``, ``images``, ``tools``, ``template``, ``context``, ``suffix`` and ``think`` (and a message's
+fields beyond role and content) unless empty or false: then they are accepted, ignored and named in the
+``Warning`` header too, as an OpenAI field that would change the answer is refused and its neutral value
+named. Errors are Ollama's ``{"error": message}``. The model is the served name, with or without the tag
+``:latest``. An empty ``prompt`` (or no messages) only loads the model: ``done_reason`` ``load``, as Ollama answers it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", 
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed", "stop": "stop",
            "num_predict": "max_tokens", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
+#: ecache's decoding extensions of the OpenAI routes (``protocol.py``), read from ``options`` under the same names.
+EXTENSIONS = ("policy", "tau", "threshold", "block_length", "steps", "ignore_eos")
+OPTIONS.update({name: name for name in EXTENSIONS})
 #: Top-level fields of each route: read, ignored, or refused unless empty.
 FIELDS = {"generate": {"model", "prompt", "system", "stream", "raw", "options", "keep_alive", "format", "images",
                        "template", "context", "suffix", "think"},
@@ -74,7 +78,9 @@ def translate(srv: Server, route: str, body) -> tuple[dict | None, bool, list[st
         raise ApiError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - FIELDS[route])
     if unknown:
-        raise ApiError(400, f"unrecognized request argument {unknown[0]!r}; see Ollama's API (docs/api.md)", unknown[0])
+        where = f"ecache's extensions go in options (options.{unknown[0]})" if unknown[0] in EXTENSIONS else \
+            "see Ollama's API (docs/api.md)"
+        raise ApiError(400, f"unrecognized request argument {unknown[0]!r}; {where}", unknown[0])
     ignored = ["keep_alive"] if "keep_alive" in body else []
     for field in ("format", "images", "tools", "template", "context", "suffix", "think"):
         if body.get(field) not in (None, "", [], False):

@@ -2,9 +2,9 @@
 OpenAI error shape.
 
 Accepted (OpenAI API reference, "Completions" and "Chat Completions", every field of their request
-schemas): ``model``, ``prompt`` (completions: a string, a one-string list or a list of token ids) or
-``messages`` (chat: roles system, developer, user, assistant, tool; content a string or a list of
-``{"type": "text"}`` parts), ``max_tokens`` (and ``max_completion_tokens`` for chat),
+schemas): ``model``, ``prompt`` (completions: a string, a one-string list, a list of token ids or a
+one-item list of those) or ``messages`` (chat: roles system, developer, user, assistant, tool; content a
+string or a list of ``{"type": "text"}`` parts), ``max_tokens`` (and ``max_completion_tokens`` for chat),
 ``temperature`` (0 ≤ t ≤ 2; default the server's), ``top_p`` (0 < p ≤ 1), ``seed``, ``stop`` (a
 string or up to 4), ``n`` (1 only), ``stream``, ``stream_options.include_usage``. Fields that do not
 change the answer are accepted and ignored, and the reply names them in a ``Warning`` header
@@ -84,6 +84,20 @@ IGNORED = {
 }
 
 
+#: Why a field :meth:`Resolver._unsupported` refuses is ignored when given its neutral value (a 0 penalty,
+#: ``best_of`` 1, ``modalities`` ``["text"]`` ...); the Warning header names it with this reason.
+NEUTRAL = {
+    "presence_penalty": "diffusion decoding has no per-token penalties",
+    "frequency_penalty": "diffusion decoding has no per-token penalties",
+    "tools": "no tools are called", "tool_choice": "no tools are called",
+    "functions": "no functions are called", "function_call": "no functions are called",
+    "best_of": "one candidate per choice", "modalities": "text is the only output",
+    "response_format": "text is the only format", "logit_bias": "an empty bias changes nothing",
+    "echo": "the prompt is not echoed", "logprobs": "no log-probabilities are returned",
+    "suffix": "an empty suffix changes nothing",
+}
+
+
 class _Common(_Body):
     model: str
     max_tokens: Optional[int] = None
@@ -113,7 +127,7 @@ class _Common(_Body):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[str], list[int]]
+    prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: Optional[bool] = None
     best_of: Optional[int] = None
     suffix: Optional[str] = None
@@ -271,6 +285,13 @@ class Resolver:
 
     def completion_ids(self, req: CompletionRequest) -> list[int]:
         p = req.prompt
+        if isinstance(p, list) and p and all(isinstance(t, list) for t in p):  # a batch of token-id prompts
+            if len(p) != 1:
+                raise ApiError(400, f"prompt: a list of {len(p)} token-id lists is more than one prompt; send one "
+                                    "prompt per request (requests are batched by the server)", "prompt")
+            p = p[0]
+            if not p:
+                raise ApiError(400, "prompt[0] is an empty list of token ids; give at least one token", "prompt")
         if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
             why = self.engine.check_prompt_ids(p)
             if why:
@@ -295,6 +316,10 @@ class Resolver:
             raise ApiError(400, "messages is empty; give at least one {role, content} message", "messages")
         msgs = []
         for i, m in enumerate(req.messages):
+            if m.role == "function":  # OpenAI's deprecated form of the tool role
+                raise ApiError(400, f"messages[{i}].role 'function' is not supported: it answers a function call "
+                                    "and this server calls no functions; send the text as a 'tool' or 'user' message",
+                               f"messages.{i}.role")
             if m.role not in ROLES:
                 raise ApiError(400, f"messages[{i}].role {m.role!r} is not supported; use one of {', '.join(ROLES)}",
                                f"messages.{i}.role")
@@ -525,8 +550,6 @@ class Resolver:
         for field, bad, msg in checks:
             if bad:
                 raise ApiError(400, msg, field)
-        if isinstance(req, ChatRequest):  # given, neutral: accepted and ignored, as IGNORED's fields are
-            for field in ("tools", "tool_choice", "functions", "function_call"):
-                if getattr(req, field) is not None:
-                    why = "no functions are called" if field.startswith("function") else "no tools are called"
-                    req._ignored.append(f"{field} ({why})")
+        for field, _, _ in checks[1:]:  # given, neutral: accepted and ignored, as IGNORED's fields are (n=1 is kept)
+            if getattr(req, field) is not None:
+                req._ignored.append(f"{field} ({NEUTRAL[field]})")
