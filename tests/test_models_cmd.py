@@ -301,6 +301,14 @@ def test_show_the_embedded_model(cli, hub):
     assert "repository" not in f
 
 
+def test_show_and_the_list_carry_no_trailing_spaces_off_a_terminal(cli, hub):
+    """Off a terminal rich pads each line to 80 columns; the lines written end at their last character."""
+    for out, first in ((_show(cli, "tiny").stdout, "tiny (embedded)"), (cli("models").stdout, "local")):
+        lines = out.splitlines()
+        assert len(lines) > 5 and [line for line in lines if line != line.rstrip()] == []
+        assert lines[0].startswith("model ") and lines[0].endswith(first)
+
+
 def test_show_an_alias_not_downloaded_says_how_to_get_it(cli, hub):
     res = _show(cli, "llada-moe")
     f = _fields(res.stdout)

@@ -29,11 +29,11 @@ def _console():
 
 def _write(renderable, console=None) -> None:
     """Print ``renderable`` on stdout as one write: a closed pipe (``| head``) is then handle_errors' quiet
-    exit 0."""
+    exit 0. Lines lose the trailing spaces rich pads them to the console's width with."""
     console = console or _console()
     with console.capture() as shown:
         console.print(renderable)
-    sys.stdout.write(shown.get())
+    sys.stdout.write("\n".join(line.rstrip(" ") for line in shown.get().split("\n")))
     sys.stdout.flush()
 
 
