@@ -58,7 +58,7 @@ def _probe(folder: Path, flag: str, path) -> None:
 
 #: The file name suggested when an output flag is given a folder: each flag's expected suffix.
 EXAMPLE_NAMES = {"--plot": "plot.png", "--jsonl": "trace.jsonl", "--run-file": "run.jsonl", "--out": "profile.yaml",
-                 "--output": "out.jsonl"}
+                 "--output": "out.jsonl", "/save": "chat.jsonl"}
 
 
 def check_file(path, flag: str, announce: bool = True, lock: bool = True) -> Path | None:

@@ -132,7 +132,7 @@ def test_chat_commands_change_settings_and_save_records(cli, tmp_path):
     s = chat_session(tmp_path)
     shown = say(s, PROMPT)
     assert expected["text"] in shown.split("\n")  # the same answer as generate, on a line of its own
-    assert "τ 0.25" in say(s, "/tau 0.25")
+    assert "τ 0.25 · cache entropy" in say(s, "/tau 0.25")
     say(s, "Reverse: 1 2 3")
     assert "error: /cache 'entropy:kr=3'" in say(s, "/cache entropy:kr=3")  # validated as --policies; continues
     assert "error: /tau: cache dual" not in say(s, "/cache entropy:recent_k=4")
@@ -305,6 +305,18 @@ def test_chat_commands_check_the_policy_and_tau_against_the_model(profiles_dir):
     assert tiny.settings.cache == "dual" and "tau" not in tiny.settings.cache_params
     tiny.command("/cache entropy")
     assert tiny.settings.cache_params["tau"] == 0.3
+
+
+def test_a_changed_setting_is_said_once_and_save_suggests_a_jsonl_name(tmp_path):
+    """The status line after ``/cache``, ``/gen-length`` is the settings line, naming each setting once;
+    ``/save`` given a folder suggests a ``.jsonl`` file in it (the records are JSONL)."""
+    s = _session("tiny", gen_length=32, block_length=8)
+    s.command("/cache dual")
+    s.command("/gen-length 16")
+    s.command(f"/save {tmp_path}")
+    assert s.console.file.getvalue().splitlines() == [
+        "cache dual · gen-length 32, block 8", "cache dual · gen-length 16, block 8",
+        f"error: /save {tmp_path} is a folder; give a file name (e.g. {tmp_path / 'chat.jsonl'})"]
 
 
 def test_chat_refuses_a_policy_the_model_does_not_take_at_start(cli):

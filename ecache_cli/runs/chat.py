@@ -206,13 +206,14 @@ class ChatSession:
             self.error(msg if msg.startswith(name) else f"{name}: {msg}", e.exit_code)
         return True
 
-    def _apply(self, what: str) -> None:
+    def _apply(self, lead: str | None = None) -> None:
         """Resolve the changed flags, check them against the loaded model (``check_settings_fit``: what
-        the next answer's run would refuse) and say what the setting is now."""
+        the next answer's run would refuse) and say what the settings are now: :meth:`describe`'s line,
+        after ``lead`` where the line names the change only among others (τ among the policy's parameters)."""
         settings = self.source.resolve()
         check_settings_fit(settings, self.lm.spec)
         self.settings = settings
-        self.status(f"{what} · {self.describe()}")
+        self.status(f"{lead} · {self.describe()}" if lead else self.describe())
 
     def describe(self) -> str:
         """The settings an answer uses, in one line."""
@@ -233,7 +234,7 @@ class ChatSession:
         _check_model(name, self.lm.spec)
         self.source.cache_flags["policy"] = name
         self.source.overrides = params
-        self._apply(f"cache {arg}")
+        self._apply()
 
     def _tau(self, arg: str) -> None:
         from ..cache import policy_params
@@ -263,14 +264,14 @@ class ChatSession:
         self.source.threshold_off = off
         if x is not None:
             self.source.decode_flags["factor"] = None  # as --threshold: the threshold rule, not the factor one
-        self._apply("threshold off" if off else f"threshold {x:g}")
+        self._apply("threshold off" if off else None)  # the settings line names a threshold only when one is set
 
     def _gen_length(self, arg: str) -> None:
         n = _number(arg, int, "/gen-length", "64")
         _check_range("gen_length", n, "/gen-length")
         self.source.decode_flags["gen_length"] = n
         try:
-            self._apply(f"gen-length {n}")
+            self._apply()
         except UsageError as e:
             block = self.settings.decode.block_length
             if "multiple of --block-length" not in str(e) or not block:
