@@ -66,6 +66,11 @@ def _range_words(err: _BadParameter, value: str | None) -> str | None:
 def usage_line(err: _ClickUsageError, where: str = "ecache") -> str:
     """One line for an option-parser error: what was wrong, the value given, which help to read
     (``where``: the command path when the error does not carry the subcommand's context)."""
+    if getattr(err, "option_name", None) and getattr(err, "ctx", None) is not None:  # no such option
+        from .options import suggested_flags
+
+        flags = [o for p in err.ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+        err.possibilities = suggested_flags(err.option_name, flags)
     msg = " ".join(err.format_message().split()).rstrip(".")
     if isinstance(err, _BadParameter):
         value = _given_value(err)

@@ -85,3 +85,21 @@ def table_console(console, wide: bool):
 
 R = "Scale-out (Ray)"  # the `ray` extra: serve/ray_serve.py
 CoresPerReplica = Annotated[int, typer.Option("--cores-per-replica", help="With --ray: CPU cores each replica reserves (and its torch threads unless --threads); a CUDA --device reserves one GPU per replica instead.", rich_help_panel=R)]
+
+
+#: A flag one command takes under another's name (``profile --cache`` means ``--policies``), each with the
+#: flags meant, in order; :func:`suggested_flags` names the first the command takes.
+ALIASES = {"--cache": ("--policies", "--taus"), "--policy": ("--cache", "--policies"), "--policies": ("--cache",),
+           "--tau": ("--taus",), "--taus": ("--tau",), "--input": ("--data",), "--data": ("--input",),
+           "--output": ("--jsonl", "--json", "--out"), "--out": ("--output", "--json"), "--json": ("--jsonl",),
+           "--jsonl": ("--json", "--output")}
+
+
+def suggested_flags(given: str, flags: list[str]) -> list[str]:
+    """The flags of a command (``flags``) to suggest for ``given``, a flag it does not take: the one
+    :data:`ALIASES` names, else the close spellings (difflib ratio ≥ 0.75, so ``--tempreature`` finds
+    ``--temperature`` but ``--task`` finds no ``--tau``); [] for none."""
+    from difflib import get_close_matches
+
+    alias = next((f for f in ALIASES.get(given, ()) if f in flags), None)
+    return [alias] if alias else get_close_matches(given, flags, cutoff=0.75)

@@ -179,6 +179,24 @@ def test_parser_usage_errors_are_one_line(cli, args, needles):
     one_line_error(res, 2, *needles)
 
 
+@pytest.mark.parametrize("args, says", [
+    (["profile", "x", "--cache", "bogus"], "no such option: --cache (Possible options: --policies); see `ecache "
+                                           "profile --help`"),
+    (["calibrate", "--cache", "bogus"], "no such option: --cache (Possible options: --taus); see `ecache calibrate "
+                                        "--help`"),
+    (["generate", "x", "--policies", "none"], "no such option: --policies (Possible options: --cache); see `ecache "
+                                              "generate --help`"),
+    (["chat", "--task", "list"], "no such option: --task; see `ecache chat --help`"),
+    (["generate", "x", "--tempreature", "1"], "no such option: --tempreature (Possible options: --temperature); see "
+                                              "`ecache generate --help`"),
+])
+def test_an_unknown_flag_suggests_the_flag_meant_or_none(cli, args, says):
+    """A flag another command takes under another name suggests this command's (``profile --cache`` →
+    ``--policies``); otherwise only a close spelling, and no flag merely sharing letters (``chat --task``)."""
+    res = cli(*args, input="")
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {says}", res.stderr
+
+
 def _ecache(*args, **kw):
     """Run ``python -m ecache_cli`` (the installed script's code) in a subprocess, one thread."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
