@@ -101,6 +101,7 @@ def option_ranges() -> dict:
         "watch_delay": Range(0, example="0.1", why="seconds after each step"),
         "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
         "min_fidelity": Range(0, 100, example="95", why="percent"),
+        "port": Range(0, 65535, integer=True, example="8000", why="0 = any free one"),
     }
     return {**setting_ranges(), **own}
 
@@ -108,11 +109,20 @@ def option_ranges() -> dict:
 def check_ranges(values: dict) -> None:
     """Check every given numeric option of a command (``values``: parameter name → parsed value, None =
     not given) against its declared range; raise UsageError ``--recent-k 99999999999999999999 must be ≤
-    2147483647 (e.g. 64)``, naming the flag, the value and what it must be."""
+    2147483647 (e.g. 64)``, naming the flag, the value and what it must be. ``--edit-threshold`` on a
+    model family that takes no token editing is refused first, as such (whatever its value), so that
+    no range message suggests a value the same command refuses."""
     import dataclasses
 
     from .errors import UsageError
 
+    if values.get("edit_threshold") is not None and "model" in values:
+        from .decoding.step import check_edit_threshold
+        from .runs.settings import model_family
+
+        fam = model_family(values.get("model"))
+        if fam is not None:
+            check_edit_threshold(values["edit_threshold"], fam.block_causal, fam.name)
     ranges = option_ranges()
     for name, value in values.items():
         rng = ranges.get(name)

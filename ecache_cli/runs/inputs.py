@@ -215,9 +215,9 @@ def piped_lines(stdin: IO) -> list[str]:
     commands name theirs, before anything is answered."""
     lines = _stdin_lines(stdin)
     items = [Item(index=i, line=n, rec=None, prompt=t, source="stdin",
-                  error=None if t is not None and _utf8(t) else f"stdin:{n}: not UTF-8 text; pipe UTF-8 lines")
+                  error=None if t is not None and _utf8(t) else f"stdin:{n}: not UTF-8 text; pipe UTF-8 prompts, one per line")
              for i, (n, t) in enumerate(lines)]
-    error = invalid_error(items, "stdin", what="line", fix="fix them and run again")
+    error = invalid_error(items, "stdin", what="line", fix=FIX)
     if error is not None:
         raise error
     return [t for _, t in lines]

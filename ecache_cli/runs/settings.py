@@ -448,15 +448,15 @@ def warn_unused_cache_flags(policies: list[str], cache_flags: dict, used_by: str
         warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} {used_by}; ignored")
 
 
-def not_used_by(settings: "Settings", takes: bool = False) -> str:
+def not_used_by(settings: "Settings") -> str:
     """The ``used_by`` of :func:`warn_unused_cache_flags` for one resolved policy: ``not used by --cache
     NAME``, naming the profile that chose it and the flag that overrides it (a profile's ``none`` under
-    ``--threshold`` drops ``--tau`` silently otherwise); ``takes`` adds the parameters it does take."""
+    ``--threshold`` drops ``--tau`` silently otherwise) and the parameters it does take, one wording for
+    every command."""
     notes = []
     if settings.policy_from_profile:
         notes.append(f"the policy of profile {settings.profile}; pass --cache to choose another")
-    if takes:
-        notes.append(f"it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}")
+    notes.append(f"it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}")
     return f"not used by --cache {settings.cache}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
