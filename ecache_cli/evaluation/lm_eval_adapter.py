@@ -120,8 +120,8 @@ class EcacheLM(LM):
         decode = {k: _arg(k, v, kinds["decode"].get(k)) for k, v in decode.items()}
         extra_cache = {k: _arg(k, v, kinds["cache"].get(k)) for k, v in extra_cache.items()}
         seeded = Annotated[int, option_ranges()["seed"]]  # the --seed flag's range and words
-        mc_num, mc_seed, seed = (_arg(k, v, kind) for k, v, kind in (("mc_num", mc_num, int),
-                                                                     ("mc_seed", mc_seed, seeded), ("seed", seed, seeded)))
+        mc_num = _arg("mc_num", mc_num, int)
+        mc_seed, seed = _arg("mc_seed", mc_seed, seeded), _arg("seed", seed, seeded)
         greedy_check, chat = _arg("greedy_check", greedy_check, bool), _arg("chat", chat, bool | None)
         force = _arg("force", force, bool)
         self.batch_size = _batch_size(batch_size)
