@@ -38,10 +38,9 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..config import option_ranges
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
-from ..runs.settings import check_setting, policies_for
+from ..runs.settings import check_setting, option_ranges, policies_for
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
