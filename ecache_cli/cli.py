@@ -53,7 +53,7 @@ def _range_words(err: _BadParameter, value: str | None) -> str | None:
 
     rng = option_ranges().get(param.name)
     flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
-    if rng is None or rng.integer or not flags:
+    if rng is None or not flags:
         return None
     try:
         rng.check_given(value)

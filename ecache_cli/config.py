@@ -101,6 +101,7 @@ def option_ranges() -> dict:
         "watch_delay": Range(0, example="0.1", why="seconds after each step"),
         "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
         "min_fidelity": Range(0, 100, example="95", why="percent"),
+        "port": Range(0, 65535, integer=True, example="8000", why="0 = any free one"),
     }
     return {**setting_ranges(), **own}
 
@@ -108,11 +109,19 @@ def option_ranges() -> dict:
 def check_ranges(values: dict) -> None:
     """Check every given numeric option of a command (``values``: parameter name → parsed value, None =
     not given) against its declared range; raise UsageError ``--recent-k 99999999999999999999 must be ≤
-    2147483647 (e.g. 64)``, naming the flag, the value and what it must be."""
+    2147483647 (e.g. 64)``, naming the flag, the value and what it must be. ``--edit-threshold`` on a
+    model family that takes no token editing (:func:`model_family`) is refused first, as such, whatever
+    its value, so that no range message suggests a value the same command then refuses."""
     import dataclasses
 
     from .errors import UsageError
 
+    if values.get("edit_threshold") is not None and "model" in values:
+        from .decoding.step import check_edit_threshold
+
+        fam = model_family(values.get("model"))
+        if fam is not None:
+            check_edit_threshold(values["edit_threshold"], fam.block_causal, fam.name)
     ranges = option_ranges()
     for name, value in values.items():
         rng = ranges.get(name)
@@ -126,6 +135,29 @@ def check_ranges(values: dict) -> None:
                 rng.check(value)
             except ValueError as e:
                 raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
+
+
+def model_family(model: str | None):
+    """The model family (``models.family.Family``) of ``--model`` when it is known before loading: an alias's,
+    the one that claims a folder's config.json, the embedded model's (no ``model`` or ``tiny``: its packaged
+    config.json); None otherwise (a repository id, a folder without a readable config: the load reports any
+    problem). Its ``decode_defaults`` and ``cache_default`` sit under profiles and flags
+    (``runs.settings.resolve_settings``); its ``block_causal`` and ``sampler`` let the policies and decode options
+    that do not apply to it be refused before the model loads."""
+    from .errors import ModelLoadError
+    from .models.loader import EMBEDDED, embedded_dir
+    from .models.registry import alias, family_of
+    from .models.spec import read_json_object
+
+    embedded = not model or str(model) in EMBEDDED
+    found = None if embedded else alias(str(model))
+    if found is not None:
+        return found[0]
+    path = (embedded_dir() if embedded else Path(model)) / "config.json"
+    try:
+        return family_of(read_json_object(path), path) if path.is_file() else None
+    except (ModelLoadError, OSError):
+        return None
 
 
 def _fitting_example(name: str, values: dict, example: str) -> str:

@@ -166,9 +166,9 @@ def test_a_relative_new_folder_is_created_not_taken_for_the_root(cli, llada_dir,
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["generate", "x", "--gen-length", "abc"], ["'--gen-length'", "'abc'", "ecache generate --help"]),
+    (["generate", "x", "--gen-length", "abc"], ["--gen-length abc must be a whole number ≥ 1 (e.g. 256)"]),
     (["generate", "x", "--temperature=hot"], ["--temperature hot must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"]),
-    (["profile", "x", "--warmup", "two"], ["'--warmup'", "'two'", "ecache profile --help"]),
+    (["profile", "x", "--warmup", "two"], ["--warmup two must be a whole number ≥ 0 (e.g. 1)"]),
     (["generate", "x", "--no-such-flag"], ["no such option", "--no-such-flag"]),
     (["no-such-command"], ["no such command", "'no-such-command'"]),
     (["generate", "x", "--cache"], ["'--cache' requires an argument", "ecache generate --help"]),

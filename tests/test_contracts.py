@@ -245,6 +245,27 @@ def test_chat_reads_piped_stdin_in_full_first(cli):
     assert res.stdout == ""  # the good first line was not answered
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith("error: stdin: 2 of 4 line(s) invalid, nothing decoded: stdin lines 2, 4: not UTF-8 text")
+    prompts = cli("generate", "-q", "--gen-length", "16", "--block-length", "8", input=piped)
+    assert prompts.stderr.strip() == line  # one wording: the prompt commands' fix (ecache help input)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "trace-drift"])
+def test_a_cache_flag_the_policy_ignores_is_warned_alike(command, cli):
+    """``--tau`` under ``--cache dual``: one warning, naming what the policy takes, in every command."""
+    args = [command, "--gen-length", "16", "--block-length", "8", "--cache", "dual", "--tau", "0.5"]
+    res = cli(*args, *([] if command == "chat" else ["Sort: 3 1 2"]), input="/exit\n")
+    assert res.exit_code == 0, res.stderr
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning: --tau")]
+    assert warned == ["warning: --tau is not used by --cache dual (it takes refresh_every); ignored"], res.stderr
+
+
+def test_chat_gen_length_not_a_multiple_is_worded_as_the_flag(cli):
+    flag = cli("generate", "--gen-length", "30", "--block-length", "8", "x")
+    assert flag.exit_code == 2, flag.stderr
+    chat = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input="/gen-length 30\n")
+    words = flag.stderr.strip().removeprefix("error: --gen-length 30 ")
+    assert words.startswith("is not a multiple of --block-length 8: ") and words != flag.stderr.strip()
+    assert chat.stderr.splitlines()[0] == f"error: /gen-length 30 {words}", chat.stderr
 
 
 @pytest.mark.parametrize("command", ["generate", *DATA_COMMANDS])
@@ -689,6 +710,8 @@ BEFORE_THE_FIRST_LINE = [
     ("tiny", ["--alg-temp", "0.5"], "use it with --schedule dream (the llada schedule"),
     ("tiny", ["--edit-threshold", "0.9"], "--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; "
      "the llada model family attends bidirectionally"),
+    ("tiny", ["--edit-threshold", "2"], "--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; "
+     "the llada model family attends bidirectionally"),  # the family first: no range hint to a refused value
     ("tiny", ["--dtype", "float8"], "--dtype 'float8' is not known"),
     ("tiny", ["--device", "tpu"], "--device 'tpu' is not a device"),
     ("tiny", ["--threshold", "0.9", "--factor", "1"], "--threshold and --factor are two parallel-decoding rules; "
@@ -941,3 +964,73 @@ def test_a_value_that_is_no_finite_number_has_one_message_everywhere(name, value
         with pytest.raises(UsageError) as py:
             call(number)
         assert str(py.value).endswith(f"{name}={number!r} {says}"), str(py.value)
+
+
+#: Each whole-number setting, its flag, and the one message of a value that is no whole number.
+NOT_WHOLE = {
+    "gen_length": ("--gen-length", "must be a whole number ≥ 1 (e.g. 256)"),
+    "steps": ("--steps", "must be a whole number ≥ 1 (e.g. 256)"),
+    "seed": ("--seed", "must be a whole number ≥ 0 (a 64-bit seed; e.g. 0)"),
+}
+
+
+@pytest.mark.parametrize("value", ["abc", "2.5"])
+@pytest.mark.parametrize("name", list(NOT_WHOLE))
+def test_a_value_that_is_no_whole_number_has_one_message_everywhere(name, value, cli):
+    """``--gen-length abc``, chat's ``/gen-length abc``, lm-eval's ``gen_length=abc`` and the Python API
+    (``DecodeConfig``) say the range check's words after their own label, as ``--tau abc`` does."""
+    from ecache_cli.decoding.config import DecodeConfig
+    from ecache_cli.errors import UsageError
+    from ecache_cli.evaluation.lm_eval_adapter import EcacheLM
+
+    flag, says = NOT_WHOLE[name]
+    res = cli("generate", "x", flag, value)
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {flag} {value} {says}", res.stderr
+    if name == "gen_length":  # the chat command that sets a whole number
+        chat = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input=f"/gen-length {value}\n")
+        assert chat.stderr.splitlines()[0] == f"error: /gen-length {value} {says}", chat.stderr
+    with pytest.raises(UsageError) as lm:
+        EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,{name}={value}")
+    shown = repr(value) if value == "abc" else value  # lm-eval reads 2.5 as a number
+    assert str(lm.value) == f"model_args: {name}={shown} {says}", str(lm.value)
+    if name != "seed":  # DecodeConfig's fields
+        with pytest.raises(UsageError) as py:
+            DecodeConfig(**{name: value})
+        assert str(py.value) == f"DecodeConfig {name}={value!r} {says}", str(py.value)
+
+
+def test_serve_port_that_is_no_whole_number_has_the_range_message(cli):
+    res = cli("serve", "--port", "abc")
+    assert res.exit_code == 2 and res.stderr.strip() == ("error: --port abc must be a whole number in 0..65535 "
+                                                          "(0 = any free one; e.g. 8000)"), res.stderr
+
+
+def test_every_suggested_value_is_taken_with_the_defaults():
+    """The example a range message suggests (``e.g. 256``) is a value the same check takes, and, for a
+    decode setting or policy parameter, one the command takes with its other settings left at their
+    defaults: no hint leads to a second refusal."""
+    from ecache_cli.cache import POLICIES, make_policy
+    from ecache_cli.config import option_ranges
+    from ecache_cli.runs.settings import resolve_settings
+
+    # a setting of one sampler's rules: the model or the flag its own refusal names
+    where = {"edit_threshold": ("tests/fixtures/llada2-mini", {}), "alg_temp": ("tiny", {"schedule": "dream"})}
+    decode_names = set(DecodeConfig_ranges())
+    for name, rng in option_ranges().items():
+        assert rng.example, name
+        for part in rng.example.split(","):
+            rng.check_given(part)  # ValueError: the suggested value is outside its own range
+        if name in decode_names:
+            model, beside = where.get(name, ("tiny", {}))
+            value = int(rng.example) if rng.integer else float(rng.example)
+            resolve_settings(model, {name: value, **beside}, {"policy": "none"})
+    for policy, cls in POLICIES.items():
+        for key, rng in cls.ranges.items():
+            if "," not in rng.example:
+                make_policy(policy, **{key: int(rng.example) if rng.integer else float(rng.example)})
+
+
+def DecodeConfig_ranges() -> dict:
+    from ecache_cli.decoding.config import DecodeConfig
+
+    return DecodeConfig.ranges

@@ -128,10 +128,11 @@ def test_mc_estimate_follows_llada_sampler(adapter):
 
 
 @pytest.mark.parametrize("arg, message", [
-    ("steps=x", "model_args: steps='x' must be a whole number"),
+    ("steps=x", "model_args: steps='x' must be a whole number ≥ 1 (e.g. 256)"),
     ("temperature=x", "model_args: temperature='x' must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"),
-    ("gen_length=2.5", "model_args: gen_length=2.5 must be a whole number"),
-    ("seed=x", "model_args: seed='x' must be a whole number"),
+    ("gen_length=2.5", "model_args: gen_length=2.5 must be a whole number ≥ 1 (e.g. 256)"),
+    ("seed=x", "model_args: seed='x' must be a whole number ≥ 0 (a 64-bit seed; e.g. 0)"),
+    ("seed=-1", "model_args: seed=-1 must be ≥ 0 (a 64-bit seed; e.g. 0)"),
     ("mc_num=2.5", "model_args: mc_num=2.5 must be a whole number"),
     ("greedy_check=maybe", "model_args: greedy_check='maybe' must be true or false"),
     ("chat=maybe", "model_args: chat='maybe' must be true or false"),

@@ -240,7 +240,7 @@ def test_a_client_that_disconnects_frees_its_row(small):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"temperature": 3.0}, "temperature"),
+    ({"temperature": -1.0}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
     ({"n": 2}, "n"),
     ({"max_tokens": 0}, "max_tokens"),
@@ -268,6 +268,20 @@ def test_bad_values_are_400s_naming_the_field(server, kwargs, param):
         client(url).completions.create(**body)
     assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
     assert e.value.body["type"] == "invalid_request_error" and e.value.body["message"]
+
+
+def test_request_fields_take_the_flags_range_and_words(server):
+    """A request's temperature and seed are checked as ``ecache generate --temperature/--seed`` are: the
+    flag's range (temperature 3 is served, as the flag takes it) and its message after the field's name."""
+    url, _ = server
+    c = client(url)
+    hot = c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN, temperature=3.0, seed=1)
+    assert hot.choices[0].finish_reason in ("stop", "length")
+    for kwargs, message in (({"temperature": -1.0}, "temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)"),
+                            ({"seed": -1}, "seed -1 must be ≥ 0 (a 64-bit seed; e.g. 0)")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="tiny", prompt=SORT, max_tokens=GEN, **kwargs)
+        assert e.value.body["message"] == message, e.value.body
 
 
 def test_chat_errors_name_the_field(server):
@@ -491,7 +505,7 @@ def test_x_request_id_is_echoed_or_made_and_logged(server, caplog):
     assert re.fullmatch(r"[0-9a-f]{32}", odd.headers["x-request-id"])  # not echoed: it would break log lines
     assert re.search(r'trace-42\.a:b 127\.0\.0\.1:\d+ "GET /health HTTP/1\.1" 200', caplog.text), caplog.text
     bad = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}", "x-request-id": "e1"},
-                     json={"model": "tiny", "prompt": SORT, "temperature": 9})
+                     json={"model": "tiny", "prompt": SORT, "temperature": -9})
     assert bad.status_code == 400 and bad.headers["x-request-id"] == "e1"  # errors carry it too
 
 
@@ -706,7 +720,7 @@ def test_ollama_chat_streams_the_answer_and_names_ignored_options(named):
     ("chat", {"options": {"top_k": 0}}, 400, "top_k 0 must be ≥ 1"),
     ("generate", {"images": ["aGk="]}, 400, "images is not supported"),
     ("generate", {"model": "llama3"}, 404, "model 'llama3' is not served here"),
-    ("generate", {"options": {"temperature": 7.0}}, 400, "temperature 7.0 must be in [0, 2]"),
+    ("generate", {"options": {"temperature": -7.0}}, 400, "temperature -7.0 must be ≥ 0 (0 = greedy; e.g. 0.7)"),
     ("chat", {"frobnicate": 1}, 400, "unrecognized request argument 'frobnicate'"),
     ("chat", {"options": {"num_predict": 0}}, 400, "num_predict 0 must be ≥ 1"),
     ("generate", {"options": {"num_predict": 100000}}, 400, "num_predict 100000 (a canvas of"),

@@ -344,8 +344,8 @@ def test_chat_names_the_chat_command_to_use_and_goes_on(tmp_path):
     err = res.stderr.decode()
     assert res.returncode == 2 and "Traceback" not in err, err
     errors = [x for x in err.splitlines() if x.startswith("error:")]
-    assert errors == ["error: /gen-length 17 is not a multiple of the block length 8; use a multiple, e.g. "
-                      "/gen-length 24",
+    assert errors == ["error: /gen-length 17 is not a multiple of --block-length 8: use a gen-length that is (e.g. "
+                      "16 or 24) or a block length that divides 17",  # ecache generate's words, after /gen-length
                       "error: piped line 2 failed (the errors above); the other lines ran; fix the script and pipe "
                       "it again"]
     assert len([x for x in res.stdout.decode().splitlines() if x.strip()]) == 2  # both messages answered

@@ -48,7 +48,7 @@ def chat_cmd(
                                                   compat, alg_temp, edit_threshold),
                             dict(flags), profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
     settings = source.resolve()
-    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))
+    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     if watch and not watch_available(err):
         warn("--watch needs a terminal (stderr is not one); answering without the live view")
         watch = False

@@ -73,7 +73,7 @@ def generate(
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
     require_task_profile(settings, model, task)
-    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings, takes=True))
+    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     if quiet and stream:  # --quiet wins: no output on stderr at all
         warn("--stream is ignored under --quiet (no output on stderr); drop --quiet to see the canvas")
     if watch and not watch_available(err):

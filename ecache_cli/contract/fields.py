@@ -48,17 +48,22 @@ class Range:
     def not_finite(self) -> str:
         """The one message of a value that is no finite number (NaN, ±inf, a text that is no number) for
         every setting of this range, whoever passed it (a flag, a chat command, a request field, a
-        Python argument, a profile key): ``must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)``."""
+        Python argument, a profile key): ``must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)``;
+        a whole-number range's (a text, a float, a string from Python) ``must be a whole number ≥ 1 (e.g. 256)``."""
+        if self.integer:  # a count: a whole number, from its lower bound (the upper one is the index limit)
+            what = f"≥ {self.lo}" if self.hi is None or self.hi >= INT_MAX else self.describe()
+            return f"must be a whole number {what}{self.hint()}"
         what = self.describe()
         return f"must be {what if what == 'a finite number' else 'a finite number ' + what}{self.hint()}"
 
     def check_given(self, value) -> None:
         """:meth:`check` of a value as a user typed or sent it: a text is read as the number it writes
         (``"0.5"``; ``"nan"``, ``"abc"``: :meth:`not_finite`), for a flag, a chat command or a request
-        field; a whole-number range's text passes (its parser names it)."""
-        if isinstance(value, str) and not self.integer:
+        field; a whole-number range's text is read as a whole number (``"8"``; ``"abc"``, ``"0.5"``:
+        :meth:`not_finite`)."""
+        if isinstance(value, str):
             try:
-                value = float(value)
+                value = int(value.strip()) if self.integer else float(value)
             except ValueError:
                 raise ValueError(self.not_finite()) from None
         self.check(value)
@@ -123,8 +128,9 @@ def check_value(kind, value):
     try:
         value = _check_type(kind, value)
     except ValueError:
-        if rng is not None and float in (kind, *typing.get_args(kind)) and isinstance(value, (str, float)):
-            raise ValueError(rng.not_finite()) from None  # NaN or a text that is no number: the range's words
+        if rng is not None and (rng.integer or (float in (kind, *typing.get_args(kind))
+                                                 and isinstance(value, (str, float)))):
+            raise ValueError(rng.not_finite()) from None  # NaN, a text that is no number: the range's words
         raise
     if rng is not None and value is not None:
         rng.check(value)

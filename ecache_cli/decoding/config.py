@@ -76,7 +76,7 @@ class DecodeConfig:
         for name, rng in self.ranges.items():
             value = getattr(self, name)
             try:
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if isinstance(value, int if rng.integer else (int, float)) and not isinstance(value, bool):
                     rng.check(value)  # a number: its range alone, as the flag's check (NaN: not finite)
                 else:
                     check_value(_kinds()[name], value)  # anything else: the type's message

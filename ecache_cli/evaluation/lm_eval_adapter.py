@@ -49,13 +49,14 @@ import time
 import zlib
 from datetime import datetime
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from .. import distributed
-from ..config import CACHE_KEYS, DECODE_KEYS, check_value, load_profile, value_kinds
+from ..config import CACHE_KEYS, DECODE_KEYS, check_value, load_profile, option_ranges, value_kinds
 from ..decoding.config import DecodeConfig
 from ..engine.core import Engine
 from ..errors import UsageError
@@ -118,7 +119,9 @@ class EcacheLM(LM):
         kinds = value_kinds()
         decode = {k: _arg(k, v, kinds["decode"].get(k)) for k, v in decode.items()}
         extra_cache = {k: _arg(k, v, kinds["cache"].get(k)) for k, v in extra_cache.items()}
-        mc_num, mc_seed, seed = (_arg(k, v, int) for k, v in (("mc_num", mc_num), ("mc_seed", mc_seed), ("seed", seed)))
+        seeded = Annotated[int, option_ranges()["seed"]]  # the --seed flag's range and words
+        mc_num = _arg("mc_num", mc_num, int)
+        mc_seed, seed = _arg("mc_seed", mc_seed, seeded), _arg("seed", seed, seeded)
         greedy_check, chat = _arg("greedy_check", greedy_check, bool), _arg("chat", chat, bool | None)
         force = _arg("force", force, bool)
         self.batch_size = _batch_size(batch_size)
@@ -134,7 +137,7 @@ class EcacheLM(LM):
         self.settings = resolve_settings(str(model), decode, {"policy": policy, **extra_cache},
                                          profile=profile, task=task)
         # a cache key the run's policy does not take: warned and ignored, as generate's cache flags are
-        warn_unused_cache_flags([self.settings.cache], extra_cache, not_used_by(self.settings, takes=True))
+        warn_unused_cache_flags([self.settings.cache], extra_cache, not_used_by(self.settings))
         prof = load_profile(self.settings.profile) if self.settings.profile else {}
         # the canvas follows max_gen_toks unless the user (or the profile) fixed it
         self.fixed_gen_length = "gen_length" in decode or "gen_length" in (prof.get("decode") or {})

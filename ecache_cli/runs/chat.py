@@ -267,18 +267,17 @@ class ChatSession:
         self._apply("threshold off" if off else None)  # the settings line names a threshold only when one is set
 
     def _gen_length(self, arg: str) -> None:
-        n = _number(arg, int, "/gen-length", "64")
+        n = _number(arg, int, "/gen-length", "64", "gen_length")
         _check_range("gen_length", n, "/gen-length")
+        before = self.source.decode_flags.get("gen_length")
         self.source.decode_flags["gen_length"] = n
         try:
             self._apply()
-        except UsageError as e:
-            block = self.settings.decode.block_length
-            if "multiple of --block-length" not in str(e) or not block:
+        except UsageError as e:  # the flag's message (decoding/schedule.py), after the chat command's label
+            self.source.decode_flags["gen_length"] = before  # a refused value leaves the session as it was
+            if not str(e).startswith(f"--gen-length {n} "):
                 raise
-            fit = -(-n // block) * block  # the next whole number of blocks
-            raise UsageError(f"/gen-length {n} is not a multiple of the block length {block}; use a multiple, e.g. "
-                             f"/gen-length {fit}") from None
+            raise UsageError(f"/gen-length{str(e).removeprefix('--gen-length')}") from None
 
     def _watch(self, arg: str) -> None:
         from .watch import watch_available
@@ -409,12 +408,13 @@ def _interactive() -> bool:
 
 
 def _number(arg: str, kind, command: str, example: str, setting: str | None = None):
-    """``arg`` as an int or float; UsageError naming the command and an example otherwise. A float of
+    """``arg`` as an int or float; UsageError naming the command and an example otherwise. A value of
     decode setting or policy parameter ``setting`` that is no finite number (``/tau nan``, ``/tau abc``)
-    gets the flag's message (``config.check_setting``: ``/tau abc must be a finite number ≥ 0 …``)."""
-    if kind is float and setting is not None:
+    or no whole number where one is due (``/gen-length abc``) gets the flag's message
+    (``config.check_setting``: ``/tau abc must be a finite number ≥ 0 …``)."""
+    if setting is not None:
         try:
-            value = float(arg)
+            value = kind(arg)
         except ValueError:
             value = arg
         if isinstance(value, str) or not math.isfinite(value):

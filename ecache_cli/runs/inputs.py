@@ -181,10 +181,10 @@ def stdin_items(stdin: IO) -> list[Item]:
         item = Item(index=len(items), line=n, rec=None, prompt=None, source="stdin")
         items.append(item)
         if line is None:
-            item.error = f"stdin:{n}: not UTF-8 text; pipe UTF-8 prompts, one per line"
+            item.error = f"stdin:{n}: not UTF-8 text; {PIPE_UTF8}"
             continue
         try:
-            _check_utf8(line, f"stdin:{n}", DataError, "pipe UTF-8 prompts, one per line")
+            _check_utf8(line, f"stdin:{n}", DataError, PIPE_UTF8)
         except DataError as e:
             item.error = str(e)
             continue
@@ -205,7 +205,7 @@ def _stdin_lines(stdin: IO) -> list[tuple[int, str | None]]:
         # surrogates (surrogateescape), which stdin_items names with their byte (_check_utf8)
         lines = [(n, t.removeprefix("\ufeff") if n == 1 else t) for n, t in enumerate(stdin.read().split("\n"), 1)]
     except UnicodeDecodeError:
-        raise UsageError("stdin: not UTF-8 text; pipe UTF-8 prompts, one per line") from None
+        raise UsageError(f"stdin: not UTF-8 text; {PIPE_UTF8}") from None
     return [(n, t.removesuffix("\r")) for n, t in lines]
 
 
@@ -215,14 +215,16 @@ def piped_lines(stdin: IO) -> list[str]:
     commands name theirs, before anything is answered."""
     lines = _stdin_lines(stdin)
     items = [Item(index=i, line=n, rec=None, prompt=t, source="stdin",
-                  error=None if t is not None and _utf8(t) else f"stdin:{n}: not UTF-8 text; pipe UTF-8 lines")
+                  error=None if t is not None and _utf8(t) else f"stdin:{n}: not UTF-8 text; {PIPE_UTF8}")
              for i, (n, t) in enumerate(lines)]
-    error = invalid_error(items, "stdin", what="line", fix="fix them and run again")
+    error = invalid_error(items, "stdin", what="line", fix=FIX)
     if error is not None:
         raise error
     return [t for _, t in lines]
 
 
+#: The fix of stdin bytes that are not UTF-8, for prompts and chat lines alike.
+PIPE_UTF8 = "pipe UTF-8 prompts, one per line"
 #: The way out of invalid records for a command without ``--skip-invalid``.
 FIX = "fix them (ecache help input) and run again"
 #: ``generate``'s way out.

@@ -8,7 +8,15 @@ from pathlib import Path
 
 from ..cache import make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..config import check_setting, dataclass_defaults, find_mode_profile, load_profile, resolve
+from ..config import (
+    check_setting,
+    dataclass_defaults,
+    find_mode_profile,
+    load_profile,
+    model_family,
+    option_ranges,  # noqa: F401 (re-exported: the server checks a request's seed by it)
+    resolve,
+)
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
 
@@ -178,29 +186,6 @@ def _measured_note(prof: dict | None) -> str | None:
     """``calibrated on N examples``: the profile's ``measured.n``, for the start line; None without it."""
     n = ((prof or {}).get("measured") or {}).get("n") if isinstance((prof or {}).get("measured"), dict) else None
     return f"calibrated on {n} examples" if n else None
-
-
-def model_family(model: str | None):
-    """The model family (``models.family.Family``) of ``--model`` when it is known before loading: an alias's,
-    the one that claims a folder's config.json, the embedded model's (no ``model`` or ``tiny``: its packaged
-    config.json); None otherwise (a repository id, a folder without a readable config: the load reports any
-    problem). Its ``decode_defaults`` and ``cache_default`` sit under profiles and flags
-    (:func:`resolve_settings`); its ``block_causal`` and ``sampler`` let the policies and decode options
-    that do not apply to it be refused before the model loads."""
-    from ..errors import ModelLoadError
-    from ..models.loader import EMBEDDED, embedded_dir
-    from ..models.registry import alias, family_of
-    from ..models.spec import read_json_object
-
-    embedded = not model or str(model) in EMBEDDED
-    found = None if embedded else alias(str(model))
-    if found is not None:
-        return found[0]
-    path = (embedded_dir() if embedded else Path(model)) / "config.json"
-    try:
-        return family_of(read_json_object(path), path) if path.is_file() else None
-    except (ModelLoadError, OSError):
-        return None
 
 
 def quantize_flag(quantize: str | None, group_size: int | None) -> str | None:
@@ -448,15 +433,15 @@ def warn_unused_cache_flags(policies: list[str], cache_flags: dict, used_by: str
         warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} {used_by}; ignored")
 
 
-def not_used_by(settings: "Settings", takes: bool = False) -> str:
+def not_used_by(settings: "Settings") -> str:
     """The ``used_by`` of :func:`warn_unused_cache_flags` for one resolved policy: ``not used by --cache
     NAME``, naming the profile that chose it and the flag that overrides it (a profile's ``none`` under
-    ``--threshold`` drops ``--tau`` silently otherwise); ``takes`` adds the parameters it does take."""
+    ``--threshold`` drops ``--tau`` silently otherwise) and the parameters it does take, one wording for
+    every command."""
     notes = []
     if settings.policy_from_profile:
         notes.append(f"the policy of profile {settings.profile}; pass --cache to choose another")
-    if takes:
-        notes.append(f"it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}")
+    notes.append(f"it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}")
     return f"not used by --cache {settings.cache}" + (f" ({'; '.join(notes)})" if notes else "")
 
 

@@ -40,7 +40,7 @@ from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
-from ..runs.settings import check_setting, policies_for
+from ..runs.settings import check_setting, option_ranges, policies_for
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
@@ -402,9 +402,7 @@ class Resolver:
                                 f"positions; ask for at most {room // block * block} tokens", field,
                            code="context_length_exceeded")
         temperature = base.temperature if req.temperature is None else req.temperature
-        in_range("temperature", temperature)
-        if temperature > 2:  # OpenAI's range, narrower than ecache generate's
-            raise ApiError(400, f"temperature {temperature} must be in [0, 2] (0 = greedy; e.g. 0.7)", "temperature")
+        in_range("temperature", temperature)  # ecache generate's range (≥ 0), which holds OpenAI's 0-2
         top_p = base.top_p if req.top_p is None else req.top_p
         in_range("top_p", top_p)
         top_k = base.top_k if req.top_k is None else req.top_k
@@ -427,8 +425,11 @@ class Resolver:
             raise ApiError(400, f"stop: give at most {MAX_STOP} non-empty strings (got {_short(req.stop)})", "stop")
         width = min(-(-len(prompt_ids) // PROMPT_BUCKET) * PROMPT_BUCKET, self.lm.spec.max_positions - gen)
         key = GroupKey(cfg=cfg, policy=name, params=tuple(sorted(params.items())), prompt_width=width)
-        if req.seed is not None and not 0 <= req.seed < 1 << 64:
-            raise ApiError(400, f"seed {req.seed} must be in 0-{(1 << 64) - 1} (as ecache generate --seed)", "seed")
+        if req.seed is not None:  # ecache generate --seed's range and words
+            try:
+                option_ranges()["seed"].check(req.seed)
+            except ValueError as e:
+                raise ApiError(400, f"seed {req.seed} {e}", "seed") from None
         seed = self.seeds.getrandbits(63) if req.seed is None else req.seed
         return Job(endpoint=endpoint, prompt_ids=prompt_ids, key=key,
                    make_policy=lambda: make_policy(name, strict=False, **params), max_tokens=max_tokens, stop=stop,
