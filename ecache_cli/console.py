@@ -64,6 +64,19 @@ def announce(line: str | None) -> None:
         show(message)
 
 
+def read_alone(read, *args):
+    """``read(*args)``, a command's read of its whole input before the model loads; when it raises, the
+    warnings and notes held so far (:func:`hold_warnings`) are dropped, so the input's error is the run's
+    only output (README: an input error comes first and alone)."""
+    global _held
+    try:
+        return read(*args)
+    except Exception:
+        if _held is not None:
+            _held = []
+        raise
+
+
 #: A function every warning and note passes through before it prints (:func:`rewriting`); None: as given.
 _rewrite = None
 

@@ -80,9 +80,10 @@ def test_records_the_model_cannot_take_are_named_before_decoding(command, cli, l
 
 
 @pytest.mark.parametrize("command", PROMPTED)
-def test_reading_and_model_errors_are_named_together(command, cli, llada_dir, llada_lm, tmp_path):
-    """A record only the model refuses (the mask id, line 5) among records the reading refuses: one error
-    names all of them, the same in every command (``gen_input.check_items``)."""
+def test_reading_errors_come_before_the_load_and_model_errors_after(command, cli, llada_dir, llada_lm, tmp_path):
+    """Records the reading refuses are named together before the model loads (the model's checks cannot
+    run yet, so a record only the model refuses, the mask id on line 5, is not among them); once the
+    reading finds none, the model's checks name theirs, the same in every command (``gen_input.check_items``)."""
     f = tmp_path / "in.jsonl"
     mask = llada_lm.spec.mask_id
     f.write_text('{"prompt": "Sort: 3 1 2"}\nnot json\n{"question": 1}\n{"prompt": " "}\n'
@@ -91,9 +92,15 @@ def test_reading_and_model_errors_are_named_together(command, cli, llada_dir, ll
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     assert res.stdout == ""
     (line,) = res.stderr.strip().splitlines()
-    assert f"error: --input {f}: 7 of 8 record(s) invalid, nothing decoded: " in line
-    assert f"{f}:5: prompt_ids[1] = {mask} is the mask id" in line
+    assert f"error: --input {f}: 6 of 8 record(s) invalid, nothing decoded: " in line
     assert f"{f}:2: not valid JSON" in line and f"{f}:7: 'prompt_ids' must be a non-empty list" in line
+    assert f"{f}:5:" not in line
+    f.write_text(f'{{"prompt": "Sort: 3 1 2"}}\n{{"prompt_ids": [1, {mask}, 5]}}\n')
+    res = cli(*_args(command, llada_dir, "--input", f))
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    assert f"error: --input {f}: 1 of 2 record(s) invalid, nothing decoded: {f}:2: prompt_ids[1] = {mask} is the " \
+           "mask id" in line, line
 
 
 @pytest.mark.parametrize("command", PROMPTED)
@@ -266,6 +273,66 @@ def test_chat_gen_length_not_a_multiple_is_worded_as_the_flag(cli):
     words = flag.stderr.strip().removeprefix("error: --gen-length 30 ")
     assert words.startswith("is not a multiple of --block-length 8: ") and words != flag.stderr.strip()
     assert chat.stderr.splitlines()[0] == f"error: /gen-length 30 {words}", chat.stderr
+
+
+#: Each model command's short run without -q, with flags that warn once the settings are read (a τ no policy
+#: of the run takes), so an output line before an input error would show.
+LOUD = {
+    "generate": ["generate", "--jsonl", "--no-chat", "--cache", "dual", "--tau", "0.5"],
+    "profile": ["profile", "--policies", "none", "--warmup", "0", "--json", "-", "--no-chat", "--tau", "0.5"],
+    "trace-drift": ["trace-drift", "--rows", "0", "--json", "-", "--no-chat", "--cache", "dual", "--tau", "0.5"],
+    "calibrate": ["calibrate", "--dry-run", "--taus", "0.5", "--refine", "0", "--no-speed-check"],
+    "chat": ["chat", "--cache", "dual", "--tau", "0.5"],
+}
+GSM_BAD = '{"question": "What is 1 + 1?"}\n'
+#: (case, the commands that have it) -> (extra args, stdin, the error line's start). FILE: a file with the
+#: case's records.
+INPUT_ERRORS = {
+    "empty-stdin": (["generate", "profile", "trace-drift", "chat"], [], "", "no prompt given: stdin was empty; "),
+    "non-utf8-stdin": (["generate", "profile", "trace-drift", "chat"], [], b"Sort: 3 1\n\xff\n",
+                       "stdin: 1 of 2 line(s) invalid, nothing decoded: stdin:2: not UTF-8 text"),
+    "invalid-input": (["generate", "profile", "trace-drift"], ["--input", "FILE"], None,
+                      "--input FILE: 1 of 2 record(s) invalid, nothing decoded: FILE:2: not valid JSON"),
+    "empty-input": (["generate", "profile", "trace-drift"], ["--input", "FILE"], None, "--input FILE holds no record"),
+    "bad-data": (["profile", "trace-drift", "calibrate"], ["--task", "gsm8k", "--limit", "1", "--data", "FILE"], None,
+                 "--data FILE: line 1 lacks answer"),
+}
+INPUT_FILES = {"invalid-input": '{"prompt": "Sort: 3 1"}\nnot json\n', "empty-input": "\n", "bad-data": GSM_BAD}
+
+
+@pytest.mark.parametrize("case,command", [(c, m) for c, (ms, *_) in INPUT_ERRORS.items() for m in ms])
+def test_an_input_error_comes_first_and_alone(case, command, cli, llada_dir, tmp_path):
+    """One order in every command: the input (stdin, ``--input``, ``--data``) is read and checked in full
+    before the model loads, so its error is the run's only output: no "using model …" line, no warning of
+    the settings before it, exit 2 (chat's empty piped stdin too)."""
+    _, extra, stdin, want = INPUT_ERRORS[case]
+    f = tmp_path / "in.jsonl"
+    f.write_text(INPUT_FILES.get(case, ""))
+    args = [*LOUD[command], "--model", llada_dir, "--gen-length", "16", "--block-length", "8",
+            *[str(f) if a == "FILE" else a for a in extra]]
+    res = cli(*args, input=stdin)
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert res.stdout == ""
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("error: " + want.replace("FILE", str(f))), line
+
+
+@pytest.mark.parametrize("command", list(LOUD))
+@pytest.mark.parametrize("quantize,dtype,want", [
+    ("fp8", "float32", "--quantize fp8 needs a CUDA GPU of compute capability ≥ 8.9; on CPU use int8"),
+    ("int4", "float32", "--quantize int4 runs in bfloat16 only here (float32 asked): add --dtype bfloat16"),
+])
+def test_a_quantize_format_the_device_cannot_run_is_refused_in_one_line(command, quantize, dtype, want, cli, llada_dir):
+    """The device and dtype are known before the load: a format they cannot run is refused alone, before
+    the "using model …" line and before a warning that would suggest calibrating that format here."""
+    prompt = [] if command in ("calibrate", "chat") else ["Sort: 3 1"]
+    extra = ["--task", "list", "--limit", "1"] if command == "calibrate" else []
+    res = cli(*LOUD[command], "--model", llada_dir, "--device", "cpu", "--dtype", dtype, "--quantize", quantize,
+              *extra, *prompt, input="Sort: 3 1\n" if command == "chat" else None)
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("error: " + want), line
+    assert "ecache calibrate" not in res.stderr
 
 
 @pytest.mark.parametrize("command", ["generate", *DATA_COMMANDS])

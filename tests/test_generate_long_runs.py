@@ -41,11 +41,15 @@ def test_invalid_records_are_all_named_before_anything_is_decoded(cli, short_dir
     write_jsonl(f, [{"prompt": "abc"}, {"prompt": "x" * 40}, '{"prompt": ', {"question": "q"}, {"prompt": "ok"}])
     out = tmp_path / "out.jsonl"
     res = cli("generate", "--model", short_dir, *SMALL, "-q", "--input", f, "--output", out)
-    line = one_line_error(res, 2, "3 of 5 record(s) invalid, nothing decoded",
+    line = one_line_error(res, 2, "2 of 5 record(s) invalid, nothing decoded", f"{f}:3: not valid JSON",
+                          f"{f}:4: a record needs", "--skip-invalid")
+    assert f"{f}:1" not in line and f"{f}:2" not in line and f"{f}:5" not in line  # line 2: the model's check
+    assert res.stdout == "" and (not out.exists() or out.read_text() == "")
+    write_jsonl(f, [{"prompt": "abc"}, {"prompt": "x" * 40}, {"prompt": "ok"}])  # the reading's errors fixed
+    res = cli("generate", "--model", short_dir, *SMALL, "-q", "--input", f, "--output", out)
+    line = one_line_error(res, 2, "1 of 3 record(s) invalid, nothing decoded",
                           f"{f}:2: the prompt (", "+ --gen-length 16 exceeds the model's 32 positions",
-                          "shorten it to at most 16 tokens", f"{f}:3: not valid JSON", f"{f}:4: a record needs",
-                          "--skip-invalid")
-    assert f"{f}:1" not in line and f"{f}:5" not in line
+                          "shorten it to at most 16 tokens", "--skip-invalid")
     assert res.stdout == "" and (not out.exists() or out.read_text() == "")
 
 

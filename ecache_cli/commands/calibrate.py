@@ -94,7 +94,7 @@ def calibrate_cmd(
 
     Example: [cyan]ecache calibrate --task list --limit 50[/] (exit 1 when no τ qualifies)
     """
-    from ..console import announce, err, hold_warnings
+    from ..console import announce, err, hold_warnings, read_alone
     from ..console import out as out_console
     from ..errors import EcacheError
     from ..runs.calib_groups import TaskGroups, parse_list, parse_shots
@@ -153,12 +153,12 @@ def calibrate_cmd(
     else:
         task_obj = get_task(names[0], data, allow_code_execution=allow_code_execution)
     validate(opts)  # option ranges: exit 2 before anything is read
-    task_obj.examples("test", limit, seed)  # a missing dataset fails here, before consent and model loading
+    read_alone(task_obj.examples, "test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
     from ..runs.models import check_start
 
-    check_start(model, device, dtype)  # refused alone, before the first line and the settings
+    check_start(model, device, dtype, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),

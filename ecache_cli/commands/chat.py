@@ -30,17 +30,17 @@ def chat_cmd(
     and the status lines of commands (answers, /stats and /help on stdout, warnings and errors stay). Piped
     lines exit 2 at the end when one failed. Example: [cyan]ecache chat --watch[/]
     """
-    from ..console import announce, err, hold_warnings, warn
+    from ..console import announce, err, hold_warnings, read_alone, warn
     from ..runs.chat import ChatSession, SettingsSource, open_readline
     from ..runs.generate import check_watch
-    from ..runs.inputs import piped_lines, piped_stdin
+    from ..runs.inputs import piped_stdin
     from ..runs.models import check_start
     from ..runs.settings import check_settings_fit, not_used_by, warn_model_rules, warn_unused_cache_flags
     from ..runs.watch import watch_available
     from ..runtime import load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)
-    check_start(model, device, dtype)  # refused alone, before the first line and the settings
+    check_start(model, device, dtype, quantize=quantize)  # refused alone, before the first line and the settings
     check_watch(watch, watch_delay, quiet=quiet)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     source = SettingsSource(model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking,
@@ -52,8 +52,8 @@ def chat_cmd(
     if watch and not watch_available(err):
         warn("--watch needs a terminal (stderr is not one); answering without the live view")
         watch = False
-    piped = piped_stdin()  # piped lines are read and checked in full first (README), before the load
-    lines = piped_lines(piped) if piped is not None else None
+    piped = piped_stdin()  # piped lines are read and checked in full first (README): their error comes alone
+    lines = read_alone(_piped, piped) if piped is not None else None
     announce(None if quiet else settings.describe(model))  # before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force,
                              quantize=settings.quantize)
@@ -73,6 +73,17 @@ def chat_cmd(
     failure = session.failure()  # a script: a line that failed fails the run (exit 2), after every line ran
     if failure is not None:
         raise failure
+
+
+def _piped(stdin) -> list[str]:
+    """Every piped line (``inputs.piped_lines``); UsageError (exit 2) when none holds text, as every command
+    refuses empty stdin."""
+    from ..runs.inputs import no_prompts, piped_lines
+
+    lines = piped_lines(stdin)
+    if not any(line.strip() for line in lines):
+        raise no_prompts(None, "pipe messages (and /commands) one per line, or run it in a terminal")
+    return lines
 
 
 def lines_reader(lines: list[str]):

@@ -44,10 +44,10 @@ def generate(
 
     Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/]
     """
-    from ..console import announce, err, hold_warnings, warn
+    from ..console import announce, err, hold_warnings, read_alone, warn
     from ..outputs import check_file
     from ..runs.confidence import warn_untrained
-    from ..runs.generate import GenerateOptions, check_options, check_task, require_task_profile, run
+    from ..runs.generate import GenerateOptions, check_options, check_task, read_first, require_task_profile, run
     from ..runs.inputs import check_input_file
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
     from ..runs.watch import watch_available
@@ -67,7 +67,8 @@ def generate(
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     from ..runs.models import check_start
 
-    check_start(model, device, dtype, prompts)  # refused alone, before the first line and the settings
+    check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
+    check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
@@ -79,13 +80,13 @@ def generate(
     if watch and not watch_available(err):
         warn("--watch needs a terminal (stderr is not one); decoding without the live view")
         opts.watch = False
-    check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
     if output is None and sys.stdout is None:  # `>&-`: nowhere to put the answers; say so before decoding
         from ..errors import DataError
 
         raise DataError("cannot write the output: stdout is closed; redirect it (> answers.txt) or use --output FILE")
     if output is not None:
         check_file(output, "--output")  # before the model loads
+    opts.items = read_alone(read_first, opts)  # the input in full: its error alone, before the load
     announce(settings.describe(model) if not quiet and ranks.is_main else None)  # before the (maybe long) load
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # torchrun: this rank's share
     if task is not None and dist.is_main:

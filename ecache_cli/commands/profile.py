@@ -50,7 +50,7 @@ def profile_cmd(
 
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
-    from ..console import announce, err, hold_warnings, info, note, out, warn
+    from ..console import announce, err, hold_warnings, info, note, out, read_alone, warn
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs.inputs import check_input_file
     from ..runs.profile import (
@@ -85,7 +85,7 @@ def profile_cmd(
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
     from ..runs.models import check_start
 
-    check_start(model, device, dtype, prompts)  # refused alone, before the first line and the settings
+    check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
@@ -98,14 +98,13 @@ def profile_cmd(
 
         raise UsageError("--compare-quantize compares quantized weights with unquantized ones: add --quantize "
                          "int8 (or int4 with --dtype bfloat16)")
-
-    task_obj, task_info = None, None
+    task_obj, task_info = None, None  # the input read in full: its error alone, before the load
     if task is not None:
-        task_obj, requests, task_info = task_setup(task, data, shots, limit, seed, allow_code_execution)
+        task_obj, requests, task_info = read_alone(task_setup, task, data, shots, limit, seed, allow_code_execution)
         if not task_info["scored"]:
             note(f"task {task} is not scored without --allow-code-execution (its scorer runs the code)")
     else:
-        requests = input_requests(prompts, input_file, limit)
+        requests = read_alone(input_requests, prompts, input_file, limit)
     if "none" not in names:
         note("--policies has no 'none': speedup, work share and fidelity vs none are not measured")
     from ..distributed import from_environment

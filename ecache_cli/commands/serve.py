@@ -111,7 +111,7 @@ def serve_cmd(
     from ..runtime import inspect_for_command, load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
 
-    check_start(model, device, dtype)  # before the settings, as every model command
+    check_start(model, device, dtype, quantize=quantize)  # before the settings, as every model command
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,

@@ -45,12 +45,12 @@ def trace_drift_cmd(
 
     Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
-    from ..console import announce, err, hold_warnings, info
+    from ..console import announce, err, hold_warnings, info, read_alone
     from ..outputs import check_dir, check_distinct, check_file
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
-    from ..runs.trace_drift import TraceOptions, check_flags, signal_kind, summary_document, trace
+    from ..runs.trace_drift import TraceOptions, check_flags, read_first, signal_kind, summary_document, trace
     from ..runtime import compile_line, load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)
@@ -59,7 +59,7 @@ def trace_drift_cmd(
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     from ..runs.models import check_start
 
-    check_start(model, device, dtype, prompts)  # refused alone, before the first line and the settings
+    check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
@@ -73,6 +73,7 @@ def trace_drift_cmd(
     opts = TraceOptions(prompts=list(prompts or []), input_file=input_file, task=task, data=data, limit=limit, shots=shots,
                         chat=chat, batch_size=batch_size, seed=seed, signal=signal_kind(signal, settings),
                         volatility_level=volatility_level)
+    opts.read = read_alone(read_first, opts)  # the input in full: its error alone, before the load
     announce(None if quiet else settings.describe(model))  # what this run uses, before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)  # one process: no ranks
     warn_untrained(lm, task)

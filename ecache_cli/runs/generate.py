@@ -29,7 +29,7 @@ from typing import IO
 from ..engine.core import Engine
 from .confidence import EntropyMeter, threshold_for
 from .gen_input import Item
-from .inputs import piped_stdin, read_prompts
+from .inputs import piped_stdin
 from .settings import Settings
 from .streams import write_jsonl
 
@@ -52,6 +52,30 @@ class GenerateOptions:
     print0: bool = False
     watch: bool = False  # --watch: the first prompt's canvas live on stderr (runs/watch.py)
     watch_delay: float = 0.0  # --watch-delay: seconds per step of the live view
+    items: list[Item] | None = None  # the input as read_first read it (None: read when the run starts)
+
+
+def read_first(opts: GenerateOptions) -> list[Item]:
+    """The run's input read and checked in full without the model, before it loads (README: an input
+    error comes first and alone): ``--input`` records (an invalid one refused unless ``--skip-invalid``),
+    else the prompt arguments or piped stdin. UsageError (exit 2) for invalid lines (``inputs.invalid_error``)
+    and for a source with no prompt (``inputs.no_prompts``); DataError (exit 1) for one that cannot be read.
+    The model's own checks (token ids, template, canvas) follow the load (``gen_input.check_items``)."""
+    from .inputs import invalid_error, no_prompts, read_items, read_records
+
+    if opts.input_file is not None:
+        items = read_records(opts.input_file)
+        if not items:
+            raise no_prompts(opts.input_file)
+        error = None if opts.skip_invalid else invalid_error(items, opts.input_file)
+        if error is not None:
+            raise error
+        return items
+    stdin = piped_stdin() if not opts.prompts else None
+    items = read_items(opts.prompts, None, stdin)
+    if not items:
+        raise no_prompts(None)
+    return items
 
 
 def check_options(opts: GenerateOptions):
@@ -207,21 +231,20 @@ class _Job:
     def read_items(self) -> tuple[list[Item] | object, list[Item]]:
         """The items and the invalid ones: ``--input`` records, all read and checked first (a list);
         else arguments or stdin lines (a generator, a list when ``--output`` or arguments are given)."""
-        from .gen_input import invalid_error, read_input
+        from .gen_input import check_items, invalid_error
         from .inputs import no_prompts
 
         opts = self.opts
+        read = opts.items if opts.items is not None else read_first(opts)
         if opts.input_file is not None:
-            items = read_input(opts.input_file, self.engine, self.chat, self.settings.decode.gen_length)
+            items = check_items(read, self.engine, self.chat, self.settings.decode.gen_length)
             if not items:
                 raise no_prompts(opts.input_file)
             bad = [it for it in items if it.error is not None]
             if bad and not opts.skip_invalid:
                 raise invalid_error(items, opts.input_file)
             return items, bad
-        stdin = piped_stdin() if not opts.prompts else None
-        src = read_prompts(opts.prompts, None, stdin, lines=True)
-        items = (Item(index=i, line=line, rec=rec, prompt=p) for i, (p, rec, line) in enumerate(src))
+        items = (Item(index=i, line=it.line, rec=it.rec, prompt=it.prompt) for i, it in enumerate(read))
         if opts.output is not None or opts.prompts:  # a file to resume needs the whole input first
             items = list(items)
         return items, []

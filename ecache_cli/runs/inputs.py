@@ -332,15 +332,15 @@ def jsonl_lines(input_file: Path) -> list[tuple[int, str | None]]:
     return read_lines(input_file, "--input")
 
 
-def no_prompts(input_file: Path | None) -> UsageError:
+def no_prompts(input_file: Path | None, fix: str = "pipe prompts one per line, pass them as arguments or use "
+               "--input FILE.jsonl") -> UsageError:
     """The error for a prompt source that gave nothing (README: empty input is a usage error, exit 2,
     in every command, as ``--data`` is: ``tasks.files.read_jsonl``): an empty or blank ``--input``
-    source, naming it, or empty stdin."""
+    source, naming it, or empty stdin (``fix``: what the command takes instead; chat has no arguments)."""
     if input_file is not None:
         return UsageError(f"--input {input_file} holds no record (it is empty or blank); write one JSON "
                           "object with a 'prompt' field per line")
-    return UsageError("no prompt given: stdin was empty; pipe prompts one per line, pass them as arguments or use "
-                      "--input FILE.jsonl")
+    return UsageError(f"no prompt given: stdin was empty; {fix}")
 
 
 def _utf8(text: str) -> bool:

@@ -254,16 +254,26 @@ def check_model_name(name: str) -> None:
     raise ModelLoadError(unknown_model(name, "--model"))
 
 
-def check_start(model, device: str | None = None, dtype: str | None = None, prompts: list[str] | None = None) -> None:
+def check_start(model, device: str | None = None, dtype: str | None = None, prompts: list[str] | None = None,
+                quantize: str | None = None) -> None:
     """What every model command refuses before its first line ("using model …", README) and its settings:
     an unknown ``--model`` (:func:`check_model_name`, exit 1), then a ``--device`` or ``--dtype`` that is
     none (``models.loader.resolve_device`` / ``resolve_dtype``) and an empty or non-UTF-8 prompt argument
     (``inputs.check_arguments``): one-line UsageErrors (exit 2), as the load and the reading would raise
-    them later."""
+    them later. A ``--quantize`` format this device and dtype cannot run is refused here too
+    (``models.quantize.check_supported``: UsageError, or EcacheError exit 1 without torchao), since both
+    are known before the load."""
     from ..models.loader import resolve_device, resolve_dtype
 
     check_model_name(model)
-    resolve_dtype(dtype, resolve_device(device))
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if quantize is not None:
+        from ..models import quantize as qz
+
+        quant = qz.parse_quantize(quantize)
+        if quant is not None:
+            qz.check_supported(quant, dev, dt)
     if prompts:
         from .inputs import check_arguments
 

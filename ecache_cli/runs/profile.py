@@ -198,8 +198,16 @@ def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") 
 
 def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
     """Requests from arguments, a JSONL file or stdin (``runs.inputs.read_items``: every line read and
-    checked first), the first ``limit``."""
+    checked first), the first ``limit``. UsageError (exit 2) naming every one of them that is invalid
+    without the model (``inputs.invalid_error``), so the command refuses it before the load; the model's
+    checks come after it (``_check_requests``)."""
+    from .inputs import FIX, invalid_error, source_head
+
     items = read_items(args, input_file, stdin, raise_invalid=False)[:limit]
+    head, what = source_head(items, input_file)
+    error = invalid_error(items, head, what=what, fix=FIX)
+    if error is not None:
+        raise error
     return [Request(it.prompt, item=it) for it in items]
 
 

@@ -64,6 +64,7 @@ class TraceOptions:
     seed: int = 0
     signal: str = "max-entropy"
     volatility_level: float = 1e-3
+    read: list | None = None  # the input as read_first read it (None: read when the trace starts)
 
 
 @dataclass
@@ -338,10 +339,12 @@ def signal_kind(signal: str | None, settings: Settings) -> str:
     return signal or settings.cache_params.get("signal", "max-entropy")
 
 
-def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int) -> list[str | list]:
-    """Prompts from arguments, ``--input`` JSONL, stdin, or ``--task`` (test split, ``--limit``, ``--shots``);
-    every one read from the input is checked, by the model too, before any is decoded (UsageError
-    naming each bad line: ``inputs.read_items``, ``gen_input.check_prompts``)."""
+def read_first(opts: TraceOptions) -> list:
+    """The trace's input read and checked in full without the model, before it loads (README: an input
+    error comes first and alone): ``--task``'s prompts (test split, ``--limit``, ``--shots``; ``--data``
+    read here), else the items of the arguments, ``--input`` JSONL or stdin. UsageError (exit 2) naming
+    every line invalid without the model (``inputs.invalid_error``) or for a source with no prompt;
+    DataError (exit 1) for one that cannot be read."""
     if opts.task:
         if opts.prompts or opts.input_file:
             raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
@@ -350,12 +353,30 @@ def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int
         task = get_task(opts.task, opts.data)
         shots = task.default_shots if opts.shots is None else opts.shots
         return [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
-    from .gen_input import check_prompts
+    from .inputs import FIX, invalid_error, no_prompts, source_head
 
     stdin = piped_stdin() if not opts.prompts and opts.input_file is None else None
     items = read_items(opts.prompts, opts.input_file, stdin, raise_invalid=False)
-    check_prompts(items, engine, chat, gen_length, opts.input_file)
-    return [it.prompt for it in items]
+    if not items:
+        raise no_prompts(opts.input_file)
+    head, what = source_head(items, opts.input_file)
+    error = invalid_error(items, head, what=what, fix=FIX)
+    if error is not None:
+        raise error
+    return items
+
+
+def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int) -> list[str | list]:
+    """Prompts of :func:`read_first` (``opts.read`` when already read); every one read from the input is
+    checked by the model too before any is decoded (UsageError naming each bad line:
+    ``gen_input.check_prompts``)."""
+    read = opts.read if opts.read is not None else read_first(opts)
+    if opts.task:
+        return read
+    from .gen_input import check_prompts
+
+    check_prompts(read, engine, chat, gen_length, opts.input_file)
+    return [it.prompt for it in read]
 
 
 def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None, hold=None) -> TraceReport:
