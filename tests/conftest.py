@@ -43,6 +43,7 @@ def bidirectional_policies() -> list[str]:
 
     return sorted(n for n, c in POLICIES.items() if c.attention != "block-causal")
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_RUN_SIZE = pytest.StashKey[object]()
 
 
 # --- the suite never modifies the checkout: `git status` at the end equals the start
@@ -66,6 +67,23 @@ def pytest_sessionstart(session):
     uncommitted work is fine). ``ECACHE_GIT_CLEAN_CHECK=0`` turns the check off."""
     on = os.environ.get("ECACHE_GIT_CLEAN_CHECK", "1") != "0"
     session.config.stash["git_status_before"] = _git_status() if on else None
+
+
+def pytest_collection_finish(session):
+    """Record the size of this run when it is the whole default run (``pytest`` from the repository with
+    no paths, keywords, marker expression or deselection of its own): the README's test-count check reads
+    it instead of collecting the suite a second time."""
+    cfg = session.config
+    whole = (cfg.args_source == pytest.Config.ArgsSource.TESTPATHS and not cfg.option.keyword
+             and cfg.option.markexpr == "not slow and not gpu"
+             and not (getattr(cfg.option, "deselect", None) or getattr(cfg.option, "ignore", None)))
+    cfg.stash[DEFAULT_RUN_SIZE] = len(session.items) if whole else None
+
+
+@pytest.fixture
+def default_run_size(request) -> int | None:
+    """The number of tests in this run when it is the whole default run, else None."""
+    return request.config.stash.get(DEFAULT_RUN_SIZE, None)
 
 
 def pytest_sessionfinish(session, exitstatus):

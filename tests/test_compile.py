@@ -34,6 +34,11 @@ CFG = DecodeConfig(gen_length=16, block_length=8, steps=16)
 SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 
 
+#: Tests that compile the random checkpoints' decoding with inductor (tens of seconds each on a 2-core CPU):
+#: ``.ci/run``'s slow step. The default run keeps the command-line ``--compile`` run and the import checks.
+COMPILES = pytest.mark.slow
+
+
 @pytest.fixture(scope="module", autouse=True)
 def inductor_cache(tmp_path_factory):
     """This module's compiled artefacts in a temporary folder (never the user's cache)."""
@@ -80,6 +85,7 @@ def test_buckets_are_powers_of_two_within_the_canvas():
     assert prompt_bucket(4000, 256, 4096) == 4000
 
 
+@COMPILES
 def test_compiled_forward_matches_eager(llada_lm, step):
     """Full forward, then a partial one with padded (repeated) query positions: logits within 1e-4 and
     the K/V written into the store equal the eager forward's."""
@@ -108,6 +114,7 @@ def test_compiled_forward_matches_eager(llada_lm, step):
     assert step.stats.graphs == step.stats.traces == 1 and step.stats.buckets == [[4, "T", "T", True]]
 
 
+@COMPILES
 @pytest.mark.parametrize("policy", ["none", "entropy"])
 def test_compiled_decoding_is_token_identical(llada_lm, step, policy):
     """Compiled and eager decoding agree token for token, also for a row joining mid-run, which reuses the
@@ -121,6 +128,7 @@ def test_compiled_decoding_is_token_identical(llada_lm, step, policy):
     assert run.wall_s >= 0 and all(r.stats["tokens_per_s"] > 0 for r in run.results() if r.stats["generated_tokens"])
 
 
+@COMPILES
 @pytest.mark.parametrize("policy", ["none", "entropy"])
 def test_unpadded_decoding_is_token_identical(llada_lm, free, policy):
     """The CPU default (rows and canvas length symbolic, no row padded): the same tokens as eager, rows
@@ -133,6 +141,7 @@ def test_unpadded_decoding_is_token_identical(llada_lm, free, policy):
     assert free.stats.traces <= 4 and free.stats.eager_calls == 0 and free.stats.rebinds == 0
 
 
+@COMPILES
 def test_graphs_are_bounded_and_hooks_run_eager(llada_lm, step):
     """At ``max_graphs`` a 1-row forward pads up to the compiled 4-row bucket; with no bucket to hold it
     (``max_graphs=0``) it runs eager, with the eager result; a forward with a hook (attention rows) runs
@@ -164,6 +173,7 @@ def test_no_compiler_is_one_line_error(monkeypatch, cli, llada_dir, llada_lm):
     one_line_error(res, 1, "--compile needs a C++ compiler", "build-essential")
 
 
+@COMPILES
 def test_second_process_reuses_compiled_artefacts(llada_dir, free, inductor_cache):
     """A fresh process compiling the same graph loads it from the inductor cache: FX graph cache hits,
     no miss (``free`` compiled it in this process first)."""
@@ -245,6 +255,7 @@ def test_eager_runs_leave_the_compiler_unimported_and_compiled_ones_use_ecaches_
     assert "compiled-artefact folder" in comp.stderr and "TORCHINDUCTOR_CACHE_DIR" in comp.stderr
 
 
+@COMPILES
 def test_a_mixture_of_experts_compiles_whole_and_decodes_the_same(moe_lm, inductor_cache):
     """LLaDA-MoE's experts inside one compiled graph (fixed shapes, no host sync for the expert counts):
     the same tokens as eager, rows joining and leaving, no forward left eager."""
@@ -255,6 +266,7 @@ def test_a_mixture_of_experts_compiles_whole_and_decodes_the_same(moe_lm, induct
     assert free.stats.graphs == 1 and free.stats.eager_calls == 0 and free.stats.compiled_calls > 10
 
 
+@COMPILES
 def test_a_block_diffusion_model_compiles_with_its_block_causal_mask(inductor_cache):
     """SDAR under the CPU graphs: the block-causal mask of the widened queries is a graph input, so the block
     cache's forwards compile (none runs eager) and decode the tokens of the eager model, rows joining too;

@@ -806,6 +806,16 @@ def test_a_value_the_model_refuses_is_refused_alone_before_the_first_line(comman
     assert len(res.stderr.strip().splitlines()) == 1 and says in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("command", ["profile", "calibrate"])
+def test_an_unknown_sandbox_is_refused_alone_before_the_first_line(command, cli):
+    """``--sandbox`` (the commands that score code) is a flag's value: checked with the others, before the
+    "using model …" line and the note that the task is not scored without ``--allow-code-execution``."""
+    args = [a for a in _args(command, "tiny") if a != "-q"]  # calibrate's --task list: the last --task wins
+    res = cli(*args, "--task", "code", "--limit", "1", "--sandbox", "bogus")
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip() == "error: --sandbox 'bogus': choose one of strict, auto, guard", res.stderr
+
+
 @pytest.mark.parametrize("command", PROMPTED)
 @pytest.mark.parametrize("model,cache", [(SDAR, "entropy"), ("tiny", "block")])
 def test_a_cache_the_family_refuses_and_an_empty_prompt_come_before_the_first_line(command, model, cache, cli):

@@ -3,7 +3,7 @@
 
 The torchrun tests (profile, calibrate with --resume, the lm-eval model) start two processes that each
 load the embedded model, 1.5-2 min together on two cores: they are marked ``slow`` and run by ``.ci/run``
-in a separate pytest call (``python -m pytest -m slow tests/test_distributed.py``).
+with the other slow tests, in a separate pytest call (``python -m pytest -m slow``).
 """
 
 from __future__ import annotations

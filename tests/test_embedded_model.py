@@ -78,6 +78,7 @@ def _solved(domain):
     return task, [examples[i] for i in SOLVED[domain]]
 
 
+@pytest.mark.slow  # 256 full forwards per domain: .ci/run's slow step
 @pytest.mark.parametrize("domain", sorted(SOLVED))
 def test_greedy_answers_are_correct_on_held_out_problems(tiny, domain):
     task, examples = _solved(domain)

@@ -204,6 +204,7 @@ def lm_eval_cli(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
 
 
+@pytest.mark.slow  # lm_eval's own command line in a fresh process: .ci/run's slow step
 def test_lm_eval_command_line_runs_the_ecache_model(evaluated, tmp_path):
     """``lm_eval --model ecache`` itself (the installed ecache_lm_eval.pth registers the model in lm-eval
     releases without plugin discovery): a scored table, and the answers and scores of the in-process run."""
@@ -223,6 +224,7 @@ def test_lm_eval_command_line_runs_the_ecache_model(evaluated, tmp_path):
     assert json.loads((tmp_path / "speed.json").read_text())["speed"]["generate_until"]["requests"] == len(resps)
 
 
+@pytest.mark.slow  # lm_eval's own command line in a fresh process: .ci/run's slow step
 def test_lm_eval_command_line_prints_ecache_errors_on_one_line(tmp_path):
     res = lm_eval_cli(["--model", "ecache", "--model_args", "model=tiny,device=cpu,cache=foo",
                        "--tasks", "ecache_list", "--include_path", str(TASKS)], tmp_path)

@@ -259,28 +259,36 @@ def test_calibrate_writes_a_profile_keyed_by_format(cli, profiles_dir):
     assert "warning" not in gen.stderr  # same format: no mismatch warning
 
 
-def test_a_quantized_model_batches_joins_and_compiles_with_the_same_tokens(tiny_int8, tmp_path, monkeypatch):
-    """int8 weights: a prompt decodes the same alone and in a batch that another row joins mid-run, and the
-    compiled forward (``--compile``: inductor on CPU, torchao's int8 kernels inside the graph) gives the
-    eager tokens, every forward compiled."""
+QUANT_CFG = DecodeConfig(gen_length=32, block_length=32)
+
+
+def _decode_with_a_join(engine) -> list[list[int]]:
+    """Two prompts decoded together, the third joining after two steps: each row's token ids."""
+    run = engine.start(engine.encode(PROMPTS[:2], chat=True), QUANT_CFG, make_policy("entropy", tau=0.5))
+    for i, _ in enumerate(run):
+        if i == 2:
+            run.add(engine.encode([PROMPTS[2]], chat=True)[0])
+    return [r.token_ids for r in run.results()]
+
+
+def test_a_quantized_model_batches_and_joins_with_the_same_tokens(tiny_int8):
+    """int8 weights: a prompt decodes the same alone and in a batch that another row joins mid-run."""
+    eager = Engine.from_loaded(tiny_int8)
+    batched = _decode_with_a_join(eager)
+    alone = [eager.generate([p], QUANT_CFG, make_policy("entropy", tau=0.5))[0].token_ids for p in PROMPTS]
+    assert batched == alone and len(set(map(tuple, batched))) == 3
+
+
+@pytest.mark.slow  # inductor compiles the int8 graphs (about a minute on a 2-core CPU): .ci/run's slow step
+def test_a_quantized_model_compiles_with_the_same_tokens(tiny_int8, tmp_path, monkeypatch):
+    """The compiled forward (``--compile``: inductor on CPU, torchao's int8 kernels inside the graph) gives
+    the eager tokens for a batch that a row joins, every forward compiled."""
     from ecache_cli.models.compiled import StaticStep
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    cfg = DecodeConfig(gen_length=32, block_length=32)
-
-    def decode(engine, join: bool):
-        run = engine.start(engine.encode(PROMPTS[:2], chat=True), cfg, make_policy("entropy", tau=0.5))
-        for i, _ in enumerate(run):
-            if join and i == 2:
-                run.add(engine.encode([PROMPTS[2]], chat=True)[0])
-        return [r.token_ids for r in run.results()]
-
-    eager = Engine.from_loaded(tiny_int8)
-    batched = decode(eager, join=True)
-    alone = [eager.generate([p], cfg, make_policy("entropy", tau=0.5))[0].token_ids for p in PROMPTS]
-    assert batched == alone and len(set(map(tuple, batched))) == 3
+    eager = _decode_with_a_join(Engine.from_loaded(tiny_int8))
     step = StaticStep(tiny_int8.model)
-    assert decode(Engine(step, tiny_int8.tokenizer, tiny_int8.spec), join=True) == batched
+    assert _decode_with_a_join(Engine(step, tiny_int8.tokenizer, tiny_int8.spec)) == eager
     assert step.stats.eager_calls == 0 and step.stats.compiled_calls > 10
 
 

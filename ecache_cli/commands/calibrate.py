@@ -153,6 +153,8 @@ def calibrate_cmd(
     else:
         task_obj = get_task(names[0], data, allow_code_execution=allow_code_execution)
     validate(opts)  # option ranges: exit 2 before anything is read
+    if sandbox is not None:
+        code_sandbox.check_mode(sandbox)
     read_alone(task_obj.examples, "test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)

@@ -82,6 +82,8 @@ def profile_cmd(
     check_file(json_out, "--json")  # output paths before any decoding
     check_dir(trace_dir, "--trace-dir")
     check_input_file(input_file)
+    if sandbox is not None:
+        code_sandbox.check_mode(sandbox)  # a flag's bad value before the first line (the profile's: when read)
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
     from ..runs.models import check_start
 
