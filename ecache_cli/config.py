@@ -110,18 +110,23 @@ def check_ranges(values: dict) -> None:
     """Check every given numeric option of a command (``values``: parameter name → parsed value, None =
     not given) against its declared range; raise UsageError ``--recent-k 99999999999999999999 must be ≤
     2147483647 (e.g. 64)``, naming the flag, the value and what it must be. ``--edit-threshold`` on a
-    model family that takes no token editing (:func:`model_family`) is refused first, as such, whatever
-    its value, so that no range message suggests a value the same command then refuses."""
+    model family that takes no token editing and ``--alg-temp`` on a schedule other than Dream's (the
+    family's, :func:`model_family`, or ``--schedule``) are refused first, as such, whatever their value, so
+    that no range message suggests a value the same command then refuses."""
     import dataclasses
 
     from .errors import UsageError
 
-    if values.get("edit_threshold") is not None and "model" in values:
+    fam = model_family(values.get("model")) if "model" in values and (
+        values.get("edit_threshold") is not None or values.get("alg_temp") not in (None, 0)) else None
+    if fam is not None:
+        from .decoding.commit import check_alg_temp_schedule, family_schedule
+        from .decoding.schedule import validate_schedule
         from .decoding.step import check_edit_threshold
 
-        fam = model_family(values.get("model"))
-        if fam is not None:
-            check_edit_threshold(values["edit_threshold"], fam.block_causal, fam.name)
+        check_edit_threshold(values.get("edit_threshold"), fam.block_causal, fam.name)
+        check_alg_temp_schedule(values.get("alg_temp"), validate_schedule(family_schedule(fam.sampler,
+                                                                                          values.get("schedule"))))
     ranges = option_ranges()
     for name, value in values.items():
         rng = ranges.get(name)

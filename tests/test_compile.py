@@ -35,7 +35,7 @@ SMALL = ["--gen-length", "16", "--block-length", "8", "--no-chat", "-q"]
 
 
 #: Tests that compile the random checkpoints' decoding with inductor (tens of seconds each on a 2-core CPU):
-#: ``.ci/run``'s slow step. The default run keeps the command-line ``--compile`` run and the import checks.
+#: ``.ci/run``'s slow step. The default run keeps the checks that an eager run imports no compiler.
 COMPILES = pytest.mark.slow
 
 
@@ -204,6 +204,7 @@ def test_second_process_reuses_compiled_artefacts(llada_dir, free, inductor_cach
     assert got["hit"] >= 1 and got["miss"] == 0 and got["graphs"] == 1, got
 
 
+@COMPILES
 def test_cli_compile_flag_and_profile_key(cli, llada_dir, profiles_dir, tmp_path):
     """``generate --compile`` prints what it compiled and the eager answers; the profile key ``compile``
     turns it on, ``--no-compile`` off; ``profile --compile --json`` reports the graphs in its manifest."""

@@ -775,6 +775,8 @@ BEFORE_THE_FIRST_LINE = [
     ("tests/fixtures/llada2-mini", ["--compat", "fastdllm"], "a LLaDA2 model decodes with LLaDA2's own"),
     ("tiny", ["--compat", "fastdllm"], "LLaDA already decodes as Fast-dLLM's LLaDA generators: drop --compat"),
     ("tiny", ["--alg-temp", "0.5"], "use it with --schedule dream (the llada schedule"),
+    ("tiny", ["--alg-temp", "-1"], "use it with --schedule dream (the llada schedule"),  # the schedule first: no
+    # range hint to a value the schedule refuses
     ("tiny", ["--edit-threshold", "0.9"], "--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; "
      "the llada model family attends bidirectionally"),
     ("tiny", ["--edit-threshold", "2"], "--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; "

@@ -222,6 +222,7 @@ def _gpu_script(env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
                           timeout=timeout, check=False)
 
 
+@pytest.mark.slow  # the training script end to end in a fresh shell: .ci/run's slow step
 def test_train_gpu_script_runs_on_cpu(fresh_dir, state, tmp_path):
     """scripts/train_gpu.sh on the CPU for 2 steps (stable LR, then decay) from a state given as
     TRAIN_STATE: state parts + exported model under $OUT, joinable by scripts/join_state.sh."""
@@ -244,6 +245,7 @@ def test_train_gpu_script_runs_on_cpu(fresh_dir, state, tmp_path):
     assert loop.load_state(fresh_dir / "state.pt")["step"] == state["step"]  # the given state is untouched
 
 
+@pytest.mark.slow  # the training script end to end in a fresh shell: .ci/run's slow step
 def test_train_gpu_script_starts_a_new_run_without_a_state(tmp_path):
     """TRAIN_STATE=none: a new run (its shape from TRAIN_ARGS), one phase of 1 step, state and model out."""
     out = tmp_path / "out"

@@ -319,6 +319,16 @@ def test_a_changed_setting_is_said_once_and_save_suggests_a_jsonl_name(tmp_path)
         f"error: /save {tmp_path} is a folder; give a file name (e.g. {tmp_path / 'chat.jsonl'})"]
 
 
+def test_watch_on_without_a_terminal_warns_as_the_flag_does():
+    """``/watch on`` where stderr is no terminal: the warning of ``--watch`` there, the session goes on
+    answering without the live view (not a failed line)."""
+    s = _session("tiny", gen_length=32, block_length=8)
+    s.command("/watch on")
+    assert s.console.file.getvalue().splitlines() == [
+        "warning: /watch needs a terminal (stderr is not one); answering without the live view"]
+    assert s.watch is False
+
+
 def test_chat_refuses_a_policy_the_model_does_not_take_at_start(cli):
     res = cli("chat", "--model", REPO / "tests" / "fixtures" / "sdar", "--cache", "dual", input="hello\n")
     assert res.exit_code == 2, res.stderr

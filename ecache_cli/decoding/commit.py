@@ -198,9 +198,7 @@ def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str
             raise UsageError(f"--alg-temp samples positions by their confidence; --remasking {remasking} has none "
                              "(Dream ignores alg_temp there): use maskgit_plus, topk_margin or entropy, "
                              "or drop --alg-temp")
-        if schedule not in (None, "dream"):
-            raise UsageError(f"--alg-temp is a rule of Dream's sampler: use it with --schedule dream (the "
-                             f"{_SCHEDULE_OF[schedule]} picks the top-scoring positions)")
+        check_alg_temp_schedule(alg_temp, schedule)
     if remasking == "origin":
         if schedule not in (None, "dream"):
             raise UsageError("--remasking origin is Dream's alg on Dream's timesteps: use it with --schedule dream "
@@ -211,6 +209,16 @@ def check_dream_options(*, remasking: str, alg_temp: float | None, schedule: str
         if low_eos_confidence:
             raise UsageError("--low-eos-confidence lowers a confidence; --remasking origin reveals positions at "
                              "random: drop one")
+
+
+def check_alg_temp_schedule(alg_temp: float | None, schedule: str | None) -> None:
+    """Refuse a non-zero ``--alg-temp`` (any value but 0 and None, out of its range too) on a schedule other
+    than Dream's (``schedule`` None = not known yet: passes). Checked before the value's range where the
+    model's family is known (``config.check_ranges``), so that no range message suggests a value the same
+    command then refuses. UsageError naming the schedule."""
+    if alg_temp is not None and alg_temp != 0 and schedule not in (None, "dream"):
+        raise UsageError(f"--alg-temp is a rule of Dream's sampler: use it with --schedule dream (the "
+                         f"{_SCHEDULE_OF[schedule]} picks the top-scoring positions)")
 
 
 #: each schedule as the errors name it

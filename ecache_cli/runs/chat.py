@@ -284,8 +284,9 @@ class ChatSession:
 
         if arg not in ("on", "off"):
             raise UsageError(f"/watch {arg!r}: say /watch on or /watch off")
-        if arg == "on" and not watch_available(self.console):
-            raise UsageError("/watch needs a terminal (stderr is not one)")
+        if arg == "on" and not watch_available(self.console):  # as --watch: a warning, the session goes on
+            self.warn("/watch needs a terminal (stderr is not one); answering without the live view")
+            return
         self.watch = arg == "on"
         self.status(f"watch {arg}")
 

@@ -5,7 +5,7 @@ Accepted (OpenAI API reference, "Completions" and "Chat Completions", every fiel
 schemas): ``model``, ``prompt`` (completions: a string, a one-string list, a list of token ids or a
 one-item list of those) or ``messages`` (chat: roles system, developer, user, assistant, tool; content a
 string or a list of ``{"type": "text"}`` parts), ``max_tokens`` (and ``max_completion_tokens`` for chat),
-``temperature`` (0 ≤ t ≤ 2; default the server's), ``top_p`` (0 < p ≤ 1), ``seed``, ``stop`` (a
+``temperature`` (≥ 0, as the flag; default the server's), ``top_p`` (0 < p ≤ 1), ``seed``, ``stop`` (a
 string or up to 4), ``n`` (1 only), ``stream``, ``stream_options.include_usage``. Fields that do not
 change the answer are accepted and ignored, and the reply names them in a ``Warning`` header
 (:data:`IGNORED`). Fields that would change the answer in a way this server cannot honour
