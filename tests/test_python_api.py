@@ -50,6 +50,16 @@ CASES = [
     ("infinite temperature", lambda e: DecodeConfig(temperature=float("inf")),
      ["generate", "x", "--temperature", "inf"], "must be a finite number ≥ 0 (0 = greedy; e.g. 0.7)"),
     ("gen_length 0", lambda e: DecodeConfig(gen_length=0), ["generate", "x", "--gen-length", "0"], "must be ≥ 1"),
+    # names and pairs refused with no model, when the DecodeConfig is made (not at generate)
+    ("unknown remasking", lambda e: DecodeConfig(remasking="foo"), ["generate", "x", "--remasking", "foo"],
+     "unknown --remasking 'foo': choose one of low_confidence, "),
+    ("unknown schedule", lambda e: DecodeConfig(schedule="foo"), ["generate", "x", "--schedule", "foo"],
+     "unknown --schedule 'foo': choose llada"),
+    ("unknown compat", lambda e: DecodeConfig(compat="foo"), ["generate", "x", "--compat", "foo"],
+     "unknown --compat 'foo': the one compatibility mode is fastdllm"),
+    ("threshold with factor", lambda e: DecodeConfig(threshold=0.9, factor=1.0),
+     ["generate", "x", "--threshold", "0.9", "--factor", "1"],
+     "--threshold and --factor are two parallel-decoding rules; pass only one"),
 ]
 
 

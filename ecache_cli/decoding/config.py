@@ -69,7 +69,8 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         """Every numeric setting in its range, as the command line checks it (``ranges``; the same Range
         gives ``--threshold 2`` its message): UsageError ``DecodeConfig threshold=2 must be in (0, 1]
-        (a confidence; e.g. 0.9)``."""
+        (a confidence; e.g. 0.9)``; then the names and the pair the command line refuses before any model
+        (:meth:`_check_names`)."""
         from ..contract.fields import check_value
         from ..errors import UsageError
 
@@ -82,6 +83,22 @@ class DecodeConfig:
                     check_value(_kinds()[name], value)  # anything else: the type's message
             except ValueError as e:
                 raise UsageError(f"DecodeConfig {name}={value!r} {e}") from None
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """The checks of the command line that need no model: the remasking, schedule and compat names, and
+        --threshold with --factor (the same functions and words as ``StepDecoder.build``)."""
+        from ..errors import UsageError
+        from .commit import validate_compat
+        from .remasking import validate_remasking
+        from .schedule import validate_schedule
+
+        validate_remasking(self.remasking)
+        if self.schedule is not None:
+            validate_schedule(self.schedule)
+        validate_compat(self.compat)
+        if self.threshold is not None and self.factor is not None:
+            raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
 
     @property
     def parallel(self) -> bool:
