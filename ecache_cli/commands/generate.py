@@ -85,7 +85,10 @@ def generate(
 
         raise DataError("cannot write the output: stdout is closed; redirect it (> answers.txt) or use --output FILE")
     if output is not None:
+        from ..runs.gen_output import check_new_output
+
         check_file(output, "--output")  # before the model loads
+        check_new_output(output, resume)  # an existing file without --resume: before the first line
     opts.items = read_alone(read_first, opts)  # the input in full: its error alone, before the load
     announce(settings.describe(model) if not quiet and ranks.is_main else None)  # before the (maybe long) load
     lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # torchrun: this rank's share

@@ -20,6 +20,19 @@ from pathlib import Path
 from ..errors import DataError, UsageError
 
 
+def check_new_output(path: Path, resume: bool) -> bool:
+    """Whether ``--output`` ``path`` holds records to resume (an existing non-empty file). Raises
+    UsageError for one without ``resume``: checked by the command before its first line, and again when
+    the file is opened."""
+    path = Path(path)
+    if not (path.is_file() and path.stat().st_size > 0):
+        return False
+    if not resume:
+        raise UsageError(f"--output {path} already exists; pass --resume to decode only the records it lacks, "
+                         "or remove it (or choose another file) to start over")
+    return True
+
+
 def _differs(a, b, path: str = "") -> str | None:
     """The first key path where two JSON values differ (``settings.cache``), or None."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -52,10 +65,7 @@ class OutputFile:
         self.torn = False
         self.cut = 0
         self.fh = None
-        if self.path.is_file() and self.path.stat().st_size > 0:
-            if not resume:
-                raise UsageError(f"--output {path} already exists; pass --resume to decode only the records it lacks, "
-                                 "or remove it (or choose another file) to start over")
+        if check_new_output(self.path, resume):
             self._read()
 
     def _read(self) -> None:
