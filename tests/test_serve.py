@@ -863,6 +863,10 @@ def test_serve_seed_draws_the_seeds_of_requests_without_one_from_one_stream(tiny
     ("threshold", 1.5, ["--threshold", "1.5"]),
     ("temperature", -1.0, ["--temperature", "-1"]),
     ("policy", "block", ["--cache", "block"]),
+    ("max_tokens", 1.5, ["--gen-length", "1.5"]),  # not a whole number: the range's words, not pydantic's
+    ("seed", 1.5, ["--seed", "1.5"]),
+    ("top_k", 2.5, ["--top-k", "2.5"]),
+    ("steps", "abc", ["--steps", "abc"]),
 ])
 def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(named, field, value, flags):
     """README: every bad value is a 400 in ``ecache generate``'s words; the field the client sent stands
@@ -878,6 +882,80 @@ def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert cli.exit_code == 2, cli.stderr
     assert cli.stderr.strip() == "error: " + r.json()["error"]["message"].replace(f"{field} ", f"{flags[0]} ", 1)
+
+
+@pytest.mark.parametrize("route,body,param,message", [
+    ("completions", '"max_tokens": 1.5', "max_tokens", "max_tokens 1.5 must be a whole number ≥ 1 (e.g. 256)"),
+    ("completions", '"max_tokens": 32.0', "max_tokens", "max_tokens 32.0 must be a whole number ≥ 1 (e.g. 256)"),
+    ("completions", '"block_length": true', "block_length", "block_length true must be a whole number ≥ 1 (e.g. 32)"),
+    ("completions", '"temperature": "0.5"', "temperature",
+     "temperature '0.5' must be a number, not a string (e.g. 0.5)"),
+    ("completions", '"seed": "7"', "seed", "seed '7' must be a number, not a string (e.g. 7)"),
+    ("completions", '"tau": "-1"', "tau", "tau -1 must be ≥ 0 (an entropy in nats; e.g. 0.5)"),  # the range first
+    ("completions", '"tau": 1e400', "tau", "tau 1e400 must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
+    ("completions", '"threshold": NaN', "threshold",
+     "threshold NaN must be a finite number in (0, 1] (a confidence; e.g. 0.9)"),
+    ("completions", '"steps": 1e400', "steps", "steps 1e400 must be a whole number ≥ 1 (e.g. 256)"),
+    ("completions", '"n": 1.5', "n", "n 1.5 must be a whole number"),  # no flag's range: the kind alone
+    ("chat", '"max_completion_tokens": 2.5', "max_completion_tokens",
+     "max_completion_tokens 2.5 must be a whole number ≥ 1 (e.g. 256)"),
+    ("chat", '"tau": "0.5"', "tau", "tau '0.5' must be a number, not a string (e.g. 0.5)"),
+    ("chat", '"top_p": -Infinity', "top_p", "top_p -Infinity must be a finite number in (0, 1] (a probability mass; "
+                                            "e.g. 0.95)"),
+    ("ollama_generate", '"options": {"num_predict": 1.5}', "options.num_predict",
+     "num_predict 1.5 must be a whole number ≥ 1 (e.g. 256)"),
+    ("ollama_generate", '"options": {"top_k": "5"}', "options.top_k",
+     "top_k '5' must be a number, not a string (e.g. 5)"),
+    ("ollama_chat", '"options": {"tau": 1e400}', "options.tau",
+     "tau 1e400 must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
+    ("ollama_chat", '"options": {"seed": 2.0}', "options.seed",
+     "seed 2.0 must be a whole number ≥ 0 (a 64-bit seed; e.g. 0)"),
+])
+def test_a_value_of_the_wrong_kind_gets_the_ranges_words_on_every_route(named, route, body, param, message):
+    """A numeric field sent as a float where a whole number goes, as true, as a string or as a number
+    that is not finite (1e400, which JSON readers take as inf) is a 400 in the words every other place
+    uses for the setting, naming the value as sent; a number sent as a string is refused as OpenAI's API
+    and ecache's Python API refuse it. The raw JSON text is sent, so ``1e400`` and ``NaN`` reach the server."""
+    url, _ = named
+    head = {"completions": '"prompt": "Sort: 9 3 7 1"', "ollama_generate": '"prompt": "Sort: 9 3 7 1", "stream": false',
+            "chat": '"messages": [{"role": "user", "content": "hi"}]',
+            "ollama_chat": '"messages": [{"role": "user", "content": "hi"}], "stream": false'}[route]
+    path = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "ollama_generate": "/api/generate",
+            "ollama_chat": "/api/chat"}[route]
+    r = httpx.post(url + path, content=f'{{"model": "my-model", {head}, {body}}}'.encode(),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    if route.startswith("ollama"):
+        assert r.json() == {"error": message}
+    else:
+        assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param,
+                                     "code": None}
+
+
+def test_a_body_that_is_not_utf8_is_named_so_and_a_blank_ollama_prompt_names_prompt(named):
+    """A non-UTF-8 byte is named as every reader of the command line names it (``not UTF-8 text``), in the
+    route's error shape; ``/api/generate`` with a blank prompt names ``prompt`` (its chat template wraps it
+    in a user message, which the route's client never sent), while an empty one still only loads the model."""
+    url, _ = named
+    raw = b'{"model": "my-model", "prompt": "caf\xe9 \xff"}'
+    r = httpx.post(f"{url}/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "the request body is not UTF-8 text (byte 0xe9 at position 36); send UTF-8 JSON"), r.text
+    r = httpx.post(f"{url}/api/chat", content=raw)
+    assert r.status_code == 400 and r.json() == {
+        "error": "the request body is not UTF-8 text (byte 0xe9 at position 36); send UTF-8 JSON"}
+    bom = httpx.post(f"{url}/v1/completions", content=b"\xef\xbb\xbf" + json.dumps(
+        {"model": "my-model", "prompt": SORT, "max_tokens": 8}).encode(), timeout=60)
+    assert bom.status_code == 200, bom.text  # a UTF-8 BOM is skipped
+    for prompt, status, want in (("   ", 400, {"error": "prompt is empty; give at least one token of text"}),
+                                 (7, 400, {"error": "prompt must be a string (got 7)"})):
+        r = httpx.post(f"{url}/api/generate", json={"model": "my-model", "prompt": prompt, "stream": False})
+        assert r.status_code == status and r.json() == want, r.text
+    load = httpx.post(f"{url}/api/generate", json={"model": "my-model", "prompt": "", "stream": False})
+    assert load.status_code == 200 and load.json()["done_reason"] == "load"
+    system = httpx.post(f"{url}/api/generate", json={"model": "my-model", "prompt": " ", "system": "Sort: 3 1 2",
+                                                     "stream": False, "options": {"num_predict": 8}}, timeout=60)
+    assert system.status_code == 200, system.text  # a system prompt is text to answer
 
 
 @pytest.mark.parametrize("extra,named_field", [

@@ -14,7 +14,7 @@ import json
 from fastapi import Request
 
 from .metrics import ServeMetrics
-from .protocol import ApiError, ChatRequest, CompletionRequest, Resolver, parse
+from .protocol import ApiError, ChatRequest, CompletionRequest, Resolver, json_number, parse
 from .scheduler import Job, Result, Scheduler
 
 #: Seconds a waiting handler sleeps between checks that its client is still connected.
@@ -83,7 +83,8 @@ def check_key(request: Request, endpoint: str) -> None:
 
 
 async def read_json(request: Request, endpoint: str):
-    """The request's JSON body: 413 over ``--max-body-bytes`` (declared or read), 400 not JSON."""
+    """The request's JSON body: 413 over ``--max-body-bytes`` (declared or read), 400 not UTF-8 text or not
+    JSON. A number that is not finite comes as a :class:`~ecache_cli.serve.protocol.SentNumber`."""
     srv: Server = request.app.state.server
     limit = srv.opts.max_body_bytes
     too_large = ApiError(413, f"the request body exceeds {limit} bytes (--max-body-bytes)", outcome="too_large")
@@ -97,9 +98,15 @@ async def read_json(request: Request, endpoint: str):
         if len(body) > limit:
             srv.metrics.requests.labels(endpoint, "too_large").inc()
             raise too_large
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    try:  # JSON between systems is UTF-8 (RFC 8259); a leading BOM is skipped
+        text = bytes(body).decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        srv.metrics.requests.labels(endpoint, "invalid").inc()
+        raise ApiError(400, f"the request body is not UTF-8 text (byte 0x{body[e.start]:02x} at position {e.start}); "
+                            "send UTF-8 JSON") from None
+    try:  # a number that is not finite (1e400, NaN) keeps its text for the refusal that names it
+        return json.loads(text, parse_float=json_number, parse_constant=json_number)
+    except ValueError as e:
         srv.metrics.requests.labels(endpoint, "invalid").inc()
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
 

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from .. import __version__
 from .handling import Server, check_key, events, read_json, resolve, submit, wait
-from .protocol import ApiError, ignored_fields, warning_header
+from .protocol import ApiError, ignored_fields, shown, warning_header
 
 #: Ollama options that tune the runtime, not the answer: accepted and ignored.
 IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
@@ -102,10 +102,8 @@ def translate(srv: Server, route: str, body) -> tuple[dict | None, bool, list[st
         elif key not in OPTIONS:
             raise ApiError(400, f"options.{key} is not supported by this server; leave it out (read: "
                                 f"{', '.join(OPTIONS)})", f"options.{key}")
-        elif key == "num_predict":
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ApiError(400, f"options.num_predict must be an integer (got {value!r})", "options.num_predict")
-            if value >= 0:
+        elif key == "num_predict":  # < 0: the server's default; not a whole number: max_tokens's words
+            if not isinstance(value, int) or isinstance(value, bool) or value >= 0:
                 out["max_tokens"] = value
         else:
             out[OPTIONS[key]] = value
@@ -134,6 +132,11 @@ def translate(srv: Server, route: str, body) -> tuple[dict | None, bool, list[st
             raise ApiError(400, "system is not applied with raw: true; put it in the prompt", "system")
         out["prompt"] = prompt
         return out, False, ignored
+    for field, value in (("prompt", prompt), ("system", system)):
+        if value is not None and not isinstance(value, str):
+            raise ApiError(400, f"{field} must be a string (got {shown(value)})", field)
+    if not prompt.strip() and not (system or "").strip():  # /v1/completions' words, naming this route's field
+        raise ApiError(400, "prompt is empty; give at least one token of text", "prompt")
     out["messages"] = ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
                                                                                        "content": prompt}]
     return out, True, ignored

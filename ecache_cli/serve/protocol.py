@@ -200,9 +200,12 @@ def warning_header(fields: list[str]) -> dict:
 
 
 def parse(model: type[_Body], body: Any) -> _Body:
-    """Validate a JSON body against ``model``; the first problem becomes a 400 naming its field."""
+    """Validate a JSON body against ``model``; the first problem becomes a 400 naming its field. A
+    numeric field's bad value is refused first, in the words of the flag that sets it
+    (:func:`check_numbers`)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    check_numbers(model, body)
     try:
         return model.model_validate(body, strict=True)
     except ValidationError as e:
@@ -215,10 +218,84 @@ def parse(model: type[_Body], body: Any) -> _Body:
                                 "policy, tau, threshold, block_length, steps, ignore_eos, top_k", loc) from None
         if first["type"] == "missing":
             raise ApiError(400, f"{loc!r} is required", loc) from None
-        got = first.get("input")
-        if isinstance(got, str) and first["type"].startswith("float"):  # "tau": "nan": the flag's message
-            in_range(loc, got)
-        raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {_short(got)})", loc) from None
+        raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {shown(first.get('input'))})", loc) from None
+
+
+class SentNumber(float):
+    """A JSON number that is no finite float (``1e400``, which reads as inf, ``NaN``, ``Infinity``) with
+    its text as sent (``text``), so a refusal names the value the client wrote (``tau 1e400 must be a
+    finite number ≥ 0 ...``), not ``inf``."""
+
+    text: str
+
+    def __new__(cls, text: str) -> "SentNumber":
+        obj = super().__new__(cls, float(text))
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def json_number(text: str) -> float:
+    """``json.loads``'s ``parse_float`` and ``parse_constant``: a plain float, or a :class:`SentNumber`
+    keeping the text of one that is not finite."""
+    import math
+
+    value = float(text)
+    return value if math.isfinite(value) else SentNumber(text)
+
+
+#: Request fields checked in the range of a setting of another name (``config.option_ranges``).
+_SETTING_OF = {"max_tokens": "gen_length", "max_completion_tokens": "gen_length"}
+#: Request fields with the range and words of an ``ecache generate`` flag.
+RANGED = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "tau", "threshold",
+          "block_length", "steps")
+
+
+def _number_kind(model: type[_Body], name: str) -> type | None:
+    """``int`` or ``float`` for a numeric field of ``model`` (``Optional[int]`` ...), else None."""
+    import typing
+
+    field = model.model_fields.get(name)
+    if field is None:
+        return None
+    kinds = [a for a in (typing.get_args(field.annotation) or (field.annotation,)) if a is not type(None)]
+    return kinds[0] if kinds in ([int], [float]) else None
+
+
+def check_numbers(model: type[_Body], body: dict) -> None:
+    """400 for a top-level numeric field of ``model`` whose value is not a number of its kind, in the
+    words every other place uses for the setting (``contract.fields.Range.not_finite``, after the field
+    and the value as sent): ``max_tokens 1.5 must be a whole number ≥ 1 (e.g. 256)``, ``tau 1e400 must be
+    a finite number ≥ 0 (...)``, ``top_k true ...``. A number sent as a string is refused as the Python API
+    refuses it: ``temperature '0.5' must be a number, not a string (e.g. 0.5)`` (a string that is no number,
+    or a number out of range, gets the range's words first). A field without a flag's range (``n``,
+    ``presence_penalty`` ...) gets ``must be a whole number`` / ``must be a finite number``. Values of the
+    right kind pass (their range is checked where the request is resolved, over the server's defaults)."""
+    import math
+
+    for name, value in body.items():
+        kind = _number_kind(model, name) if value is not None else None
+        if kind is None:
+            continue
+        whole = kind is int
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and (isinstance(value, int) if whole else math.isfinite(value)):
+            continue
+        setting = _SETTING_OF.get(name, name) if name in RANGED else None
+        rng = option_ranges()[setting] if setting else None
+        if isinstance(value, str):
+            if setting:
+                in_range(name, value, setting)  # "abc", "nan", "0": the flag's words for what the text writes
+            try:
+                typed = int(value.strip()) if whole else float(value)
+            except ValueError:
+                typed = None
+            if typed is not None and math.isfinite(typed):
+                raise ApiError(400, f"{name} {value!r} must be a number, not a string (e.g. {typed!r})", name)
+        words = rng.not_finite() if rng else "must be a whole number" if whole else "must be a finite number"
+        raise ApiError(400, f"{name} {shown(value)} {words}", name)
 
 
 def in_range(field: str, value, setting: str | None = None) -> None:
@@ -249,9 +326,12 @@ def api_words(msg: str) -> str:
     return msg
 
 
-def _short(v: Any) -> str:
+def shown(v: Any) -> str:
+    """``v`` as JSON text (a :class:`SentNumber` as sent), cut to 60 characters."""
     import json
 
+    if isinstance(v, SentNumber):
+        return v.text
     try:
         text = json.dumps(v)
     except (TypeError, ValueError):
@@ -422,7 +502,7 @@ class Resolver:
         name, params = self._policy(req)
         stop = [] if req.stop is None else [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if len(stop) > MAX_STOP or any(not s for s in stop):
-            raise ApiError(400, f"stop: give at most {MAX_STOP} non-empty strings (got {_short(req.stop)})", "stop")
+            raise ApiError(400, f"stop: give at most {MAX_STOP} non-empty strings (got {shown(req.stop)})", "stop")
         width = min(-(-len(prompt_ids) // PROMPT_BUCKET) * PROMPT_BUCKET, self.lm.spec.max_positions - gen)
         key = GroupKey(cfg=cfg, policy=name, params=tuple(sorted(params.items())), prompt_width=width)
         if req.seed is not None:  # ecache generate --seed's range and words
