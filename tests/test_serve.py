@@ -668,7 +668,7 @@ def test_a_bad_temperature_gets_the_clis_message(named):
 
     url, _ = named
     r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": SORT, "temperature": -1})
-    cli = CliRunner().invoke(app, ["generate", "--temperature", "-1", "hi"])
+    cli = CliRunner().invoke(app, ["generate", "--temperature", "-1.0", "hi"])  # named as typed: as the server says
     message = r.json()["error"]["message"]
     assert message == "temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)"
     assert cli.exit_code == 2 and cli.stderr.strip() == f"error: --{message}"

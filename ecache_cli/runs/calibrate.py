@@ -182,8 +182,9 @@ def validate(opts: CalibrateOptions) -> None:
         check_thresholds(opts.taus)
     elif opts.taus is not None and not opts.taus:
         raise UsageError("--taus names nothing; give numbers separated by commas, e.g. --taus 0.1,0.5,1")
-    for t in opts.taus or [] if opts.sweep != "threshold" else []:  # each in --tau's range, in its words
-        check_setting("tau", t, "--taus")
+    if opts.sweep != "threshold":
+        for t in opts.taus or []:  # each in --tau's range, in its words
+            check_setting("tau", t, "--taus")
     for k in opts.recent_ks or []:
         check_setting("recent_k", k, "--recent-k")
     for n in opts.recent_steps or []:
