@@ -103,8 +103,30 @@ class EcacheCommand(TyperCommand):
     def get_params(self, ctx):
         return _bare_flags(super().get_params(ctx))
 
+    def parse_args(self, ctx, args):
+        given = list(args)  # the parser consumes the list it is given
+        rest = super().parse_args(ctx, args)
+        _keep_typed_text(ctx, self.make_parser(ctx), given)
+        return rest
+
     def format_help(self, ctx, formatter):
         _help(ctx, formatter, self)
+
+
+def _keep_typed_text(ctx, parser, args: list) -> None:
+    """Each float option keeps the text it was typed as (``contract.fields.GivenFloat``) until its range
+    check (:func:`handle_errors`), so that the range message names the value as typed: ``--tau 1e400 must
+    be a finite number ≥ 0 …`` (not ``inf``), ``--request-timeout 0 must be > 0 …`` (not ``0.0``)."""
+    from .options import GivenFloat
+
+    floats = [n for n, v in ctx.params.items() if isinstance(v, float)]
+    if not floats:
+        return
+    raw, _, _ = parser.parse_args(args=args)  # the texts of the options, by parameter name
+    for name in floats:
+        text = raw.get(name)
+        if isinstance(text, str):
+            ctx.params[name] = GivenFloat(text)
 
 
 class EcacheGroup(TyperGroup):
@@ -224,7 +246,7 @@ def handle_errors(fn, interrupted: str = KEPT):
             from .options import check_ranges
 
             check_ranges(kwargs)  # every numeric option in its range before the command starts
-            return fn(*args, **kwargs)
+            return fn(*args, **_plain_floats(kwargs))
         except (typer.Exit, typer.Abort):  # the command's own exit status (it has said why)
             raise
         except KeyboardInterrupt:
@@ -258,6 +280,14 @@ def handle_errors(fn, interrupted: str = KEPT):
                 signal.signal(signal.SIGINT, previous_int)
 
     return wrapper
+
+
+def _plain_floats(values: dict) -> dict:
+    """``values`` with each typed float (``GivenFloat``, kept for the range message) a plain float again, so
+    that a command body, and the files it writes (YAML, JSON), see ordinary numbers."""
+    from .options import GivenFloat
+
+    return {k: float(v) if isinstance(v, GivenFloat) else v for k, v in values.items()}
 
 
 def _version(value: bool):

@@ -31,6 +31,7 @@ import yaml
 
 from .contract.fields import (  # noqa: F401 (re-exported)
     INT_MAX,
+    GivenFloat,
     Range,
     check_value,
     dataclass_defaults,
@@ -47,6 +48,11 @@ SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model
 #: ``--quantize`` formats (models/quantize.py FORMATS; tests/test_quantize.py checks they agree). A profile's
 #: ``quantize`` key: one of them, int4 optionally with its group size (``int4:64``).
 QUANTIZE_FORMATS = ("none", "int8", "int4", "fp8")
+
+#: The largest ``serve --max-body-bytes`` (1 GiB: a body is read into memory whole) and ``--prefix-cache-mb`` (1 TiB).
+MAX_BODY_LIMIT = 1 << 30
+MAX_PREFIX_MB = 1 << 20
+
 
 def setting_ranges() -> dict:
     """The range of every numeric decode setting and cache-policy parameter by name, as the flags and
@@ -102,6 +108,17 @@ def option_ranges() -> dict:
         "max_drop": Range(0, 100, example="1", why="points of a 0–100 score"),
         "min_fidelity": Range(0, 100, example="95", why="percent"),
         "port": Range(0, 65535, integer=True, example="8000", why="0 = any free one"),
+        "group_size": Range(32, 256, integer=True, example="128", why="int4: 32, 64, 128 or 256 columns per scale"),
+        "ray": count(1, "2", "Ray actors, each loading the model"),
+        "cores_per_replica": count(1, "1", "CPU cores each Ray replica reserves"),
+        "speed_check_limit": count(1, "8", "examples timed"),
+        "max_batch": count(1, "32"), "max_queue": count(0, "256"),
+        "prefix_cache_mb": Range(1, MAX_PREFIX_MB, integer=True, example="1024",
+                                 why="MiB; --no-prefix-cache keeps no prefixes"),
+        "max_body_bytes": Range(1024, MAX_BODY_LIMIT, integer=True, example=str(1 << 20), why="bytes, at most 1 GiB"),
+        "max_prompt_tokens": count(1, "256", "tokens, after the chat template"),
+        "request_timeout": Range(0, lo_open=True, example="60", why="seconds; leave it out for no timeout"),
+        "shutdown_grace": Range(0, example="30", why="seconds"),
     }
     return {**setting_ranges(), **own}
 

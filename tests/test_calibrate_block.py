@@ -103,7 +103,7 @@ def test_the_speed_check_times_the_choice_against_the_reference(cli, profiles_di
 
 def test_a_threshold_outside_0_1_is_a_one_line_usage_error(cli, tmp_path):
     res = cli("calibrate", "--model", SDAR, "--task", "list", "--thresholds", "0.9,1.5", "--out", tmp_path / "p.yaml")
-    assert one_line_error(res, 2).startswith("error: --thresholds: 1.5 must be in (0, 1] (a confidence)")
+    assert one_line_error(res, 2) == "error: --thresholds 1.5 must be in (0, 1] (a confidence; e.g. 0.9)"
 
 
 # --- the rules on hand-made sweeps ----------------------------------------------------------------

@@ -538,7 +538,8 @@ def test_a_dream_model_keeps_top_p_at_temperature_0_without_a_warning(cli, dream
 @pytest.mark.parametrize("args, needles", [
     (["generate", "x", "--threshold", "1.5"], ["--threshold 1.5", "(0, 1]"]),
     (["generate", "x", "--tau", "-0.5"], ["--tau -0.5", "≥ 0", "nats"]),
-    (["calibrate", "--task", "list", "--taus", "0.5,-1", "--dry-run"], ["--taus", "-1.0", "≥ 0"]),
+    (["calibrate", "--task", "list", "--taus", "0.5,-1", "--dry-run"],
+     ["--taus -1 must be ≥ 0 (an entropy in nats; e.g. 0.5)"]),
 ])
 def test_out_of_range_threshold_and_tau(cli, tmp_path, args, needles):
     res = cli(*args, "--model", no_model(tmp_path), *SMALL)

@@ -1078,6 +1078,118 @@ def test_a_value_that_is_no_whole_number_has_one_message_everywhere(name, value,
         assert str(py.value) == f"DecodeConfig {name}={value!r} {says}", str(py.value)
 
 
+def _numeric_flags():
+    """(command path, parameter, kind) of every int or float option of every ``ecache`` command, found by
+    walking the app's commands, so an option added later is covered too."""
+    import typer
+
+    from ecache_cli.cli import app
+
+    def kind(p):
+        descriptor = getattr(p, "type_descriptor", None)  # typer ≥ 0.20
+        annotation = getattr(descriptor, "annotation", None)
+        if annotation in (int, float):
+            return annotation
+        name = getattr(getattr(p, "type", None), "name", "")  # click's own types
+        return {"integer": int, "float": float}.get(name)
+
+    out = []
+
+    def walk(command, path):
+        for p in command.params:
+            if getattr(p, "opts", None) and not getattr(p, "is_flag", False) and kind(p) is not None:
+                out.append((path, p, kind(p)))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+#: What a command needs beside the flag so that only the flag is refused (a required option).
+_NEEDS = {"calibrate": ["--task", "list"]}
+
+
+def test_every_numeric_flag_has_a_range_in_one_wording(cli, monkeypatch):
+    """Every int and float option of every command (``serve --max-batch``, ``generate --ray``, ``calibrate
+    --speed-check-limit``, ...) has a declared range (``config.option_ranges``); a text that is no number
+    gets that range's words (``--max-batch abc must be a whole number ≥ 1 (e.g. 32)``), one line, exit 2, as
+    a float's ``1e400`` does, named as typed (not ``inf``); and the range's example is taken by the
+    parser and the range check (no suggestion is refused in turn)."""
+    from ecache_cli.config import check_ranges, option_ranges
+
+    ranges = option_ranges()
+    flags = _numeric_flags()
+    assert {"max_batch", "ray", "speed_check_limit", "request_timeout", "shutdown_grace", "group_size"} <= {
+        p.name for _, p, _ in flags}
+    missing = sorted({f"{' '.join(path)} {p.opts[0]}" for path, p, _ in flags if p.name not in ranges})
+    assert missing == [], missing
+    import typer
+
+    from ecache_cli.cli import app
+
+    root = typer.main.get_command(app)
+    monkeypatch.setattr("typer.testing._get_command", lambda _: root)  # built once: ~250 runs in a second
+    for path, p, kind in flags:
+        flag = next(o for o in p.opts if o.startswith("--"))
+        rng = ranges[p.name]
+        assert rng.integer == (kind is int), (path, flag)
+        # --edit-threshold: on a model family with token editing (refused first, as such, on others)
+        model = ["--model", "tests/fixtures/llada2-mini"] if p.name == "edit_threshold" else []
+        needs = [*_NEEDS.get(path[0], []), *model]
+        for bad in ["abc", "1.5" if kind is int else "1e400"]:
+            res = cli(*path, *needs, flag, bad)
+            assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {flag} {bad} {rng.not_finite()}"], (
+                path, flag, res.stderr)
+        command = root
+        for name in path:
+            command = command.commands[name]
+        ctx = command.make_context(path[-1], [*needs, flag, rng.example])
+        assert ctx.params[p.name] == kind(rng.example), (path, flag)
+        check_ranges(ctx.params)  # UsageError: the suggested value is refused by its own check
+
+
+def test_calibrate_lists_word_each_bad_entry_as_the_one_value_flag(cli):
+    """calibrate's comma-list flags refuse an entry in the words of the flag that takes one value, naming
+    the entry as typed (``--taus 1e400``, not ``inf``; ``--recent-k 1.5`` as ``generate --recent-k 1.5``),
+    and keep what a list needs (each value once)."""
+    cases = {("--taus", "nan"): "--taus nan must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)",
+             ("--taus", "0.5,1e400"): "--taus 1e400 must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)",
+             ("--taus", "-1,2"): "--taus -1 must be ≥ 0 (an entropy in nats; e.g. 0.5)",
+             ("--recent-k", "1.5"): "--recent-k 1.5 must be a whole number ≥ 0 (e.g. 64)",
+             ("--recent-k", "16,-1"): "--recent-k -1 must be ≥ 0 (e.g. 64)",
+             ("--recent-steps", "0,x"): "--recent-steps x must be a whole number ≥ 0 (0 = off: the recent_k latest "
+                                        "commits only; e.g. 4)",
+             ("--shots", "-1"): "--shots -1 must be ≥ 0 (e.g. 4)",
+             ("--taus", "0.5,0.50"): "--taus 0.5,0.50 lists 0.5 twice; give each value once: --taus 0.5"}
+    for (flag, value), says in cases.items():
+        res = cli("calibrate", "--task", "list", flag, value)
+        assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {says}"], (flag, value, res.stderr)
+    same = cli("generate", "x", "--recent-k", "1.5")  # the one-value flag's words
+    assert same.stderr.splitlines() == ["error: --recent-k 1.5 must be a whole number ≥ 0 (e.g. 64)"], same.stderr
+    profile = cli("profile", "--shots", "-1")
+    assert profile.stderr.splitlines() == ["error: --shots -1 must be ≥ 0 (e.g. 4)"], profile.stderr
+
+
+@pytest.mark.parametrize("name", ["tau", "temperature"])
+def test_a_number_too_large_for_a_float_is_named_as_typed(name, cli):
+    """``1e400`` (read as inf) is named as typed on the command line, in chat and in lm-eval's model_args."""
+    from ecache_cli.errors import UsageError
+    from ecache_cli.evaluation.lm_eval_adapter import EcacheLM
+
+    flag = f"--{name}"
+    says = NOT_FINITE[name][1]
+    for command in (["generate", "x"], ["serve"], ["calibrate", "--task", "list"] if name != "tau" else ["chat"]):
+        res = cli(*command, flag, "1e400")
+        assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {flag} 1e400 {says}"], (command, res.stderr)
+    if name == "tau":  # the chat command that sets it
+        chat = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input="/tau 1e400\n")
+        assert chat.stderr.splitlines()[0] == f"error: /tau 1e400 {says}", chat.stderr
+    with pytest.raises(UsageError) as lm:
+        EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,{name}=1e400")
+    assert str(lm.value) == f"model_args: {name}=1e400 {says}", str(lm.value)
+
+
 def test_serve_port_that_is_no_whole_number_has_the_range_message(cli):
     res = cli("serve", "--port", "abc")
     assert res.exit_code == 2 and res.stderr.strip() == ("error: --port abc must be a whole number in 0..65535 "

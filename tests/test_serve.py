@@ -444,7 +444,8 @@ def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
                                           (["--request-timeout", "0"], "--request-timeout 0"),
                                           (["--request-timeout", "nan"], "--request-timeout nan"),
                                           (["--shutdown-grace", "inf"], "--shutdown-grace inf"),
-                                          (["--max-body-bytes", str(1 << 40)], "must be in 1024-1073741824"),
+                                          (["--max-body-bytes", str(1 << 40)],
+                                           f"--max-body-bytes {1 << 40} must be ≤ 1073741824 (bytes, at most 1 GiB"),
                                           (["--gen-length", "4096", "-q"], "--gen-length 4096 leaves no room"),
                                           (["--api-key", " "], "--api-key is empty")])
 def test_bad_serve_flags_are_one_line_usage_errors(args, needle):
@@ -667,7 +668,7 @@ def test_a_bad_temperature_gets_the_clis_message(named):
 
     url, _ = named
     r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": SORT, "temperature": -1})
-    cli = CliRunner().invoke(app, ["generate", "--temperature", "-1", "hi"])
+    cli = CliRunner().invoke(app, ["generate", "--temperature", "-1.0", "hi"])  # named as typed: as the server says
     message = r.json()["error"]["message"]
     assert message == "temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)"
     assert cli.exit_code == 2 and cli.stderr.strip() == f"error: --{message}"
@@ -859,9 +860,9 @@ def test_serve_seed_draws_the_seeds_of_requests_without_one_from_one_stream(tiny
 
 
 @pytest.mark.parametrize("field,value,flags", [
-    ("tau", -1.0, ["--tau", "-1"]),
+    ("tau", -1.0, ["--tau", "-1.0"]),  # the value as the request writes it
     ("threshold", 1.5, ["--threshold", "1.5"]),
-    ("temperature", -1.0, ["--temperature", "-1"]),
+    ("temperature", -1.0, ["--temperature", "-1.0"]),
     ("policy", "block", ["--cache", "block"]),
     ("max_tokens", 1.5, ["--gen-length", "1.5"]),  # not a whole number: the range's words, not pydantic's
     ("seed", 1.5, ["--seed", "1.5"]),

@@ -16,15 +16,17 @@ K = "Calibration"
 
 
 def _taus(value: Optional[str], block: bool = False) -> Optional[list[float]]:
-    """``--taus`` (``--thresholds`` on a block-diffusion model, ``block``): a comma list of distinct numbers
-    (their range is checked by ``runs.calibrate.validate``)."""
+    """``--taus`` (``--thresholds`` on a block-diffusion model, ``block``): a comma list of distinct numbers,
+    each in the range of ``--tau`` (``--threshold``), refused in its words (``config.setting_ranges``)."""
     if value is None:
         return None
+    from ..config import setting_ranges
     from ..runs.comma_lists import parse_list
 
     if block:
-        return parse_list(value, "--thresholds", float, what="a number", example="0.95,0.9,0.8")
-    return parse_list(value, "--taus", float, what="a number", example="0.1,0.5,1")
+        return parse_list(value, "--thresholds", float, what="a number", example="0.95,0.9,0.8",
+                          rng=setting_ranges()["threshold"])
+    return parse_list(value, "--taus", float, what="a number", example="0.1,0.5,1", rng=setting_ranges()["tau"])
 
 
 def _block_model(model: str) -> bool:
@@ -36,12 +38,14 @@ def _block_model(model: str) -> bool:
 
 def _counts(value: Optional[str], flag: str, example: str) -> Optional[list[int]]:
     """``--recent-k`` / ``--recent-steps``: one whole number, or a comma list of distinct ones searched
-    jointly with τ."""
+    jointly with τ; each in the setting's range, refused in its words (``config.setting_ranges``)."""
     if value is None:
         return None
+    from ..config import setting_ranges
     from ..runs.comma_lists import parse_list
 
-    return parse_list(value, flag, int, what="a whole number", example=example)
+    rng = setting_ranges()[flag.removeprefix("--").replace("-", "_")]
+    return parse_list(value, flag, int, what="a whole number", example=example, rng=rng)
 
 
 def _one_or_list(values: Optional[list[int]]) -> tuple[Optional[int], Optional[list[int]]]:

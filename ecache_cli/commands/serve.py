@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Optional
 
 import typer
@@ -10,10 +9,6 @@ import typer
 from .. import options as o
 
 S = "Server"
-#: The largest --max-body-bytes (1 GiB): a body is read into memory whole.
-MAX_BODY_LIMIT = 1 << 30
-#: The largest --prefix-cache-mb (1 TiB).
-MAX_PREFIX_MB = 1 << 20
 
 
 def serve_cmd(
@@ -58,11 +53,8 @@ def serve_cmd(
     """
     from ..errors import EcacheError, UsageError
 
-    if max_batch < 1:
-        raise UsageError(f"--max-batch {max_batch} must be ≥ 1")
-    o.check_ranges({"seed": seed})
-    if max_queue < 0:
-        raise UsageError(f"--max-queue {max_queue} must be ≥ 0")
+    # the numeric flags' ranges (--max-batch, --port, --request-timeout, ...) are checked before this body
+    # runs, in the words every command uses (config.option_ranges; cli.handle_errors)
     if batching not in ("continuous", "static"):
         raise UsageError(f"--batching {batching!r}: use continuous or static")
     if admission is not None and admission not in ("always", "fcfs", "auto"):
@@ -70,30 +62,14 @@ def serve_cmd(
     if batching == "static" and admission not in (None, "fcfs"):
         raise UsageError(f"--batching static is --admission fcfs; drop --admission {admission} or --batching static")
     admission = "fcfs" if batching == "static" else admission or "auto"
-    if not 1 <= prefix_cache_mb <= MAX_PREFIX_MB:
-        raise UsageError(f"--prefix-cache-mb {prefix_cache_mb} must be in 1-{MAX_PREFIX_MB} (MiB); "
-                         "use --no-prefix-cache to keep no prefixes")
     if served_model_name is not None and not served_model_name.strip():
         raise UsageError("--served-model-name is empty; give a name, or leave it out (the --model name)")
-    if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
-        raise UsageError(f"--request-timeout {request_timeout} must be a finite number of seconds > 0 "
-                         "(leave it out for no timeout)")
-    if not 1024 <= max_body_bytes <= MAX_BODY_LIMIT:
-        raise UsageError(f"--max-body-bytes {max_body_bytes} must be in 1024-{MAX_BODY_LIMIT} (1 GiB)")
-    if max_prompt_tokens is not None and max_prompt_tokens < 1:
-        raise UsageError(f"--max-prompt-tokens {max_prompt_tokens} must be ≥ 1")
-    if not (math.isfinite(shutdown_grace) and shutdown_grace >= 0):
-        raise UsageError(f"--shutdown-grace {shutdown_grace} must be a finite number of seconds ≥ 0")
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port {port} must be in 0-65535")
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty; give a key, or leave it (and $ECACHE_API_KEY) out")
     if not ray and (replicas != "1" or cores_per_replica != 1):
         raise UsageError(f"--{'replicas' if replicas != '1' else 'cores-per-replica'} applies to Ray replicas; add --ray")
     if replicas != "auto" and not (replicas.isdigit() and int(replicas) >= 1):
         raise UsageError(f"--replicas {replicas!r}: give a number ≥ 1 or auto")
-    if cores_per_replica < 1:
-        raise UsageError(f"--cores-per-replica {cores_per_replica} must be ≥ 1")
     if ray:
         from ..runs.ray_batch import require_ray
 

@@ -89,6 +89,35 @@ class Range:
             raise ValueError(f"must be {what}{self.hint()}")
 
 
+class GivenFloat(float):
+    """A float that remembers the text it was read from (``1e400`` read as inf), so that the range
+    message of a value that is no finite number names it as the user typed it: ``--tau 1e400 must be a
+    finite number ≥ 0 …``, not ``--tau inf``. ``str`` and ``repr`` give that text (quoted when it has
+    surrounding spaces, as the message of a text that is no number shows it); it is a float otherwise."""
+
+    text: str
+
+    def __new__(cls, text: str):
+        self = super().__new__(cls, text)
+        self.text = text
+        return self
+
+    def __str__(self) -> str:
+        return self.text if self.text.strip() == self.text else repr(self.text)
+
+    __repr__ = __str__
+
+
+def given_float(text: str) -> float:
+    """``float(text)``, as a :class:`GivenFloat` when the text reads as no finite number (``1e400``, ``-1e999``)
+    so that its message names the text; a plain float otherwise (what every setting keeps). ValueError as
+    ``float`` for a text that is no number."""
+    import math
+
+    value = float(text)
+    return value if math.isfinite(value) else GivenFloat(text)
+
+
 def count(lo: int = 0, example: str = "", why: str = "") -> Range:
     """A whole-number count from ``lo`` up to :data:`INT_MAX`."""
     return Range(lo, INT_MAX, example=example, why=why, integer=True)

@@ -176,7 +176,8 @@ class EcacheLM(LM):
         """``key=value,...`` model_args (lm-eval's parser), then :meth:`create_from_arg_obj`."""
         from lm_eval.utils import simple_parse_args_string
 
-        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+        return cls.create_from_arg_obj(_typed_numbers(simple_parse_args_string(arg_string), arg_string),
+                                       additional_config)
 
     # --- lm-eval's distributed primitives ------------------------------------------------------------
 
@@ -448,6 +449,26 @@ def model_args_message(message: str) -> str:
         return f"{key}={val}" if val is not None else key
 
     return _FLAG.sub(one, message).replace("pass the flag to override", "set it in model_args to override")
+
+
+def _typed_numbers(args: dict, arg_string: str) -> dict:
+    """lm-eval's parsed model_args (``args``) with each number that reads as no finite number (``tau=1e400``,
+    which lm-eval reads as inf) kept as typed in ``arg_string`` (``contract.fields.given_float``), so that
+    its error names ``tau=1e400`` as the command line's ``--tau 1e400`` does."""
+    import math
+
+    from ..contract.fields import given_float
+
+    for part in arg_string.split(","):
+        key, sep, text = part.partition("=")
+        key, text = key.strip(), text.strip()
+        value = args.get(key)
+        if sep and isinstance(value, float) and not math.isfinite(value):
+            try:
+                args[key] = given_float(text)
+            except ValueError:  # lm-eval read it otherwise; keep its value
+                pass
+    return args
 
 
 def _arg(key: str, value, kind):

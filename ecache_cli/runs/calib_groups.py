@@ -26,14 +26,14 @@ def parse_list(text: str, flag: str) -> list[str]:
 
 
 def parse_shots(text: str | None) -> list[int] | None:
-    """``--shots``: None, one count (``4``) or a comma list (``0,4``) of distinct whole numbers ≥ 0."""
+    """``--shots``: None, one count (``4``) or a comma list (``0,4``) of distinct whole numbers ≥ 0; an entry
+    outside that range gets the words of ``profile --shots`` (``config.option_ranges``: ``--shots -1 must be
+    ≥ 0 (e.g. 4)``)."""
     if text is None:
         return None
-    out = comma_list(str(text), "--shots", int, what="a whole number", example="0,4")
-    bad = next((v for v in out if v < 0), None)
-    if bad is not None:
-        raise UsageError(f"--shots {bad} must be ≥ 0")
-    return out
+    from ..config import option_ranges
+
+    return comma_list(str(text), "--shots", int, what="a whole number", example="0,4", rng=option_ranges()["shots"])
 
 
 class TaskGroups:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from ..errors import UsageError
 from .speed_guard import SpeedGuard, Timed, Verdict
 from .tau_search import KNOBS, Point, coarse_grid, refine_next, refine_threshold
 
@@ -99,10 +98,13 @@ def threshold_decode(decode, threshold: float | None):
 
 
 def check_thresholds(values: list[float] | None) -> None:
-    """``--thresholds``: confidences in (0, 1] (``DecodeConfig.ranges``); UsageError naming the bad one."""
-    bad = next((t for t in values or [] if not 0 < t <= 1), None)
-    if bad is not None:
-        raise UsageError(f"--thresholds: {bad:g} must be in (0, 1] (a confidence); e.g. --thresholds 0.95,0.9,0.8")
+    """``--thresholds``: confidences in (0, 1] (``DecodeConfig.ranges``); UsageError naming the bad one in
+    ``--threshold``'s words (``config.check_setting``: ``--thresholds 1.5 must be in (0, 1] (a confidence; e.g.
+    0.9)``)."""
+    from ..config import check_setting
+
+    for t in values or []:
+        check_setting("threshold", t, "--thresholds")
 
 
 def ignored_flags(given: dict[str, bool]) -> str | None:

@@ -169,20 +169,10 @@ def validate(opts: CalibrateOptions) -> None:
     """Range checks of the calibrate options (one-line UsageErrors)."""
     if opts.metric not in METRICS:
         raise UsageError(f"--metric {opts.metric!r} is not known; use task or fidelity")
-    if opts.limit < 1:
-        raise UsageError(f"--limit {opts.limit} must be ≥ 1")
-    if not 0 <= opts.max_drop <= 100:
-        raise UsageError(f"--max-drop {opts.max_drop} must be in [0, 100] points (1 point = 0.01 of a 0–1 score)")
-    if opts.min_fidelity is not None and not 0 <= opts.min_fidelity <= 100:
-        raise UsageError(f"--min-fidelity {opts.min_fidelity} must be in [0, 100] percent")
-    if opts.grid < 1:
-        raise UsageError(f"--grid {opts.grid} must be ≥ 1")
-    if opts.refine < 0:
-        raise UsageError(f"--refine {opts.refine} must be ≥ 0")
-    if opts.batch_size < 1:
-        raise UsageError(f"--batch-size {opts.batch_size} must be ≥ 1")
-    if opts.speed_check_limit < 1:
-        raise UsageError(f"--speed-check-limit {opts.speed_check_limit} must be ≥ 1 (examples timed)")
+    from ..config import check_ranges, check_setting
+
+    check_ranges({name: getattr(opts, name) for name in ("limit", "max_drop", "min_fidelity", "grid", "refine",
+                                                         "batch_size", "speed_check_limit", "shots")})
     if opts.speed_check_tries < 1:
         raise UsageError(f"speed_check_tries {opts.speed_check_tries} must be ≥ 1 (settings timed at most)")
     t = opts.speed_check_threshold
@@ -190,16 +180,21 @@ def validate(opts: CalibrateOptions) -> None:
         raise UsageError(f"speed_check_threshold {t} must be in (0, 1], a confidence (Fast-dLLM uses 0.9)")
     if opts.sweep == "threshold":
         check_thresholds(opts.taus)
-    elif opts.taus is not None and (not opts.taus or any(not math.isfinite(t) for t in opts.taus)):
-        raise UsageError("--taus needs finite numbers separated by commas, e.g. 0.1,0.5,1")
-    elif opts.taus is not None and min(opts.taus) < 0:
-        raise UsageError(f"--taus: {min(opts.taus)} must be ≥ 0 (τ is an entropy in nats); e.g. --taus 0.1,0.5,1")
+    elif opts.taus is not None and not opts.taus:
+        raise UsageError("--taus names nothing; give numbers separated by commas, e.g. --taus 0.1,0.5,1")
+    if opts.sweep != "threshold":
+        for t in opts.taus or []:  # each in --tau's range, in its words
+            check_setting("tau", t, "--taus")
+    for k in opts.recent_ks or []:
+        check_setting("recent_k", k, "--recent-k")
+    for n in opts.recent_steps or []:
+        check_setting("recent_steps", n, "--recent-steps")
     if opts.recent_ks is not None:
-        if not opts.recent_ks or len(set(opts.recent_ks)) != len(opts.recent_ks) or min(opts.recent_ks) < 0:
+        if not opts.recent_ks or len(set(opts.recent_ks)) != len(opts.recent_ks):
             raise UsageError(f"--recent-k {','.join(map(str, opts.recent_ks))}: give distinct whole numbers ≥ 0 "
                              "separated by commas, e.g. 16,32,64")
     if opts.recent_steps is not None:
-        if not opts.recent_steps or len(set(opts.recent_steps)) != len(opts.recent_steps) or min(opts.recent_steps) < 0:
+        if not opts.recent_steps or len(set(opts.recent_steps)) != len(opts.recent_steps):
             raise UsageError(f"--recent-steps {','.join(map(str, opts.recent_steps))}: give distinct whole numbers ≥ 0 "
                              "separated by commas (0 = off), e.g. 0,4,8")
     if opts.block_refreshes is not None and (not opts.block_refreshes

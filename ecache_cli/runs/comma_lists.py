@@ -13,11 +13,15 @@ from ..errors import UsageError
 T = TypeVar("T")
 
 
-def parse_list(text: str, flag: str, kind: Callable[[str], T] = str, what: str = "", example: str = "") -> list[T]:
+def parse_list(text: str, flag: str, kind: Callable[[str], T] = str, what: str = "", example: str = "",
+               rng=None) -> list[T]:
     """The entries of the comma list ``text`` (each stripped, then converted by ``kind``), in order.
 
     ``what`` names an entry for the error of one that ``kind`` refuses (e.g. ``"a number"``);
-    ``example`` is a good value of ``flag`` for the error of a list that names nothing.
+    ``example`` is a good value of ``flag`` for the error of a list that names nothing. ``rng``: the
+    entries' ``contract.fields.Range``; an entry outside it, or no number of its kind, gets the words of
+    the flag that takes one value, naming the entry as typed: ``--taus nan must be a finite number ≥ 0
+    (an entropy in nats; e.g. 0.5)``, ``--recent-k 1.5 must be a whole number ≥ 0 (e.g. 64)``.
     Raises UsageError (exit 2), one line naming ``flag``, ``text`` and the fix, when the list names
     nothing (``''``, ``,``), has an empty entry (``16,,32``, ``arith,``), an entry ``kind`` refuses
     (``4,x``), or a value given twice (``0.1,0.1``; values compare after ``kind``, so ``0,00`` too).
@@ -29,6 +33,11 @@ def parse_list(text: str, flag: str, kind: Callable[[str], T] = str, what: str =
     given = [t for t in items if t]
     values: list[T] = []
     for item in given:
+        if rng is not None:
+            try:
+                rng.check_given(item)
+            except ValueError as e:
+                raise UsageError(f"{flag} {item} {e}") from None
         try:
             values.append(kind(item))
         except ValueError:
