@@ -668,9 +668,9 @@ def test_a_bad_temperature_gets_the_clis_message(named):
 
     url, _ = named
     r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": SORT, "temperature": -1})
-    cli = CliRunner().invoke(app, ["generate", "--temperature", "-1.0", "hi"])  # named as typed: as the server says
+    cli = CliRunner().invoke(app, ["generate", "--temperature", "-1", "hi"])  # each names the value as given
     message = r.json()["error"]["message"]
-    assert message == "temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)"
+    assert message == "temperature -1 must be ≥ 0 (0 = greedy; e.g. 0.7)"
     assert cli.exit_code == 2 and cli.stderr.strip() == f"error: --{message}"
 
 
@@ -861,8 +861,10 @@ def test_serve_seed_draws_the_seeds_of_requests_without_one_from_one_stream(tiny
 
 @pytest.mark.parametrize("field,value,flags", [
     ("tau", -1.0, ["--tau", "-1.0"]),  # the value as the request writes it
+    ("tau", -1, ["--tau", "-1"]),
     ("threshold", 1.5, ["--threshold", "1.5"]),
     ("temperature", -1.0, ["--temperature", "-1.0"]),
+    ("temperature", -1, ["--temperature", "-1"]),
     ("policy", "block", ["--cache", "block"]),
     ("max_tokens", 1.5, ["--gen-length", "1.5"]),  # not a whole number: the range's words, not pydantic's
     ("seed", 1.5, ["--seed", "1.5"]),

@@ -271,8 +271,9 @@ def check_numbers(model: type[_Body], body: dict) -> None:
     a finite number ≥ 0 (...)``, ``top_k true ...``. A number sent as a string is refused as the Python API
     refuses it: ``temperature '0.5' must be a number, not a string (e.g. 0.5)`` (a string that is no number,
     or a number out of range, gets the range's words first). A field without a flag's range (``n``,
-    ``presence_penalty`` ...) gets ``must be a whole number`` / ``must be a finite number``. Values of the
-    right kind pass (their range is checked where the request is resolved, over the server's defaults)."""
+    ``presence_penalty`` ...) gets ``must be a whole number`` / ``must be a finite number``. A number of the
+    right kind is checked against the flag's range as sent (``temperature -1 must be ≥ 0 ...``, as
+    ``--temperature -1`` says), and again where the request is resolved, over the server's defaults."""
     import math
 
     for name, value in body.items():
@@ -281,9 +282,11 @@ def check_numbers(model: type[_Body], body: dict) -> None:
             continue
         whole = kind is int
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if number and (isinstance(value, int) if whole else math.isfinite(value)):
-            continue
         setting = _SETTING_OF.get(name, name) if name in RANGED else None
+        if number and (isinstance(value, int) if whole else math.isfinite(value)):
+            if setting:
+                in_range(name, value, setting)  # the number as sent (`-1`, not the float it becomes: `-1.0`)
+            continue
         rng = option_ranges()[setting] if setting else None
         if isinstance(value, str):
             if setting:
