@@ -590,6 +590,12 @@ def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, cl
     res = cli(*args, *([] if command == "calibrate" else ["x"]))
     assert res.exit_code == 1, res.stderr
     assert res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr
+    from ecache_cli.errors import ModelLoadError
+    from ecache_cli.models.loader import load_model
+
+    with pytest.raises(ModelLoadError) as e:  # the Python API: the same words
+        load_model("nonsense")
+    assert str(e.value) == f"--model {wording}"
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -1108,6 +1114,7 @@ def _numeric_flags():
 
 #: What a command needs beside the flag so that only the flag is refused (a required option).
 _NEEDS = {"calibrate": ["--task", "list"]}
+_WHERE_IT_APPLIES = {"edit_threshold": ["--model", "tests/fixtures/llada2-mini"], "alg_temp": ["--schedule", "dream"]}
 
 
 def test_every_numeric_flag_has_a_range_in_one_wording(cli, monkeypatch):
@@ -1134,9 +1141,9 @@ def test_every_numeric_flag_has_a_range_in_one_wording(cli, monkeypatch):
         flag = next(o for o in p.opts if o.startswith("--"))
         rng = ranges[p.name]
         assert rng.integer == (kind is int), (path, flag)
-        # --edit-threshold: on a model family with token editing (refused first, as such, on others)
-        model = ["--model", "tests/fixtures/llada2-mini"] if p.name == "edit_threshold" else []
-        needs = [*_NEEDS.get(path[0], []), *model]
+        # --edit-threshold: on a model family with token editing, --alg-temp: on Dream's schedule (each
+        # refused first, as such, elsewhere)
+        needs = [*_NEEDS.get(path[0], []), *_WHERE_IT_APPLIES.get(p.name, [])]
         for bad in ["abc", "1.5" if kind is int else "1e400"]:
             res = cli(*path, *needs, flag, bad)
             assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {flag} {bad} {rng.not_finite()}"], (

@@ -125,3 +125,34 @@ def test_a_chat_command_refuses_a_value_in_its_flags_words(cli, command, flag, v
     assert gen.exit_code == 2, gen.stderr
     number = said.split()[2]  # as the chat command read it (2.0 for a float)
     assert said == gen.stderr.strip().replace(f"{flag} {gen.stderr.split()[2]}", f"{command} {number}"), said
+
+
+@pytest.mark.parametrize("model", ["tiny", SDAR], ids=["tiny", "sdar"])
+@pytest.mark.parametrize("source", ["argument", "input"])
+def test_the_gen_length_a_canvas_too_long_suggests_is_one_the_run_takes(cli, tmp_path, model, source):
+    """A prompt plus ``--gen-length`` past the model's positions: the gen-length the error suggests is whole
+    blocks (the family's block length; SDAR's last block decodes whole, a block-diffusion canvas being
+    block_length − 1 positions wider) and a run with it passes every check, one block more does not. The
+    suggestion is checked by starting the run (the checks run there), not by decoding thousands of tokens."""
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig, Engine
+    from ecache_cli.errors import UsageError
+    from ecache_cli.models.loader import load_model
+    from ecache_cli.runs.settings import resolve_settings
+
+    prompt = "Sort: 3 1 2"
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "%s"}\n' % prompt)
+    given = [prompt] if source == "argument" else ["--input", str(f)]
+    r = cli("generate", "--model", model, "--gen-length", "100000", *given)
+    assert r.exit_code == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    size = int(re.search(r"prompt \((\d+) tokens", line).group(1))
+    fit = int(re.search(r"lower --gen-length to at most (\d+)", line).group(1))
+    lm = load_model(model, device="cpu", dtype="float32")
+    block = resolve_settings(model, {"gen_length": fit}, {}).decode.block_length
+    assert fit % block == 0, (fit, block)
+    engine, ids = Engine.from_loaded(lm), [[lm.spec.mask_id - 1] * size]  # a prompt of the measured size
+    engine.start(ids, DecodeConfig(gen_length=fit, block_length=block), make_policy("none"))
+    with pytest.raises(UsageError, match="exceeds the model's"):
+        engine.start(ids, DecodeConfig(gen_length=fit + block, block_length=block), make_policy("none"))

@@ -106,6 +106,10 @@ def test_decode_config_must_be_one(llada_lm):
     (lambda e: e.generate(["ok", 123], CFG, make_policy("none")), "prompt 2 is 123; a prompt is text"),
     (lambda e: make_policy(None), "None is not a cache policy; use one of"),
     (lambda e: make_policy("entropy", tau="0.5"), r"tau='0.5' must be a number, not a string \(e.g. tau=0.5\)"),
+    (lambda e: DecodeConfig(temperature="0.5"),  # refused when made: not a TypeError in the first step
+     r"DecodeConfig temperature='0.5' must be a number, not a string \(e.g. temperature=0.5\)"),
+    (lambda e: DecodeConfig(threshold="0.9"), r"threshold='0.9' must be a number, not a string"),
+    (lambda e: DecodeConfig(top_p="0.5"), r"top_p='0.5' must be a number, not a string"),
     (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), prompt_width=0),
      "prompt_width 0 must be a whole number ≥ 1"),
     (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), prompt_width=-1),

@@ -80,7 +80,10 @@ class DecodeConfig:
                 if isinstance(value, int if rng.integer else (int, float)) and not isinstance(value, bool):
                     rng.check(value)  # a number: its range alone, as the flag's check (NaN: not finite)
                 else:
-                    check_value(_kinds()[name], value)  # anything else: the type's message
+                    typed = check_value(_kinds()[name], value)  # anything else: the type's message
+                    if isinstance(value, str) and not isinstance(typed, str):  # "0.5": a number as text
+                        raise UsageError(f"DecodeConfig {name}={value!r} must be a number, not a string (e.g. "
+                                         f"{name}={typed!r})")
             except ValueError as e:
                 raise UsageError(f"DecodeConfig {name}={value!r} {e}") from None
         self._check_names()

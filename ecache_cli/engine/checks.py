@@ -27,6 +27,14 @@ def check_prompts(spec, prompts: Sequence, roles: Sequence[str] = CHAT_ROLES) ->
                 raise UsageError(f"prompt {n}: {why}")
 
 
+def gen_length_fit(spec, prompt_len: int, block_length: int) -> int:
+    """The largest ``--gen-length`` (whole blocks of ``block_length`` tokens) that fits beside a prompt of
+    ``prompt_len`` tokens in the model's ``spec.max_positions``: a block-diffusion model's last block decodes
+    whole, so its canvas is ``block_length - 1`` positions wider (``engine/canvas.py``). ≤ 0 when none fits."""
+    room = spec.max_positions - prompt_len - (block_length - 1) * spec.block_causal
+    return room // block_length * block_length
+
+
 def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) -> None:
     """UsageError (``where: reason; fix``) for token ids the model cannot take, none, or (``width``: a
     run's prompt width) more than fit the run."""

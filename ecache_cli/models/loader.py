@@ -110,8 +110,14 @@ def resolve_path(name_or_path: str | os.PathLike | None) -> tuple[Path, str]:
         return path, name
     if "/" in name and not path.exists() and name.count("/") == 1 and not name.startswith((".", "/")):
         return _from_hub(name, name), name
-    valid = ", ".join([*EMBEDDED, *ALIASES])
-    raise ModelLoadError(f"--model {name!r} is neither a known model ({valid}) nor a checkpoint directory")
+    raise ModelLoadError(unknown_model(name, "--model"))
+
+
+def unknown_model(name: str, flag: str = "") -> str:
+    """The one wording of an unknown model name: ``load_model``'s, ``ecache models show NAME``'s and every
+    command's ``--model``."""
+    return (f"{flag + ' ' if flag else ''}{name!r} is neither a model ecache knows, a checkpoint folder nor a "
+            "Hugging Face repo id (org/name); run `ecache models` for the known models")
 
 
 def _download_command() -> str:

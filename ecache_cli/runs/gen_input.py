@@ -12,20 +12,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..engine.checks import gen_length_fit
 from ..errors import EcacheError
 from .inputs import FIX, SKIP_FIX, Item, invalid_error, read_records, source_head
 
 __all__ = ["FIX", "SKIP_FIX", "Item", "check_items", "check_prompts", "invalid_error", "read_input"]
 
 
-def read_input(input_file: Path, engine, chat: bool, gen_length: int) -> list[Item]:
+def read_input(input_file: Path, engine, chat: bool, gen_length: int, block_length: int) -> list[Item]:
     """Every record of ``--input`` (``-``: stdin) as an :class:`Item`, each checked (module docstring).
 
     Raises DataError when the file cannot be read at all."""
-    return check_items(read_records(input_file), engine, chat, gen_length)
+    return check_items(read_records(input_file), engine, chat, gen_length, block_length)
 
 
-def check_items(items: list[Item], engine, chat: bool, gen_length: int) -> list[Item]:
+def check_items(items: list[Item], engine, chat: bool, gen_length: int, block_length: int) -> list[Item]:
     """The model's checks of every still-valid item (token ids, template and tokenizer, the canvas),
     the one place every command checks its prompts (generate, profile, trace-drift): an invalid one
     gets its ``error`` (``source:line: reason; fix``) and loses its ``prompt``; a valid one keeps its
@@ -34,24 +35,27 @@ def check_items(items: list[Item], engine, chat: bool, gen_length: int) -> list[
         if item.error is None:
             prompt, item.prompt = item.prompt, None
             where = f"{item.source}:{item.line}" if item.source else f"line {item.line}"
-            item.error = _model_error(item, prompt, engine, chat, gen_length, where)
+            item.error = _model_error(item, prompt, engine, chat, (gen_length, block_length), where)
     return items
 
 
-def check_prompts(items: list[Item], engine, chat: bool, gen_length: int, input_file: Path | None) -> None:
+def check_prompts(items: list[Item], engine, chat: bool, gen_length: int, block_length: int,
+                  input_file: Path | None) -> None:
     """The model's checks (:func:`check_items`) of every item of ``inputs.read_items`` (read with
     ``raise_invalid=False``) before anything is decoded: UsageError (exit 2) naming every invalid
     prompt, those the reading refused and those the model cannot decode, with its fix, as for
     generate's ``--input`` (profile and trace-drift have no ``--skip-invalid``)."""
-    check_items(items, engine, chat, gen_length)
+    check_items(items, engine, chat, gen_length, block_length)
     head, what = source_head(items, input_file)
     error = invalid_error(items, head, what=what, fix=FIX)
     if error is not None:
         raise error
 
 
-def _model_error(item: Item, prompt, engine, chat: bool, gen_length: int, where: str) -> str | None:
-    """Why the model cannot decode ``prompt`` (None: it can, and ``item`` gets its prompt and ids)."""
+def _model_error(item: Item, prompt, engine, chat: bool, canvas: tuple[int, int], where: str) -> str | None:
+    """Why the model cannot decode ``prompt`` with ``canvas`` (gen_length, block_length) (None: it can,
+    and ``item`` gets its prompt and ids)."""
+    gen_length, block_length = canvas
     rec = item.rec if isinstance(item.rec, dict) else {}
     if isinstance(rec.get("prompt_ids"), list):
         why = engine.check_prompt_ids(prompt)
@@ -62,13 +66,14 @@ def _model_error(item: Item, prompt, engine, chat: bool, gen_length: int, where:
     except EcacheError as e:
         return f"{where}: {e}"
     limit = engine.spec.max_positions
-    if len(ids) + gen_length > limit:
+    fit_gen = gen_length_fit(engine.spec, len(ids), block_length)  # whole blocks, as the run needs
+    if gen_length > fit_gen:
         templated = isinstance(rec.get("messages"), list) or (chat and "prompt_ids" not in rec)
         templ = " after the chat template" if templated else ""
-        fit = limit - gen_length
-        fix = (f"shorten it to at most {fit} tokens or lower --gen-length to at most {limit - len(ids)}"
-               if limit - len(ids) > 0 else f"shorten it to at most {fit} tokens" if fit > 0
-               else "lower --gen-length")
+        fit = limit - gen_length - (block_length - 1) * engine.spec.block_causal
+        fixes = [f"shorten it to at most {fit} tokens" if fit > 0 else "",
+                 f"lower --gen-length to at most {fit_gen}" if fit_gen > 0 else ""]
+        fix = " or ".join(f for f in fixes if f) or "lower --gen-length"
         return (f"{where}: the prompt ({len(ids)} tokens{templ}) + --gen-length {gen_length} exceeds the "
                 f"model's {limit} positions; {fix}")
     item.prompt, item.ids = prompt, ids

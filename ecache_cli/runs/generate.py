@@ -237,7 +237,8 @@ class _Job:
         opts = self.opts
         read = opts.items if opts.items is not None else read_first(opts)
         if opts.input_file is not None:
-            items = check_items(read, self.engine, self.chat, self.settings.decode.gen_length)
+            items = check_items(read, self.engine, self.chat, self.settings.decode.gen_length,
+                                    self.settings.decode.block_length)
             if not items:
                 raise no_prompts(opts.input_file)
             bad = [it for it in items if it.error is not None]

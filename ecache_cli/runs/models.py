@@ -203,7 +203,8 @@ def readme_table(rows: list[dict]) -> str:
 def resolve(name: str) -> dict:
     """What ``name`` is: ``{"name", "source": "embedded" | "alias" | "repo" | "folder", "repo", "family",
     "alias": the registry's Alias or None, "path": a local checkpoint folder or None, "local", "missing"}``.
-    Raises ModelLoadError for a name that is none of them (naming ``ecache models``: :func:`unknown_model`)."""
+    Raises ModelLoadError for a name that is none of them (naming ``ecache models``:
+    ``models.loader.unknown_model``)."""
     from ..models.loader import EMBEDDED, embedded_dir
     from ..models.registry import ALIASES, alias
 
@@ -227,13 +228,9 @@ def resolve(name: str) -> dict:
         state, snap, missing = local_state(name)
         return {"name": name, "source": "repo", "repo": name, "family": None, "alias": None, "path": snap,
                 "local": state, "missing": missing}
+    from ..models.loader import unknown_model
+
     raise ModelLoadError(unknown_model(name))
-
-
-def unknown_model(name: str, flag: str = "") -> str:
-    """The one wording of an unknown model name, for ``ecache models show NAME`` and every ``--model``."""
-    return (f"{flag + ' ' if flag else ''}{name!r} is neither a model ecache knows, a checkpoint folder nor a "
-            "Hugging Face repo id (org/name); run `ecache models` for the known models")
 
 
 def check_model_name(name: str) -> None:
@@ -251,6 +248,8 @@ def check_model_name(name: str) -> None:
         return
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         return
+    from ..models.loader import unknown_model
+
     raise ModelLoadError(unknown_model(name, "--model"))
 
 

@@ -283,7 +283,7 @@ def run_profile(lm, settings: Settings, requests: Sequence[Request], opts: Profi
     engine = Engine.from_loaded(lm)
     check_policies_apply(opts.policies, lm.spec.block_causal, lm.spec.family)  # a family known only now
     use_chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
-    _check_requests(requests, engine, use_chat, settings.decode.gen_length, opts.input_file)
+    _check_requests(requests, engine, use_chat, settings.decode, opts.input_file)
     report = measure(engine, settings, requests, opts, chat=use_chat, on_run=on_run, dist=dist, hold=hold)
     if report is not None:
         report.extra["task"] = task_info
@@ -342,14 +342,14 @@ def render_comparison(comparison: dict[str, dict], fmt: str):
     return fit(t)
 
 
-def _check_requests(requests: Sequence[Request], engine, chat: bool, gen_length: int, input_file) -> None:
+def _check_requests(requests: Sequence[Request], engine, chat: bool, decode, input_file) -> None:
     """Every request read from the input checked by the model before any is decoded
     (``gen_input.check_prompts``: UsageError naming each prompt it cannot decode)."""
     from .gen_input import check_prompts
 
     items = [r.item for r in requests if r.item is not None]
     if items:
-        check_prompts(items, engine, chat, gen_length, input_file)
+        check_prompts(items, engine, chat, decode.gen_length, decode.block_length, input_file)
         for r in requests:
             if r.item is not None:
                 r.prompt = r.item.prompt

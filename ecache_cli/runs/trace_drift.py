@@ -366,7 +366,7 @@ def read_first(opts: TraceOptions) -> list:
     return items
 
 
-def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int) -> list[str | list]:
+def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, decode) -> list[str | list]:
     """Prompts of :func:`read_first` (``opts.read`` when already read); every one read from the input is
     checked by the model too before any is decoded (UsageError naming each bad line:
     ``gen_input.check_prompts``)."""
@@ -375,7 +375,7 @@ def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, gen_length: int
         return read
     from .gen_input import check_prompts
 
-    check_prompts(read, engine, chat, gen_length, opts.input_file)
+    check_prompts(read, engine, chat, decode.gen_length, decode.block_length, opts.input_file)
     return [it.prompt for it in read]
 
 
@@ -394,7 +394,7 @@ def trace(lm, settings: Settings, opts: TraceOptions, sinks=(), progress=None, h
     chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
     report = TraceReport(signal=opts.signal, level=opts.volatility_level, n_layers=lm.spec.n_layers,
                          block_causal=lm.spec.block_causal)
-    prompts_all = load_prompts(engine, opts, chat, settings.decode.gen_length)
+    prompts_all = load_prompts(engine, opts, chat, settings.decode)
     import scipy.stats  # noqa: F401  (the summary's correlations; imported before, so Ctrl-C after the trace
     # finds a summary that takes milliseconds to write, not a second-long import)
     try:
