@@ -33,7 +33,7 @@ Factor = Annotated[Optional[float], typer.Option(help="Fast-dLLM factor-based pa
 BanEos = Annotated[Optional[bool], typer.Option("--ban-eos/--allow-eos", help="Never commit EOS/EOT \\[default: allow].", rich_help_panel=D)]
 LowEos = Annotated[Optional[bool], typer.Option("--low-eos-confidence/--no-low-eos-confidence", help="Give EOS/EOT confidence 0 \\[default: off].", rich_help_panel=D)]
 EarlyExit = Annotated[Optional[bool], typer.Option("--early-exit/--no-early-exit", help="Stop a row once its answer ended \\[default: on].", rich_help_panel=D)]
-Schedule = Annotated[Optional[str], typer.Option("--schedule", help="Commits per step: llada or dream \\[default: the model's].", rich_help_panel=D)]
+Schedule = Annotated[Optional[str], typer.Option("--schedule", help="Commits per step: llada, dream or block \\[default: the model's].", rich_help_panel=D)]
 AlgTemp = Annotated[Optional[float], typer.Option("--alg-temp", help="Dream's alg_temp (dream schedule) \\[default: 0].", rich_help_panel=D)]
 EditThreshold = Annotated[Optional[float], typer.Option("--edit-threshold", help="LLaDA2.1 token editing threshold \\[default: off].", rich_help_panel=D)]
 Compat = Annotated[Optional[str], typer.Option("--compat", help="fastdllm: Fast-dLLM's Dream block sampler \\[default: off].", rich_help_panel=D)]
