@@ -149,6 +149,9 @@ def check_ranges(values: dict) -> None:
         rng = ranges.get(name)
         if rng is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
+        if name == "group_size" and isinstance(value, int):  # a choice of four: the one int4 wording
+            _check_group_size(value, values.get("quantize"))
+            continue
         try:
             rng.check(value)
         except ValueError:
@@ -157,6 +160,17 @@ def check_ranges(values: dict) -> None:
                 rng.check(value)
             except ValueError as e:
                 raise UsageError(f"--{name.replace('_', '-')} {value} {e}") from None
+
+
+def _check_group_size(group_size: int, quantize: str | None) -> None:
+    """``--group-size`` beside the ``--quantize`` given (None: not given, a profile may give int4): the
+    format it needs first (``--quantize int8 --group-size 64`` is refused as such, whatever the size), then
+    one of int4's sizes, in the words ``--quantize int4:7`` gets (``models.quantize``)."""
+    from .models.quantize import check_group_size, parse_quantize
+
+    if quantize is not None and str(quantize).strip().lower().partition(":")[0] != "int4":
+        parse_quantize(quantize, group_size)  # its refusal of a group size on another format
+    check_group_size(group_size, quantize_given=quantize is not None)
 
 
 def model_family(model: str | None):

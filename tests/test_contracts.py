@@ -1156,6 +1156,16 @@ def test_every_numeric_flag_has_a_range_in_one_wording(cli, monkeypatch):
         check_ranges(ctx.params)  # UsageError: the suggested value is refused by its own check
 
 
+@pytest.mark.parametrize("spec,says", [
+    ("entropy:tau=1e400", "entropy parameter tau=1e400 must be a finite number ≥ 0"),
+    ("dual:refresh_every=1e2", "dual parameter refresh_every=1e2 must be a whole number ≥ 0"),
+])
+def test_a_policy_variants_value_is_named_as_typed(cli, spec, says):
+    """``--policies name:key=value`` names a refused value as typed, as ``--tau 1e400`` does."""
+    res = cli("profile", "--policies", spec, *SMALL, "x")
+    assert res.exit_code == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
 def test_calibrate_lists_word_each_bad_entry_as_the_one_value_flag(cli):
     """calibrate's comma-list flags refuse an entry in the words of the flag that takes one value, naming
     the entry as typed (``--taus 1e400``, not ``inf``; ``--recent-k 1.5`` as ``generate --recent-k 1.5``),

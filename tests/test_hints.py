@@ -114,17 +114,17 @@ def test_the_note_of_a_threshold_dropped_for_alg_temp_names_alg_temp(cli, dream_
 
 
 @pytest.mark.parametrize("command,flag,value", [("/threshold", "--threshold", "2"), ("/tau", "--tau", "-1"),
-                                                ("/gen-length", "--gen-length", "0")])
+                                                ("/gen-length", "--gen-length", "0"),
+                                                ("/threshold", "--threshold", "1.50"), ("/tau", "--tau", "1e400")])
 def test_a_chat_command_refuses_a_value_in_its_flags_words(cli, command, flag, value):
     """Chat's ``/threshold 2`` is refused with ``generate --threshold 2``'s message, the command in place of
-    the flag: one check, not a second copy."""
+    the flag and the value as typed in both: one check, not a second copy."""
     chat = cli("chat", "--gen-length", "16", "--block-length", "8", input=f"{command} {value}\n")
     assert chat.exit_code == 2, chat.stderr  # a piped script with a failed line
     (said,) = [line for line in chat.stderr.splitlines() if line.startswith(f"error: {command}")]
     gen = cli("generate", "--gen-length", "16", "--block-length", "8", flag, value, "x")
     assert gen.exit_code == 2, gen.stderr
-    number = said.split()[2]  # as the chat command read it (2.0 for a float)
-    assert said == gen.stderr.strip().replace(f"{flag} {gen.stderr.split()[2]}", f"{command} {number}"), said
+    assert said == gen.stderr.strip().replace(f"{flag} {value}", f"{command} {value}", 1), said  # named as typed
 
 
 @pytest.mark.parametrize("model", ["tiny", SDAR], ids=["tiny", "sdar"])

@@ -54,7 +54,9 @@ def test_format_names_agree():
 @pytest.mark.parametrize("value,group,message", [
     ("int9", None, "--quantize 'int9' is not a format; use one of none, int8, int4, fp8"),
     ("int8", 64, "--group-size 64 applies to --quantize int4 only, not int8"),
-    ("int4", 48, "--group-size 48 is not one int4's kernels take; use one of 256, 128, 64, 32"),
+    ("int4", 48, "--group-size 48 names a group size int4's kernels do not take; use one of 32, 64, 128, 256"),
+    ("int4:48", None, "--quantize int4:48 names a group size int4's kernels do not take; use one of 32, 64, 128, "
+     "256"),  # the value named as typed, in the same words
     ("int4:x", None, "the group size after ':' must be a number"),
     (None, 64, "--group-size 64 needs --quantize int4"),
 ])
@@ -62,6 +64,20 @@ def test_bad_values_are_one_line_usage_errors(value, group, message):
     with pytest.raises(UsageError) as e:
         qz.parse_quantize(value, group)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--group-size", "7"], "--group-size 7 names a group size int4's kernels do not take; use one of 32, 64, 128, "
+                            "256 with --quantize int4"),
+    (["--quantize", "int8", "--group-size", "7"], "--group-size 7 applies to --quantize int4 only, not int8; drop it"),
+    (["--quantize", "int4:7", "--dtype", "bfloat16"], "--quantize int4:7 names a group size int4's kernels do not "
+                                                       "take; use one of 32, 64, 128, 256"),
+])
+def test_a_group_size_is_refused_in_one_wording_with_the_format_it_needs(cli, flags, message):
+    """``--group-size`` is a choice of four, refused in the words ``--quantize int4:N`` gets (not a range whose
+    example the command then refuses for want of ``--quantize int4``), the format it needs named first."""
+    res = cli("generate", "--gen-length", "32", *flags, "x")
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {message}", res.stderr
 
 
 def test_parse():

@@ -81,6 +81,8 @@ def parse_quantize(value: str | None, group_size: int | None = None) -> Quantiza
             raise UsageError(f"--quantize {value!r}: the group size after ':' must be a number, e.g. int4:64") from None
         if group_size is not None and group_size != inline:
             raise UsageError(f"--quantize {value} and --group-size {group_size} name two group sizes; keep one")
+        if fmt == "int4":
+            check_group_size(inline, f"--quantize {value}")
         group_size = inline
     if fmt == "none":
         if group_size is not None:
@@ -89,10 +91,19 @@ def parse_quantize(value: str | None, group_size: int | None = None) -> Quantiza
     if group_size is not None:
         if fmt != "int4":
             raise UsageError(f"--group-size {group_size} applies to --quantize int4 only, not {fmt}; drop it")
-        if group_size not in GROUP_SIZES:
-            raise UsageError(f"--group-size {group_size} is not one int4's kernels take; use one of "
-                             f"{', '.join(map(str, GROUP_SIZES))}")
+        check_group_size(group_size)
     return Quantization(fmt, group_size)
+
+
+def check_group_size(group_size: int, label: str | None = None, quantize_given: bool = True) -> None:
+    """UsageError unless ``group_size`` is one of :data:`GROUP_SIZES` (torchao's int4 kernels), one
+    wording wherever it is given: ``--group-size 7`` (``label`` default) or ``--quantize int4:7``;
+    ``quantize_given=False`` (``--group-size`` without ``--quantize``) names the flag it needs."""
+    if group_size not in GROUP_SIZES:
+        sizes = ", ".join(map(str, sorted(GROUP_SIZES)))
+        need = "" if quantize_given else " with --quantize int4"
+        raise UsageError(f"{label or f'--group-size {group_size}'} names a group size int4's kernels do not take; "
+                         f"use one of {sizes}{need}")
 
 
 @contextlib.contextmanager

@@ -240,7 +240,7 @@ class ChatSession:
         from ..cache import policy_params
 
         x = _number(arg, float, "/tau", "0.5", "tau")
-        _check_range("tau", x, "/tau")
+        _check_range("tau", arg.strip(), "/tau")  # the value named as typed
         if "entropy" not in policies_for(self.lm.spec):  # as --tau on this family: warned, ignored
             self.warn(f"/tau is not used by the {self.lm.spec.family} model family (τ is EntropyCache's threshold; "
                       "block diffusion caches finished blocks exactly); ignored")
@@ -259,7 +259,7 @@ class ChatSession:
         off = arg.lower() in ("off", "none")
         x = None if off else _number(arg, float, "/threshold", "0.9", "threshold")
         if x is not None:
-            _check_range("threshold", x, "/threshold")
+            _check_range("threshold", arg.strip(), "/threshold")
         self.source.decode_flags["threshold"] = x
         self.source.threshold_off = off
         if x is not None:
@@ -268,7 +268,7 @@ class ChatSession:
 
     def _gen_length(self, arg: str) -> None:
         n = _number(arg, int, "/gen-length", "64", "gen_length")
-        _check_range("gen_length", n, "/gen-length")
+        _check_range("gen_length", arg.strip(), "/gen-length")
         before = self.source.decode_flags.get("gen_length")
         self.source.decode_flags["gen_length"] = n
         try:

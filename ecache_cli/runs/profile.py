@@ -134,16 +134,21 @@ def parse_policy_spec(spec: str, where: str = "--policies", family=None) -> tupl
     if name not in POLICIES:
         names = _fitting(getattr(family, "block_causal", None))  # unknown family: bidirectional, as --cache's
         raise UsageError(f"{where}: {name!r} is not a cache policy; use names from {', '.join(names)}")
-    params = {}
+    from ..config import GivenFloat
+
+    params, typed = {}, {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq or not key:
             raise UsageError(f"{where}: {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
-        if key.replace("-", "_") in params:  # as a profile refuses a key given twice: no silent "last wins"
+        param = key.replace("-", "_")
+        if param in params:  # as a profile refuses a key given twice: no silent "last wins"
             raise UsageError(f"{where} {spec!r}: parameter {key} given twice; keep one {key}=value")
-        params[key.replace("-", "_")] = _scalar(value)
+        params[param] = _scalar(value)
+        # checked as typed, so a refusal names the text (tau=1e400, not inf; refresh_every=1e2, not 100.0)
+        typed[param] = GivenFloat(value) if isinstance(params[param], float) else params[param]
     try:
-        make_policy(name, strict=True, **params)  # unknown parameter or bad value -> UsageError
+        make_policy(name, strict=True, **typed)  # unknown parameter or bad value -> UsageError
     except UsageError as e:
         raise UsageError(f"{where} {spec!r}: {e}") from None
     return name, params
