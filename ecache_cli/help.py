@@ -243,7 +243,8 @@ lines).
 
 Exit codes: 0 done, 1 runtime error (missing model or data, unreadable file, busy output), 2 usage
 error (bad flag, value or profile, invalid or empty input), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (timeout, a
-batch scheduler: the same partial outputs as Ctrl-C are written)."""),
+batch scheduler: the same partial outputs as Ctrl-C are written); ecache serve exits 0 on SIGTERM, its
+way to stop (queued requests end with shutdown, running ones get --shutdown-grace)."""),
     "compile": ("--compile: the forward compiled per shape bucket", """\
 [bold]--compile[/] (every command; profile key compile: true; --no-compile overrides) runs the
 model's forward as a few compiled graphs, one per bucket: query positions and logits rows padded to
