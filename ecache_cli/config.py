@@ -36,6 +36,7 @@ from .contract.fields import (  # noqa: F401 (re-exported)
     check_value,
     dataclass_defaults,
     field_types,
+    given_float,
 )
 from .errors import ConfigError
 

@@ -8,10 +8,12 @@ from pathlib import Path
 
 from ..cache import make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
-from ..config import (
+from ..config import (  # noqa: F401 (GivenFloat, given_float: re-exported for the server's JSON numbers)
+    GivenFloat,
     check_setting,
     dataclass_defaults,
     find_mode_profile,
+    given_float,
     load_profile,
     model_family,
     option_ranges,  # noqa: F401 (re-exported: the server checks a request's seed by it)

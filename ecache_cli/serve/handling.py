@@ -13,8 +13,9 @@ import json
 
 from fastapi import Request
 
+from ..runs.settings import given_float
 from .metrics import ServeMetrics
-from .protocol import ApiError, ChatRequest, CompletionRequest, Resolver, json_number, parse
+from .protocol import ApiError, ChatRequest, CompletionRequest, Resolver, parse
 from .scheduler import Job, Result, Scheduler
 
 #: Seconds a waiting handler sleeps between checks that its client is still connected.
@@ -84,7 +85,7 @@ def check_key(request: Request, endpoint: str) -> None:
 
 async def read_json(request: Request, endpoint: str):
     """The request's JSON body: 413 over ``--max-body-bytes`` (declared or read), 400 not UTF-8 text or not
-    JSON. A number that is not finite comes as a :class:`~ecache_cli.serve.protocol.SentNumber`."""
+    JSON. A number that is not finite comes as a ``contract.fields.GivenFloat`` keeping its text."""
     srv: Server = request.app.state.server
     limit = srv.opts.max_body_bytes
     too_large = ApiError(413, f"the request body exceeds {limit} bytes (--max-body-bytes)", outcome="too_large")
@@ -105,7 +106,7 @@ async def read_json(request: Request, endpoint: str):
         raise ApiError(400, f"the request body is not UTF-8 text (byte 0x{body[e.start]:02x} at position {e.start}); "
                             "send UTF-8 JSON") from None
     try:  # a number that is not finite (1e400, NaN) keeps its text for the refusal that names it
-        return json.loads(text, parse_float=json_number, parse_constant=json_number)
+        return json.loads(text, parse_float=given_float, parse_constant=given_float)
     except ValueError as e:
         srv.metrics.requests.labels(endpoint, "invalid").inc()
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None

@@ -40,7 +40,7 @@ from ..cache import POLICIES, make_policy, policy_params
 from ..cache.entropy import DEFAULT_TAU
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
-from ..runs.settings import check_setting, option_ranges, policies_for
+from ..runs.settings import GivenFloat, check_setting, option_ranges, policies_for
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
@@ -221,31 +221,6 @@ def parse(model: type[_Body], body: Any) -> _Body:
         raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {shown(first.get('input'))})", loc) from None
 
 
-class SentNumber(float):
-    """A JSON number that is no finite float (``1e400``, which reads as inf, ``NaN``, ``Infinity``) with
-    its text as sent (``text``), so a refusal names the value the client wrote (``tau 1e400 must be a
-    finite number ≥ 0 ...``), not ``inf``."""
-
-    text: str
-
-    def __new__(cls, text: str) -> "SentNumber":
-        obj = super().__new__(cls, float(text))
-        obj.text = text
-        return obj
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def json_number(text: str) -> float:
-    """``json.loads``'s ``parse_float`` and ``parse_constant``: a plain float, or a :class:`SentNumber`
-    keeping the text of one that is not finite."""
-    import math
-
-    value = float(text)
-    return value if math.isfinite(value) else SentNumber(text)
-
-
 #: Request fields checked in the range of a setting of another name (``config.option_ranges``).
 _SETTING_OF = {"max_tokens": "gen_length", "max_completion_tokens": "gen_length"}
 #: Request fields with the range and words of an ``ecache generate`` flag.
@@ -330,10 +305,10 @@ def api_words(msg: str) -> str:
 
 
 def shown(v: Any) -> str:
-    """``v`` as JSON text (a :class:`SentNumber` as sent), cut to 60 characters."""
+    """``v`` as JSON text (a ``GivenFloat``, JSON's ``1e400``, as sent), cut to 60 characters."""
     import json
 
-    if isinstance(v, SentNumber):
+    if isinstance(v, GivenFloat):
         return v.text
     try:
         text = json.dumps(v)
