@@ -781,7 +781,7 @@ def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[
     (``runs.settings.validate_decode``: gen length ≥ 1, a multiple of the block length) and the output
     paths (``ecache_cli.outputs``: parent folder, writable, no two outputs on one file, none the
     ``--merge`` input). Raises UsageError (exit 2) or DataError."""
-    from ecache_cli.cache import POLICIES
+    from ecache_cli.cache import POLICIES, unknown_policy
     from ecache_cli.errors import UsageError
     from ecache_cli.outputs import check_distinct, check_file, check_plot_name
     from ecache_cli.runs.profile import parse_policy_spec
@@ -803,7 +803,7 @@ def _check_args(args) -> tuple[list[str], list[int], list[int], list[str], list[
         if ":" in p:
             parse_policy_spec(p)
         elif p not in POLICIES:
-            raise UsageError(f"--policies {p!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+            raise unknown_policy(p, "--policies")
     if not (math.isfinite(args.slack) and 0 < args.slack <= 1) or not (math.isfinite(args.margin) and args.margin > 0):
         raise UsageError(f"--slack {args.slack} must be in (0, 1] and --margin {args.margin} > 0")
     validate_decode({"gen_length": args.gen_length, "block_length": args.block_length,

@@ -133,7 +133,7 @@ def _wrapped(doc: str, width: int = 79) -> str:
 def parse(argv=None) -> argparse.Namespace:
     """The options, checked (one-line error and exit 2 for a bad value, before the model loads).
     ``steps`` comes back as the warm-up plus the measured steps (the run's total)."""
-    from ecache_cli.cache import POLICIES
+    from ecache_cli.cache import POLICIES, unknown_policy
     from ecache_cli.engine import forward
     from ecache_cli.errors import UsageError
     from ecache_cli.runs.settings import validate_decode
@@ -184,7 +184,7 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error(str(e))
     bad = next((name for name in names if name not in POLICIES), None)
     if bad is not None:
-        ap.error(f"--policies {bad!r} is not a cache policy; use names from {', '.join(POLICIES)}")
+        ap.error(str(unknown_policy(bad, "--policies")))
     args.policies = names
     args.steps += args.warmup
     return args

@@ -30,6 +30,9 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click.exceptions import UsageError as _ClickUsageError
 
 
+_GIVEN_ARGS = "ecache.given_args"  # ctx.meta key: a subcommand's arguments as typed
+
+
 def _given_value(err: _BadParameter) -> str | None:
     """The text the user gave for the parameter of a BadParameter (the parser does not keep it)."""
     cause = err.__cause__
@@ -51,7 +54,7 @@ def _range_words(err: _BadParameter, value: str | None) -> str | None:
     from .errors import UsageError
     from .options import option_ranges
 
-    rng = option_ranges().get(param.name)
+    rng = option_ranges(_given_policies(err.ctx)).get(param.name)
     flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
     if rng is None or not flags:
         return None
@@ -61,6 +64,22 @@ def _range_words(err: _BadParameter, value: str | None) -> str | None:
         shown = value if value and value.strip() == value else repr(value)
         return str(UsageError(f"{flags[0]} {shown} {e}"))
     return None
+
+
+def _given_policies(ctx) -> list[str]:
+    """The policy names the command line being parsed gives (``--cache``, ``--policies``:
+    ``config.run_policies``), read from its texts, so that a parameter's range is theirs (``--cache dkv
+    --refresh-every abc``: dkv's ≥ 1) whichever option the parser met first; none when unknown."""
+    given = ctx.meta.get(_GIVEN_ARGS) if ctx is not None else None
+    if given is None:
+        return []
+    from .config import run_policies
+
+    try:
+        raw, _, _ = ctx.command.make_parser(ctx).parse_args(args=list(given))
+    except _ClickUsageError:
+        return []
+    return run_policies(raw)
 
 
 def usage_line(err: _ClickUsageError, where: str = "ecache") -> str:
@@ -105,6 +124,7 @@ class EcacheCommand(TyperCommand):
 
     def parse_args(self, ctx, args):
         given = list(args)  # the parser consumes the list it is given
+        ctx.meta[_GIVEN_ARGS] = given
         rest = super().parse_args(ctx, args)
         _keep_typed_text(ctx, self.make_parser(ctx), given)
         return rest

@@ -55,19 +55,45 @@ MAX_BODY_LIMIT = 1 << 30
 MAX_PREFIX_MB = 1 << 20
 
 
-def setting_ranges() -> dict:
+def setting_ranges(policies=None) -> dict:
     """The range of every numeric decode setting and cache-policy parameter by name, as the flags and
-    profile keys of that name take them: ``DecodeConfig.ranges``, then each policy's ``ranges`` in the
-    registry's order (the first policy declaring a name gives its range; a policy's own stricter range
-    is checked when it is built, e.g. dkv's ``refresh_every`` ≥ 1)."""
+    profile keys of that name take them: ``DecodeConfig.ranges``, then the policies' ``ranges``.
+
+    ``policies``: the policy names a command runs (``--cache``, ``--policies``); a parameter they declare
+    gets the strictest of their ranges (the highest lower bound), so ``--cache dkv --refresh-every 0`` is
+    refused in dkv's words (≥ 1), as dkv itself refuses it. Without them (or for a parameter none of them
+    declares) a parameter gets the range of the first policy in the registry declaring it, its ``why``
+    naming each policy that is stricter (``0 = block starts only; dkv ≥ 1``), so that no message invites
+    a value one policy then refuses."""
+    import dataclasses
+
     from .cache import POLICIES
     from .decoding.config import DecodeConfig
 
-    out = dict(DecodeConfig.ranges)
-    for cls in POLICIES.values():
+    declared: dict[str, list[tuple[str, Range]]] = {}
+    for name, cls in POLICIES.items():
         for k, v in cls.ranges.items():
-            out.setdefault(k, v)
+            declared.setdefault(k, []).append((name, v))
+    chosen = {n for n in policies or () if n in POLICIES}
+    out = dict(DecodeConfig.ranges)
+    for k, pairs in declared.items():
+        mine = [v for n, v in pairs if n in chosen]
+        if mine:
+            out[k] = max(mine, key=lambda v: (v.lo is not None, v.lo or 0, v.lo_open))
+            continue
+        first = pairs[0][1]
+        stricter = [f"{n} {'>' if v.lo_open else '≥'} {v.lo:g}" for n, v in pairs[1:] if (v.lo or 0) > (first.lo or 0)]
+        out[k] = dataclasses.replace(first, why="; ".join([first.why, *stricter]).strip("; ")) if stricter else first
     return out
+
+
+def run_policies(values: dict) -> list[str]:
+    """The policy names a command's options name (``values``: parameter name → value): ``cache``'s, and
+    each entry of ``policies`` (``entropy:tau=1,dkv``: entropy, dkv); none when neither is given."""
+    names = [str(values["cache"])] if values.get("cache") is not None else []
+    if values.get("policies") is not None:
+        names += [spec.split(":")[0].strip() for spec in str(values["policies"]).split(",")]
+    return names
 
 
 def check_setting(name: str, value, label: str) -> None:
@@ -90,10 +116,10 @@ def check_setting(name: str, value, label: str) -> None:
         raise UsageError(f"{label} {shown} {e}") from None
 
 
-def option_ranges() -> dict:
+def option_ranges(policies=None) -> dict:
     """The range of every numeric option, by parameter name: the decode and cache settings' own
-    (:func:`setting_ranges`, so a flag and a profile key are checked alike) and the command options'
-    (``options.py`` re-exports it beside the flags' declarations)."""
+    (:func:`setting_ranges`, with the ``policies`` the command runs, so a flag and a profile key are checked
+    alike) and the command options' (``options.py`` re-exports it beside the flags' declarations)."""
 
     def count(lo, example="", why=""):
         return Range(lo, INT_MAX, example=example, why=why, integer=True)
@@ -121,7 +147,7 @@ def option_ranges() -> dict:
         "request_timeout": Range(0, lo_open=True, example="60", why="seconds; leave it out for no timeout"),
         "shutdown_grace": Range(0, example="30", why="seconds"),
     }
-    return {**setting_ranges(), **own}
+    return {**setting_ranges(policies), **own}
 
 
 def check_ranges(values: dict) -> None:
@@ -145,7 +171,7 @@ def check_ranges(values: dict) -> None:
         check_edit_threshold(values.get("edit_threshold"), fam.block_causal, fam.name)
         check_alg_temp_schedule(values.get("alg_temp"), validate_schedule(family_schedule(fam.sampler,
                                                                                           values.get("schedule"))))
-    ranges = option_ranges()
+    ranges = option_ranges(run_policies(values))
     for name, value in values.items():
         rng = ranges.get(name)
         if rng is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):

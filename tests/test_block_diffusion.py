@@ -230,7 +230,7 @@ def test_profile_compares_the_policies_that_apply_and_records_tokens_per_forward
     ("llada2-mini", "none,block,entropy",
      "error: --policies entropy does not apply to the llada2 model family (its attention is block-causal, so the "
      "keys and values of finished blocks are cached exactly); use none or block"),
-    ("llada2-mini", "none,foo", "error: --policies: 'foo' is not a cache policy; use names from none, block"),
+    ("llada2-mini", "none,foo", "error: --policies 'foo' is not a cache policy; use one of none, block"),
     ("llada-moe", "none,block",
      "error: --policies block does not apply to the llada-moe model family"),
 ])

@@ -839,6 +839,80 @@ def test_a_cache_the_family_refuses_and_an_empty_prompt_come_before_the_first_li
                                                              "at least one token of text"), empty.stderr
 
 
+@pytest.mark.parametrize("command", [*PROMPTED, "serve"])
+@pytest.mark.parametrize("value", ["0", "abc"])
+def test_a_policy_parameter_is_refused_in_the_policys_range_before_the_first_line(command, value, cli):
+    """``--refresh-every`` is dkv's every N steps (≥ 1) and ``prefix``'s (0 = block starts only): with dkv in
+    the run, 0 and a text are refused in dkv's words, alone, before the "using model …" line, in every
+    command, whichever option came first; with ``prefix`` 0 is taken."""
+    runs = ["--policies", "none,dkv"] if command == "profile" else ["--cache", "dkv"]
+    args = [command, "--gen-length", "16", "--block-length", "8", *([] if command == "serve" else ["x"])]
+    first = cli(*args, "--refresh-every", value, *runs)
+    last = cli(*args, *runs, "--refresh-every", value)
+    kind = "a whole number ≥ 1" if value == "abc" else "≥ 1"
+    want = f"error: --refresh-every {value} must be {kind} (dkv refreshes every N steps of a block; e.g. 8)"
+    for res in (first, last):
+        assert res.exit_code == 2 and res.stderr.strip() == want, res.stderr
+    if command != "serve":
+        taken = cli(*args, *(["--policies", "prefix"] if command == "profile" else ["--cache", "prefix"]),
+                    "--refresh-every", "0", "-q")
+        assert taken.exit_code == 0, taken.stderr
+
+
+def test_a_policy_parameter_without_a_policy_names_every_policys_bound(cli):
+    """With no policy named, ``--refresh-every``'s range is the loosest policy's and says which is stricter, so
+    the message does not invite a value dkv then refuses; a policy's own range when it is named."""
+    from ecache_cli.cache import POLICIES
+    from ecache_cli.config import setting_ranges
+
+    res = cli("generate", "--refresh-every", "abc", "x")
+    assert res.stderr.strip() == ("error: --refresh-every abc must be a whole number ≥ 0 (0 = block starts only; "
+                                  "dkv ≥ 1; e.g. 8)"), res.stderr
+    for name, cls in POLICIES.items():
+        for key, rng in cls.ranges.items():
+            assert setting_ranges([name])[key] == rng, (name, key)
+            assert setting_ranges([name, "none"])[key] == rng, (name, key)  # a policy without it adds nothing
+    assert setting_ranges(["prefix", "dkv"])["refresh_every"].lo == 1  # several: the strictest
+
+
+@pytest.mark.parametrize("command,flag", [("profile", "--data"), ("trace-drift", "--data"), ("calibrate", "--data"),
+                                          ("profile", "--shots"), ("trace-drift", "--shots"),
+                                          ("calibrate", "--shots")])
+def test_a_task_option_without_task_is_worded_alike(command, flag, cli, tmp_path):
+    """``--data`` and ``--shots`` belong to ``--task``: without it one message in every command that takes them
+    (calibrate's ``--task`` is required, and its absence is worded as such only when neither is given)."""
+    value = {"--data": str(tmp_path / "test.jsonl"), "--shots": "2"}[flag]
+    res = cli(command, flag, value, *([] if command == "calibrate" else ["x"]))
+    why = {"--data": "the benchmark the file holds", "--shots": "the solved examples are that task's"}[flag]
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {flag} needs --task NAME ({why})", res.stderr
+    if command != "calibrate":
+        both = cli(command, "--task", "list", "x")
+        assert both.stderr.strip() == ("error: --task chooses the prompts: pass either --task or prompts/--input, "
+                                       "not both"), both.stderr
+    else:
+        alone = cli("calibrate")
+        assert alone.exit_code == 2 and alone.stderr.strip().startswith("error: missing option '--task' / '-t'"), alone.stderr
+
+
+def test_an_unknown_policy_is_worded_alike_everywhere(cli):
+    """``--cache``, ``--policies``, chat's ``/cache`` and the server's ``policy`` word a name that is no policy
+    one way: ``<where> 'nosuch' is not a cache policy; use one of …``."""
+    from ecache_cli.cache import make_policy, policies_for
+    from ecache_cli.errors import UsageError
+
+    listed = ", ".join(policies_for(False))
+    for args, where in ((["generate", "--cache", "nosuch", "x"], "--cache"),
+                        (["profile", "--policies", "none,nosuch", "x"], "--policies"),
+                        (["trace-drift", "--cache", "nosuch", "x"], "--cache")):
+        res = cli(*args)
+        assert res.exit_code == 2 and res.stderr.strip() == (f"error: {where} 'nosuch' is not a cache policy; use one "
+                                                             f"of {listed}"), res.stderr
+    chat = cli("chat", "--gen-length", "16", "--block-length", "8", input="/cache nosuch\n/exit\n")
+    assert f"error: /cache 'nosuch' is not a cache policy; use one of {listed}" in chat.stderr, chat.stderr
+    with pytest.raises(UsageError, match="^--cache 'nosuch' is not a cache policy; use one of none, "):
+        make_policy("nosuch")
+
+
 # --- interrupts, -q, progress off a terminal, existing output files: one rule in every command ---------------
 
 

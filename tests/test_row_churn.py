@@ -15,7 +15,7 @@ def rc():
     (["--every", "0"], "--every 0 must be ≥ 1"),
     (["--every", "57"], "--every 57 must be ≤ --steps 56"),
     (["--steps", "40", "--gen-length", "32"], "--steps 40 + --warmup 8 exceed --gen-length 32"),
-    (["--policies", "foo"], "--policies 'foo' is not a cache policy; use names from none, "),
+    (["--policies", "foo"], "--policies 'foo' is not a cache policy; use one of none, "),
     (["--policies", "none,"], "--policies none, has an empty entry; remove the extra comma: --policies none"),
     (["--policies", "none,none"], "--policies none,none lists none twice; give each value once: --policies none"),
     (["--repeats", "0"], "--repeats 0 must be ≥ 1"),

@@ -432,7 +432,10 @@ def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
     res = CliRunner().invoke(app, ["serve", "--gen-length", str(GEN), "--port", "0", "-q"])
     line = res.stderr.splitlines()  # --port 0: the address it picked is printed nowhere else, so it stays
     assert res.exit_code == 0 and len(line) == 1 and re.search(r"listening on http://127\.0\.0\.1:\d+ ", line[0])
-    assert len(served) == 5  # every run reached the server loop
+    unused = stderr("--refresh-every", "0")  # a flag the policy ignores: warned after the first line, as elsewhere
+    assert unused[0].startswith("using model tiny, cache entropy"), unused
+    assert unused[1].startswith("warning: --refresh-every is not used by --cache entropy"), unused
+    assert len(served) == 6  # every run reached the server loop
 
 
 @pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),

@@ -55,6 +55,16 @@ def spec_hint(name: str) -> str:
             "key: value}, or in `ecache profile --policies name:key=value`; --tau and --recent-k are flags)")
 
 
+def unknown_policy(name, label: str = "--cache", names=None, hint: bool = True) -> UsageError:
+    """The one refusal of a name that is no cache policy, wherever it was given (``label``: ``--cache``,
+    ``--policies``, ``/cache``, a request's ``policy``): ``--cache 'foo' is not a cache policy; use one of none,
+    prefix, …``, listing ``names`` (those that fit the model's attention, :func:`policies_for`; default every
+    policy), with :func:`spec_hint` for a ``name:key=value`` given where a bare name is expected (``hint``:
+    where the command line's flags and profiles are the way to give parameters)."""
+    listed = ", ".join(POLICIES if names is None else names)
+    return UsageError(f"{label} {name!r} is not a cache policy; use one of {listed}{spec_hint(name) if hint else ''}")
+
+
 def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
     """Build policy ``name`` from its parameters, checked as the command line checks them.
 
@@ -66,7 +76,7 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
     (``runs.settings.Settings``, the server).
     """
     if not isinstance(name, str) or name not in POLICIES:
-        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(POLICIES)}{spec_hint(name)}")
+        raise unknown_policy(name)
     known = policy_params(name)
     unknown = sorted(k for k in params if k not in known)
     if strict and unknown:

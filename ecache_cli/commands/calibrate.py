@@ -56,7 +56,7 @@ def _one_or_list(values: Optional[list[int]]) -> tuple[Optional[int], Optional[l
 
 
 def calibrate_cmd(
-    task: Annotated[str, typer.Option("--task", "-t", help="arith|code|list|gsm8k|math500|humaneval|mbpp; a,b: default.", rich_help_panel=K)],
+    task: Annotated[Optional[str], typer.Option("--task", "-t", help="arith|code|list|gsm8k|math500|humaneval|mbpp; a,b: default. \\[required]", rich_help_panel=K)] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
     quantize: o.Quantize = None, group_size: o.GroupSize = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Data file or folder of a real benchmark (official JSONL).", rich_help_panel=K)] = None,
@@ -124,6 +124,13 @@ def calibrate_cmd(
     from ..tasks import get_task
     from ..tasks import sandbox as code_sandbox
 
+    if task is None:  # --data or --shots alone: the words of every command that takes --task
+        from ..errors import UsageError
+        from ..runs.inputs import check_prompt_sources
+
+        check_prompt_sources(None, None, None, data, shots)
+        raise UsageError("missing option '--task' / '-t' (the task domain to calibrate, e.g. --task list); see "
+                         "`ecache calibrate --help`")
     hold_warnings()  # after the "using model" line (console.announce)
     names, shot_list = parse_list(task, "--task"), parse_shots(shots)
     block = _block_model(model)  # the decoder's threshold is searched, not τ (runs/calib_sweep.py)

@@ -93,12 +93,12 @@ def serve_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
-    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     sock = bind(host, port)  # before the model loads: a busy port fails at once
     # --quiet: no start-up or stop lines; warnings and errors stay, and so does the address when --port 0
     # picked it (printed nowhere else)
     say = (lambda *a, **k: None) if quiet else err.print
     say(settings.describe(model), markup=False, highlight=False)
+    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))  # after the "using model" line
     name = served_model_name or model
     opts = ServeOptions(model_name=name, api_key=api_key, max_batch=max_batch, max_queue=max_queue, admission=admission,
                         request_timeout=request_timeout, max_body_bytes=max_body_bytes,

@@ -54,7 +54,7 @@ def trace_drift_cmd(
     from ..runtime import compile_line, load_for_command
 
     hold_warnings()  # after the "using model" line (console.announce)
-    check_flags(prompts, input_file, task, data, limit, batch_size, signal, plot, jsonl, json_out, volatility_level,
+    check_flags(prompts, input_file, task, data, shots, limit, batch_size, signal, plot, jsonl, json_out, volatility_level,
                 rows)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
     from ..runs.models import check_start

@@ -299,6 +299,22 @@ def piped_stdin() -> IO | None:
         return None
 
 
+def check_prompt_sources(prompts: list[str] | None, input_file: Path | None, task: str | None,
+                         data: str | None = None, shots=None) -> None:
+    """The prompts come one way, in every command that takes ``--task``: prompt arguments, ``--input`` (or
+    stdin), or ``--task``, whose ``--data`` (its benchmark file) and ``--shots`` (its solved examples) mean
+    nothing without it. UsageError (exit 2) naming the mix: ``--data needs --task NAME (the benchmark the
+    file holds)``, ``--task chooses the prompts: pass either --task or prompts/--input, not both``."""
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    if task is not None and (prompts or input_file is not None):
+        raise UsageError("--task chooses the prompts: pass either --task or prompts/--input, not both")
+    if task is None and data is not None:
+        raise UsageError("--data needs --task NAME (the benchmark the file holds)")
+    if task is None and shots is not None:
+        raise UsageError("--shots needs --task NAME (the solved examples are that task's)")
+
+
 def check_input_file(input_file: Path | None) -> None:
     """Before the model loads: ``--input`` must be ``-`` (stdin) or an existing, readable path that is
     not a folder (a file, a named pipe, ``/dev/stdin``, a shell's ``<(...)``); else a DataError (exit

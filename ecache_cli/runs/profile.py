@@ -128,12 +128,11 @@ def parse_policy_spec(spec: str, where: str = "--policies", family=None) -> tupl
     ``block_causal``) when it is known, else those for bidirectional attention, as ``--cache``'s error does
     (the embedded model's and a repository id's family is known only once loaded).
     """
-    from ..cache import POLICIES, make_policy
+    from ..cache import POLICIES, make_policy, unknown_policy
 
     name, *pairs = spec.split(":")
-    if name not in POLICIES:
-        names = _fitting(getattr(family, "block_causal", None))  # unknown family: bidirectional, as --cache's
-        raise UsageError(f"{where}: {name!r} is not a cache policy; use names from {', '.join(names)}")
+    if name not in POLICIES:  # an unknown family: bidirectional's policies, as --cache's
+        raise unknown_policy(name, where, _fitting(getattr(family, "block_causal", None)))
     from ..config import GivenFloat
 
     params, typed = {}, {}
@@ -236,15 +235,11 @@ def check_sources(prompts: list[str] | None, input_file: Path | None, task: str 
     ``--input`` / stdin (``--limit`` takes the first N of those). UsageError otherwise, and for a
     ``--task`` that is none (``tasks.check_task_name``)."""
     from ..tasks import check_task_name
+    from .inputs import check_prompt_sources
 
     if task is not None:
         check_task_name(task)
-    if task is not None and (prompts or input_file is not None):
-        raise UsageError("--task replaces prompts: pass either --task or prompts/--input, not both")
-    if task is None and (data is not None or shots is not None):
-        raise UsageError("--data and --shots go with --task NAME")
-    if input_file is not None and prompts:
-        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    check_prompt_sources(prompts, input_file, task, data, shots)
     if limit is not None and prompts:
         raise UsageError(f"--limit {limit} with prompt arguments: --limit takes the first N of --task, --input or "
                          "stdin; pass the prompt arguments you want instead")

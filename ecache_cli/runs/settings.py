@@ -528,11 +528,9 @@ def policy_params_or_all(name: str, family=None) -> set[str]:
     try:
         return policy_params(name)
     except KeyError:
-        from ..cache import policies_for, spec_hint
+        from ..cache import policies_for, unknown_policy
 
-        fits = policies_for(family is not None and family.block_causal)
-        raise UsageError(f"--cache {name!r} is not a cache policy; use one of {', '.join(fits)}"
-                         f"{spec_hint(name)}") from None
+        raise unknown_policy(name, names=policies_for(family is not None and family.block_causal)) from None
 
 
 def validate_decode(d: dict, sampler: str | None = None) -> None:

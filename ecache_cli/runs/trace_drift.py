@@ -301,15 +301,16 @@ class DriftTracer:
         self.prev_k, self.prev_rows = fresh_k, rec.rows.clone()
 
 
-def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None, limit: int,
-                batch_size: int, signal: str | None, plot: Path | None, jsonl: Path | None, json_out: str | None,
+def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | None, data: str | None, shots,
+                limit: int, batch_size: int, signal: str | None, plot: Path | None, jsonl: Path | None,
+                json_out: str | None,
                 volatility_level: float, rows: int) -> None:
     """The trace-drift flags, checked before anything loads: ranges (UsageError, exit 2), ``--input``
     readable (``inputs.check_input_file``, DataError), one prompt source and one user of stdout."""
     from ..config import check_ranges
     from ..outputs import check_plot_name
     from ..tasks import check_task_name
-    from .inputs import check_input_file
+    from .inputs import check_input_file, check_prompt_sources
 
     if task is not None:
         check_task_name(task)
@@ -326,12 +327,7 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
     check_ranges({"volatility_level": volatility_level})  # NaN and ±inf too, in the flags' words
     if rows < 0:
         raise UsageError(f"--rows {rows} must be ≥ 0 (0 = every step)")
-    if input_file is not None and prompts:
-        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
-    if task is not None and (prompts or input_file is not None):
-        raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
-    if data is not None and task is None:
-        raise UsageError("--data needs --task (which benchmark the file holds)")
+    check_prompt_sources(prompts, input_file, task, data, shots)
 
 
 def signal_kind(signal: str | None, settings: Settings) -> str:
@@ -345,9 +341,10 @@ def read_first(opts: TraceOptions) -> list:
     read here), else the items of the arguments, ``--input`` JSONL or stdin. UsageError (exit 2) naming
     every line invalid without the model (``inputs.invalid_error``) or for a source with no prompt;
     DataError (exit 1) for one that cannot be read."""
+    from .inputs import check_prompt_sources
+
+    check_prompt_sources(opts.prompts, opts.input_file, opts.task, opts.data, opts.shots)
     if opts.task:
-        if opts.prompts or opts.input_file:
-            raise UsageError("--task chooses the prompts; do not also pass prompts or --input")
         from ..tasks import get_task
 
         task = get_task(opts.task, opts.data)

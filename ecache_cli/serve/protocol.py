@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
-from ..cache import POLICIES, make_policy, policy_params
+from ..cache import POLICIES, make_policy, policy_params, unknown_policy
 from ..cache.entropy import DEFAULT_TAU
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
@@ -541,8 +541,7 @@ class Resolver:
         name = s.cache if req.policy is None else req.policy
         spec = self.lm.spec
         if name not in POLICIES:
-            raise ApiError(400, f"policy {name!r} is not a cache policy; use one of {', '.join(policies_for(spec))}",
-                           "policy")
+            raise ApiError(400, str(unknown_policy(name, "policy", policies_for(spec), hint=False)), "policy")
         try:  # a policy made for the other kind of attention: the engine's one line (CachePolicy.check_model)
             POLICIES[name].check_model(POLICIES[name], spec)
         except EcacheError as e:

@@ -99,6 +99,9 @@ class FileTask(Task):
         ``UsageError`` naming every malformed line (``read_jsonl``)."""
         if self._items is None:
             path = self.data_path()
+            if not is_stdin(path) and not path.exists() and self.data is not None:  # --data names nothing
+                raise DataError(f"--data {self.data}: no such file or folder; give the official {self.name} "
+                                f"{self.filename} (or the folder holding it)")
             if not is_stdin(path) and not path.exists():
                 raise DataError(f"{self.name} data not found at {path}; put the official {self.filename} "
                                 f"there or pass --data PATH")
