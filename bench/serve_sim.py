@@ -116,15 +116,71 @@ def build(args, work: Path | None = None):
     return lm, settings, [p for group in zip(*per_domain) for p in group]
 
 
-def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: int, burst: bool = False) -> dict:
+class CpuClock:
+    """Seconds of a virtual clock: the CPU time of the thread that reads it (``time.thread_time``), plus
+    the idle gaps :meth:`skip_to` jumped. Time the thread spends preempted by other processes, or
+    sleeping, does not pass on it, so on one torch thread it reads what a dedicated core would take."""
+
+    def __init__(self):
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.thread_time() + self.skipped
+
+    def skip_to(self, t: float) -> None:
+        """Move the clock on to ``t`` (an idle engine waiting for the next arrival); never back."""
+        self.skipped += max(t - self(), 0.0)
+
+
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    """``n`` seeded Poisson arrival times at ``rate``/s, seconds from the start (the gaps ``one_pass``
+    sleeps on the wall clock)."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def drive(sched, warmup: list, jobs: list, times: list[float], clock: CpuClock) -> None:
+    """Serve ``jobs`` on the calling thread as a discrete-event run on ``clock``: the scheduler warms up
+    (:meth:`Scheduler.prepare`), then each job is submitted, with ``arrived`` its arrival time (``times``,
+    seconds after the warm-up), at the first turn of the loop (:meth:`Scheduler.iterate`) that finds the
+    clock past it; an idle scheduler moves the clock on to the next arrival. Returns when every job
+    has been served."""
+    import torch
+
+    with torch.inference_mode():
+        sched.prepare(warmup)
+        start, pending = clock(), list(zip(times, jobs))[::-1]
+        while True:
+            now = clock()
+            while pending and start + pending[-1][0] <= now:
+                t, job = pending.pop()
+                job.arrived = start + t
+                sched.submit(job)
+            if not sched.iterate():
+                if not pending:
+                    return
+                clock.skip_to(start + pending[-1][0])
+
+
+def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: int, burst: bool = False,
+             times: list[float] | None = None) -> dict:
     """``n`` requests at ``rate``/s through a fresh scheduler in ``mode``; the measures (module docstring).
     ``burst``: the ``n`` requests are queued before the scheduler starts (``rate`` unused) and arrive, for
-    the latencies, when it is ready: its first batch takes ``max_batch`` of them at once."""
+    the latencies, when it is ready: its first batch takes ``max_batch`` of them at once. ``times``: the
+    arrival times (seconds after ready) in place of the seeded Poisson ones, with ``--clock cpu`` only.
+    ``args.clock``: ``wall`` (the engine thread serves requests a feeding thread submits as the real
+    time passes) or ``cpu`` (:func:`drive` on a :class:`CpuClock`: every time read, the latencies, the
+    step times and the step-cost model ``auto`` fits are the engine thread's CPU seconds)."""
     from ecache_cli.serve.metrics import ServeMetrics
     from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
     from ecache_cli.serve.scheduler import Scheduler
 
-    sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode)
+    cpu = args.clock == "cpu"
+    now = CpuClock() if cpu else time.monotonic
+    sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode, clock=now)
     resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name=args.model))
 
     def request(i: int, prompt: str):
@@ -140,34 +196,40 @@ def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: 
 
     def timed_step(group) -> None:
         rows = int(group.run.state.batch)
-        t0 = time.perf_counter()
+        t0 = now()
         step(group)
-        steps.append((time.perf_counter() - t0, rows))
+        steps.append((now() - t0, rows))
 
     def timed_finish(job, *a, **k) -> None:
         finish(job, *a, **k)
-        done_at.setdefault(id(job), time.monotonic())
+        done_at.setdefault(id(job), now())
         if len(done_at) == n:
             all_done.set()
 
     sched._step, sched._finish = timed_step, timed_finish
-    jobs = [request(i, prompts[i % len(prompts)][1]) for i in range(n)] if burst else []
-    for job in jobs:
-        sched.submit(job)
-    sched.start([request(i, prompts[i % len(prompts)][1]) for i in range(min(4, args.max_batch))])  # as the server
-    sched.ready.wait()
-    ready = time.monotonic()
-    for job in jobs:
-        job.arrived = ready
-    rng = random.Random(seed)
-    for i in range(0 if burst else n):
-        time.sleep(rng.expovariate(rate))
-        job = request(i, prompts[i % len(prompts)][1])
-        job.arrived = time.monotonic()
-        jobs.append(job)
-        sched.submit(job)
-    all_done.wait()
-    sched.stop()
+    warmup = [request(i, prompts[i % len(prompts)][1]) for i in range(min(4, args.max_batch))]  # as the server
+    if cpu:  # every request built beforehand: the clock counts the engine thread's work only
+        jobs = [request(i, prompts[i % len(prompts)][1]) for i in range(n)]
+        times = [0.0] * n if burst else times if times is not None else arrival_times(n, rate, seed)
+        drive(sched, warmup, jobs, times, now)
+    else:
+        jobs = [request(i, prompts[i % len(prompts)][1]) for i in range(n)] if burst else []
+        for job in jobs:
+            sched.submit(job)
+        sched.start(warmup)
+        sched.ready.wait()
+        ready = time.monotonic()
+        for job in jobs:
+            job.arrived = ready
+        rng = random.Random(seed)
+        for i in range(0 if burst else n):
+            time.sleep(rng.expovariate(rate))
+            job = request(i, prompts[i % len(prompts)][1])
+            job.arrived = time.monotonic()
+            jobs.append(job)
+            sched.submit(job)
+        all_done.wait()
+        sched.stop()
     # requests that joined rows already running (fcfs: none; always: most; auto: the joins its model approved)
     joined = sched.metrics.registry.get_sample_value("ecache_admissions_total", {"decision": "joined"}) or 0.0
     lat = [done_at[id(j)] - j.arrived for j in jobs]
@@ -204,6 +266,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch (default 16)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--seed", type=int, default=1, help="prompt sample and arrival schedule (default 1)")
+    ap.add_argument("--clock", default="wall", help="wall: real time; cpu: a discrete-event run on the engine "
+                    "thread's CPU seconds, which other processes' preemption does not move (module docstring; "
+                    "--threads 1, --device cpu) (default wall)")
     args = ap.parse_args(argv)
     try:
         args.rates = [(float(r[:-1]), True) if r.endswith("x") else (float(r), False) for r in args.rates.split(",")]
@@ -234,6 +299,14 @@ def parse(argv=None) -> argparse.Namespace:
     if args.policy not in POLICIES:
         ap.error(f"--policy {args.policy!r} is not a cache policy; use one of {', '.join(POLICIES)}")
     check_at_least(ap, args, dict(n=2, repeats=1, max_batch=1, threads=1, max_tokens=1, shots=0))
+    if args.clock not in ("wall", "cpu"):
+        ap.error(f"--clock {args.clock!r}: use wall or cpu")
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error(f"--clock cpu counts one thread's CPU time; --threads {args.threads} would leave the others' "
+                 "out: use --threads 1")
+    if args.clock == "cpu" and args.device != "cpu":
+        ap.error(f"--clock cpu counts the CPU time of the engine thread, not a device's; --device {args.device!r} "
+                 "needs --clock wall")
     return args
 
 
@@ -297,7 +370,8 @@ def main() -> None:
         about["gpu_expectation"] = {f"{rate:g}": continuous_over_static(rows, rate) for rate in rates}
         print("expectation on a GPU, continuous p95 ≤ 0.6× static's:", json.dumps(about["gpu_expectation"]))
     print(json.dumps({"bench": "serve_sim", "date": time.strftime("%Y-%m-%d"), "model": args.model,
-                      "profile": args.profile, "policy": args.policy, "domains": args.domains, "shots": args.shots,
+                      "clock": args.clock, "profile": args.profile, "policy": args.policy, "domains": args.domains,
+                      "shots": args.shots,
                       "max_tokens": args.max_tokens, "n": args.n, "threads": args.threads,
                       "max_batch": args.max_batch, "wall_s": time.time() - t_start, "rows": rows,
                       "targets": targets, "spread": spread, **about}))
