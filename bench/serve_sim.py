@@ -117,24 +117,31 @@ def build(args, work: Path | None = None):
 
 
 class CpuClock:
-    """Seconds of a virtual clock: the CPU time of the thread that reads it (``time.thread_time``), plus
-    the idle gaps :meth:`skip_to` jumped. Time the thread spends preempted by other processes, or
-    sleeping, does not pass on it, so on one torch thread it reads what a dedicated core would take."""
+    """Seconds of a virtual clock: the CPU time (``time.thread_time``) its thread spent while the clock
+    ran (from :meth:`resume` to :meth:`pause`), plus the idle gaps :meth:`skip_to` jumped. Time the
+    thread is preempted by other processes, or spends on another pass's scheduler, does not pass on it,
+    so on one torch thread it reads what a dedicated core would take."""
 
     def __init__(self):
-        self.skipped = 0.0
+        self.base, self._since = 0.0, None
 
     def __call__(self) -> float:
-        return time.thread_time() + self.skipped
+        return self.base + (time.thread_time() - self._since if self._since is not None else 0.0)
+
+    def resume(self) -> None:
+        self._since = time.thread_time()
+
+    def pause(self) -> None:
+        self.base, self._since = self(), None
 
     def skip_to(self, t: float) -> None:
         """Move the clock on to ``t`` (an idle engine waiting for the next arrival); never back."""
-        self.skipped += max(t - self(), 0.0)
+        self.base += max(t - self(), 0.0)
 
 
 def arrival_times(n: int, rate: float, seed: int) -> list[float]:
-    """``n`` seeded Poisson arrival times at ``rate``/s, seconds from the start (the gaps ``one_pass``
-    sleeps on the wall clock)."""
+    """``n`` seeded Poisson arrival times at ``rate``/s, seconds from the start (the gaps a wall-clock
+    pass sleeps)."""
     rng, t, out = random.Random(seed), 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)
@@ -142,105 +149,147 @@ def arrival_times(n: int, rate: float, seed: int) -> list[float]:
     return out
 
 
-def drive(sched, warmup: list, jobs: list, times: list[float], clock: CpuClock) -> None:
-    """Serve ``jobs`` on the calling thread as a discrete-event run on ``clock``: the scheduler warms up
-    (:meth:`Scheduler.prepare`), then each job is submitted, with ``arrived`` its arrival time (``times``,
-    seconds after the warm-up), at the first turn of the loop (:meth:`Scheduler.iterate`) that finds the
-    clock past it; an idle scheduler moves the clock on to the next arrival. Returns when every job
+class Pass:
+    """One pass: ``n`` requests (``prompts`` in turn) through a fresh scheduler in ``mode`` on ``clock``
+    (a :class:`CpuClock`, or ``time.monotonic``), each step and each result timed on it; :meth:`result`
+    gives its measures (module docstring)."""
+
+    def __init__(self, lm, settings, prompts, args, mode: str, n: int, clock):
+        from ecache_cli.serve.metrics import ServeMetrics
+        from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
+        from ecache_cli.serve.scheduler import Scheduler
+
+        self.mode, self.n, self.prompts, self.clock = mode, n, prompts, clock
+        self.sched = sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode, clock=clock)
+        resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name=args.model))
+
+        def request(i: int):
+            messages = [{"role": "user", "content": prompts[i % len(prompts)][1]}]
+            req = parse(ChatRequest, {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
+                                      "temperature": 0, "policy": args.policy, "seed": i})
+            return resolver.job(req, "chat", resolver.chat_ids(req))
+
+        self.request = request
+        self.warmup = [request(i) for i in range(min(4, args.max_batch))]  # as the server
+        self.jobs: list = []  # in request order
+        self.steps: list[tuple[float, int]] = []  # (seconds, rows) per engine step
+        self.done_at: dict[int, float] = {}  # id(job) -> when its result was handed back
+        self.all_done = threading.Event()
+        step, finish = sched._step, sched._finish
+
+        def timed_step(group) -> None:
+            rows = int(group.run.state.batch)
+            t0 = clock()
+            step(group)
+            self.steps.append((clock() - t0, rows))
+
+        def timed_finish(job, *a, **k) -> None:
+            finish(job, *a, **k)
+            self.done_at.setdefault(id(job), clock())
+            if len(self.done_at) == n:
+                self.all_done.set()
+
+        sched._step, sched._finish = timed_step, timed_finish
+
+    def result(self, rate: float) -> dict:
+        """The pass's measures at ``rate`` (module docstring)."""
+        sched, jobs, n, prompts = self.sched, self.jobs, self.n, self.prompts
+        # requests that joined rows already running (fcfs: none; always: most; auto: the joins its model approved)
+        joined = sched.metrics.registry.get_sample_value("ecache_admissions_total", {"decision": "joined"}) or 0.0
+        lat = [self.done_at[id(j)] - j.arrived for j in jobs]
+        span = max(self.done_at.values()) - min(j.arrived for j in jobs)
+        busy = sum(s for s, _ in self.steps)
+        by_domain = {d: pct([x for x, (dom, _) in zip(lat, (prompts[i % len(prompts)] for i in range(n)))
+                             if dom == d], 0.95) for d in dict.fromkeys(dom for dom, _ in prompts[:n])}
+        return {"mode": self.mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95),
+                "p95_by_domain": by_domain, "throughput": n / span, "steps": len(self.steps),
+                "rows_per_step": statistics.mean(r for _, r in self.steps), "busy_s": busy,
+                "ms_per_step": 1000 * busy / len(self.steps), "joined_running": int(joined),
+                "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row,
+                         "per_position": sched.cost.per_position}}
+
+
+def drive(passes: list[Pass], times: list[float]) -> None:
+    """Serve the passes on the calling thread, a discrete-event run on each pass's :class:`CpuClock`.
+    Each pass warms up (``Scheduler.prepare``) and builds its requests (not on its clock), then the pass
+    whose clock is furthest behind takes its next turn: its requests whose arrival time (``times``,
+    seconds after its warm-up) the clock has passed are submitted with that time as ``arrived``, and its
+    loop runs once (``Scheduler.iterate``); an idle pass moves its clock on to its next arrival. The
+    passes advance together, so a drift in the machine's speed (other processes' use of the caches and
+    memory the core shares) meets them all at about the same virtual time. Returns when every request
     has been served."""
     import torch
 
     with torch.inference_mode():
-        sched.prepare(warmup)
-        start, pending = clock(), list(zip(times, jobs))[::-1]
-        while True:
-            now = clock()
-            while pending and start + pending[-1][0] <= now:
+        live = []
+        for p in passes:
+            p.clock.resume()
+            p.sched.prepare(p.warmup)
+            p.clock.pause()
+            p.jobs = [p.request(i) for i in range(len(times))]
+            live.append((p, p.clock(), list(zip(times, p.jobs))[::-1]))  # pending: the next arrival last
+        while live:
+            p, start, pending = entry = min(live, key=lambda e: e[0].clock())
+            p.clock.resume()
+            while pending and start + pending[-1][0] <= p.clock():
                 t, job = pending.pop()
                 job.arrived = start + t
-                sched.submit(job)
-            if not sched.iterate():
-                if not pending:
-                    return
-                clock.skip_to(start + pending[-1][0])
+                p.sched.submit(job)
+            if not p.sched.iterate():
+                if pending:
+                    p.clock.skip_to(start + pending[-1][0])
+                else:
+                    live.remove(entry)
+            p.clock.pause()
+
+
+def serve_wall(p: Pass, rate: float, seed: int, burst: bool) -> None:
+    """Serve ``p`` on the wall clock: its engine thread runs as the server's, fed from this thread, which
+    sleeps the seeded Poisson gaps between requests (``burst``: all queued before the scheduler starts,
+    arriving when it is ready)."""
+    sched = p.sched
+    p.jobs = [p.request(i) for i in range(p.n)] if burst else []
+    for job in p.jobs:
+        sched.submit(job)
+    sched.start(p.warmup)
+    sched.ready.wait()
+    ready = time.monotonic()
+    for job in p.jobs:
+        job.arrived = ready
+    rng = random.Random(seed)
+    for i in range(0 if burst else p.n):
+        time.sleep(rng.expovariate(rate))
+        job = p.request(i)
+        job.arrived = time.monotonic()
+        p.jobs.append(job)
+        sched.submit(job)
+    p.all_done.wait()
+    sched.stop()
+
+
+def passes_at(lm, settings, prompts, args, modes: list[str], rate: float, seed: int, n: int,
+              burst: bool = False, times: list[float] | None = None) -> list[dict]:
+    """One pass per entry of ``modes`` (a mode may repeat), ``n`` requests at ``rate``/s on the seeded
+    Poisson schedule of ``seed`` (``times``: these arrival times instead, seconds after ready); their
+    measures (:meth:`Pass.result`), in order. ``burst``: the ``n`` requests arrive together when the
+    scheduler is ready (its first batch takes ``max_batch`` of them at once; ``rate`` unused).
+    ``args.clock`` ``wall``: the passes one after another, each served by its engine thread as the
+    real time passes; ``cpu``: all of them together on this thread, by :func:`drive`."""
+    if args.clock == "cpu":
+        passes = [Pass(lm, settings, prompts, args, mode, n, CpuClock()) for mode in modes]
+        drive(passes, [0.0] * n if burst else times if times is not None else arrival_times(n, rate, seed))
+    else:
+        passes = []
+        for mode in modes:
+            passes.append(Pass(lm, settings, prompts, args, mode, n, time.monotonic))
+            serve_wall(passes[-1], rate, seed, burst)
+    return [p.result(rate) for p in passes]
 
 
 def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: int, burst: bool = False,
              times: list[float] | None = None) -> dict:
-    """``n`` requests at ``rate``/s through a fresh scheduler in ``mode``; the measures (module docstring).
-    ``burst``: the ``n`` requests are queued before the scheduler starts (``rate`` unused) and arrive, for
-    the latencies, when it is ready: its first batch takes ``max_batch`` of them at once. ``times``: the
-    arrival times (seconds after ready) in place of the seeded Poisson ones, with ``--clock cpu`` only.
-    ``args.clock``: ``wall`` (the engine thread serves requests a feeding thread submits as the real
-    time passes) or ``cpu`` (:func:`drive` on a :class:`CpuClock`: every time read, the latencies, the
-    step times and the step-cost model ``auto`` fits are the engine thread's CPU seconds)."""
-    from ecache_cli.serve.metrics import ServeMetrics
-    from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
-    from ecache_cli.serve.scheduler import Scheduler
-
-    cpu = args.clock == "cpu"
-    now = CpuClock() if cpu else time.monotonic
-    sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode, clock=now)
-    resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name=args.model))
-
-    def request(i: int, prompt: str):
-        messages = [{"role": "user", "content": prompt}]
-        req = parse(ChatRequest, {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
-                                  "temperature": 0, "policy": args.policy, "seed": i})
-        return resolver.job(req, "chat", resolver.chat_ids(req))
-
-    steps: list[tuple[float, int]] = []  # (seconds, rows) per engine step
-    done_at: dict[int, float] = {}  # id(job) -> when its result was handed back
-    all_done = threading.Event()
-    step, finish = sched._step, sched._finish
-
-    def timed_step(group) -> None:
-        rows = int(group.run.state.batch)
-        t0 = now()
-        step(group)
-        steps.append((now() - t0, rows))
-
-    def timed_finish(job, *a, **k) -> None:
-        finish(job, *a, **k)
-        done_at.setdefault(id(job), now())
-        if len(done_at) == n:
-            all_done.set()
-
-    sched._step, sched._finish = timed_step, timed_finish
-    warmup = [request(i, prompts[i % len(prompts)][1]) for i in range(min(4, args.max_batch))]  # as the server
-    if cpu:  # every request built beforehand: the clock counts the engine thread's work only
-        jobs = [request(i, prompts[i % len(prompts)][1]) for i in range(n)]
-        times = [0.0] * n if burst else times if times is not None else arrival_times(n, rate, seed)
-        drive(sched, warmup, jobs, times, now)
-    else:
-        jobs = [request(i, prompts[i % len(prompts)][1]) for i in range(n)] if burst else []
-        for job in jobs:
-            sched.submit(job)
-        sched.start(warmup)
-        sched.ready.wait()
-        ready = time.monotonic()
-        for job in jobs:
-            job.arrived = ready
-        rng = random.Random(seed)
-        for i in range(0 if burst else n):
-            time.sleep(rng.expovariate(rate))
-            job = request(i, prompts[i % len(prompts)][1])
-            job.arrived = time.monotonic()
-            jobs.append(job)
-            sched.submit(job)
-        all_done.wait()
-        sched.stop()
-    # requests that joined rows already running (fcfs: none; always: most; auto: the joins its model approved)
-    joined = sched.metrics.registry.get_sample_value("ecache_admissions_total", {"decision": "joined"}) or 0.0
-    lat = [done_at[id(j)] - j.arrived for j in jobs]
-    span = max(done_at.values()) - min(j.arrived for j in jobs)
-    busy = sum(s for s, _ in steps)
-    by_domain = {d: pct([x for x, (dom, _) in zip(lat, (prompts[i % len(prompts)] for i in range(n))) if dom == d],
-                        0.95) for d in dict.fromkeys(dom for dom, _ in prompts[:n])}
-    return {"mode": mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p95_by_domain": by_domain,
-            "throughput": n / span, "steps": len(steps), "rows_per_step": statistics.mean(r for _, r in steps),
-            "busy_s": busy, "ms_per_step": 1000 * busy / len(steps), "joined_running": int(joined),
-            "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row, "per_position": sched.cost.per_position}}
+    """The measures of one pass of ``mode`` (:func:`passes_at`)."""
+    return passes_at(lm, settings, prompts, args, [mode], rate, seed, n, burst, times)[0]
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -344,14 +393,19 @@ def main() -> None:
     modes = args.admission
     rows = []
     for i, rate in enumerate(rates):
-        for rep in range(args.repeats):
-            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:  # rotating order
-                r = one_pass(lm, settings, prompts, args, mode, rate, args.seed * 1000 + i, args.n)
-                r["repeat"] = rep
-                rows.append(r)
-                print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
-                      f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
-                      f"{r['ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
+        # rotating order: each mode goes first once (with --clock cpu the passes of a rate run together)
+        order = [(rep, mode) for rep in range(args.repeats)
+                 for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]]
+        if args.clock == "cpu":
+            done = passes_at(lm, settings, prompts, args, [m for _, m in order], rate, args.seed * 1000 + i, args.n)
+        else:
+            done = (one_pass(lm, settings, prompts, args, m, rate, args.seed * 1000 + i, args.n) for _, m in order)
+        for (rep, mode), r in zip(order, done):
+            r["repeat"] = rep
+            rows.append(r)
+            print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
+                  f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
+                  f"{r['ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
     domains = list(dict.fromkeys(args.domains))
     extra = "".join(f" {'p95 ' + d:>10}" for d in domains) if len(domains) > 1 else ""
     print(f"\n{'admission':>9} {'rate/s':>6} {'pass':>4} {'p50 s':>6} {'p95 s':>6}{extra} {'req/s':>6} {'steps':>5} "
