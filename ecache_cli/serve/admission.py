@@ -346,10 +346,14 @@ def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: i
     mixed = bool({r.phase for r in running if r.group == heads[0].group} - {heads[0].phase})
     later = 0.0 if mixed else behind + arrivals * end_running
     diff = 0.0
-    for h in heads:
+    # equal versions of the head counted once each, times how often they occur: on one CPU thread the
+    # decision's own time delays the next step, and a group's lengths repeat
+    versions = collections.Counter((h.remaining, h.group, h.phase) for h in heads)
+    for (remaining, group, phase), times in versions.items():
+        h = Row(remaining, group, phase)
         joined, end_joined = completions(running + [h], step, first=join_cost)
         mine, end_waited = completions([h], step, first=join_cost, start=end_running)
-        diff += (joined + later * end_joined) - (alone + mine + later * end_waited)
+        diff += times * ((joined + later * end_joined) - (alone + mine + later * end_waited))
     return diff <= 0 or not math.isfinite(diff)
 
 
