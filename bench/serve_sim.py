@@ -28,6 +28,21 @@ With ``--repeats`` > 1 the run also reports, per mode, the slowest over the fast
 and p95 (``spread``): the passes of one mode get the same requests on the same schedule, so this is the
 machine's noise, the resolution a comparison of the modes has in this run.
 
+``--clock`` (the clock every time is read on: arrivals, latencies, step times, the step-cost model
+``auto`` fits, timeouts; ``Scheduler(clock=...)``). ``wall`` (default): the engine thread serves as the
+server's does, fed by a thread that sleeps the Poisson gaps, on ``time.monotonic``; on a shared machine
+another process that preempts the engine thread, or slows the core it shares, moves the passes apart
+(passes of one mode differ by 14-39 % in p50 at a load of 1.5-2 on 2 cores). ``cpu``: a discrete-event
+run on one torch thread, on the CPU seconds of the thread that runs the steps (``time.thread_time``): a
+request is submitted, with its seeded arrival time as ``arrived``, at the first turn of the scheduler's
+loop (``Scheduler.iterate``, called here instead of its thread) that finds the clock past it; an idle
+engine's clock jumps to the next arrival; a latency is virtual finish minus virtual arrival, and the
+scheduler's own decisions count, as they would on a dedicated core. The passes of a rate (every mode,
+every repeat) run together, the one whose clock is furthest behind taking the next turn, so that the
+core's speed, which moves with what the other processes do to the caches and memory it shares, meets
+them all at once (passes of one mode within 0.5-3 % of each other at the same load). It reads the
+latency a request would see on a dedicated core of this machine, the quantity the targets are about.
+
 A rate given as ``<f>x`` (``--rates 0.6x,0.9x``) is that fraction of the static capacity measured first:
 ``--max-batch`` requests queued before a ``fcfs`` scheduler starts, so that they run as one full batch;
 their count over the time from ready to the last one done (requests/s). ``--size 1b`` (or ``tiny``)
@@ -47,6 +62,7 @@ p95 under ``fcfs``. Prints a table, the targets, then one JSON line.
     python bench/serve_sim.py --shots 0 --profile list --rates 8          # 0-shot list
     python bench/serve_sim.py --shots 4 --profile list --rates 4,8        # 4-shot list, ~3 min, one thread
     python bench/serve_sim.py --shots 0 --domains list,arith --max-tokens 128 --rates 3   # mixed lengths
+    python bench/serve_sim.py --clock cpu --shots 0 --profile list --rates 8 --n 60 --repeats 3   # no preemption
     python bench/serve_sim.py --size 1b --device cuda --dtype bfloat16 --rates 0.6x,0.9x --n 24 --repeats 1
 """
 
