@@ -28,6 +28,21 @@ With ``--repeats`` > 1 the run also reports, per mode, the slowest over the fast
 and p95 (``spread``): the passes of one mode get the same requests on the same schedule, so this is the
 machine's noise, the resolution a comparison of the modes has in this run.
 
+``--clock`` (the clock every time is read on: arrivals, latencies, step times, the step-cost model
+``auto`` fits, timeouts; ``Scheduler(clock=...)``). ``wall`` (default): the engine thread serves as the
+server's does, fed by a thread that sleeps the Poisson gaps, on ``time.monotonic``; on a shared machine
+another process that preempts the engine thread, or slows the core it shares, moves the passes apart
+(passes of one mode differ by 14-39 % in p50 at a load of 1.5-2 on 2 cores). ``cpu``: a discrete-event
+run on one torch thread, on the CPU seconds of the thread that runs the steps (``time.thread_time``): a
+request is submitted, with its seeded arrival time as ``arrived``, at the first turn of the scheduler's
+loop (``Scheduler.iterate``, called here instead of its thread) that finds the clock past it; an idle
+engine's clock jumps to the next arrival; a latency is virtual finish minus virtual arrival, and the
+scheduler's own decisions count, as they would on a dedicated core. The passes of a rate (every mode,
+every repeat) run together, the one whose clock is furthest behind taking the next turn, so that the
+core's speed, which moves with what the other processes do to the caches and memory it shares, meets
+them all at once (passes of one mode within 0.5-3 % of each other at the same load). It reads the
+latency a request would see on a dedicated core of this machine, the quantity the targets are about.
+
 A rate given as ``<f>x`` (``--rates 0.6x,0.9x``) is that fraction of the static capacity measured first:
 ``--max-batch`` requests queued before a ``fcfs`` scheduler starts, so that they run as one full batch;
 their count over the time from ready to the last one done (requests/s). ``--size 1b`` (or ``tiny``)
@@ -47,6 +62,7 @@ p95 under ``fcfs``. Prints a table, the targets, then one JSON line.
     python bench/serve_sim.py --shots 0 --profile list --rates 8          # 0-shot list
     python bench/serve_sim.py --shots 4 --profile list --rates 4,8        # 4-shot list, ~3 min, one thread
     python bench/serve_sim.py --shots 0 --domains list,arith --max-tokens 128 --rates 3   # mixed lengths
+    python bench/serve_sim.py --clock cpu --shots 0 --profile list --rates 8 --n 60 --repeats 3   # no preemption
     python bench/serve_sim.py --size 1b --device cuda --dtype bfloat16 --rates 0.6x,0.9x --n 24 --repeats 1
 """
 
@@ -116,69 +132,180 @@ def build(args, work: Path | None = None):
     return lm, settings, [p for group in zip(*per_domain) for p in group]
 
 
-def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: int, burst: bool = False) -> dict:
-    """``n`` requests at ``rate``/s through a fresh scheduler in ``mode``; the measures (module docstring).
-    ``burst``: the ``n`` requests are queued before the scheduler starts (``rate`` unused) and arrive, for
-    the latencies, when it is ready: its first batch takes ``max_batch`` of them at once."""
-    from ecache_cli.serve.metrics import ServeMetrics
-    from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
-    from ecache_cli.serve.scheduler import Scheduler
+class CpuClock:
+    """Seconds of a virtual clock: the CPU time (``time.thread_time``) its thread spent while the clock
+    ran (from :meth:`resume` to :meth:`pause`), plus the idle gaps :meth:`skip_to` jumped. Time the
+    thread is preempted by other processes, or spends on another pass's scheduler, does not pass on it,
+    so on one torch thread it reads what a dedicated core would take."""
 
-    sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode)
-    resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name=args.model))
+    def __init__(self):
+        self.base, self._since = 0.0, None
 
-    def request(i: int, prompt: str):
-        messages = [{"role": "user", "content": prompt}]
-        req = parse(ChatRequest, {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
-                                  "temperature": 0, "policy": args.policy, "seed": i})
-        return resolver.job(req, "chat", resolver.chat_ids(req))
+    def __call__(self) -> float:
+        return self.base + (time.thread_time() - self._since if self._since is not None else 0.0)
 
-    steps: list[tuple[float, int]] = []  # (seconds, rows) per engine step
-    done_at: dict[int, float] = {}  # id(job) -> when its result was handed back
-    all_done = threading.Event()
-    step, finish = sched._step, sched._finish
+    def resume(self) -> None:
+        self._since = time.thread_time()
 
-    def timed_step(group) -> None:
-        rows = int(group.run.state.batch)
-        t0 = time.perf_counter()
-        step(group)
-        steps.append((time.perf_counter() - t0, rows))
+    def pause(self) -> None:
+        self.base, self._since = self(), None
 
-    def timed_finish(job, *a, **k) -> None:
-        finish(job, *a, **k)
-        done_at.setdefault(id(job), time.monotonic())
-        if len(done_at) == n:
-            all_done.set()
+    def skip_to(self, t: float) -> None:
+        """Move the clock on to ``t`` (an idle engine waiting for the next arrival); never back."""
+        self.base += max(t - self(), 0.0)
 
-    sched._step, sched._finish = timed_step, timed_finish
-    jobs = [request(i, prompts[i % len(prompts)][1]) for i in range(n)] if burst else []
-    for job in jobs:
+
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    """``n`` seeded Poisson arrival times at ``rate``/s, seconds from the start (the gaps a wall-clock
+    pass sleeps)."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+class Pass:
+    """One pass: ``n`` requests (``prompts`` in turn) through a fresh scheduler in ``mode`` on ``clock``
+    (a :class:`CpuClock`, or ``time.monotonic``), each step and each result timed on it; :meth:`result`
+    gives its measures (module docstring)."""
+
+    def __init__(self, lm, settings, prompts, args, mode: str, n: int, clock):
+        from ecache_cli.serve.metrics import ServeMetrics
+        from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
+        from ecache_cli.serve.scheduler import Scheduler
+
+        self.mode, self.n, self.prompts, self.clock = mode, n, prompts, clock
+        self.sched = sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode, clock=clock)
+        resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name=args.model))
+
+        def request(i: int):
+            messages = [{"role": "user", "content": prompts[i % len(prompts)][1]}]
+            req = parse(ChatRequest, {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
+                                      "temperature": 0, "policy": args.policy, "seed": i})
+            return resolver.job(req, "chat", resolver.chat_ids(req))
+
+        self.request = request
+        self.warmup = [request(i) for i in range(min(4, args.max_batch))]  # as the server
+        self.jobs: list = []  # in request order
+        self.steps: list[tuple[float, int]] = []  # (seconds, rows) per engine step
+        self.done_at: dict[int, float] = {}  # id(job) -> when its result was handed back
+        self.all_done = threading.Event()
+        step, finish = sched._step, sched._finish
+
+        def timed_step(group) -> None:
+            rows = int(group.run.state.batch)
+            t0 = clock()
+            step(group)
+            self.steps.append((clock() - t0, rows))
+
+        def timed_finish(job, *a, **k) -> None:
+            finish(job, *a, **k)
+            self.done_at.setdefault(id(job), clock())
+            if len(self.done_at) == n:
+                self.all_done.set()
+
+        sched._step, sched._finish = timed_step, timed_finish
+
+    def result(self, rate: float) -> dict:
+        """The pass's measures at ``rate`` (module docstring)."""
+        sched, jobs, n, prompts = self.sched, self.jobs, self.n, self.prompts
+        # requests that joined rows already running (fcfs: none; always: most; auto: the joins its model approved)
+        joined = sched.metrics.registry.get_sample_value("ecache_admissions_total", {"decision": "joined"}) or 0.0
+        lat = [self.done_at[id(j)] - j.arrived for j in jobs]
+        span = max(self.done_at.values()) - min(j.arrived for j in jobs)
+        busy = sum(s for s, _ in self.steps)
+        by_domain = {d: pct([x for x, (dom, _) in zip(lat, (prompts[i % len(prompts)] for i in range(n)))
+                             if dom == d], 0.95) for d in dict.fromkeys(dom for dom, _ in prompts[:n])}
+        return {"mode": self.mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95),
+                "p95_by_domain": by_domain, "throughput": n / span, "steps": len(self.steps),
+                "rows_per_step": statistics.mean(r for _, r in self.steps), "busy_s": busy,
+                "ms_per_step": 1000 * busy / len(self.steps), "joined_running": int(joined),
+                "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row,
+                         "per_position": sched.cost.per_position}}
+
+
+def drive(passes: list[Pass], times: list[float]) -> None:
+    """Serve the passes on the calling thread, a discrete-event run on each pass's :class:`CpuClock`.
+    Each pass warms up (``Scheduler.prepare``) and builds its requests (not on its clock), then the pass
+    whose clock is furthest behind takes its next turn: its requests whose arrival time (``times``,
+    seconds after its warm-up) the clock has passed are submitted with that time as ``arrived``, and its
+    loop runs once (``Scheduler.iterate``); an idle pass moves its clock on to its next arrival. The
+    passes advance together, so a drift in the machine's speed (other processes' use of the caches and
+    memory the core shares) meets them all at about the same virtual time. Returns when every request
+    has been served."""
+    import torch
+
+    with torch.inference_mode():
+        live = []
+        for p in passes:
+            p.clock.resume()
+            p.sched.prepare(p.warmup)
+            p.clock.pause()
+            p.jobs = [p.request(i) for i in range(len(times))]
+            live.append((p, p.clock(), list(zip(times, p.jobs))[::-1]))  # pending: the next arrival last
+        while live:
+            p, start, pending = entry = min(live, key=lambda e: e[0].clock())
+            p.clock.resume()
+            while pending and start + pending[-1][0] <= p.clock():
+                t, job = pending.pop()
+                job.arrived = start + t
+                p.sched.submit(job)
+            if not p.sched.iterate():
+                if pending:
+                    p.clock.skip_to(start + pending[-1][0])
+                else:
+                    live.remove(entry)
+            p.clock.pause()
+
+
+def serve_wall(p: Pass, rate: float, seed: int, burst: bool) -> None:
+    """Serve ``p`` on the wall clock: its engine thread runs as the server's, fed from this thread, which
+    sleeps the seeded Poisson gaps between requests (``burst``: all queued before the scheduler starts,
+    arriving when it is ready)."""
+    sched = p.sched
+    p.jobs = [p.request(i) for i in range(p.n)] if burst else []
+    for job in p.jobs:
         sched.submit(job)
-    sched.start([request(i, prompts[i % len(prompts)][1]) for i in range(min(4, args.max_batch))])  # as the server
+    sched.start(p.warmup)
     sched.ready.wait()
     ready = time.monotonic()
-    for job in jobs:
+    for job in p.jobs:
         job.arrived = ready
     rng = random.Random(seed)
-    for i in range(0 if burst else n):
+    for i in range(0 if burst else p.n):
         time.sleep(rng.expovariate(rate))
-        job = request(i, prompts[i % len(prompts)][1])
+        job = p.request(i)
         job.arrived = time.monotonic()
-        jobs.append(job)
+        p.jobs.append(job)
         sched.submit(job)
-    all_done.wait()
+    p.all_done.wait()
     sched.stop()
-    # requests that joined rows already running (fcfs: none; always: most; auto: the joins its model approved)
-    joined = sched.metrics.registry.get_sample_value("ecache_admissions_total", {"decision": "joined"}) or 0.0
-    lat = [done_at[id(j)] - j.arrived for j in jobs]
-    span = max(done_at.values()) - min(j.arrived for j in jobs)
-    busy = sum(s for s, _ in steps)
-    by_domain = {d: pct([x for x, (dom, _) in zip(lat, (prompts[i % len(prompts)] for i in range(n))) if dom == d],
-                        0.95) for d in dict.fromkeys(dom for dom, _ in prompts[:n])}
-    return {"mode": mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p95_by_domain": by_domain,
-            "throughput": n / span, "steps": len(steps), "rows_per_step": statistics.mean(r for _, r in steps),
-            "busy_s": busy, "ms_per_step": 1000 * busy / len(steps), "joined_running": int(joined),
-            "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row, "per_position": sched.cost.per_position}}
+
+
+def passes_at(lm, settings, prompts, args, modes: list[str], rate: float, seed: int, n: int,
+              burst: bool = False, times: list[float] | None = None) -> list[dict]:
+    """One pass per entry of ``modes`` (a mode may repeat), ``n`` requests at ``rate``/s on the seeded
+    Poisson schedule of ``seed`` (``times``: these arrival times instead, seconds after ready); their
+    measures (:meth:`Pass.result`), in order. ``burst``: the ``n`` requests arrive together when the
+    scheduler is ready (its first batch takes ``max_batch`` of them at once; ``rate`` unused).
+    ``args.clock`` ``wall``: the passes one after another, each served by its engine thread as the
+    real time passes; ``cpu``: all of them together on this thread, by :func:`drive`."""
+    if args.clock == "cpu":
+        passes = [Pass(lm, settings, prompts, args, mode, n, CpuClock()) for mode in modes]
+        drive(passes, [0.0] * n if burst else times if times is not None else arrival_times(n, rate, seed))
+    else:
+        passes = []
+        for mode in modes:
+            passes.append(Pass(lm, settings, prompts, args, mode, n, time.monotonic))
+            serve_wall(passes[-1], rate, seed, burst)
+    return [p.result(rate) for p in passes]
+
+
+def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: int, burst: bool = False,
+             times: list[float] | None = None) -> dict:
+    """The measures of one pass of ``mode`` (:func:`passes_at`)."""
+    return passes_at(lm, settings, prompts, args, [mode], rate, seed, n, burst, times)[0]
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -204,6 +331,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch (default 16)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--seed", type=int, default=1, help="prompt sample and arrival schedule (default 1)")
+    ap.add_argument("--clock", default="wall", help="wall: real time; cpu: a discrete-event run on the engine "
+                    "thread's CPU seconds, which other processes' preemption does not move (module docstring; "
+                    "--threads 1, --device cpu) (default wall)")
     args = ap.parse_args(argv)
     try:
         args.rates = [(float(r[:-1]), True) if r.endswith("x") else (float(r), False) for r in args.rates.split(",")]
@@ -234,6 +364,14 @@ def parse(argv=None) -> argparse.Namespace:
     if args.policy not in POLICIES:
         ap.error(f"--policy {args.policy!r} is not a cache policy; use one of {', '.join(POLICIES)}")
     check_at_least(ap, args, dict(n=2, repeats=1, max_batch=1, threads=1, max_tokens=1, shots=0))
+    if args.clock not in ("wall", "cpu"):
+        ap.error(f"--clock {args.clock!r}: use wall or cpu")
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error(f"--clock cpu counts one thread's CPU time; --threads {args.threads} would leave the others' "
+                 "out: use --threads 1")
+    if args.clock == "cpu" and args.device != "cpu":
+        ap.error(f"--clock cpu counts the CPU time of the engine thread, not a device's; --device {args.device!r} "
+                 "needs --clock wall")
     return args
 
 
@@ -271,14 +409,19 @@ def main() -> None:
     modes = args.admission
     rows = []
     for i, rate in enumerate(rates):
-        for rep in range(args.repeats):
-            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:  # rotating order
-                r = one_pass(lm, settings, prompts, args, mode, rate, args.seed * 1000 + i, args.n)
-                r["repeat"] = rep
-                rows.append(r)
-                print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
-                      f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
-                      f"{r['ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
+        # rotating order: each mode goes first once (with --clock cpu the passes of a rate run together)
+        order = [(rep, mode) for rep in range(args.repeats)
+                 for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]]
+        if args.clock == "cpu":
+            done = passes_at(lm, settings, prompts, args, [m for _, m in order], rate, args.seed * 1000 + i, args.n)
+        else:
+            done = (one_pass(lm, settings, prompts, args, m, rate, args.seed * 1000 + i, args.n) for _, m in order)
+        for (rep, mode), r in zip(order, done):
+            r["repeat"] = rep
+            rows.append(r)
+            print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
+                  f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
+                  f"{r['ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
     domains = list(dict.fromkeys(args.domains))
     extra = "".join(f" {'p95 ' + d:>10}" for d in domains) if len(domains) > 1 else ""
     print(f"\n{'admission':>9} {'rate/s':>6} {'pass':>4} {'p50 s':>6} {'p95 s':>6}{extra} {'req/s':>6} {'steps':>5} "
@@ -297,7 +440,8 @@ def main() -> None:
         about["gpu_expectation"] = {f"{rate:g}": continuous_over_static(rows, rate) for rate in rates}
         print("expectation on a GPU, continuous p95 ≤ 0.6× static's:", json.dumps(about["gpu_expectation"]))
     print(json.dumps({"bench": "serve_sim", "date": time.strftime("%Y-%m-%d"), "model": args.model,
-                      "profile": args.profile, "policy": args.policy, "domains": args.domains, "shots": args.shots,
+                      "clock": args.clock, "profile": args.profile, "policy": args.policy, "domains": args.domains,
+                      "shots": args.shots,
                       "max_tokens": args.max_tokens, "n": args.n, "threads": args.threads,
                       "max_batch": args.max_batch, "wall_s": time.time() - t_start, "rows": rows,
                       "targets": targets, "spread": spread, **about}))

@@ -269,3 +269,31 @@ def test_a_join_mid_block_counts_only_the_running_rows_and_the_head():
     assert not admit([Row(30, "g", 5)], Row(32, "g"), 0.0, 0, step, arrivals=500.0)
     # a short head beside a long running row still joins mid-block: it saves itself the long wait
     assert admit([Row(96, "g", 5)], Row(8, "g"), 0.0, 20, step)
+
+
+def test_the_curves_answers_are_kept_only_until_the_next_step():
+    """``StepCost.curve`` remembers its answers for a decision's many calls; an observed step forgets them."""
+    cost = StepCost()
+    for _ in range(10):
+        cost.observe(2e-3, 1, 40.0, "g")
+    first = cost.curve("g", 1)
+    assert cost.curve("g", 1) == first == pytest.approx(2e-3)
+    for _ in range(30):
+        cost.observe(4e-3, 1, 40.0, "g")
+    assert cost.curve("g", 1) > 3e-3  # the newer steps' mean
+
+
+def test_a_heads_equal_versions_count_as_often_as_they_occur():
+    """``admit`` simulates each distinct version of the head once, weighted by how often it occurs: the
+    decision of the sum over every version listed. A running row with 40 steps left on a CPU curve:
+    joining saves a version of 8 steps 48 ms and costs one of 400 steps 80 ms, so the mix decides."""
+    running, short, long = [Row(40, "g", 0)], Row(8, "g"), Row(400, "g")
+    alone, end = completions(running, cpu)
+
+    def by_each(heads):  # the sum over the versions, one simulation each
+        return sum(completions(running + [h], cpu)[0] - alone - completions([h], cpu, start=end)[0]
+                   for h in heads) <= 0
+
+    mixes = ([short] * 7 + [long], [short] + [long] * 7, [short, long])
+    decided = [admit(running, heads, 0.0, 0, cpu) for heads in mixes]
+    assert decided == [by_each(h) for h in mixes] == [True, False, False]

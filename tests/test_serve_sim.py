@@ -29,6 +29,8 @@ def sim():
     (["--size", "2b"], "--size '2b': use one of 1b, tiny"),
     (["--device", "gpu0"], "--device 'gpu0' is not a device; use auto, cpu, cuda or cuda:N"),
     (["--dtype", "float8"], "--dtype 'float8' is not known; use one of "),
+    (["--clock", "gpu"], "--clock 'gpu': use wall or cpu"),
+    (["--clock", "cpu", "--threads", "2"], "--clock cpu counts one thread's CPU time; --threads 2 would leave"),
 ])
 def test_bad_options_exit_2_with_one_line(sim, capsys, argv, words):
     assert words in bench_usage_error(sim.parse, argv, capsys)
@@ -116,3 +118,92 @@ def test_scheduler_waits_for_a_cuda_steps_kernels_before_timing_it(monkeypatch):
     assert calls == ["cuda:1"]
     scheduler._settle(types.SimpleNamespace(rows=torch.zeros(2)))  # CPU: nothing to wait for
     assert calls == ["cuda:1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_cpu(sim):
+    """The tiny model and its settings, one-block answers, with ``--clock cpu``."""
+    args = sim.parse(["--clock", "cpu", "--n", "3", "--shots", "0", "--max-tokens", "32", "--profile", "list",
+                      "--max-batch", "4"])
+    return (args, *sim.build(args))
+
+
+def test_the_cpu_clock_gives_one_schedule_and_skips_the_idle_engines_wait(sim, tiny_cpu):
+    """Arrivals at 0, 0.1 ms (inside the first step: it joins under always) and 1000 s (the idle engine's
+    clock jumps to it): two always passes and a fcfs pass run together give the same answers, the
+    same joins and steps, and the last request's latency is its own service, not the idle gap."""
+    args, lm, settings, prompts = tiny_cpu
+    passes = [sim.Pass(lm, settings, prompts, args, mode, 3, sim.CpuClock()) for mode in ("always", "always", "fcfs")]
+    for p in passes:
+        p.warmup = p.warmup[:1]  # a shorter warm-up: one row
+    sim.drive(passes, [0.0, 1e-4, 1000.0])
+    a, b, f = passes
+    answers = [[j.text for j in p.jobs] for p in passes]
+    assert answers[0] == answers[1] == answers[2] and all(answers[0])
+    joined = [p.result(1.0)["joined_running"] for p in passes]
+    assert joined == [1, 1, 0]  # the second request joined the first's row; fcfs never joins
+    assert len(a.steps) == len(b.steps)
+    for p in passes:
+        last = p.jobs[2]
+        assert last.arrived - p.jobs[0].arrived == pytest.approx(1000.0)
+        assert 0 < p.done_at[id(last)] - last.arrived < 5.0  # served alone: seconds of CPU, not the 1000 s gap
+        assert all(p.done_at[id(j)] > j.arrived for j in p.jobs)
+
+
+def test_time_the_engine_thread_is_not_running_does_not_pass_on_the_cpu_clock(sim, tiny_cpu):
+    """Each step of one pass also sleeps 50 ms (as if the engine thread were preempted): its latencies are
+    its CPU seconds (the steps' own, a few ms each), far below the sleeps."""
+    import time
+
+    args, lm, settings, prompts = tiny_cpu
+    p = sim.Pass(lm, settings, prompts, args, "always", 2, sim.CpuClock())
+    p.warmup = p.warmup[:1]
+    inner = p.sched._step
+
+    def preempted(group):
+        time.sleep(0.05)
+        inner(group)
+
+    p.sched._step = preempted
+    sim.drive([p], [0.0, 0.0])
+    slept = 0.05 * len(p.steps)
+    assert slept > 1.0 and max(p.done_at[id(j)] - j.arrived for j in p.jobs) < slept / 2
+
+
+def test_the_schedulers_clock_times_its_steps_and_its_timeouts(sim, tiny_cpu):
+    """``Scheduler(clock=...)``: a clock that moves 0.5 s at each read makes every step 0.5 s (the metrics
+    and the step-cost model see it) and ends a request of a 3 s timeout after a few steps, which the real
+    clock would never do in this test's fraction of a second."""
+    args, lm, settings, prompts = tiny_cpu
+
+    class Ticks:  # 0.5 s a read; resume, pause and skip_to as CpuClock's
+        t = 0.0
+
+        def __call__(self):
+            self.t += 0.5
+            return self.t
+
+        def resume(self):
+            pass
+
+        pause = resume
+
+        def skip_to(self, t):
+            self.t = max(self.t, t)
+
+    p = sim.Pass(lm, settings, prompts, args, "fcfs", 1, Ticks())
+    p.warmup = []
+    sched = p.sched
+    reasons = []
+    finish = sched._finish
+    sched._finish = lambda job, reason, *a, **k: (reasons.append(reason), finish(job, reason, *a, **k))
+    job = p.request(0)
+    job.timeout = 3.0
+    p.request = lambda i: job
+    sim.drive([p], [0.0])
+    n = sched.metrics.registry.get_sample_value("ecache_step_seconds_count", {"policy": "entropy"})
+    total = sched.metrics.registry.get_sample_value("ecache_step_seconds_sum", {"policy": "entropy"})
+    assert 1 <= n < 32 and total == pytest.approx(0.5 * n)
+    assert reasons == ["timeout"]
+    w, t = sched.cost._all[(1, False)]
+    assert w == pytest.approx(sum(0.99 ** i for i in range(int(n))))  # every step observed, on that clock

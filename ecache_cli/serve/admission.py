@@ -82,6 +82,9 @@ class StepCost:
         # group -> (rows, mixed) -> [weight, weighted seconds]
         self._groups: dict[object, dict[tuple[int, bool], list[float]]] = {}
         self._all: dict[tuple[int, bool], list[float]] = {}  # (rows, mixed) -> [weight, weighted seconds], every group
+        # what :meth:`curve` and :meth:`positions` answered since the last step observed: a decision asks
+        # for the same few curves hundreds of times, and on one CPU thread its time delays the next step
+        self._memo: dict = {}
 
     def observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0,
                 mixed: bool = False) -> None:
@@ -89,6 +92,7 @@ class StepCost:
         ``group``: its own steps are also kept per row count, :meth:`curve`, less ``joins``, the seconds
         its joining rows' first full forwards are charged apart). ``mixed``: its rows were not all at
         the same step of their blocks (kept apart from the fit)."""
+        self._memo.clear()
         own = max(seconds - joins, 0.0)
         for table in ([self._all] + ([self._groups.setdefault(group, {})] if group is not None else [])):
             w, t = table.get((rows, mixed), (0.0, 0.0))
@@ -125,6 +129,11 @@ class StepCost:
 
     def positions(self, rows: int) -> float:
         """The positions a step of ``rows`` rows computes, from the steps seen (0 before any)."""
+        if ("positions", rows) not in self._memo:
+            self._memo[("positions", rows)] = self._positions(rows)
+        return self._memo[("positions", rows)]
+
+    def _positions(self, rows: int) -> float:
         seen = sorted((n, b[3] / b[2]) for n, b in self._by_rows.items() if b[2] > 0)
         if not seen:
             return 0.0
@@ -171,6 +180,12 @@ class StepCost:
         a long prompt's steps cost more than the positions they compute say); else the fit."""
         if rows <= 0:
             return 0.0
+        key = ("curve", group, rows, mixed)
+        if key not in self._memo:
+            self._memo[key] = self._curve(group, rows, mixed)
+        return self._memo[key]
+
+    def _curve(self, group, rows: int, mixed: bool) -> float:
         if mixed and rows > 1:
             if self.seen(group, rows, True):  # never below a step of as many rows in step
                 w, t = self._groups[group][(rows, True)]
@@ -183,7 +198,6 @@ class StepCost:
             return self.step(rows)
         near = min(own, key=lambda n: (abs(n - rows), n))
         return own[near] * self.step(rows) / max(self.step(near), 1e-12)
-
 
     def _own(self, group) -> dict[int, float]:
         """The group's own in-step step seconds per row count it has run (:meth:`seen`), kept growing
@@ -332,10 +346,14 @@ def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: i
     mixed = bool({r.phase for r in running if r.group == heads[0].group} - {heads[0].phase})
     later = 0.0 if mixed else behind + arrivals * end_running
     diff = 0.0
-    for h in heads:
+    # equal versions of the head counted once each, times how often they occur: on one CPU thread the
+    # decision's own time delays the next step, and a group's lengths repeat
+    versions = collections.Counter((h.remaining, h.group, h.phase) for h in heads)
+    for (remaining, group, phase), times in versions.items():
+        h = Row(remaining, group, phase)
         joined, end_joined = completions(running + [h], step, first=join_cost)
         mine, end_waited = completions([h], step, first=join_cost, start=end_running)
-        diff += (joined + later * end_joined) - (alone + mine + later * end_waited)
+        diff += times * ((joined + later * end_joined) - (alone + mine + later * end_waited))
     return diff <= 0 or not math.isfinite(diff)
 
 

@@ -78,6 +78,16 @@ class GroupKey:
     params: tuple
     prompt_width: int
 
+    def __hash__(self) -> int:
+        # Computed once per key: ``auto``'s every decision looks its groups up in dicts thousands of
+        # times, on the engine thread between two steps. Not pickled (a string's hash is per process).
+        if "_hash" not in self.__dict__:
+            object.__setattr__(self, "_hash", hash((self.cfg, self.policy, self.params, self.prompt_width)))
+        return self.__dict__["_hash"]
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 @dataclasses.dataclass
 class Event:
@@ -227,10 +237,18 @@ class Scheduler:
     :class:`~ecache_cli.serve.admission.StepCost`) is the step-cost estimate ``auto`` decides by, fitted
     to every step the loop runs; ``ready`` is set once the warm-up has run. Start with :meth:`start`,
     end with :meth:`stop`.
+
+    ``clock``: seconds, the one clock the scheduler reads, for a step's seconds (the step-cost model's
+    and the metrics'), the arrival rate, timeouts and the shutdown grace; a job's ``arrived`` must be on
+    it (the handlers stamp ``time.monotonic``, the default). A clock of one thread's CPU time
+    (``bench/serve_sim.py --clock cpu``) needs the loop driven on that thread: :meth:`prepare`, then
+    :meth:`iterate` again and again, instead of :meth:`start`.
     """
 
-    def __init__(self, lm, metrics, max_batch: int, max_queue: int, admission: str = "auto", prefix=None):
+    def __init__(self, lm, metrics, max_batch: int, max_queue: int, admission: str = "auto", prefix=None,
+                 clock: Callable[[], float] = time.monotonic):
         assert admission in MODES, admission
+        self.clock = clock
         self.prefix = prefix  # a prefixstore.PrefixStore, or None: no reuse across requests
         self.prefix_frozen = True  # reused positions stay frozen for the whole request (``ReusedPrefix``)
         self.batch_prefix = True  # a job sharing a prefix with one admitted before it waits for its first step
@@ -300,7 +318,7 @@ class Scheduler:
         more seconds to finish, then end with ``shutdown`` (the text decoded so far)."""
         with self._cv:
             self._draining = True
-            end = time.monotonic() + max(grace, 0.0)
+            end = self.clock() + max(grace, 0.0)
             self._grace_end = end if self._grace_end is None else min(self._grace_end, end)
             self._cv.notify()
 
@@ -316,31 +334,46 @@ class Scheduler:
     # -- the engine thread --------------------------------------------------------------------------
 
     def _main(self) -> None:
-        torch.set_num_threads(self._threads)
         # One inference-mode context around every run's steps: the runs' generators are suspended between
         # steps, and their own inference_mode contexts nest inside this one whatever order they end in.
         with torch.inference_mode():
-            self._warm_up()
-            if self.warmup_error is None:  # a failed warm-up never reports ready (/health/ready stays 503)
-                self.ready.set()
-            while True:
-                with self._cv:
-                    self._expire_queue()
-                    taken = self._take()
-                    if not self._groups and not taken and not self._deferred:
-                        if self._stopping:
-                            return
-                        self._cv.wait(0.5)
-                        continue
-                try:
-                    self._admit(taken)
-                    if self._groups:
-                        self._rr %= len(self._groups)
-                        group = self._groups[self._rr]
-                        self._rr += 1
-                        self._step(group)
-                except Exception as e:  # a fault outside one run's step: fail what is in flight, keep serving
-                    self._fail_all(e)
+            self.prepare(self._warmup)
+            while self.iterate(wait=0.5):
+                pass
+
+    def prepare(self, warmup: list[Job] | None = None) -> None:
+        """(The engine thread, inside ``torch.inference_mode``.) Set its torch threads, run the warm-up
+        of ``warmup`` (as :meth:`start`'s) and set ``ready``, unless the warm-up failed."""
+        torch.set_num_threads(self._threads)
+        self._warmup = list(warmup or [])
+        self._warm_up()
+        if self.warmup_error is None:  # a failed warm-up never reports ready (/health/ready stays 503)
+            self.ready.set()
+
+    def iterate(self, wait: float = 0.0) -> bool:
+        """(The engine thread, inside ``torch.inference_mode``.) One turn of the engine loop: end the
+        queued jobs that expired, admit what the admission rule takes, and run one step of the next run,
+        round-robin. Returns whether to call it again: False when there was nothing to do (no run,
+        nothing taken or deferred), except that with ``wait`` > 0 an idle scheduler that is not stopping
+        first waits up to ``wait`` seconds for a request (or :meth:`stop`) and returns True."""
+        with self._cv:
+            self._expire_queue()
+            taken = self._take()
+            if not self._groups and not taken and not self._deferred:
+                if wait <= 0 or self._stopping:
+                    return False
+                self._cv.wait(wait)
+                return True
+        try:
+            self._admit(taken)
+            if self._groups:
+                self._rr %= len(self._groups)
+                group = self._groups[self._rr]
+                self._rr += 1
+                self._step(group)
+        except Exception as e:  # a fault outside one run's step: fail what is in flight, keep serving
+            self._fail_all(e)
+        return True
 
     def _warm_up(self) -> None:
         """:data:`WARMUP_STEPS` steps of one row, again, then of 2, 4, 8 ... rows up to the warm-up jobs:
@@ -353,7 +386,7 @@ class Scheduler:
             try:
                 run = self.engine.start([j.prompt_ids for j in batch], k.cfg, batch[0].make_policy(), seed=0,
                                         prompt_width=k.prompt_width)
-                for _, rec in zip(range(WARMUP_STEPS), _timed(run)):
+                for _, rec in zip(range(WARMUP_STEPS), _timed(run, self.clock)):
                     if i:
                         self._observe(*rec)
             except Exception as e:  # the server still answers HTTP, but is never ready (/health/ready 503)
@@ -375,7 +408,7 @@ class Scheduler:
         """(Lock held.) End queued jobs that were cancelled, timed out, or meet a shutdown."""
         if not self._queue:
             return
-        now, keep = time.monotonic(), collections.deque()
+        now, keep = self.clock(), collections.deque()
         for job in self._queue:
             if job.cancelled:
                 self._finish(job, CANCELLED, {}, running=False)
@@ -427,7 +460,7 @@ class Scheduler:
         from the first of them to now (so it falls while none arrive); 0 before two."""
         if len(self._arrivals) < 2:
             return 0.0
-        return (len(self._arrivals) - 1) / max(time.monotonic() - self._arrivals[0], 1e-3)
+        return (len(self._arrivals) - 1) / max(self.clock() - self._arrivals[0], 1e-3)
 
     @staticmethod
     def _bound(key: GroupKey) -> int:
@@ -568,7 +601,7 @@ class Scheduler:
     def _step(self, group: _Group) -> None:
         """One denoising step of ``group``'s run, then every row's answer checked."""
         run = group.run
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             rec = next(group.it)
         except StopIteration:
@@ -579,7 +612,7 @@ class Scheduler:
             self._drop(group, e)
             return
         _settle(rec)
-        seconds = time.perf_counter() - t0
+        seconds = self.clock() - t0
         self.metrics.step(group.key.policy, seconds, int(rec.rows.numel()), int(rec.refresh.sum()))
         joins = sum(group.jobs[r].steps == 0 for r in rec.rows.tolist())  # rows whose first step this was
         if group.reuse and joins:
@@ -591,7 +624,7 @@ class Scheduler:
         first = final_lengths(unsettled(run)[:, P:P + run.G])  # (B,) final prefix lengths of the answers
         engine_done = rec.finished.tolist()
         leave = [False] * len(rows)
-        now = time.monotonic()
+        now = self.clock()
         grace_over = self._grace_end is not None and now >= self._grace_end
         for b, (r, n) in enumerate(zip(rows, first)):
             job = group.jobs[r]
@@ -636,7 +669,7 @@ class Scheduler:
         text = job.streamable()
         if len(text) > len(job.sent) and text.startswith(job.sent):
             if job.first_token_at is None:
-                job.first_token_at = time.monotonic()
+                job.first_token_at = self.clock()
                 self.metrics.ttft_seconds.labels(job.endpoint).observe(job.first_token_at - job.arrived)
             job.post(Event("delta", text=text[len(job.sent):]))
             job.sent = text
@@ -657,7 +690,7 @@ class Scheduler:
         if job.done:
             return
         job.done, job.reason = True, reason
-        now = time.monotonic()
+        now = self.clock()
         if job.stream and job.text != job.sent:  # the rest of the answer, before the final chunk
             if job.first_token_at is None and job.text:
                 job.first_token_at = now
@@ -713,17 +746,17 @@ def _common(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def _timed(run):
-    """(seconds, rows, positions computed) of each step of ``run``."""
+def _timed(run, clock: Callable[[], float]):
+    """(seconds by ``clock``, rows, positions computed) of each step of ``run``."""
     it = iter(run)
     while True:
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             rec = next(it)
         except StopIteration:
             return
         _settle(rec)
-        yield time.perf_counter() - t0, int(rec.rows.numel()), float(rec.computed.sum())
+        yield clock() - t0, int(rec.rows.numel()), float(rec.computed.sum())
 
 
 def _settle(rec) -> None:
