@@ -73,7 +73,7 @@ def _given_policies(ctx) -> list[str]:
     given = ctx.meta.get(_GIVEN_ARGS) if ctx is not None else None
     if given is None:
         return []
-    from .config import run_policies
+    from .options import run_policies
 
     try:
         raw, _, _ = ctx.command.make_parser(ctx).parse_args(args=list(given))

@@ -223,13 +223,32 @@ def model_family(model: str | None):
         return None
 
 
+def model_spec(model: str | None):
+    """The ``ModelSpec`` of ``--model`` when its config.json is readable before loading (the embedded model, a
+    checkpoint folder), so that a suggested ``--gen-length`` fits its positions; None for a repository id or
+    an alias not yet downloaded, or a config the load will refuse (it says why)."""
+    from .errors import ModelLoadError
+    from .models.loader import EMBEDDED, embedded_dir
+    from .models.registry import spec_from_config
+    from .models.spec import read_json_object
+
+    embedded = not model or str(model) in EMBEDDED
+    path = (embedded_dir() if embedded else Path(model)) / "config.json"
+    try:
+        return spec_from_config(read_json_object(path), path) if path.is_file() else None
+    except (ModelLoadError, OSError):
+        return None
+
+
 def _fitting_example(name: str, values: dict, example: str) -> str:
     """A range's example value that also fits the other options given (``values``): a block length that
-    divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, so that a
-    suggested value is one the same command accepts."""
+    divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, the given
+    gen-length's steps (one token a step), so that a suggested value is one the same command accepts."""
     gen, block = values.get("gen_length"), values.get("block_length")
     if name == "block_length" and isinstance(gen, int) and gen >= 1:
         return str(next(b for b in (32, 16, 8, 4, 2, 1) if gen % b == 0)) if gen > 32 else str(gen)
+    if name == "steps" and isinstance(gen, int) and gen >= 1:  # one token a step: a multiple of the blocks
+        return str(gen)
     if name == "gen_length" and isinstance(block, int) and block >= 1:
         steps = values.get("steps")  # each block needs a whole number of the steps
         return str(block * steps if isinstance(steps, int) and steps >= 1 else -(-256 // block) * block)

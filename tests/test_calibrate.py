@@ -442,6 +442,10 @@ def test_code_tasks_need_consent_and_missing_data_is_one_line(cli, tmp_path):
     assert res.stderr.strip().count("\n") == 0
     assert res.stderr.strip() == (f"error: --data {tmp_path / 'none.jsonl'}: no such file or folder; give the "
                                   "official gsm8k test.jsonl (or the folder holding it)")
+    res = cli("calibrate", "--model", tmp_path / "no-such-model", "--task", "gsm8k", "--data", tmp_path)
+    assert res.exit_code == 1 and res.stderr.strip() == (f"error: --data {tmp_path}: the folder has no test.jsonl; "
+                                                         "give the official gsm8k test.jsonl (or the folder holding "
+                                                         "it)"), res.stderr
 
 
 MBPP = [  # hand-written records in the MBPP format (task_id, text, code, test_list, test_setup_code)

@@ -891,7 +891,18 @@ def test_a_task_option_without_task_is_worded_alike(command, flag, cli, tmp_path
                                        "not both"), both.stderr
     else:
         alone = cli("calibrate")
-        assert alone.exit_code == 2 and alone.stderr.strip().startswith("error: missing option '--task' / '-t'"), alone.stderr
+        assert alone.exit_code == 2, alone.stderr
+        assert alone.stderr.strip().startswith("error: missing option '--task' / '-t'"), alone.stderr
+
+
+@pytest.mark.parametrize("command", PROMPTED)
+def test_prompts_given_two_ways_are_a_usage_error_before_the_input_is_read(command, cli, tmp_path):
+    """``--input`` beside prompt arguments is refused as such (exit 2) whether or not the file exists."""
+    missing = tmp_path / "none.jsonl"
+    res = cli(command, "--input", missing, "Sort: 1 2")
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.strip() == (f"error: --input {missing} and 1 prompt argument(s) given: pass prompts one way, "
+                                  "as arguments or in the file"), res.stderr
 
 
 def test_an_unknown_policy_is_worded_alike_everywhere(cli):
@@ -909,11 +920,31 @@ def test_an_unknown_policy_is_worded_alike_everywhere(cli):
                                                              f"of {listed}"), res.stderr
     chat = cli("chat", "--gen-length", "16", "--block-length", "8", input="/cache nosuch\n/exit\n")
     assert f"error: /cache 'nosuch' is not a cache policy; use one of {listed}" in chat.stderr, chat.stderr
-    with pytest.raises(UsageError, match="^--cache 'nosuch' is not a cache policy; use one of none, "):
-        make_policy("nosuch")
+    with pytest.raises(UsageError, match="^policy 'nosuch' is not a cache policy; use one of none, "):
+        make_policy("nosuch")  # a Python argument: named as the server's field is
+    with pytest.raises(UsageError, match=r"^entropy parameter signal='bogus' is not known; use one of max-entropy"):
+        make_policy("entropy", signal="bogus")  # as tau=-1 is: the parameter, not the flag
+    res = cli("profile", "--policies", "entropy:signal=bogus", "x")
+    assert res.stderr.strip() == ("error: --policies 'entropy:signal=bogus': entropy parameter signal='bogus' is not "
+                                  "known; use one of max-entropy, sum-entropy, max-confidence"), res.stderr
 
 
 # --- interrupts, -q, progress off a terminal, existing output files: one rule in every command ---------------
+
+
+def test_an_interrupt_while_the_command_line_loads_is_one_line_and_130():
+    """Ctrl-C while ``ecache`` imports its command line (typer, rich, the subcommands: before any command's
+    own handling) ends as every interrupt does: one line, exit 130, no traceback."""
+    code = ("import builtins, ecache_cli.__main__ as m\n"
+            "real = builtins.__import__\n"
+            "def interrupted(name, *a, **k):\n"
+            "    if name == 'cli':\n"
+            "        raise KeyboardInterrupt\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = interrupted\n"
+            "m.main()\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 130 and res.stderr == "error: interrupted\n", res.stderr
 
 
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])

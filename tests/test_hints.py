@@ -16,8 +16,11 @@ BASE = ["--gen-length", "16", "--block-length", "8"]
 CASES = [
     ("--gen-length", "20", ["--block-length", "8"], r"e\.g\. (\d+) or (\d+)"),
     ("--gen-length", "0", ["--block-length", "8", "--steps", "2"], r"e\.g\. (\d+)"),
+    ("--gen-length", "5000", ["--block-length", "32"], r"e\.g\. (\d+)\)"),  # the multiples near it do not fit
+    # the model's 4096 positions: the one that does
     ("--block-length", "0", ["--gen-length", "16"], r"e\.g\. (\d+)"),
     ("--steps", "3", BASE, r"use --steps (\d+) or (\d+)"),
+    ("--steps", "0", BASE, r"e\.g\. (\d+)\)$"),  # the given gen-length's steps: no "at most N steps run" warning
     ("--steps", "1", BASE, r"use --steps ≥ (\d+)"),
     ("--threshold", "1.5", BASE, r"e\.g\. ([\d.]+)"),
     ("--temperature", "-1", BASE, r"e\.g\. ([\d.]+)"),

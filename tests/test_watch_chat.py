@@ -140,7 +140,7 @@ def test_chat_commands_change_settings_and_save_records(cli, tmp_path):
     say(s, "/threshold 0.9")
     say(s, "abc")
     assert "cache dual" in say(s, "/cache dual")
-    assert "warning: /tau is not used by cache dual" in say(s, "/tau 2")  # as --tau under dual: ignored
+    assert "warning: /tau is not used by /cache dual" in say(s, "/tau 2")  # as --tau under dual: ignored
     assert "error: /gen-length" in say(s, "/gen-length 12")  # not a multiple of the block: nothing changes
     say(s, "x=2")
     stats = say(s, "/stats")
@@ -301,7 +301,7 @@ def test_chat_commands_check_the_policy_and_tau_against_the_model(profiles_dir):
     assert "; /cache takes one of none, " in shown and tiny.settings.cache != "block"
     tiny.command("/cache dual")
     tiny.command("/tau 0.3")  # under dual: warned and ignored, kept for entropy, as --cache dual --tau 0.3
-    assert "warning: /tau is not used by cache dual (it takes refresh_every); ignored" in tiny.console.file.getvalue()
+    assert "warning: /tau is not used by /cache dual (it takes refresh_every); ignored" in tiny.console.file.getvalue()
     assert tiny.settings.cache == "dual" and "tau" not in tiny.settings.cache_params
     tiny.command("/cache entropy")
     assert tiny.settings.cache_params["tau"] == 0.3
@@ -372,9 +372,21 @@ def test_chat_stats_and_help_answer_on_stdout_under_q_and_tau_under_dual_warns_a
     res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", "--cache", "dual",
               input="/stats\nSort: 3 1 2\n/stats\n/tau 0.1\n/help\n")
     assert res.exit_code == 0, res.stderr
-    assert res.stderr.splitlines() == ["warning: /tau is not used by cache dual (it takes refresh_every); ignored "
+    assert res.stderr.splitlines() == ["warning: /tau is not used by /cache dual (it takes refresh_every); ignored "
                                        "(/cache entropy uses τ 0.1)"]
     out = res.stdout.splitlines()
     assert out[0] == "no answer yet" and out[1] == "1 2 3", out
     assert re.fullmatch(r"NFE \d+ · refresh \d+ \(\d+%\) · \d+ tokens · [\d.]+ tok/s · work \d+% of no cache", out[2])
     assert out[3] == "commands:" and out[-1].lstrip().startswith("/exit")
+    assert max(len(line) for line in out[3:]) <= 80, out  # the list fits the width, as every table does
+
+
+def test_chat_help_wraps_to_the_terminal(monkeypatch):
+    from ecache_cli.runs.chat import HELP, help_text
+
+    monkeypatch.setenv("COLUMNS", "60")
+    import shutil
+
+    narrow = help_text(shutil.get_terminal_size().columns).splitlines()
+    assert max(len(line) for line in narrow) <= 60 < max(len(line) for line in HELP.splitlines())
+    assert " ".join(" ".join(narrow).split()) == " ".join(HELP.split())  # every word kept, in order

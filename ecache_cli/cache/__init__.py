@@ -75,8 +75,8 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
     profile's YAML ``1e-3``): for callers that hold one set of settings for several policies
     (``runs.settings.Settings``, the server).
     """
-    if not isinstance(name, str) or name not in POLICIES:
-        raise unknown_policy(name)
+    if not isinstance(name, str) or name not in POLICIES:  # a caller's argument: named as the server names it
+        raise unknown_policy(name, "policy" if strict else "--cache")
     known = policy_params(name)
     unknown = sorted(k for k in params if k not in known)
     if strict and unknown:
@@ -92,7 +92,14 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
                 raise UsageError(f"{name} parameter {k}={v!r} {e}") from None
             if strict and isinstance(v, str) and not isinstance(typed[k], str):  # tau='0.5': a number as text
                 raise UsageError(f"{name} parameter {k}={v!r} must be a number, not a string (e.g. {k}={typed[k]!r})")
-    return POLICIES[name](**typed)
+    try:
+        return POLICIES[name](**typed)
+    except UsageError as e:  # a policy's own check words the flag; a parameter given as such is named so
+        for k, v in typed.items():
+            flag = f"--{k.replace('_', '-')} {v!r} "
+            if strict and str(e).startswith(flag):
+                raise UsageError(f"{name} parameter {k}={v!r} {str(e)[len(flag):]}") from None
+        raise
 
 
 __all__ = ["CachePolicy", "ForwardPlan", "POLICIES", "make_policy", "policies_for", "policy_params"]

@@ -16,7 +16,7 @@ def serve_cmd(
     quantize: o.Quantize = None, group_size: o.GroupSize = None,
     host: Annotated[str, typer.Option(help="Address to listen on: 127.0.0.1 this machine only; 0.0.0.0 every interface (then pass --api-key).", rich_help_panel=S)] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start, also under --quiet).", rich_help_panel=S)] = 8000,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* \\[default: none].", rich_help_panel=S)] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ECACHE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* and /api/* \\[default: none].", rich_help_panel=S)] = None,
     max_batch: Annotated[int, typer.Option("--max-batch", help="Rows decoded at once, over every batching group.", rich_help_panel=S)] = 32,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests waiting for a row; more get 429 with Retry-After.", rich_help_panel=S)] = 256,
     batching: Annotated[str, typer.Option(help="continuous: requests join and leave running batches between denoising steps, as --admission decides; static: an idle engine takes up to --max-batch queued requests and runs them to the end (--admission fcfs).", rich_help_panel=S)] = "continuous",
@@ -148,16 +148,16 @@ def prompt_limit(lm, settings, max_prompt_tokens: int | None) -> int:
     (``runs.settings.check_settings_fit``: what every request's run would refuse) and the prompt limit,
     ``--max-prompt-tokens`` or by default the positions ``--gen-length`` leaves. Returns that limit;
     raises UsageError (exit 2) naming the flag to change."""
+    from ..engine.checks import gen_length_fit
     from ..errors import UsageError
-    from ..runs.settings import check_settings_fit
+    from ..runs.settings import check_settings_fit, no_room
 
     check_settings_fit(settings, lm.spec)
     room = lm.spec.max_positions - settings.decode.gen_length
     if room < 1:
         block = settings.decode.block_length
-        fit = (lm.spec.max_positions - 1) // block * block
-        raise UsageError(f"--gen-length {settings.decode.gen_length} leaves no room for a prompt in the model's "
-                         f"{lm.spec.max_positions} positions; use at most {fit} (whole blocks of {block})")
+        most = gen_length_fit(lm.spec, 1, block)
+        raise UsageError(no_room(settings.decode.gen_length, block, lm.spec.max_positions, most))
     if max_prompt_tokens is None:
         return room
     if max_prompt_tokens > room:

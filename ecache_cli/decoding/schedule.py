@@ -42,7 +42,8 @@ def default_steps(gen_length: int, steps: int | None, threshold_mode: bool) -> i
     return steps if steps is not None or threshold_mode else gen_length
 
 
-def plan_blocks(gen_length: int, block_length: int, steps: int | None, threshold_mode: bool) -> BlockPlan:
+def plan_blocks(gen_length: int, block_length: int, steps: int | None, threshold_mode: bool,
+                max_gen: int | None = None) -> BlockPlan:
     """Check the gen-length / block-length / steps combination and return the block plan.
 
     Rules (LLaDA generate.py, docs/MODELS.md §5.1): gen_length ≥ 1, block_length ≥ 1,
@@ -50,6 +51,9 @@ def plan_blocks(gen_length: int, block_length: int, steps: int | None, threshold
     steps % num_blocks == 0 (steps_per_block = steps / num_blocks ≥ 1). In threshold/factor mode
     (Fast-dLLM, docs/MODELS.md §6.1) steps may be None. steps_per_block may exceed block_length: as in LLaDA, the
     extra steps then commit 0 tokens.
+
+    ``max_gen``: the largest gen-length the model's positions hold (``engine.checks.gen_length_fit`` beside a
+    one-token prompt), when known: a suggested gen-length is never above it.
 
     Raises:
         UsageError: one line that names the bad value and the fix (and the resulting steps per block).
@@ -63,7 +67,10 @@ def plan_blocks(gen_length: int, block_length: int, steps: int | None, threshold
         )
     if gen_length % block_length != 0:
         lower = gen_length // block_length * block_length
-        hint = f"{lower} or {lower + block_length}" if lower > 0 else f"{block_length}"
+        fits = [g for g in (lower, lower + block_length) if g > 0 and (max_gen is None or g <= max_gen)]
+        if not fits and max_gen is not None and max_gen >= block_length:  # both beyond the model's positions
+            fits = [max_gen // block_length * block_length]
+        hint = " or ".join(map(str, fits)) or f"{block_length}"
         raise UsageError(
             f"--gen-length {gen_length} is not a multiple of --block-length {block_length}: use a "
             f"gen-length that is (e.g. {hint}) or a block length that divides {gen_length}"

@@ -27,6 +27,7 @@ import copy
 import dataclasses
 import json
 import math
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from ..engine.core import Engine
 from ..errors import EcacheError, UsageError
 from .confidence import EntropyMeter
 from .final_text import FinalText, unsettled
-from .settings import Settings, check_settings_fit, policies_for, resolve_settings
+from .settings import Settings, check_settings_fit, policies_for, policy_takes, resolve_settings
 
 HELP = """commands:
   /cache POLICY[:k=v...]  cache policy and its parameters (e.g. /cache entropy:tau=0.5:recent_k=16)
@@ -52,6 +53,18 @@ HELP = """commands:
   /exit                   end the session (Ctrl-D too); Ctrl-C stops an answer"""
 
 PROMPT = "you> "
+
+
+def help_text(width: int) -> str:
+    """:data:`HELP` with each line longer than ``width`` columns wrapped under its description (the
+    terminal's width; 80 off a terminal), so the list fits as every table does."""
+    import textwrap
+
+    out = []
+    for line in HELP.splitlines():
+        indent = " " * (len(line) - len(line.lstrip(" "))) if not line.startswith("  /") else " " * 26
+        out += textwrap.wrap(line, max(width, 40), subsequent_indent=indent) or [line]
+    return "\n".join(out)
 
 
 @dataclass
@@ -249,9 +262,8 @@ class ChatSession:
         self.source.overrides.pop("tau", None)
         if "tau" not in policy_params(self.settings.cache):  # as --tau under this policy: warned, ignored
             self.settings = self.source.resolve()
-            takes = ", ".join(sorted(policy_params(self.settings.cache))) or "no parameter"
-            self.warn(f"/tau is not used by cache {self.settings.cache} (it takes {takes}); ignored (/cache entropy "
-                      f"uses τ {x:g})")
+            self.warn(f"/tau is not used by /cache {self.settings.cache} ({policy_takes(self.settings.cache)}); "
+                      f"ignored (/cache entropy uses τ {x:g})")  # --tau's words, with the command for the flag
             return
         self._apply(f"τ {x:g}")
 
@@ -314,7 +326,7 @@ class ChatSession:
         self.status("conversation cleared")
 
     def _help(self, arg: str) -> None:
-        self.reply(HELP)
+        self.reply(help_text(shutil.get_terminal_size().columns))
 
     # -- answers -------------------------------------------------------------------------------------
 

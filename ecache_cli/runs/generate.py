@@ -29,7 +29,7 @@ from typing import IO
 from ..engine.core import Engine
 from .confidence import EntropyMeter, threshold_for
 from .gen_input import Item
-from .inputs import piped_stdin
+from .inputs import check_one_source, piped_stdin
 from .settings import Settings
 from .streams import write_jsonl
 
@@ -107,9 +107,7 @@ def check_options(opts: GenerateOptions):
     if ranks.active and (opts.input_file is None or str(opts.input_file) == "-" or opts.output is None):
         raise UsageError(f"generate under {ranks.world_size} ranks needs --input FILE and --output FILE (rank 0 "
                          "writes every record to FILE, in input order); stdin and stdout are one process's")
-    if opts.input_file is not None and opts.prompts:
-        raise UsageError(f"--input {opts.input_file} and {len(opts.prompts)} prompt argument(s) given: pass prompts "
-                         "one way, as arguments or in the file")
+    check_one_source(opts.prompts, opts.input_file)
     return ranks
 
 

@@ -299,14 +299,21 @@ def piped_stdin() -> IO | None:
         return None
 
 
+def check_one_source(prompts: list[str] | None, input_file: Path | None) -> None:
+    """Prompt arguments or ``--input``, not both: UsageError ``--input a.jsonl and 2 prompt argument(s) given:
+    pass prompts one way, as arguments or in the file``."""
+    if input_file is not None and prompts:
+        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way, "
+                         "as arguments or in the file")
+
+
 def check_prompt_sources(prompts: list[str] | None, input_file: Path | None, task: str | None,
                          data: str | None = None, shots=None) -> None:
     """The prompts come one way, in every command that takes ``--task``: prompt arguments, ``--input`` (or
     stdin), or ``--task``, whose ``--data`` (its benchmark file) and ``--shots`` (its solved examples) mean
     nothing without it. UsageError (exit 2) naming the mix: ``--data needs --task NAME (the benchmark the
     file holds)``, ``--task chooses the prompts: pass either --task or prompts/--input, not both``."""
-    if input_file is not None and prompts:
-        raise UsageError(f"--input {input_file} and {len(prompts)} prompt argument(s) given: pass prompts one way")
+    check_one_source(prompts, input_file)
     if task is not None and (prompts or input_file is not None):
         raise UsageError("--task chooses the prompts: pass either --task or prompts/--input, not both")
     if task is None and data is not None:

@@ -16,6 +16,7 @@ from ..config import (  # noqa: F401 (GivenFloat, given_float: re-exported for t
     given_float,
     load_profile,
     model_family,
+    model_spec,
     option_ranges,  # noqa: F401 (re-exported: the server checks a request's seed by it)
     resolve,
 )
@@ -167,7 +168,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
     _block_follows_gen_length(decode, p_dec, decode_flags)
     _steps_follow_gen_length(decode, p_dec, decode_flags)
-    _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam)
+    _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam, model_spec(model))
     _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"), fam, notes)
     decode_cfg = DecodeConfig(**decode)
     tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
@@ -312,13 +313,13 @@ def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, 
 
 
 def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None,
-                             fam=None) -> None:
+                             fam=None, spec=None) -> None:
     """:func:`validate_decode`, and an error about a value the user never typed names where it came from:
     the profile at ``path`` (and the flag that overrides it), or the model family ``fam``'s
     ``decode_defaults`` (``--block-length 32 (the llada2 family's default)``); ``--edit-threshold`` on a
     family that attends bidirectionally is refused here too, as the decoder's build would refuse it."""
     try:
-        validate_decode(decode, getattr(fam, "sampler", None))
+        validate_decode(decode, getattr(fam, "sampler", None), spec)
         if fam is not None:
             from ..decoding.step import check_edit_threshold
 
@@ -443,8 +444,14 @@ def not_used_by(settings: "Settings") -> str:
     notes = []
     if settings.policy_from_profile:
         notes.append(f"the policy of profile {settings.profile}; pass --cache to choose another")
-    notes.append(f"it takes {', '.join(sorted(policy_params(settings.cache))) or 'no parameter'}")
+    notes.append(policy_takes(settings.cache))
     return f"not used by --cache {settings.cache}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def policy_takes(name: str) -> str:
+    """``it takes refresh_every``: the parameters of policy ``name``, as every place that ignores a cache
+    setting the policy does not take says it (a flag, chat's ``/tau``, a request's ``tau``)."""
+    return f"it takes {', '.join(sorted(policy_params(name))) or 'no parameter'}"
 
 
 def warn_sampling_flags(decode: DecodeConfig, given: tuple[str, ...], sampler: str | None = None) -> None:
@@ -533,7 +540,14 @@ def policy_params_or_all(name: str, family=None) -> set[str]:
         raise unknown_policy(name, names=policies_for(family is not None and family.block_causal)) from None
 
 
-def validate_decode(d: dict, sampler: str | None = None) -> None:
+def no_room(gen_length: int, block_length: int, positions: int, most: int) -> str:
+    """The one wording of a ``--gen-length`` that leaves no position for a prompt (``most``: the longest that
+    leaves one, ``engine.checks.gen_length_fit``)."""
+    return (f"--gen-length {gen_length} leaves no room for a prompt in the model's {positions} positions; use at "
+            f"most {most} (whole blocks of {block_length})")
+
+
+def validate_decode(d: dict, sampler: str | None = None, spec=None) -> None:
     """Range checks for decode settings that the schedule does not check (one-line UsageErrors); with the
     model's ``sampler`` (its family's, when known before loading) also the sampler's own rules
     (``decoding.commit.check_sampler_options``: Dream's alg_temp / origin on the dream schedule only,
@@ -550,7 +564,12 @@ def validate_decode(d: dict, sampler: str | None = None) -> None:
         raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
     if d.get("gen_length") is not None and d.get("block_length") is not None:
         steps = default_steps(d["gen_length"], d.get("steps"), parallel)
-        plan_blocks(d["gen_length"], d["block_length"], steps, parallel)
+        from ..engine.checks import gen_length_fit
+
+        most = gen_length_fit(spec, 1, d["block_length"]) if spec is not None and d["block_length"] >= 1 else None
+        plan_blocks(d["gen_length"], d["block_length"], steps, parallel, most)  # most: beside a one-token prompt
+        if most is not None and d["gen_length"] > most:  # too long for any prompt: known before the model loads
+            raise UsageError(no_room(d["gen_length"], d["block_length"], spec.max_positions, most))
     if d.get("remasking") is not None:
         validate_remasking(d["remasking"], parallel=parallel)
     from ..decoding.commit import validate_compat, validate_eps

@@ -314,20 +314,20 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
 
     if task is not None:
         check_task_name(task)
+    check_prompt_sources(prompts, input_file, task, data, shots)  # a usage error before the input is read
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size} must be ≥ 1")
     if limit < 1:
         raise UsageError(f"--limit {limit} must be ≥ 1")
     if signal is not None and signal not in SIGNALS:
         raise UsageError(f"--signal {signal!r} is not known; use one of {', '.join(SIGNALS)}")
-    check_input_file(input_file)
     check_plot_name(plot)
     if jsonl is not None and str(jsonl) == "-" and json_out == "-":
         raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")
     check_ranges({"volatility_level": volatility_level})  # NaN and ±inf too, in the flags' words
     if rows < 0:
         raise UsageError(f"--rows {rows} must be ≥ 0 (0 = every step)")
-    check_prompt_sources(prompts, input_file, task, data, shots)
+    check_input_file(input_file)  # after every usage error (exit 2), as in every command
 
 
 def signal_kind(signal: str | None, settings: Settings) -> str:

@@ -137,7 +137,8 @@ def submit(request: Request, endpoint: str, job: Job) -> None:
     refused = srv.sched.submit(job)
     if refused == "queue_full":
         srv.metrics.requests.labels(endpoint, "queue_full").inc()
-        raise ApiError(429, f"the queue is full ({srv.opts.max_queue} requests waiting, --max-queue); retry later",
+        raise ApiError(429, f"the queue is full ({srv.opts.max_queue} waiting, --max-queue {srv.opts.max_queue}); "
+                            "retry later",
                        type="rate_limit_error", code="queue_full", headers={"Retry-After": str(srv.opts.retry_after)})
     if refused == "unavailable":
         srv.metrics.requests.labels(endpoint, "unavailable").inc()

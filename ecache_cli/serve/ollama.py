@@ -52,11 +52,17 @@ FIELDS = {"generate": {"model", "prompt", "system", "stream", "raw", "options", 
           "chat": {"model", "messages", "stream", "options", "keep_alive", "format", "tools", "think"}}
 
 
-def ollama_words(e: ApiError) -> ApiError:
+def ollama_words(e: ApiError, prompt: str | None = None) -> ApiError:
     """``e`` (a refusal of the translated OpenAI request) with each OpenAI field that an Ollama option
     became named as the option the client sent (:data:`OPTIONS`: ``max_tokens 0 must be ≥ 1`` →
-    ``num_predict 0 must be ≥ 1``; its ``param`` ``options.num_predict``)."""
+    ``num_predict 0 must be ≥ 1``; its ``param`` ``options.num_predict``), and, for ``/api/generate``
+    (``prompt``: what its messages were made of, ``prompt`` or ``prompt and system``), the messages named
+    as those fields (``prompt has 100 tokens; this server takes at most 40``)."""
     msg, param = e.message, e.param
+    if prompt is not None and param is not None and param.split(".")[0] == "messages":
+        named = f"{prompt} have" if " and " in prompt else f"{prompt} has"
+        msg, param = re.sub(r"^messages(\[\d+\])? has", named, re.sub(r"^messages(\[\d+\])?(?! has)", prompt, msg)), \
+            "prompt"
     for option, field in OPTIONS.items():
         if option != field:
             msg = re.sub(rf"\b{field}\b", option, msg)
@@ -89,6 +95,8 @@ def translate(srv: Server, route: str, body) -> tuple[dict | None, bool, list[st
         if body.get(field) is not None:  # given, empty or false: accepted and ignored, named
             ignored.append(field)
     name = body.get("model")
+    if name is None:  # the OpenAI routes' words for a missing field
+        raise ApiError(400, "'model' is required", "model")
     if not isinstance(name, str) or name.removesuffix(":latest") != srv.opts.model_name:
         raise ApiError(404, f"model {name!r} is not served here; this server serves {srv.opts.model_name!r} "
                             "(GET /api/tags)", "model")
@@ -170,7 +178,10 @@ async def _ollama(request: Request, route: str):
     try:
         req, job = resolve(request, "chat" if is_chat else "completions", openai_body)
     except ApiError as e:
-        raise ollama_words(e) from None
+        made_of = None  # /api/generate's prompt (and system) became chat messages: name them as sent
+        if route == "generate" and is_chat:
+            made_of = "prompt and system" if body.get("system") else "prompt"
+        raise ollama_words(e, made_of) from None
     job.endpoint = endpoint  # metrics count Ollama's routes apart
     submit(request, endpoint, job)
     renamed = {field: option for option, field in OPTIONS.items()}  # the run's ignored settings, as options

@@ -40,7 +40,7 @@ from ..cache import POLICIES, make_policy, policy_params, unknown_policy
 from ..cache.entropy import DEFAULT_TAU
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
-from ..runs.settings import GivenFloat, check_setting, option_ranges, policies_for
+from ..runs.settings import GivenFloat, check_setting, option_ranges, policies_for, policy_takes
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
@@ -528,18 +528,23 @@ class Resolver:
         ``ignored_sampling``)."""
         from ..decoding.commit import ignored_sampling, ignored_steps
 
-        if req.steps is not None and ignored_steps(cfg, self.lm.spec.sampler):
-            rule = "threshold" if cfg.threshold is not None else "factor"
-            req._ignored.append(f"steps (the {rule} rule runs each block until no mask is left)")
-        for field in ("top_p", "top_k"):
-            if getattr(req, field) is not None and ignored_sampling(cfg, self.lm.spec.sampler, (field,)):
-                req._ignored.append(f"{field} (temperature 0 decodes greedily; give temperature > 0 to sample)")
+        whys = [ignored_steps(cfg, self.lm.spec.sampler) if req.steps is not None else None]
+        whys += [ignored_sampling(cfg, self.lm.spec.sampler, (flag,)) for field, flag in (("top_p", "--top-p"),
+                                                                                           ("top_k", "--top-k"))
+                 if getattr(req, field) is not None]
+        # the command line's warning, each flag named as the field sent (``steps 8 does nothing with threshold
+        # 0.9: …``); "ignored" is the header's own word
+        req._ignored += [api_words(why).replace("; ignored", "") for why in whys if why]
 
     def _policy(self, req: _Common) -> tuple[str, dict]:
         """The request's cache policy and parameters over the server's (``Settings.policy``'s rule)."""
         s = self.settings
         name = s.cache if req.policy is None else req.policy
         spec = self.lm.spec
+        if isinstance(name, str) and ":" in name and name.split(":")[0] in POLICIES:  # chat's /cache NAME:k=v form
+            raise ApiError(400, f"policy {name!r} gives parameters; send the policy's name alone (\"policy\": "
+                                f"{name.split(':')[0]!r}): a request sets tau beside it, the server's flags and "
+                                "profile set the others", "policy")
         if name not in POLICIES:
             raise ApiError(400, str(unknown_policy(name, "policy", policies_for(spec), hint=False)), "policy")
         try:  # a policy made for the other kind of attention: the engine's one line (CachePolicy.check_model)
@@ -561,7 +566,7 @@ class Resolver:
                 req._ignored.append(f"tau (the {spec.family} model family takes no tau: block diffusion caches "
                                     "finished blocks exactly)")
             else:
-                req._ignored.append(f"tau (policy {name} takes none; only entropy does)")
+                req._ignored.append(f"tau is not used by policy {name} ({policy_takes(name)})")  # --tau's words
         try:
             make_policy(name, strict=False, **params)
         except EcacheError as e:

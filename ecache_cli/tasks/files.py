@@ -100,8 +100,10 @@ class FileTask(Task):
         if self._items is None:
             path = self.data_path()
             if not is_stdin(path) and not path.exists() and self.data is not None:  # --data names nothing
-                raise DataError(f"--data {self.data}: no such file or folder; give the official {self.name} "
-                                f"{self.filename} (or the folder holding it)")
+                what = f"the folder has no {self.filename}" if path.parent.is_dir() and path.parent == \
+                    Path(self.data).expanduser() else "no such file or folder"
+                raise DataError(f"--data {self.data}: {what}; give the official {self.name} {self.filename} (or "
+                                "the folder holding it)")
             if not is_stdin(path) and not path.exists():
                 raise DataError(f"{self.name} data not found at {path}; put the official {self.filename} "
                                 f"there or pass --data PATH")
