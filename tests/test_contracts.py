@@ -580,22 +580,25 @@ def test_every_command_fits_the_terminal_and_updates_progress_in_place(command, 
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, cli):
+@pytest.mark.parametrize("name", ["nonsense", ""])  # '' is no name, not the current folder
+def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, name, cli):
     """No "using model …" line before the error, exit 1 (a missing model), and the wording of ``ecache
     models show``."""
-    shown = cli("models", "show", "nonsense")
+    shown = cli("models", "show", name)
     assert shown.exit_code == 1
     wording = shown.stderr.strip().removeprefix("error: ")
-    args = [a for a in _args(command, "nonsense") if a != "-q"]
+    assert wording.startswith(f"{name!r} is neither a model ecache knows"), wording
+    args = [a for a in _args(command, name) if a != "-q"]
     res = cli(*args, *([] if command == "calibrate" else ["x"]))
     assert res.exit_code == 1, res.stderr
     assert res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr
     from ecache_cli.errors import ModelLoadError
     from ecache_cli.models.loader import load_model
 
-    with pytest.raises(ModelLoadError) as e:  # the Python API: the same words
-        load_model("nonsense")
-    assert str(e.value) == f"--model {wording}"
+    if name:
+        with pytest.raises(ModelLoadError) as e:  # the Python API: the same words
+            load_model(name)
+        assert str(e.value) == f"--model {wording}"
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -114,6 +114,14 @@ def test_decode_config_must_be_one(llada_lm):
      "prompt_width 0 must be a whole number ≥ 1"),
     (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), prompt_width=-1),
      "prompt_width -1 must be a whole number ≥ 1"),
+    (lambda e: e.generate(["Sort: 3 1 2"], CFG, "entropy"),  # a policy's name where the policy belongs
+     r"^policy must be a CachePolicy, not str: pass make_policy\('entropy'\) \(ecache_cli.cache\)$"),
+    (lambda e: e.start(e.encode(["abc"], chat=False), CFG, None),
+     r"^policy must be a CachePolicy, not NoneType: pass make_policy\(name\)"),
+    (lambda e: e.encode(["caf\udce9"], chat=True),  # bytes read with surrogateescape: the CLI's words
+     r"^prompt 1: not UTF-8 text \(byte 0xe9\) at character 4; pass UTF-8 text$"),
+    (lambda e: e.encode([[{"role": "user", "content": "ok"}], [{"role": "user", "content": "\ud800"}]], chat=True),
+     r"^prompt 2: not UTF-8 text \(a lone surrogate U\+D800\) at character 1"),
 ])
 def test_wrong_kinds_of_argument_are_usage_errors(call, message, llada_lm):
     """A value of the wrong kind is refused in one line, never encoded as its text or a TypeError."""

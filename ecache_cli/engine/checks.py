@@ -21,10 +21,28 @@ def check_prompts(spec, prompts: Sequence, roles: Sequence[str] = CHAT_ROLES) ->
     for n, p in enumerate(prompts, 1):
         if isinstance(p, str) and not p.strip():
             raise UsageError(f"prompt {n} {p!r}: a prompt is empty; give at least one token of text")
+        texts = [p] if isinstance(p, str) else [m.get("content") for m in p if isinstance(m, dict)] \
+            if isinstance(p, (list, tuple)) else []
+        for text in texts:
+            _check_utf8(text, f"prompt {n}")
         if isinstance(p, (list, tuple)) and p and not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             why = check_messages(p, roles)
             if why:
                 raise UsageError(f"prompt {n}: {why}")
+
+
+def _check_utf8(text, where: str) -> None:
+    """UsageError for a string that is not UTF-8 text: one holding a lone surrogate, which is what bytes that
+    are not UTF-8 become when read with ``surrogateescape`` (``prompt 1: not UTF-8 text (byte 0xe9) at
+    character 4``), in the command line's words for such a prompt argument."""
+    if not isinstance(text, str):
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+        raise UsageError(f"{where}: not UTF-8 text ({what}) at character {e.start + 1}; pass UTF-8 text") from None
 
 
 def gen_length_fit(spec, prompt_len: int, block_length: int) -> int:
@@ -49,10 +67,12 @@ def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) ->
 
 
 def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_width: int | None = None,
-                spec=None) -> None:
+                spec=None, policy=None) -> None:
     """A run's arguments before anything is built: some prompts, a DecodeConfig (its values are checked
-    by the decoder it builds) and a ``prompt_width`` that is None or a whole number ≥ 1 (the canvas's
-    prompt positions; a prompt longer than it is refused by ``Run.add``). With the model's ``spec``,
+    by the decoder it builds), a ``policy`` with the cache-policy interface (``reset``, ``plan``,
+    ``observe``: ``cache.make_policy``'s, not a policy's name) and a ``prompt_width`` that is None or a
+    whole number ≥ 1 (the canvas's prompt positions; a prompt longer than it is refused by ``Run.add``).
+    With the model's ``spec``,
     each prompt's ids too (:func:`check_ids`), named by the place it was passed in, counted from 1 as
     ``Engine.encode`` and the command line count prompts: ``prompt 2: a prompt is empty; give at least
     one token id``."""
@@ -60,6 +80,9 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_w
         raise UsageError("no prompts to generate from")
     if not isinstance(cfg, DecodeConfig):
         raise UsageError(f"cfg must be a DecodeConfig, not {type(cfg).__name__}")
+    if not all(callable(getattr(policy, m, None)) for m in ("reset", "plan", "observe")):  # the policy interface
+        fix = f"make_policy({policy!r})" if isinstance(policy, str) else "make_policy(name)"
+        raise UsageError(f"policy must be a CachePolicy, not {type(policy).__name__}: pass {fix} (ecache_cli.cache)")
     if prompt_width is not None and (isinstance(prompt_width, bool) or not isinstance(prompt_width, int)
                                      or prompt_width < 1):
         raise UsageError(f"prompt_width {prompt_width!r} must be a whole number ≥ 1 (the canvas's prompt "

@@ -210,6 +210,10 @@ def resolve(name: str) -> dict:
 
     local = Path(name).expanduser()
     known = name in EMBEDDED or name in ALIASES
+    if not str(name).strip():  # '' would be the current folder
+        from ..models.loader import unknown_model
+
+        raise ModelLoadError(unknown_model(name))
     if known and not (local.is_dir() and (local / "config.json").is_file()):
         if name in EMBEDDED:
             return {"name": name, "source": "embedded", "repo": None, "family": None, "alias": None,
@@ -244,7 +248,7 @@ def check_model_name(name: str) -> None:
 
     name = str(name)
     local = Path(name).expanduser()
-    if name in EMBEDDED or name in ALIASES or local.is_dir():
+    if name.strip() and (name in EMBEDDED or name in ALIASES or local.is_dir()):  # '' would be the current folder
         return
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         return
