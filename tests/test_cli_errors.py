@@ -623,10 +623,17 @@ def test_ecache_lm_eval_without_lm_eval_names_the_extra(monkeypatch, capsys):
 
 
 def test_a_canvas_past_the_model_positions_says_how_far_to_cut(cli, llada_dir):
+    """A gen-length no prompt fits beside is refused before the load with the longest that leaves room; with
+    that one, a prompt longer than the room left is refused with how far to cut, and the cut one runs."""
     res = cli("generate", "abc", "--model", llada_dir, "--gen-length", "8192", "--block-length", "32",
               "--no-chat", "-q")
-    one_line_error(res, 2, "--gen-length 8192 exceeds the model's", "lower --gen-length to at most")
+    one_line_error(res, 2, "--gen-length 8192 leaves no room for a prompt in the model's", "use at most")
+    most = int(res.stderr.split("at most ")[1].split()[0])
+    prompt = " ".join(["abc"] * 64)  # more positions than the room the longest gen-length leaves (< a block)
+    res = cli("generate", prompt, "--model", llada_dir, "--gen-length", str(most), "--block-length", "32",
+              "--no-chat", "-q")
+    one_line_error(res, 2, f"--gen-length {most} exceeds the model's", "lower --gen-length to at most")
     limit = int(res.stderr.split("at most ")[1].split()[0])
-    ok = cli("generate", "abc", "--model", llada_dir, "--gen-length", str(limit - limit % 32), "--block-length", "32",
-             "--steps", str((limit - limit % 32) // 32), "--no-chat", "-q")
+    ok = cli("generate", prompt, "--model", llada_dir, "--gen-length", str(limit), "--block-length", "32",
+             "--steps", str(limit // 32), "--no-chat", "-q")
     assert ok.exit_code == 0, ok.stderr

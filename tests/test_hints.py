@@ -143,11 +143,14 @@ def test_the_gen_length_a_canvas_too_long_suggests_is_one_the_run_takes(cli, tmp
     from ecache_cli.models.loader import load_model
     from ecache_cli.runs.settings import resolve_settings
 
-    prompt = "Sort: 3 1 2"
+    prompt = "Sort: " + "3 1 2 " * 20  # longer than the room the longest gen-length leaves (less than a block)
     f = tmp_path / "in.jsonl"
     f.write_text('{"prompt": "%s"}\n' % prompt)
     given = [prompt] if source == "argument" else ["--input", str(f)]
-    r = cli("generate", "--model", model, "--gen-length", "100000", *given)
+    alone = cli("generate", "--model", model, "--gen-length", "100000", *given)  # no prompt fits: before the load
+    assert alone.exit_code == 2 and "leaves no room for a prompt" in alone.stderr, alone.stderr
+    most = int(re.search(r"use at most (\d+)", alone.stderr).group(1))
+    r = cli("generate", "--model", model, "--gen-length", str(most), *given)
     assert r.exit_code == 2, r.stderr
     line = r.stderr.strip().splitlines()[-1]
     size = int(re.search(r"prompt \((\d+) tokens", line).group(1))
