@@ -4,7 +4,8 @@ machine's load.
 ``bench/serve_sim.py`` runs the real engine, whose step times on a shared CPU move by more than the
 5 % the admission targets resolve. This bench keeps the rules (``serve/admission.py``: the
 ``StepCost`` fit, ``StepHistory``, ``admit``, and the scheduler's ``_take`` logic for ``always``,
-``fcfs`` and ``auto``) and replaces the engine by a step-cost table: a step of ``n`` rows in step
+``fcfs`` and ``auto``, deciding for a held head at every step: a decision takes no time on its clock,
+so it has no use for ``Scheduler._hold_key``) and replaces the engine by a step-cost table: a step of ``n`` rows in step
 costs ``base + row·n`` seconds, ``× --mixed`` when its rows are at different steps of their blocks
 (a row that joined mid-block), and each joining row's first full forward ``--join`` more. The
 defaults are the embedded model's on one CPU thread (``bench/serve_sim.py`` mixed-length passes,

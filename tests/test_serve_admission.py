@@ -297,3 +297,42 @@ def test_a_heads_equal_versions_count_as_often_as_they_occur():
     mixes = ([short] * 7 + [long], [short] + [long] * 7, [short, long])
     decided = [admit(running, heads, 0.0, 0, cpu) for heads in mixes]
     assert decided == [by_each(h) for h in mixes] == [True, False, False]
+
+
+def test_positions_never_fall_as_the_rows_grow():
+    """2-row steps that carried more full forwards (300 positions on average) than the 4-row ones (160):
+    the two counts are pooled at their joint mean, and the counts beyond follow the line to the nearest
+    count of a different mean. Left as measured, the line through 2 and 4 rows fell to 0 positions at 8
+    rows, and a step of more rows looked cheaper."""
+    cost = StepCost()
+    for n, positions in ((1, 40.0), (2, 300.0), (4, 160.0)):
+        for _ in range(10):
+            cost.observe(1e-3 + 1e-3 * n + 1e-5 * positions, n, positions)
+    assert cost.positions(1) == pytest.approx(40.0)
+    assert [cost.positions(n) for n in (2, 3, 4)] == pytest.approx([230.0] * 3)  # (300 + 160) / 2, equal weights
+    assert cost.positions(8) == pytest.approx(230.0 + 4 * (230.0 - 40.0) / 3)  # the line through 1 and 4 rows
+    steps = [cost.step(n) for n in range(1, 13)]
+    assert steps == sorted(steps)
+
+
+def test_a_count_the_group_has_not_run_lies_between_the_levels_of_those_around_it():
+    """The group ran 1 row at 10 ms and 4 at 12 ms a step; the fit's shape scales 1 row's level to
+    ~15 ms at 2 rows, above 4 rows' 12, and 4 rows' to ~9.6 ms at 3, below 1 row's 10: scaled from the
+    nearest count alone, the rows in between would look free. Between two counts it has run, the curve
+    goes from one level to the other along the fit's shape; beyond them, the nearest level scaled."""
+    cost = StepCost()
+    for n in (1, 2, 4):
+        for _ in range(200):
+            cost.observe(1e-3 + 1e-3 * n + 1e-5 * 40 * n, n, 40.0 * n, group="warm")
+    for n, level in ((1, 10e-3), (4, 12e-3)):
+        for _ in range(8):
+            cost.observe(level, n, 40.0 * n, group="g")
+    step = {n: cost.step(n) for n in range(1, 7)}
+    assert 10e-3 * step[2] / step[1] > 12e-3 and 12e-3 * step[3] / step[4] < 10e-3  # scaled alone: out of order
+    for n in (2, 3):
+        frac = (step[n] - step[1]) / (step[4] - step[1])
+        assert cost.curve("g", n) == pytest.approx(10e-3 + 2e-3 * frac)
+    assert cost.curve("g", 2) == pytest.approx(10.67e-3, abs=0.01e-3)  # the fit is a straight line here
+    assert cost.curve("g", 6) == pytest.approx(12e-3 * step[6] / step[4])
+    curve = [cost.curve("g", n) for n in range(1, 7)]
+    assert curve == sorted(curve) and curve[0] == pytest.approx(10e-3) and curve[3] == pytest.approx(12e-3)

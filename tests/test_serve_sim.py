@@ -207,3 +207,28 @@ def test_the_schedulers_clock_times_its_steps_and_its_timeouts(sim, tiny_cpu):
     assert reasons == ["timeout"]
     w, t = sched.cost._all[(1, False)]
     assert w == pytest.approx(sum(0.99 ** i for i in range(int(n))))  # every step observed, on that clock
+
+
+def test_auto_simulates_a_held_head_again_only_when_what_it_rests_on_changes(sim, tiny_cpu, monkeypatch):
+    """A decision that holds every head (``joins`` stubbed): with ``Scheduler._hold_key`` the held head is
+    simulated again only when the queue or the running rows change (two arrivals behind a running row: two
+    decisions, the second 20 ms in); without it, at every step the head waits. The schedule is the same."""
+    import ecache_cli.serve.scheduler as scheduler
+
+    args, lm, settings, prompts = tiny_cpu
+    calls = []
+    monkeypatch.setattr(scheduler, "joins", lambda *a, **k: calls.append(len(a[0])) or False)
+    counts, answers = [], []
+    for keyed in (True, False):
+        calls.clear()
+        p = sim.Pass(lm, settings, prompts, args, "auto", 3, sim.CpuClock())
+        p.warmup = p.warmup[:1]
+        if not keyed:
+            p.sched._hold_key = lambda head, running: None  # simulate at every step
+        sim.drive([p], [0.0, 1e-4, 0.02])
+        counts.append(len(calls))
+        answers.append([j.text for j in p.jobs])
+        assert p.result(1.0)["joined_running"] == 0 and all(answers[-1])
+    assert answers[0] == answers[1]
+    assert counts[0] == 2, counts  # the second request's arrival, then the third's (the queue grew)
+    assert counts[1] > 10 * counts[0]  # one a step while the first row runs its block

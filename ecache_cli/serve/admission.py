@@ -14,8 +14,10 @@ computes its whole canvas, so its cost is in the last term). :class:`StepCost` f
 coefficients by exponentially weighted least squares over those steps (a ridge term keeps them
 defined while the rows do not vary), and keeps apart the *mixed* steps, of rows at different steps of
 their blocks (a row that joined mid-block), which cost more (two rows 1.9× one, against 1.5× in
-step, on one CPU thread). A running row still needs ``remaining`` steps, the mean over the last
-finished rows of its group that ran longer than it has (:class:`StepHistory`), and is at a
+step, on one CPU thread). The curves never fall as the rows grow (a count's mean is over the steps it
+happened to run, and one with more block starts among them can lie above a larger count's). A running
+row still needs ``remaining`` steps, the mean over the last finished rows of its group that ran longer
+than it has (:class:`StepHistory`), and is at a
 ``phase`` of its block. :func:`joins` / :func:`admit` compare, for the queue's head, the sum of the
 completion times of the running rows and the head (and, for a join in step, of the requests queued
 behind it) between "join now" and "start when the running rows have left". On one CPU thread a
@@ -134,7 +136,9 @@ class StepCost:
         return self._memo[("positions", rows)]
 
     def _positions(self, rows: int) -> float:
-        seen = sorted((n, b[3] / b[2]) for n, b in self._by_rows.items() if b[2] > 0)
+        if "rising" not in self._memo:
+            self._memo["rising"] = _rising([(n, b[2], b[3]) for n, b in sorted(self._by_rows.items()) if b[2] > 0])
+        seen = self._memo["rising"]
         if not seen:
             return 0.0
         if len(seen) == 1:
@@ -142,9 +146,12 @@ class StepCost:
             return p * rows / n
         lo = max([s for s in seen if s[0] <= rows] or seen[:1], key=lambda s: s[0])
         hi = min([s for s in seen if s[0] > rows] or seen[-1:], key=lambda s: s[0])
-        if lo[0] == hi[0]:  # beyond the counts seen: the line through the nearest two
-            pair = seen[-2:] if rows > seen[-1][0] else seen[:2]
-            lo, hi = pair
+        if lo[0] == hi[0]:  # beyond the counts seen: the line through the nearest two of different means
+            edge = lo
+            other = [p for p in seen if p[1] != edge[1]]
+            if not other:  # one level throughout: in proportion to the rows, from the nearest count
+                return edge[1] * rows / edge[0]
+            lo, hi = sorted([edge, min(other, key=lambda p: abs(p[0] - edge[0]))])
         slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
         return max(lo[1] + slope * (rows - lo[0]), 0.0)
 
@@ -191,13 +198,24 @@ class StepCost:
                 w, t = self._groups[group][(rows, True)]
                 return max(t / w, self.curve(group, rows))
             return self.curve(group, rows) * self.mixed_ratio(rows)
-        own = self._own(group)
+        if ("own", group) not in self._memo:
+            self._memo[("own", group)] = self._own(group)
+        own = self._memo[("own", group)]
         if rows in own:
             return own[rows]
         if not own:
             return self.step(rows)
-        near = min(own, key=lambda n: (abs(n - rows), n))
-        return own[near] * self.step(rows) / max(self.step(near), 1e-12)
+        lo = max((n for n in own if n < rows), default=None)
+        hi = min((n for n in own if n > rows), default=None)
+        if lo is None or hi is None:  # beyond the counts it has run: the nearest one's level, the fit's shape
+            near = hi if lo is None else lo
+            return own[near] * self.step(rows) / max(self.step(near), 1e-12)
+        # between two counts it has run: from one level to the other along the fit's shape, so that a
+        # step of more rows never costs less (each count's level scaled alone can fall below the
+        # other's, and the rows between would look free)
+        span = self.step(hi) - self.step(lo)
+        frac = (self.step(rows) - self.step(lo)) / span if span > 0 else (rows - lo) / (hi - lo)
+        return own[lo] + (own[hi] - own[lo]) * frac
 
     def _own(self, group) -> dict[int, float]:
         """The group's own in-step step seconds per row count it has run (:meth:`seen`), kept growing
@@ -222,6 +240,24 @@ class StepCost:
             for n in counts:
                 own[n] = t / w if len(counts) == 1 else t / max(fit, 1e-12) * self.step(n)
         return own
+
+
+def _rising(points: list[tuple[int, float, float]]) -> list[tuple[int, float]]:
+    """(count, mean) per count from ``(count, weight, weighted sum)`` in rising count order, kept
+    non-decreasing: counts whose means fall as the count grows are pooled (pool-adjacent-violators,
+    each weighted by its weight) and all take the pooled mean. A step of more rows computes at least
+    the positions of one of fewer; a count's mean over the steps it happened to run (one count's with
+    more block starts and full forwards among them) can say otherwise, and a line through two such
+    means would make the rows beyond them cost nothing."""
+    blocks: list[list] = []  # [counts, weight, weighted sum]
+    for n, w, t in points:
+        blocks.append([[n], w, t])
+        while len(blocks) > 1 and blocks[-2][2] / blocks[-2][1] > blocks[-1][2] / blocks[-1][1]:
+            counts, w2, t2 = blocks.pop()
+            blocks[-1][0] += counts
+            blocks[-1][1] += w2
+            blocks[-1][2] += t2
+    return [(n, t / w) for counts, w, t in blocks for n in counts]
 
 
 def _solve(xx, xy, prior) -> list[float]:
