@@ -51,13 +51,18 @@ def _range_words(err: _BadParameter, value: str | None) -> str | None:
     param = getattr(err, "param", None)
     if value is None or param is None or not getattr(param, "name", None):
         return None
-    from .errors import UsageError
-    from .options import option_ranges
+    import dataclasses
 
-    rng = option_ranges(_given_policies(err.ctx)).get(param.name)
+    from .errors import UsageError
+    from .options import fitting_example, option_ranges, run_policies
+
+    given = _given_options(err.ctx)
+    rng = option_ranges(run_policies(given)).get(param.name)
     flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
     if rng is None or not flags:
         return None
+    whole = {k: int(v) for k, v in given.items() if isinstance(v, str) and v.strip().isdigit()}
+    rng = dataclasses.replace(rng, example=fitting_example(param.name, whole, rng.example))  # as a range error's
     try:
         rng.check_given(value)
     except ValueError as e:
@@ -66,20 +71,20 @@ def _range_words(err: _BadParameter, value: str | None) -> str | None:
     return None
 
 
-def _given_policies(ctx) -> list[str]:
-    """The policy names the command line being parsed gives (``--cache``, ``--policies``:
-    ``config.run_policies``), read from its texts, so that a parameter's range is theirs (``--cache dkv
-    --refresh-every abc``: dkv's ≥ 1) whichever option the parser met first; none when unknown."""
+def _given_options(ctx) -> dict:
+    """The options of the command line being parsed, as typed (parameter name → text; {} when unknown),
+    so that a value that is no number is worded as an out-of-range one: in the range of the policies it
+    names (``--cache dkv --refresh-every abc``: dkv's ≥ 1, ``config.run_policies``) with an example that
+    fits the other options (``--gen-length 32 --steps abc``: e.g. 32), whichever option the parser met
+    first."""
     given = ctx.meta.get(_GIVEN_ARGS) if ctx is not None else None
     if given is None:
-        return []
-    from .options import run_policies
-
+        return {}
     try:
         raw, _, _ = ctx.command.make_parser(ctx).parse_args(args=list(given))
     except _ClickUsageError:
-        return []
-    return run_policies(raw)
+        return {}
+    return raw
 
 
 def usage_line(err: _ClickUsageError, where: str = "ecache") -> str:

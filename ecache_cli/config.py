@@ -182,7 +182,7 @@ def check_ranges(values: dict) -> None:
         try:
             rng.check(value)
         except ValueError:
-            rng = dataclasses.replace(rng, example=_fitting_example(name, values, rng.example))
+            rng = dataclasses.replace(rng, example=fitting_example(name, values, rng.example))
             try:
                 rng.check(value)
             except ValueError as e:
@@ -240,7 +240,7 @@ def model_spec(model: str | None):
         return None
 
 
-def _fitting_example(name: str, values: dict, example: str) -> str:
+def fitting_example(name: str, values: dict, example: str) -> str:
     """A range's example value that also fits the other options given (``values``): a block length that
     divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, the given
     gen-length's steps (one token a step), so that a suggested value is one the same command accepts."""

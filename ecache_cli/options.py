@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .config import GivenFloat, check_ranges, option_ranges, run_policies  # noqa: F401 (the flags' ranges: config.py)
+from .config import GivenFloat, check_ranges, fitting_example, option_ranges, run_policies  # noqa: F401 (the flags' ranges: config.py)
 from .contract.names import policy_names
 
 M, D, C, O = "Model", "Decoding", "Cache", "Output"  # noqa: E741 (help panel names)

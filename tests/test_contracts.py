@@ -595,10 +595,9 @@ def test_an_unknown_model_is_refused_alone_as_models_show_refuses_it(command, na
     from ecache_cli.errors import ModelLoadError
     from ecache_cli.models.loader import load_model
 
-    if name:
-        with pytest.raises(ModelLoadError) as e:  # the Python API: the same words
-            load_model(name)
-        assert str(e.value) == f"--model {wording}"
+    with pytest.raises(ModelLoadError) as e:  # the Python API: the same words
+        load_model(name)
+    assert str(e.value) == f"--model {wording}"
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -862,6 +861,20 @@ def test_a_policy_parameter_is_refused_in_the_policys_range_before_the_first_lin
         assert taken.exit_code == 0, taken.stderr
 
 
+@pytest.mark.parametrize("flag,others,example", [("--steps", ["--gen-length", "32"], "32"),
+                                                  ("--gen-length", ["--block-length", "8", "--steps", "4"], "32"),
+                                                  ("--block-length", ["--gen-length", "24"], "24")])
+def test_a_text_and_an_out_of_range_number_suggest_the_same_fitting_value(flag, others, example, cli):
+    """``--steps abc`` and ``--steps 0`` beside ``--gen-length 32`` both suggest the gen-length's steps, a value
+    the command takes without a warning (the example fits the other options given, whichever came first)."""
+    for value in ("abc", "0"):
+        for args in ([*others, flag, value], [flag, value, *others]):
+            res = cli("generate", *args, "x")
+            assert res.exit_code == 2 and res.stderr.strip().endswith(f"(e.g. {example})"), (args, res.stderr)
+    ok = cli("generate", *others, flag, example, "Sort: 3 1 2")
+    assert ok.exit_code == 0 and "warning" not in ok.stderr, ok.stderr
+
+
 def test_a_policy_parameter_without_a_policy_names_every_policys_bound(cli):
     """With no policy named, ``--refresh-every``'s range is the loosest policy's and says which is stricter, so
     the message does not invite a value dkv then refuses; a policy's own range when it is named."""
@@ -906,6 +919,19 @@ def test_prompts_given_two_ways_are_a_usage_error_before_the_input_is_read(comma
     assert res.exit_code == 2, res.stderr
     assert res.stderr.strip() == (f"error: --input {missing} and 1 prompt argument(s) given: pass prompts one way, "
                                   "as arguments or in the file"), res.stderr
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_a_run_file_with_records_is_refused_alone_before_the_first_line(given, cli, tmp_path):
+    """``calibrate``'s run file (``--run-file``, or the default beside ``--out``) holding records is refused
+    first and alone, as ``generate --output`` on an existing file is: nothing is overwritten."""
+    run = tmp_path / "run.jsonl" if given else tmp_path / ".cp.calib.jsonl"
+    run.write_text("x\n")
+    res = cli("calibrate", "--task", "list", "--limit", "2", "--gen-length", "32", "--out", tmp_path / "cp.yaml",
+              *(["--run-file", run] if given else []))
+    assert res.exit_code == 2 and res.stderr.strip() == (f"error: run file {run} already exists; pass --resume to "
+                                                         "continue it, or delete it (or pass another --run-file) to "
+                                                         "start over"), res.stderr
 
 
 def test_an_unknown_policy_is_worded_alike_everywhere(cli):

@@ -440,6 +440,17 @@ def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
     assert len(served) == 6  # every run reached the server loop
 
 
+@pytest.mark.parametrize("host", ["bogus..host", "a" * 64 + ".example"])  # an empty label, one over 63 letters
+def test_a_host_name_the_resolver_cannot_encode_is_one_line(host):
+    from typer.testing import CliRunner
+
+    from ecache_cli.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--host", host, "--port", "0"])
+    assert res.exit_code == 1 and res.stderr.strip() == (f"error: cannot listen on {host}:0 (not a valid host name); "
+                                                         "pick another --host"), res.stderr
+
+
 @pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),
                                           (["--admission", "greedy"], "--admission 'greedy': use always, fcfs or auto"),
                                           (["--batching", "static", "--admission", "always"],
@@ -884,6 +895,7 @@ def test_serve_seed_draws_the_seeds_of_requests_without_one_from_one_stream(tiny
     ("seed", 1.5, ["--seed", "1.5"]),
     ("top_k", 2.5, ["--top-k", "2.5"]),
     ("steps", "abc", ["--steps", "abc"]),
+    ("seed", "abc", ["--seed", "abc"]),  # a text as typed, as every other field's
 ])
 def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(named, field, value, flags):
     """README: every bad value is a 400 in ``ecache generate``'s words; the field the client sent stands
@@ -895,7 +907,7 @@ def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(
     url, _ = named
     r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": SORT, "max_tokens": 16,
                                                   field: value}, timeout=60)
-    cli = CliRunner().invoke(app, ["generate", "--gen-length", "16", "--block-length", "8", *flags, "hi"])
+    cli = CliRunner().invoke(app, ["generate", *flags, "hi"])  # no --gen-length: the examples the server gives
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert cli.exit_code == 2, cli.stderr
     assert cli.stderr.strip() == "error: " + r.json()["error"]["message"].replace(f"{field} ", f"{flags[0]} ", 1)

@@ -106,7 +106,7 @@ def resolve_path(name_or_path: str | os.PathLike | None) -> tuple[Path, str]:
     if name in ALIASES:
         return _from_hub(ALIASES[name], name), name
     path = Path(name).expanduser()
-    if path.is_dir():
+    if path.is_dir() and name.strip():  # '' would be the current folder
         return path, name
     if "/" in name and not path.exists() and name.count("/") == 1 and not name.startswith((".", "/")):
         return _from_hub(name, name), name

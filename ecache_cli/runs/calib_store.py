@@ -98,6 +98,18 @@ def arm_of(rec: dict) -> Arm | None:
     return as_arm(rec.get("arm"))
 
 
+def check_new_run_file(path: Path, resume: bool, dry_run: bool) -> bool:
+    """Whether the run file at ``path`` holds records (an empty one is the output lock's); UsageError when it
+    does and neither ``resume`` nor ``dry_run`` is set: nothing is overwritten. Checked before the model
+    loads (``commands/calibrate.py``) and again when the file is opened."""
+    path = Path(path)
+    exists = path.is_file() and path.stat().st_size > 0
+    if exists and not resume and not dry_run:
+        raise UsageError(f"run file {path} already exists; pass --resume to continue it, "
+                         "or delete it (or pass another --run-file) to start over")
+    return exists
+
+
 class RunFile:
     """Records of one calibration, keyed by (τ or None, example index, arm: None or an :class:`Arm`).
 
@@ -113,10 +125,7 @@ class RunFile:
         self.loaded = 0
         self.dropped_partial = False
         self._fh = None
-        exists = self.path.is_file() and self.path.stat().st_size > 0  # empty: made by the output lock
-        if exists and not resume and not dry_run:
-            raise UsageError(f"run file {self.path} already exists; pass --resume to continue it, "
-                             "or delete it (or pass another --run-file) to start over")
+        exists = check_new_run_file(self.path, resume, dry_run)
         if exists and resume:
             self._load()
         if not dry_run:

@@ -412,5 +412,7 @@ def bind(host: str, port: int):
     except OSError as e:
         raise EcacheError(f"cannot listen on {host}:{port} ({e.strerror or e}); "
                           "pick another --port or --host") from None
+    except UnicodeError:  # a name the resolver cannot encode (an empty or over-long label: bogus..host)
+        raise EcacheError(f"cannot listen on {host}:{port} (not a valid host name); pick another --host") from None
     sock.set_inheritable(True)
     return sock

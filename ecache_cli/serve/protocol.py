@@ -273,7 +273,8 @@ def check_numbers(model: type[_Body], body: dict) -> None:
             if typed is not None and math.isfinite(typed):
                 raise ApiError(400, f"{name} {value!r} must be a number, not a string (e.g. {typed!r})", name)
         words = rng.not_finite() if rng else "must be a whole number" if whole else "must be a finite number"
-        raise ApiError(400, f"{name} {shown(value)} {words}", name)
+        plain = isinstance(value, str) and value and value.strip() == value  # a text as typed, as the flags' words
+        raise ApiError(400, f"{name} {value if plain else shown(value)} {words}", name)
 
 
 def in_range(field: str, value, setting: str | None = None) -> None:
