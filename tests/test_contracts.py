@@ -934,6 +934,13 @@ def test_a_run_file_with_records_is_refused_alone_before_the_first_line(given, c
                                                          "start over"), res.stderr
 
 
+def test_watch_delay_without_watch_is_warned_and_ignored(cli):
+    res = cli("generate", "--gen-length", "16", "--block-length", "8", "--watch-delay", "0.5", "Sort: 3 1 2")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines()[1:] == ["warning: --watch-delay is not used without --watch (it slows the live "
+                                           "view); ignored"], res.stderr
+
+
 def test_an_unknown_policy_is_worded_alike_everywhere(cli):
     """``--cache``, ``--policies``, chat's ``/cache`` and the server's ``policy`` word a name that is no policy
     one way: ``<where> 'nosuch' is not a cache policy; use one of …``."""

@@ -93,6 +93,10 @@ def check_options(opts: GenerateOptions):
     if opts.print0 and (opts.jsonl or opts.output is not None):
         raise UsageError("--print0 separates plain-text answers; --jsonl and --output write JSON records, one per line")
     check_watch(opts.watch, opts.watch_delay, quiet=opts.quiet, stream=opts.stream)
+    if opts.watch_delay and not opts.watch:  # as a cache flag the policy does not take: warned, ignored
+        from ..console import warn
+
+        warn("--watch-delay is not used without --watch (it slows the live view); ignored")
     if opts.skip_invalid and opts.input_file is None:
         raise UsageError("--skip-invalid applies to --input records; prompt arguments and stdin lines are all read "
                          "and checked before any is decoded, and an invalid one stops the run (exit 2): fix it, "
