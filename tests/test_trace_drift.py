@@ -356,7 +356,11 @@ def test_cli_writes_jsonl_tensorboard_plot_and_summary(cli, llada_dir, tmp_path)
     assert corr["n"] == 30 and corr["pearson_r"] == pytest.approx(float(np.corrcoef(xs, ys)[0, 1]), abs=1e-9)
     assert summary["manifest"]["settings"]["cache"] == "entropy"
     assert summary["volatility"]["level"] == 1e-3 and summary["volatility"]["curve"]
-    assert "Pearson r" in res.stderr and "trace-drift: per-step" in res.stderr and "volatility:" in res.stderr
+    assert "trace-drift: per-step" in res.stderr and "volatility:" in res.stderr
+    stats = [line.strip() for line in res.stderr.splitlines() if line.strip().startswith(("Pearson r", "Spearman"))]
+    assert stats[:2] == [f"Pearson r = {corr['pearson_r']:+.3f} (p = {corr['pearson_p']:.2g})",  # one a line: a narrow
+                         f"Spearman ρ = {corr['spearman_rho']:+.3f} (p = {corr['spearman_p']:.2g})"]  # terminal wraps
+    # between them, never inside a number
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "tb" / "prompt-0000").is_dir() and (tmp_path / "tb" / "all-prompts").is_dir()
 

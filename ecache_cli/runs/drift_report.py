@@ -221,8 +221,9 @@ def render_summary(console, report: TraceReport) -> None:
             _prose(console, f"  n = {c['n']} pairs: undefined (fewer than 3 pairs or a constant series)",
                    highlight=False)
         else:
-            _prose(console, f"  n = {c['n']}  Pearson r = {c['pearson_r']:+.3f} (p = {c['pearson_p']:.2g})  "
-                          f"Spearman ρ = {c['spearman_rho']:+.3f} (p = {c['spearman_p']:.2g})", highlight=False)
+            # one statistic a line: a narrow terminal wraps between them, never inside "ρ = +0.976"
+            _prose(console, f"  n = {c['n']}\n  Pearson r = {c['pearson_r']:+.3f} (p = {c['pearson_p']:.2g})\n"
+                          f"  Spearman ρ = {c['spearman_rho']:+.3f} (p = {c['spearman_p']:.2g})", highlight=False)
     if report.records and all(r["refresh"] for r in report.records):
         _prose(console, "  (every step was a full refresh: nothing is served from the cache, so there is no drift)")
     curve = report.volatility.curve()
