@@ -196,6 +196,24 @@ def test_bad_model_args_are_one_line_errors(profiles_dir):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu,cache=nope")
 
 
+@pytest.mark.parametrize("typed,says", [("tau=-1", "tau=-1 must be ≥ 0"),
+                                         ("temperature=-1", "temperature=-1 must be ≥ 0"),
+                                         ("tau=1e400", "tau=1e400 must be a finite number")])
+@pytest.mark.parametrize("how", ["string", "argv"])
+def test_model_args_numbers_are_named_as_typed(typed, says, how, profiles_dir, monkeypatch):
+    """lm-eval reads ``tau=-1`` as -1.0, in its ``create_from_arg_string`` parser and in its own command line,
+    which hands the model a dict; either way the error names ``tau=-1``, as ``--tau -1`` is named."""
+    from lm_eval.utils import simple_parse_args_string
+
+    args = f"model=tiny,device=cpu,{typed}"
+    with pytest.raises(UsageError, match="^model_args: " + re.escape(says)):
+        if how == "string":
+            EcacheLM.create_from_arg_string(args)
+        else:
+            monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "ecache", "--model_args", args])
+            EcacheLM.create_from_arg_obj(simple_parse_args_string(args))
+
+
 def lm_eval_cli(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
     """lm-eval's own console script (``lm_eval``, installed next to this interpreter) in a fresh process."""
     exe = Path(sys.executable).parent / "lm_eval"

@@ -1016,6 +1016,11 @@ def test_unknown_model_stream_options_and_missing_content_as_openai_answers_them
         r = httpx.post(f"{url}{path}", json={"model": "nope", **body}, timeout=60)
         assert r.status_code == 404, (path, r.text)
     assert httpx.get(f"{url}/v1/models/nope").status_code == 404
+    r = httpx.get(f"{url}/v2/nothing")  # no such route: the message lists every route served, each of which answers
+    listed = r.json()["error"]["message"].split("; the routes are ")[1].split(", ")
+    assert r.status_code == 404 and {"/health/live", "/api/version", "/metrics", "/api/chat"} <= set(listed), r.text
+    for path in listed:  # each is a route (GET /v1/chat/completions: OpenAI's list of stored ones, none here)
+        assert "no route" not in httpx.get(f"{url}{path}").text, path
     r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": msgs,
                                                        "stream_options": {"include_usage": True}}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text

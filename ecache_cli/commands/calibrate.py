@@ -56,6 +56,7 @@ def _one_or_list(values: Optional[list[int]]) -> tuple[Optional[int], Optional[l
 
 
 def calibrate_cmd(
+    ctx: typer.Context,
     task: Annotated[Optional[str], typer.Option("--task", "-t", help="arith|code|list|gsm8k|math500|humaneval|mbpp; a,b: default. \\[required]", rich_help_panel=K)] = None,
     model: o.Model = "tiny", device: o.Device = "auto", dtype: o.Dtype = "auto", threads: o.Threads = None, compile_step: o.Compile = None, force: o.Force = False,
     quantize: o.Quantize = None, group_size: o.GroupSize = None,
@@ -130,7 +131,7 @@ def calibrate_cmd(
 
         check_prompt_sources(None, None, None, data, shots)
         raise UsageError("missing option '--task' / '-t' (the task domain to calibrate, e.g. --task list); see "
-                         "`ecache calibrate --help`")
+                         f"`{ctx.command_path} --help`")  # the parser's words for a missing option
     hold_warnings()  # after the "using model" line (console.announce)
     names, shot_list = parse_list(task, "--task"), parse_shots(shots)
     block = _block_model(model)  # the decoder's threshold is searched, not τ (runs/calib_sweep.py)

@@ -169,7 +169,8 @@ class EcacheLM(LM):
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
         if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
             extra["device"] = "auto"
-        return cls(**arg_dict, **extra)
+        typed = _model_args_argv()  # lm-eval's own command line parsed them already: their texts from it
+        return cls(**(_typed_numbers(dict(arg_dict), typed) if typed else arg_dict), **extra)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "EcacheLM":
@@ -452,20 +453,19 @@ def model_args_message(message: str) -> str:
 
 
 def _typed_numbers(args: dict, arg_string: str) -> dict:
-    """lm-eval's parsed model_args (``args``) with each number that reads as no finite number (``tau=1e400``,
-    which lm-eval reads as inf) kept as typed in ``arg_string`` (``contract.fields.given_float``), so that
-    its error names ``tau=1e400`` as the command line's ``--tau 1e400`` does."""
-    import math
-
-    from ..contract.fields import given_float
+    """lm-eval's parsed model_args (``args``) with each float kept as typed in ``arg_string``
+    (``contract.fields.GivenFloat``, as the command line keeps its float flags: lm-eval reads ``tau=-1`` as
+    -1.0 and ``tau=1e400`` as inf), so that its error names ``tau=-1`` and ``tau=1e400`` as the command line's
+    ``--tau -1`` and ``--tau 1e400`` do."""
+    from ..contract.fields import GivenFloat
 
     for part in arg_string.split(","):
         key, sep, text = part.partition("=")
         key, text = key.strip(), text.strip()
         value = args.get(key)
-        if sep and isinstance(value, float) and not math.isfinite(value):
+        if sep and isinstance(value, float):
             try:
-                args[key] = given_float(text)
+                args[key] = GivenFloat(text)
             except ValueError:  # lm-eval read it otherwise; keep its value
                 pass
     return args
@@ -475,12 +475,16 @@ def _arg(key: str, value, kind):
     """A model_arg as its setting's type wants it (:func:`ecache_cli.config.check_value`; lm-eval's
     parser already made ``3``, ``0.5``, ``true`` numbers and booleans, but ``-1`` a float, as it reads
     only digit strings as integers), else a one-line UsageError naming the value as given."""
+    from ..contract.fields import GivenFloat
+
     try:
-        return check_value(kind, value)
+        typed = check_value(kind, value)
     except ValueError as e:
         if isinstance(value, float) and value.is_integer() and "whole number" in str(e):  # "-1" -> -1.0
             return _arg(key, int(value), kind)  # the range check then names -1 and the range
         raise UsageError(f"model_args: {key}={value!r} {e}") from None
+    # a float as typed stays so (``tau=-1``, not -1.0) until the range check names it
+    return value if isinstance(value, GivenFloat) and isinstance(typed, float) and typed == value else typed
 
 
 def _batch_size(value) -> int:
@@ -494,6 +498,18 @@ def _batch_size(value) -> int:
     if n < 1:
         raise UsageError(f"batch_size={n} must be ≥ 1 (e.g. --batch_size 8)")
     return n
+
+
+def _model_args_argv() -> str | None:
+    """The ``--model_args`` text on lm-eval's command line (``sys.argv``), or None: lm-eval's CLI hands the
+    model a dict whose numbers it has already read (``tau=-1`` as -1.0)."""
+    argv = sys.argv
+    for i, a in enumerate(argv):
+        if a == "--model_args" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--model_args="):
+            return a.partition("=")[2]
+    return None
 
 
 def _beside_output_path() -> str | None:

@@ -81,11 +81,18 @@ def spec_from_config(cfg: dict, path: Path | str = "config.json", vocab: dict[st
     return spec
 
 
+def no_checkpoint(folder, flag: str = "") -> str:
+    """The one wording of a folder without config.json given as a model: ``load_model``'s, every command's
+    ``--model`` (``flag``) and ``ecache models show``'s."""
+    return (f"{flag + ' ' if flag else ''}{folder}: no config.json, so it is not a checkpoint folder; pass a folder "
+            "with config.json, an alias or a Hugging Face repo id (`ecache models` lists them)")
+
+
 def config_path(model_dir: Path | str) -> Path:
     """``model_dir/config.json``; ModelLoadError when the folder has none."""
     path = Path(model_dir) / "config.json"
     if not path.exists():
-        raise ModelLoadError(f"{model_dir}: no config.json; point --model at a checkpoint directory")
+        raise ModelLoadError(no_checkpoint(model_dir, "--model"))
     return path
 
 

@@ -206,7 +206,7 @@ def resolve(name: str) -> dict:
     Raises ModelLoadError for a name that is none of them (naming ``ecache models``:
     ``models.loader.unknown_model``)."""
     from ..models.loader import EMBEDDED, embedded_dir
-    from ..models.registry import ALIASES, alias
+    from ..models.registry import ALIASES, alias, no_checkpoint
 
     local = Path(name).expanduser()
     known = name in EMBEDDED or name in ALIASES
@@ -224,8 +224,7 @@ def resolve(name: str) -> dict:
                 "local": state, "missing": missing}
     if local.is_dir():
         if not (local / "config.json").is_file():
-            raise ModelLoadError(f"{name}: no config.json, so it is not a checkpoint folder; pass a folder with "
-                                 "config.json, an alias or a Hugging Face repo id (`ecache models` lists them)")
+            raise ModelLoadError(no_checkpoint(name))
         return {"name": name, "source": "folder", "repo": None, "family": None, "alias": None, "path": local,
                 "local": "yes", "missing": []}
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
@@ -248,7 +247,13 @@ def check_model_name(name: str) -> None:
 
     name = str(name)
     local = Path(name).expanduser()
-    if name.strip() and (name in EMBEDDED or name in ALIASES or local.is_dir()):  # '' would be the current folder
+    if name.strip() and (name in EMBEDDED or name in ALIASES):
+        return
+    if name.strip() and local.is_dir():  # '' would be the current folder
+        if not (local / "config.json").is_file():
+            from ..models.registry import no_checkpoint
+
+            raise ModelLoadError(no_checkpoint(name, "--model"))  # the load's words, before the first line
         return
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         return

@@ -128,8 +128,9 @@ async def _api_error(request: Request, e: ApiError):
 
 
 async def _http_error(request: Request, e: StarletteHTTPException):
-    msg = {404: f"no route {request.url.path}; see /v1/models, /v1/completions, /v1/chat/completions, /api/tags, "
-                "/api/generate, /api/chat, /health",
+    routes = dict.fromkeys(getattr(r, "path", "") for r in request.app.routes)  # every route served, in order
+    served = ", ".join(path for path in routes if path and "{" not in path)
+    msg = {404: f"no route {request.url.path}; the routes are {served}",
            405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
     return await _api_error(request, ApiError(e.status_code, msg))
 
