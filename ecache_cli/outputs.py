@@ -68,9 +68,9 @@ def check_file(path, flag: str, announce: bool = True, lock: bool = True) -> Pat
     if path is None or str(path) == "-":
         return path
     p = Path(path).expanduser()
-    if p.is_dir():
+    if p.is_dir() or p.name in ("", ".", ".."):  # `out/x/..` names a folder even before out/x exists
         raise UsageError(f"{flag} {path} is a folder; "
-                         f"give a file name (e.g. {p / EXAMPLE_NAMES.get(flag, 'out.json')})")
+                         f"give a file name (e.g. {Path(os.path.normpath(p)) / EXAMPLE_NAMES.get(flag, 'out.json')})")
     _make_folder(p.parent, flag, path, announce)
     if p.exists():
         if not os.access(p, os.W_OK):

@@ -951,6 +951,14 @@ def test_a_run_file_with_records_is_refused_alone_before_the_first_line(given, c
                                                          "start over"), res.stderr
 
 
+def test_an_output_path_that_names_a_folder_is_refused_before_anything_is_made(cli, tmp_path):
+    res = cli("generate", "--output", tmp_path / "out" / "x" / "..", "x")
+    assert res.exit_code == 2 and res.stderr.strip() == (f"error: --output {tmp_path / 'out' / 'x' / '..'} is a "
+                                                         f"folder; give a file name (e.g. {tmp_path / 'out'}"
+                                                         "/out.jsonl)"), res.stderr
+    assert not (tmp_path / "out").exists()  # nothing made on the way
+
+
 def test_watch_delay_without_watch_is_warned_and_ignored(cli):
     res = cli("generate", "--gen-length", "16", "--block-length", "8", "--watch-delay", "0.5", "Sort: 3 1 2")
     assert res.exit_code == 0, res.stderr

@@ -629,6 +629,7 @@ def test_stored_completion_routes_say_stored_completions_are_not_supported(named
      "text"),
 ])
 def test_messages_without_text_are_named(named, messages, param, message):
+    """A message with no text is named by its place and role; one whose content is not text in --input's words."""
     url, _ = named
     with pytest.raises(openai.BadRequestError) as e:
         client(url, key="unused").chat.completions.create(model="my-model", messages=messages)
@@ -636,6 +637,10 @@ def test_messages_without_text_are_named(named, messages, param, message):
     r = httpx.post(f"{url}/api/chat", json={"model": "my-model", "messages": messages[-1:] if param != "messages"
                                             else [{"role": "user", "content": ""}], "stream": False})
     assert r.status_code == 400 and r.json() == {"error": "messages[0] (user) has empty content; give it some text"}
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": [{"role": "user",
+                                                                                         "content": 5}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == ("messages[0] 'content' must be a string or a "
+                                                                     "list of text parts, not 5"), r.text
 
 
 def test_developer_and_tool_messages_reach_the_chat_template(named, tiny):

@@ -218,6 +218,11 @@ def parse(model: type[_Body], body: Any) -> _Body:
                                 "policy, tau, threshold, block_length, steps, ignore_eos, top_k", loc) from None
         if first["type"] == "missing":
             raise ApiError(400, f"{loc!r} is required", loc) from None
+        parts = loc.split(".")
+        if len(parts) == 3 and parts[0] == "messages" and parts[1].isdigit() and parts[2] == "content":
+            content = body["messages"][int(parts[1])].get("content")  # --input's words for such a message
+            raise ApiError(400, f"messages[{parts[1]}] 'content' must be a string or a list of text parts, not "
+                                f"{shown(content)}", f"messages.{parts[1]}.content") from None
         raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {shown(first.get('input'))})", loc) from None
 
 
