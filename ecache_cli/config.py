@@ -31,6 +31,7 @@ import yaml
 
 from .contract.fields import (  # noqa: F401 (re-exported)
     INT_MAX,
+    SEED,
     GivenFloat,
     Range,
     check_value,
@@ -127,7 +128,7 @@ def option_ranges(policies=None) -> dict:
     own = {
         "threads": Range(1, integer=True, example="2", why="$ECACHE_THREADS sets it too"),
         "batch_size": count(1, "8"), "limit": count(1, "8"), "shots": count(0, "4"),
-        "seed": Range(0, 2**64 - 1, integer=True, example="0", why="a 64-bit seed"),
+        "seed": SEED,
         "warmup": count(0, "1"), "repeats": count(1, "3"), "trace_steps": count(1, "32"),
         "rows": count(0, "24", "0 = every step"), "grid": count(1, "8"), "refine": count(0, "3"),
         "volatility_level": Range(0, lo_open=True, example="1e-3"),

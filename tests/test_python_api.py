@@ -118,6 +118,16 @@ def test_decode_config_must_be_one(llada_lm):
      r"^policy must be a CachePolicy, not str: pass make_policy\('entropy'\) \(ecache_cli.cache\)$"),
     (lambda e: e.start(e.encode(["abc"], chat=False), CFG, None),
      r"^policy must be a CachePolicy, not NoneType: pass make_policy\(name\)"),
+    (lambda e: e.generate(["Sort: 3 1 2"], CFG, make_policy("none"), seed=-1),  # --seed's range and words
+     r"^seed -1 must be ≥ 0 \(a 64-bit seed; e.g. 0\)$"),
+    (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), seed="abc"),
+     r"^seed 'abc' must be a whole number ≥ 0 \(a 64-bit seed; e.g. 0\)$"),
+    (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), seed=None),
+     r"^seed None must be a whole number ≥ 0"),
+    (lambda e: make_policy("entropy", tau=True),  # a bool for a number: the range's words, as the server's
+     r"^entropy parameter tau=True must be a finite number ≥ 0 \(an entropy in nats; e.g. 0.5\)$"),
+    (lambda e: DecodeConfig(temperature=True), r"^DecodeConfig temperature=True must be a finite number ≥ 0 \(0 = "
+                                               r"greedy; e.g. 0.7\)$"),
     (lambda e: e.encode(["caf\udce9"], chat=True),  # bytes read with surrogateescape: the CLI's words
      r"^prompt 1: not UTF-8 text \(byte 0xe9\) at character 4; pass UTF-8 text$"),
     (lambda e: e.encode([[{"role": "user", "content": "ok"}], [{"role": "user", "content": "\ud800"}]], chat=True),

@@ -89,6 +89,10 @@ class Range:
             raise ValueError(f"must be {what}{self.hint()}")
 
 
+#: A run's seed (``--seed``, a request's ``seed``, ``Engine.start(seed=)``): the random streams' 64-bit seed.
+SEED = Range(0, 2**64 - 1, integer=True, example="0", why="a 64-bit seed")
+
+
 class GivenFloat(float):
     """A float that remembers the text it was read from (``1e400`` read as inf), so that the range
     message of a value that is no finite number names it as the user typed it: ``--tau 1e400 must be a
@@ -158,8 +162,8 @@ def check_value(kind, value):
         value = _check_type(kind, value)
     except ValueError:
         if rng is not None and (rng.integer or (float in (kind, *typing.get_args(kind))
-                                                 and isinstance(value, (str, float)))):
-            raise ValueError(rng.not_finite()) from None  # NaN, a text that is no number: the range's words
+                                                 and isinstance(value, (str, float, bool)))):
+            raise ValueError(rng.not_finite()) from None  # NaN, a text or a bool: the range's words, as the server's
         raise
     if rng is not None and value is not None:
         rng.check(value)

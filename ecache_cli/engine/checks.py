@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..contract.fields import SEED
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
 from ..models.prompting import CHAT_ROLES, check_messages, check_prompt_ids
@@ -67,19 +68,25 @@ def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) ->
 
 
 def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_width: int | None = None,
-                spec=None, policy=None) -> None:
+                spec=None, policy=None, seed: int = 0) -> None:
     """A run's arguments before anything is built: some prompts, a DecodeConfig (its values are checked
     by the decoder it builds), a ``policy`` with the cache-policy interface (``reset``, ``plan``,
-    ``observe``: ``cache.make_policy``'s, not a policy's name) and a ``prompt_width`` that is None or a
-    whole number ≥ 1 (the canvas's prompt positions; a prompt longer than it is refused by ``Run.add``).
-    With the model's ``spec``,
-    each prompt's ids too (:func:`check_ids`), named by the place it was passed in, counted from 1 as
-    ``Engine.encode`` and the command line count prompts: ``prompt 2: a prompt is empty; give at least
-    one token id``."""
+    ``observe``: ``cache.make_policy``'s, not a policy's name), a ``seed`` in ``--seed``'s range
+    (``contract.fields.SEED``: ``seed -1 must be ≥ 0 (a 64-bit seed; e.g. 0)``) and a ``prompt_width`` that
+    is None or a whole number ≥ 1 (the canvas's prompt positions; a prompt longer than it is refused by
+    ``Run.add``). With the model's ``spec``, each prompt's ids too (:func:`check_ids`), named by the
+    place it was passed in, counted from 1 as ``Engine.encode`` and the command line count prompts:
+    ``prompt 2: a prompt is empty; give at least one token id``."""
     if not prompt_ids:
         raise UsageError("no prompts to generate from")
     if not isinstance(cfg, DecodeConfig):
         raise UsageError(f"cfg must be a DecodeConfig, not {type(cfg).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int):  # --seed's range and words
+        raise UsageError(f"seed {seed!r} {SEED.not_finite()}")
+    try:
+        SEED.check(seed)
+    except ValueError as e:
+        raise UsageError(f"seed {seed} {e}") from None
     if not all(callable(getattr(policy, m, None)) for m in ("reset", "plan", "observe")):  # the policy interface
         fix = f"make_policy({policy!r})" if isinstance(policy, str) else "make_policy(name)"
         raise UsageError(f"policy must be a CachePolicy, not {type(policy).__name__}: pass {fix} (ecache_cli.cache)")

@@ -94,7 +94,7 @@ class Run:
 
     def __init__(self, engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, policy, seed: int,
                  row_ids: Sequence[int] | None = None, prompt_width: int | None = None, reuse=None):
-        check_start(cfg, prompts, prompt_width, engine.spec, policy)  # each prompt's ids, named by its place
+        check_start(cfg, prompts, prompt_width, engine.spec, policy, seed)  # each prompt's ids, named by place
         spec = engine.spec
         self.decoder = StepDecoder.build(cfg, spec, engine.banned, engine.end_ids)
         warn_ignored_settings(cfg, spec.sampler)  # warnings.warn: IgnoredSetting
