@@ -959,6 +959,18 @@ def test_an_output_path_that_names_a_folder_is_refused_before_anything_is_made(c
     assert not (tmp_path / "out").exists()  # nothing made on the way
 
 
+@pytest.mark.parametrize("command", PROMPTED)
+def test_a_surrogate_escape_in_a_record_is_an_input_error_before_the_load(command, cli, tmp_path):
+    """``"\\ud800"`` is valid JSON but no UTF-8 text: named with the other record errors, alone, exit 2."""
+    f = tmp_path / "sur.jsonl"
+    f.write_text('{"prompt": "Sort: 3 1\\ud800"}\n{"messages": [{"role": "user", "content": "a\\udce9"}]}\n')
+    res = cli(command, "--input", f)
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and "2 of 2 record(s) invalid" in lines[0], res.stderr
+    assert ("sur.jsonl:1: 'prompt' is not UTF-8 text (a lone surrogate U+D800 at character 10)" in lines[0]
+            and "sur.jsonl:2: messages[0] 'content' is not UTF-8 text (a lone surrogate U+DCE9" in lines[0]), lines
+
+
 def test_watch_delay_without_watch_is_warned_and_ignored(cli):
     res = cli("generate", "--gen-length", "16", "--block-length", "8", "--watch-delay", "0.5", "Sort: 3 1 2")
     assert res.exit_code == 0, res.stderr

@@ -641,6 +641,10 @@ def test_messages_without_text_are_named(named, messages, param, message):
                                                                                          "content": 5}]})
     assert r.status_code == 400 and r.json()["error"]["message"] == ("messages[0] 'content' must be a string or a "
                                                                      "list of text parts, not 5"), r.text
+    no_text = [{"role": "user", "content": [{"type": "text"}]}]  # the cause named, not "not supported"
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": no_text})
+    want = "messages[0].content[0]: a text part needs its 'text' ({\"type\": \"text\", \"text\": ...})"
+    assert r.status_code == 400 and r.json()["error"]["message"] == want, r.text
 
 
 def test_developer_and_tool_messages_reach_the_chat_template(named, tiny):

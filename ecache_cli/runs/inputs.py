@@ -386,6 +386,16 @@ def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
         raise error(f"{where}: not UTF-8 text{byte} at character {e.start + 1}; {fix}") from None
 
 
+def _json_utf8(text: str, where: str) -> None:
+    """DataError for a JSON string holding a lone surrogate (``"\\ud800"``: valid JSON, but no UTF-8 text the
+    tokenizer can take), found while the records are read, before the model loads."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where} is not UTF-8 text (a lone surrogate U+{ord(text[e.start]):04X} at character "
+                        f"{e.start + 1}); write the text itself, not a surrogate escape") from None
+
+
 def prompt_of(rec, where: str) -> str | list:
     """The prompt of one ``--input`` record: its ``prompt`` text, ``messages`` (checked by
     ``models.prompting.check_messages``, as the Python API checks them) or ``prompt_ids`` (ints; the
@@ -405,11 +415,14 @@ def prompt_of(rec, where: str) -> str | list:
     if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
         if not rec["prompt"].strip():
             raise DataError(f"{where}: 'prompt' is empty; give at least one token of text")
+        _json_utf8(rec["prompt"], f"{where}: 'prompt'")
         return rec["prompt"]
     if isinstance(rec, dict) and isinstance(rec.get("messages"), list):
         why = check_messages(rec["messages"])  # the Python API's check too (engine.checks.check_prompts)
         if why:
             raise DataError(f"{where}: {why}")
+        for i, m in enumerate(rec["messages"]):
+            _json_utf8(m["content"], f"{where}: messages[{i}] 'content'")
         return rec["messages"]
     raise DataError(f"{where}: a record needs a string 'prompt', a 'messages' list of {{role, content}} "
                     "or a 'prompt_ids' list of token ids")

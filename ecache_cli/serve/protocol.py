@@ -411,8 +411,11 @@ class Resolver:
 
     @staticmethod
     def _part_text(part: ContentPart, i: int, j: int) -> str:
-        """A text part's text; any other part is a 400 naming it."""
-        if part.type != "text" or part.text is None:
+        """A text part's text; a text part without it, or any other part, is a 400 naming it."""
+        if part.type == "text" and part.text is None:
+            raise ApiError(400, f"messages[{i}].content[{j}]: a text part needs its 'text' ({{\"type\": \"text\", "
+                                "\"text\": ...})", f"messages.{i}.content.{j}.text")
+        if part.type != "text":
             raise ApiError(400, f"messages[{i}].content[{j}]: {part.type!r} parts are not supported; this model "
                                 "reads text only ({\"type\": \"text\", \"text\": ...})", f"messages.{i}.content.{j}")
         return part.text
