@@ -971,6 +971,23 @@ def test_a_surrogate_escape_in_a_record_is_an_input_error_before_the_load(comman
             and "sur.jsonl:2: messages[0] 'content' is not UTF-8 text (a lone surrogate U+DCE9" in lines[0]), lines
 
 
+def test_a_surrogate_escape_under_skip_invalid_and_in_data_is_named_not_a_traceback(cli, tmp_path):
+    """``--skip-invalid`` gives such a line its error record (written with JSON's escapes, as read) and decodes the
+    others; a ``--data`` line with one is named before the load, as its other bad lines are."""
+    f = tmp_path / "sur.jsonl"
+    f.write_text('{"prompt": "Sort: 3 1\\ud800"}\n{"prompt": "Sort: 4 1"}\n')
+    res = cli("generate", "--gen-length", "16", "--block-length", "8", "--input", f, "--skip-invalid", "--jsonl")
+    assert res.exit_code == 0, res.stderr
+    first, second = (json.loads(line) for line in res.stdout.splitlines())
+    assert first["prompt"] == "Sort: 3 1\ud800" and "lone surrogate U+D800" in first["error"] and "text" in second
+    data = tmp_path / "gsur.jsonl"
+    data.write_text('{"question": "What is 1+1?\\ud800", "answer": "#### 2"}\n')
+    res = cli("profile", "--task", "gsm8k", "--data", data, "--policies", "none", "--limit", "1")
+    assert res.exit_code == 2 and res.stderr.strip() == (
+        f"error: --data {data}: line 1 has 'question' with a lone surrogate (U+D800), not UTF-8 text; each line must "
+        "be one UTF-8 JSON object with the fields question, answer (the official gsm8k format)"), res.stderr
+
+
 def test_watch_delay_without_watch_is_warned_and_ignored(cli):
     res = cli("generate", "--gen-length", "16", "--block-length", "8", "--watch-delay", "0.5", "Sort: 3 1 2")
     assert res.exit_code == 0, res.stderr

@@ -25,6 +25,13 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
 
 
 def write_jsonl(fh: IO, record: dict) -> None:
-    """Write one JSON record and flush it at once (nothing is lost if a later record fails)."""
-    fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    """Write one JSON record and flush it at once (nothing is lost if a later record fails). A record holding a
+    lone surrogate (an invalid input line's ``"\\ud800"``, echoed in its error record) is written with JSON's
+    escapes, as it was read, since UTF-8 cannot hold it."""
+    line = json.dumps(record, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record)
+    fh.write(line + "\n")
     fh.flush()

@@ -63,6 +63,11 @@ def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict]) -> str | None
     missing = [k for k in fields if k not in row]
     if missing:
         return f"lacks {', '.join(missing)}"
+    for key, value in row.items():  # "\ud800" is valid JSON but no UTF-8 text the tokenizer can take
+        try:
+            str(value).encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"has {key!r} with a lone surrogate (U+{ord(str(value)[e.start]):04X}), not UTF-8 text"
     rows.append(row)
     return None
 
