@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click.exceptions import UsageError as _ClickUsageError
 
 
-_GIVEN_ARGS = "ecache.given_args"  # ctx.meta key: a subcommand's arguments as typed
+_GIVEN_OPTIONS = "ecache.given_options"  # ctx.meta key: a subcommand's options as typed (name → text)
 
 
 def _given_value(err: _BadParameter) -> str | None:
@@ -76,12 +76,15 @@ def _given_options(ctx) -> dict:
     so that a value that is no number is worded as an out-of-range one: in the range of the policies it
     names (``--cache dkv --refresh-every abc``: dkv's ≥ 1, ``config.run_policies``) with an example that
     fits the other options (``--gen-length 32 --steps abc``: e.g. 32), whichever option the parser met
-    first."""
-    given = ctx.meta.get(_GIVEN_ARGS) if ctx is not None else None
-    if given is None:
-        return {}
+    first. Parsed once per command, by :meth:`EcacheCommand.parse_args`."""
+    return (ctx.meta.get(_GIVEN_OPTIONS) if ctx is not None else None) or {}
+
+
+def _typed_options(parser, args: list) -> dict:
+    """``args`` parsed into option texts by parameter name, before any type conversion; {} when the
+    parser refuses them (the conversion that follows reports that error)."""
     try:
-        raw, _, _ = ctx.command.make_parser(ctx).parse_args(args=list(given))
+        raw, _, _ = parser.parse_args(args=list(args))
     except _ClickUsageError:
         return {}
     return raw
@@ -128,28 +131,23 @@ class EcacheCommand(TyperCommand):
         return _bare_flags(super().get_params(ctx))
 
     def parse_args(self, ctx, args):
-        given = list(args)  # the parser consumes the list it is given
-        ctx.meta[_GIVEN_ARGS] = given
+        ctx.meta[_GIVEN_OPTIONS] = _typed_options(self.make_parser(ctx), args)
         rest = super().parse_args(ctx, args)
-        _keep_typed_text(ctx, self.make_parser(ctx), given)
+        _keep_typed_text(ctx, ctx.meta[_GIVEN_OPTIONS])
         return rest
 
     def format_help(self, ctx, formatter):
         _help(ctx, formatter, self)
 
 
-def _keep_typed_text(ctx, parser, args: list) -> None:
+def _keep_typed_text(ctx, typed: dict) -> None:
     """Each float option keeps the text it was typed as (``contract.fields.GivenFloat``) until its range
     check (:func:`handle_errors`), so that the range message names the value as typed: ``--tau 1e400 must
     be a finite number ≥ 0 …`` (not ``inf``), ``--request-timeout 0 must be > 0 …`` (not ``0.0``)."""
     from .options import GivenFloat
 
-    floats = [n for n, v in ctx.params.items() if isinstance(v, float)]
-    if not floats:
-        return
-    raw, _, _ = parser.parse_args(args=args)  # the texts of the options, by parameter name
-    for name in floats:
-        text = raw.get(name)
+    for name in [n for n, v in ctx.params.items() if isinstance(v, float)]:
+        text = typed.get(name)
         if isinstance(text, str):
             ctx.params[name] = GivenFloat(text)
 

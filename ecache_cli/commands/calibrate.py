@@ -170,12 +170,10 @@ def calibrate_cmd(
     read_alone(task_obj.examples, "test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
-    from ..config import canonical_model_name
     from ..runs.calib_store import check_new_run_file
-    from ..runs.calibrate import default_run_file
+    from ..runs.calibrate import run_file_path
 
-    check_new_run_file(run_file or default_run_file(canonical_model_name(model), opts.profile_task, opts.out),
-                       resume, dry_run)  # a run file with records, refused before the first line as --output is
+    check_new_run_file(run_file_path(model, opts), resume, dry_run)  # refused before the first line, as --output is
     from ..runs.models import check_start
 
     check_start(model, device, dtype, quantize=quantize)  # refused alone, before the first line and the settings

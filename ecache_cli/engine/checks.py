@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..contract.fields import SEED
+from ..contract.text import lone_surrogate, read_byte_words
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
 from ..models.prompting import CHAT_ROLES, check_messages, check_prompt_ids
@@ -33,17 +34,13 @@ def check_prompts(spec, prompts: Sequence, roles: Sequence[str] = CHAT_ROLES) ->
 
 
 def _check_utf8(text, where: str) -> None:
-    """UsageError for a string that is not UTF-8 text: one holding a lone surrogate, which is what bytes that
-    are not UTF-8 become when read with ``surrogateescape`` (``prompt 1: not UTF-8 text (byte 0xe9) at
-    character 4``), in the command line's words for such a prompt argument."""
-    if not isinstance(text, str):
-        return
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = ord(text[e.start])
-        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
-        raise UsageError(f"{where}: not UTF-8 text ({what}) at character {e.start + 1}; pass UTF-8 text") from None
+    """UsageError for a string that is not UTF-8 text (:func:`~ecache_cli.contract.text.lone_surrogate`),
+    in the command line's words for such a prompt argument: ``prompt 1: not UTF-8 text (byte 0xe9) at
+    character 4``."""
+    bad = lone_surrogate(text) if isinstance(text, str) else None
+    if bad:
+        raise UsageError(f"{where}: not UTF-8 text ({read_byte_words(bad[1])}) at character {bad[0]}; "
+                         "pass UTF-8 text")
 
 
 def gen_length_fit(spec, prompt_len: int, block_length: int) -> int:

@@ -276,6 +276,13 @@ def default_run_file(model: str, task: str, out: Path | None) -> Path:
     return target.with_name(f".{target.stem}.calib.jsonl")
 
 
+def run_file_path(model: str | None, opts: "CalibrateOptions") -> Path:
+    """The run file a calibration of ``model`` (``--model`` as given, or the loaded model's name) writes:
+    ``--run-file``, else :func:`default_run_file` in the model's profile folder; the one rule for the check
+    before the load and for the run."""
+    return opts.run_file or default_run_file(canonical_model_name(model), opts.profile_task, opts.out)
+
+
 def check_profile_target(path: Path, model: str, task: str) -> None:
     """Fail early (before any decoding) when ``path`` holds another model's or task's profile; the same
     rule ``config.write_profile`` enforces when writing."""
@@ -477,7 +484,7 @@ def calibrate(lm, settings: Settings, task, opts: CalibrateOptions, err_console=
     if not opts.dry_run:
         _check_target(target, model, opts)
     sample = _Sample.encode(lm, task, opts)
-    run_path = opts.run_file or default_run_file(model, opts.profile_task, opts.out)
+    run_path = run_file_path(lm.name, opts)
     dist = dist or DistEnv()
     # a threshold mode the decode settings cannot run fails here, before any decoding
     clock = _wall_clock(sample, settings, opts, dist) if opts.speed_check else None

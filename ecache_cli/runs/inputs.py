@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
+from ..contract.text import lone_surrogate, read_byte_words
 from ..errors import DataError, UsageError
 from ..models.prompting import check_messages
 from ..sources import check_readable, is_stdin, read_lines, split_lines
@@ -215,7 +216,8 @@ def piped_lines(stdin: IO) -> list[str]:
     commands name theirs, before anything is answered."""
     lines = _stdin_lines(stdin)
     items = [Item(index=i, line=n, rec=None, prompt=t, source="stdin",
-                  error=None if t is not None and _utf8(t) else f"stdin:{n}: not UTF-8 text; {PIPE_UTF8}")
+                  error=None if t is not None and lone_surrogate(t) is None
+                  else f"stdin:{n}: not UTF-8 text; {PIPE_UTF8}")
              for i, (n, t) in enumerate(lines)]
     error = invalid_error(items, "stdin", what="line", fix=FIX)
     if error is not None:
@@ -366,34 +368,21 @@ def no_prompts(input_file: Path | None, fix: str = "pipe prompts one per line, p
     return UsageError(f"no prompt given: stdin was empty; {fix}")
 
 
-def _utf8(text: str) -> bool:
-    """``text`` holds no lone surrogate (an undecodable byte read with surrogateescape)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
     """Python hands undecodable argv bytes (and stdin bytes under a C locale) over as lone surrogates,
     which the tokenizer rejects with a TypeError; name the culprit instead."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        bad = text[e.start]
-        byte = f" (byte 0x{ord(bad) - 0xDC00:02x})" if 0xDC80 <= ord(bad) <= 0xDCFF else ""
-        raise error(f"{where}: not UTF-8 text{byte} at character {e.start + 1}; {fix}") from None
+    bad = lone_surrogate(text)
+    if bad:
+        raise error(f"{where}: not UTF-8 text ({read_byte_words(bad[1])}) at character {bad[0]}; {fix}")
 
 
 def _json_utf8(text: str, where: str) -> None:
     """DataError for a JSON string holding a lone surrogate (``"\\ud800"``: valid JSON, but no UTF-8 text the
     tokenizer can take), found while the records are read, before the model loads."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise DataError(f"{where} is not UTF-8 text (a lone surrogate U+{ord(text[e.start]):04X} at character "
-                        f"{e.start + 1}); write the text itself, not a surrogate escape") from None
+    bad = lone_surrogate(text)
+    if bad:
+        raise DataError(f"{where} is not UTF-8 text (a lone surrogate U+{bad[1]:04X} at character {bad[0]}); "
+                        "write the text itself, not a surrogate escape")
 
 
 def prompt_of(rec, where: str) -> str | list:

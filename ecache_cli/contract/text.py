@@ -1,0 +1,22 @@
+"""Whether a string is UTF-8 text, and where it stops being so: the one rule every input path applies
+(prompt arguments, piped lines, ``--input`` and ``--data`` records, the Python API). This module imports
+nothing of ecache."""
+
+from __future__ import annotations
+
+
+def lone_surrogate(text: str) -> tuple[int, int] | None:
+    """The first character of ``text`` that UTF-8 cannot encode (a lone surrogate, which the tokenizer
+    rejects), as (1-based character position, code point), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start + 1, ord(text[e.start])
+    return None
+
+
+def read_byte_words(code: int) -> str:
+    """Words for a lone surrogate in text that was read from bytes: Python hands an undecodable byte over
+    (argv, stdin read with ``surrogateescape``) as U+DC80–U+DCFF, named by the byte it stands for
+    (``byte 0xe9``); any other is named by its code point (``a lone surrogate U+D800``)."""
+    return f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
