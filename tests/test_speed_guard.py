@@ -248,3 +248,25 @@ def test_cli_on_the_embedded_model_reports_measured_speedups(cli, tmp_path, prof
     else:
         assert res.exit_code == 1 and sc["chosen"] is None and not out.exists(), res.stderr
         assert "no qualifying setting runs at least as fast as none under plain decoding" in res.stderr
+
+
+def test_a_ctrl_c_during_the_timed_passes_ends_the_run_without_a_profile(llada_lm, tmp_path, profiles_dir,
+                                                                        monkeypatch):
+    """A Ctrl-C after some of the speed check's passes (where ``ecache profile`` would report the passes it
+    finished) interrupts calibrate: no setting chosen on part of the timing, no profile written."""
+    from ecache_cli.runs import profile as profile_mod
+
+    calls = {"n": 0}
+    real = profile_mod._Bench.one
+
+    def cut(self, policy, b, repeat):  # the fifth run: both warm-ups and the first pass of each policy done
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(self, policy, b, repeat)
+
+    monkeypatch.setattr(profile_mod._Bench, "one", cut)
+    with pytest.raises(calib_mod.Interrupted) as info:
+        run_search(llada_lm, tmp_path)
+    assert calls["n"] == 5 and not (tmp_path / "p.yaml").exists()
+    assert info.value.outcome.choice.point is None and "speed check" in info.value.outcome.choice.reason

@@ -276,6 +276,8 @@ class WallClock:
                               batch_size=self.batch_size, seed=self.seed)
         requests = [Request(ids) for ids in self.prompt_ids]
         report = measure(self.engine, self.modes[mode], requests, opts, chat=False, dist=self.dist)
+        if report is not None and report.incomplete:  # a Ctrl-C: profile keeps the passes it finished, a
+            raise KeyboardInterrupt                    # speed check has no verdict from part of its passes
         value = None
         if report is not None:  # rank 0
             sp = pass_speedups(report.runs[spec], report.runs[BASELINE])
