@@ -623,10 +623,11 @@ def test_ecache_lm_eval_without_lm_eval_names_the_extra(monkeypatch, capsys):
 
 
 def test_a_canvas_past_the_model_positions_says_how_far_to_cut(cli, llada_dir):
-    """A gen-length no prompt fits beside is refused before the load with the longest that leaves room; with
-    that one, a prompt longer than the room left is refused with how far to cut, and the cut one runs."""
-    res = cli("generate", "abc", "--model", llada_dir, "--gen-length", "8192", "--block-length", "32",
-              "--no-chat", "-q")
+    """A gen-length no prompt fits beside is refused before the load with the longest that leaves room (a
+    piped prompt is read after the settings); with that one, a prompt argument longer than the room left is
+    refused before the load with how far to cut, and the cut one runs."""
+    res = cli("generate", "--model", llada_dir, "--gen-length", "8192", "--block-length", "32", "--no-chat", "-q",
+              input="abc\n")
     one_line_error(res, 2, "--gen-length 8192 leaves no room for a prompt in the model's", "use at most")
     most = int(res.stderr.split("at most ")[1].split()[0])
     prompt = " ".join(["abc"] * 64)  # more positions than the room the longest gen-length leaves (< a block)

@@ -198,7 +198,9 @@ def test_bad_model_args_are_one_line_errors(profiles_dir):
 
 @pytest.mark.parametrize("typed,says", [("tau=-1", "tau=-1 must be ≥ 0"),
                                          ("temperature=-1", "temperature=-1 must be ≥ 0"),
-                                         ("tau=1e400", "tau=1e400 must be a finite number")])
+                                         ("tau=1e400", "tau=1e400 must be a finite number"),
+                                         ("seed=1e3", "seed=1e3 must be a whole number ≥ 0 (a 64-bit seed"),
+                                         ("gen_length=1e3", "gen_length=1e3 must be a whole number ≥ 1")])
 @pytest.mark.parametrize("how", ["string", "argv"])
 def test_model_args_numbers_are_named_as_typed(typed, says, how, profiles_dir, monkeypatch):
     """lm-eval reads ``tau=-1`` as -1.0, in its ``create_from_arg_string`` parser and in its own command line,
@@ -212,6 +214,21 @@ def test_model_args_numbers_are_named_as_typed(typed, says, how, profiles_dir, m
         else:
             monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "ecache", "--model_args", args])
             EcacheLM.create_from_arg_obj(simple_parse_args_string(args))
+
+
+def test_a_whole_number_model_arg_takes_what_the_flag_takes():
+    """lm-eval reads ``-1`` and ``8.0`` as floats: they stay whole numbers, as ``--seed 8.0`` is one, while
+    ``1e3``, which ``--seed`` refuses, is refused (``test_model_args_numbers_are_named_as_typed``)."""
+    from typing import Annotated
+
+    from ecache_cli.contract.fields import GivenFloat
+    from ecache_cli.evaluation.lm_eval_adapter import _arg
+    from ecache_cli.options import option_ranges
+
+    seeded = Annotated[int, option_ranges()["seed"]]
+    assert _arg("seed", GivenFloat("8.0"), seeded) == 8 and _arg("seed", 8.0, seeded) == 8
+    with pytest.raises(UsageError, match=r"^model_args: seed=-1 must be ≥ 0"):
+        _arg("seed", GivenFloat("-1"), seeded)
 
 
 def lm_eval_cli(args: list[str], cwd, **env) -> subprocess.CompletedProcess:

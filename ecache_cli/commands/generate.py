@@ -65,14 +65,15 @@ def generate(
         check_ray_options(opts, ray, ranks)
     check_task(task, profile)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
-    from ..runs.models import check_start
+    from ..runs.models import check_start, prompt_lengths
 
     check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
-        flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size)
+        flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size,
+        prompt_tokens=prompt_lengths(model, prompts, chat))
     require_task_profile(settings, model, task)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     if quiet and stream:  # --quiet wins: no output on stderr at all

@@ -51,6 +51,17 @@ def gen_length_fit(spec, prompt_len: int, block_length: int) -> int:
     return room // block_length * block_length
 
 
+def prompt_too_long(spec, prompt_len: int, gen_length: int, block_length: int) -> str:
+    """The one wording of a prompt of ``prompt_len`` tokens (a batch's longest) that leaves no room for
+    ``gen_length`` in ``spec.max_positions``, with the longest gen-length it leaves (:func:`gen_length_fit`,
+    whole blocks: the same run accepts it)."""
+    fit = gen_length_fit(spec, prompt_len, block_length)
+    fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0
+           else "shorten the prompt (fewer shots or less context)")
+    return f"prompt ({prompt_len} tokens) + --gen-length {gen_length} exceeds the model's {spec.max_positions} " \
+           f"positions; {fix}"
+
+
 def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) -> None:
     """UsageError (``where: reason; fix``) for token ids the model cannot take, none, or (``width``: a
     run's prompt width) more than fit the run."""

@@ -32,7 +32,7 @@ from ..metrics.step_timer import StepTimer
 from ..models.prompting import CHAT_ROLES, check_prompt_ids, encode_prompts
 from . import forward
 from .canvas import apply_commits, new_canvas, reused, write_reused
-from .checks import check_ids, check_prompts, check_start, gen_length_fit
+from .checks import check_ids, check_prompts, check_start, prompt_too_long
 from .ledger import GenerationResult, Ledger
 
 _NO_RANGE = contextlib.nullcontext()  # reusable: what ``Run._range`` returns when ranges are off
@@ -107,11 +107,7 @@ class Run:
         if hasattr(policy, "check_model"):  # a policy made for the other kind of attention refuses the model
             policy.check_model(spec)
         if self.P + self.width > spec.max_positions:
-            fit = gen_length_fit(spec, self.P, cfg.block_length)  # a gen-length the same run accepts
-            fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0
-                   else "shorten the prompt (fewer shots or less context)")
-            raise UsageError(f"prompt ({self.P} tokens) + --gen-length {self.G} exceeds the model's "
-                             f"{spec.max_positions} positions; {fix}")
+            raise UsageError(prompt_too_long(spec, self.P, self.G, cfg.block_length))
         self.B, self.streams = len(prompts), RowStreams(seed, engine.device)
         self.ledger = Ledger(self.P + self.width, engine.device)
         self._joining, self._reuse = [], {}  # rows to join; joining row → K/V of its first positions (``add``)

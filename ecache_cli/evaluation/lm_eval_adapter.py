@@ -475,12 +475,18 @@ def _arg(key: str, value, kind):
     """A model_arg as its setting's type wants it (:func:`ecache_cli.config.check_value`; lm-eval's
     parser already made ``3``, ``0.5``, ``true`` numbers and booleans, but ``-1`` a float, as it reads
     only digit strings as integers), else a one-line UsageError naming the value as given."""
+    import re
+
     from ..contract.fields import GivenFloat
 
     try:
         typed = check_value(kind, value)
     except ValueError as e:
-        if isinstance(value, float) and value.is_integer() and "whole number" in str(e):  # "-1" -> -1.0
+        # "-1" -> -1.0 (lm-eval reads only digit strings as integers): a whole number as the command line takes
+        # one ("-1", "8.0"), not "1e3", which --seed and --gen-length refuse
+        written = value.text if isinstance(value, GivenFloat) else None
+        if isinstance(value, float) and value.is_integer() and "whole number" in str(e) and (
+                written is None or re.fullmatch(r"\s*[-+]?\d+(\.0*)?\s*", written)):
             return _arg(key, int(value), kind)  # the range check then names -1 and the range
         raise UsageError(f"model_args: {key}={value!r} {e}") from None
     # a float as typed stays so (``tau=-1``, not -1.0) until the range check names it

@@ -282,6 +282,36 @@ def check_start(model, device: str | None = None, dtype: str | None = None, prom
         check_arguments(prompts)
 
 
+def prompt_lengths(model, prompts: list[str] | None, chat: bool | None) -> list[int] | None:
+    """The token counts of prompt arguments as the run will encode them (through the chat template when
+    the tokenizer has one, unless ``chat`` is False: ``runs/generate.py``), read before the load where the
+    tokenizer is at hand without a download: the embedded model or a checkpoint folder
+    (``models.loader.inspect_model``, no weight read). None otherwise, or where the tokenizer or a prompt
+    fails: the load and the run say why. ``runs.settings.validate_decode`` uses them to refuse a
+    ``--gen-length`` that leaves the prompts no room before the "using model" line, with a gen-length
+    they fit."""
+    from ..errors import EcacheError
+    from ..models.loader import EMBEDDED, inspect_model
+    from ..models.prompting import encode_prompts
+    from ..models.registry import ALIASES
+
+    if not prompts:
+        return None
+    name = str(model) if model else None
+    folder = Path(name).expanduser() if name else None
+    if name in EMBEDDED or name is None:
+        if folder is not None and folder.is_dir():  # a folder named like the embedded model: the load says which
+            return None
+    elif name in ALIASES or folder is None or not (folder / "config.json").is_file():
+        return None
+    try:
+        meta = inspect_model(name, device="cpu", force=True)
+        use_chat = bool(getattr(meta.tokenizer, "chat_template", None)) and chat is not False
+        return [len(ids) for ids in encode_prompts(meta.tokenizer, meta.spec, list(prompts), use_chat)]
+    except (EcacheError, OSError, ValueError):
+        return None
+
+
 def _token_table(spec, vocab: dict[str, int]) -> dict:
     """The special ids of ``spec`` with their token strings (None where the tokenizer is not at hand)."""
     by_id = {i: t for t, i in vocab.items()}

@@ -135,7 +135,7 @@ class Settings:
 
 def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile: str | None = None,
                      task: str | None = None, compile: bool | None = None, quantize: str | None = None,
-                     group_size: int | None = None, tau_searched: bool = False) -> Settings:
+                     group_size: int | None = None, tau_searched: bool = False, prompt_tokens=None) -> Settings:
     """defaults < profile (``--profile``, or ``<model>/<task>.yaml`` for ``--task``, or the model's
     ``default.yaml``, each the first found in ./profiles, the user's config folder, the package:
     ``config.profile_dirs``; with ``--threshold`` or ``--factor`` in ``decode_flags`` the
@@ -144,7 +144,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     ``compile``: ``--compile`` / ``--no-compile`` (None: the profile's ``compile`` key, default off).
     ``quantize`` / ``group_size``: ``--quantize`` / ``--group-size`` (None: the profile's ``quantize``, default
     none); a quantized run reads its format's profiles first and warns once on a τ from another format
-    (not when ``tau_searched``: calibrate).
+    (not when ``tau_searched``: calibrate). ``prompt_tokens`` (a list of ints): as :func:`validate_decode`'s.
 
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
     ``decode_flags`` at temperature 0 under ``--schedule llada`` (:func:`warn_sampling_flags`; without
@@ -158,18 +158,18 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
 
         warn(f"profile {prof['_path']} was calibrated for model {prof['model']!r}, not {model!r}; its settings "
              "are used anyway (run `ecache calibrate` for this model)")
-    p_dec = (prof or {}).get("decode") or {}
+    p_dec, path = (prof or {}).get("decode") or {}, (prof or {}).get("_path")
     p_cache = dict((prof or {}).get("cache") or {})
     fam = model_family(model)
     decode = resolve({**dataclass_defaults(DecodeConfig), **(fam.decode_defaults if fam else {})}, p_dec, decode_flags)
-    notes = _flag_picks_parallel_rule(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam)
+    notes = _flag_picks_parallel_rule(decode, decode_flags, p_dec, path, fam)
     cache = resolve({"policy": (fam and fam.cache_default) or "entropy", "tau": DEFAULT_TAU}, p_cache, cache_flags)
     name = cache.pop("policy")
     params = {k: v for k, v in cache.items() if v is not None and k in policy_params_or_all(name, fam)}
     _block_follows_gen_length(decode, p_dec, decode_flags)
     _steps_follow_gen_length(decode, p_dec, decode_flags)
-    _validate_naming_profile(decode, p_dec, decode_flags, (prof or {}).get("_path"), fam, model_spec(model))
-    _validate_policy(name, params, p_cache, cache_flags, (prof or {}).get("_path"), fam, notes)
+    _validate_naming_profile(decode, p_dec, decode_flags, path, fam, model_spec(model), prompt_tokens)
+    _validate_policy(name, params, p_cache, cache_flags, path, fam, notes)
     decode_cfg = DecodeConfig(**decode)
     tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
         else "default"
@@ -177,8 +177,8 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
                     sampling_flags=_sampling_flags(decode_cfg, decode_flags),
                     decode_given=frozenset(k for k, v in decode_flags.items() if v is not None),
-                    parallel_source=_parallel_source(decode, decode_flags, p_dec, (prof or {}).get("_path"), fam),
-                    profile=(prof or {}).get("_path"), sandbox=(prof or {}).get("sandbox"),
+                    parallel_source=_parallel_source(decode, decode_flags, p_dec, path, fam),
+                    profile=path, sandbox=(prof or {}).get("sandbox"),
                     policy_from_profile=cache_flags.get("policy") is None and p_cache.get("policy") is not None,
                     all_cache_params={k: v for k, v in cache.items() if v is not None},
                     compile=bool((prof or {}).get("compile", False) if compile is None else compile),
@@ -313,13 +313,13 @@ def _flag_drops_parallel_default(decode: dict, decode_flags: dict, p_dec: dict, 
 
 
 def _validate_naming_profile(decode: dict, p_dec: dict, decode_flags: dict, path: str | None,
-                             fam=None, spec=None) -> None:
+                             fam=None, spec=None, prompt_tokens: list[int] | None = None) -> None:
     """:func:`validate_decode`, and an error about a value the user never typed names where it came from:
     the profile at ``path`` (and the flag that overrides it), or the model family ``fam``'s
     ``decode_defaults`` (``--block-length 32 (the llada2 family's default)``); ``--edit-threshold`` on a
     family that attends bidirectionally is refused here too, as the decoder's build would refuse it."""
     try:
-        validate_decode(decode, getattr(fam, "sampler", None), spec)
+        validate_decode(decode, getattr(fam, "sampler", None), spec, prompt_tokens)
         if fam is not None:
             from ..decoding.step import check_edit_threshold
 
@@ -547,29 +547,44 @@ def no_room(gen_length: int, block_length: int, positions: int, most: int) -> st
             f"most {most} (whole blocks of {block_length})")
 
 
-def validate_decode(d: dict, sampler: str | None = None, spec=None) -> None:
+def _check_room(gen_length: int, block_length: int, steps, parallel: bool, spec, prompt_tokens) -> None:
+    """:func:`validate_decode`'s block plan (``decoding.schedule.plan_blocks``, its hints within the room the
+    longest prompt leaves) and its refusal of a gen-length that leaves the prompts no room."""
+    from ..decoding.schedule import plan_blocks
+    from ..engine.checks import gen_length_fit, prompt_too_long
+
+    known = spec is not None and block_length >= 1
+    longest = max(prompt_tokens) if known and prompt_tokens else 1
+    most = gen_length_fit(spec, longest, block_length) if known else None
+    plan_blocks(gen_length, block_length, steps, parallel, most)
+    if known and prompt_tokens and gen_length > most:  # the engine's check on the longest prompt, done early
+        raise UsageError(prompt_too_long(spec, longest, gen_length, block_length))
+    if known and gen_length > gen_length_fit(spec, 1, block_length):  # too long for any prompt
+        raise UsageError(no_room(gen_length, block_length, spec.max_positions, gen_length_fit(spec, 1, block_length)))
+
+
+def validate_decode(d: dict, sampler: str | None = None, spec=None, prompt_tokens: list[int] | None = None) -> None:
     """Range checks for decode settings that the schedule does not check (one-line UsageErrors); with the
     model's ``sampler`` (its family's, when known before loading) also the sampler's own rules
     (``decoding.commit.check_sampler_options``: Dream's alg_temp / origin on the dream schedule only,
-    ``--compat fastdllm`` on Dream only), so they fail before the model loads as the engine would."""
+    ``--compat fastdllm`` on Dream only), so they fail before the model loads as the engine would.
+    With the model's ``spec``, a ``gen_length`` that leaves no room beside the prompts is refused too:
+    beside ``prompt_tokens`` (the token counts of prompts decoded as one batch, whose longest sets the
+    canvas: :func:`runs.models.prompt_lengths`) when they are known before the load, in the engine's words
+    (``engine.checks.prompt_too_long``), else beside a one-token prompt (:func:`no_room`)."""
     for key in ("temperature", "top_p", "threshold", "factor"):  # the flag's own range check and message
         check_setting(key, d.get(key), f"--{key.replace('_', '-')}")
     # the block schedule and remasking rule, checked here so that a bad flag fails before the model loads
     # (the engine checks them again for library callers)
     from ..decoding.remasking import validate_remasking
-    from ..decoding.schedule import default_steps, plan_blocks
+    from ..decoding.schedule import default_steps
 
     parallel = d.get("threshold") is not None or d.get("factor") is not None
     if d.get("threshold") is not None and d.get("factor") is not None:  # the engine's words (decoding/step.py)
         raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
     if d.get("gen_length") is not None and d.get("block_length") is not None:
         steps = default_steps(d["gen_length"], d.get("steps"), parallel)
-        from ..engine.checks import gen_length_fit
-
-        most = gen_length_fit(spec, 1, d["block_length"]) if spec is not None and d["block_length"] >= 1 else None
-        plan_blocks(d["gen_length"], d["block_length"], steps, parallel, most)  # most: beside a one-token prompt
-        if most is not None and d["gen_length"] > most:  # too long for any prompt: known before the model loads
-            raise UsageError(no_room(d["gen_length"], d["block_length"], spec.max_positions, most))
+        _check_room(d["gen_length"], d["block_length"], steps, parallel, spec, prompt_tokens)
     if d.get("remasking") is not None:
         validate_remasking(d["remasking"], parallel=parallel)
     from ..decoding.commit import validate_compat, validate_eps
