@@ -167,3 +167,30 @@ def test_the_gen_length_a_canvas_too_long_suggests_is_one_the_run_takes(cli, tmp
     engine.start(ids, DecodeConfig(gen_length=fit, block_length=block), make_policy("none"))
     with pytest.raises(UsageError, match="exceeds the model's"):
         engine.start(ids, DecodeConfig(gen_length=fit + block, block_length=block), make_policy("none"))
+
+
+def test_a_recalibration_command_carries_the_flags_this_machine_needs():
+    """The command a τ-from-other-weights (or other-model) warning suggests: the profile's task without its
+    suffixes, the embedded model's trained domains for ``default`` (with the consent code needs), the shots
+    and parallel threshold it was calibrated at, and the dtype the format needs on a CPU."""
+    from ecache_cli.config import load_profile
+    from ecache_cli.runs.settings import recalibrate_command
+
+    default = load_profile("default", "tiny")
+    assert recalibrate_command("tiny", default, "int4") == (
+        "ecache calibrate --task arith,code,list --allow-code-execution --shots 0,4 --quantize int4 --dtype bfloat16")
+    own = {"task": "list-parallel-int8", "quantize": "int8", "decode": {"threshold": 0.9}}
+    assert recalibrate_command("tiny", own, "none") == "ecache calibrate --task list --threshold 0.9"
+    assert recalibrate_command("tiny", own, "int8") == "ecache calibrate --task list --threshold 0.9 --quantize int8"
+    assert recalibrate_command("llada-8b", {"task": "default"}, "none") == (
+        "ecache calibrate --task <tasks> --model llada-8b")
+
+
+@pytest.mark.slow  # a calibration (a few τs on two examples, quantized): .ci/run's slow step
+def test_the_recalibration_a_quantized_run_suggests_is_one_the_machine_runs(cli):
+    gen = cli("generate", "--gen-length", "16", "--block-length", "16", "--quantize", "int4", "--dtype", "bfloat16",
+              "--task", "list", "Sort: 3 1")
+    assert gen.exit_code == 0, gen.stderr
+    (command,) = re.findall(r"run `ecache calibrate ([^`]*)`", gen.stderr)
+    res = cli("calibrate", *command.split(), "--limit", "2", "--dry-run", "-q")
+    assert res.exit_code == 0, res.stderr

@@ -219,7 +219,7 @@ def test_mismatch_warns_once(profiles_dir, capsys):
     resolve_settings("tiny", {}, {}, task="list", quantize="int4")
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "calibrated on" in ln]
     assert len(lines) == 1 and "unquantized weights, this run uses int4" in lines[0]
-    assert "ecache calibrate --quantize int4" in lines[0]
+    assert "`ecache calibrate --task list --quantize int4 --dtype bfloat16`" in lines[0]  # bfloat16: int4 on a CPU
     resolve_settings("tiny", {}, {"tau": 0.3}, task="list", quantize="int4")  # --tau: no profile τ, no warning
     assert "calibrated on" not in capsys.readouterr().err
 

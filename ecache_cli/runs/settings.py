@@ -157,7 +157,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
         from ..console import warn
 
         warn(f"profile {prof['_path']} was calibrated for model {prof['model']!r}, not {model!r}; its settings "
-             "are used anyway (run `ecache calibrate` for this model)")
+             f"are used anyway (run `{recalibrate_command(model, prof, run_q or 'none')}` for this model)")
     p_dec, path = (prof or {}).get("decode") or {}, (prof or {}).get("_path")
     p_cache = dict((prof or {}).get("cache") or {})
     fam = model_family(model)
@@ -228,12 +228,78 @@ def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_sour
         return
     from ..console import warn
 
-    fix = f"ecache calibrate --quantize {run_q}" if run_q != "none" else "ecache calibrate (unquantized)"
     def what(q: str) -> str:
         return "unquantized" if q == "none" else q
 
     warn(f"profile {prof['_path']}'s τ was calibrated on {what(prof_q)} weights, this run uses {what(run_q)}: "
-         f"quantization changes the entropy signal, so τ may not hold; run `{fix}` or pass --tau")
+         f"quantization changes the entropy signal, so τ may not hold; run "
+         f"`{recalibrate_command(prof.get('model'), prof, run_q)}` or pass --tau")
+
+
+def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
+    """The ``ecache calibrate`` command that writes the profile ``prof`` (a loaded profile: its ``task``, else
+    its file's name; ``quantize``, ``decode.threshold`` and ``measured.shots``) again for ``model`` on weights
+    in format ``quantize`` (``none``: unquantized), with the flags this machine needs to accept it: ``--task`` (the
+    profile's task without its ``-parallel`` and format suffixes; for ``default``, the domains the model
+    was trained on, from its model card, else a ``<tasks>`` placeholder), ``--model`` unless the embedded
+    model, ``--allow-code-execution`` for the code domain, ``--threshold`` for a profile calibrated under
+    parallel decoding, ``--shots`` when it was calibrated at several, ``--quantize`` and the ``--dtype`` the
+    format needs on this machine (``models.quantize.check_supported``: int4 runs in bfloat16 on a CPU)."""
+    from ..config import PARALLEL_SUFFIX, quantize_task
+    from .calib_groups import DEFAULT_PROFILE_TASK
+
+    stem = Path(prof["_path"]).stem if prof.get("_path") else DEFAULT_PROFILE_TASK
+    task, own = str(prof.get("task") or stem), str(prof.get("quantize") or "none")
+    suffix = quantize_task("", own)
+    task = task[: -len(suffix)] if suffix and task.endswith(suffix) else task
+    parallel = task.endswith(PARALLEL_SUFFIX)
+    task = task[: -len(PARALLEL_SUFFIX)] if parallel else task
+    if task == DEFAULT_PROFILE_TASK:
+        task = ",".join(_trained_tasks(model) or ["<tasks>"])
+    parts = ["ecache calibrate", f"--task {task}"]
+    if model not in (None, "tiny", "llada-tiny"):
+        parts.append(f"--model {model}")
+    if "code" in task.split(","):
+        parts.append("--allow-code-execution")
+    threshold = (prof.get("decode") or {}).get("threshold")
+    if parallel and threshold is not None:
+        parts.append(f"--threshold {threshold:g}")
+    shots = (prof.get("measured") or {}).get("shots")
+    if isinstance(shots, list) and len(shots) > 1:
+        parts.append(f"--shots {','.join(map(str, shots))}")
+    if quantize != "none":
+        parts += [f"--quantize {quantize}", *_dtype_for(quantize)]
+    return " ".join(parts)
+
+
+def _trained_tasks(model: str | None) -> list[str] | None:
+    """The task domains ``model``'s card lists (the embedded model's, or a local checkpoint's), else None."""
+    from ..models.loader import EMBEDDED, embedded_dir
+    from .confidence import trained_tasks
+
+    local = embedded_dir() if model in (None, *EMBEDDED) else Path(str(model)).expanduser()
+    return trained_tasks(local) if local.is_dir() else None
+
+
+def _dtype_for(quantize: str) -> list[str]:
+    """``["--dtype bfloat16"]`` when weights in format ``quantize`` do not run in the default dtype on this
+    machine's default device but do in bfloat16 (torchao's int4 on a CPU), else []."""
+    import torch
+
+    from ..models import quantize as qz
+    from ..models.loader import resolve_device, resolve_dtype
+
+    quant, dev = qz.parse_quantize(quantize), resolve_device(None)
+    try:
+        qz.check_supported(quant, dev, resolve_dtype(None, dev))
+        return []
+    except UsageError:
+        pass
+    try:
+        qz.check_supported(quant, dev, torch.bfloat16)
+        return ["--dtype bfloat16"]
+    except UsageError:
+        return []
 
 
 def _sampling_flags(decode: DecodeConfig, decode_flags: dict) -> tuple[str, ...]:
