@@ -4,7 +4,8 @@ machine's load.
 ``bench/serve_sim.py`` runs the real engine, whose step times on a shared CPU move by more than the
 5 % the admission targets resolve. This bench keeps the rules (``serve/admission.py``: the
 ``StepCost`` fit, ``StepHistory``, ``admit``, and the scheduler's ``_take`` logic for ``always``,
-``fcfs`` and ``auto``, deciding for a held head at every step: a decision takes no time on its clock,
+``fcfs`` and ``auto`` (a held head, and the requests expected to end first passing it), deciding for a held
+head at every step: a decision takes no time on its clock,
 so it has no use for ``Scheduler._hold_key``) and replaces the engine by a step-cost table: a step of ``n`` rows in step
 costs ``base + row·n`` seconds, ``× --mixed`` when its rows are at different steps of their blocks
 (a row that joined mid-block), and each joining row's first full forward ``--join`` more. The
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_args import OneLineParser, check_at_least  # noqa: E402  (bench/, the script's folder)
 
-from ecache_cli.serve.admission import Row, StepCost, StepHistory, joins  # noqa: E402
+from ecache_cli.serve.admission import Row, StepCost, StepHistory, ends_first, joins  # noqa: E402
 
 GROUP = "g"
 
@@ -84,15 +85,18 @@ def simulate(mode: str, arrivals: list[tuple[float, int]], args) -> list[tuple[f
         else:
             running = [Row(history.remaining(GROUP, r[1], args.bound, per_block), GROUP, r[1] % per_block)
                        for r in rows] if mode == "auto" else []
-            idle = not rows
-            while queue and len(rows) + len(taken) < args.max_batch:
-                if mode == "auto" and not idle:  # the scheduler's _take
+            idle, held, k = not rows, False, 0
+            while k < len(queue) and len(rows) + len(taken) < args.max_batch:
+                if mode == "auto" and not idle:  # the scheduler's _take: a held head, and the requests that pass it
+                    sizes = history.sizes(GROUP, args.bound)
                     rate = (len(recent) - 1) / max(t - recent[0], 1e-3) if len(recent) > 1 else 0.0
-                    if not joins(running, GROUP, history.sizes(GROUP, args.bound), join_est(), len(queue) - 1,
-                                 cost, rate):
-                        break
+                    if not (ends_first(running, sizes) if held else
+                            joins(running, GROUP, sizes, join_est(), len(queue) - 1, cost, rate)):
+                        held, k = True, k + 1
+                        continue
                     running.append(Row(history.remaining(GROUP, 0, args.bound, per_block), GROUP, 0))
-                taken.append(queue.popleft())
+                taken.append(queue[k])
+                del queue[k]
         rows += [[arr, 0, size] for arr, size in taken]
         if not rows:
             continue

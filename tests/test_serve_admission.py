@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ecache_cli.serve.admission import CLIP, MIXED_PRIOR, Row, StepCost, StepHistory, admit, completions
+from ecache_cli.serve.admission import CLIP, MIXED_PRIOR, NEIGHBOURS, Row, StepCost, StepHistory, admit, completions
 
 
 @pytest.mark.parametrize("true", [(2e-3, 1e-4, 3e-5), (20e-3, 5e-4, 1e-6), (0.0, 2e-3, 0.0)])
@@ -105,6 +105,45 @@ def test_expected_remaining_steps_come_from_the_rows_that_ran_longer():
     assert h.remaining("g", 0, 64, 32) == 48  # the mean
     assert h.remaining("g", 40, 64, 32) == 56  # past one block: only the long row ran that far
     assert h.remaining("g", 100, 64, 32) == 28  # longer than any: to the end of its block
+
+
+def test_a_heads_lengths_come_from_the_rows_of_prompts_nearest_its_own():
+    """Short prompts (from 20 tokens) took 32 steps and long ones (from ~70) 128, in one group: a short head
+    is predicted at 32 steps, a long one at 128, a running short row past 40 steps is at its block's
+    end rather than near the long rows' 128."""
+    h = StepHistory()
+    for i in range(NEIGHBOURS):  # short prompts 20 to 20 + NEIGHBOURS - 1 tokens, long ones from 50 + that
+        h.finished("g", 32, prompt=20 + i)
+        h.finished("g", 128, prompt=50 + NEIGHBOURS + i)
+    near_short, near_long = 20 + NEIGHBOURS // 2, 50 + NEIGHBOURS + NEIGHBOURS // 2
+    assert h.sizes("g", bound=128, prompt=near_short) == [32.0] * 8
+    assert h.sizes("g", bound=128, prompt=near_long) == [128.0] * 8
+    assert h.sizes("g", bound=128, k=4) == [32.0, 32.0, 128.0, 128.0]  # no prompt length: every row
+    assert h.remaining("g", 0, 128, 32, prompt=near_short) == 32
+    assert h.remaining("g", 40, 128, 32, prompt=near_short) == 24  # none of its neighbours ran that far
+    assert h.remaining("g", 40, 128, 32) == 88  # every row: the long ones
+    assert h.remaining("g", 40, 128, 32, prompt=near_long) == 88
+    assert h.sizes("g", bound=128, prompt=20 + NEIGHBOURS + 5) == [32.0] * 8  # nearer every short prompt
+    # a long prompt as near as the farthest short one counts too
+    assert sorted(h.like("g", 35 + NEIGHBOURS // 2)) == [32] * NEIGHBOURS + [128]
+
+
+def test_prompt_lengths_that_say_nothing_leave_the_prediction_as_every_rows():
+    """With fewer remembered rows than neighbours, or rows of unknown prompt length, or neighbours all
+    tied, the prediction is every row's, as without prompt lengths."""
+    h = StepHistory()
+    for steps, prompt in ((32, 30), (40, 31), (96, 90)):
+        h.finished("g", steps, prompt=prompt)
+    assert h.sizes("g", bound=128, prompt=30) == h.sizes("g", bound=128) == [32.0, 40.0, 96.0]
+    one = StepHistory()
+    for steps in (32, 64, 32, 96, 32, 64, 32, 64, 32, 96) * 2:
+        one.finished("g", steps, prompt=30)  # one prompt length: all tied, all neighbours
+    assert one.sizes("g", bound=128, prompt=30) == one.sizes("g", bound=128)
+    assert one.remaining("g", 40, 128, 32, prompt=30) == one.remaining("g", 40, 128, 32) == pytest.approx(36.8)
+    unknown = StepHistory()
+    for steps in (32, 32, 128, 128) * 4:
+        unknown.finished("g", steps)
+    assert unknown.sizes("g", bound=128, k=4, prompt=20) == [32.0, 32.0, 128.0, 128.0]
 
 
 def test_a_groups_own_steps_set_its_level_and_the_fit_its_shape():
@@ -238,7 +277,8 @@ def test_on_a_cpu_a_request_joins_at_a_block_start_and_waits_mid_block():
 
 
 def test_the_scheduler_reads_a_rows_phase_and_a_steps_mixedness():
-    """``Scheduler._row``: a row's phase is its steps modulo its block's steps; ``_observe``: a step
+    """``Scheduler._row``: a row's phase is its steps modulo its block's steps, its remaining steps those of
+    the rows of prompts nearest its own in length; ``_observe``: a step
     whose rows are at different steps of their blocks goes to the mixed curve."""
     import collections
     import types
@@ -252,6 +292,10 @@ def test_the_scheduler_reads_a_rows_phase_and_a_steps_mixedness():
     sched = types.SimpleNamespace(history=StepHistory(), _bound=Scheduler._bound, cost=StepCost(),
                                   metrics=types.SimpleNamespace(step_cost=lambda cost: None))
     assert [Scheduler._row(sched, key, done).phase for done in (0, 5, 32, 70)] == [0, 5, 0, 6]
+    for i in range(NEIGHBOURS):  # short prompts took one block, long ones four: a row's prompt picks its own
+        sched.history.finished(key, 32, 20 + i)
+        sched.history.finished(key, 128, 100 + i)
+    assert [Scheduler._row(sched, key, 10, prompt).remaining for prompt in (24, 103, None)] == [22, 118, 70]
     for sib, mixed in (([3, 3], False), ([0, 3], True), ([4], False)):
         rec = types.SimpleNamespace(step_in_block=torch.tensor(sib))
         Scheduler._observe(sched, 2e-3, len(sib), 80.0, "g", 0.0, rec)
@@ -336,3 +380,40 @@ def test_a_count_the_group_has_not_run_lies_between_the_levels_of_those_around_i
     assert cost.curve("g", 6) == pytest.approx(12e-3 * step[6] / step[4])
     curve = [cost.curve("g", n) for n in range(1, 7)]
     assert curve == sorted(curve) and curve[0] == pytest.approx(10e-3) and curve[3] == pytest.approx(12e-3)
+
+
+def test_a_request_expected_to_end_before_the_running_rows_joins_them():
+    """Shortest expected work first: a head whose mean length is below the longest running row's remaining
+    steps joins (on a CPU thread, where sharing costs about what it saves, this is what lets a short request
+    past a long one); a head as long as what runs, or a one-size workload's, does not."""
+    from ecache_cli.serve.admission import ends_first, joins
+
+    assert ends_first([Row(96, "g"), Row(10, "g")], [32.0]) and not ends_first([Row(31, "g")], [32.0] * 8)
+    assert ends_first([Row(60, "g")], [32.0, 32.0, 64.0, 64.0])  # a mean of 48 steps
+    assert not ends_first([Row(40, "g")], [32.0, 32.0, 64.0, 64.0]) and not ends_first([], [1.0])
+    cost = StepCost()
+    for _ in range(10):  # in step and mixed, both measured: a step's time in proportion to its rows
+        for n in (1, 2):
+            cost.observe(2e-3 * n, n, 40.0 * n, "g")
+            cost.observe(2.2e-3 * n, n, 40.0 * n, "g", mixed=n > 1)
+    # mid-block beside a row with 40 steps left: by the expected sum of completion times a 32-step head waits
+    assert not admit([Row(40, "g", 5)], Row(32, "g"), 0.0, 0, cost.curve)
+    assert joins([Row(40, "g", 5)], "g", [32.0], 0.0, 0, cost)
+    assert not joins([Row(30, "g", 5)], "g", [32.0], 0.0, 0, cost)
+
+
+def test_a_mid_block_join_is_tried_until_mixed_steps_are_measured():
+    """The mixed ratio is the prior until the server has run mixed steps: the first head that would join
+    mid-block joins, so that the next decisions rest on measured mixed steps; once they are, a costly one
+    holds the head."""
+    from ecache_cli.serve.admission import joins
+
+    cost = StepCost()
+    for _ in range(10):
+        for n in (1, 2):
+            cost.observe(2e-3 * n, n, 40.0 * n, "g")
+    assert not cost.mixed_measured() and joins([Row(20, "g", 5)], "g", [32.0], 0.0, 0, cost)
+    for _ in range(10):
+        cost.observe(6e-3, 2, 80.0, "g", mixed=True)  # 1.5× a step in step
+    assert cost.mixed_measured() and cost.mixed_ratio(2) == pytest.approx(1.5)
+    assert not joins([Row(20, "g", 5)], "g", [32.0], 0.0, 0, cost)

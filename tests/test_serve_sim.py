@@ -232,3 +232,25 @@ def test_auto_simulates_a_held_head_again_only_when_what_it_rests_on_changes(sim
     assert answers[0] == answers[1]
     assert counts[0] == 2, counts  # the second request's arrival, then the third's (the queue grew)
     assert counts[1] > 10 * counts[0]  # one a step while the first row runs its block
+
+
+def test_auto_lets_a_request_expected_to_end_first_pass_a_held_head(sim, tiny_cpu, monkeypatch):
+    """Behind a head ``auto`` holds (``joins`` stubbed to hold), a request expected to end before the running
+    row does (its predicted steps, stubbed by prompt length, below the row's remaining ones) joins at once,
+    as a backfilled job does, and ends before the held head; one not expected to end first waits behind it."""
+    import ecache_cli.serve.scheduler as scheduler
+
+    args, lm, settings, _ = tiny_cpu
+    prompts = [("list", "Sort: 3 1 2 5 4"), ("list", "Sort: 9 8 7 6 5 4 3 2 1 0 9 8"), ("list", "Sort: 2 1")]
+    monkeypatch.setattr(scheduler, "joins", lambda *a, **k: False)
+    orders, joined = [], []
+    for short in (1.0, 64.0):  # the third request's predicted steps
+        p = sim.Pass(lm, settings, prompts, args, "auto", 3, sim.CpuClock())
+        p.warmup = p.warmup[:1]
+        third = len(p.request(2).prompt_ids)
+        p.sched.history.sizes = lambda key, bound, k=8, prompt=None, s=short, t=third: [s if prompt == t else 32.0]
+        sim.drive([p], [0.0, 1e-4, 2e-4])
+        assert all(j.text for j in p.jobs)
+        orders.append(sorted(range(3), key=lambda i: p.done_at[id(p.jobs[i])]))
+        joined.append(p.result(1.0)["joined_running"])
+    assert orders == [[0, 2, 1], [0, 1, 2]] and joined == [1, 0], (orders, joined)

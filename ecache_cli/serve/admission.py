@@ -16,16 +16,17 @@ defined while the rows do not vary), and keeps apart the *mixed* steps, of rows 
 their blocks (a row that joined mid-block), which cost more (two rows 1.9× one, against 1.5× in
 step, on one CPU thread). The curves never fall as the rows grow (a count's mean is over the steps it
 happened to run, and one with more block starts among them can lie above a larger count's). A running
-row still needs ``remaining`` steps, the mean over the last finished rows of its group that ran longer
-than it has (:class:`StepHistory`), and is at a
+row still needs ``remaining`` steps, the mean over the last finished rows of its group whose prompts
+were nearest its own in length that ran longer than it has (:class:`StepHistory`), and is at a
 ``phase`` of its block. :func:`joins` / :func:`admit` compare, for the queue's head, the sum of the
 completion times of the running rows and the head (and, for a join in step, of the requests queued
 behind it) between "join now" and "start when the running rows have left". On one CPU thread a
 step's time grows about in proportion to its rows, so a request of the size of the running ones
 waits mid-block (sharing mixed steps would slow the running rows by more than it saves the joiner),
-joins at their block start, and a short one joins long ones; on a GPU below its compute bound
-``base`` dominates and a request joins at once. ``bench/admission_model.py`` runs these rules on a
-modelled engine.
+joins at their block start, and a short one joins long ones (:func:`ends_first`: a request expected
+to end before the running rows joins them, also from behind a held head); on a GPU below its compute
+bound ``base`` dominates and a request joins at once. ``bench/admission_model.py`` runs these rules
+on a modelled engine.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ MIN_SEEN = 7.5
 CLIP = 8.0
 #: Finished rows per group remembered for the expected remaining steps.
 HISTORY = 64
+#: Remembered rows, those of prompt lengths nearest a request's, whose steps predict its own
+#: (:meth:`StepHistory.like`): an eighth of :data:`HISTORY`, few enough that a kind of request with a
+#: few rows of its own in the history is predicted from them, enough for its lengths' spread.
+NEIGHBOURS = 8
 #: A step of rows at different steps of their blocks (``mixed``) over one of as many rows in step, until
 #: measured: the embedded model on one CPU thread, 2 rows, 5.6 ms mixed against 4.4 ms in step (means
 #: over a ``bench/serve_sim.py`` mixed-length pass each of ``always`` and ``fcfs``).
@@ -165,6 +170,12 @@ class StepCost:
         """Whether runs of ``group`` have stepped ``rows`` rows (``mixed`` or in step) often enough
         (:data:`MIN_SEEN` steps) for :meth:`curve` to use their own time."""
         return self._groups.get(group, {}).get((rows, mixed), (0.0,))[0] >= MIN_SEEN
+
+    def mixed_measured(self) -> bool:
+        """Whether :meth:`mixed_ratio` rests on measured steps (at some count, :data:`MIN_SEEN` mixed
+        steps and as many in step), not on :data:`MIXED_PRIOR`."""
+        return any(m and w >= MIN_SEEN and self._all.get((n, False), (0.0,))[0] >= MIN_SEEN
+                   for (n, m), (w, _) in self._all.items())
 
     def mixed_ratio(self, rows: int) -> float:
         """A mixed step of ``rows`` rows over one of as many rows in step (≥ 1): the ratio of the two
@@ -280,20 +291,53 @@ def _solve(xx, xy, prior) -> list[float]:
 
 class StepHistory:
     """How many steps the rows of each group took (the last :data:`HISTORY` that finished with an
-    answer)."""
+    answer), each with its prompt's length in tokens.
+
+    A request's length is not known until it ends, but its prompt's is known when it arrives, and the
+    two go together where a group mixes kinds of requests (a short list task and a word problem share
+    one batching group, yet answer in ~1 block and up to 4). So a request of ``prompt`` tokens is
+    predicted from the :data:`NEIGHBOURS` remembered rows whose prompts are nearest its own (every row
+    as near as the last of them counts, so ties do not depend on order), not from all of its group's
+    rows. Where prompt length says nothing (requests of one kind), the nearest rows are a sample of
+    the same lengths, and with at most :data:`NEIGHBOURS` rows remembered they are all of them."""
 
     def __init__(self):
-        self._steps: dict[object, collections.deque[int]] = {}
+        self._steps: dict[object, collections.deque[tuple[int, int | None]]] = {}
+        # (key, prompt) -> the steps its neighbours took; cleared when a row finishes (a decision asks
+        # for the same few prompts at every step, on the engine thread between two steps)
+        self._memo: dict[tuple, list[int]] = {}
 
-    def finished(self, key, steps: int) -> None:
-        """A row of group ``key`` finished its answer after ``steps`` steps."""
-        self._steps.setdefault(key, collections.deque(maxlen=HISTORY)).append(steps)
+    def finished(self, key, steps: int, prompt: int | None = None) -> None:
+        """A row of group ``key`` whose prompt had ``prompt`` tokens (None: not known) finished its
+        answer after ``steps`` steps."""
+        self._steps.setdefault(key, collections.deque(maxlen=HISTORY)).append((steps, prompt))
+        self._memo.clear()
 
-    def remaining(self, key, done: int, bound: int, per_block: int) -> float:
-        """Expected steps a row of ``key`` still runs after ``done``: the mean over the remembered rows
-        that ran longer, less ``done``; with none, to the end of its current block (of ``per_block``
-        steps); with no history, to ``bound`` (its canvas's steps)."""
+    def like(self, key, prompt: int | None = None) -> list[int]:
+        """The steps taken by the remembered rows of ``key`` that predict a request of ``prompt``
+        tokens: those with the :data:`NEIGHBOURS` nearest prompt lengths, ties at the farthest of them
+        included; every remembered row when ``prompt`` is None or fewer than :data:`NEIGHBOURS` rows
+        have a known prompt length; ``[]`` with no history."""
         seen = self._steps.get(key)
+        if not seen:
+            return []
+        if (key, prompt) in self._memo:
+            return self._memo[(key, prompt)]
+        known = sorted((abs(p - prompt), s) for s, p in seen if p is not None) if prompt is not None else []
+        if len(known) < NEIGHBOURS:
+            out = [s for s, _ in seen]
+        else:
+            cut = known[NEIGHBOURS - 1][0]
+            out = [s for d, s in known if d <= cut]
+        self._memo[(key, prompt)] = out
+        return out
+
+    def remaining(self, key, done: int, bound: int, per_block: int, prompt: int | None = None) -> float:
+        """Expected steps a row of ``key`` (a prompt of ``prompt`` tokens) still runs after ``done``:
+        the mean over the rows that predict it (:meth:`like`) that ran longer, less ``done``; with
+        none, to the end of its current block (of ``per_block`` steps); with no history, to ``bound``
+        (its canvas's steps)."""
+        seen = self.like(key, prompt)
         if not seen:
             return float(max(bound - done, 1))
         longer = [s for s in seen if s > done]
@@ -301,10 +345,11 @@ class StepHistory:
             return sum(longer) / len(longer) - done
         return float(max(per_block - done % per_block, 1))
 
-    def sizes(self, key, bound: int, k: int = 8) -> list[float]:
-        """Up to ``k`` evenly spaced quantiles of the steps the remembered rows of ``key`` took (a new
-        request's length is one of them, each as likely); ``[bound]`` with no history."""
-        seen = sorted(self._steps.get(key) or [])
+    def sizes(self, key, bound: int, k: int = 8, prompt: int | None = None) -> list[float]:
+        """Up to ``k`` evenly spaced quantiles of the steps taken by the rows that predict a request
+        of ``prompt`` tokens (:meth:`like`; its length is one of them, each as likely); ``[bound]``
+        with no history."""
+        seen = sorted(self.like(key, prompt))
         if not seen:
             return [float(bound)]
         n = min(k, len(seen))
@@ -393,17 +438,38 @@ def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: i
     return diff <= 0 or not math.isfinite(diff)
 
 
+def ends_first(running: list[Row], sizes: list[float]) -> bool:
+    """Whether a request of the equally likely lengths ``sizes`` (steps) is expected to end before the
+    ``running`` rows do: its mean length below the longest running row's ``remaining``. Such a request
+    joins (shortest expected work first, as SRPT orders it; it also joins from behind a held head, as a
+    backfilled job does: it ends before the rows the head waits for, so it takes nothing from the head
+    but the share of their steps it uses). Where a step's time grows in proportion to its rows (a CPU
+    thread) the expected sum of completion times is about the same either way, and this is what lets a
+    short request past long ones; on one-size workloads no request is shorter than what runs, so it
+    never applies. False when nothing runs."""
+    if not running or not sizes:
+        return False
+    return sum(sizes) / len(sizes) < max(r.remaining for r in running)
+
+
 def joins(running: list[Row], group, sizes: list[float], join_cost: float, behind: int, cost: StepCost,
           arrivals: float = 0.0) -> bool:
     """``auto``'s decision for the queue's head, of ``group``, while ``running`` rows run: join now?
 
-    ``sizes``: the steps its group's rows have taken (:meth:`StepHistory.sizes`: its equally likely
-    lengths); ``join_cost``, ``behind``, ``arrivals`` as :func:`admit`, which decides by ``cost``'s
-    curves. Before that, a head that would join its group's rows at the start of their blocks (in
-    step) at a width the group has not run (:meth:`StepCost.seen`) joins, so that the next decision
-    at that width rests on measured steps rather than on the fit's shape alone."""
+    ``sizes``: the steps taken by its group's rows of prompts nearest its own in length
+    (:meth:`StepHistory.sizes`: its equally likely lengths); ``join_cost``, ``behind``, ``arrivals``
+    as :func:`admit`, which decides by ``cost``'s curves. Before that, a head joins that would join its
+    group's rows at the start of their blocks (in step) at a width the group has not run
+    (:meth:`StepCost.seen`), or mid-block while no mixed step has been measured
+    (:meth:`StepCost.mixed_measured`), so that the next decision rests on measured steps rather than
+    on the fit's shape or the mixed prior alone; and a head expected to end before the running rows
+    (:func:`ends_first`) joins."""
     mine = [r for r in running if r.group == group]
     n = len(mine) + 1
     if n > 1 and all(r.phase == 0 for r in mine) and not cost.seen(group, n):
+        return True
+    if n > 1 and any(r.phase != 0 for r in mine) and not cost.mixed_measured():
+        return True
+    if ends_first(running, sizes):
         return True
     return admit(running, [Row(s, group) for s in sizes], join_cost, behind, cost.curve, arrivals)

@@ -56,7 +56,7 @@ from ..decoding.config import DecodeConfig
 from ..decoding.streams import RowStreams, row_generator
 from ..engine.core import Engine
 from ..runs.final_text import cut_answer, final_lengths, streamable, unsettled
-from .admission import MODES, Row, StepCost, StepHistory, joins
+from .admission import MODES, Row, StepCost, StepHistory, ends_first, joins
 
 #: Prompt widths are rounded up to a multiple of this many tokens, so prompts of similar length share a run.
 PROMPT_BUCKET = 64
@@ -438,22 +438,30 @@ class Scheduler:
         else:
             running = self._rows() if self.admission == "auto" and self._queue else []
             idle = not running  # an idle engine starts what waits as one batch, its rows in step
-            while self._queue and self._running + len(taken) < self.max_batch:
-                head = self._queue[0]
+            held, i = False, 0  # held: auto kept the queue's head waiting; i: the queued job looked at
+            while i < len(self._queue) and self._running + len(taken) < self.max_batch:
+                job = self._queue[i]
                 if self.admission == "auto" and not idle:
-                    key = self._hold_key(head, running) if not taken else None
-                    if key is not None and key == self._held:  # nothing the decision rests on has changed
-                        break
-                    sizes = self.history.sizes(head.key, self._bound(head.key))
-                    if not joins(running, head.key, sizes, self._join_cost(head.key), len(self._queue) - 1,
-                                 self.cost, self._rate()):
-                        self._held = key
-                        if not head.held:
-                            head.held = True
-                            self.metrics.admissions.labels("held").inc()
-                        break
-                    running.append(self._row(head.key, 0))
-                taken.append(self._queue.popleft())
+                    sizes = self.history.sizes(job.key, self._bound(job.key), prompt=len(job.prompt_ids))
+                    if held:  # behind a held head: only a request that ends before the running rows passes it
+                        if not ends_first(running, sizes):
+                            i += 1
+                            continue
+                    else:
+                        key = self._hold_key(job, running) if not taken else None
+                        if key is not None and key == self._held:  # nothing the decision rests on has changed
+                            held, i = True, i + 1
+                            continue
+                        if not joins(running, job.key, sizes, self._join_cost(job.key), len(self._queue) - 1,
+                                     self.cost, self._rate()):
+                            self._held, held, i = key, True, i + 1
+                            if not job.held:
+                                job.held = True
+                                self.metrics.admissions.labels("held").inc()
+                            continue
+                    running.append(self._row(job.key, 0, len(job.prompt_ids)))
+                taken.append(job)
+                del self._queue[i]
         self._running += len(taken)
         if taken:  # into rows already running, or as a new batch of an idle engine
             self.metrics.admissions.labels("joined" if running_before else "started").inc(len(taken))
@@ -471,7 +479,8 @@ class Scheduler:
         joining's cost and waiting's alike, and the slowly moving step-cost estimate: the head stays
         held without simulating again (on one CPU thread a decision's ~0.1 ms delays the next step,
         ~1-2 % of a step, paid at every step while a request waits)."""
-        rows = tuple((id(job), round(job.steps + self.history.remaining(g.key, job.steps, self._bound(g.key), 1), 6))
+        rows = tuple((id(job), round(job.steps + self.history.remaining(g.key, job.steps, self._bound(g.key), 1,
+                                                                        len(job.prompt_ids)), 6))
                      for g in self._groups for job in g.jobs.values() if not job.done)
         start = any(r.phase == 0 for r in running if r.group == head.key)
         return id(head), len(self._queue), rows, start
@@ -488,14 +497,15 @@ class Scheduler:
         """The most steps a row of ``key`` runs: its steps, or in threshold mode one a token."""
         return key.cfg.steps if key.cfg.steps is not None else key.cfg.gen_length
 
-    def _row(self, key: GroupKey, done: int) -> Row:
-        """A row of group ``key`` that has run ``done`` steps, as the admission model sees it: its
-        expected remaining steps, and its phase, the step of its block it runs next (with a fixed step
-        count a block takes ``steps / blocks`` steps; in threshold mode the block length is taken as
-        its step count, so rows that joined apart count as mixed)."""
+    def _row(self, key: GroupKey, done: int, prompt: int | None = None) -> Row:
+        """A row of group ``key`` (a prompt of ``prompt`` tokens) that has run ``done`` steps, as the
+        admission model sees it: its expected remaining steps (:meth:`StepHistory.remaining`), and its
+        phase, the step of its block it runs next (with a fixed step count a block takes
+        ``steps / blocks`` steps; in threshold mode the block length is taken as its step count, so rows
+        that joined apart count as mixed)."""
         bound, blocks = self._bound(key), max(key.cfg.gen_length // key.cfg.block_length, 1)
         per_block = max(bound // blocks, 1)
-        return Row(self.history.remaining(key, done, bound, per_block), key, done % per_block)
+        return Row(self.history.remaining(key, done, bound, per_block, prompt), key, done % per_block)
 
     def _join_cost(self, key: GroupKey) -> float:
         """Seconds a joining row's first full forward (its whole canvas) adds to its first step, beyond
@@ -505,7 +515,8 @@ class Scheduler:
 
     def _rows(self) -> list[Row]:
         """The rows running now, as the admission model sees them."""
-        return [self._row(g.key, job.steps) for g in self._groups for job in g.jobs.values() if not job.done]
+        return [self._row(g.key, job.steps, len(job.prompt_ids))
+                for g in self._groups for job in g.jobs.values() if not job.done]
 
     def _admit(self, jobs: list[Job]) -> None:
         """Put each job into the newest joinable run of its group, or start a run for it; a job whose
@@ -667,7 +678,7 @@ class Scheduler:
             if reason is not None:
                 leave[b] = True
                 if reason in ("stop", "length"):
-                    self.history.finished(group.key, job.steps)
+                    self.history.finished(group.key, job.steps, len(job.prompt_ids))
                 self._finish(job, reason, self._row_stats(group, r))
                 group.streams.forget(job.uid)
             elif job.stream:
@@ -682,7 +693,7 @@ class Scheduler:
             if not job.done and job.in_run and r not in stepped:
                 ids = group.run.ledger.final[r, group.run.P:].tolist()
                 job.update(ids, self.end_ids, self._decode)
-                self.history.finished(group.key, job.steps)
+                self.history.finished(group.key, job.steps, len(job.prompt_ids))
                 self._finish(job, job.reason or "length", self._row_stats(group, r))
                 group.streams.forget(job.uid)
 
