@@ -37,6 +37,7 @@ from .contract.fields import (  # noqa: F401 (re-exported)
     check_value,
     dataclass_defaults,
     field_types,
+    fitting_example,
     given_float,
 )
 from .errors import ConfigError
@@ -97,19 +98,25 @@ def run_policies(values: dict) -> list[str]:
     return names
 
 
-def check_setting(name: str, value, label: str) -> None:
+def check_setting(name: str, value, label: str, fit: dict | None = None) -> None:
     """``value`` in the declared range of setting ``name`` (:func:`setting_ranges`): the one check and
     message of a flag, a chat command, a server field and a profile key, which differ only in ``label``
     (``--threshold``, ``/threshold``, ``threshold``). UsageError ``--threshold 1.5 must be in (0, 1] (a
     confidence; e.g. 0.9)``. NaN, ±inf and a text that is no number (``"nan"``, ``"abc"``, as typed after
     a flag or a chat command, or sent as a request's string) get one message in every place,
     ``contract.fields.Range.not_finite``: ``--tau abc must be a finite number ≥ 0 (an entropy in nats;
-    e.g. 0.5)``. A name without a range, or a value of another type, passes."""
+    e.g. 0.5)``. ``fit``: the other settings given (name → value), whose example a refused value gets
+    (:func:`fitting_example`: ``steps 0 … (e.g. 32)`` beside a gen-length of 32). A name without a range, or
+    a value of another type, passes."""
     from .errors import UsageError
 
     rng = setting_ranges().get(name)
     if rng is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return
+    if fit:
+        import dataclasses
+
+        rng = dataclasses.replace(rng, example=fitting_example(name, fit, rng.example))
     try:
         rng.check_given(value)
     except ValueError as e:
@@ -239,21 +246,6 @@ def model_spec(model: str | None):
         return spec_from_config(read_json_object(path), path) if path.is_file() else None
     except (ModelLoadError, OSError):
         return None
-
-
-def fitting_example(name: str, values: dict, example: str) -> str:
-    """A range's example value that also fits the other options given (``values``): a block length that
-    divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, the given
-    gen-length's steps (one token a step), so that a suggested value is one the same command accepts."""
-    gen, block = values.get("gen_length"), values.get("block_length")
-    if name == "block_length" and isinstance(gen, int) and gen >= 1:
-        return str(next(b for b in (32, 16, 8, 4, 2, 1) if gen % b == 0)) if gen > 32 else str(gen)
-    if name == "steps" and isinstance(gen, int) and gen >= 1:  # one token a step: a multiple of the blocks
-        return str(gen)
-    if name == "gen_length" and isinstance(block, int) and block >= 1:
-        steps = values.get("steps")  # each block needs a whole number of the steps
-        return str(block * steps if isinstance(steps, int) and steps >= 1 else -(-256 // block) * block)
-    return example
 
 
 def profiles_dir() -> Path:

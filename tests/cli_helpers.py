@@ -95,9 +95,10 @@ def step_layer_positions(lm, run) -> tuple[list, list[int]]:
 
 
 def no_model(tmp_path: Path) -> Path:
-    """A ``--model`` folder that exists but holds no checkpoint: it passes the name check
-    (``runs.models.check_model_name``) and fails at the load, so a test with it shows that a bad flag is
-    refused before anything loads."""
+    """A ``--model`` folder that holds no checkpoint but a config.json naming no model family: it passes
+    the checks before the first line (``runs.models.check_model_name``: a folder with config.json) and
+    fails at the load, so a test with it shows that a bad flag is refused before anything loads."""
     folder = tmp_path / "no-model"
     folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text("{}\n")
     return folder

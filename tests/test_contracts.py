@@ -611,7 +611,7 @@ def test_a_folder_without_config_is_refused_as_models_show_and_load_model_refuse
     wording = shown.stderr.strip().removeprefix("error: ")
     assert shown.exit_code == 1 and wording.startswith(f"{empty}: no config.json, so it is not a checkpoint"), wording
     res = cli(*[a for a in _args(command, empty) if a != "-q"], *([] if command == "calibrate" else ["x"]))
-    assert res.exit_code == 1 and res.stderr.strip().splitlines()[-1] == f"error: --model {wording}", res.stderr
+    assert res.exit_code == 1 and res.stderr.strip().splitlines() == [f"error: --model {wording}"], res.stderr
     with pytest.raises(ModelLoadError) as e:
         load_model(empty)
     assert str(e.value) == f"--model {wording}"
@@ -788,6 +788,46 @@ def test_the_python_api_warns_the_same_ignored_schedule(llada_lm):
     with pytest.warns(IgnoredSetting, match=r"^--steps 8 does nothing with --threshold 0\.9: "):
         engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, threshold=0.9, steps=8),
                      make_policy("none"))
+
+
+def test_the_python_api_warns_steps_a_blocks_masks_run_out_before(llada_lm):
+    """``Engine.start`` warns (``IgnoredSetting``) on steps beyond a block's masks under LLaDA's schedule, in
+    the words ``ecache generate --steps`` warns with; steps the blocks use are not warned."""
+    import warnings
+
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig, Engine
+    from ecache_cli.errors import IgnoredSetting
+
+    engine = Engine.from_loaded(llada_lm)
+    with pytest.warns(IgnoredSetting, match=r"^--steps 64 gives each block 32 steps for its 8 masks; LLaDA's "):
+        engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, steps=64), make_policy("none"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IgnoredSetting)
+        engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, steps=16), make_policy("none"))
+
+
+@pytest.mark.parametrize("given", ["0", "abc"])
+def test_a_steps_example_fits_the_gen_length_in_every_place(cli, given):
+    """A refused ``steps`` is shown an example that fits the canvas given beside it (one token a step: 32
+    for a gen-length of 32), on the command line, in a request (beside ``max_tokens``), in ``DecodeConfig``
+    and in lm-eval's model_args, not the default canvas's 256."""
+    from ecache_cli.decoding.config import DecodeConfig
+    from ecache_cli.errors import UsageError
+    from ecache_cli.serve.protocol import ApiError, CompletionRequest, parse
+
+    res = cli("generate", "--gen-length", "32", "--steps", given, "x")
+    assert res.exit_code == 2 and res.stderr.rstrip().endswith("(e.g. 32)"), res.stderr
+    with pytest.raises(ApiError, match=r"^steps .* \(e\.g\. 32\)$"):
+        parse(CompletionRequest, {"model": "tiny", "prompt": "x", "max_tokens": 32,
+                                  "steps": int(given) if given.isdigit() else given})
+    with pytest.raises(UsageError, match=r"^DecodeConfig steps=.* \(e\.g\. 32\)$"):
+        DecodeConfig(gen_length=32, block_length=32, steps=int(given) if given.isdigit() else given)
+    pytest.importorskip("lm_eval")
+    from ecache_cli.evaluation.lm_eval_adapter import EcacheLM
+
+    with pytest.raises(UsageError, match=r"^model_args: steps=.* \(e\.g\. 32\)$"):
+        EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,gen_length=32,steps={given}")
 
 
 #: Values refused before the "using model …" line (README: it comes first; a bad value is refused before

@@ -789,6 +789,20 @@ def test_top_p_greedy_decoding_drops_is_named_on_every_route(named, llada2):
     assert r.status_code == 200 and "top_p does nothing at temperature 0" in r.headers["warning"], r.text
 
 
+def test_steps_a_blocks_masks_run_out_before_are_named_in_the_warning_header(named):
+    """``steps`` beyond a block's masks under LLaDA's schedule (``ecache generate --steps`` warns it: the
+    blocks' masks are gone first) is named in the Warning header in the command line's words; steps the
+    blocks use are not."""
+    url, _ = named
+    body = {"model": "my-model", "prompt": "hi", "max_tokens": 8, "block_length": 8}
+    r = httpx.post(f"{url}/v1/completions", json={**body, "steps": 64}, timeout=60)
+    want = ('299 ecache "accepted and ignored: steps 64 gives each block 64 steps for its 8 masks; LLaDA\'s schedule '
+            'commits them in the first 8, so at most 8 steps run (steps 8 is the same decoding)"')
+    assert r.status_code == 200 and r.headers["warning"] == want, (r.text, r.headers)
+    r = httpx.post(f"{url}/v1/completions", json={**body, "steps": 8}, timeout=60)
+    assert r.status_code == 200 and "warning" not in r.headers, r.headers
+
+
 # --- settings that do not fit the model: refused before serving, or per request ---------------------------
 
 

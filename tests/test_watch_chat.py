@@ -390,3 +390,16 @@ def test_chat_help_wraps_to_the_terminal(monkeypatch):
     narrow = help_text(shutil.get_terminal_size().columns).splitlines()
     assert max(len(line) for line in narrow) <= 60 < max(len(line) for line in HELP.splitlines())
     assert " ".join(" ".join(narrow).split()) == " ".join(HELP.split())  # every word kept, in order
+
+
+def test_an_answers_stats_break_between_their_fields_at_the_terminals_width():
+    """``/stats`` (chat, on stdout) and the stats after a watched answer: one line where it fits, else broken
+    between its ``·`` fields, never inside one, so 60 columns hold it as they hold ``/help``."""
+    from ecache_cli.runs.watch import stats_line
+
+    stats = {"nfe": 32, "full_forwards": 5, "generated_tokens": 6, "tokens_per_s": 49.4, "token_layer_share": 0.48}
+    wide = stats_line(stats, 80)
+    assert wide == stats_line(stats) == "NFE 32 · refresh 5 (16%) · 6 tokens · 49.4 tok/s · work 48% of no cache"
+    narrow = stats_line(stats, 60).splitlines()
+    assert narrow == ["NFE 32 · refresh 5 (16%) · 6 tokens · 49.4 tok/s", "work 48% of no cache"]
+    assert all(len(line) <= 20 for line in stats_line(stats, 20).splitlines()[1:])  # a field a line

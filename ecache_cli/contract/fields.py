@@ -202,3 +202,32 @@ def _check_type(kind, value):
     elif kind is str and not isinstance(value, str):
         raise ValueError("must be a string")
     return value
+
+
+def fitting_example(name: str, values: dict, example: str) -> str:
+    """A range's example value that also fits the other options given (``values``): a block length that
+    divides the given ``--gen-length``, a gen-length that the given ``--block-length`` divides, the given
+    gen-length's steps (one token a step), so that a suggested value is one the same command accepts."""
+    gen, block = values.get("gen_length"), values.get("block_length")
+    if name == "block_length" and isinstance(gen, int) and gen >= 1:
+        return str(next(b for b in (32, 16, 8, 4, 2, 1) if gen % b == 0)) if gen > 32 else str(gen)
+    if name == "steps" and isinstance(gen, int) and gen >= 1:  # one token a step: a multiple of the blocks
+        return str(gen)
+    if name == "gen_length" and isinstance(block, int) and block >= 1:
+        steps = values.get("steps")  # each block needs a whole number of the steps
+        return str(block * steps if isinstance(steps, int) and steps >= 1 else -(-256 // block) * block)
+    return example
+
+
+def fitted_kind(name: str, kind, values: dict):
+    """``kind`` (a setting's type, ``Annotated`` with its :class:`Range`, as :func:`field_types` gives it)
+    with the range's example fitted to the other settings ``values`` (:func:`fitting_example`; only their
+    whole numbers count), for :func:`check_value`; any other ``kind`` as it is."""
+    import typing
+
+    args = typing.get_args(kind) if typing.get_origin(kind) is typing.Annotated else ()
+    rng = next((a for a in args[1:] if isinstance(a, Range)), None)
+    if rng is None:
+        return kind
+    whole = {k: v for k, v in values.items() if type(v) is int}
+    return typing.Annotated[args[0], dataclasses.replace(rng, example=fitting_example(name, whole, rng.example))]

@@ -138,6 +138,24 @@ def ignored_steps(cfg, sampler: str) -> str | None:
             "only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored")
 
 
+def idle_steps(cfg, sampler: str) -> str | None:
+    """Why some of ``cfg.steps`` (``--steps``) never run, or None: under LLaDA's schedule (``cfg.schedule``,
+    else the model's: :func:`family_schedule`) with no threshold or factor rule, a block given more steps
+    than it has masks commits one a step from the first step on, so its masks are gone after
+    ``block_length`` steps and the engine moves on (LLaDA generate.py runs the empty steps; the tokens are
+    the same). Dream's schedule spreads its commits over every step. Warned as :func:`ignored_schedule` is."""
+    if cfg.steps is None or cfg.threshold is not None or cfg.factor is not None or not cfg.block_length:
+        return None
+    if family_schedule(sampler, cfg.schedule) != "llada":
+        return None
+    per_block = cfg.steps // max(cfg.gen_length // cfg.block_length, 1)
+    if per_block <= cfg.block_length:
+        return None
+    return (f"--steps {cfg.steps} gives each block {per_block} steps for its {cfg.block_length} masks; LLaDA's "
+            f"schedule commits them in the first {cfg.block_length}, so at most {cfg.gen_length} steps run "
+            f"(--steps {cfg.gen_length} is the same decoding)")
+
+
 def ignored_sampling(cfg, sampler: str | None, given: tuple[str, ...] | None = None) -> str | None:
     """Why ``--top-k`` / ``--top-p`` (``given``: the flags named; None: those ``cfg`` sets) do nothing, or
     None: at temperature 0 under LLaDA's rules greedy decoding never samples and LLaDA's confidence is the
@@ -156,14 +174,15 @@ def ignored_sampling(cfg, sampler: str | None, given: tuple[str, ...] | None = N
 def warn_ignored_settings(cfg, sampler: str) -> None:
     """Warn (``errors.IgnoredSetting``, through ``warnings``: the library's way) about each decode setting of
     ``cfg`` that has no effect with the others given on a model whose official sampler is ``sampler``:
-    :func:`ignored_schedule`, :func:`ignored_steps`, :func:`ignored_sampling`, the rules the command line
-    warns with on its stderr (``runs.settings.warn_ignored_schedule``, ``warn_sampling_flags``). Called by
-    ``Engine.start``."""
+    :func:`ignored_schedule`, :func:`ignored_steps`, :func:`idle_steps`, :func:`ignored_sampling`, the rules
+    the command line warns with on its stderr (``runs.settings.warn_ignored_schedule``, ``warn_idle_steps``,
+    ``warn_sampling_flags``). Called by ``Engine.start``."""
     import warnings
 
     from ..errors import IgnoredSetting
 
-    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler), ignored_sampling(cfg, sampler)):
+    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler), idle_steps(cfg, sampler),
+                ignored_sampling(cfg, sampler)):
         if why:
             warnings.warn(why, IgnoredSetting, stacklevel=4)
 

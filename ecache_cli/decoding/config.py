@@ -71,16 +71,20 @@ class DecodeConfig:
         gives ``--threshold 2`` its message): UsageError ``DecodeConfig threshold=2 must be in (0, 1]
         (a confidence; e.g. 0.9)``; then the names and the pair the command line refuses before any model
         (:meth:`_check_names`)."""
-        from ..contract.fields import check_value
+        import dataclasses
+
+        from ..contract.fields import check_value, fitted_kind, fitting_example
         from ..errors import UsageError
 
+        given = {k: getattr(self, k) for k in ("gen_length", "block_length", "steps")}  # examples fit them
         for name, rng in self.ranges.items():
             value = getattr(self, name)
+            rng = dataclasses.replace(rng, example=fitting_example(name, given, rng.example))
             try:
                 if isinstance(value, int if rng.integer else (int, float)) and not isinstance(value, bool):
                     rng.check(value)  # a number: its range alone, as the flag's check (NaN: not finite)
                 else:
-                    typed = check_value(_kinds()[name], value)  # anything else: the type's message
+                    typed = check_value(fitted_kind(name, _kinds()[name], given), value)  # the type's message
                     if isinstance(value, str) and not isinstance(typed, str):  # "0.5": a number as text
                         raise UsageError(f"DecodeConfig {name}={value!r} must be a number, not a string (e.g. "
                                          f"{name}={typed!r})")

@@ -57,6 +57,7 @@ from lm_eval.api.registry import register_model
 
 from .. import distributed
 from ..config import CACHE_KEYS, DECODE_KEYS, check_value, load_profile, option_ranges, value_kinds
+from ..contract.fields import fitted_kind
 from ..decoding.config import DecodeConfig
 from ..engine.core import Engine
 from ..errors import UsageError
@@ -117,7 +118,8 @@ class EcacheLM(LM):
                              "greedy_check, stats_out")
         policy = None if cache is _UNSET else ("none" if cache is None else str(cache))  # lm-eval reads "none" as None
         kinds = value_kinds()
-        decode = {k: _arg(k, v, kinds["decode"].get(k)) for k, v in decode.items()}
+        # each range's example fits the other keys given (`steps=0 … (e.g. 32)` beside gen_length=32)
+        decode = {k: _arg(k, v, fitted_kind(k, kinds["decode"].get(k), decode)) for k, v in decode.items()}
         extra_cache = {k: _arg(k, v, kinds["cache"].get(k)) for k, v in extra_cache.items()}
         seeded = Annotated[int, option_ranges()["seed"]]  # the --seed flag's range and words
         mc_num = _arg("mc_num", mc_num, int)

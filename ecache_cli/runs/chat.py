@@ -305,7 +305,8 @@ class ChatSession:
     def _stats(self, arg: str) -> None:
         from .watch import stats_line
 
-        self.reply("no answer yet" if self.last is None else stats_line(self.last))
+        width = shutil.get_terminal_size().columns  # as /help: the terminal's width, 80 off a terminal
+        self.reply("no answer yet" if self.last is None else stats_line(self.last, width))
 
     def _save(self, arg: str) -> None:
         from ..outputs import check_file
@@ -388,7 +389,7 @@ class ChatSession:
         if self.watch:
             from .watch import stats_line
 
-            self.status(stats_line(res.stats))
+            self.status(stats_line(res.stats, self.console.width))
         return {"messages": messages, "id": None, "input": {}, "text": res.text, "token_ids": res.answer_ids,
                 "ended": res.ended, "mean_entropy": meter.means([res.stats["generated_tokens"]])[0],
                 "stats": res.stats, "settings": json.loads(json.dumps(s.as_dict())), "seed": self.seed,

@@ -385,7 +385,7 @@ class _Job:
         if self.watched and batch[0].index == self.watched_index:
             from .watch import stats_line
 
-            self.err_console.print(stats_line(res[0].stats), markup=False, highlight=False)
+            self.err_console.print(stats_line(res[0].stats, self.err_console.width), markup=False, highlight=False)
         return [{"index": it.index, "line": it.line, **input_fields(it.rec), "text": r.text,
                  "token_ids": r.answer_ids, "ended": r.ended, "mean_entropy": e, "stats": r.stats, "memory": memory,
                  **self.common} for it, r, e in zip(batch, res, ents)]

@@ -240,15 +240,25 @@ def check_model_name(name: str) -> None:
     """Refuse, before a command prints its first line, a ``--model`` that is none of the embedded model,
     an alias, a folder or a repo id (``org/name``): ModelLoadError (exit 1, README: a missing model is a
     runtime error) in :func:`resolve`'s wording, so ``ecache generate --model X`` and ``ecache models show
-    X`` say the same. A name of the right shape
-    whose files are missing is the loader's to report."""
+    X`` say the same; so is a folder without config.json (``models.registry.no_checkpoint``) or with a
+    damaged one (``models.spec.read_json_object``). A name of the right shape whose other files are
+    missing is the loader's to report."""
     from ..models.loader import EMBEDDED
     from ..models.registry import ALIASES
 
     name = str(name)
     local = Path(name).expanduser()
-    if name.strip() and (name in EMBEDDED or name in ALIASES or local.is_dir()):  # '' would be the current folder
-        return  # a folder's files are the load's to check (its words: models.registry.no_checkpoint)
+    if name.strip() and (name in EMBEDDED or name in ALIASES):
+        return
+    if name.strip() and local.is_dir():  # '' would be the current folder
+        if not (local / "config.json").is_file():
+            from ..models.registry import no_checkpoint
+
+            raise ModelLoadError(no_checkpoint(name, "--model"))
+        from ..models.spec import read_json_object
+
+        read_json_object(local / "config.json")  # a damaged one in `models show`'s words
+        return  # the rest of a folder's files are the load's to check
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         return
     from ..models.loader import unknown_model

@@ -13,6 +13,7 @@ from ..config import (  # noqa: F401 (GivenFloat, given_float: re-exported for t
     check_setting,
     dataclass_defaults,
     find_mode_profile,
+    fitting_example,  # noqa: F401 (re-exported: the server's examples fit a request's other fields)
     given_float,
     load_profile,
     model_family,
@@ -567,24 +568,14 @@ def warn_ignored_schedule(settings: "Settings", sampler: str) -> None:
 
 def warn_idle_steps(decode: DecodeConfig, sampler: str) -> None:
     """One warning on stderr when ``--steps`` gives a block more steps than it has masks under LLaDA's
-    schedule (the default of the model's official sampler, ``ModelSpec.sampler``, or
-    ``--schedule llada``): LLaDA's split commits one mask per
-    step from the first step on, so a block's masks are gone after ``block_length`` steps and the engine
-    moves on (LLaDA generate.py runs the empty steps; the tokens are the same). Dream's schedule spreads
-    its commits over every step, so nothing is skipped there."""
-    if decode.steps is None or decode.threshold is not None or decode.factor is not None:
-        return
-    from ..decoding.commit import family_schedule
+    schedule (``decoding.commit.idle_steps``, the rule ``Engine.start`` and the server warn by too)."""
+    from ..decoding.commit import idle_steps
 
-    if family_schedule(sampler, decode.schedule) != "llada":
-        return
-    per_block = decode.steps // max(decode.gen_length // decode.block_length, 1)
-    if per_block > decode.block_length:
+    why = idle_steps(decode, sampler)
+    if why:
         from ..console import warn
 
-        warn(f"--steps {decode.steps} gives each block {per_block} steps for its {decode.block_length} masks; "
-             f"LLaDA's schedule commits them in the first {decode.block_length}, so at most {decode.gen_length} "
-             f"steps run (--steps {decode.gen_length} is the same decoding)")
+        warn(why)
 
 
 def _params_or_none(name: str) -> set[str]:

@@ -286,10 +286,11 @@ def _window(lines: list[Text], around: int, room: int) -> list[Text]:
     return [note, *lines[start:start + room]]
 
 
-def stats_line(stats: dict) -> str:
+def stats_line(stats: dict, width: int | None = None) -> str:
     """One line (under 80 columns) of a finished answer's stats (``GenerationResult.stats``): NFE, the
     refreshes among them and their share, answer tokens, tokens per second, and the work share (positions
-    × layers computed over a full forward every step, ``token_layer_share``)."""
+    × layers computed over a full forward every step, ``token_layer_share``). With ``width`` (columns) the
+    line is broken between its ``·`` fields where it would be wider, as a console printing it wraps it."""
     nfe = stats.get("nfe", 0)
     full = stats.get("full_forwards", 0)
     parts = [f"NFE {nfe}", f"refresh {full} ({full / nfe if nfe else 0.0:.0%})",
@@ -298,4 +299,10 @@ def stats_line(stats: dict) -> str:
         parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
     if stats.get("token_layer_share") is not None:
         parts.append(f"work {stats['token_layer_share']:.0%} of no cache")
-    return " · ".join(parts)
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if width is not None and len(lines[-1]) + 3 + len(part) > width:
+            lines.append(part)
+        else:
+            lines[-1] += " · " + part
+    return "\n".join(lines)

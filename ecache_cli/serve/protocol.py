@@ -40,7 +40,7 @@ from ..cache import POLICIES, make_policy, policy_params, unknown_policy
 from ..cache.entropy import DEFAULT_TAU
 from ..decoding.schedule import default_steps
 from ..errors import EcacheError
-from ..runs.settings import GivenFloat, check_setting, option_ranges, policies_for, policy_takes
+from ..runs.settings import GivenFloat, check_setting, fitting_example, option_ranges, policies_for, policy_takes
 from .scheduler import PROMPT_BUCKET, GroupKey, Job
 
 #: OpenAI's limit on stop sequences.
@@ -256,6 +256,10 @@ def check_numbers(model: type[_Body], body: dict) -> None:
     ``--temperature -1`` says), and again where the request is resolved, over the server's defaults."""
     import math
 
+    # the canvas settings sent as whole numbers: a refused one's example fits them (`steps 0 … (e.g. 32)`
+    # beside max_tokens 32), as the command line's does beside its other flags
+    fit = {_SETTING_OF.get(k, k): v for k, v in body.items()
+           if k in ("max_tokens", "max_completion_tokens", "block_length", "steps") and type(v) is int}
     for name, value in body.items():
         kind = _number_kind(model, name) if value is not None else None
         if kind is None:
@@ -265,12 +269,14 @@ def check_numbers(model: type[_Body], body: dict) -> None:
         setting = _SETTING_OF.get(name, name) if name in RANGED else None
         if number and (isinstance(value, int) if whole else math.isfinite(value)):
             if setting:
-                in_range(name, value, setting)  # the number as sent (`-1`, not the float it becomes: `-1.0`)
+                in_range(name, value, setting, fit)  # the number as sent (`-1`, not the float it becomes: `-1.0`)
             continue
         rng = option_ranges()[setting] if setting else None
+        if rng is not None and fit:
+            rng = dataclasses.replace(rng, example=fitting_example(setting, fit, rng.example))
         if isinstance(value, str):
             if setting:
-                in_range(name, value, setting)  # "abc", "nan", "0": the flag's words for what the text writes
+                in_range(name, value, setting, fit)  # "abc", "nan", "0": the flag's words for what the text writes
             try:
                 typed = int(value.strip()) if whole else float(value)
             except ValueError:
@@ -282,15 +288,15 @@ def check_numbers(model: type[_Body], body: dict) -> None:
         raise ApiError(400, f"{name} {value if plain else shown(value)} {words}", name)
 
 
-def in_range(field: str, value, setting: str | None = None) -> None:
+def in_range(field: str, value, setting: str | None = None, fit: dict | None = None) -> None:
     """400 naming ``field`` unless ``value`` is in the range of decode setting or policy parameter
     ``setting`` (default ``field``): ``config.check_setting``, the rule and the words ``ecache generate``
     checks its flag by (``--temperature -1.0 must be ≥ 0 (0 = greedy; e.g. 0.7)``), with the field for the
-    flag. None passes."""
+    flag; ``fit``: the other canvas settings sent, whose example a refused value gets. None passes."""
     if value is None:
         return
     try:
-        check_setting(setting or field, value, field)
+        check_setting(setting or field, value, field, fit)
     except EcacheError as e:
         raise ApiError(400, str(e), field) from None
 
@@ -531,13 +537,15 @@ class Resolver:
             raise ApiError(400, api_words(msg), param) from None
 
     def _ignored_decode(self, cfg, req: _Common) -> None:
-        """A request's ``steps`` that its threshold or factor rule ignores, and its ``top_p`` / ``top_k`` that greedy
+        """A request's ``steps`` that its threshold or factor rule ignores (or that its blocks' masks run out
+        before), and its ``top_p`` / ``top_k`` that greedy
         decoding drops (temperature 0 under LLaDA's rules), are named in the Warning header: the rules
         ``ecache generate`` warns ``--steps`` and ``--top-p`` by (``decoding.commit.ignored_steps``,
         ``ignored_sampling``)."""
-        from ..decoding.commit import ignored_sampling, ignored_steps
+        from ..decoding.commit import idle_steps, ignored_sampling, ignored_steps
 
-        whys = [ignored_steps(cfg, self.lm.spec.sampler) if req.steps is not None else None]
+        sampler = self.lm.spec.sampler
+        whys = [rule(cfg, sampler) if req.steps is not None else None for rule in (ignored_steps, idle_steps)]
         whys += [ignored_sampling(cfg, self.lm.spec.sampler, (flag,)) for field, flag in (("top_p", "--top-p"),
                                                                                            ("top_k", "--top-k"))
                  if getattr(req, field) is not None]

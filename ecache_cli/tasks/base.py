@@ -58,7 +58,7 @@ class Task:
 
     def __init__(self, data: str | None = None, allow_code_execution: bool = False) -> None:
         if self.synthetic and data is not None:
-            raise UsageError(f"task {self.name!r} is synthetic and takes no --data (got {data!r})")
+            raise UsageError(f"task {self.name!r} is synthetic and takes no --data (got {data!r}); drop --data")
         self.data = data
         self.allow_code_execution = allow_code_execution
 
