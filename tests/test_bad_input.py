@@ -537,10 +537,10 @@ def test_trial_bad_inputs_are_refused_before_anything_is_written(cli, tmp_path, 
     pkg = packaged_profiles_dir()
     (tmp_path / "q.jsonl").write_text(Q)
     (tmp_path / "g.jsonl").write_text(G)
-    before = _digests(tmp_path, pkg)
     fill = {"q": tmp_path / "q.jsonl", "g": tmp_path / "g.jsonl", "t": tmp_path, "pkg": pkg}
     args = [a.format(**fill) for a in args]
     model = [] if "--model" in args else ["--model", no_model(tmp_path)]  # fails if anything loads
+    before = _digests(tmp_path, pkg)
     sizes = [] if "--steps" in args else ["--gen-length", "16", "--block-length", "8"]  # --steps: the profile's
     res = cli(*args, *model, *sizes, "-q")
     _no_traceback(res)
