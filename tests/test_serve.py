@@ -930,7 +930,8 @@ def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(
     url, _ = named
     r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": SORT, "max_tokens": 16,
                                                   field: value}, timeout=60)
-    cli = CliRunner().invoke(app, ["generate", *flags, "hi"])  # no --gen-length: the examples the server gives
+    canvas = ["--gen-length", "16", "--block-length", "16"] if field == "steps" else []  # steps' example fits it
+    cli = CliRunner().invoke(app, ["generate", *canvas, *flags, "hi"])
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert cli.exit_code == 2, cli.stderr
     assert cli.stderr.strip() == "error: " + r.json()["error"]["message"].replace(f"{field} ", f"{flags[0]} ", 1)
