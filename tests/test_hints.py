@@ -194,3 +194,21 @@ def test_the_recalibration_a_quantized_run_suggests_is_one_the_machine_runs(cli)
     (command,) = re.findall(r"run `ecache calibrate ([^`]*)`", gen.stderr)
     res = cli("calibrate", *command.split(), "--limit", "2", "--dry-run", "-q")
     assert res.exit_code == 0, res.stderr
+
+
+@pytest.mark.parametrize("source", ["argument", "stdin"])
+def test_a_block_as_long_as_the_model_is_told_a_block_length_that_leaves_room(cli, source):
+    """``--gen-length 4096 --block-length 4096`` on a model of 4096 positions: no whole block of 4096 leaves a
+    prompt room, so the error suggests a gen-length in smaller blocks, which the run then takes (checked by
+    starting it, as above), not only to shorten the prompt."""
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig, Engine
+    from ecache_cli.models.loader import load_model
+
+    given = {"argument": (["Sort: 3 1"], None), "stdin": ([], "Sort: 3 1\n")}[source]
+    res = cli("generate", "--gen-length", "4096", "--block-length", "4096", *given[0], input=given[1])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    gen, block = map(int, re.search(r"use --gen-length (\d+) --block-length (\d+)", res.stderr).groups())
+    assert (gen, block) == (4064, 32), res.stderr
+    lm = load_model("tiny", device="cpu", dtype="float32")
+    Engine.from_loaded(lm).start([[5] * 19], DecodeConfig(gen_length=gen, block_length=block), make_policy("none"))

@@ -148,16 +148,13 @@ def prompt_limit(lm, settings, max_prompt_tokens: int | None) -> int:
     (``runs.settings.check_settings_fit``: what every request's run would refuse) and the prompt limit,
     ``--max-prompt-tokens`` or by default the positions ``--gen-length`` leaves. Returns that limit;
     raises UsageError (exit 2) naming the flag to change."""
-    from ..engine.checks import gen_length_fit
     from ..errors import UsageError
     from ..runs.settings import check_settings_fit, no_room
 
     check_settings_fit(settings, lm.spec)
     room = lm.spec.max_positions - settings.decode.gen_length
     if room < 1:
-        block = settings.decode.block_length
-        most = gen_length_fit(lm.spec, 1, block)
-        raise UsageError(no_room(settings.decode.gen_length, block, lm.spec.max_positions, most))
+        raise UsageError(no_room(lm.spec, settings.decode.gen_length, settings.decode.block_length))
     if max_prompt_tokens is None:
         return room
     if max_prompt_tokens > room:

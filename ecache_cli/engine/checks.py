@@ -51,13 +51,25 @@ def gen_length_fit(spec, prompt_len: int, block_length: int) -> int:
     return room // block_length * block_length
 
 
+def room_fix(spec, prompt_len: int, block_length: int) -> str:
+    """How to make room for a prompt of ``prompt_len`` tokens, as flags the same run accepts: ``lower
+    --gen-length to at most N`` (:func:`gen_length_fit`, whole blocks of ``block_length``); where no whole
+    block of that length fits (one block as long as the model's positions), the longest gen-length in whole
+    blocks of a smaller power-of-two length, ``use --gen-length N --block-length B``; "" where none fits."""
+    fit = gen_length_fit(spec, prompt_len, block_length)
+    if fit > 0:
+        return f"lower --gen-length to at most {fit}"
+    for block in (32, 16, 8, 4, 2, 1):
+        if block < block_length and (fit := gen_length_fit(spec, prompt_len, block)) > 0:
+            return f"use --gen-length {fit} --block-length {block}"
+    return ""
+
+
 def prompt_too_long(spec, prompt_len: int, gen_length: int, block_length: int) -> str:
     """The one wording of a prompt of ``prompt_len`` tokens (a batch's longest) that leaves no room for
-    ``gen_length`` in ``spec.max_positions``, with the longest gen-length it leaves (:func:`gen_length_fit`,
-    whole blocks: the same run accepts it)."""
-    fit = gen_length_fit(spec, prompt_len, block_length)
-    fix = (f"lower --gen-length to at most {fit} or shorten the prompt" if fit > 0
-           else "shorten the prompt (fewer shots or less context)")
+    ``gen_length`` in ``spec.max_positions``, with a gen-length the same run accepts (:func:`room_fix`)."""
+    fix = room_fix(spec, prompt_len, block_length)
+    fix = f"{fix} or shorten the prompt" if fix else "shorten the prompt (fewer shots or less context)"
     return f"prompt ({prompt_len} tokens) + --gen-length {gen_length} exceeds the model's {spec.max_positions} " \
            f"positions; {fix}"
 

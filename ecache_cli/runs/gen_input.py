@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.checks import gen_length_fit
+from ..engine.checks import gen_length_fit, room_fix
 from ..errors import EcacheError
 from .inputs import FIX, SKIP_FIX, Item, invalid_error, read_records, source_head
 
@@ -72,7 +72,7 @@ def _model_error(item: Item, prompt, engine, chat: bool, canvas: tuple[int, int]
         templ = " after the chat template" if templated else ""
         fit = limit - gen_length - (block_length - 1) * engine.spec.block_causal
         fixes = [f"shorten it to at most {fit} tokens" if fit > 0 else "",
-                 f"lower --gen-length to at most {fit_gen}" if fit_gen > 0 else ""]
+                 room_fix(engine.spec, len(ids), block_length)]
         fix = " or ".join(f for f in fixes if f) or "lower --gen-length"
         return (f"{where}: the prompt ({len(ids)} tokens{templ}) + --gen-length {gen_length} exceeds the "
                 f"model's {limit} positions; {fix}")

@@ -597,11 +597,16 @@ def policy_params_or_all(name: str, family=None) -> set[str]:
         raise unknown_policy(name, names=policies_for(family is not None and family.block_causal)) from None
 
 
-def no_room(gen_length: int, block_length: int, positions: int, most: int) -> str:
-    """The one wording of a ``--gen-length`` that leaves no position for a prompt (``most``: the longest that
-    leaves one, ``engine.checks.gen_length_fit``)."""
-    return (f"--gen-length {gen_length} leaves no room for a prompt in the model's {positions} positions; use at "
-            f"most {most} (whole blocks of {block_length})")
+def no_room(spec, gen_length: int, block_length: int) -> str:
+    """The one wording of a ``--gen-length`` that leaves no position for a prompt in ``spec.max_positions``,
+    with the longest that leaves one (``engine.checks.room_fix``: whole blocks; a smaller block where no
+    whole block of ``block_length`` fits)."""
+    from ..engine.checks import gen_length_fit, room_fix
+
+    most = gen_length_fit(spec, 1, block_length)
+    fix = f"use at most {most} (whole blocks of {block_length})" if most > 0 else room_fix(spec, 1, block_length)
+    return f"--gen-length {gen_length} leaves no room for a prompt in the model's {spec.max_positions} positions; " \
+           f"{fix or 'the model has no room for a canvas'}"
 
 
 def _check_room(gen_length: int, block_length: int, steps, parallel: bool, spec, prompt_tokens) -> None:
@@ -617,7 +622,7 @@ def _check_room(gen_length: int, block_length: int, steps, parallel: bool, spec,
     if known and prompt_tokens and gen_length > most:  # the engine's check on the longest prompt, done early
         raise UsageError(prompt_too_long(spec, longest, gen_length, block_length))
     if known and gen_length > gen_length_fit(spec, 1, block_length):  # too long for any prompt
-        raise UsageError(no_room(gen_length, block_length, spec.max_positions, gen_length_fit(spec, 1, block_length)))
+        raise UsageError(no_room(spec, gen_length, block_length))
 
 
 def validate_decode(d: dict, sampler: str | None = None, spec=None, prompt_tokens: list[int] | None = None) -> None:
