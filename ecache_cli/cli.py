@@ -35,6 +35,8 @@ _GIVEN_OPTIONS = "ecache.given_options"  # ctx.meta key: a subcommand's options 
 
 def _given_value(err: _BadParameter) -> str | None:
     """The text the user gave for the parameter of a BadParameter (the parser does not keep it)."""
+    if getattr(err, "given_text", None) is not None:  # raised by _whole_numbers_as_typed
+        return err.given_text
     cause = err.__cause__
     if cause is not None and hasattr(cause, "errors"):  # typer's pydantic coercion keeps the input
         try:
@@ -133,11 +135,28 @@ class EcacheCommand(TyperCommand):
     def parse_args(self, ctx, args):
         ctx.meta[_GIVEN_OPTIONS] = _typed_options(self.make_parser(ctx), args)
         rest = super().parse_args(ctx, args)
+        _whole_numbers_as_typed(ctx, self.params, ctx.meta[_GIVEN_OPTIONS])
         _keep_typed_text(ctx, ctx.meta[_GIVEN_OPTIONS])
         return rest
 
     def format_help(self, ctx, formatter):
         _help(ctx, formatter, self)
+
+
+def _whole_numbers_as_typed(ctx, params, typed: dict) -> None:
+    """A whole-number option typed as a text ``int()`` does not read (``--gen-length 32.0``, which typer's
+    coercion takes as 32): refused as chat's ``/gen-length 32.0``, a request's ``"max_tokens": 32.0`` and
+    ``DecodeConfig(gen_length=32.0)`` are, in its range's words (:func:`usage_line`)."""
+    for param in params:
+        value, text = ctx.params.get(param.name), typed.get(param.name)
+        if isinstance(value, bool) or not isinstance(value, int) or not isinstance(text, str):
+            continue
+        try:
+            int(text.strip())
+        except ValueError:
+            err = _BadParameter(f"{text!r} is not a whole number", ctx=ctx, param=param)
+            err.given_text = text
+            raise err from None
 
 
 def _keep_typed_text(ctx, typed: dict) -> None:

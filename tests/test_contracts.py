@@ -807,6 +807,25 @@ def test_the_python_api_warns_steps_a_blocks_masks_run_out_before(llada_lm):
         engine.start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, steps=16), make_policy("none"))
 
 
+def test_a_whole_number_written_with_a_decimal_point_is_refused_in_every_place(cli):
+    """``32.0`` for a whole-number setting: the command line refuses it as chat's ``/gen-length``, a request's
+    ``max_tokens`` and ``DecodeConfig`` do, in the same words (typer alone would read it as 32)."""
+    from ecache_cli.decoding.config import DecodeConfig
+    from ecache_cli.errors import UsageError
+    from ecache_cli.serve.protocol import ApiError, CompletionRequest, parse
+
+    words = "32.0 must be a whole number ≥ 1 (e.g. 256)"
+    res = cli("generate", "--gen-length", "32.0", "x")
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: --gen-length {words}", res.stderr
+    chat = cli("chat", "-q", input="/gen-length 32.0\n")
+    assert f"error: /gen-length {words}" in chat.stderr.splitlines(), chat.stderr
+    with pytest.raises(ApiError, match=f"^max_tokens {re.escape(words)}$"):
+        parse(CompletionRequest, {"model": "tiny", "prompt": "x", "max_tokens": 32.0})
+    with pytest.raises(UsageError, match=r"^DecodeConfig gen_length=32\.0 must be a whole number ≥ 1"):
+        DecodeConfig(gen_length=32.0)
+    assert cli("generate", "--gen-length", "+32", "--block-length", "32", "-q", "x").exit_code == 0  # int() reads it
+
+
 @pytest.mark.parametrize("given", ["0", "abc"])
 def test_a_steps_example_fits_the_gen_length_in_every_place(cli, given):
     """A refused ``steps`` is shown an example that fits the canvas given beside it (one token a step: 32

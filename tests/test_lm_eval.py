@@ -217,8 +217,8 @@ def test_model_args_numbers_are_named_as_typed(typed, says, how, profiles_dir, m
 
 
 def test_a_whole_number_model_arg_takes_what_the_flag_takes():
-    """lm-eval reads ``-1`` and ``8.0`` as floats: they stay whole numbers, as ``--seed 8.0`` is one, while
-    ``1e3``, which ``--seed`` refuses, is refused (``test_model_args_numbers_are_named_as_typed``)."""
+    """lm-eval reads ``-1`` and ``8.0`` as floats: ``-1`` stays a whole number (and is refused by the range),
+    ``8.0`` and ``1e3``, which ``--seed`` refuses, are refused (``test_model_args_numbers_are_named_as_typed``)."""
     from typing import Annotated
 
     from ecache_cli.contract.fields import GivenFloat
@@ -226,7 +226,9 @@ def test_a_whole_number_model_arg_takes_what_the_flag_takes():
     from ecache_cli.options import option_ranges
 
     seeded = Annotated[int, option_ranges()["seed"]]
-    assert _arg("seed", GivenFloat("8.0"), seeded) == 8 and _arg("seed", 8.0, seeded) == 8
+    assert _arg("seed", GivenFloat("8"), seeded) == 8 and _arg("seed", 8.0, seeded) == 8  # no text: lm-eval's dict
+    with pytest.raises(UsageError, match=r"^model_args: seed=8\.0 must be a whole number ≥ 0"):
+        _arg("seed", GivenFloat("8.0"), seeded)
     with pytest.raises(UsageError, match=r"^model_args: seed=-1 must be ≥ 0"):
         _arg("seed", GivenFloat("-1"), seeded)
 

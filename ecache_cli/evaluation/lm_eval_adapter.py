@@ -485,10 +485,10 @@ def _arg(key: str, value, kind):
         typed = check_value(kind, value)
     except ValueError as e:
         # "-1" -> -1.0 (lm-eval reads only digit strings as integers): a whole number as the command line takes
-        # one ("-1", "8.0"), not "1e3", which --seed and --gen-length refuse
+        # one ("-1"), not "8.0" or "1e3", which --seed and --gen-length refuse
         written = value.text if isinstance(value, GivenFloat) else None
         if isinstance(value, float) and value.is_integer() and "whole number" in str(e) and (
-                written is None or re.fullmatch(r"\s*[-+]?\d+(\.0*)?\s*", written)):
+                written is None or re.fullmatch(r"\s*[-+]?\d+\s*", written)):
             return _arg(key, int(value), kind)  # the range check then names -1 and the range
         raise UsageError(f"model_args: {key}={value!r} {e}") from None
     # a float as typed stays so (``tau=-1``, not -1.0) until the range check names it
