@@ -55,6 +55,15 @@ def embedded_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "tiny"
 
 
+def local_folder(model: str | None) -> Path | None:
+    """The folder ``--model`` names on this machine without a download: the embedded model's (None, or one
+    of its names), else the folder it names; None for an alias or repo id (a hub model)."""
+    if model is None or str(model) in EMBEDDED:
+        return embedded_dir()
+    path = Path(str(model)).expanduser()
+    return path if path.is_dir() else None
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """bfloat16 on CUDA and float32 on CPU unless asked otherwise; raises UsageError for unknown names."""
     if isinstance(dtype, torch.dtype):

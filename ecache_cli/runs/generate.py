@@ -155,11 +155,11 @@ def require_task_profile(settings: Settings, model: str, task: str | None) -> No
     if task is None or (settings.profile is not None and Path(settings.profile).stem in names):
         return
     from ..errors import ConfigError
-    from ..models.loader import EMBEDDED, embedded_dir
+    from ..models.loader import local_folder
     from .confidence import trained_tasks
 
-    local = embedded_dir() if model in EMBEDDED else Path(model).expanduser()  # a hub model: not looked up here
-    tasks = trained_tasks(local) if local.is_dir() else None
+    local = local_folder(model)  # a hub model: not looked up here
+    tasks = trained_tasks(local) if local is not None else None
     if tasks is not None and task not in tasks:  # one rule in every command: a warning after the load
         return  # (confidence.warn_untrained), and the settings without --task
     raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "

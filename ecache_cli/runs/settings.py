@@ -247,6 +247,7 @@ def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
     parallel decoding, ``--shots`` when it was calibrated at several, ``--quantize`` and the ``--dtype`` the
     format needs on this machine (``models.quantize.check_supported``: int4 runs in bfloat16 on a CPU)."""
     from ..config import PARALLEL_SUFFIX, quantize_task
+    from ..models.loader import EMBEDDED
     from .calib_groups import DEFAULT_PROFILE_TASK
 
     stem = Path(prof["_path"]).stem if prof.get("_path") else DEFAULT_PROFILE_TASK
@@ -258,7 +259,7 @@ def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
     if task == DEFAULT_PROFILE_TASK:
         task = ",".join(_trained_tasks(model) or ["<tasks>"])
     parts = ["ecache calibrate", f"--task {task}"]
-    if model not in (None, "tiny", "llada-tiny"):
+    if model is not None and str(model) not in EMBEDDED:
         parts.append(f"--model {model}")
     if "code" in task.split(","):
         parts.append("--allow-code-execution")
@@ -275,11 +276,11 @@ def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
 
 def _trained_tasks(model: str | None) -> list[str] | None:
     """The task domains ``model``'s card lists (the embedded model's, or a local checkpoint's), else None."""
-    from ..models.loader import EMBEDDED, embedded_dir
+    from ..models.loader import local_folder
     from .confidence import trained_tasks
 
-    local = embedded_dir() if model in (None, *EMBEDDED) else Path(str(model)).expanduser()
-    return trained_tasks(local) if local.is_dir() else None
+    local = local_folder(model)
+    return trained_tasks(local) if local is not None else None
 
 
 def _dtype_for(quantize: str) -> list[str]:

@@ -442,23 +442,22 @@ class Scheduler:
             while i < len(self._queue) and self._running + len(taken) < self.max_batch:
                 job = self._queue[i]
                 if self.admission == "auto" and not idle:
+                    key = self._hold_key(job, running) if not (held or taken) else None
+                    if key is not None and key == self._held:  # the head: nothing its decision rests on changed
+                        held, i = True, i + 1
+                        continue
                     sizes = self.history.sizes(job.key, self._bound(job.key), prompt=len(job.prompt_ids))
                     if held:  # behind a held head: only a request that ends before the running rows passes it
                         if not ends_first(running, sizes):
                             i += 1
                             continue
-                    else:
-                        key = self._hold_key(job, running) if not taken else None
-                        if key is not None and key == self._held:  # nothing the decision rests on has changed
-                            held, i = True, i + 1
-                            continue
-                        if not joins(running, job.key, sizes, self._join_cost(job.key), len(self._queue) - 1,
-                                     self.cost, self._rate()):
-                            self._held, held, i = key, True, i + 1
-                            if not job.held:
-                                job.held = True
-                                self.metrics.admissions.labels("held").inc()
-                            continue
+                    elif not joins(running, job.key, sizes, self._join_cost(job.key), len(self._queue) - 1,
+                                   self.cost, self._rate()):
+                        self._held, held, i = key, True, i + 1
+                        if not job.held:
+                            job.held = True
+                            self.metrics.admissions.labels("held").inc()
+                        continue
                     running.append(self._row(job.key, 0, len(job.prompt_ids)))
                 taken.append(job)
                 del self._queue[i]
