@@ -30,6 +30,8 @@
 #      its rows, so continuous p95 <= 0.6x static's near capacity (the issue's R*; gpu_expectation in
 #      the JSON), and auto's p50 and p95 <= 1.05x the better of the two (targets).
 # Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
+# ECACHE_GPU_CHECK_STEPS picks the steps and their order (default "1 2 3 4 5 6 7 8"), e.g. "8 6 7 5 2" for a
+# second machine that runs what a first one did not reach.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
 #   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log, moe.log,
@@ -67,65 +69,88 @@ print(f"gpu_check: ecache {ecache_cli.__version__}, torch {torch.__version__}, d
 EOF
 
 rc=0
-echo "== 1. equivalence on $DEVICE in $DTYPE"
-timeout "$(cap 180)" "$PY" bench/gpu_equivalence.py --device "$DEVICE" --dtype "$DTYPE" --out "$DEST/equivalence.json" \
-    2>&1 | tee "$DEST/equivalence.log" || rc=1
-if [ "$DEVICE" != cpu ]; then
-    timeout "$(cap 120)" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$DEST/pytest_gpu.log"
-    prc=${PIPESTATUS[0]}
-    [ "$prc" = 0 ] || [ "$prc" = 5 ] || rc=1   # 5: no test is marked gpu yet
-fi
+step1() {
+  echo "== 1. equivalence on $DEVICE in $DTYPE"
+  timeout "$(cap 180)" "$PY" bench/gpu_equivalence.py --device "$DEVICE" --dtype "$DTYPE" --out "$DEST/equivalence.json" \
+      2>&1 | tee "$DEST/equivalence.log" || rc=1
+  if [ "$DEVICE" != cpu ]; then
+      timeout "$(cap 120)" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$DEST/pytest_gpu.log"
+      prc=${PIPESTATUS[0]}
+      [ "$prc" = 0 ] || [ "$prc" = 5 ] || rc=1   # 5: no test is marked gpu yet
+  fi
+}
 
-echo "== 2. eager vs compiled, batch 1 and 8: $SIZE random LLaDA on $DEVICE $DTYPE"
-[ "$(cap 300)" -ge 20 ] || { echo "gpu_check: no time left for step 2"; exit 1; }
-timeout "$(cap 300)" "$PY" bench/compile_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --batch-sizes 1,8 \
-    --n 8 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,entropy --max-graphs 8 --rounds 1 \
-    --no-check --json "$DEST/compile.json" 2>&1 | grep -v '^{' | tee "$DEST/compile.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-
-echo "== 3. speed: $SIZE random LLaDA on $DEVICE $DTYPE"
-timeout "$(cap 300)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$DEST" \
-    2>&1 | tee "$DEST/speed.log" || rc=1
-
-echo "== 4. batch size 16: $SIZE random LLaDA on $DEVICE $DTYPE"
-timeout "$(cap 150)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --modes plain \
-    --batch-sizes 16 --prompts 16 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 128 \
-    --policies none,dual,entropy --out "$DEST/batch" 2>&1 | tee "$DEST/batch.log" || rc=1
-
-echo "== 5. MoE beside dense: $SIZE random LLaDA-MoE on $DEVICE $DTYPE"
-[ "$(cap 120)" -ge 20 ] || { echo "gpu_check: no time left for step 5"; exit 1; }
-timeout "$(cap 120)" "$PY" bench/moe_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --prompts 2 \
-    --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,dual,entropy,entropy:tau=3 \
-    2>&1 | tee "$DEST/moe.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-
-echo "== 6. quantized weights: $SIZE random LLaDA on $DEVICE, bf16 vs int8 vs int4 vs fp8 (tokens/s, memory)"
-if [ "$(cap 90)" -ge 20 ]; then
-  timeout "$(cap 90)" "$PY" bench/quantize.py --device "$DEVICE" --no-tiny --big --big-gen 64 --prompts 2 \
-      --prompt-len 256 --configs bfloat16:none,bfloat16:int8,bfloat16:int4,bfloat16:fp8 \
-      --work "$DEST/quant_ckpt" 2>&1 | tee "$DEST/quantize.log"
+step2() {
+  echo "== 2. eager vs compiled, batch 1 and 8: $SIZE random LLaDA on $DEVICE $DTYPE"
+  [ "$(cap 300)" -ge 20 ] || { echo "gpu_check: no time left for step 2"; return; }
+  timeout "$(cap 300)" "$PY" bench/compile_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --batch-sizes 1,8 \
+      --n 8 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,entropy --max-graphs 8 --rounds 1 \
+      --no-check --json "$DEST/compile.json" 2>&1 | grep -v '^{' | tee "$DEST/compile.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  rm -rf "$DEST/quant_ckpt"
-else
-  echo "gpu_check: no time left for step 6"
-fi
-echo "== 7. block diffusion: $SIZE random SDAR and LLaDA2 on $DEVICE $DTYPE, block vs none"
-if [ "$(cap 90)" -ge 20 ]; then
-  timeout "$(cap 90)" "$PY" bench/block_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --prompts 8 \
-      --batch-sizes 1,8 --prompt-len 256 --gen-length 64 2>&1 | tee "$DEST/block.log"
+}
+
+step3() {
+  echo "== 3. speed: $SIZE random LLaDA on $DEVICE $DTYPE"
+  timeout "$(cap 300)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$DEST" \
+      2>&1 | tee "$DEST/speed.log" || rc=1
+}
+
+step4() {
+  echo "== 4. batch size 16: $SIZE random LLaDA on $DEVICE $DTYPE"
+  timeout "$(cap 150)" "$PY" bench/gpu_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --modes plain \
+      --batch-sizes 16 --prompts 16 --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 128 \
+      --policies none,dual,entropy --out "$DEST/batch" 2>&1 | tee "$DEST/batch.log" || rc=1
+}
+
+step5() {
+  echo "== 5. MoE beside dense: $SIZE random LLaDA-MoE on $DEVICE $DTYPE"
+  [ "$(cap 120)" -ge 20 ] || { echo "gpu_check: no time left for step 5"; return; }
+  timeout "$(cap 120)" "$PY" bench/moe_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --prompts 2 \
+      --prompt-len "${ECACHE_GPU_BATCH_PROMPT:-512}" --gen-length 64 --policies none,dual,entropy,entropy:tau=3 \
+      2>&1 | tee "$DEST/moe.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-else
-  echo "gpu_check: no time left for step 7"
-fi
-echo "== 8. serving: $SIZE random LLaDA on $DEVICE $DTYPE, admission always vs fcfs vs auto near capacity"
-if [ "$(cap 90)" -ge 40 ]; then   # writing and loading the 1B checkpoint takes ~20 s of it
-  # on CUDA the CPU threads only write the checkpoint faster; a CPU dry run keeps one
-  timeout "$(cap 90)" "$PY" bench/serve_sim.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
-      --threads "$([ "$DEVICE" = cpu ] && echo 1 || echo 4)" --admission always,fcfs,auto --shots 4 \
-      --max-tokens 64 --rates 0.6x,0.9x --n 24 --repeats 1 2>&1 | tee "$DEST/serve_sim.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-else
-  echo "gpu_check: no time left for step 8"
-fi
+}
+
+step6() {
+  echo "== 6. quantized weights: $SIZE random LLaDA on $DEVICE, bf16 vs int8 vs int4 vs fp8 (tokens/s, memory)"
+  if [ "$(cap 90)" -ge 20 ]; then
+    timeout "$(cap 90)" "$PY" bench/quantize.py --device "$DEVICE" --no-tiny --big --big-gen 64 --prompts 2 \
+        --prompt-len 256 --configs bfloat16:none,bfloat16:int8,bfloat16:int4,bfloat16:fp8 \
+        --work "$DEST/quant_ckpt" 2>&1 | tee "$DEST/quantize.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    rm -rf "$DEST/quant_ckpt"
+  else
+    echo "gpu_check: no time left for step 6"
+  fi
+}
+
+step7() {
+  echo "== 7. block diffusion: $SIZE random SDAR and LLaDA2 on $DEVICE $DTYPE, block vs none"
+  if [ "$(cap 90)" -ge 20 ]; then
+    timeout "$(cap 90)" "$PY" bench/block_speed.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --prompts 8 \
+        --batch-sizes 1,8 --prompt-len 256 --gen-length 64 2>&1 | tee "$DEST/block.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  else
+    echo "gpu_check: no time left for step 7"
+  fi
+}
+
+step8() {
+  echo "== 8. serving: $SIZE random LLaDA on $DEVICE $DTYPE, admission always vs fcfs vs auto near capacity"
+  if [ "$(cap 150)" -ge 40 ]; then   # writing and loading the 1B checkpoint takes ~20 s of it
+    # on CUDA the CPU threads only write the checkpoint faster; a CPU dry run keeps one
+    timeout "$(cap 150)" "$PY" bench/serve_sim.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
+        --threads "$([ "$DEVICE" = cpu ] && echo 1 || echo 4)" --admission always,fcfs,auto --shots 4 \
+        --max-tokens 64 --rates 0.6x,0.9x --n 24 --repeats 1 2>&1 | tee "$DEST/serve_sim.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  else
+    echo "gpu_check: no time left for step 8"
+  fi
+}
+
+# the steps to run, in the order given (default all, 1-8): a second call runs only what the first lost
+for step in ${ECACHE_GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8}; do
+  case "$step" in [1-8]) "step$step" ;; *) echo "gpu_check: no step $step (steps are 1-8)"; exit 2 ;; esac
+done
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

@@ -110,9 +110,21 @@ def run_child(model: str, label: str, dtype: str, fmt: str, args) -> dict | None
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         line = (p.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"{label} {dtype} {fmt}: skipped ({line})", file=sys.stderr)
+        print(f"{label} {dtype} {fmt}: skipped ({line})", file=sys.stderr, flush=True)
         return None
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    print(progress_line(result), file=sys.stderr, flush=True)  # a run cut short keeps the configs done
+    return result
+
+
+def progress_line(r: dict) -> str:
+    """One finished (model, dtype, format): weight MiB, load peak growth MiB, and tokens/s of none and entropy
+    (the mean over its domains)."""
+    doms = r["domains"].values()
+    tps = {p: sum(d[p]["tokens_per_s"] for d in doms) / max(1, len(doms)) for p in ("none", "entropy")}
+    return (f"{r['model']} {r['dtype']} {r['quantize']}: weights {r['weight_bytes'] / 2**20:.1f} MiB, load peak "
+            f"+{r['load_peak_growth_bytes'] / 2**20:.1f} MiB, {r['load_s']} s; tok/s none {tps['none']:.1f}, "
+            f"entropy {tps['entropy']:.1f}")
 
 
 def table(results: list[dict]) -> str:

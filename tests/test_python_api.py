@@ -75,7 +75,7 @@ def test_api_refuses_what_the_cli_refuses(what, call, cli_args, message, llada_l
 @pytest.mark.parametrize("ids, reason", [
     ([], "a prompt is empty; give at least one token id"),
     ([10 ** 8], "prompt_ids[0] = 100000000 is outside the model's vocabulary"),
-    (["a"], "prompt_ids[0] = 'a' is not an int token id"),
+    (["a"], 'prompt_ids[0] = "a" is not an int token id; give ids of the model\'s tokenizer'),
 ])
 def test_token_ids_are_checked_at_every_entry(ids, reason, llada_lm):
     engine = Engine.from_loaded(llada_lm)

@@ -1099,6 +1099,9 @@ def test_neutral_values_of_unsupported_fields_are_named_in_the_warning_header(na
 def test_a_batch_of_token_id_prompts_is_refused_saying_why_and_one_is_read(named, tiny):
     url, _ = named
     ids = tiny.tokenizer(SORT, add_special_tokens=False)["input_ids"]
+    r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": 7})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["message"] == "prompt must be a string or a list of token ids (got 7)"
     r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": [[1, 2], [3, 4]]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     assert r.json()["error"]["message"] == ("prompt: a list of 2 token-id lists is more than one prompt; send one "
@@ -1107,6 +1110,35 @@ def test_a_batch_of_token_id_prompts_is_refused_saying_why_and_one_is_read(named
     one = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": [ids], "max_tokens": 16},
                      timeout=60)
     assert one.json()["choices"][0]["text"] == flat.json()["choices"][0]["text"] == "1 3 7 9"
+
+
+@pytest.mark.parametrize("prompt", [[5, "a"], [[5, True]], [5, 10 ** 6], [5, None], "MASK"])
+def test_a_bad_token_id_prompt_is_named_as_records_and_the_api_name_it(named, tiny, cli, tmp_path, prompt):
+    """A token-id prompt the model cannot take gets one reason, with its fix, from the server (one list or
+    a batch of one), an ``--input`` record's ``prompt_ids`` and ``Engine.start``
+    (``models.prompting.check_prompt_ids``)."""
+    from ecache_cli.cache import make_policy
+    from ecache_cli.decoding.config import DecodeConfig
+    from ecache_cli.engine.core import Engine
+    from ecache_cli.errors import UsageError
+    from ecache_cli.models.prompting import check_prompt_ids
+
+    prompt = [5, tiny.spec.mask_id] if prompt == "MASK" else prompt
+    ids = prompt[0] if isinstance(prompt[0], list) else prompt
+    why = check_prompt_ids(tiny.spec, ids)
+    assert why.startswith(f"prompt_ids[1] = {json.dumps(ids[1])} ") and why.endswith(
+        "; give ids of the model's tokenizer"), why
+    url, _ = named
+    r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": prompt})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["message"] == f"prompt: {why}"
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"prompt_ids": ids}) + "\n")
+    res = cli("generate", "--input", f, "--gen-length", 16, "--block-length", 8)
+    assert res.exit_code == 2 and f"{f}:1: {why}; fix them, or pass --skip-invalid" in res.stderr, res.stderr
+    with pytest.raises(UsageError) as api:
+        Engine.from_loaded(tiny).start([ids], DecodeConfig(gen_length=16, block_length=8), make_policy("none"))
+    assert str(api.value) == f"prompt 1: {why}"
 
 
 def test_the_function_role_is_refused_saying_why(named):

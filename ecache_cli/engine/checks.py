@@ -84,7 +84,7 @@ def check_ids(spec, ids: Sequence[int], where: str, width: int | None = None) ->
                          "start a run with a larger prompt_width")
     why = check_prompt_ids(spec, list(ids))
     if why:
-        raise UsageError(f"{where}: {why}; give ids of the model's tokenizer")
+        raise UsageError(f"{where}: {why}")
 
 
 def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_width: int | None = None,

@@ -16,6 +16,10 @@ from ..errors import DataError, UsageError
 #: ``chat_template``; the Hugging Face chat format).
 CHAT_ROLES = ("system", "user", "assistant")
 
+#: The fix a refused token-id prompt is told, in every path that takes ids (the command line's
+#: ``--input`` records, the Python API, ``ecache serve``'s ``prompt``).
+IDS_FIX = "give ids of the model's tokenizer"
+
 
 def check_messages(messages: Sequence, roles: Sequence[str] = CHAT_ROLES) -> str | None:
     """Why a list of chat messages cannot be templated, as a one-line reason naming the message
@@ -48,16 +52,24 @@ def check_prompt_ids(spec, ids: Sequence[int]) -> str | None:
     """Why a prompt given as token ids cannot be decoded, as a one-line reason, or None if it can.
 
     Ids must be ints in [0, spec.vocab_size) (the embedding rows) and never the mask id (a masked
-    prompt position would be generated). Non-int entries are reported too.
+    prompt position would be generated). Non-int entries are reported too (:func:`not_token_id`). Each
+    reason ends with its fix (:data:`IDS_FIX`).
     """
     for i, t in enumerate(ids):
         if not isinstance(t, int) or isinstance(t, bool):
-            return f"prompt_ids[{i}] = {t!r} is not an int token id"
+            return not_token_id(i, t)
         if not 0 <= t < spec.vocab_size:
-            return f"prompt_ids[{i}] = {t} is outside the model's vocabulary [0, {spec.vocab_size})"
+            return f"prompt_ids[{i}] = {t} is outside the model's vocabulary [0, {spec.vocab_size}); {IDS_FIX}"
         if t == spec.mask_id:
-            return f"prompt_ids[{i}] = {t} is the mask id; a prompt holds no mask tokens"
+            return f"prompt_ids[{i}] = {t} is the mask id; a prompt holds no mask tokens; {IDS_FIX}"
     return None if len(ids) else "prompt_ids is empty; give at least one token id"
+
+
+def not_token_id(index: int, value) -> str:
+    """The reason entry ``index`` of a token-id prompt, ``value``, is no token id: shown as JSON where it
+    is JSON (``prompt_ids[1] = "a" is not an int token id; give ids of the model's tokenizer``), the
+    words of a record, a request and the Python API alike."""
+    return f"prompt_ids[{index}] = {_shown(value)} is not an int token id; {IDS_FIX}"
 
 
 def encode_prompts(tokenizer, spec, prompts: Sequence[str | list], chat: bool) -> list[list[int]]:

@@ -60,7 +60,7 @@ def _model_error(item: Item, prompt, engine, chat: bool, canvas: tuple[int, int]
     if isinstance(rec.get("prompt_ids"), list):
         why = engine.check_prompt_ids(prompt)
         if why:
-            return f"{where}: {why}; give ids of the model's tokenizer"
+            return f"{where}: {why}"
     try:
         (ids,) = engine.encode([prompt], chat)
     except EcacheError as e:

@@ -18,7 +18,7 @@ from typing import IO, Iterator
 
 from ..contract.text import lone_surrogate, read_byte_words
 from ..errors import DataError, UsageError
-from ..models.prompting import check_messages
+from ..models.prompting import check_messages, not_token_id
 from ..sources import check_readable, is_stdin, read_lines, split_lines
 
 
@@ -399,7 +399,7 @@ def prompt_of(rec, where: str) -> str | list:
             raise DataError(f"{where}: 'prompt_ids' must be a non-empty list of int token ids")
         bad = next((i for i, t in enumerate(ids) if not isinstance(t, int) or isinstance(t, bool)), None)
         if bad is not None:
-            raise DataError(f"{where}: prompt_ids[{bad}] = {json.dumps(ids[bad])} is not an int token id")
+            raise DataError(f"{where}: {not_token_id(bad, ids[bad])}")
         return list(ids)
     if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
         if not rec["prompt"].strip():

@@ -127,7 +127,9 @@ class _Common(_Body):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    #: text, a one-element list of text, token ids, or a one-element list of token ids; a list's entries
+    #: are checked by ``Resolver.completion_ids``, so a bad token id is named as every path names it
+    prompt: Union[str, list]
     echo: Optional[bool] = None
     best_of: Optional[int] = None
     suffix: Optional[str] = None
@@ -223,6 +225,9 @@ def parse(model: type[_Body], body: Any) -> _Body:
             content = body["messages"][int(parts[1])].get("content")  # --input's words for such a message
             raise ApiError(400, f"messages[{parts[1]}] 'content' must be a string or a list of text parts, not "
                                 f"{shown(content)}", f"messages.{parts[1]}.content") from None
+        if loc == "prompt":  # a completion's prompt: text or token ids, the union's own words name only str
+            raise ApiError(400, f"prompt must be a string or a list of token ids (got {shown(body['prompt'])})",
+                           loc) from None
         raise ApiError(400, f"{loc}: {first['msg'].lower()} (got {shown(first.get('input'))})", loc) from None
 
 
@@ -359,14 +364,11 @@ class Resolver:
             if len(p) != 1:
                 raise ApiError(400, f"prompt: a list of {len(p)} token-id lists is more than one prompt; send one "
                                     "prompt per request (requests are batched by the server)", "prompt")
-            p = p[0]
-            if not p:
+            if not p[0]:
                 raise ApiError(400, "prompt[0] is an empty list of token ids; give at least one token", "prompt")
-        if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
-            why = self.engine.check_prompt_ids(p)
-            if why:
-                raise ApiError(400, f"prompt: {why}", "prompt")
-            return list(p)
+            return self._token_ids(p[0])
+        if isinstance(p, list) and p and not all(isinstance(t, str) for t in p):
+            return self._token_ids(p)
         if isinstance(p, list):
             if not p:
                 raise ApiError(400, "prompt is an empty list; give a string (or a list of token ids)", "prompt")
@@ -377,6 +379,14 @@ class Resolver:
         if not p.strip():
             raise ApiError(400, "prompt is empty; give at least one token of text", "prompt")
         return self._encode(p, chat=False, param="prompt")
+
+    def _token_ids(self, ids: list) -> list[int]:
+        """``ids`` checked as every path checks a token-id prompt (``models.prompting.check_prompt_ids``:
+        ``prompt: prompt_ids[1] = "a" is not an int token id; give ids of the model's tokenizer``)."""
+        why = self.engine.check_prompt_ids(ids)
+        if why:
+            raise ApiError(400, f"prompt: {why}", "prompt")
+        return list(ids)
 
     def chat_ids(self, req: ChatRequest) -> list[int]:
         if not self.lm.chat:
