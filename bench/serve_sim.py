@@ -206,6 +206,15 @@ class Pass:
                 self.all_done.set()
 
         sched._step, sched._finish = timed_step, timed_finish
+        # every step the step-cost model was given, the warm-up's included (--steps-log)
+        self.observed: list[list] = []
+        observe = sched.cost.observe
+
+        def logged_observe(seconds, rows, positions, group=None, joins=0.0, mixed=False) -> None:
+            self.observed.append([seconds, rows, positions, bool(mixed), joins])
+            observe(seconds, rows, positions, group, joins, mixed)
+
+        sched.cost.observe = logged_observe
 
     def result(self, rate: float) -> dict:
         """The pass's measures at ``rate`` (module docstring)."""
@@ -222,7 +231,8 @@ class Pass:
                 "rows_per_step": statistics.mean(r for _, r in self.steps), "busy_s": busy,
                 "ms_per_step": 1000 * busy / len(self.steps), "joined_running": int(joined),
                 "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row,
-                         "per_position": sched.cost.per_position}}
+                         "per_position": sched.cost.per_position},
+                "observed": self.observed}
 
 
 def drive(passes: list[Pass], times: list[float]) -> None:
@@ -331,6 +341,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch (default 16)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--seed", type=int, default=1, help="prompt sample and arrival schedule (default 1)")
+    ap.add_argument("--steps-log", type=Path, default=None, help="write each pass's steps as the step-cost model "
+                    "saw them, one JSON line a pass: mode, rate, repeat and [seconds, rows, positions, mixed, "
+                    "joins seconds] per step, the warm-up's first (default: none)")
     ap.add_argument("--clock", default="wall", help="wall: real time; cpu: a discrete-event run on the engine "
                     "thread's CPU seconds, which other processes' preemption does not move (module docstring; "
                     "--threads 1, --device cpu) (default wall)")
@@ -364,6 +377,8 @@ def parse(argv=None) -> argparse.Namespace:
     if args.policy not in POLICIES:
         ap.error(f"--policy {args.policy!r} is not a cache policy; use one of {', '.join(POLICIES)}")
     check_at_least(ap, args, dict(n=2, repeats=1, max_batch=1, threads=1, max_tokens=1, shots=0))
+    if args.steps_log is not None and not args.steps_log.parent.is_dir():
+        ap.error(f"--steps-log {args.steps_log}: no folder {args.steps_log.parent}; create it or name another file")
     if args.clock not in ("wall", "cpu"):
         ap.error(f"--clock {args.clock!r}: use wall or cpu")
     if args.clock == "cpu" and args.threads != 1:
@@ -408,6 +423,7 @@ def main() -> None:
     one_pass(lm, settings, prompts, args, "fcfs", rates[0], args.seed, min(args.n, 8))  # warm-up, not kept
     modes = args.admission
     rows = []
+    steps_log = open(args.steps_log, "w", encoding="utf-8") if args.steps_log else None  # noqa: SIM115
     for i, rate in enumerate(rates):
         # rotating order: each mode goes first once (with --clock cpu the passes of a rate run together)
         order = [(rep, mode) for rep in range(args.repeats)
@@ -418,6 +434,10 @@ def main() -> None:
             done = (one_pass(lm, settings, prompts, args, m, rate, args.seed * 1000 + i, args.n) for _, m in order)
         for (rep, mode), r in zip(order, done):
             r["repeat"] = rep
+            observed = r.pop("observed")
+            if steps_log is not None:  # a pass a line, flushed, so a run cut short keeps the passes done
+                steps_log.write(json.dumps({"mode": mode, "rate": rate, "repeat": rep, "steps": observed}) + "\n")
+                steps_log.flush()
             rows.append(r)
             print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
                   f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
@@ -445,6 +465,8 @@ def main() -> None:
                       "max_tokens": args.max_tokens, "n": args.n, "threads": args.threads,
                       "max_batch": args.max_batch, "wall_s": time.time() - t_start, "rows": rows,
                       "targets": targets, "spread": spread, **about}))
+    if steps_log is not None:
+        steps_log.close()
 
 
 def spread_at(rows: list[dict], rate: float) -> dict:

@@ -417,3 +417,44 @@ def test_a_mid_block_join_is_tried_until_mixed_steps_are_measured():
         cost.observe(6e-3, 2, 80.0, "g", mixed=True)  # 1.5× a step in step
     assert cost.mixed_measured() and cost.mixed_ratio(2) == pytest.approx(1.5)
     assert not joins([Row(20, "g", 5)], "g", [32.0], 0.0, 0, cost)
+
+
+def test_the_fit_is_the_non_negative_least_squares_solution():
+    """``_solve`` is the ridge least squares with every term ≥ 0, the same optimum scipy's NNLS finds on the
+    stacked system (rows √w·x, √(RIDGE·D)·I against √w·y, √(RIDGE·D)·prior), also where the unconstrained
+    solution has a negative term."""
+    from scipy.optimize import nnls
+
+    from ecache_cli.serve.admission import RIDGE, _solve
+
+    rng = random.Random(3)
+    for case in range(20):
+        xs = [(1.0, float(n), n * rng.choice([0.04, 0.58])) for n in (rng.randint(1, 16) for _ in range(40))]
+        slope = rng.uniform(-0.004, 0.004)  # a negative one: positions that seem to lower a step's time
+        ys = [0.018 + 0.0015 * x[1] + slope * x[2] + rng.gauss(0, 0.001) for x in xs]
+        xx = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
+        xy = [sum(x[i] * y for x, y in zip(xs, ys)) for i in range(3)]
+        prior = [1e-3, 1e-3, 1e-6 * 1024]
+        got = _solve(xx, xy, prior)
+        ridge = [(RIDGE * xx[i][i]) ** 0.5 for i in range(3)]
+        a = [list(x) for x in xs] + [[ridge[i] if j == i else 0.0 for j in range(3)] for i in range(3)]
+        want, _ = nnls(a, ys + [ridge[i] * prior[i] for i in range(3)])
+        assert min(got) >= 0.0
+        assert got == pytest.approx(list(want), rel=1e-6, abs=1e-9), case
+
+
+def test_positions_that_seem_to_lower_a_step_do_not_raise_the_per_row_cost():
+    """A GPU whose partial step (40 positions a row) costs 2 ms more than a full one (590 a row): the best
+    fit with positions held at no cost predicts each width's mean step; clamping the unconstrained
+    solution's negative position term left the per-row term it had compensated (~5 % high at 16 rows)."""
+    rng = random.Random(0)
+    cost = StepCost()
+    for _ in range(400):
+        n = rng.choice([1, 2, 4, 6, 8, 12, 16])
+        full = rng.random() < 0.3
+        cost.observe(0.018 + 0.0015 * n + (0.0 if full else 0.002 + 0.0002 * n) + rng.gauss(0, 0.001),
+                     n, n * (590 if full else 40))
+    assert cost.per_position == 0.0
+    for n in (1, 4, 8, 16):
+        mean = 0.018 + 0.0015 * n + 0.7 * (0.002 + 0.0002 * n)  # 70 % of steps partial
+        assert cost.step(n) == pytest.approx(mean, rel=0.02), n

@@ -70,14 +70,16 @@ def test_rates_take_numbers_and_fractions_of_the_measured_capacity(sim):
     assert sim.parse([]).rates == [(4.0, False), (8.0, False)]  # the default run is unchanged
 
 
-def test_gpu_check_step_8_options_parse(sim):
+def test_gpu_check_step_8_options_parse(sim, tmp_path):
     """bench/gpu_check.sh step 8's serve_sim command, with the dry run's values, is one serve_sim accepts."""
     script = (REPO / "bench" / "gpu_check.sh").read_text().replace("\\\n", " ")
     cmd = re.search(r"bench/serve_sim\.py (.*?) 2>&1", script).group(1)
     cmd = re.sub(r'"\$\(\[.*?\)"', "1", cmd)  # --threads "$([ "$DEVICE" = cpu ] && echo 1 || echo 4)"
     cmd = cmd.replace('"$SIZE"', "tiny").replace('"$DEVICE"', "cpu").replace('"$DTYPE"', "float32")
+    cmd = cmd.replace("$DEST", str(tmp_path))
     args = sim.parse(shlex.split(cmd))
     assert (args.size, args.device, args.dtype, args.threads) == ("tiny", "cpu", "float32", 1)
+    assert args.steps_log == tmp_path / "serve_steps.jsonl"
     assert args.admission == ["always", "fcfs", "auto"] and all(frac for _, frac in args.rates)
 
 
@@ -97,6 +99,12 @@ def test_random_checkpoint_serves_the_embedded_tokens_and_a_burst_is_one_batch(s
     # the 4 requests queued before the scheduler started run as one batch: a 32-token block's steps at
     # 4 rows (an answer that samples an end marker leaves earlier), never one row after another
     assert r["steps"] <= 33 and r["rows_per_step"] > 2 and r["throughput"] > 0
+    # --steps-log: what the step-cost model was given, the warm-up's runs of 1, 2 and 4 rows (8 steps each)
+    # first, then each of the pass's steps with its rows
+    seen = r["observed"]
+    assert [rows for _, rows, *_ in seen[:24]] == [1] * 8 + [2] * 8 + [4] * 8
+    # (the pass's last timed call finds the run ended, and observes nothing)
+    assert len(seen) == 24 + r["steps"] - 1 and all(s > 0 and p > 0 for s, _, p, *_ in seen)
 
 
 def test_continuous_over_static_is_the_ratio_of_the_median_p95s(sim):

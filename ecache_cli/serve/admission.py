@@ -70,8 +70,8 @@ class StepCost:
     weighted (:data:`FORGET` per newer step of that count), so the widths the engine runs most do not
     wash out the others (the warm-up's, say) and the three terms stay defined while the load runs at
     one width; the coefficients solve the weighted least squares over every count with a ridge of
-    each term's own scale (:data:`RIDGE`) toward the prior, clamped to ≥ 0. The prior (seconds): 1 ms
-    a step, 1 ms a row, 1 µs a position, until the warm-up's steps replace it. :meth:`step` predicts a
+    each term's own scale (:data:`RIDGE`) toward the prior, each term ≥ 0 (:func:`_solve`). The prior
+    (seconds): 1 ms a step, 1 ms a row, 1 µs a position, until the warm-up's steps replace it. :meth:`step` predicts a
     step of ``n`` rows at the positions such steps computed (each count's weighted mean; between and
     beyond the counts seen, by the straight line through the nearest two).
 
@@ -117,7 +117,7 @@ class StepCost:
         self.steps += 1
         sxx = [[sum(b[0][i][j] for b in self._by_rows.values()) for j in range(3)] for i in range(3)]
         sxy = [sum(b[1][i] for b in self._by_rows.values()) for i in range(3)]
-        self.coef = [max(c, 0.0) for c in _solve(sxx, sxy, self.prior)]
+        self.coef = _solve(sxx, sxy, self.prior)
 
     @property
     def base(self) -> float:
@@ -272,21 +272,48 @@ def _rising(points: list[tuple[int, float, float]]) -> list[tuple[int, float]]:
 
 
 def _solve(xx, xy, prior) -> list[float]:
-    """(xx + RIDGE·D) θ = xy + RIDGE·D·prior, D the diagonal of xx (a ridge of each term's own scale),
-    by Gaussian elimination (3×3); the prior when nothing was observed."""
+    """The θ ≥ 0 that minimises θᵀAθ − 2bᵀθ, A = xx + RIDGE·D and b = xy + RIDGE·D·prior, D the diagonal
+    of xx (a ridge of each term's own scale): non-negative least squares over the normal equations. Each
+    set of free terms (the others held at 0) is solved exactly and the best non-negative solution kept,
+    since the optimum solves the equations of its own free terms. Clamping an unconstrained solution
+    instead keeps the other terms at values that made up for the negative one (a GPU's partial step can
+    cost as much as a full one: positions then seem to lower a step's time, and the per-row term rises
+    to compensate). The prior when nothing was observed."""
     d = [max(xx[i][i], 1e-12) for i in range(3)]
-    a = [[xx[i][j] + (RIDGE * d[i] if i == j else 0.0) for j in range(3)] + [xy[i] + RIDGE * d[i] * prior[i]]
-         for i in range(3)]
-    for c in range(3):
-        p = max(range(c, 3), key=lambda r: abs(a[r][c]))
-        a[c], a[p] = a[p], a[c]
-        if abs(a[c][c]) < 1e-18:
-            return list(prior)
-        for r in range(3):
+    a = [[xx[i][j] + (RIDGE * d[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
+    b = [xy[i] + RIDGE * d[i] * prior[i] for i in range(3)]
+    if all(xx[i][i] <= 0.0 for i in range(3)):
+        return list(prior)
+    best, best_value = [0.0, 0.0, 0.0], 0.0  # all terms held at 0: the objective is 0
+    for free in ([0, 1, 2], [0, 1], [0, 2], [1, 2], [0], [1], [2]):
+        sub = _gauss([[a[i][j] for j in free] for i in free], [b[i] for i in free])
+        if sub is None or min(sub) < 0.0:
+            continue
+        theta = [0.0, 0.0, 0.0]
+        for i, v in zip(free, sub):
+            theta[i] = v
+        value = sum(theta[i] * a[i][j] * theta[j] for i in range(3) for j in range(3)) \
+            - 2.0 * sum(t * v for t, v in zip(theta, b))
+        if value < best_value:
+            best, best_value = theta, value
+    return best
+
+
+def _gauss(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """The solution of the square system ``a x = b`` by Gaussian elimination with partial pivoting (None
+    when singular)."""
+    n = len(b)
+    m = [row[:] + [v] for row, v in zip(a, b)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[p] = m[p], m[c]
+        if abs(m[c][c]) < 1e-18:
+            return None
+        for r in range(n):
             if r != c:
-                f = a[r][c] / a[c][c]
-                a[r] = [v - f * w for v, w in zip(a[r], a[c])]
-    return [a[i][3] / a[i][i] for i in range(3)]
+                f = m[r][c] / m[c][c]
+                m[r] = [v - f * w for v, w in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] for i in range(n)]
 
 
 class StepHistory:
