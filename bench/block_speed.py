@@ -9,7 +9,9 @@ LLaDA2 0.95, and 0.5). The table gives tokens/s, tokens per forward (TPF), forwa
 work share (positions × layers computed over ``none``'s) and the answers identical to ``none``'s (the
 cache is exact: 100% expected).
 
-Then the step cost of ``block`` (batch 1): the mean time of a step that computes only the current block
+First, per family, how far ``block``'s logits are from ``none``'s on one prompt (:func:`logit_gap`: 0 in
+float32 on this CPU, where the tests hold the two token for token; on CUDA in bfloat16 the answers
+differed). Then the step cost of ``block`` (batch 1): the mean time of a step that computes only the current block
 (between two yields of the run: forward, sampling, commit, the policy and the loop), beside a bare model
 forward over the same block against the same cached prefix (``model(...)`` alone, timed the same way).
 Target (issue: block diffusion): the step within 1.3× of the bare forward.
@@ -54,6 +56,38 @@ SIZES = {
 BLOCK = {"sdar": 4, "llada2": 32}
 DECODERS = {"sdar": {"scheduled": None, "threshold 0.85": 0.85, "threshold 0.5": 0.5},
             "llada2": {"scheduled": None, "threshold 0.95": 0.95, "threshold 0.5": 0.5}}
+
+
+def logit_gap(lm, prompt: str, cfg) -> dict:
+    """How far ``block``'s logits are from ``none``'s on one prompt (batch 1): the largest |difference| over
+    the steps while both have committed the same tokens (after the first step whose commits differ, the
+    canvases differ and so may the logits), and how many of the steps that is. Exact arithmetic gives 0;
+    a cached step's forward covers only its block's positions, so a kernel that rounds a row by the
+    number of rows it is given can move the logits by the dtype's rounding."""
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import Engine
+
+    engine = Engine.from_loaded(lm)
+    ids = engine.encode([prompt], chat=False)
+    seen = {}
+    for policy in ("none", "block"):
+        run = engine.start(ids, cfg, make_policy(policy))
+        steps = seen[policy] = []
+        run.on_forward = lambda r, plan, q, sources, logits, steps=steps: steps.append(
+            [logits.float().cpu().clone(), None])
+        for _ in run:
+            steps[-1][1] = run.state.tokens.cpu().clone()  # the canvas after the step's commits
+    gap, same, differ = 0.0, 0, None
+    for (a, ta), (b, tb) in zip(seen["none"], seen["block"]):
+        if a.shape != b.shape:
+            break
+        gap = max(gap, float((a - b).abs().max()))
+        same += 1
+        if not torch.equal(ta, tb):
+            differ = same  # 1-based: the step whose commits differ
+            break
+    return {"max_abs_logit_diff": gap, "steps_compared": same, "steps": len(seen["none"]),
+            "first_differing_step": differ}
 
 
 def step_cost(lm, prompt: str, cfg, repeats: int) -> dict:
@@ -129,6 +163,12 @@ def main(argv=None) -> int:
         lm = load_model(d, device=args.device, dtype=args.dtype)
         spec, bl = lm.spec, BLOCK[fam]
         entry = {"params": spec.n_params, "active_params": spec.n_active_params, "block_length": bl, "runs": {}}
+        cfg = DecodeConfig(gen_length=args.gen_length, block_length=bl, steps=args.gen_length)
+        entry["logit_gap"] = gap = logit_gap(lm, requests[0].prompt, cfg)
+        where = ("the commits never differ" if gap["first_differing_step"] is None else
+                 f"the commits differ from step {gap['first_differing_step']} on")
+        con.print(f"{fam} block vs none logits (batch 1, one prompt, {args.dtype}): max |Δlogit| "
+                  f"{gap['max_abs_logit_diff']:.3g} over {gap['steps_compared']} of {gap['steps']} steps ({where})")
         chosen = DECODERS[fam] if args.decoders is None else {
             n: t for n, t in DECODERS[fam].items() if n in args.decoders.split(",")}
         for name, threshold in chosen.items():

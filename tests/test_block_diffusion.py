@@ -460,3 +460,16 @@ def test_a_remasking_flag_wins_over_a_profile_threshold(cli, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert f"--threshold 0.7 (profile {prof}) is dropped" in r.stderr, r.stderr
     assert json.loads(r.stdout)["settings"]["decode"]["threshold"] is None
+
+
+def test_the_block_benchs_logit_gap_is_zero_where_the_cache_is_exact(fixture):
+    """``bench/block_speed.py``'s ``logit_gap`` (which GPU runs read for the dtype's rounding) finds the
+    tolerance's gap and no differing commit on the official-format fixtures in float32, and compares
+    every step."""
+    from cli_helpers import load_bench
+
+    name, lm, _, _ = fixture
+    gap = load_bench("block_speed").logit_gap(lm, "Sort: 9 3 7 1", DecodeConfig(gen_length=16, block_length=BLOCK[name],
+                                                                                 steps=16))
+    assert gap["first_differing_step"] is None and gap["steps_compared"] == gap["steps"] > 0
+    assert gap["max_abs_logit_diff"] <= 1e-5
