@@ -602,6 +602,39 @@ def test_current_client_fields_are_accepted_and_the_ignored_ones_named_in_a_warn
     assert parts.choices[0].message.content == "1 3 7 9"
 
 
+def test_every_parameter_of_the_installed_client_is_a_field_the_server_knows():
+    """Each parameter the installed ``openai`` client's ``chat.completions.create`` and ``completions.create``
+    can send is a field of the server's request schema (accepted, ignored with a Warning, or refused with
+    a reason), never "unrecognized"; the client's own transport options are not sent as fields."""
+    import inspect
+
+    from openai.resources.chat.completions import Completions as Chat
+    from openai.resources.completions import Completions
+
+    from ecache_cli.serve.protocol import ChatRequest, CompletionRequest
+
+    transport = {"self", "extra_headers", "extra_query", "extra_body", "timeout"}
+    for method, schema in ((Chat.create, ChatRequest), (Completions.create, CompletionRequest)):
+        sent = set(inspect.signature(method).parameters) - transport
+        assert sent and sent <= set(schema.model_fields), sorted(sent - set(schema.model_fields))
+
+
+def test_prompt_cache_fields_are_ignored_and_moderation_refused_saying_why(named):
+    url, _ = named
+    c = client(url, key="unused")
+    msg = [{"role": "user", "content": "Sort: 9 3 7 1"}]
+    raw = c.chat.completions.with_raw_response.create(
+        model="my-model", messages=msg, prompt_cache_retention="24h", prompt_cache_options={"mode": "implicit"},
+        moderation=None)
+    assert raw.parse().choices[0].message.content == "1 3 7 9"
+    assert raw.headers["warning"] == '299 ecache "accepted and ignored: prompt_cache_retention, prompt_cache_options"'
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": msg,
+                                                       "moderation": {"model": "omni-moderation-latest"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "moderation"
+    assert r.json()["error"]["message"] == ("moderation is not supported (this server runs no moderation model); "
+                                            "leave it out")
+
+
 def test_stored_completion_routes_say_stored_completions_are_not_supported(named):
     """The client's stored-completions methods (list, retrieve, update, delete, messages.list) reach routes
     that answer OpenAI's error shape with a 404 saying none is stored; the client raises NotFoundError with

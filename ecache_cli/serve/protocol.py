@@ -78,6 +78,8 @@ IGNORED = {
     "metadata": "no completions are stored",
     "service_tier": "one tier",
     "prompt_cache_key": "the server keeps no prompt cache between requests",
+    "prompt_cache_retention": "the server keeps no prompt cache between requests",
+    "prompt_cache_options": "the server keeps no prompt cache between requests",
     "safety_identifier": "an end-user id for the provider's abuse monitoring",
     "parallel_tool_calls": "no tools are called",
     "stream_options.include_obfuscation": "no obfuscation padding is sent",
@@ -171,7 +173,10 @@ class ChatRequest(_Common):
     metadata: Optional[dict[str, str]] = None
     service_tier: Optional[str] = None
     prompt_cache_key: Optional[str] = None
+    prompt_cache_retention: Optional[str] = None
+    prompt_cache_options: Optional[dict[str, Any]] = None
     safety_identifier: Optional[str] = None
+    moderation: Optional[dict[str, Any]] = None
     modalities: Optional[list[str]] = None
     audio: Optional[Any] = None
     prediction: Optional[Any] = None
@@ -636,7 +641,9 @@ class Resolver:
                                                                               "(not a reasoning model); leave it out"),
                        ("verbosity", req.verbosity is not None, "verbosity is not supported; leave it out"),
                        ("web_search_options", req.web_search_options is not None, "web search is not supported; "
-                                                                                  "leave it out")]
+                                                                                  "leave it out"),
+                       ("moderation", req.moderation is not None, "moderation is not supported (this server runs no "
+                                                                  "moderation model); leave it out")]
         for field, bad, msg in checks:
             if bad:
                 raise ApiError(400, msg, field)
