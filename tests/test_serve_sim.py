@@ -3,6 +3,7 @@ the random-checkpoint form that bench/gpu_check.sh step 8 runs, and the schedule
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import types
@@ -261,3 +262,26 @@ def test_auto_lets_a_request_expected_to_end_first_pass_a_held_head(sim, tiny_cp
         orders.append(sorted(range(3), key=lambda i: p.done_at[id(p.jobs[i])]))
         joined.append(p.result(1.0)["joined_running"])
     assert orders == [[0, 2, 1], [0, 1, 2]] and joined == [1, 0], (orders, joined)
+
+
+def test_step_fit_reads_a_steps_log_per_count_and_replays_the_fit(tmp_path, capsys):
+    """``bench/step_fit.py`` on a ``--steps-log`` line: each count's steps (in step and mixed apart) and the
+    fit the scheduler's ``StepCost`` reaches on them, which on exact ``2 ms + 1 ms a row`` steps predicts
+    that line; a missing file is one line, exit 2."""
+    fit = load_bench("step_fit")
+    steps = [[0.002 + 0.001 * n, n, 32.0 * n, False, 0.0] for n in [1] * 8 + [2] * 8 + [4] * 8 + [1, 2, 4, 8] * 10]
+    steps.append([0.05, 8, 256.0, True, 0.0])
+    log = tmp_path / "steps.jsonl"
+    log.write_text(json.dumps({"mode": "auto", "rate": 5.0, "repeat": 0, "steps": steps}) + "\n")
+    counts = fit.by_count(steps)
+    assert counts[(8, False)]["n"] == 10 and counts[(8, False)]["mean_ms"] == pytest.approx(10.0)
+    assert counts[(8, True)] == {"n": 1, "mean_ms": pytest.approx(50.0), "max_ms": pytest.approx(50.0),
+                                 "positions": 256.0}
+    *_, (when, _, predicted) = fit.replay(steps)
+    assert when == "end" and predicted == pytest.approx([0.003, 0.006, 0.010, 0.018], rel=0.02)
+    assert fit.main([str(log), "--mode", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("auto at 5/s, pass 0: 65 steps (24 of the warm-up)") and "8   mixed     1" in out
+    with pytest.raises(SystemExit) as e:
+        fit.main([str(tmp_path / "none.jsonl")])
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
