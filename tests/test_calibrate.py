@@ -5,6 +5,7 @@ fidelity``; task scoring is exercised through MBPP's sandbox)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -400,6 +401,24 @@ def test_the_failure_hint_follows_the_cause():
     assert (slow.point, slow.cause, lossy.cause, both.cause) == (None, "speed", "score", "both")
     assert "--max-drop" not in HINTS["speed"] and "--recent-k" in HINTS["speed"]
     assert "--max-drop" in HINTS["score"] and "--recent-k" not in HINTS["score"]
+    one = dataclasses.replace(_point(None, 1.0, 1.0, score=0.9), nfe=1.0)  # none answered each in one forward
+    assert choose([_point(0.1, 1.0, 1.0, score=0.9)], one, "task", 0.01).cause == "one_forward"
+    assert "--taus" not in HINTS["one_forward"] and "--recent-k" not in HINTS["one_forward"]
+
+
+def test_threshold_decoding_in_one_forward_is_named_as_the_cause_and_no_parallel_profile_suggested(cli, tmp_path):
+    """At --threshold 0.9 the embedded model commits a 32-token list answer in one forward: no τ can be
+    faster, and the error says so instead of naming τ or --recent-k; the plain run beside it never sends
+    the user to that parallel calibration."""
+    common = ("calibrate", "--task", "list", "--limit", 4, "--gen-length", 32, "-q")
+    res = cli(*common, "--out", tmp_path / "p.yaml", "--run-file", tmp_path / "p.jsonl", "--threshold", 0.9)
+    assert res.exit_code == 1, res.stderr
+    (err,) = [line for line in res.stderr.strip().splitlines() if line.startswith("error:")]
+    assert "none answers every example in one forward (NFE 1.0)" in err and "--recent-k" not in err, err
+    assert not (tmp_path / "p.yaml").exists()
+    res = cli(*common, "--out", tmp_path / "q.yaml", "--run-file", tmp_path / "q.jsonl")
+    assert res.exit_code == 0, res.stderr
+    assert "calibrate a parallel profile" not in res.stderr, res.stderr  # its threshold speed is noise around 1
 
 
 def test_zero_score_warning_says_the_tolerance_is_void_and_what_to_do():

@@ -82,6 +82,23 @@ def test_a_plain_run_keeps_its_choice_and_names_the_parallel_profile_when_thresh
                      "they then use"]
 
 
+def test_where_none_answers_in_one_forward_under_threshold_no_parallel_profile_is_suggested():
+    """A timing function whose none took one forward per example under threshold decoding (its
+    ``reference_nfe``, as ``WallClock`` records it): the warning says no step there reads a cache, not to
+    calibrate a parallel profile that could not be faster; at 2 forwards it names the profile as before."""
+    for nfe, want in ((1.0, "speed check: warning: under threshold decoding at 0.9 none answers every example in one "
+                            "forward (NFE 1.0), so no step there reads a cache: τ=1 cannot run faster there "
+                            "(0.97×), nor could a parallel profile"),
+                      (2.0, "speed check: warning: τ=1 is slower than none under threshold decoding (0.97× at 0.9); "
+                            "for such runs calibrate a parallel profile too (the same command with --threshold "
+                            "0.9), which they then use")):
+        time_fn, _ = scripted({1.0: (1.5, 0.97)})
+        time_fn.reference_nfe = {"plain": 32.0, "threshold": nfe}
+        lines = []
+        assert SpeedGuard(threshold=0.9).run([pt(1.0, 3.0)], time_fn, warn=lines.append).point.tau == 1.0
+        assert lines == [want]
+
+
 def test_plain_slowdown_rejects_too_and_exactly_none_speed_passes():
     time_fn, _ = scripted({1.0: (0.99, 2.0), 0.5: (1.0, 1.0)})
     v = SpeedGuard().run([pt(1.0, 3.0), pt(0.5, 2.0)], time_fn)

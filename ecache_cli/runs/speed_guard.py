@@ -130,9 +130,7 @@ class SpeedGuard:
             if t.passed:
                 out.point = p
                 if self.own == "plain" and thr < MIN_SPEEDUP:
-                    say(f"speed check: warning: {p.label()} is slower than none under threshold decoding "
-                        f"({thr:.2f}× at {self.threshold:g}); for such runs calibrate a parallel profile too "
-                        f"(the same command with --threshold {self.threshold:g}), which they then use")
+                    say(self._threshold_note(p, thr, getattr(time_fn, "reference_nfe", {}).get("threshold")))
                 return out
             if i + 1 == len(candidates):
                 then = "no other setting qualifies"
@@ -142,6 +140,18 @@ class SpeedGuard:
                 then = f"{self.tries} setting(s) timed (--speed-check-tries), giving up"
             say(f"speed check: rejected {p.label()}: {self.speeds(t)}, slower than {self.against}; {then}")
         return out
+
+    def _threshold_note(self, p: Point, thr: float, none_nfe: float | None) -> str:
+        """The line for a chosen setting slower than none under threshold decoding (``thr`` its speedup
+        there): calibrate a parallel profile too, unless ``none_nfe`` (none's forwards per example under
+        threshold decoding) is 1: then no step there reads a cache, and no profile can run faster."""
+        if none_nfe is not None and none_nfe <= 1.0:
+            return (f"speed check: warning: under threshold decoding at {self.threshold:g} none answers every "
+                    f"example in one forward (NFE {none_nfe:.1f}), so no step there reads a cache: {p.label()} "
+                    f"cannot run faster there ({thr:.2f}×), nor could a parallel profile")
+        return (f"speed check: warning: {p.label()} is slower than none under threshold decoding ({thr:.2f}× at "
+                f"{self.threshold:g}); for such runs calibrate a parallel profile too (the same command with "
+                f"--threshold {self.threshold:g}), which they then use")
 
     def speeds(self, t: Timed) -> str:
         """``1.80× plain, 0.93× at threshold 0.9 (tokens/s over none, median of 3 passes on 8 examples)``."""
@@ -241,7 +251,9 @@ class WallClock:
     ``batch_size``: examples decoded together (calibrate's ``--batch-size``); ``seed``: the random
     stream seed; ``dist``: several ranks share the batches (``measure``) and every rank gets rank 0's
     figures. Raises UsageError for a mode the decode settings cannot run (checked at construction,
-    before any decoding) and EcacheError subclasses from decoding.
+    before any decoding) and EcacheError subclasses from decoding. ``reference_nfe``: per mode, none's
+    forwards per example as last timed (rank 0), which :meth:`SpeedGuard.run` reads to tell a mode
+    where none answers in one forward.
     """
 
     def __init__(self, engine, settings, prompt_ids: list[list[int]], guard: SpeedGuard, batch_size: int,
@@ -259,6 +271,7 @@ class WallClock:
                 raise UsageError(f"the speed check's {mode_name(mode, guard.threshold)}: {e} "
                                  "(or pass --no-speed-check)") from None
         self.modes = {mode: replace(settings, decode=cfg) for mode, cfg in modes.items()}
+        self.reference_nfe: dict[str, float] = {}  # mode -> none's forwards per example, as last timed (rank 0)
         order = sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), i)) if batch_size > 1 else None
         self.prompt_ids = prompt_ids if order is None else [prompt_ids[i] for i in order]  # batches of like lengths
 
@@ -282,4 +295,5 @@ class WallClock:
         if report is not None:  # rank 0
             sp = pass_speedups(report.runs[spec], report.runs[BASELINE])
             value = statistics.median(sp) if sp else 0.0
+            self.reference_nfe[mode] = report.summaries[BASELINE]["nfe_per_request"]
         return self.dist.all_gather_object(value, "the speed check")[0]

@@ -420,6 +420,8 @@ def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
     kept = [p for p in cands if _keeps(p, base, metric, max_drop, min_fidelity)]
     faster = [p for p in cands if p.speedup > 1.0]
     cause = "speed" if kept and not faster else "score" if faster and not kept else "both"
+    if base.knob == "tau" and base.nfe <= 1.0:  # every answer in one forward: no step can read the cache
+        cause = "one_forward"
     msg = (f"no {knob.name} keeps the {metric} score within {100 * max_drop:g} points of {knob.base_phrase} "
            f"({100 * s0:.1f}%)"
            f"{f' with fidelity ≥ {100 * min_fidelity:g}%' if min_fidelity is not None else ''}{groups} and runs "
@@ -433,7 +435,8 @@ def _why_none(points, base, metric, max_drop, min_fidelity) -> str:
 
 #: What to change, by what rejected the τs: ``speed`` (those that keep the score save no work: the cost
 #: proxy), ``score`` (those that save work lose too much score or fidelity), ``both``, ``wall`` (the
-#: wall-clock speed check found the qualifying ones slower than none).
+#: wall-clock speed check found the qualifying ones slower than none), ``one_forward`` (``none`` itself
+#: answers in one forward, as threshold decoding of a short answer can: there is no later step to cache).
 HINTS = {
     "speed": "every τ that keeps the score computes as much as none: try larger τ (--taus), a smaller --recent-k "
              "or --joint (block refresh, recent_steps)",
@@ -443,6 +446,8 @@ HINTS = {
             "(--taus), raise --max-drop or search --joint",
     "wall": "rerun on an idle machine, let settings that refresh less qualify (larger τ with --max-drop, a smaller "
             "--recent-k, --joint), or pass --no-speed-check to keep the cost proxy's choice",
+    "one_forward": "none answers every example in one forward (NFE 1.0), so no step reads the cache and no τ can "
+                   "run faster: calibrate decoding that takes more steps (without --threshold, or a higher one)",
 }
 
 
