@@ -169,6 +169,43 @@ def test_the_gen_length_a_canvas_too_long_suggests_is_one_the_run_takes(cli, tmp
         engine.start(ids, DecodeConfig(gen_length=fit + block, block_length=block), make_policy("none"))
 
 
+@pytest.mark.parametrize("command", [("calibrate", "--limit", "2"), ("profile", "--limit", "2"),
+                                     ("trace-drift", "--limit", "1")], ids=lambda c: c[0])
+def test_a_task_runs_gen_length_hint_counts_its_own_prompts(cli, tmp_path, command):
+    """``--task``'s prompts are known before the load (the embedded tokenizer, the task's examples and
+    shots): the first refusal of a too-long ``--gen-length`` names the longest prompt the run encodes (as
+    calibrate's sample, profile's task requests and trace-drift's read build them, after the load), and
+    the gen-length it suggests passes the run's own check at that prompt length (checked by starting a
+    run, not by decoding 4000 tokens)."""
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig, Engine
+    from ecache_cli.errors import UsageError
+    from ecache_cli.models.loader import load_model
+    from ecache_cli.runs.calibrate import CalibrateOptions, _Sample
+    from ecache_cli.runs.profile import task_setup
+    from ecache_cli.runs.trace_drift import TraceOptions, read_first
+    from ecache_cli.tasks import get_task
+
+    outs = {"calibrate": ["--run-file", tmp_path / "r.jsonl", "--out", tmp_path / "p.yaml"]}.get(command[0], [])
+    first = cli(*command, "--task", "list", *outs, "--gen-length", "8192")
+    assert first.exit_code == 2 and len(first.stderr.strip().splitlines()) == 1, first.stderr
+    size = int(re.search(r"^error: prompt \((\d+) tokens\) \+ --gen-length 8192 exceeds", first.stderr).group(1))
+    fit = int(re.search(r"lower --gen-length to at most (\d+)", first.stderr).group(1))
+    lm = load_model("tiny", device="cpu", dtype="float32")
+    engine = Engine.from_loaded(lm)
+    if command[0] == "calibrate":
+        ids = _Sample.encode(lm, get_task("list"), CalibrateOptions(task="list", limit=2)).prompt_ids
+    elif command[0] == "profile":
+        ids = engine.encode([r.prompt for r in task_setup("list", None, None, 2, 0, False)[1]], lm.chat)
+    else:
+        ids = engine.encode(read_first(TraceOptions(prompts=[], task="list", limit=1)), lm.chat)
+    assert size == max(len(i) for i in ids)
+    cfg = DecodeConfig(gen_length=fit, block_length=32)
+    engine.start([[5] * size], cfg, make_policy("none"))  # the run's check passes
+    with pytest.raises(UsageError, match="exceeds the model's"):
+        engine.start([[5] * size], DecodeConfig(gen_length=fit + 32, block_length=32), make_policy("none"))
+
+
 def test_a_recalibration_command_carries_the_flags_this_machine_needs():
     """The command a τ-from-other-weights (or other-model) warning suggests: the profile's task without its
     suffixes, the embedded model's trained domains for ``default`` (with the consent code needs), the shots

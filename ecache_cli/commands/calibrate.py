@@ -174,7 +174,7 @@ def calibrate_cmd(
     from ..runs.calibrate import run_file_path
 
     check_new_run_file(run_file_path(model, opts), resume, dry_run)  # refused before the first line, as --output is
-    from ..runs.models import check_start
+    from ..runs.models import check_start, task_prompt_lengths
 
     check_start(model, device, dtype, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
@@ -182,7 +182,8 @@ def calibrate_cmd(
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
         {**o.cache_flags("block" if block else "entropy", None, one_k, signal, block_refresh, None),
          "recent_steps": one_steps},
-        profile=profile, compile=compile_step, quantize=quantize, group_size=group_size, tau_searched=True)
+        profile=profile, compile=compile_step, quantize=quantize, group_size=group_size, tau_searched=True,
+        prompt_tokens=task_prompt_lengths(model, task_obj, limit, opts.shots, seed, chat))  # the sample's prompts
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     if block:
         from ..runs.calibrate import sweep_base

@@ -85,14 +85,15 @@ def profile_cmd(
     if sandbox is not None:
         code_sandbox.check_mode(sandbox)  # a flag's bad value before the first line (the profile's: when read)
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
-    from ..runs.models import check_start, prompt_lengths
+    from ..runs.models import check_start, prompt_lengths, task_prompt_lengths
 
     check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size,
-        prompt_tokens=prompt_lengths(model, prompts, chat))
+        prompt_tokens=prompt_lengths(model, prompts, chat) if task is None else task_prompt_lengths(
+            model, task, 8 if limit is None else limit, shots, seed, chat, data))  # task_setup's requests
     settings.policies = names  # the run's policies: its records report τ when one of them takes it
     warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
                             f"used by none of --policies {','.join(names)}")

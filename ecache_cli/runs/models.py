@@ -322,6 +322,30 @@ def prompt_lengths(model, prompts: list[str] | None, chat: bool | None) -> list[
         return None
 
 
+def task_prompt_lengths(model, task, limit: int, shots, seed: int, chat: bool | None,
+                        data: str | None = None) -> list[int] | None:
+    """:func:`prompt_lengths` of the prompts a ``--task`` run decodes, before the load: ``limit`` test
+    examples of ``task`` (a name, read from ``data`` when given, or a task object: ``tasks.get_task``'s,
+    or calibrate's task groups) drawn by ``seed``, each with ``shots`` solved examples (the task's
+    default when None), as calibrate's sample and profile's and trace-drift's task requests build them.
+    None without a task, for ``data`` that is a stream, or where they cannot be read here (the run's own
+    read says why)."""
+    from ..errors import EcacheError
+
+    if task is None or (data is not None and not (Path(data).is_file() or Path(data).is_dir())):
+        return None  # a stream (``-``, a pipe) is read once, by the run
+    try:
+        if isinstance(task, str):
+            from ..tasks import get_task
+
+            task = get_task(task, data)
+        n = task.default_shots if shots is None else shots
+        texts = [task.prompt(ex, n, seed) for ex in task.examples("test", limit, seed)]
+    except (EcacheError, OSError, ValueError):
+        return None
+    return prompt_lengths(model, texts, chat)
+
+
 def _token_table(spec, vocab: dict[str, int]) -> dict:
     """The special ids of ``spec`` with their token strings (None where the tokenizer is not at hand)."""
     by_id = {i: t for t, i in vocab.items()}
