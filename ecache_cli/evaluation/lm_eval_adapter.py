@@ -92,8 +92,9 @@ class EcacheLM(LM):
         try:
             with rewriting(model_args_message):  # the warnings of the checks name model_args keys too
                 self._setup(**kwargs)
-        except EcacheError as e:
-            raise type(e)(model_args_message(str(e))) from None
+        except EcacheError as e:  # every refusal of the setup names what it refuses as model_args (one prefix)
+            message = model_args_message(str(e))
+            raise type(e)(message if message.startswith("model_args") else f"model_args: {message}") from None
 
     def _setup(self, model: str = "tiny", device: str | None = "auto", dtype: str = "auto",
                profile: str | None = None, task: str | None = None, chat: bool | None = None, batch_size=1,
