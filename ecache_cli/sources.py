@@ -64,9 +64,10 @@ def read_bytes(path: Path | str, flag: str) -> bytes:
             with open(path, "rb") as fh:
                 data = fh.read()
     except FileNotFoundError:
-        raise DataError(f"{flag} {name}: no such file") from None
-    except OSError as e:
-        raise DataError(f"{flag} {name}: cannot read ({e.strerror})") from None
+        raise DataError(f"{flag} {name}: no such file; check the path") from None
+    except OSError as e:  # opened but not read to its end (a device, /proc's unreadable files, an I/O error)
+        raise DataError(f"{flag} {name}: cannot read ({e.strerror}); pass a file that can be read to its end") \
+            from None
     if data[:2] == _GZIP_MAGIC:
         try:
             data = gzip.decompress(data)

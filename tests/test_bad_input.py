@@ -651,3 +651,15 @@ def test_a_bad_value_from_a_profile_names_the_profile(cli, tmp_path, yaml_text, 
     one_line_error(res, 2, *needles, str(prof), "pass the flag to override")
     flag = cli("generate", "x", "--signal", "bogus", "--model", no_model(tmp_path), "-q")
     assert flag.exit_code == 2 and "from profile" not in flag.stderr  # the user's own flag is not blamed on it
+
+
+@pytest.mark.parametrize("flag", ["--input", "--data"])
+def test_a_file_that_opens_but_cannot_be_read_names_the_fix(cli, flag):
+    """``/proc/self/mem`` opens but its first read fails (EIO): one line naming the flag, the error and what
+    to pass instead, exit 1, before the model loads."""
+    args = ["generate", "--input", "/proc/self/mem"] if flag == "--input" else \
+        ["profile", "--task", "gsm8k", "--data", "/proc/self/mem"]
+    res = cli(*args)
+    assert res.exit_code == 1 and res.stdout == "", res.stderr
+    assert res.stderr.strip() == (f"error: {flag} /proc/self/mem: cannot read (Input/output error); pass a file that "
+                                  "can be read to its end"), res.stderr
