@@ -397,14 +397,31 @@ def test_quiet_and_the_first_stderr_line(command, cli, llada_dir):
     assert not [line for line in quiet.stderr.splitlines() if line.startswith(progress)], quiet.stderr
 
 
-def test_quiet_profile_traces_print_no_profiler_lines(llada_dir, profiles_dir, tmp_path):
-    """torch.profiler's C++ start/stop lines (kineto, on file descriptor 2) stay off ``profile -q``."""
-    p = _popen(["profile", "x", "--policies", "none", "--warmup", "0", "--model", str(llada_dir), *SMALL,
+@pytest.mark.parametrize("quiet", [True, False], ids=["q", "loud"])
+def test_profile_traces_print_no_profiler_lines(llada_dir, profiles_dir, tmp_path, quiet):
+    """torch.profiler's C++ start/stop lines (kineto, on file descriptor 2) stay off ``profile``'s stderr,
+    ``-q`` or not (on a terminal they would land on the progress line)."""
+    args = [a for a in SMALL if quiet or a != "-q"]
+    p = _popen(["profile", "x", "--policies", "none", "--warmup", "0", "--model", str(llada_dir), *args,
                 "--trace-dir", str(tmp_path / "traces"), "--trace-steps", "2"])
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err.decode()
     assert "profiler_start" not in err.decode() and "profiler_stop" not in err.decode(), err.decode()
+    assert quiet or err.decode().startswith("using model "), err.decode()
     assert (tmp_path / "traces" / "none.chrome_trace.json").exists()
+
+
+def test_kineto_lines_are_dropped_and_other_native_lines_kept(capfd):
+    """What C++ writes to descriptor 2 inside the block comes back to stderr but kineto's own lines."""
+    import os
+
+    from ecache_cli.runs.tracing import kineto_lines_off
+
+    with kineto_lines_off():
+        os.write(2, b"USDT:2026-12-05 20:54:25 17865:17865 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"W1205 a native warning\n")
+        os.write(2, b"USDT:2026-12-05 20:54:26 17865:17865 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
+    assert capfd.readouterr().err == "W1205 a native warning\n"
 
 
 # --- every command on a terminal: 60, 80 and 120 columns (a pseudo-terminal, stdlib pty) ---------------------
@@ -1043,8 +1060,9 @@ def test_a_surrogate_escape_under_skip_invalid_and_in_data_is_named_not_a_traceb
     data.write_text('{"question": "What is 1+1?\\ud800", "answer": "#### 2"}\n')
     res = cli("profile", "--task", "gsm8k", "--data", data, "--policies", "none", "--limit", "1")
     assert res.exit_code == 2 and res.stderr.strip() == (
-        f"error: --data {data}: line 1 has 'question' with a lone surrogate (U+D800), not UTF-8 text; each line must "
-        "be one UTF-8 JSON object with the fields question, answer (the official gsm8k format)"), res.stderr
+        f"error: --data {data}: line 1 'question' is not UTF-8 text (a lone surrogate U+D800 at character 13); write "
+        "the text itself, not a surrogate escape; each line must be one UTF-8 JSON object with the fields question, "
+        "answer (the official gsm8k format)"), res.stderr
 
 
 def test_watch_delay_without_watch_is_warned_and_ignored(cli):

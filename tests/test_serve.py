@@ -1020,15 +1020,15 @@ def test_a_value_of_the_wrong_kind_gets_the_ranges_words_on_every_route(named, r
 
 def test_an_escaped_lone_surrogate_is_named_by_its_field_in_input_records_words(named, cli, tmp_path):
     """Valid JSON holding ``"\\ud800"`` is no text: the server names the field it is in (a message's content,
-    a text part, the prompt) in the words ``--input`` names a record's field with, not the tokenizer's
-    ``prompt 1``."""
+    a text part, the prompt) in the words ``--input`` names a record's field with (and ``--data`` a line's),
+    not the tokenizer's ``prompt 1``."""
     url, _ = named
-    cases = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages[0].content",
-              "messages.0.content", 2),
+    cases = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800b"}]},
+              "messages[0] 'content'", "messages.0.content", 2),
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
-                 {"type": "text", "text": "ok"}, {"type": "text", "text": "\udc80"}]}]}, "messages[0].content[1].text",
-              "messages.0.content.1.text", 1),
-             ("/v1/completions", {"prompt": "a\ud800b"}, "prompt", "prompt", 2)]
+                 {"type": "text", "text": "ok"}, {"type": "text", "text": "\udc80"}]}]},
+              "messages[0].content[1] 'text'", "messages.0.content.1.text", 1),
+             ("/v1/completions", {"prompt": "a\ud800b"}, "'prompt'", "prompt", 2)]
     for route, body, where, param, at in cases:
         r = httpx.post(f"{url}{route}", content=json.dumps({"model": "my-model", **body}),
                        headers={"content-type": "application/json"})
@@ -1037,10 +1037,16 @@ def test_an_escaped_lone_surrogate_is_named_by_its_field_in_input_records_words(
         assert r.json()["error"]["message"] == (f"{where} is not UTF-8 text (a lone surrogate U+{code} at character "
                                                 f"{at}); write the text itself, not a surrogate escape")
     f = tmp_path / "in.jsonl"
-    f.write_text('{"prompt": "a\\ud800b"}\n')
+    f.write_text('{"prompt": "a\\ud800b"}\n{"messages": [{"role": "user", "content": "a\\ud800b"}]}\n')
     res = cli("generate", "--input", f, "--gen-length", 16, "--block-length", 8)
-    assert res.exit_code == 2 and ("'prompt' is not UTF-8 text (a lone surrogate U+D800 at character 2); write the "
-                                   "text itself, not a surrogate escape") in res.stderr, res.stderr
+    for where in ("1: 'prompt'", "2: messages[0] 'content'"):
+        assert res.exit_code == 2 and (f"in.jsonl:{where} is not UTF-8 text (a lone surrogate U+D800 at character 2); "
+                                       "write the text itself, not a surrogate escape") in res.stderr, res.stderr
+    data = tmp_path / "gsm.jsonl"
+    data.write_text('{"question": "a\\ud800b", "answer": "#### 2"}\n')
+    res = cli("profile", "--task", "gsm8k", "--data", data, "--policies", "none")
+    assert res.exit_code == 2 and ("line 1 'question' is not UTF-8 text (a lone surrogate U+D800 at character 2); "
+                                   "write the text itself, not a surrogate escape") in res.stderr, res.stderr
 
 
 def test_a_body_that_is_not_utf8_is_named_so_and_a_blank_ollama_prompt_names_prompt(named):

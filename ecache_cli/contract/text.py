@@ -20,3 +20,15 @@ def read_byte_words(code: int) -> str:
     (argv, stdin read with ``surrogateescape``) as U+DC80–U+DCFF, named by the byte it stands for
     (``byte 0xe9``); any other is named by its code point (``a lone surrogate U+D800``)."""
     return f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+
+
+def json_text_error(text: str, where: str) -> str | None:
+    """Why a JSON string is no text (None: it is UTF-8 text): one holding a lone surrogate (``"\\ud800"``:
+    valid JSON, but no UTF-8 text the tokenizer can take), ``where is not UTF-8 text (a lone surrogate
+    U+D800 at character 2); write the text itself, not a surrogate escape``. The words of an ``--input``
+    record's field, a ``--data`` line's and a server request's."""
+    bad = lone_surrogate(text)
+    if bad is None:
+        return None
+    return (f"{where} is not UTF-8 text (a lone surrogate U+{bad[1]:04X} at character {bad[0]}); write the text "
+            "itself, not a surrogate escape")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
-from ..contract.text import lone_surrogate, read_byte_words
+from ..contract.text import json_text_error, lone_surrogate, read_byte_words
 from ..errors import DataError, UsageError
 from ..models.prompting import check_messages, not_token_id
 from ..sources import check_readable, is_stdin, read_lines, split_lines
@@ -376,20 +376,8 @@ def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
         raise error(f"{where}: not UTF-8 text ({read_byte_words(bad[1])}) at character {bad[0]}; {fix}")
 
 
-def json_text_error(text: str, where: str) -> str | None:
-    """Why a JSON string is no text (None: it is UTF-8 text): one holding a lone surrogate (``"\\ud800"``:
-    valid JSON, but no UTF-8 text the tokenizer can take), ``where is not UTF-8 text (a lone surrogate
-    U+D800 at character 2); write the text itself, not a surrogate escape``; the words of an ``--input``
-    record's field and of a server request's (``serve/protocol.py``)."""
-    bad = lone_surrogate(text)
-    if bad is None:
-        return None
-    return (f"{where} is not UTF-8 text (a lone surrogate U+{bad[1]:04X} at character {bad[0]}); write the text "
-            "itself, not a surrogate escape")
-
-
 def _json_utf8(text: str, where: str) -> None:
-    """DataError (:func:`json_text_error`) for a record's JSON string that is no text, found while the
+    """DataError (``contract.text.json_text_error``) for a record's JSON string that is no text, found while the
     records are read, before the model loads."""
     why = json_text_error(text, where)
     if why:

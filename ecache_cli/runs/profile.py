@@ -514,7 +514,7 @@ class _Bench:
             run = self.engine.start([self.ids[i] for i in first], self.settings.decode, self.make(p), seed=opts.seed,
                                     row_ids=first)
             trace["policies"][p] = trace_run(run, Path(opts.trace_dir), p.replace(":", "_").replace("=", "-"),
-                                             opts.trace_steps, quiet=opts.quiet)
+                                             opts.trace_steps)
         return trace
 
 

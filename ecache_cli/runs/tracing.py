@@ -23,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from torch.profiler import (
@@ -75,34 +77,42 @@ class LayerRanges:
         self.handles = []
 
 
+#: kineto's own line for a profiler starting or stopping (``USDT:<time> <pid>:<tid>
+#: SyncActivityProfilerHandler.cpp:52] profiler_start``), written by C++ to file descriptor 2.
+KINETO_LINE = re.compile(r"\] profiler_(start|stop)\s*$")
+
+
 @contextlib.contextmanager
-def native_stderr_off(off: bool):
-    """With ``off``: file descriptor 2 points at /dev/null inside the block, so what C++ code prints
-    there (kineto's ``profiler_start`` / ``profiler_stop`` lines, which no Python setting silences)
-    stays off a ``-q`` run's stderr; Python's own ``sys.stderr`` is flushed first."""
-    if not off:
-        yield
-        return
+def kineto_lines_off():
+    """File descriptor 2 points at a temporary file inside the block; after it, what was written there
+    goes to stderr but kineto's ``profiler_start`` / ``profiler_stop`` lines (:data:`KINETO_LINE`),
+    which no Python setting silences and which would break a progress line: no library's noise in a
+    run's stderr, ``-q`` or not, while a warning printed in the block still reaches it."""
     sys.stderr.flush()
     try:
         saved = os.dup(2)
-    except OSError:  # no descriptor 2 (a closed stderr): nothing to silence
+    except OSError:  # no descriptor 2 (a closed stderr): nothing to filter
         yield
         return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode("utf-8", "replace").splitlines()
+                    if not KINETO_LINE.search(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
 
 
-def trace_run(run, out_dir: Path, name: str, max_steps: int | None = 64, quiet: bool = False) -> dict:
+def trace_run(run, out_dir: Path, name: str, max_steps: int | None = 64) -> dict:
     """Iterate ``run`` (an unstarted engine :class:`Run`) with its first ``max_steps`` denoising steps
     under torch.profiler (None: all of them; the rest run untraced so the request still completes).
-    ``quiet`` (``-q``): the profiler's start and stop lines are not printed.
+    The profiler's own start and stop lines are not printed (:func:`kineto_lines_off`).
 
     Writes the files named in the module docstring for ``name``; returns {files, steps, ranges, ops}:
     ranges maps each ecache range to {count, total_ms} (inclusive CPU time), ops splits operator self
@@ -119,7 +129,7 @@ def trace_run(run, out_dir: Path, name: str, max_steps: int | None = 64, quiet: 
     prof = profile(activities=activities, on_trace_ready=tensorboard_trace_handler(str(out_dir / name),
                                                                                    worker_name=name))
     with LayerRanges(run.engine.model):
-        with native_stderr_off(quiet):
+        with kineto_lines_off():
             prof.start()
         try:
             with record_function(f"{RANGE_PREFIX}request.{name}"):
@@ -128,7 +138,7 @@ def trace_run(run, out_dir: Path, name: str, max_steps: int | None = 64, quiet: 
                     if max_steps is not None and traced >= max_steps:
                         break
         finally:
-            with native_stderr_off(quiet):
+            with kineto_lines_off():
                 prof.stop()
     run.ranges = False
     for _ in steps:  # finish the request untraced

@@ -201,8 +201,8 @@ def ignored_fields(req: _Body) -> list[str]:
 
 
 def _text(text: str | None, where: str, param: str) -> str | None:
-    """``text`` when it is UTF-8 text (or None); a 400 naming the field in an ``--input`` record's words
-    (``runs.inputs.json_text_error``) for one holding a lone surrogate (a JSON ``"\\ud800"`` escape)."""
+    """``text`` when it is UTF-8 text (or None); a 400 naming the field as an ``--input`` record's is named
+    (``contract.text.json_text_error``) for one holding a lone surrogate (a JSON ``"\\ud800"`` escape)."""
     why = None if text is None else json_text_error(text, where)
     if why:
         raise ApiError(400, why, param)
@@ -393,7 +393,7 @@ class Resolver:
             p = p[0]
         if not p.strip():
             raise ApiError(400, "prompt is empty; give at least one token of text", "prompt")
-        return self._encode(_text(p, "prompt", "prompt"), chat=False, param="prompt")
+        return self._encode(_text(p, "'prompt'", "prompt"), chat=False, param="prompt")
 
     def _token_ids(self, ids: list) -> list[int]:
         """``ids`` checked as every path checks a token-id prompt (``models.prompting.check_prompt_ids``:
@@ -428,7 +428,7 @@ class Resolver:
             if m.content is None and m.role != "assistant":  # OpenAI's schema: only an assistant's may be absent
                 raise ApiError(400, f"messages[{i}].content is missing; a {m.role} message needs content (a string "
                                     "or a list of text parts)", f"messages.{i}.content")
-            content = _text(m.content, f"messages[{i}].content", f"messages.{i}.content") \
+            content = _text(m.content, f"messages[{i}] 'content'", f"messages.{i}.content") \
                 if isinstance(m.content, str) or m.content is None else \
                 "".join(self._part_text(part, i, j) for j, part in enumerate(m.content))
             msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
@@ -450,7 +450,7 @@ class Resolver:
         if part.type != "text":
             raise ApiError(400, f"messages[{i}].content[{j}]: {part.type!r} parts are not supported; this model "
                                 "reads text only ({\"type\": \"text\", \"text\": ...})", f"messages.{i}.content.{j}")
-        return _text(part.text, f"messages[{i}].content[{j}].text", f"messages.{i}.content.{j}.text")
+        return _text(part.text, f"messages[{i}].content[{j}] 'text'", f"messages.{i}.content.{j}.text")
 
     def _encode(self, prompt, chat: bool, param: str) -> list[int]:
         try:

@@ -16,7 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from ecache_cli.contract.text import lone_surrogate
+from ecache_cli.contract.text import json_text_error
 from ecache_cli.errors import DataError, UsageError
 from ecache_cli.sources import check_readable, is_stdin, read_lines
 from ecache_cli.tasks.base import Example, Task, sample_indices
@@ -65,9 +65,9 @@ def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict]) -> str | None
     if missing:
         return f"lacks {', '.join(missing)}"
     for key, value in row.items():  # "\ud800" is valid JSON but no UTF-8 text the tokenizer can take
-        bad = lone_surrogate(str(value))
-        if bad:
-            return f"has {key!r} with a lone surrogate (U+{bad[1]:04X}), not UTF-8 text"
+        why = json_text_error(str(value), repr(key))
+        if why:
+            return why
     rows.append(row)
     return None
 
