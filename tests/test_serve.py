@@ -628,11 +628,18 @@ def test_prompt_cache_fields_are_ignored_and_moderation_refused_saying_why(named
         moderation=None)
     assert raw.parse().choices[0].message.content == "1 3 7 9"
     assert raw.headers["warning"] == '299 ecache "accepted and ignored: prompt_cache_retention, prompt_cache_options"'
-    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": msg,
-                                                       "moderation": {"model": "omni-moderation-latest"}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "moderation"
-    assert r.json()["error"]["message"] == ("moderation is not supported (this server runs no moderation model); "
-                                            "leave it out")
+    for moderation in ({"model": "omni-moderation-latest"}, True):  # refused for what it asks, not for its type
+        r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": msg,
+                                                           "moderation": moderation})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "moderation"
+        assert r.json()["error"]["message"] == ("moderation is not supported (this server runs no moderation model); "
+                                                "leave it out")
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "my-model", "messages": msg, "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        'tool_choice is not supported (this server calls no tools); leave it out or use "none"')
+    r = httpx.get(f"{url}/v1/models/nosuch")
+    assert r.status_code == 404 and r.json()["error"]["message"] == (
+        "model 'nosuch' is not served here; this server serves 'my-model' (GET /v1/models)")
 
 
 def test_stored_completion_routes_say_stored_completions_are_not_supported(named):

@@ -275,8 +275,8 @@ async def model(request: Request, model_id: str):
     check_key(request, "models")
     srv: Server = request.app.state.server
     if model_id != srv.opts.model_name:
-        raise ApiError(404, f"model {model_id!r} is not served here; this server serves {srv.opts.model_name!r}",
-                       "model", code="model_not_found")
+        raise ApiError(404, f"model {model_id!r} is not served here; this server serves {srv.opts.model_name!r} "
+                            "(GET /v1/models)", "model", code="model_not_found")  # the generating routes' words
     return _model_card(srv)
 
 

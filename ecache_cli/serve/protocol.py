@@ -87,6 +87,10 @@ IGNORED = {
 }
 
 
+#: A request's ``moderation``, whatever its value: this server runs no moderation model, and answering
+#: unmoderated would not be what the client asked for.
+MODERATION = "moderation is not supported (this server runs no moderation model); leave it out"
+
 #: Why a field :meth:`Resolver._unsupported` refuses is ignored when given its neutral value (a 0 penalty,
 #: ``best_of`` 1, ``modalities`` ``["text"]`` ...); the Warning header names it with this reason.
 NEUTRAL = {
@@ -240,6 +244,8 @@ def parse(model: type[_Body], body: Any) -> _Body:
             content = body["messages"][int(parts[1])].get("content")  # --input's words for such a message
             raise ApiError(400, f"messages[{parts[1]}] 'content' must be a string or a list of text parts, not "
                                 f"{shown(content)}", f"messages.{parts[1]}.content") from None
+        if loc == "moderation":  # refused whatever its value (Resolver._unsupported's words), not for its type
+            raise ApiError(400, MODERATION, loc) from None
         if loc == "prompt":  # a completion's prompt: text or token ids, the union's own words name only str
             raise ApiError(400, f"prompt must be a string or a list of token ids (got {shown(body['prompt'])})",
                            loc) from None
@@ -637,10 +643,12 @@ class Resolver:
                        ("top_logprobs", req.top_logprobs is not None, "top_logprobs is not supported; leave it out"),
                        ("tools", bool(req.tools), "tools are not supported; leave them out"),
                        ("tool_choice", req.tool_choice not in (None, "none", "auto"), "tool_choice is not supported "
-                                                                                      "(this server calls no tools)"),
+                                                                                      "(this server calls no tools); "
+                                                                                      "leave it out or use \"none\""),
                        ("functions", bool(req.functions), "functions are not supported; leave them out"),
                        ("function_call", req.function_call not in (None, "none", "auto"),
-                        "function_call is not supported (this server calls no functions)"),
+                        "function_call is not supported (this server calls no functions); leave it out or use "
+                        "\"none\""),
                        ("response_format", req.response_format not in (None, {"type": "text"}),
                         "response_format: only {\"type\": \"text\"} is supported"),
                        ("modalities", req.modalities not in (None, ["text"]), "modalities: only [\"text\"] is "
@@ -653,8 +661,7 @@ class Resolver:
                        ("verbosity", req.verbosity is not None, "verbosity is not supported; leave it out"),
                        ("web_search_options", req.web_search_options is not None, "web search is not supported; "
                                                                                   "leave it out"),
-                       ("moderation", req.moderation is not None, "moderation is not supported (this server runs no "
-                                                                  "moderation model); leave it out")]
+                       ("moderation", req.moderation is not None, MODERATION)]
         for field, bad, msg in checks:
             if bad:
                 raise ApiError(400, msg, field)
