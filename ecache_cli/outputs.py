@@ -27,6 +27,20 @@ def _make_folder(folder: Path, flag: str, path, announce: bool = True) -> None:
     unless ``announce`` is off (ecache's own default places, e.g. ``profiles/<model>/``)."""
     if folder.is_dir():
         return
+    _check_creatable(folder, flag, path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"{flag} {path}: cannot create folder {folder} ({e.strerror}); choose another path") from None
+    if announce:
+        from .console import note
+
+        note(f"created folder {folder} for {flag}")
+
+
+def _check_creatable(folder: Path, flag: str, path) -> None:
+    """UsageError (naming ``flag`` and ``path``) when missing ``folder`` is one :func:`_make_folder` does not
+    create: under a file, or a new folder directly under the filesystem root."""
     missing = folder
     while not missing.parent.exists() and missing.parent != missing:
         missing = missing.parent
@@ -38,14 +52,6 @@ def _make_folder(folder: Path, flag: str, path, announce: bool = True) -> None:
     if top.parent == Path(top.anchor):
         raise UsageError(f"{flag} {path}: folder {missing} does not exist and ecache creates no folder at the "
                          f"filesystem root; create it first (mkdir -p {folder}) or choose another path")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"{flag} {path}: cannot create folder {folder} ({e.strerror}); choose another path") from None
-    if announce:
-        from .console import note
-
-        note(f"created folder {folder} for {flag}")
 
 
 def _probe(folder: Path, flag: str, path) -> None:
@@ -69,8 +75,11 @@ def check_file(path, flag: str, announce: bool = True, lock: bool = True) -> Pat
         return path
     p = Path(path).expanduser()
     if p.is_dir() or p.name in ("", ".", ".."):  # `out/x/..` names a folder even before out/x exists
+        folder = Path(os.path.normpath(p))
+        if not folder.is_dir():  # the example must be a file this command takes: its folder one it creates
+            _check_creatable(folder, flag, path)
         raise UsageError(f"{flag} {path} is a folder; "
-                         f"give a file name (e.g. {Path(os.path.normpath(p)) / EXAMPLE_NAMES.get(flag, 'out.json')})")
+                         f"give a file name (e.g. {folder / EXAMPLE_NAMES.get(flag, 'out.json')})")
     _make_folder(p.parent, flag, path, announce)
     if p.exists():
         if not os.access(p, os.W_OK):
@@ -209,6 +218,7 @@ def check_plot_name(path, flag: str = "--plot") -> None:
     """A plot file must end in ``.png`` (matplotlib picks the format from the suffix; the plots are
     PNG only). Checked before any decoding, so a typo never fails after a long run (UsageError).
     A folder passes here: :func:`check_file` names the fix for it."""
-    if path is not None and Path(path).suffix.lower() != ".png" and not Path(path).is_dir():
+    if path is not None and Path(path).suffix.lower() != ".png" and not Path(path).is_dir() \
+            and Path(path).name not in ("", ".", ".."):
         raise UsageError(f"{flag} {path}: give a .png file name (e.g. {Path(path).with_suffix('.png')})")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,24 @@ def test_no_new_folder_at_the_filesystem_root(cli, tmp_path, command):
     res = cli(*command, "--json", target, "--model", no_model(tmp_path), *SMALL)
     one_line_error(res, 2, f"--json {target}", "filesystem root", "mkdir -p")
     assert not target.parent.exists()
+
+
+@pytest.mark.parametrize("command, flag", [(["generate", "x"], "--output"),
+                                           (["profile", "x", "--policies", "none"], "--json"),
+                                           (["trace-drift", "x"], "--plot")])
+def test_a_folder_path_under_a_new_root_folder_is_told_the_root_rule_not_a_file_there(cli, tmp_path, command, flag):
+    """``--output /new/x/..`` names a folder; a file in it would be refused too (no new folder at the root),
+    so the first error is that rule, not an example file there; under an existing folder the example is
+    one the command takes."""
+    res = cli(*command, flag, "/ecache-test-no-such-folder/x/..", "--model", no_model(tmp_path), *SMALL)
+    one_line_error(res, 2, f"{flag} /ecache-test-no-such-folder/x/..", "filesystem root",
+                   "mkdir -p /ecache-test-no-such-folder")
+    folder = tmp_path / "new"
+    res = cli(*command, flag, f"{folder}/x/..", "--model", no_model(tmp_path), *SMALL)
+    line = one_line_error(res, 2, f"{flag} {folder}/x/.. is a folder; give a file name (e.g. {folder}/")
+    example = re.search(r"\(e\.g\. (\S+)\)", line).group(1)
+    res = cli(*command, flag, example, "--model", no_model(tmp_path), *SMALL)
+    assert res.exit_code == 1 and "is a folder" not in res.stderr, res.stderr  # taken; the stand-in model fails
 
 
 @pytest.mark.parametrize("command", [["profile", "x", "--policies", "none"], ["trace-drift", "x"]])
