@@ -140,6 +140,13 @@ def test_ctrl_c_with_output_names_resume_and_the_file_keeps_finished_records(cli
     assert f"error: interrupted; --output {out} keeps every record written so far" in res.stderr
     assert "--resume" in res.stderr
     assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [0, 1]
+    calls["n"] = 2  # the first batch is interrupted: nothing was written, nothing to resume
+    first = tmp_path / "first.jsonl"
+    res = cli("generate", *PROMPTS, "--model", llada_dir, *SMALL, "-q", "--output", first)
+    assert res.exit_code == 130
+    assert res.stderr.strip() == (f"error: interrupted before the first record; --output {first} holds none; rerun "
+                                  "the same command"), res.stderr
+    assert not first.exists()  # the lock's empty file is removed
 
 
 def test_resume_refuses_another_input_or_other_settings(cli, llada_dir, tmp_path):

@@ -115,6 +115,9 @@ def generate(
             raise
         from ..console import error
 
-        error(f"interrupted; --output {output} keeps every record written so far; rerun the same command with "
-              "--resume to decode only the rest")
+        if Path(output).is_file() and Path(output).stat().st_size > 0:
+            error(f"interrupted; --output {output} keeps every record written so far; rerun the same command with "
+                  "--resume to decode only the rest")
+        else:  # stopped before the first record: there is nothing to resume
+            error(f"interrupted before the first record; --output {output} holds none; rerun the same command")
         raise typer.Exit(code=interrupted_exit_code()) from None
