@@ -67,6 +67,12 @@ EXAMPLE_NAMES = {"--plot": "plot.png", "--jsonl": "trace.jsonl", "--run-file": "
                  "--output": "out.jsonl", "/save": "chat.jsonl"}
 
 
+def _names_folder(p: Path) -> bool:
+    """Whether output path ``p`` names a folder: one that exists, or by its form (``out/x/..`` names a
+    folder even before ``out/x`` exists)."""
+    return p.is_dir() or p.name in ("", ".", "..")
+
+
 def check_file(path, flag: str, announce: bool = True, lock: bool = True) -> Path | None:
     """Make sure output file ``path`` can be written (``None`` and ``-``, stdout, pass); returns it.
     ``announce``: name a created folder on stderr (off for ecache's default locations). ``lock``: also
@@ -74,7 +80,7 @@ def check_file(path, flag: str, announce: bool = True, lock: bool = True) -> Pat
     if path is None or str(path) == "-":
         return path
     p = Path(path).expanduser()
-    if p.is_dir() or p.name in ("", ".", ".."):  # `out/x/..` names a folder even before out/x exists
+    if _names_folder(p):
         folder = Path(os.path.normpath(p))
         if not folder.is_dir():  # the example must be a file this command takes: its folder one it creates
             _check_creatable(folder, flag, path)
@@ -218,7 +224,6 @@ def check_plot_name(path, flag: str = "--plot") -> None:
     """A plot file must end in ``.png`` (matplotlib picks the format from the suffix; the plots are
     PNG only). Checked before any decoding, so a typo never fails after a long run (UsageError).
     A folder passes here: :func:`check_file` names the fix for it."""
-    if path is not None and Path(path).suffix.lower() != ".png" and not Path(path).is_dir() \
-            and Path(path).name not in ("", ".", ".."):
+    if path is not None and Path(path).suffix.lower() != ".png" and not _names_folder(Path(path)):
         raise UsageError(f"{flag} {path}: give a .png file name (e.g. {Path(path).with_suffix('.png')})")
 
