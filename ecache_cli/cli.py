@@ -241,20 +241,39 @@ INTERRUPTED = {"profile": "interrupted before every policy finished a batch; the
 
 
 def _raise_terminated(signum, frame):
+    """SIGTERM: :class:`errors.Terminated` (a KeyboardInterrupt), remembered as Ctrl-C is
+    (:func:`_raise_interrupt`), once no import is running (:func:`_held_in_import`)."""
     from . import errors
 
     errors.terminated = errors.interrupt_pending = True
-    raise errors.Terminated()
+    if not _held_in_import(signum, frame):
+        raise errors.Terminated()
 
 
 def _raise_interrupt(signum, frame):
     """Ctrl-C: Python's own KeyboardInterrupt, remembered (``errors.interrupt_pending``) so that an error it
     turns into on its way up (a C extension's import failing with ``ImportError: initialization failed``)
-    still ends the command as an interrupt."""
+    still ends the command as an interrupt; held while an import runs (:func:`_held_in_import`)."""
     from . import errors
 
     errors.interrupt_pending = True
-    raise KeyboardInterrupt
+    if not _held_in_import(signum, frame):
+        raise KeyboardInterrupt
+
+
+def _held_in_import(signum: int, frame) -> bool:
+    """Whether the main thread is inside an import (an importlib frame on its stack), where the signal is
+    held and sent again 20 ms later: an exception raised in a module's top level can be swallowed by the
+    module (numpy's start-up: the command then ran to its end, exit 0) or thrown through a C++ extension
+    (torch.distributed's: ``terminate called``, exit 134)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            timer = threading.Timer(0.02, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _on_signal(signum, handler):
@@ -288,7 +307,10 @@ def handle_errors(fn, interrupted: str = KEPT):
             from .options import check_ranges
 
             check_ranges(kwargs)  # every numeric option in its range before the command starts
-            return fn(*args, **_plain_floats(kwargs))
+            result = fn(*args, **_plain_floats(kwargs))
+            if errors.interrupt_pending:  # an interrupt that a library swallowed: the command still ends as one
+                raise KeyboardInterrupt
+            return result
         except (typer.Exit, typer.Abort):  # the command's own exit status (it has said why)
             raise
         except KeyboardInterrupt:

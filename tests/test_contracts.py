@@ -147,7 +147,8 @@ def test_calibrate_data_dash_is_stdin(cli, llada_dir):
     doc = json.loads(res.stdout.splitlines()[0])
     assert doc["calibrate"]["data"] == "-" and doc["calibrate"]["limit"] == 2 and len(doc["points"]) == 1
     bad = cli(*args, "--data", "-", input="not json\n")
-    assert bad.exit_code == 2 and "--data -: line 1 is not JSON" in bad.stderr, bad.stderr
+    assert bad.exit_code == 2 and ("--data -: 1 of 1 line(s) invalid, nothing decoded: stdin:1: not valid JSON "
+                                   "(Expecting value); each line must be one JSON object") in bad.stderr, bad.stderr
 
 
 #: The commands that read a benchmark's ``--data`` (``--task gsm8k``), with the flags of a short run.
@@ -169,7 +170,8 @@ def _data_args(command: str, model, data) -> list[str]:
 @pytest.mark.parametrize("source", ["file", "dash"])
 def test_data_names_every_bad_line_exit_2(command, source, cli, llada_dir, tmp_path):
     """``--data`` lines are checked as ``--input`` records are (one reader, ``sources.py``): a line that
-    is not UTF-8 is named with the others, exit 2, nothing decoded, from a file as from stdin."""
+    is not UTF-8 is named with the others, exit 2, nothing decoded, from a file as from stdin, in the words
+    ``generate --input`` uses for the same lines (``contract.lines``)."""
     bad = GSM_ROWS.encode() + b'{"question": "\xff", "answer": "#### 2"}\nnot json\n\xfe\n'
     f = tmp_path / "gsm.jsonl"
     f.write_bytes(bad)
@@ -177,9 +179,14 @@ def test_data_names_every_bad_line_exit_2(command, source, cli, llada_dir, tmp_p
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     assert res.stdout == ""
     (line,) = res.stderr.strip().splitlines()
-    name = f if source == "file" else "-"
-    assert line.startswith(f"error: --data {name}: line 4 is not UTF-8 text; line 5 is not JSON"), line
-    assert "line 6 is not UTF-8 text" in line and "(the official gsm8k format)" in line
+    name, src = (f, f) if source == "file" else ("-", "stdin")
+    same = (f"{src} lines 4, 6: not UTF-8 text; save the file as UTF-8 JSONL; {src}:5: not valid JSON (Expecting "
+            "value); each line must be one JSON object")
+    assert line == (f"error: --data {name}: 3 of 6 line(s) invalid, nothing decoded: {same}; each line must be one "
+                    "UTF-8 JSON object with the fields question, answer (the official gsm8k format)"), line
+    gen = cli("generate", "--input", f if source == "file" else "-", "--model", llada_dir, *SMALL,
+              input=bad if source == "dash" else None)
+    assert gen.exit_code == 2 and same in gen.stderr, gen.stderr
 
 
 @pytest.mark.parametrize("flag", ["--input", "--data"])
@@ -295,7 +302,7 @@ INPUT_ERRORS = {
                       "--input FILE: 1 of 2 record(s) invalid, nothing decoded: FILE:2: not valid JSON"),
     "empty-input": (["generate", "profile", "trace-drift"], ["--input", "FILE"], None, "--input FILE holds no record"),
     "bad-data": (["profile", "trace-drift", "calibrate"], ["--task", "gsm8k", "--limit", "1", "--data", "FILE"], None,
-                 "--data FILE: line 1 lacks answer"),
+                 "--data FILE: 1 of 1 line(s) invalid, nothing decoded: FILE:1: lacks answer"),
 }
 INPUT_FILES = {"invalid-input": '{"prompt": "Sort: 3 1"}\nnot json\n', "empty-input": "\n", "bad-data": GSM_BAD}
 
@@ -1060,9 +1067,9 @@ def test_a_surrogate_escape_under_skip_invalid_and_in_data_is_named_not_a_traceb
     data.write_text('{"question": "What is 1+1?\\ud800", "answer": "#### 2"}\n')
     res = cli("profile", "--task", "gsm8k", "--data", data, "--policies", "none", "--limit", "1")
     assert res.exit_code == 2 and res.stderr.strip() == (
-        f"error: --data {data}: line 1 'question' is not UTF-8 text (a lone surrogate U+D800 at character 13); write "
-        "the text itself, not a surrogate escape; each line must be one UTF-8 JSON object with the fields question, "
-        "answer (the official gsm8k format)"), res.stderr
+        f"error: --data {data}: 1 of 1 line(s) invalid, nothing decoded: {data}:1: 'question' is not UTF-8 text (a "
+        "lone surrogate U+D800 at character 13); write the text itself, not a surrogate escape; each line must be "
+        "one UTF-8 JSON object with the fields question, answer (the official gsm8k format)"), res.stderr
 
 
 def test_watch_delay_without_watch_is_warned_and_ignored(cli):
@@ -1143,6 +1150,52 @@ def test_an_interrupt_that_surfaces_as_another_error_ends_as_the_interrupt(sig, 
         handle_errors(broken)()
     wrapped = [c.callback for c in app.registered_commands if c.name != "help"]
     assert len(wrapped) == 6 and all(hasattr(cb, "__wrapped__") for cb in wrapped)  # every command goes through it
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_during_an_import_arrives_after_it_and_a_swallowed_one_still_ends_the_command(
+        sig, code, capsys, tmp_path, monkeypatch):
+    """A signal that arrives while a module's top level runs is held until the import has finished (an
+    exception there can be swallowed by the module or thrown through a C++ extension, ending in
+    ``terminate called``): the module is whole, and the command then ends as interrupted, one line. An
+    interrupt that a library catches and ignores still ends the command so, never with exit 0."""
+    import importlib
+    import signal
+    import sys
+    import time
+
+    import typer
+
+    from ecache_cli.cli import KEPT, handle_errors
+
+    name = f"ecache_test_import_{sig.lower()}"
+    (tmp_path / f"{name}.py").write_text(f"import signal, time\nsignal.raise_signal(signal.{sig})\ntime.sleep(0.1)\n"
+                                         "WHOLE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)  # imported afresh, and forgotten after the test
+    seen = {}
+
+    def importing(**_):
+        seen["whole"] = importlib.import_module(name).WHOLE
+        time.sleep(5)  # the held signal is sent again 20 ms after the import and ends the command here
+        seen["ran on"] = True
+
+    start = time.monotonic()
+    with pytest.raises(typer.Exit) as exc:
+        handle_errors(importing)()
+    assert exc.value.exit_code == code and seen == {"whole": True} and time.monotonic() - start < 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {KEPT}"]
+
+    def swallowing(**_):
+        try:
+            signal.raise_signal(getattr(signal, sig))
+        except KeyboardInterrupt:
+            pass  # as a library that catches everything
+        return "finished"
+
+    with pytest.raises(typer.Exit) as exc:
+        handle_errors(swallowing)()
+    assert exc.value.exit_code == code and capsys.readouterr().err.splitlines() == [f"error: {KEPT}"]
 
 
 #: Each command with -q and outputs in files, and the status lines it prints without -q.

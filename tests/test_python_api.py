@@ -129,9 +129,9 @@ def test_decode_config_must_be_one(llada_lm):
     (lambda e: DecodeConfig(temperature=True), r"^DecodeConfig temperature=True must be a finite number ≥ 0 \(0 = "
                                                r"greedy; e.g. 0.7\)$"),
     (lambda e: e.encode(["caf\udce9"], chat=True),  # bytes read with surrogateescape: the CLI's words
-     r"^prompt 1: not UTF-8 text \(byte 0xe9\) at character 4; pass UTF-8 text$"),
+     r"^prompt 1: not UTF-8 text \(byte 0xe9 at character 4\); pass UTF-8 text$"),
     (lambda e: e.encode([[{"role": "user", "content": "ok"}], [{"role": "user", "content": "\ud800"}]], chat=True),
-     r"^prompt 2: not UTF-8 text \(a lone surrogate U\+D800\) at character 1"),
+     r"^prompt 2: not UTF-8 text \(a lone surrogate U\+D800 at character 1\)"),
 ])
 def test_wrong_kinds_of_argument_are_usage_errors(call, message, llada_lm):
     """A value of the wrong kind is refused in one line, never encoded as its text or a TypeError."""

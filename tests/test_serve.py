@@ -1052,7 +1052,7 @@ def test_an_escaped_lone_surrogate_is_named_by_its_field_in_input_records_words(
     data = tmp_path / "gsm.jsonl"
     data.write_text('{"question": "a\\ud800b", "answer": "#### 2"}\n')
     res = cli("profile", "--task", "gsm8k", "--data", data, "--policies", "none")
-    assert res.exit_code == 2 and ("line 1 'question' is not UTF-8 text (a lone surrogate U+D800 at character 2); "
+    assert res.exit_code == 2 and (f"{data}:1: 'question' is not UTF-8 text (a lone surrogate U+D800 at character 2); "
                                    "write the text itself, not a surrogate escape") in res.stderr, res.stderr
 
 

@@ -211,13 +211,15 @@ def test_malformed_dataset_lines_are_all_named_with_the_fix(tmp_path, cli):
     with pytest.raises(UsageError) as e:
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
     msg = str(e.value)
-    assert msg == (f"--data {bad}: line 2 is not JSON (Expecting value); line 3 is a JSON list, not an object; "
-                   "line 4 lacks answer; each line must be one UTF-8 JSON object with the fields question, answer (the "
-                   "official gsm8k format)")
+    assert msg == (f"--data {bad}: 3 of 4 line(s) invalid, nothing decoded: {bad}:2: not valid JSON (Expecting "
+                   f"value); each line must be one JSON object; {bad}:3: a JSON list, not an object; {bad}:4: lacks "
+                   "answer; each line must be one UTF-8 JSON object with the fields question, answer (the official "
+                   "gsm8k format)")
     r = cli("profile", "--task", "gsm8k", "--data", str(bad), "--limit", "1", "--policies", "none")
-    assert r.exit_code == 2 and "line 2 is not JSON" in r.stderr and "using model" not in r.stderr
+    assert r.exit_code == 2 and f"{bad}:2: not valid JSON" in r.stderr and "using model" not in r.stderr
     bad.write_bytes(b'{"question": "q", "answer": "1"}\n' * 2 + b'{"question": "\xff"}\nnot json\n')
-    with pytest.raises(UsageError, match="test.jsonl: line 3 is not UTF-8 text; line 4 is not JSON"):
+    with pytest.raises(UsageError, match="test.jsonl:3: not UTF-8 text; save the file as UTF-8 JSONL; "
+                       ".*test.jsonl:4: not valid JSON"):
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
 
 

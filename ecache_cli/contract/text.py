@@ -22,13 +22,22 @@ def read_byte_words(code: int) -> str:
     return f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
 
 
+def not_text_words(text: str, from_bytes: bool = True) -> str | None:
+    """``not UTF-8 text (byte 0xe9 at character 4)`` for ``text`` holding a character UTF-8 cannot encode,
+    else None: the words every input path uses for such text. ``from_bytes``: ``text`` was decoded from
+    bytes, so the character is named by :func:`read_byte_words`; else (a JSON string's escape) by its code
+    point (``a lone surrogate U+DCE9``)."""
+    bad = lone_surrogate(text)
+    if bad is None:
+        return None
+    what = read_byte_words(bad[1]) if from_bytes else f"a lone surrogate U+{bad[1]:04X}"
+    return f"not UTF-8 text ({what} at character {bad[0]})"
+
+
 def json_text_error(text: str, where: str) -> str | None:
     """Why a JSON string is no text (None: it is UTF-8 text): one holding a lone surrogate (``"\\ud800"``:
     valid JSON, but no UTF-8 text the tokenizer can take), ``where is not UTF-8 text (a lone surrogate
     U+D800 at character 2); write the text itself, not a surrogate escape``. The words of an ``--input``
     record's field, a ``--data`` line's and a server request's."""
-    bad = lone_surrogate(text)
-    if bad is None:
-        return None
-    return (f"{where} is not UTF-8 text (a lone surrogate U+{bad[1]:04X} at character {bad[0]}); write the text "
-            "itself, not a surrogate escape")
+    words = not_text_words(text, from_bytes=False)
+    return None if words is None else f"{where} is {words}; write the text itself, not a surrogate escape"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..contract.fields import SEED
-from ..contract.text import lone_surrogate, read_byte_words
+from ..contract.text import not_text_words
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
 from ..models.prompting import CHAT_ROLES, check_messages, check_prompt_ids
@@ -34,13 +34,12 @@ def check_prompts(spec, prompts: Sequence, roles: Sequence[str] = CHAT_ROLES) ->
 
 
 def _check_utf8(text, where: str) -> None:
-    """UsageError for a string that is not UTF-8 text (:func:`~ecache_cli.contract.text.lone_surrogate`),
-    in the command line's words for such a prompt argument: ``prompt 1: not UTF-8 text (byte 0xe9) at
-    character 4``."""
-    bad = lone_surrogate(text) if isinstance(text, str) else None
-    if bad:
-        raise UsageError(f"{where}: not UTF-8 text ({read_byte_words(bad[1])}) at character {bad[0]}; "
-                         "pass UTF-8 text")
+    """UsageError for a string that is not UTF-8 text (:func:`~ecache_cli.contract.text.not_text_words`),
+    in the command line's words for such a prompt argument: ``prompt 1: not UTF-8 text (byte 0xe9 at
+    character 4)``."""
+    words = not_text_words(text) if isinstance(text, str) else None
+    if words:
+        raise UsageError(f"{where}: {words}; pass UTF-8 text")
 
 
 def gen_length_fit(spec, prompt_len: int, block_length: int) -> int:

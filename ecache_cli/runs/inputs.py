@@ -10,13 +10,13 @@ at all is a DataError (exit 1), as README's exit-code table says of an unreadabl
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
-from ..contract.text import json_text_error, lone_surrogate, read_byte_words
+from ..contract.lines import bad_lines_summary, parse_json_line
+from ..contract.text import json_text_error, lone_surrogate, not_text_words
 from ..errors import DataError, UsageError
 from ..models.prompting import check_messages, not_token_id
 from ..sources import check_readable, is_stdin, read_lines, split_lines
@@ -157,12 +157,9 @@ def read_records(input_file: Path) -> list[Item]:
 
 def _record_error(item: Item, line: str | None, where: str) -> str | None:
     """Parse ``line`` into ``item`` (its ``rec`` and ``prompt``); return why it is invalid, else None."""
-    if line is None:
-        return f"{where}: not UTF-8 text; save the file as UTF-8 JSONL"
-    try:
-        item.rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        return f"{where}: not valid JSON ({e.msg}); each line must be one JSON object"
+    item.rec, error = parse_json_line(line, where)
+    if error is not None:
+        return error
     try:
         item.prompt = prompt_of(item.rec, where)
     except DataError as e:
@@ -240,35 +237,12 @@ def invalid_error(items: list[Item], source, shown: int = 10, what: str = "recor
     first ``shown`` reasons, the other lines by number), and the way out (``fix``). ``source``: what
     the head names (``--input FILE``, ``stdin``; a path is shown as ``--input PATH``); ``what``: a
     ``record`` or a ``line``."""
-    bad = [it for it in items if it.error is not None]
+    bad = [(it.line, it.error) for it in items if it.error is not None]
     if not bad:
         return None
     if not isinstance(source, str):
         source = f"--input {source}"
-    groups: dict[str, tuple[str, list[int]]] = {}  # reason -> (where the lines are, the lines)
-    for it in bad:
-        m = re.match(rf"(.*):{it.line}: (.*)", it.error, re.S)  # "file:line: reason"
-        name, reason = (m.group(1), m.group(2)) if m else (source, it.error)
-        groups.setdefault(reason, (name, []))[1].append(it.line)
-    parts = [f"{name}:{lines[0]}: {reason}" if len(lines) == 1 else f"{name} lines {_line_ranges(lines)}: {reason}"
-             for reason, (name, lines) in list(groups.items())[:shown]]
-    reasons = "; ".join(parts)
-    if len(groups) > shown:
-        rest = sorted(line for _, (_, lines) in list(groups.items())[shown:] for line in lines)
-        reasons += f"; and {len(rest)} more at line{'s' if len(rest) > 1 else ''} {_line_ranges(rest)}"
-    return UsageError(f"{source}: {len(bad)} of {len(items)} {what}(s) invalid, nothing decoded: {reasons}; {fix}")
-
-
-def _line_ranges(lines: list[int]) -> str:
-    """Ascending line numbers as ranges: [1, 2, 3, 7] -> ``1-3, 7``."""
-    out, start = [], None
-    for i, n in enumerate(lines):
-        if start is None:
-            start = n
-        if i + 1 == len(lines) or lines[i + 1] != n + 1:
-            out.append(str(start) if start == n else f"{start}-{n}")
-            start = None
-    return ", ".join(out)
+    return UsageError(f"{bad_lines_summary(bad, len(items), source, what, shown)}; {fix}")
 
 
 def _looks_like_record(line: str) -> bool:
@@ -371,9 +345,9 @@ def no_prompts(input_file: Path | None, fix: str = "pipe prompts one per line, p
 def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
     """Python hands undecodable argv bytes (and stdin bytes under a C locale) over as lone surrogates,
     which the tokenizer rejects with a TypeError; name the culprit instead."""
-    bad = lone_surrogate(text)
-    if bad:
-        raise error(f"{where}: not UTF-8 text ({read_byte_words(bad[1])}) at character {bad[0]}; {fix}")
+    words = not_text_words(text)
+    if words:
+        raise error(f"{where}: {words}; {fix}")
 
 
 def _json_utf8(text: str, where: str) -> None:

@@ -12,10 +12,10 @@ source.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
+from ecache_cli.contract.lines import bad_lines_summary, parse_json_line
 from ecache_cli.contract.text import json_text_error
 from ecache_cli.errors import DataError, UsageError
 from ecache_cli.sources import check_readable, is_stdin, read_lines
@@ -30,42 +30,42 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
 
     The source is read in full by the reader ``--input`` uses (``sources.read_lines``) and every line
     checked before any is used: a line that is not UTF-8, not a JSON object or lacks a field is named,
-    all of them in one ``UsageError`` (exit 2) with the fix, and so is a source with no record (empty
+    all of them in one ``UsageError`` (exit 2) with the fix, worded as ``--input``'s bad records are
+    (``contract.lines``: ``FILE:3: not valid JSON (…)``), and so is a source with no record (empty
     or blank; README: empty input is a usage error in every command). Raises ``DataError`` (exit 1)
     only when the source cannot be read at all (missing, unreadable, damaged gzip).
     """
-    rows, bad = [], []
+    name = "stdin" if is_stdin(path) else str(path)
+    rows, bad, total = [], [], 0
     for lineno, line in read_lines(path, "--data"):
-        if line is None:
-            bad.append(f"line {lineno} is not UTF-8 text")
-        elif line.strip():
-            why = _bad_row(line, fields, rows)
+        if line is None or line.strip():
+            total += 1
+            why = _bad_row(line, fields, rows, f"{name}:{lineno}")
             if why:
-                bad.append(f"line {lineno} {why}")
+                bad.append((lineno, why))
     need = f" with the fields {', '.join(fields)}" if fields else ""
     if bad:
-        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise UsageError(f"--data {path}: {shown}; each line must be one UTF-8 JSON object{need} (the official "
-                         f"{task} format)")
+        raise UsageError(f"{bad_lines_summary(bad, total, f'--data {path}', 'line', shown=5)}; each line must be "
+                         f"one UTF-8 JSON object{need} (the official {task} format)")
     if not rows:
         raise UsageError(f"--data {path} holds no record (it is empty or blank); give the official {task} JSONL, "
                          f"one JSON object{need} per line")
     return rows
 
 
-def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict]) -> str | None:
-    """Append the JSON object of ``line`` to ``rows``; else say why it is not one, or which fields it lacks."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        return f"is not JSON ({e.msg})"
+def _bad_row(line: str | None, fields: tuple[str, ...], rows: list[dict], where: str) -> str | None:
+    """Append the JSON object of ``line`` to ``rows``; else say why it is not one, or which fields it lacks,
+    in ``--input``'s words (``contract.lines``; ``where``: ``FILE:LINE``)."""
+    row, error = parse_json_line(line, where)
+    if error is not None:
+        return error
     if not isinstance(row, dict):
-        return f"is a JSON {type(row).__name__}, not an object"
+        return f"{where}: a JSON {type(row).__name__}, not an object"
     missing = [k for k in fields if k not in row]
     if missing:
-        return f"lacks {', '.join(missing)}"
+        return f"{where}: lacks {', '.join(missing)}"
     for key, value in row.items():  # "\ud800" is valid JSON but no UTF-8 text the tokenizer can take
-        why = json_text_error(str(value), repr(key))
+        why = json_text_error(str(value), f"{where}: {key!r}")
         if why:
             return why
     rows.append(row)
