@@ -1,21 +1,40 @@
 """``python -m ecache_cli`` and the ``ecache`` script: the command line (``cli.app``).
 
 Importing it loads typer, rich and the subcommands' modules, and typer then builds the command group (a
-few tenths of a second): a Ctrl-C in that time ends as every interrupt does (README's exit codes: one line,
-130), not with a traceback; once a command runs, ``cli.handle_errors`` handles interrupts."""
+few tenths of a second): a Ctrl-C or SIGTERM in that time ends as every interrupt does (README's exit
+codes: one line, 130 or 143), not with a traceback or typer's silent exit; once a command runs,
+``cli.handle_errors`` handles interrupts."""
 
+import signal
 import sys
+import threading
 
 
 def main() -> None:
-    """Run the command line; exit 130 with one line when interrupted before a command starts."""
+    """Run the command line; exit 130 (143 after SIGTERM) with one line when interrupted before a command
+    starts (``interrupts.before_command``)."""
     try:
+        from . import interrupts
+
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, interrupts.before_command)
         from .cli import app
 
-        app()  # typer builds the command group first (signatures, options): a Ctrl-C there too
+        app()  # typer builds the command group first (signatures, options): an interrupt there too
     except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        raise SystemExit(130) from None
+        _interrupted()
+    except SystemExit as e:  # typer ends an interrupt outside a command with a silent exit 130
+        if sys.modules[__package__ + ".interrupts"].early is not None and e.code == 130:
+            _interrupted()
+        raise
+
+
+def _interrupted() -> None:
+    """One line, and exit 143 after SIGTERM (``errors.terminated``), else 130."""
+    errors = sys.modules.get(__package__ + ".errors")
+    sys.stderr.write("error: interrupted\n")
+    raise SystemExit(errors.interrupted_exit_code() if errors is not None else 130) from None
 
 
 if __name__ == "__main__":

@@ -240,42 +240,6 @@ INTERRUPTED = {"profile": "interrupted before every policy finished a batch; the
                "chat": "interrupted; the session ended (the answers so far were printed; files /save wrote are kept)"}
 
 
-def _raise_terminated(signum, frame):
-    """SIGTERM: :class:`errors.Terminated` (a KeyboardInterrupt), remembered as Ctrl-C is
-    (:func:`_raise_interrupt`), once no import is running (:func:`_held_in_import`)."""
-    from . import errors
-
-    errors.terminated = errors.interrupt_pending = True
-    if not _held_in_import(signum, frame):
-        raise errors.Terminated()
-
-
-def _raise_interrupt(signum, frame):
-    """Ctrl-C: Python's own KeyboardInterrupt, remembered (``errors.interrupt_pending``) so that an error it
-    turns into on its way up (a C extension's import failing with ``ImportError: initialization failed``)
-    still ends the command as an interrupt; held while an import runs (:func:`_held_in_import`)."""
-    from . import errors
-
-    errors.interrupt_pending = True
-    if not _held_in_import(signum, frame):
-        raise KeyboardInterrupt
-
-
-def _held_in_import(signum: int, frame) -> bool:
-    """Whether the main thread is inside an import (an importlib frame on its stack), where the signal is
-    held and sent again 20 ms later: an exception raised in a module's top level can be swallowed by the
-    module (numpy's start-up: the command then ran to its end, exit 0) or thrown through a C++ extension
-    (torch.distributed's: ``terminate called``, exit 134)."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            timer = threading.Timer(0.02, os.kill, (os.getpid(), signum))
-            timer.daemon = True
-            timer.start()
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _on_signal(signum, handler):
     """Install ``handler`` for ``signum`` and return the previous one; None off the main thread, where
     Python cannot set signal handlers (an in-process caller running a command from a worker thread)."""
@@ -295,15 +259,18 @@ def handle_errors(fn, interrupted: str = KEPT):
     def wrapper(*args, **kwargs):
         import errno
 
-        from . import console, errors
+        from . import console, errors, interrupts
         from .console import error
         from .errors import EcacheError
 
-        errors.terminated = errors.interrupt_pending = False
+        early, interrupts.early = interrupts.early, None  # an interrupt before the command, swallowed
+        errors.terminated, errors.interrupt_pending = early == signal.SIGTERM, early is not None
         console.quiet = bool(kwargs.get("quiet"))
-        previous = _on_signal(signal.SIGTERM, _raise_terminated)
-        previous_int = _on_signal(signal.SIGINT, _raise_interrupt)
+        previous = _on_signal(signal.SIGTERM, interrupts.raise_interrupt)
+        previous_int = _on_signal(signal.SIGINT, interrupts.raise_interrupt)
         try:
+            if early is not None:
+                raise KeyboardInterrupt
             from .options import check_ranges
 
             check_ranges(kwargs)  # every numeric option in its range before the command starts

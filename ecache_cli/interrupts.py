@@ -1,4 +1,14 @@
-"""Ctrl-C and SIGTERM held over a short stretch that must finish: the summary of a run, written after the run.
+"""How Ctrl-C and SIGTERM end a command: the handlers every command runs under (``cli.handle_errors``) and
+the one in place before a command starts (``__main__``), and interrupts held over a short stretch that must
+finish.
+
+A handler raises KeyboardInterrupt (SIGTERM: ``errors.Terminated``) and remembers it
+(``errors.interrupt_pending``), except while an import runs: an exception raised in a module's top level
+can be swallowed by that module (numpy's start-up: the command then ran to its end, exit 0) or thrown
+through a C++ extension (torch.distributed's: ``terminate called``, exit 134), so the signal is held and
+sent again 20 ms later, until the import has finished (:func:`held_in_import`).
+
+Ctrl-C and SIGTERM held over a short stretch that must finish: the summary of a run, written after the run.
 
 A command that reports what it measured when interrupted (``trace-drift``) catches the interrupt during
 its loop; one that arrives after the loop, while the summary is computed and its ``--json`` written, would
@@ -9,10 +19,50 @@ KeyboardInterrupt, SIGTERM ``errors.Terminated``), so the exit status stays 130 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: The signal that arrived before a command started (:func:`before_command`), not yet acted on; else None.
+early: int | None = None
+
+
+def raise_interrupt(signum, frame) -> None:
+    """A command's handler of SIGINT and SIGTERM: KeyboardInterrupt for Ctrl-C, ``errors.Terminated`` (a
+    KeyboardInterrupt) for SIGTERM, remembered in ``errors`` so that an error it turns into on its way up (a
+    C extension's import failing with ``ImportError: initialization failed``), or a library that swallows
+    it, still ends the command as an interrupt; held while an import runs (:func:`held_in_import`)."""
+    from . import errors
+
+    errors.interrupt_pending = True
+    errors.terminated = errors.terminated or signum == signal.SIGTERM
+    if not held_in_import(signum, frame):
+        raise errors.Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def before_command(signum, frame) -> None:
+    """The handler of SIGINT and SIGTERM from the start of ``ecache`` until a command installs its own: as
+    :func:`raise_interrupt`, and the signal kept in :data:`early`, so that an interrupt the option parser
+    turns into a silent exit 130 (typer does), or one a library swallows, still ends ``ecache`` with one
+    line, 130 or 143 (``__main__``, ``cli.handle_errors``)."""
+    global early
+    early = signum
+    raise_interrupt(signum, frame)
+
+
+def held_in_import(signum: int, frame) -> bool:
+    """Whether the main thread is inside an import (an importlib frame on the stack from ``frame``); if so
+    ``signum`` is sent to this process again 20 ms later, from a timer thread, and the caller holds it."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            timer = threading.Timer(0.02, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
+            return True
+        frame = frame.f_back
+    return False
 
 
 class HeldInterrupts:

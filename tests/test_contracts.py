@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -1119,6 +1120,36 @@ def test_an_interrupt_while_the_command_line_loads_is_one_line_and_130():
             "m.main()\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 130 and res.stderr == "error: interrupted\n", res.stderr
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_before_the_command_starts_is_one_line_and_its_own_code(sig, code, monkeypatch, capsys):
+    """An interrupt while the option parser runs (typer turns it into a silent exit 130) ends with one line
+    and 130, or 143 for SIGTERM; one that a library swallowed before the command started ends the command
+    before its body runs, as every interrupt does."""
+    script = ("import signal, sys\n"
+              "import ecache_cli.__main__ as m, ecache_cli.cli as cli\n"
+              "parse = cli.EcacheGroup.parse_args\n"
+              "def interrupted(self, ctx, args):\n"
+              f"    signal.raise_signal(signal.{sig})\n"
+              "    return parse(self, ctx, args)\n"
+              "cli.EcacheGroup.parse_args = interrupted\n"
+              "sys.argv = ['ecache', 'models']\n"
+              "m.main()\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stderr, res.stdout) == (code, "error: interrupted\n", ""), res
+
+    import typer
+
+    from ecache_cli import interrupts
+    from ecache_cli.cli import KEPT, handle_errors
+
+    ran = []
+    monkeypatch.setattr(interrupts, "early", getattr(signal, sig))
+    with pytest.raises(typer.Exit) as exc:
+        handle_errors(lambda **_: ran.append(1))()
+    assert exc.value.exit_code == code and ran == [] and interrupts.early is None
+    assert capsys.readouterr().err.splitlines() == [f"error: {KEPT}"]
 
 
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
