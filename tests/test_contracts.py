@@ -1340,14 +1340,17 @@ def test_chat_save_replaces_an_existing_file(cli, tmp_path):
     assert len(records) == 1 and records[0]["messages"][-1]["content"] == "Sort: 3 1 2", records
 
 
-@pytest.mark.parametrize("sig,code,answers", [("SIGINT", 0, 1), ("SIGTERM", 143, 0)])
-def test_chat_ctrl_c_stops_one_answer_and_sigterm_ends_the_session(sig, code, answers, cli, monkeypatch):
-    """In chat Ctrl-C stops the answer being decoded and the session goes on (the next line is answered);
-    SIGTERM (``timeout``, a scheduler) ends the session as it ends every command: one line, exit 143."""
+@pytest.mark.parametrize("sig,terminal,code,answers", [("SIGINT", True, 0, 1), ("SIGINT", False, 130, 0),
+                                                       ("SIGTERM", True, 143, 0), ("SIGTERM", False, 143, 0)])
+def test_chat_ctrl_c_stops_one_answer_and_sigterm_ends_the_session(sig, terminal, code, answers, cli, monkeypatch):
+    """In chat at a terminal Ctrl-C stops the answer being decoded and the session goes on (the next line is
+    answered); off a terminal (piped lines, a script) it ends the session as it ends every command, and so
+    does SIGTERM (``timeout``, a scheduler) everywhere: one line, exit 130 / 143."""
     import signal
 
     from ecache_cli.runs import chat
 
+    monkeypatch.setattr(chat, "_interactive", lambda: terminal)
     real, calls = chat.ChatSession._decode, {"n": 0}
 
     def decode(self, messages, ids):  # the first answer is interrupted

@@ -26,7 +26,7 @@ def chat_cmd(
     """Chat with a model over its chat template: answers appear as their leading tokens become final.
 
     Commands: /cache POLICY[:k=v], /tau X, /threshold X, /gen-length N, /watch on|off, /stats, /save FILE,
-    /clear, /help, /exit. Ctrl-C stops an answer, Ctrl-D exits. -q drops the "using model" and start lines
+    /clear, /help, /exit. Ctrl-C stops an answer (off a terminal it ends the session), Ctrl-D exits. -q drops the "using model" and start lines
     and the status lines of commands (answers, /stats and /help on stdout, warnings and errors stay). Piped
     lines exit 2 at the end when one failed. Example: [cyan]ecache chat --watch[/]
     """

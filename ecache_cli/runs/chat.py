@@ -145,7 +145,7 @@ class ChatSession:
                     self.out.write("\n")
                 return
             except KeyboardInterrupt as e:  # at the prompt: a fresh line, as a shell does
-                if isinstance(e, errors.Terminated):  # SIGTERM ends the session (exit 143), Ctrl-C does not
+                if _ends_session(e):
                     raise
                 errors.interrupt_pending = False  # handled: the session goes on
                 self.out.write("\n")
@@ -338,7 +338,7 @@ class ChatSession:
             messages, ids = self._prompt()
             rec = self._decode(messages, ids)
         except KeyboardInterrupt as e:
-            if isinstance(e, errors.Terminated):  # SIGTERM ends the session (exit 143), Ctrl-C only the answer
+            if _ends_session(e):
                 raise
             errors.interrupt_pending = False  # handled: the session goes on
             self.history.pop()
@@ -411,6 +411,13 @@ class ChatSession:
         res = run.results()[0]
         self.out.write(final.finish(res.token_ids) + "\n")
         return res
+
+
+def _ends_session(interrupt: KeyboardInterrupt) -> bool:
+    """Whether an interrupt ends the session (exit 130 / 143, as in every command) rather than only the answer
+    or the line being typed: SIGTERM always; Ctrl-C off a terminal, where the lines are a script that no one
+    is there to go on typing."""
+    return isinstance(interrupt, errors.Terminated) or not _interactive()
 
 
 def _interactive() -> bool:
