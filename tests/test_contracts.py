@@ -1528,7 +1528,7 @@ def test_a_policy_variants_value_is_named_as_typed(cli, spec, says):
 def test_calibrate_lists_word_each_bad_entry_as_the_one_value_flag(cli):
     """calibrate's comma-list flags refuse an entry in the words of the flag that takes one value, naming
     the entry as typed (``--taus 1e400``, not ``inf``; ``--recent-k 1.5`` as ``generate --recent-k 1.5``),
-    and keep what a list needs (each value once)."""
+    every bad entry named (those with one reason together), and keep what a list needs (each value once)."""
     cases = {("--taus", "nan"): "--taus nan must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)",
              ("--taus", "0.5,1e400"): "--taus 1e400 must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)",
              ("--taus", "-1,2"): "--taus -1 must be ≥ 0 (an entropy in nats; e.g. 0.5)",
@@ -1537,7 +1537,11 @@ def test_calibrate_lists_word_each_bad_entry_as_the_one_value_flag(cli):
              ("--recent-steps", "0,x"): "--recent-steps x must be a whole number ≥ 0 (0 = off: the recent_k latest "
                                         "commits only; e.g. 4)",
              ("--shots", "-1"): "--shots -1 must be ≥ 0 (e.g. 4)",
-             ("--taus", "0.5,0.50"): "--taus 0.5,0.50 lists 0.5 twice; give each value once: --taus 0.5"}
+             ("--taus", "0.5,0.50"): "--taus 0.5,0.50 lists 0.5 twice; give each value once: --taus 0.5",
+             ("--taus", "0.1,abc,-1,inf"): "--taus abc and inf must be a finite number ≥ 0 (an entropy in nats; e.g. "
+                                           "0.5); --taus -1 must be ≥ 0 (an entropy in nats; e.g. 0.5)",
+             ("--recent-k", "1.5,x,-2,y"): "--recent-k 1.5, x and y must be a whole number ≥ 0 (e.g. 64); --recent-k "
+                                           "-2 must be ≥ 0 (e.g. 64)"}
     for (flag, value), says in cases.items():
         res = cli("calibrate", "--task", "list", flag, value)
         assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {says}"], (flag, value, res.stderr)

@@ -31,13 +31,10 @@ def parse_list(text: str, flag: str, kind: Callable[[str], T] = str, what: str =
     if not any(items):
         raise UsageError(f"{flag} {shown} names nothing; give a comma list, e.g. {flag} {example or 'a,b'}")
     given = [t for t in items if t]
+    if rng is not None:
+        _check_ranges(given, flag, rng)
     values: list[T] = []
     for item in given:
-        if rng is not None:
-            try:
-                rng.check_given(item)
-            except ValueError as e:
-                raise UsageError(f"{flag} {item} {e}") from None
         try:
             values.append(kind(item))
         except ValueError:
@@ -54,3 +51,22 @@ def parse_list(text: str, flag: str, kind: Callable[[str], T] = str, what: str =
         times = "twice" if n == 2 else f"{n} times"
         raise UsageError(f"{flag} {shown} lists {given[values.index(v)]} {times}; give each value once: {fix}")
     return values
+
+
+def _check_ranges(given: list[str], flag: str, rng) -> None:
+    """UsageError naming every entry outside ``rng`` (or no number of its kind), those with the same reason
+    together: ``--taus abc and -1 must be a finite number ≥ 0 (…)``; one entry alone is worded as the flag that
+    takes one value words it (``--tau -1 must be …``)."""
+    reasons: dict[str, list[str]] = {}
+    for item in given:
+        try:
+            rng.check_given(item)
+        except ValueError as e:
+            reasons.setdefault(str(e), []).append(item)
+    if reasons:
+        raise UsageError("; ".join(f"{flag} {_and(items)} {reason}" for reason, items in reasons.items()))
+
+
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
