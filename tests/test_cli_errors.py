@@ -60,7 +60,7 @@ def test_non_utf8_stdin_line_names_the_line(llada_dir):
     from ecache_cli.runs.inputs import read_prompts
 
     # UTF-8 mode / a C locale give stdin bytes as surrogates (surrogateescape); an invalid line: exit 2
-    with pytest.raises(UsageError, match=r"stdin:2: not UTF-8 text \(byte 0xfe\)"):
+    with pytest.raises(UsageError, match=r"stdin:2: not UTF-8 text \(byte 0xfe at character 5\)"):
         list(read_prompts(None, None, io.StringIO("fine\nbad \udcfe\n")))
 
 
@@ -227,7 +227,8 @@ def test_non_utf8_argv_bytes_subprocess(llada_dir, profiles_dir):
                   capture_output=True)
     err = res.stderr.decode("utf-8", "replace")
     assert res.returncode == 2, err
-    assert err.strip().splitlines() == [err.strip()] and "prompt argument 1: not UTF-8 text (byte 0xff)" in err
+    assert err.strip().splitlines() == [err.strip()]
+    assert "prompt argument 1: not UTF-8 text (byte 0xff at character 9)" in err
 
 
 def test_closed_stdout_pipe_ends_quietly(llada_dir, profiles_dir):
