@@ -29,14 +29,19 @@
 #      serve_sim.log, last line JSON). Expectation (issue 53): a GPU step's time grows sub-linearly with
 #      its rows, so continuous p95 <= 0.6x static's near capacity (the issue's R*; gpu_expectation in
 #      the JSON), and auto's p50 and p95 <= 1.05x the better of the two (targets).
+#   9. mixed steps as one forward: bench/merge_refresh.py (a step whose rows refresh in part as a partial
+#      forward plus a full one, split, or as one forward, merged; merge_refresh.log) and step 8's serving
+#      run again with --merge-refresh (serve_sim_merged.log): on a launch-bound GPU a second forward costs
+#      about a step, and continuous batching runs 3.5-4x as many two-forward steps as static (CPU count).
 # Each step's timeout is cut to the budget's time left, so the last steps are the ones a slow machine loses.
-# ECACHE_GPU_CHECK_STEPS picks the steps and their order (default "1 2 3 4 5 6 7 8"). All eight outrun one
+# ECACHE_GPU_CHECK_STEPS picks the steps and their order (default "1 2 3 4 5 6 7 8 9"). All nine outrun one
 # 570 s call on an H100 (steps 5-8 alone took ~9 minutes): run "1 2 3 4" and "8 6 7 5" as two calls, or
 # only the steps a previous run did not reach.
 # Writes everything under $ECACHE_GPU_OUT (default: $OUT when set, else runs_out/gpu):
 #   equivalence.json, equivalence.log, pytest_gpu.log, gpu_speed_table.txt, gpu_speed.json, speed.log,
 #   batch/gpu_speed_table.txt, batch/gpu_speed.json, batch.log, compile.json, compile.log, moe.log,
-#   quantize.log, block.log, serve_sim.log, serve_steps.jsonl (more than the device tool's 8 files: tar them).
+#   quantize.log, block.log, serve_sim.log, serve_steps.jsonl, merge_refresh.log, serve_sim_merged.log
+#   (more than the device tool's 8 files: tar them).
 # Dry run of the CPU-runnable parts with a tiny model:
 #   ECACHE_GPU_CHECK_SIZE=tiny ECACHE_GPU_CHECK_DEVICE=cpu ECACHE_GPU_CHECK_DTYPE=float32 bash bench/gpu_check.sh
 set -uo pipefail
@@ -150,9 +155,25 @@ step8() {
   fi
 }
 
-# the steps to run, in the order given (default all, 1-8): a second call runs only what the first lost
-for step in ${ECACHE_GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8}; do
-  case "$step" in [1-8]) "step$step" ;; *) echo "gpu_check: no step $step (steps are 1-8)"; exit 2 ;; esac
+step9() {
+  echo "== 9. mixed steps as one forward: $SIZE random LLaDA on $DEVICE $DTYPE, split vs merged; serving with the merge"
+  if [ "$(cap 200)" -ge 40 ]; then
+    timeout "$(cap 80)" "$PY" bench/merge_refresh.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
+        --repeats 3 2>&1 | tee "$DEST/merge_refresh.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    # step 8's serving run again with every mixed step one forward (compare with serve_sim.log)
+    timeout "$(cap 120)" "$PY" bench/serve_sim.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
+        --threads "$([ "$DEVICE" = cpu ] && echo 1 || echo 4)" --admission always,fcfs,auto --shots 4 \
+        --max-tokens 64 --rates 0.6x,0.9x --n 24 --repeats 1 --merge-refresh 2>&1 | tee "$DEST/serve_sim_merged.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  else
+    echo "gpu_check: no time left for step 9"
+  fi
+}
+
+# the steps to run, in the order given (default all, 1-9): a second call runs only what the first lost
+for step in ${ECACHE_GPU_CHECK_STEPS:-1 2 3 4 5 6 7 8 9}; do
+  case "$step" in [1-9]) "step$step" ;; *) echo "gpu_check: no step $step (steps are 1-9)"; exit 2 ;; esac
 done
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $rc; table in $DEST/gpu_speed_table.txt"
 exit $rc

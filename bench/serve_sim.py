@@ -20,6 +20,11 @@ rotating order over ``--repeats``. Per mode and rate:
   saves a joining one, and continuous batching behaves like processor sharing: for requests of
   similar size its median and tail latency are higher than serving batches one after another.
 
+- ``two_forward``: the share of steps that ran two model forwards or more (counted by a forward pre-hook
+  on the model): with ``entropy``, the steps where some rows refresh and others do not (a joining row's
+  first step is a refresh), run as a partial forward plus a full forward of the refreshing rows unless
+  ``--merge-refresh`` (``engine/forward.py``'s ``MERGE_REFRESH``: one forward) — a clock-free count of
+  what continuous batching adds to a step;
 - ``joined``: requests that joined rows already running (``fcfs``: none; ``always``: most; ``auto``: the
   joins its model approved), so a mode's schedule can be told from another's apart from the clock;
 - the step-cost model ``auto`` fitted (``base``, ``per_row``, ``per_position`` seconds).
@@ -155,6 +160,15 @@ class CpuClock:
         self.base += max(t - self(), 0.0)
 
 
+def forward_counter(model) -> list[int]:
+    """[calls]: the model's forward calls so far, counted by one forward pre-hook per model."""
+    found = model.__dict__.get("_serve_sim_calls")
+    if found is None:
+        found = model.__dict__["_serve_sim_calls"] = [0]
+        model.register_forward_pre_hook(lambda m, a: found.__setitem__(0, found[0] + 1))
+    return found
+
+
 def arrival_times(n: int, rate: float, seed: int) -> list[float]:
     """``n`` seeded Poisson arrival times at ``rate``/s, seconds from the start (the gaps a wall-clock
     pass sleeps)."""
@@ -189,16 +203,19 @@ class Pass:
         self.warmup = [request(i) for i in range(min(4, args.max_batch))]  # as the server
         self.jobs: list = []  # in request order
         self.steps: list[tuple[float, int]] = []  # (seconds, rows) per engine step
+        self.forwards: list[int] = []  # model forwards per engine step
+        calls = forward_counter(lm.model)
         self.done_at: dict[int, float] = {}  # id(job) -> when its result was handed back
         self.all_done = threading.Event()
         step, finish = sched._step, sched._finish
 
         def timed_step(group) -> None:
             rows = int(group.run.state.batch)
-            t0 = clock()
+            t0, c0 = clock(), calls[0]
             step(group)
             if group in sched._groups:  # a step ran (a call that finds the run ended removes its group)
                 self.steps.append((clock() - t0, rows))
+                self.forwards.append(calls[0] - c0)
 
         def timed_finish(job, *a, **k) -> None:
             finish(job, *a, **k)
@@ -231,6 +248,7 @@ class Pass:
                 "p95_by_domain": by_domain, "throughput": n / span, "steps": len(self.steps),
                 "rows_per_step": statistics.mean(r for _, r in self.steps), "busy_s": busy,
                 "ms_per_step": 1000 * busy / len(self.steps), "joined_running": int(joined),
+                "two_forward": sum(f >= 2 for f in self.forwards) / len(self.forwards),
                 "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row,
                          "per_position": sched.cost.per_position},
                 "observed": self.observed}
@@ -345,6 +363,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps-log", type=Path, default=None, help="write each pass's steps as the step-cost model "
                     "saw them, one JSON line a pass: mode, rate, repeat and [seconds, rows, positions, mixed, "
                     "joins seconds] per step, the warm-up's first (default: none)")
+    ap.add_argument("--merge-refresh", action="store_true", help="run a step whose rows refresh in part as one "
+                    "forward (engine/forward.py's MERGE_REFRESH; default: its default)")
     ap.add_argument("--clock", default="wall", help="wall: real time; cpu: a discrete-event run on the engine "
                     "thread's CPU seconds, which other processes' preemption does not move (module docstring; "
                     "--threads 1, --device cpu) (default wall)")
@@ -398,6 +418,10 @@ def main() -> None:
     from ecache_cli.errors import EcacheError
 
     torch.set_num_threads(args.threads)
+    if args.merge_refresh:
+        from ecache_cli.engine import forward
+
+        forward.MERGE_REFRESH = True
     work = Path(tempfile.mkdtemp(prefix="ecache-serve-sim-")) if args.size else None
     try:
         lm, settings, prompts = build(args, work)
@@ -409,6 +433,8 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     t_start = time.time()
     about = {}  # what the JSON line adds beyond a default run's keys
+    if args.merge_refresh:
+        about["merge_refresh"] = True
     if args.device != "cpu" or args.dtype != "float32":
         about.update(device=args.device, dtype=args.dtype)
     if args.size:
@@ -442,16 +468,16 @@ def main() -> None:
             rows.append(r)
             print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
                   f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
-                  f"{r['ms_per_step']:.2f} ms/step", file=sys.stderr, flush=True)
+                  f"{r['ms_per_step']:.2f} ms/step, {r['two_forward']:.2f} two-forward", file=sys.stderr, flush=True)
     domains = list(dict.fromkeys(args.domains))
     extra = "".join(f" {'p95 ' + d:>10}" for d in domains) if len(domains) > 1 else ""
     print(f"\n{'admission':>9} {'rate/s':>6} {'pass':>4} {'p50 s':>6} {'p95 s':>6}{extra} {'req/s':>6} {'steps':>5} "
-          f"{'rows':>5} {'busy s':>6} {'ms/step':>7} {'joined':>6}")
+          f"{'rows':>5} {'busy s':>6} {'ms/step':>7} {'joined':>6} {'2-fwd':>5}")
     for r in rows:
         extra = "".join(f" {r['p95_by_domain'].get(d, float('nan')):10.3f}" for d in domains if len(domains) > 1)
         print(f"{r['mode']:>9} {r['rate']:6g} {r['repeat']:4d} {r['p50']:6.3f} {r['p95']:6.3f}{extra} "
               f"{r['throughput']:6.2f} {r['steps']:5d} {r['rows_per_step']:5.2f} {r['busy_s']:6.2f} "
-              f"{r['ms_per_step']:7.2f} {r['joined_running']:6d}")
+              f"{r['ms_per_step']:7.2f} {r['joined_running']:6d} {r['two_forward']:5.2f}")
     spread = {f"{rate:g}": spread_at(rows, rate) for rate in rates}
     if args.repeats > 1:
         print("\npasses of one mode, slowest over fastest (the run's noise):", json.dumps(spread))

@@ -316,5 +316,5 @@ def topic_text(name: str | None) -> str:
         lines = [f"  {k.ljust(width)}  {v[0]}" for k, v in TOPICS.items()]
         return ("Topics (ecache help TOPIC), besides each command's --help:\n\n" + "\n".join(lines) + "\n")
     if name not in TOPICS:
-        raise UsageError(f"no help topic {name!r}; choose one of {', '.join(TOPICS)} (or run `ecache COMMAND -h`)")
+        raise UsageError(f"{name!r} is not a help topic; use one of {', '.join(TOPICS)} (or run `ecache COMMAND -h`)")
     return TOPICS[name][1]

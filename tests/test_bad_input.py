@@ -357,7 +357,7 @@ def test_help_lists_topics_and_rejects_an_unknown_one(cli):
     res = cli("help")
     assert res.exit_code == 0 and all(t in res.stdout for t in ("decoding", "cache", "profiles", "input", "outputs"))
     assert cli("help", "generate").stdout == cli("generate", "-h").stdout
-    one_line_error(cli("help", "nosuch"), 2, "no help topic 'nosuch'", "decoding")
+    one_line_error(cli("help", "nosuch"), 2, "'nosuch' is not a help topic", "decoding")
 
 
 # --- tables at 80 columns --------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Grouped forwards: a step whose rows have different plans runs one partial forward at the
-non-refreshing rows' width plus one full forward of the refreshing rows alone. A row decodes in such a
-batch exactly as it does alone (every policy, both families, float32), and the reported work equals the
-positions the model's forwards computed, counted on the model's own projections."""
+non-refreshing rows' width plus one full forward of the refreshing rows alone, or (``MERGE_REFRESH``,
+steps without hooks) one partial forward in which the refreshing rows compute every position. A row
+decodes in such a batch exactly as it does alone (every policy, both families, float32), both ways give
+the same tokens and logits, and the reported work equals the positions the model's forwards computed,
+counted on the model's own projections."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from cli_helpers import step_layer_positions
 from conftest import PROMPTS, bidirectional_policies
 
 from ecache_cli.cache import POLICIES, make_policy
-from ecache_cli.engine import DecodeConfig, Engine
+from ecache_cli.engine import DecodeConfig, Engine, forward
 from ecache_cli.kvstore import KVStore
 
 CFG = DecodeConfig(gen_length=16, block_length=8, steps=16)
@@ -69,8 +71,10 @@ def test_mixed_batch_gives_each_row_its_own_tokens(lm, policy):
                     == alone.stats["tokens_planned"])
 
 
+@pytest.mark.parametrize("merge", [False, True], ids=["split", "merged"])
 @pytest.mark.parametrize("policy", ["entropy", "dual", "dkv", "elastic", "d2cache"])
-def test_reported_work_is_what_the_forwards_computed(lm, policy):
+def test_reported_work_is_what_the_forwards_computed(lm, policy, merge, monkeypatch):
+    monkeypatch.setattr(forward, "MERGE_REFRESH", merge)
     eng = Engine.from_loaded(lm)
     params = dict(PARAMS[policy])
     if policy == "elastic" and lm.spec.n_experts:  # the random MoE's attention drifts less: expand at 0.99
@@ -92,6 +96,13 @@ def test_reported_work_is_what_the_forwards_computed(lm, policy):
         if 0 < n_ref < B and policy != "elastic":
             n_mixed += 1
             S = rec.query_width
+            if merge and policy != "d2cache":  # one forward (d2cache's attention rows keep two): refreshing rows T
+                assert S == T and rec.computed[rec.refresh].tolist() == [T] * n_ref
+                own = rec.computed[~rec.refresh]
+                assert 1 <= int(own.min()) and int(own.max()) <= T
+                n_packed += int(own.max()) < T  # packed: the other rows computed their own entries
+                assert all(p <= c for p, c in zip(rec.planned.tolist(), rec.computed.tolist()))
+                continue
             assert S < T
             want = [T + S if f else S for f in rec.refresh.tolist()]  # no row pays for another's refresh
             if rec.computed.tolist() != want:  # packed: each row computed its own entries, S at most
@@ -117,6 +128,94 @@ def test_reported_work_is_what_the_forwards_computed(lm, policy):
     res = r.results()
     for x in res:
         assert x.stats["tokens_computed"] >= x.stats["tokens_planned"]
+
+
+def _per_step(lm, prompts, policy, joins=()):
+    """Decode ``prompts`` (``joins``: (step, prompt) pairs added at that step, as the server adds them);
+    return (results, records, per step (sources, logits, model calls, merge applied: no hooks and no
+    hidden states))."""
+    eng = Engine.from_loaded(lm)
+    r = eng.start(eng.encode(prompts, chat=False), CFG, policy, prompt_width=32)
+    calls, steps = [0], []
+
+    def seen(run, plan, query, sources, logits):
+        steps.append((sources.clone(), logits.clone(), calls[0], plan.hooks is None and run.store.hidden is None))
+        calls[0] = 0
+
+    r.on_forward = seen
+    handle = lm.model.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    records = []
+    try:
+        for i, rec in enumerate(r):
+            records.append(rec)
+            for at, p in joins:
+                if at == i:
+                    r.add(eng.encode([p], chat=False)[0])
+    finally:
+        handle.remove()
+    return r.results(), records, steps
+
+
+def _merged_equals_split(lm, monkeypatch, make, prompts, joins=()):
+    """Run both ways; assert equal tokens, and logits within float32 rounding at every step. Returns the
+    merged run's (records, steps) and the split run's steps."""
+    runs = []
+    for merge in (False, True):
+        monkeypatch.setattr(forward, "MERGE_REFRESH", merge)
+        runs.append(_per_step(lm, prompts, make(), joins))
+    (res_s, rec_s, steps_s), (res_m, rec_m, steps_m) = runs
+    assert [x.token_ids for x in res_m] == [x.token_ids for x in res_s]
+    assert len(steps_m) == len(steps_s)
+    for (src_s, lg_s, *_), (src_m, lg_m, *_), rec in zip(steps_s, steps_m, rec_m):
+        assert torch.equal(src_s, src_m)
+        # float32 rounding only (seen: ≤ 1.1e-5 on refreshing rows, ≤ 1.8e-5 on rows whose K/V an earlier
+        # merged refresh wrote): other matmul shapes sum in another order, the MoE's experts batch other tokens
+        assert (lg_m - lg_s).abs().max() <= 5e-5, (rec.step, rec.refresh.tolist())
+    for a, b in zip(rec_s, rec_m):  # the same decisions: the merge changes how the step runs, not what it plans
+        assert torch.equal(a.refresh, b.refresh) and torch.equal(a.planned, b.planned)
+    return rec_m, steps_m, steps_s
+
+
+@pytest.mark.parametrize("policy", bidirectional_policies())
+def test_merged_refresh_gives_the_split_forwards_tokens_and_logits(lm, policy, monkeypatch):
+    """A mixed step as one forward: the refreshing rows compute every position inside the partial forward
+    (their K/V written before attention reads them), the same tokens and logits as a partial forward plus
+    a full forward of the refreshing rows; steps with hooks or hidden states keep the two forwards."""
+    rec_m, steps_m, steps_s = _merged_equals_split(
+        lm, monkeypatch, lambda: ForceRows(make_policy(policy, **PARAMS[policy])), PROMPTS)
+    T = max(rec.query_width for rec in rec_m)
+    merged = 0
+    for rec, (_, _, calls, plain), (_, _, calls_split, _) in zip(rec_m, steps_m, steps_s):
+        n_ref, B = int(rec.refresh.sum()), len(rec.rows)
+        if not (0 < n_ref < B) or not plain:
+            assert calls == calls_split
+            continue
+        merged += 1
+        assert (calls, calls_split) == (1, 2)
+        assert rec.query_width == T
+        own = rec.computed[~rec.refresh]
+        assert rec.computed[rec.refresh].tolist() == [T] * n_ref  # refreshing rows: T, once
+        assert int(own.min()) >= 1 and int(own.max()) <= T
+    plain_policy = all(plain for *_, plain in steps_m)
+    if policy == "none":  # every row refreshes at every step: never mixed
+        assert merged == 0
+    else:
+        assert merged >= 3 if plain_policy else merged == 0, (policy, merged)
+
+
+def test_merged_refresh_with_entropy_rows_and_joining_rows(lm, monkeypatch):
+    """EntropyCache's own decisions (no forcing) at a tau where rows refresh at different steps, with rows
+    joining mid-block as the server adds them: the merged and split forwards decode the same tokens, and
+    each row as it decodes alone."""
+    make = lambda: make_policy("entropy", tau=0.3, recent_k=4)  # noqa: E731
+    rec_m, steps_m, _ = _merged_equals_split(lm, monkeypatch, make, PROMPTS[:2],
+                                             joins=((2, PROMPTS[2]), (5, PROMPTS[3])))
+    mixed = [calls for r, (_, _, calls, _) in zip(rec_m, steps_m) if 0 < int(r.refresh.sum()) < len(r.rows)]
+    assert len(mixed) >= 3 and set(mixed) == {1}  # one forward per mixed step
+    eng = Engine.from_loaded(lm)
+    alone = [eng.generate([p], CFG, make(), chat=False)[0].token_ids for p in PROMPTS]
+    res, _, _ = _per_step(lm, PROMPTS[:2], make(), joins=((2, PROMPTS[2]), (5, PROMPTS[3])))
+    assert [x.token_ids for x in res] == alone
 
 
 def test_scratch_rows_and_put_rows_touch_only_those_rows():

@@ -166,6 +166,52 @@ def test_the_block_cache_equals_recomputing_everything_token_and_logit(fixture):
     assert max(rec.query_width for rec in got_recs[1:]) <= 2 * BLOCK[name] < int(T)
 
 
+class _ForceRows:
+    """``block`` with original row r also refreshing at the steps where (step + r) % 3 == 1: mixed steps
+    (``block`` itself never refreshes)."""
+
+    def __init__(self):
+        self.inner = make_policy("block")
+        self.name, self.keeps_hidden = self.inner.name, self.inner.keeps_hidden
+
+    def plan(self, state):
+        p = self.inner.plan(state)
+        return replace(p, refresh=p.refresh | ((state.row_step + state.rows) % 3 == 1))
+
+    def __getattr__(self, name):  # reset, observe, add_rows, select_rows: the inner policy's
+        return getattr(self.inner, name)
+
+
+def test_a_merged_mixed_step_is_block_causal_as_the_split_forwards(fixture, monkeypatch):
+    """``MERGE_REFRESH``: refreshing rows computing every position inside the partial forward get each
+    query's own block mask, as their full forward does: the same tokens and logits as the two forwards."""
+    from ecache_cli.engine import forward
+
+    name, lm, _, _ = fixture
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (9, 6, 12)]
+    cfg = DecodeConfig(gen_length=16, block_length=BLOCK[name], steps=16)
+    got = []
+    for merge in (False, True):
+        monkeypatch.setattr(forward, "MERGE_REFRESH", merge)
+        eng = Engine.from_loaded(lm)
+        run = eng.start(prompts, cfg, _ForceRows())
+        steps = []
+        run.on_forward = lambda r, plan, q, sources, logits, steps=steps: steps.append(
+            (q is not None and q.shape[1], logits.clone()))
+        records = list(run)
+        got.append(([r.token_ids for r in run.results()], records, steps))
+    (tok_s, rec_s, steps_s), (tok_m, rec_m, steps_m) = got
+    assert tok_m == tok_s
+    mixed = 0
+    for rec, (_, lg_s), (width, lg_m) in zip(rec_m, steps_s, steps_m):
+        assert (lg_m - lg_s).abs().max() <= 1e-5
+        if 0 < int(rec.refresh.sum()) < len(rec.rows):
+            mixed += 1
+            assert width == rec.query_width == int(rec.computed.max())  # every position, one forward
+    assert mixed >= 3
+
+
 def test_a_prompt_decodes_the_same_alone_in_a_batch_and_joining_a_running_one(fixture):
     name, lm, _, _ = fixture
     g = torch.Generator().manual_seed(5)

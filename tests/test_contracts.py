@@ -104,13 +104,41 @@ def test_reading_errors_come_before_the_load_and_model_errors_after(command, cli
            "mask id" in line, line
 
 
+def test_a_byte_that_is_not_utf8_is_named_alike_in_every_path(cli, llada_dir, llada_lm, tmp_path):
+    """The same byte 0xe9 in a prompt argument, a piped line, an ``--input`` record, a ``--data`` line and a
+    Python API prompt: every path names the byte and its character (``contract.text.not_text_words``), then
+    its own fix."""
+    from ecache_cli.engine import Engine
+    from ecache_cli.errors import UsageError
+
+    words = "not UTF-8 text (byte 0xe9 at character {})"
+    record, data = tmp_path / "in.jsonl", tmp_path / "gsm.jsonl"
+    record.write_bytes(b'{"prompt": "Caf\xe9 1"}\n')
+    data.write_bytes(b'{"question": "Caf\xe9 1", "answer": "#### 1"}\n')
+    said = {"argument": cli("generate", "Caf\udce9 1", "--model", llada_dir, *SMALL).stderr,
+            "stdin": cli("generate", "--model", llada_dir, *SMALL, input=b"Caf\xe9 1\n").stderr,
+            "--input": cli("generate", "--input", record, "--model", llada_dir, *SMALL).stderr,
+            "--data": cli(*_data_args("profile", llada_dir, data)).stderr}
+    with pytest.raises(UsageError) as api:
+        Engine.from_loaded(llada_lm).encode(["Caf\udce9 1"], chat=False)
+    said["api"] = str(api.value)
+    expected = {"argument": f"prompt argument 1: {words.format(4)}; ", "stdin": f"stdin:1: {words.format(4)}; ",
+                "--input": f"{record}:1: {words.format(16)}; save the file as UTF-8 JSONL",
+                "--data": f"{data}:1: {words.format(18)}; save the file as UTF-8 JSONL",
+                "api": f"prompt 1: {words.format(4)}; pass UTF-8 text"}
+    for path, text in expected.items():
+        assert text in said[path], (path, said[path])
+
+
 @pytest.mark.parametrize("command", PROMPTED)
 def test_non_utf8_stdin_is_found_before_decoding(command, cli, llada_dir):
-    res = cli(*_args(command, llada_dir), input=b"Sort: 3 1 2\n\xff\nabc\n\xfe\xfe\n")
+    res = cli(*_args(command, llada_dir), input=b"Sort: 3 1 2\n\xff\nabc\n\xff\xfe\nab\xe9\n")
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     assert res.stdout == ""  # the good first line was not decoded either
     (line,) = res.stderr.strip().splitlines()
-    assert line.startswith("error: stdin: 2 of 4 line(s) invalid, nothing decoded: stdin lines 2, 4: not UTF-8 text")
+    assert line.startswith("error: stdin: 3 of 5 line(s) invalid, nothing decoded: stdin lines 2, 4: not UTF-8 text "
+                           "(byte 0xff at character 1); pipe UTF-8 prompts, one per line; stdin:5: not UTF-8 text "
+                           "(byte 0xe9 at character 3); "), line
 
 
 @pytest.mark.parametrize("command", PROMPTED)
@@ -181,8 +209,9 @@ def test_data_names_every_bad_line_exit_2(command, source, cli, llada_dir, tmp_p
     assert res.stdout == ""
     (line,) = res.stderr.strip().splitlines()
     name, src = (f, f) if source == "file" else ("-", "stdin")
-    same = (f"{src} lines 4, 6: not UTF-8 text; save the file as UTF-8 JSONL; {src}:5: not valid JSON (Expecting "
-            "value); each line must be one JSON object")
+    same = (f"{src}:4: not UTF-8 text (byte 0xff at character 15); save the file as UTF-8 JSONL; {src}:5: not valid "
+            f"JSON (Expecting value); each line must be one JSON object; {src}:6: not UTF-8 text (byte 0xfe at "
+            "character 1); save the file as UTF-8 JSONL")
     assert line == (f"error: --data {name}: 3 of 6 line(s) invalid, nothing decoded: {same}; each line must be one "
                     "UTF-8 JSON object with the fields question, answer (the official gsm8k format)"), line
     gen = cli("generate", "--input", f if source == "file" else "-", "--model", llada_dir, *SMALL,
@@ -254,12 +283,13 @@ def test_empty_data_is_a_usage_error(command, cli, llada_dir, tmp_path):
 def test_chat_reads_piped_stdin_in_full_first(cli):
     """A line that is not UTF-8 among piped chat lines: named before anything is answered, exit 2, as the
     prompt commands name theirs (``test_non_utf8_stdin_is_found_before_decoding``)."""
-    piped = b"Sort: 3 1 2\n\xff\xfe bad\nabc\n\xfe\n"
+    piped = b"Sort: 3 1 2\n\xff\xfe bad\nabc\n\xff\n"
     res = cli("chat", "-q", "--gen-length", "16", "--block-length", "8", input=piped)
     assert res.exit_code == 2, (res.exit_code, res.stderr)
     assert res.stdout == ""  # the good first line was not answered
     (line,) = res.stderr.strip().splitlines()
-    assert line.startswith("error: stdin: 2 of 4 line(s) invalid, nothing decoded: stdin lines 2, 4: not UTF-8 text")
+    assert line.startswith("error: stdin: 2 of 4 line(s) invalid, nothing decoded: stdin lines 2, 4: not UTF-8 text "
+                           "(byte 0xff at character 1); pipe UTF-8 prompts, one per line"), line
     prompts = cli("generate", "-q", "--gen-length", "16", "--block-length", "8", input=piped)
     assert prompts.stderr.strip() == line  # one wording: the prompt commands' fix (ecache help input)
 
@@ -894,7 +924,7 @@ BEFORE_THE_FIRST_LINE = [
     ("tiny", ["--device", "tpu"], "--device 'tpu' is not a device"),
     ("tiny", ["--threshold", "0.9", "--factor", "1"], "--threshold and --factor are two parallel-decoding rules; "
      "pass only one"),
-    ("tiny", ["--task", "foo"], "--task 'foo' is not a task; choose one of arith, code, list, gsm8k, math500, "
+    ("tiny", ["--task", "foo"], "--task 'foo' is not a task; use one of arith, code, list, gsm8k, math500, "
      "humaneval, mbpp"),
 ]
 
@@ -924,7 +954,8 @@ def test_an_unknown_sandbox_is_refused_alone_before_the_first_line(command, cli)
     args = [a for a in _args(command, "tiny") if a != "-q"]  # calibrate's --task list: the last --task wins
     res = cli(*args, "--task", "code", "--limit", "1", "--sandbox", "bogus")
     assert res.exit_code == 2, res.stderr
-    assert res.stderr.strip() == "error: --sandbox 'bogus': choose one of strict, auto, guard", res.stderr
+    says = "error: --sandbox 'bogus' is not a sandbox mode; use one of strict, auto, guard"
+    assert res.stderr.strip() == says, res.stderr
 
 
 @pytest.mark.parametrize("command", PROMPTED)

@@ -31,7 +31,7 @@ CASES = [
     ("--tau", "-1", BASE, r"e\.g\. ([\d.]+)"),
     ("--recent-k", "-2", BASE, r"e\.g\. (\d+)"),
     ("--cache", "lru", BASE, r"use one of ([\w, -]+)$"),
-    ("--remasking", "bogus", BASE, r"choose one of ([\w, ]+), or origin"),
+    ("--remasking", "bogus", BASE, r"use one of ([\w, ]+), or origin"),
     ("--remasking", "bogus", [*BASE, "--schedule", "dream"], r"or (origin) with --schedule dream"),
     ("--remasking", "random", [*BASE, "--threshold", "0.9"], r"use --remasking (\w+)$"),
 ]

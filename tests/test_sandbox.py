@@ -161,7 +161,7 @@ def test_auto_warns_once_when_only_the_guard_is_left(monkeypatch, capsys):
 
 
 def test_unknown_mode_is_a_usage_error():
-    with pytest.raises(UsageError, match="--sandbox 'none': choose one of strict, auto, guard"):
+    with pytest.raises(UsageError, match="--sandbox 'none' is not a sandbox mode; use one of strict, auto, guard"):
         run_program("pass", mode="none")
 
 

@@ -48,7 +48,8 @@ def test_profile_key_sets_the_mode_and_the_flag_overrides_it(cli, llada_dir, pro
 def test_bad_modes_are_usage_errors(cli, llada_dir, profiles_dir, tmp_path):
     res = cli("calibrate", "--model", llada_dir, "--task", "code", "--limit", 2, "--allow-code-execution",
               "--sandbox", "off", *SMALL)
-    assert res.exit_code == 2 and "--sandbox 'off': choose one of strict, auto, guard" in res.stderr, res.stderr
+    says = "--sandbox 'off' is not a sandbox mode; use one of strict, auto, guard"
+    assert res.exit_code == 2 and says in res.stderr, res.stderr
     prof = tmp_path / "bad.yaml"
     prof.write_text("sandbox: maybe\n")
     res = _profile(cli, llada_dir, "--profile", prof)

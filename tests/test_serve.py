@@ -1003,6 +1003,12 @@ def test_a_bad_request_value_gets_generates_message_with_the_field_for_the_flag(
      "tau 1e400 must be a finite number ≥ 0 (an entropy in nats; e.g. 0.5)"),
     ("ollama_chat", '"options": {"seed": 2.0}', "options.seed",
      "seed 2.0 must be a whole number ≥ 0 (a 64-bit seed; e.g. 0)"),
+    # a number written otherwise than its float's shortest form is named as sent, as --seed 1e3 is
+    ("chat", '"seed": 1e3', "seed", "seed 1e3 must be a whole number ≥ 0 (a 64-bit seed; e.g. 0)"),
+    ("completions", '"max_tokens": 1E3', "max_tokens", "max_tokens 1E3 must be a whole number ≥ 1 (e.g. 256)"),
+    ("completions", '"temperature": -1e0', "temperature", "temperature -1e0 must be ≥ 0 (0 = greedy; e.g. 0.7)"),
+    ("ollama_generate", '"options": {"seed": 1e3}', "options.seed",
+     "seed 1e3 must be a whole number ≥ 0 (a 64-bit seed; e.g. 0)"),
 ])
 def test_a_value_of_the_wrong_kind_gets_the_ranges_words_on_every_route(named, route, body, param, message):
     """A numeric field sent as a float where a whole number goes, as true, as a string or as a number
@@ -1064,10 +1070,10 @@ def test_a_body_that_is_not_utf8_is_named_so_and_a_blank_ollama_prompt_names_pro
     raw = b'{"model": "my-model", "prompt": "caf\xe9 \xff"}'
     r = httpx.post(f"{url}/v1/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["message"] == (
-        "the request body is not UTF-8 text (byte 0xe9 at position 36); send UTF-8 JSON"), r.text
+        "the request body is not UTF-8 text (byte 0xe9 at character 37); send UTF-8 JSON"), r.text
     r = httpx.post(f"{url}/api/chat", content=raw)
     assert r.status_code == 400 and r.json() == {
-        "error": "the request body is not UTF-8 text (byte 0xe9 at position 36); send UTF-8 JSON"}
+        "error": "the request body is not UTF-8 text (byte 0xe9 at character 37); send UTF-8 JSON"}
     bom = httpx.post(f"{url}/v1/completions", content=b"\xef\xbb\xbf" + json.dumps(
         {"model": "my-model", "prompt": SORT, "max_tokens": 8}).encode(), timeout=60)
     assert bom.status_code == 200, bom.text  # a UTF-8 BOM is skipped

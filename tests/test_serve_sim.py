@@ -29,7 +29,7 @@ def sim():
     (["--rates", "0.5x,0x"], "--rates 0.5x,0x: every rate must be > 0 requests/s"),
     (["--size", "2b"], "--size '2b': use one of 1b, tiny"),
     (["--device", "gpu0"], "--device 'gpu0' is not a device; use auto, cpu, cuda or cuda:N"),
-    (["--dtype", "float8"], "--dtype 'float8' is not known; use one of "),
+    (["--dtype", "float8"], "--dtype 'float8' is not a dtype; use one of "),
     (["--clock", "gpu"], "--clock 'gpu': use wall or cpu"),
     (["--clock", "cpu", "--threads", "2"], "--clock cpu counts one thread's CPU time; --threads 2 would leave"),
 ])
@@ -37,11 +37,12 @@ def test_bad_options_exit_2_with_one_line(sim, capsys, argv, words):
     assert words in bench_usage_error(sim.parse, argv, capsys)
 
 
-def test_each_mode_serves_every_request_and_counts_its_steps(sim):
+def test_each_mode_serves_every_request_and_counts_its_steps(sim, monkeypatch):
     args = sim.parse(["--n", "4", "--rates", "50", "--shots", "0", "--max-tokens", "32", "--profile", "list",
                       "--domains", "list,arith"])
     lm, settings, prompts = sim.build(args)
     assert [d for d, _ in prompts[:4]] == ["list", "arith", "list", "arith"]  # interleaved
+    two = {}
     for mode in ("always", "fcfs", "auto"):
         r = sim.one_pass(lm, settings, prompts, args, mode, 50.0, 0, 4)
         assert r["mode"] == mode and r["steps"] >= 1 and r["rows_per_step"] >= 1
@@ -54,6 +55,13 @@ def test_each_mode_serves_every_request_and_counts_its_steps(sim):
         assert 0 <= r["joined_running"] <= 3  # the first request finds nothing running
         if mode == "fcfs":
             assert r["joined_running"] == 0  # static batches: no request joins running rows
+        two[mode] = (r["two_forward"], r["joined_running"])
+    # a row that joins running ones refreshes while they do not: a step of two forwards, unless merged
+    assert all(0 <= v < 1 for v, _ in two.values()) and (two["always"][0] > 0 or two["always"][1] == 0), two
+    from ecache_cli.engine import forward
+
+    monkeypatch.setattr(forward, "MERGE_REFRESH", True)
+    assert sim.one_pass(lm, settings, prompts, args, "always", 50.0, 0, 4)["two_forward"] == 0.0
 
 
 def test_spread_is_each_modes_slowest_over_fastest_pass(sim):

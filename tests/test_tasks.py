@@ -49,7 +49,7 @@ def test_registry_and_unknown_name():
 def test_synthetic_tasks_take_no_data_and_only_known_splits():
     with pytest.raises(UsageError, match="synthetic"):
         get_task("arith", data="x.jsonl")
-    with pytest.raises(UsageError, match="unknown split"):
+    with pytest.raises(UsageError, match="split 'validation' is not a split; use one of"):
         get_task("list").examples("validation", 3, 0)
 
 
@@ -218,8 +218,8 @@ def test_malformed_dataset_lines_are_all_named_with_the_fix(tmp_path, cli):
     r = cli("profile", "--task", "gsm8k", "--data", str(bad), "--limit", "1", "--policies", "none")
     assert r.exit_code == 2 and f"{bad}:2: not valid JSON" in r.stderr and "using model" not in r.stderr
     bad.write_bytes(b'{"question": "q", "answer": "1"}\n' * 2 + b'{"question": "\xff"}\nnot json\n')
-    with pytest.raises(UsageError, match="test.jsonl:3: not UTF-8 text; save the file as UTF-8 JSONL; "
-                       ".*test.jsonl:4: not valid JSON"):
+    with pytest.raises(UsageError, match=r"test.jsonl:3: not UTF-8 text \(byte 0xff at character 15\); save the file "
+                                         "as UTF-8 JSONL; .*test.jsonl:4: not valid JSON"):
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
 
 

@@ -71,7 +71,7 @@ class EntropyCache(CachePolicy):
         if self.signal not in SIGNALS:
             from ..errors import UsageError
 
-            raise UsageError(f"--signal {self.signal!r} is not known; use one of {', '.join(SIGNALS)}")
+            raise UsageError(f"--signal {self.signal!r} is not a signal; use one of {', '.join(SIGNALS)}")
         if self.recent_k < 0:
             from ..errors import UsageError
 

@@ -114,12 +114,13 @@ class GivenFloat(float):
 
 def given_float(text: str) -> float:
     """``float(text)``, as a :class:`GivenFloat` when the text reads as no finite number (``1e400``, ``-1e999``)
-    so that its message names the text; a plain float otherwise (what every setting keeps). ValueError as
-    ``float`` for a text that is no number."""
+    or is written otherwise than the float's own shortest form (``1e3``, ``0.50``: 1000.0 and 0.5), so that a
+    message names the number as it was sent (``seed 1e3 must be a whole number …``); a plain float otherwise
+    (what a request's numbers almost always are). ValueError as ``float`` for a text that is no number."""
     import math
 
     value = float(text)
-    return value if math.isfinite(value) else GivenFloat(text)
+    return value if math.isfinite(value) and repr(value) == text else GivenFloat(text)
 
 
 def count(lo: int = 0, example: str = "", why: str = "") -> Range:

@@ -1,23 +1,24 @@
 """How a JSONL source's bad lines are worded: the reasons a line is no JSON record (not UTF-8, not
 JSON) and the one-line summary that names every bad line, grouped by reason (``FILE:3: …``, ``FILE lines
 1-3, 7: …``). ``--input`` records (every prompt command) and ``--data`` lines (the benchmarks) both use
-it, so a bad line reads the same whichever flag read it. This module imports nothing of ecache."""
+it, so a bad line reads the same whichever flag read it. This module imports nothing of ecache beyond
+``contract``."""
 
 from __future__ import annotations
 
 import json
 
-#: A line that is not UTF-8 text (README: every input is UTF-8 JSONL).
-NOT_UTF8 = "not UTF-8 text; save the file as UTF-8 JSONL"
+from .text import not_text_words
 
 
-def parse_json_line(line: str | None, where: str) -> tuple[object, str | None]:
-    """(the JSON value of ``line``, None), or (None, why it is none) in the shared words:
-    ``where: not UTF-8 text; …`` for a line that did not decode (``None``) and ``where: not valid JSON
-    (Expecting value); each line must be one JSON object`` for one that does not parse. ``where`` is
-    ``FILE:LINE``."""
-    if line is None:
-        return None, f"{where}: {NOT_UTF8}"
+def parse_json_line(line: str, where: str) -> tuple[object, str | None]:
+    """(the JSON value of ``line``, None), or (None, why it is none) in the shared words: ``where: not
+    UTF-8 text (byte 0xe9 at character 4); save the file as UTF-8 JSONL`` for a line holding a byte that
+    is not UTF-8 (read as a lone surrogate: ``sources.split_lines``) and ``where: not valid JSON (Expecting
+    value); each line must be one JSON object`` for one that does not parse. ``where`` is ``FILE:LINE``."""
+    words = not_text_words(line)
+    if words is not None:
+        return None, f"{where}: {words}; save the file as UTF-8 JSONL"
     try:
         return json.loads(line), None
     except json.JSONDecodeError as e:

@@ -57,8 +57,8 @@ COMPAT = ("fastdllm",)
 def validate_compat(name: str | None) -> str | None:
     """Check a --compat name (None or one of COMPAT). Returns it; raises UsageError naming the valid ones."""
     if name is not None and name not in COMPAT:
-        raise UsageError(f"unknown --compat {name!r}: the one compatibility mode is fastdllm "
-                         "(Fast-dLLM's Dream block sampler)")
+        raise UsageError(f"--compat {name!r} is not a compatibility mode; use fastdllm (Fast-dLLM's Dream block "
+                         "sampler), the only one")
     return name
 
 

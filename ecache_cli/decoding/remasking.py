@@ -40,7 +40,8 @@ def validate_remasking(kind: str, *, parallel: bool = False) -> str:
     """
     if kind not in REMASKING:
         rules = ", ".join(r for r in REMASKING if r != "origin")
-        raise UsageError(f"unknown --remasking {kind!r}: choose one of {rules}, or origin with --schedule dream")
+        raise UsageError(f"--remasking {kind!r} is not a remasking rule; use one of {rules}, or origin with "
+                         "--schedule dream")
     if parallel and kind not in PROB_KINDS:
         raise UsageError(
             f"--remasking {kind} cannot be used with threshold or factor decoding: they compare the "

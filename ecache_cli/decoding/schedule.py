@@ -128,8 +128,8 @@ SCHEDULES = ("llada", "dream", "block")
 def validate_schedule(name: str) -> str:
     """Check a --schedule name (SCHEDULES). Returns it unchanged; raises UsageError listing the valid ones."""
     if name not in SCHEDULES:
-        raise UsageError(f"unknown --schedule {name!r}: choose llada (LLaDA's linear split), dream (Dream's "
-                         "timesteps) or block (the block-diffusion loops' block-length / steps per step)")
+        raise UsageError(f"--schedule {name!r} is not a schedule; use one of llada (LLaDA's linear split), dream "
+                         "(Dream's timesteps), block (the block-diffusion loops' block-length / steps per step)")
     return name
 
 

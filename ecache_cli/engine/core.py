@@ -219,7 +219,8 @@ class Run:
             t0 = self.timer.mark()
             plan = self.policy.plan(st)
             t1 = self.timer.mark()
-        grp = forward.group(plan, st, tmask, self.policy.name)  # the step's one host sync
+        merge = forward.MERGE_REFRESH and self.store.hidden is None
+        grp = forward.group(plan, st, tmask, self.policy.name, merge)  # the step's one host sync
         targets, valid = padded_index(tmask, grp.targets, exact=True)  # (B, R)
         if st.batch > 1 or grp.targets == 0:  # a row without targets: its block start (never committed)
             targets = torch.where(valid.any(1, keepdim=True), targets, st.block_start[:, None])

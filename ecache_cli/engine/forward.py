@@ -3,6 +3,12 @@
 Rows whose plans differ in shape get forwards of their own, so no row pays for another's:
 
 - every row refreshes: one full forward;
+- some rows refresh, the step has no hooks and the store keeps no hidden states, and ``MERGE_REFRESH``
+  is on (``group``'s ``merge``): one partial forward of the whole batch in which each refreshing row
+  computes all T positions, so its K/V and logits are those of its full forward (every layer writes a
+  row's computed K/V before its attention reads the row, so a row computing every position reads only
+  fresh K/V; block-causal masks follow each query's own position); the other rows are padded by
+  repeats to T and, packed (below), cost only their real entries outside attention;
 - otherwise one partial forward of the whole batch at the widest non-refreshing row's width (a
   refreshing row computes only its logit sources and requested attention rows there, padded by
   repeats; the norms, projections and MLP run on the real entries alone, packed, when padding is at
@@ -33,6 +39,12 @@ from ..contract.rows import packed_rows, padded_index
 #: outweighs the few index operations per layer that packing adds.
 PACK_BELOW = 0.9
 
+#: A step whose rows refresh only in part runs one partial forward in which the refreshing rows compute
+#: every position (the module docstring), instead of a partial forward and then a full forward of the
+#: refreshing rows: one forward's kernel launches instead of two, for attention over the padded (B, T)
+#: layout. Off: the two forwards. Read by the engine at every step.
+MERGE_REFRESH = False
+
 
 @dataclass(frozen=True)
 class Group:
@@ -41,7 +53,8 @@ class Group:
     ``attn`` the largest row counts of the targets and of the requested attention rows; ``n_grow``
     non-refreshing rows whose positions grow at a layer < n_layers; ``total_targets`` the targets of
     every row together (fewer than batch × ``targets``: the step's target index is padded); ``entries``
-    the partial forward's real query entries, every row's positions (at least one) together."""
+    the partial forward's real query entries, every row's positions (at least one) together; ``merged``:
+    the refreshing rows compute every position in ``part`` (one forward for the step)."""
 
     n_refresh: int
     part: torch.Tensor | None
@@ -51,6 +64,7 @@ class Group:
     n_grow: int = 0
     total_targets: int = 0
     entries: int = 0
+    merged: bool = False
 
 
 @dataclass
@@ -77,10 +91,12 @@ class StepForward:
         return valid if self.produced is None else valid & self.produced
 
 
-def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
+def group(plan, state, tmask: torch.Tensor, policy_name: str, merge: bool = False) -> Group:
     """Group the step's forwards, reading every width in one host sync.
 
-    ``tmask`` (B, T) bool: each row's current-block masked positions. Raises AssertionError when a
+    ``tmask`` (B, T) bool: each row's current-block masked positions. ``merge``: the refreshing rows may
+    run inside the partial forward, computing every position (the caller says so only when the store
+    keeps no hidden states); taken when the plan has no hooks. Raises AssertionError when a
     non-refreshing row's ``compute`` misses the sources of its targets or its attention rows (a policy
     bug), after the sync that reads the widths.
     """
@@ -98,7 +114,8 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     refresh = plan.refresh[:, None]  # (B, 1)
     need = state.sources(tmask) if attn is None else state.sources(tmask) | attn  # (B, T)
     bad = (need > (plan.compute | refresh)).any()  # a needed position neither computed nor refreshed
-    part = torch.where(refresh, need, plan.compute)
+    merged = merge and hooks is None  # (with 0 < n_refresh < B; otherwise part is the same either way)
+    part = plan.compute | refresh if merged else torch.where(refresh, need, plan.compute)
     grow = None if hooks is None else hooks.grow_from_layer
     growing = [] if grow is None else [(grow.clamp(0, L).masked_fill(plan.refresh, L) < L).sum()]
     if B > 1:  # the widest row's positions, and the real query entries (every row at least one)
@@ -111,7 +128,8 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str) -> Group:
     n_refresh, width, *entries, bad = values[len(counts) + len(growing):]  # entries: a batch's only
     entries = entries[0] if entries else max(width, 1)
     assert not bad, f"policy {policy_name} did not plan the positions whose logits (or attention rows) this step needs"
-    return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1], entries)
+    return Group(n_refresh, part, width, values[0], values[2] if attn is not None else 0, n_grow, values[1], entries,
+                 merged)
 
 
 def _layer_average(S: int, m: torch.Tensor, T: int, L: int) -> torch.Tensor:
@@ -184,7 +202,7 @@ def run_forwards(model, state, store, plan, grp: Group, sources: torch.Tensor, s
     out = StepForward(logits, query, computed, planned, S, [], attn_pos, produced, kw.get("logits_rows"))
     if separate:
         _grown_rows(model, state, store, out, sl, grp.n_grow, sources, section)
-    if grp.n_refresh > 0:
+    if grp.n_refresh > 0 and not grp.merged:
         _refreshing_rows(model, state, store, out, refresh, grp.n_refresh, sources, section)
     return out
 

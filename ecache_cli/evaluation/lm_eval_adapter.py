@@ -132,7 +132,7 @@ class EcacheLM(LM):
             mc_batch_size = default_mc_batch(mc_num) if mc_num >= 1 else 1
         check_mc(mc_num, _arg("mc_batch_size", mc_batch_size, int))
         if task is not None and str(task) not in TASKS:
-            raise UsageError(f"model_args: task={task!r} is not a task; choose one of {', '.join(TASKS)}")
+            raise UsageError(f"model_args: task={task!r} is not a task; use one of {', '.join(TASKS)}")
         if stats_out is not None:
             check_file(stats_out, "model_args stats_out=")  # before any decoding, not after the evaluation
         self.mc_num, self.mc_batch_size, self.mc_seed = mc_num, int(mc_batch_size), mc_seed

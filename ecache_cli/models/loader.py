@@ -71,7 +71,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype is None or dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
-        raise UsageError(f"--dtype {dtype!r} is not known; use one of auto, float32, bfloat16, float16")
+        raise UsageError(f"--dtype {dtype!r} is not a dtype; use one of auto, float32, bfloat16, float16")
     return _DTYPES[dtype]
 
 

@@ -168,7 +168,7 @@ class Outcome:
 def validate(opts: CalibrateOptions) -> None:
     """Range checks of the calibrate options (one-line UsageErrors)."""
     if opts.metric not in METRICS:
-        raise UsageError(f"--metric {opts.metric!r} is not known; use task or fidelity")
+        raise UsageError(f"--metric {opts.metric!r} is not a metric; use one of task, fidelity")
     from ..config import check_ranges, check_setting
 
     check_ranges({name: getattr(opts, name) for name in ("limit", "max_drop", "min_fidelity", "grid", "refine",

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from .. import errors
+from ..contract.text import not_text_words
 from ..engine.core import Engine
 from ..errors import EcacheError, UsageError
 from .confidence import EntropyMeter
@@ -134,11 +135,8 @@ class ChatSession:
             self.line = n
             try:
                 line = read(prompt)
-                line.encode("utf-8")  # a byte that is no UTF-8 reads as a lone surrogate (surrogateescape)
-            except (UnicodeDecodeError, UnicodeEncodeError):
-                raw = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else b""
-                self.error(f"line {n} is not UTF-8 text{f' ({raw[:40]!r})' if raw else ''}; skipped (type or "
-                           "send UTF-8)")
+            except UnicodeDecodeError:  # a strict text stream: the byte is not known
+                self.error(f"line {n}: not UTF-8 text; skipped (type or send UTF-8)")
                 continue
             except EOFError:
                 if prompt:
@@ -149,6 +147,10 @@ class ChatSession:
                     raise
                 errors.interrupt_pending = False  # handled: the session goes on
                 self.out.write("\n")
+                continue
+            words = not_text_words(line)  # a byte that is no UTF-8 reads as a lone surrogate (surrogateescape)
+            if words is not None:
+                self.error(f"line {n}: {words}; skipped (type or send UTF-8)")
                 continue
             line = line.strip()
             if not line:

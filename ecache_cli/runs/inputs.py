@@ -147,7 +147,7 @@ def read_records(input_file: Path) -> list[Item]:
     name = "stdin" if is_stdin(input_file) else str(input_file)
     items: list[Item] = []
     for n, line in jsonl_lines(input_file):
-        if line is not None and not line.strip():
+        if not line.strip():
             continue
         item = Item(index=len(items), line=n, rec=None, prompt=None, source=name)
         items.append(item)
@@ -155,7 +155,7 @@ def read_records(input_file: Path) -> list[Item]:
     return items
 
 
-def _record_error(item: Item, line: str | None, where: str) -> str | None:
+def _record_error(item: Item, line: str, where: str) -> str | None:
     """Parse ``line`` into ``item`` (its ``rec`` and ``prompt``); return why it is invalid, else None."""
     item.rec, error = parse_json_line(line, where)
     if error is not None:
@@ -169,18 +169,15 @@ def _record_error(item: Item, line: str | None, where: str) -> str | None:
 
 def stdin_items(stdin: IO) -> list[Item]:
     """Every non-blank line of piped ``stdin`` as a plain-text prompt :class:`Item`, all of stdin read
-    first (bytes decoded line by line, so a line that is not UTF-8 is named with its number; a BOM on
-    the first line and CRLF ends are dropped). Warns once when a line looks like a JSONL record."""
+    first (bytes decoded line by line, so a line that is not UTF-8 is named with its number and its first
+    bad byte; a BOM on the first line and CRLF ends are dropped). Warns once when a line looks like a JSONL record."""
     items: list[Item] = []
     warned = False
     for n, line in _stdin_lines(stdin):
-        if line is not None and not line.strip():
+        if not line.strip():
             continue
         item = Item(index=len(items), line=n, rec=None, prompt=None, source="stdin")
         items.append(item)
-        if line is None:
-            item.error = f"stdin:{n}: not UTF-8 text; {PIPE_UTF8}"
-            continue
         try:
             _check_utf8(line, f"stdin:{n}", DataError, PIPE_UTF8)
         except DataError as e:
@@ -193,9 +190,9 @@ def stdin_items(stdin: IO) -> list[Item]:
     return items
 
 
-def _stdin_lines(stdin: IO) -> list[tuple[int, str | None]]:
-    """(1-based number, text or None when not UTF-8) of every line of ``stdin``, read to its end
-    (``sources.split_lines``, the reader of every input)."""
+def _stdin_lines(stdin: IO) -> list[tuple[int, str]]:
+    """(1-based number, text) of every line of ``stdin``, read to its end (``sources.split_lines``, the
+    reader of every input: a byte that is not UTF-8 reads as a lone surrogate)."""
     raw = getattr(stdin, "buffer", None)
     if raw is not None:
         return split_lines(raw.read())
@@ -213,8 +210,7 @@ def piped_lines(stdin: IO) -> list[str]:
     commands name theirs, before anything is answered."""
     lines = _stdin_lines(stdin)
     items = [Item(index=i, line=n, rec=None, prompt=t, source="stdin",
-                  error=None if t is not None and lone_surrogate(t) is None
-                  else f"stdin:{n}: not UTF-8 text; {PIPE_UTF8}")
+                  error=None if lone_surrogate(t) is None else f"stdin:{n}: {not_text_words(t)}; {PIPE_UTF8}")
              for i, (n, t) in enumerate(lines)]
     error = invalid_error(items, "stdin", what="line", fix=FIX)
     if error is not None:
@@ -325,8 +321,8 @@ def _blank_file(path: Path | None) -> bool:
     return True
 
 
-def jsonl_lines(input_file: Path) -> list[tuple[int, str | None]]:
-    """(1-based line number, text or None when not UTF-8) of each line of an ``--input`` source
+def jsonl_lines(input_file: Path) -> list[tuple[int, str]]:
+    """(1-based line number, text: ``sources.split_lines``) of each line of an ``--input`` source
     (``-``: stdin), read in full first by the reader every input shares (``sources.read_lines``)."""
     return read_lines(input_file, "--input")
 

@@ -320,7 +320,7 @@ def check_flags(prompts: list[str] | None, input_file: Path | None, task: str | 
     if limit < 1:
         raise UsageError(f"--limit {limit} must be ≥ 1")
     if signal is not None and signal not in SIGNALS:
-        raise UsageError(f"--signal {signal!r} is not known; use one of {', '.join(SIGNALS)}")
+        raise UsageError(f"--signal {signal!r} is not a signal; use one of {', '.join(SIGNALS)}")
     check_plot_name(plot)
     if jsonl is not None and str(jsonl) == "-" and json_out == "-":
         raise UsageError("--jsonl - and --json - both want stdout; send one of them to a file")

@@ -13,6 +13,7 @@ import json
 
 from fastapi import Request
 
+from ..runs.inputs import not_text_words
 from ..runs.settings import given_float
 from .metrics import ServeMetrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, Resolver, parse
@@ -85,7 +86,8 @@ def check_key(request: Request, endpoint: str) -> None:
 
 async def read_json(request: Request, endpoint: str):
     """The request's JSON body: 413 over ``--max-body-bytes`` (declared or read), 400 not UTF-8 text or not
-    JSON. A number that is not finite comes as a ``contract.fields.GivenFloat`` keeping its text."""
+    JSON. A number that is not finite, or not written in its float's shortest form (``1e3``), comes as a
+    ``contract.fields.GivenFloat`` keeping its text (``contract.fields.given_float``)."""
     srv: Server = request.app.state.server
     limit = srv.opts.max_body_bytes
     too_large = ApiError(413, f"the request body exceeds {limit} bytes (--max-body-bytes)", outcome="too_large")
@@ -99,13 +101,13 @@ async def read_json(request: Request, endpoint: str):
         if len(body) > limit:
             srv.metrics.requests.labels(endpoint, "too_large").inc()
             raise too_large
-    try:  # JSON between systems is UTF-8 (RFC 8259); a leading BOM is skipped
-        text = bytes(body).decode("utf-8-sig")
-    except UnicodeDecodeError as e:
+    # JSON between systems is UTF-8 (RFC 8259); a leading BOM is skipped. A byte that is not UTF-8 reads as
+    # a lone surrogate, named with its byte and character as every input path names it
+    text = bytes(body).decode("utf-8-sig", "surrogateescape")
+    if (words := not_text_words(text)) is not None:
         srv.metrics.requests.labels(endpoint, "invalid").inc()
-        raise ApiError(400, f"the request body is not UTF-8 text (byte 0x{body[e.start]:02x} at position {e.start}); "
-                            "send UTF-8 JSON") from None
-    try:  # a number that is not finite (1e400, NaN) keeps its text for the refusal that names it
+        raise ApiError(400, f"the request body is {words}; send UTF-8 JSON")
+    try:  # a number that is not finite (1e400, NaN) or written otherwise (1e3) keeps its text for a refusal
         return json.loads(text, parse_float=given_float, parse_constant=given_float)
     except ValueError as e:
         srv.metrics.requests.labels(endpoint, "invalid").inc()

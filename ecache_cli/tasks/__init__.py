@@ -30,9 +30,9 @@ TASKS: dict[str, type[Task]] = {
 def check_task_name(name: str, label: str = "--task") -> None:
     """The one refusal of a name that is no task, for every command that takes ``--task`` and the Python
     API (checked before the "using model …" line, like the other usage errors): UsageError ``--task 'foo'
-    is not a task; choose one of arith, code, …`` (``label``: how the caller named it)."""
+    is not a task; use one of arith, code, …`` (``label``: how the caller named it)."""
     if name not in TASKS:
-        raise UsageError(f"{label} {name!r} is not a task; choose one of {', '.join(TASKS)}")
+        raise UsageError(f"{label} {name!r} is not a task; use one of {', '.join(TASKS)}")
 
 
 def get_task(name: str, data: str | None = None, *, allow_code_execution: bool = False) -> Task:

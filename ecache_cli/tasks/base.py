@@ -181,7 +181,7 @@ class SyntheticTask(Task):
 def check_split(split: str) -> None:
     """Raise ``UsageError`` unless ``split`` is "train" or "test"."""
     if split not in SPLITS:
-        raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+        raise UsageError(f"split {split!r} is not a split; use one of {', '.join(SPLITS)}")
 
 
 def join_shots(shots: list[tuple[str, str]], question: str, sep: str = "\n") -> str:

@@ -38,7 +38,7 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
     name = "stdin" if is_stdin(path) else str(path)
     rows, bad, total = [], [], 0
     for lineno, line in read_lines(path, "--data"):
-        if line is None or line.strip():
+        if line.strip():
             total += 1
             why = _bad_row(line, fields, rows, f"{name}:{lineno}")
             if why:
@@ -53,7 +53,7 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
     return rows
 
 
-def _bad_row(line: str | None, fields: tuple[str, ...], rows: list[dict], where: str) -> str | None:
+def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict], where: str) -> str | None:
     """Append the JSON object of ``line`` to ``rows``; else say why it is not one, or which fields it lacks,
     in ``--input``'s words (``contract.lines``; ``where``: ``FILE:LINE``)."""
     row, error = parse_json_line(line, where)

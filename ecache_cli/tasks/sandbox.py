@@ -84,7 +84,7 @@ class SandboxResult:
 def check_mode(mode: str) -> str:
     """``mode`` if it is one of :data:`MODES`, else ``UsageError`` (exit 2) naming the choices."""
     if mode not in MODES:
-        raise UsageError(f"--sandbox {mode!r}: choose one of {', '.join(MODES)}")
+        raise UsageError(f"--sandbox {mode!r} is not a sandbox mode; use one of {', '.join(MODES)}")
     return mode
 
 
