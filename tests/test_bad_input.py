@@ -523,6 +523,7 @@ CAL = ["calibrate", "--task", "list", "--limit", "2", "--taus", "0.1"]
     ([*CAL, "--out", "{t}/x.yaml", "--json", "{t}/x.yaml", "--plot", "{t}/x.yaml"], 2, ["--plot", ".png"]),
     # a shipped profile is never rewritten
     ([*CAL, "--out", "{pkg}/tiny/list.yaml"], 2, ["--out {pkg}/tiny/list.yaml", "never rewrites", "write to"]),
+    ([*CAL, "--out", "{pkg}/tiny/x.yaml", "--dry-run"], 2, ["--out {pkg}/tiny/x.yaml", "never rewrites"]),  # as the run
     # a policy parameter given twice
     (["profile", "x", "--policies", "entropy:tau=1:tau=2"], 2, ["entropy:tau=1:tau=2", "tau given twice"]),
     # a path that exists but is no profile file

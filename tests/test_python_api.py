@@ -25,6 +25,8 @@ def _cli_error(cli, *args) -> str:
 CASES = [
     ("unknown policy parameter", lambda e: make_policy("entropy", kr=3),
      ["profile", "x", "--policies", "entropy:kr=3"], "policy 'entropy' has no parameter 'kr'; it takes "),
+    ("a parameter of a policy that takes none", lambda e: make_policy("none", tau=1.0),
+     ["profile", "x", "--policies", "none:tau=1"], "policy 'none' has no parameter 'tau'; it takes no parameters"),
     ("parameter out of range", lambda e: make_policy("entropy", tau=-1.0),
      ["generate", "x", "--cache", "entropy", "--tau", "-1"], "must be ≥ 0 (an entropy in nats; e.g. 0.5)"),
     ("parameter of the wrong type", lambda e: make_policy("entropy", tau="x"),

@@ -80,8 +80,8 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
     known = policy_params(name)
     unknown = sorted(k for k in params if k not in known)
     if strict and unknown:
-        raise UsageError(f"policy {name!r} has no parameter {unknown[0]!r}; "
-                         f"it takes {', '.join(sorted(known)) or 'none'}")
+        takes = f"it takes {', '.join(sorted(known))}" if known else "it takes no parameters"
+        raise UsageError(f"policy {name!r} has no parameter {unknown[0]!r}; {takes}")
     kinds = field_types(POLICIES[name])
     typed = {}
     for k, v in params.items():

@@ -246,6 +246,7 @@ def check_outputs(opts: CalibrateOptions) -> None:
     from ..outputs import check_distinct, check_file
 
     written = [(opts.json_path, "--json"), (opts.plot_path, "--plot")]  # --dry-run writes these reports only
+    refuse_package_path(opts.out, "--out")  # under --dry-run too: a rehearsal refuses what the run would
     if not opts.dry_run:
         written = [(opts.out, "--out"), *written, (opts.run_file, "--run-file")]
     check_distinct(written, [(opts.data, "--data")])
