@@ -180,7 +180,7 @@ def parse(argv=None) -> argparse.Namespace:
     args.workloads = args.workloads.split(",")
     bad = [w for w in args.workloads if w not in ("bidirectional", "block")]
     if bad:
-        ap.error(f"--workloads {bad[0]!r}: use bidirectional, block or both (comma-separated)")
+        ap.error(f"--workloads {bad[0]!r} is not a workload; use one of bidirectional, block, both (comma-separated)")
     check_at_least(ap, args, dict(n=1, repeats=1, max_batch=1, threads=1, max_tokens=1, shots=0, prefix_cache_mb=1))
     return args
 

@@ -234,7 +234,8 @@ def main() -> None:
     modes = [{"static": "fcfs", "continuous": "always"}.get(m, m) for m in args.modes.split(",")]
     bad = [m for m in modes if m not in ("fcfs", "always", "auto", "external")]
     if bad:
-        print(f"serve_load.py: --admission {bad[0]!r}: use fcfs, always, auto or external", file=sys.stderr)
+        print(f"serve_load.py: --admission {bad[0]!r} is not an admission rule; use one of fcfs, always, auto, "
+              "external", file=sys.stderr)
         sys.exit(2)
     rows: list[dict] = []
     t_start = time.time()

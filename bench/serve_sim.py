@@ -378,14 +378,14 @@ def parse(argv=None) -> argparse.Namespace:
     args.admission = args.admission.split(",")
     bad = [m for m in args.admission if m not in ("always", "fcfs", "auto")]
     if bad:
-        ap.error(f"--admission {bad[0]!r}: use always, fcfs or auto (comma-separated)")
+        ap.error(f"--admission {bad[0]!r} is not an admission rule; use one of always, fcfs, auto (comma-separated)")
     if not all(r > 0 for r, _ in args.rates):
         shown = ",".join(f"{r:g}" + "x" * frac for r, frac in args.rates)
         ap.error(f"--rates {shown}: every rate must be > 0 requests/s")
     from gpu_speed import SIZES
 
     if args.size is not None and args.size not in SIZES:
-        ap.error(f"--size {args.size!r}: use one of {', '.join(sorted(SIZES))}")
+        ap.error(f"--size {args.size!r} is not a size; use one of {', '.join(sorted(SIZES))}")
     from ecache_cli.cache import POLICIES
     from ecache_cli.errors import EcacheError
     from ecache_cli.models.loader import resolve_device, resolve_dtype
@@ -401,7 +401,7 @@ def parse(argv=None) -> argparse.Namespace:
     if args.steps_log is not None and not args.steps_log.parent.is_dir():
         ap.error(f"--steps-log {args.steps_log}: no folder {args.steps_log.parent}; create it or name another file")
     if args.clock not in ("wall", "cpu"):
-        ap.error(f"--clock {args.clock!r}: use wall or cpu")
+        ap.error(f"--clock {args.clock!r} is not a clock; use one of wall, cpu")
     if args.clock == "cpu" and args.threads != 1:
         ap.error(f"--clock cpu counts one thread's CPU time; --threads {args.threads} would leave the others' "
                  "out: use --threads 1")

@@ -220,6 +220,22 @@ def check_distinct(outputs, inputs=()) -> None:
         seen[k] = flag
 
 
+def pyplot():
+    """matplotlib's ``pyplot`` on the Agg backend (files only, no display) for the ``--plot`` PNGs, with its
+    font lookups quiet: a font family matplotlib asks for and does not find (the STIX fonts of its math
+    text, where a system lacks them) is a ``findfont`` warning line per family on stderr, which says nothing
+    about the run (with ``-q`` or without); matplotlib falls back to a font it has."""
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def check_plot_name(path, flag: str = "--plot") -> None:
     """A plot file must end in ``.png`` (matplotlib picks the format from the suffix; the plots are
     PNG only). Checked before any decoding, so a typo never fails after a long run (UsageError).

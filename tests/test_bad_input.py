@@ -640,7 +640,7 @@ def test_ctrl_c_after_the_search_keeps_the_json_and_says_what_was_written(cli, l
 
 @pytest.mark.parametrize("yaml_text, needles", [
     ("cache: {policy: entropy, signal: max-entropi}\n",
-     ["'max-entropi' is not known", "signal max-entropi from profile"]),
+     ["'max-entropi' is not a signal", "signal max-entropi from profile"]),
     ("decode: {remasking: low_confidance}\n", ["'low_confidance'", "remasking low_confidance from profile"]),
 ])
 def test_a_bad_value_from_a_profile_names_the_profile(cli, tmp_path, yaml_text, needles):

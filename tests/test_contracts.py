@@ -920,7 +920,7 @@ BEFORE_THE_FIRST_LINE = [
      "the llada model family attends bidirectionally"),
     ("tiny", ["--edit-threshold", "2"], "--edit-threshold is LLaDA2.1's token editing, for block-diffusion models; "
      "the llada model family attends bidirectionally"),  # the family first: no range hint to a refused value
-    ("tiny", ["--dtype", "float8"], "--dtype 'float8' is not known"),
+    ("tiny", ["--dtype", "float8"], "--dtype 'float8' is not a dtype"),
     ("tiny", ["--device", "tpu"], "--device 'tpu' is not a device"),
     ("tiny", ["--threshold", "0.9", "--factor", "1"], "--threshold and --factor are two parallel-decoding rules; "
      "pass only one"),
@@ -1128,11 +1128,11 @@ def test_an_unknown_policy_is_worded_alike_everywhere(cli):
     assert f"error: /cache 'nosuch' is not a cache policy; use one of {listed}" in chat.stderr, chat.stderr
     with pytest.raises(UsageError, match="^policy 'nosuch' is not a cache policy; use one of none, "):
         make_policy("nosuch")  # a Python argument: named as the server's field is
-    with pytest.raises(UsageError, match=r"^entropy parameter signal='bogus' is not known; use one of max-entropy"):
+    with pytest.raises(UsageError, match=r"^entropy parameter signal='bogus' is not a signal; use one of max-entr"):
         make_policy("entropy", signal="bogus")  # as tau=-1 is: the parameter, not the flag
     res = cli("profile", "--policies", "entropy:signal=bogus", "x")
     assert res.stderr.strip() == ("error: --policies 'entropy:signal=bogus': entropy parameter signal='bogus' is not "
-                                  "known; use one of max-entropy, sum-entropy, max-confidence"), res.stderr
+                                  "a signal; use one of max-entropy, sum-entropy, max-confidence"), res.stderr
 
 
 # --- interrupts, -q, progress off a terminal, existing output files: one rule in every command ---------------
@@ -1304,6 +1304,15 @@ def test_quiet_leaves_stderr_to_warnings_notes_and_errors(command, cli, llada_di
     assert quiet.exit_code == 0, quiet.stderr
     others = [ln for ln in quiet.stderr.splitlines() if ln.strip() and not ln.startswith(("warning: ", "note: "))]
     assert others == [], quiet.stderr
+
+
+def test_a_plot_adds_nothing_to_stderr_under_q(llada_dir, tmp_path):
+    """``--plot`` under ``-q`` leaves stderr empty, in a fresh process (matplotlib names each font family it
+    cannot find once per process: the STIX fonts of its math text where a system lacks them)."""
+    out = tmp_path / "drift.png"
+    p = _popen(["trace-drift", "x", "--model", str(llada_dir), *SMALL, "--plot", str(out)])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and err.decode() == "" and out.stat().st_size > 0, err.decode()
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -1580,6 +1589,23 @@ def test_calibrate_lists_word_each_bad_entry_as_the_one_value_flag(cli):
     assert same.stderr.splitlines() == ["error: --recent-k 1.5 must be a whole number ≥ 0 (e.g. 64)"], same.stderr
     profile = cli("profile", "--shots", "-1")
     assert profile.stderr.splitlines() == ["error: --shots -1 must be ≥ 0 (e.g. 4)"], profile.stderr
+
+
+def test_profile_policies_names_every_bad_entry(cli):
+    """``profile --policies`` names every entry it refuses, as a comma-list flag does: the names that are no
+    policy together, then each bad parameter in its own words."""
+    listed = "none, prefix, dual, entropy, d2cache, dkv, dllm-cache, elastic, es-dllm, es-dllm-conf"
+    cases = {"none,bogus,alsobad": f"--policies 'bogus' and 'alsobad' are not cache policies; use one of {listed}",
+             "entropy:kr=3,none,dual:zz=1": "--policies 'entropy:kr=3': policy 'entropy' has no parameter 'kr'; it "
+                                             "takes block_refresh, block_tau, recent_k, recent_steps, refresh_prompt, "
+                                             "signal, tau; --policies 'dual:zz=1': policy 'dual' has no parameter "
+                                             "'zz'; it takes refresh_every",
+             "foo,entropy:tau=-1": f"--policies 'foo' is not a cache policy; use one of {listed}; --policies "
+                                   "'entropy:tau=-1': entropy parameter tau=-1 must be ≥ 0 (an entropy in nats; e.g. "
+                                   "0.5)"}
+    for value, says in cases.items():
+        res = cli("profile", "--policies", value, "x")
+        assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {says}"], (value, res.stderr)
 
 
 @pytest.mark.parametrize("name", ["tau", "temperature"])

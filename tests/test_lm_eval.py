@@ -149,11 +149,11 @@ def test_wrongly_typed_model_args_are_one_line_errors(profiles_dir, arg, message
 @pytest.mark.parametrize("args, message", [
     ("gen_length=16,block_length=32", "gen_length=16 is not a multiple of block_length=32"),
     ("cache=foo", "cache='foo' is not a cache policy"),
-    ("dtype=foo", "dtype='foo' is not known"),
+    ("dtype=foo", "dtype='foo' is not a dtype; use one of"),
     ("device=foo", "device='foo' is not a device"),
     ("gen_length=32,block_length=8,steps=3", "steps=3 is fewer than the 4 blocks"),
-    ("schedule=foo", "unknown schedule='foo'"),
-    ("remasking=foo", "unknown remasking='foo'"),
+    ("schedule=foo", "schedule='foo' is not a schedule; use one of"),
+    ("remasking=foo", "remasking='foo' is not a remasking rule; use one of"),
     ("threshold=0.9,alg_temp=0.5,schedule=dream", "threshold"),
     ("model=nonsense", "model='nonsense' is neither"),
 ])

@@ -54,15 +54,31 @@ CASES = [
     ("gen_length 0", lambda e: DecodeConfig(gen_length=0), ["generate", "x", "--gen-length", "0"], "must be ≥ 1"),
     # names and pairs refused with no model, when the DecodeConfig is made (not at generate)
     ("unknown remasking", lambda e: DecodeConfig(remasking="foo"), ["generate", "x", "--remasking", "foo"],
-     "--remasking 'foo' is not a remasking rule; use one of low_confidence, "),
+     "'foo' is not a remasking rule; use one of low_confidence, "),
     ("unknown schedule", lambda e: DecodeConfig(schedule="foo"), ["generate", "x", "--schedule", "foo"],
-     "--schedule 'foo' is not a schedule; use one of llada"),
+     "'foo' is not a schedule; use one of llada"),
     ("unknown compat", lambda e: DecodeConfig(compat="foo"), ["generate", "x", "--compat", "foo"],
-     "--compat 'foo' is not a compatibility mode; use fastdllm"),
+     "'foo' is not a compatibility mode; use fastdllm"),
     ("threshold with factor", lambda e: DecodeConfig(threshold=0.9, factor=1.0),
      ["generate", "x", "--threshold", "0.9", "--factor", "1"],
-     "--threshold and --factor are two parallel-decoding rules; pass only one"),
+     "factor are two parallel-decoding rules; pass only one"),
 ]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"remasking": "foo"}, "DecodeConfig remasking='foo' is not a remasking rule; use one of low_confidence, random, "
+                           "topk_margin, entropy, maskgit_plus, or origin with schedule='dream'"),
+    ({"schedule": "foo"}, "DecodeConfig schedule='foo' is not a schedule; use one of llada (LLaDA's linear split), "),
+    ({"compat": "foo"}, "DecodeConfig compat='foo' is not a compatibility mode; use fastdllm"),
+    ({"threshold": 0.9, "factor": 1.0}, "DecodeConfig threshold and factor are two parallel-decoding rules; pass "
+                                        "only one"),
+])
+def test_decode_config_names_its_own_keys(kwargs, message):
+    """DecodeConfig words a bad name or pair in its keys, as it words a bad number (``DecodeConfig
+    gen_length=0 must be ≥ 1``) and as lm-eval's model_args do: never a command-line flag."""
+    with pytest.raises(UsageError) as e:
+        DecodeConfig(**kwargs)
+    assert str(e.value).startswith(message) and "--" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("what, call, cli_args, message", CASES, ids=[c[0] for c in CASES])

@@ -451,19 +451,20 @@ def test_a_host_name_the_resolver_cannot_encode_is_one_line(host):
                                                          "pick another --host"), res.stderr
 
 
-@pytest.mark.parametrize("args, needle", [(["--batching", "dynamic"], "--batching 'dynamic'"),
-                                          (["--admission", "greedy"], "--admission 'greedy': use always, fcfs or auto"),
-                                          (["--batching", "static", "--admission", "always"],
-                                           "--batching static is --admission fcfs"),
-                                          (["--served-model-name", " "], "--served-model-name is empty"),
-                                          (["--max-batch", "0"], "--max-batch 0"),
-                                          (["--request-timeout", "0"], "--request-timeout 0"),
-                                          (["--request-timeout", "nan"], "--request-timeout nan"),
-                                          (["--shutdown-grace", "inf"], "--shutdown-grace inf"),
-                                          (["--max-body-bytes", str(1 << 40)],
-                                           f"--max-body-bytes {1 << 40} must be ≤ 1073741824 (bytes, at most 1 GiB"),
-                                          (["--gen-length", "4096", "-q"], "--gen-length 4096 leaves no room"),
-                                          (["--api-key", " "], "--api-key is empty")])
+@pytest.mark.parametrize("args, needle", [
+    (["--batching", "dynamic"], "--batching 'dynamic' is not a batching mode; use one of continuous, static"),
+    (["--admission", "greedy"], "--admission 'greedy' is not an admission rule; use one of always, fcfs, auto"),
+    (["--batching", "static", "--admission", "always"],
+     "--batching static is --admission fcfs"),
+    (["--served-model-name", " "], "--served-model-name is empty"),
+    (["--max-batch", "0"], "--max-batch 0"),
+    (["--request-timeout", "0"], "--request-timeout 0"),
+    (["--request-timeout", "nan"], "--request-timeout nan"),
+    (["--shutdown-grace", "inf"], "--shutdown-grace inf"),
+    (["--max-body-bytes", str(1 << 40)],
+     f"--max-body-bytes {1 << 40} must be ≤ 1073741824 (bytes, at most 1 GiB"),
+    (["--gen-length", "4096", "-q"], "--gen-length 4096 leaves no room"),
+    (["--api-key", " "], "--api-key is empty")])
 def test_bad_serve_flags_are_one_line_usage_errors(args, needle):
     from typer.testing import CliRunner
 

@@ -25,12 +25,13 @@ def sim():
     (["--max-batch", "0"], "--max-batch 0 must be ≥ 1"),
     (["--shots", "-1"], "--shots -1 must be ≥ 0"),
     (["--policy", "fast"], "--policy 'fast' is not a cache policy; use one of none, "),
-    (["--admission", "always,static"], "--admission 'static': use always, fcfs or auto (comma-separated)"),
+    (["--admission", "always,static"], "--admission 'static' is not an admission rule; use one of always, fcfs, "
+                                       "auto (comma-separated)"),
     (["--rates", "0.5x,0x"], "--rates 0.5x,0x: every rate must be > 0 requests/s"),
-    (["--size", "2b"], "--size '2b': use one of 1b, tiny"),
-    (["--device", "gpu0"], "--device 'gpu0' is not a device; use auto, cpu, cuda or cuda:N"),
+    (["--size", "2b"], "--size '2b' is not a size; use one of 1b, tiny"),
+    (["--device", "gpu0"], "--device 'gpu0' is not a device; use one of auto, cpu, cuda, cuda:N"),
     (["--dtype", "float8"], "--dtype 'float8' is not a dtype; use one of "),
-    (["--clock", "gpu"], "--clock 'gpu': use wall or cpu"),
+    (["--clock", "gpu"], "--clock 'gpu' is not a clock; use one of wall, cpu"),
     (["--clock", "cpu", "--threads", "2"], "--clock cpu counts one thread's CPU time; --threads 2 would leave"),
 ])
 def test_bad_options_exit_2_with_one_line(sim, capsys, argv, words):

@@ -56,9 +56,9 @@ def serve_cmd(
     # the numeric flags' ranges (--max-batch, --port, --request-timeout, ...) are checked before this body
     # runs, in the words every command uses (config.option_ranges; cli.handle_errors)
     if batching not in ("continuous", "static"):
-        raise UsageError(f"--batching {batching!r}: use continuous or static")
+        raise UsageError(f"--batching {batching!r} is not a batching mode; use one of continuous, static")
     if admission is not None and admission not in ("always", "fcfs", "auto"):
-        raise UsageError(f"--admission {admission!r}: use always, fcfs or auto")
+        raise UsageError(f"--admission {admission!r} is not an admission rule; use one of always, fcfs, auto")
     if batching == "static" and admission not in (None, "fcfs"):
         raise UsageError(f"--batching static is --admission fcfs; drop --admission {admission} or --batching static")
     admission = "fcfs" if batching == "static" else admission or "auto"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import asdict, dataclass
 from typing import ClassVar
@@ -71,7 +72,6 @@ class DecodeConfig:
         gives ``--threshold 2`` its message): UsageError ``DecodeConfig threshold=2 must be in (0, 1]
         (a confidence; e.g. 0.9)``; then the names and the pair the command line refuses before any model
         (:meth:`_check_names`)."""
-        import dataclasses
 
         from ..contract.fields import check_value, fitted_kind, fitting_example
         from ..errors import UsageError
@@ -94,18 +94,23 @@ class DecodeConfig:
 
     def _check_names(self) -> None:
         """The checks of the command line that need no model: the remasking, schedule and compat names, and
-        --threshold with --factor (the same functions and words as ``StepDecoder.build``)."""
+        --threshold with --factor (the same functions as ``StepDecoder.build``), their messages in this
+        class's keys as its numbers' are (:func:`_as_keys`: ``DecodeConfig remasking='foo' is not a remasking
+        rule; …, or origin with schedule='dream'``)."""
         from ..errors import UsageError
         from .commit import validate_compat
         from .remasking import validate_remasking
         from .schedule import validate_schedule
 
-        validate_remasking(self.remasking)
-        if self.schedule is not None:
-            validate_schedule(self.schedule)
-        validate_compat(self.compat)
-        if self.threshold is not None and self.factor is not None:
-            raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
+        try:
+            validate_remasking(self.remasking)
+            if self.schedule is not None:
+                validate_schedule(self.schedule)
+            validate_compat(self.compat)
+            if self.threshold is not None and self.factor is not None:
+                raise UsageError("--threshold and --factor are two parallel-decoding rules; pass only one")
+        except UsageError as e:
+            raise UsageError(f"DecodeConfig {_as_keys(str(e))}") from None
 
     @property
     def parallel(self) -> bool:
@@ -117,6 +122,30 @@ class DecodeConfig:
 
 
 @functools.cache
+def _as_keys(message: str) -> str:
+    """A command-line check's message with each flag of a DecodeConfig field named as the field: ``--remasking
+    'foo'`` → ``remasking='foo'``, ``--schedule dream`` → ``schedule='dream'``, a bare ``--threshold`` →
+    ``threshold``; other flags stay."""
+    import re
+
+    from .commit import COMPAT
+    from .remasking import REMASKING
+    from .schedule import SCHEDULES
+
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    names = "|".join(sorted(map(re.escape, {*REMASKING, *SCHEDULES, *COMPAT}), key=len, reverse=True))
+
+    def one(m: re.Match) -> str:
+        key, value = m.group(1).replace("-", "_"), m.group(2)
+        if key not in fields:
+            return m.group(0)
+        if value is None:
+            return key
+        return f"{key}={value}" if value.startswith("'") else f"{key}={value!r}"
+
+    return re.sub(rf"--([a-z][a-z-]*)(?: ('[^']*'|(?:{names})(?![\w])))?", one, message)
+
+
 def _kinds() -> dict:
     """DecodeConfig's field types with their declared ranges (``contract.fields.field_types``), read once."""
     from ..contract.fields import field_types

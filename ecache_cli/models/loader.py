@@ -82,7 +82,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+        raise UsageError(f"--device {device!r} is not a device; use one of auto, cpu, cuda, cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device} asked for CUDA but torch sees no GPU; use --device cpu")
     return dev

@@ -171,10 +171,9 @@ def frontier_table(outcome, metric: str):
 def plot_frontier(outcome, metric: str, max_drop: float, path: Path) -> None:
     """Write a PNG (matplotlib Agg): every setting's score vs speedup, the frontier as a line, the
     allowed score floor as a dashed line, the choice starred. ``max_drop`` is a 0–1 fraction."""
-    import matplotlib
+    from ..outputs import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     base, knob = outcome.base, KNOBS[outcome.base.knob]
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=110)

@@ -279,10 +279,9 @@ def _condense_curve(curve: list[dict], level: float, settle: int | None, head: i
 def plot(report: TraceReport, path: str | Path, title: str, tau: float | None = None) -> None:
     """Write a 2×2 PNG: signal over steps with refreshes (prompt 0), drift over steps, signal vs
     next-step drift (all prompts), and the volatility curve."""
-    import matplotlib
+    from ..outputs import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     recs = [r for r in report.records if r["prompt"] == (report.records[0]["prompt"] if report.records else 0)]
     sig = report.signal

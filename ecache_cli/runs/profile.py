@@ -68,10 +68,12 @@ class ProfileOptions:
 
     def validate(self) -> None:
         """UsageError for a bad option: an empty or repeated ``--policies`` entry, a policy that is none or
-        does not apply to ``family`` (:func:`check_policies_apply`), a count below its minimum."""
+        does not apply to ``family`` (:func:`check_policies_apply`), a count below its minimum. Every bad
+        entry of ``--policies`` is named (:func:`check_policy_specs`), as a comma list's are."""
         if not self.policies:
             fits = _fitting(getattr(self.family, "block_causal", None))
             raise UsageError("--policies is empty; name at least one of " + ", ".join(fits))
+        check_policy_specs(self.policies, self.family)
         seen: dict = {}  # a setting (name, parameters as parsed) -> the entry that names it
         for p in self.policies:
             name, params = parse_policy_spec(p, family=self.family)
@@ -88,6 +90,32 @@ class ProfileOptions:
             raise UsageError(f"--trace-steps {self.trace_steps} must be ≥ 1")
         if self.family is not None:
             check_policies_apply(self.policies, self.family.block_causal, self.family.name)
+
+
+def check_policy_specs(specs: Sequence[str], family=None) -> None:
+    """One UsageError naming every ``--policies`` entry that :func:`parse_policy_spec` refuses: the names that
+    are no policy together (``--policies 'foo' and 'bar' are not cache policies; use one of …``, the policies
+    that fit ``family``), then each other refusal in its own words."""
+    from ..cache import POLICIES, unknown_policy
+
+    unknown = [spec.split(":")[0] for spec in specs if spec.split(":")[0] not in POLICIES]
+    others = []
+    for spec in specs:
+        if spec.split(":")[0] in POLICIES:
+            try:
+                parse_policy_spec(spec, family=family)
+            except UsageError as e:
+                others.append(str(e))
+    if not unknown and not others:
+        return
+    fits = _fitting(getattr(family, "block_causal", None))
+    names = [repr(n) for n in unknown]
+    if len(unknown) == 1:
+        others.insert(0, str(unknown_policy(unknown[0], "--policies", fits)))
+    elif unknown:
+        others.insert(0, f"--policies {', '.join(names[:-1])} and {names[-1]} are not cache policies; use one of "
+                         f"{', '.join(fits)}")
+    raise UsageError("; ".join(others))
 
 
 def _fitting(block_causal: bool | None) -> list[str]:
