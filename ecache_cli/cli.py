@@ -237,7 +237,9 @@ KEPT = "interrupted; records written so far are kept"
 INTERRUPTED = {"profile": "interrupted before every policy finished a batch; the table and --json were not written "
                           "(they cover the batches every policy finished)",
                "serve": "interrupted; the server stopped at once (SIGTERM stops it after --shutdown-grace)",
-               "chat": "interrupted; the session ended (the answers so far were printed; files /save wrote are kept)"}
+               "chat": "interrupted; the session ended (the answers so far were printed; files /save wrote are kept)",
+               "models": "interrupted", "help": "interrupted",  # commands that write no records
+               "models pull": "interrupted; the files downloaded so far are kept (pull again to finish)"}
 
 
 def _on_signal(signum, handler):
@@ -347,11 +349,11 @@ def _register() -> None:
         app.command(name, cls=EcacheCommand)(handle_errors(fn, INTERRUPTED.get(name, KEPT)))
     group = typer.Typer(cls=EcacheGroup, invoke_without_command=True, rich_markup_mode="rich",
                         short_help=models.SHORT_HELP, context_settings={"help_option_names": ["-h", "--help"]})
-    group.callback()(handle_errors(models.models_cmd))  # `ecache models` alone: the list
+    group.callback()(handle_errors(models.models_cmd, INTERRUPTED["models"]))  # `ecache models` alone: the list
     for name, fn in (("show", models.show_cmd), ("pull", models.pull_cmd)):
-        group.command(name, cls=EcacheCommand)(handle_errors(fn))
+        group.command(name, cls=EcacheCommand)(handle_errors(fn, INTERRUPTED.get(f"models {name}", "interrupted")))
     app.add_typer(group, name="models")
-    app.command("help", cls=EcacheCommand)(handle_errors(help.help_cmd))
+    app.command("help", cls=EcacheCommand)(handle_errors(help.help_cmd, INTERRUPTED["help"]))
 
 
 _register()

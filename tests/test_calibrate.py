@@ -419,6 +419,8 @@ def test_threshold_decoding_in_one_forward_is_named_as_the_cause_and_no_parallel
     res = cli(*common, "--out", tmp_path / "q.yaml", "--run-file", tmp_path / "q.jsonl")
     assert res.exit_code == 0, res.stderr
     assert "calibrate a parallel profile" not in res.stderr, res.stderr  # its threshold speed is noise around 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]  # -q: warnings and notes alone, so prefixed
+    assert all(ln.startswith(("warning: ", "note: ")) for ln in lines), res.stderr
 
 
 def test_zero_score_warning_says_the_tolerance_is_void_and_what_to_do():

@@ -1306,6 +1306,19 @@ def test_quiet_leaves_stderr_to_warnings_notes_and_errors(command, cli, llada_di
     assert others == [], quiet.stderr
 
 
+def test_an_interrupted_command_that_writes_no_records_says_only_interrupted(cli, monkeypatch):
+    """Ctrl-C during ``ecache models`` (which writes no records) ends with ``interrupted`` alone, not the
+    prompt commands' ``records written so far are kept``."""
+    from ecache_cli.runs import models
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "catalogue", interrupted)
+    res = cli("models")
+    assert res.exit_code == 130 and res.stderr.splitlines() == ["error: interrupted"], res.stderr
+
+
 def test_a_plot_adds_nothing_to_stderr_under_q(llada_dir, tmp_path):
     """``--plot`` under ``-q`` leaves stderr empty, in a fresh process (matplotlib names each font family it
     cannot find once per process: the STIX fonts of its math text where a system lacks them)."""

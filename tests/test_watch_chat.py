@@ -298,7 +298,7 @@ def test_chat_commands_check_the_policy_and_tau_against_the_model(profiles_dir):
     tiny.command("/cache block")
     shown = tiny.console.file.getvalue()
     assert "error: /cache block does not apply to the llada model family" in shown and "--cache" not in shown
-    assert "; /cache takes one of none, " in shown and tiny.settings.cache != "block"
+    assert "; use one of none, " in shown and tiny.settings.cache != "block"
     tiny.command("/cache dual")
     tiny.command("/tau 0.3")  # under dual: warned and ignored, kept for entropy, as --cache dual --tau 0.3
     assert "warning: /tau is not used by /cache dual (it takes refresh_every); ignored" in tiny.console.file.getvalue()

@@ -555,6 +555,18 @@ def _speed_check(outcome: "Outcome", search: "_Search", clock, err_console, say,
             outcome, choice=Choice(None, "interrupted during the speed check: no setting chosen", []))) from None
 
 
+def _guard_line(line: str, say) -> None:
+    """A line of the speed check (``SpeedGuard.run``): its warning (``speed check: warning: …``) as a warning
+    (``warning: speed check: …``, printed under ``-q`` too), the others (a candidate rejected or skipped) as
+    status lines through ``say`` (none under ``-q``)."""
+    from ..console import warn
+
+    if line.startswith("speed check: warning: "):
+        warn("speed check: " + line.removeprefix("speed check: warning: "))
+    else:
+        say(line, markup=False, highlight=False)
+
+
 def _run_guard(outcome: "Outcome", search: "_Search", clock, err_console, say) -> None:
     """:func:`_speed_check`'s work: nothing to time without a proxy choice; else ``SpeedGuard.run`` over
     ``tau_search.ranking`` and its verdict as the choice (its reason carrying both speedups)."""
@@ -563,7 +575,7 @@ def _run_guard(outcome: "Outcome", search: "_Search", clock, err_console, say) -
         outcome.speed_check = guard.document(None, opts.batch_size)
         return
     cands = ranking(outcome.points, outcome.base, opts.metric, *opts.fractions())
-    warn = (lambda line: err_console.print(line, markup=False, highlight=False)) if err_console is not None else None
+    warn = None if err_console is None else (lambda line: _guard_line(line, say))
     modes = "" if opts.sweep == "threshold" else f", plain and threshold {guard.threshold:g}"
     say(f"speed check: timing {cands[0].label()} against {guard.against} on {guard.examples} example(s){modes} "
         f"({guard.passes} passes{'' if opts.sweep == 'threshold' else ' each'})")

@@ -454,14 +454,14 @@ def _number(arg: str, kind, command: str, example: str, setting: str | None = No
 
 def _check_model(name: str, spec) -> None:
     """UsageError when cache policy ``name`` does not apply to the loaded model (``CachePolicy.check_model``),
-    in the chat's words: ``/cache block does not apply to the llada model family (...); /cache takes one of
-    none, entropy, ...``."""
+    after the command: ``/cache block does not apply to the llada model family (...); use one of none, entropy,
+    ...``, as ``--cache block`` and a request's ``policy`` are refused."""
     from ..cache import POLICIES
 
     try:
         POLICIES[name].check_model(POLICIES[name], spec)
     except UsageError as e:
-        msg = str(e).replace(f"--cache {name}", f"/cache {name}", 1).replace("; use ", "; /cache takes ")
+        msg = str(e).replace(f"--cache {name}", f"/cache {name}", 1)
         raise UsageError(msg) from None
 
 
