@@ -24,10 +24,14 @@ def main() -> None:
         app()  # typer builds the command group first (signatures, options): an interrupt there too
     except KeyboardInterrupt:
         _interrupted()
-    except SystemExit as e:  # typer ends an interrupt outside a command with a silent exit 130
-        if sys.modules[__package__ + ".interrupts"].early is not None and e.code == 130:
+    except SystemExit as e:  # typer ends an interrupt that reaches it with a silent exit 130, from the interrupt
+        if e.code == 130 and isinstance(getattr(e.__context__, "__cause__", None), KeyboardInterrupt):
             _interrupted()
         raise
+    finally:  # the interpreter's shutdown (atexit callbacks) runs under the signals' default actions
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_DFL)
 
 
 def _interrupted() -> None:

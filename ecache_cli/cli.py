@@ -271,13 +271,13 @@ def handle_errors(fn, interrupted: str = KEPT):
         previous = _on_signal(signal.SIGTERM, interrupts.raise_interrupt)
         previous_int = _on_signal(signal.SIGINT, interrupts.raise_interrupt)
         try:
-            if early is not None:
+            if early is not None and not interrupts.resending:  # else the signal sent again ends the command
                 raise KeyboardInterrupt
             from .options import check_ranges
 
             check_ranges(kwargs)  # every numeric option in its range before the command starts
             result = fn(*args, **_plain_floats(kwargs))
-            if errors.interrupt_pending:  # an interrupt that a library swallowed: the command still ends as one
+            if errors.interrupt_pending and not interrupts.resending:  # one a library swallowed ends it too
                 raise KeyboardInterrupt
             return result
         except (typer.Exit, typer.Abort):  # the command's own exit status (it has said why)
@@ -306,6 +306,7 @@ def handle_errors(fn, interrupted: str = KEPT):
 
             announce(None)  # warnings held for a first line that never came
             release_all()  # the output locks end with the command (in-process callers run several)
+            interrupts.resending = 0  # a signal still on its way meets the handler in place when it arrives
             console.quiet = False
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)

@@ -27,6 +27,9 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 #: The signal that arrived before a command started (:func:`before_command`), not yet acted on; else None.
 early: int | None = None
+#: Signals held in an import and sent again by a timer that have not arrived yet (:func:`held_in_import`):
+#: while one is on its way, it delivers the interrupt, and nothing else acts on the remembered one.
+resending = 0
 
 
 def raise_interrupt(signum, frame) -> None:
@@ -34,12 +37,15 @@ def raise_interrupt(signum, frame) -> None:
     KeyboardInterrupt) for SIGTERM, remembered in ``errors`` so that an error it turns into on its way up (a
     C extension's import failing with ``ImportError: initialization failed``), or a library that swallows
     it, still ends the command as an interrupt; held while an import runs (:func:`held_in_import`)."""
+    global resending
+    resending = max(0, resending - 1)  # the signal a timer sent again has arrived (or a new one: either acts)
+    if held_in_import(signum, frame):  # the module being imported may be ecache's errors itself, half made
+        return
     from . import errors
 
     errors.interrupt_pending = True
     errors.terminated = errors.terminated or signum == signal.SIGTERM
-    if not held_in_import(signum, frame):
-        raise errors.Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
+    raise errors.Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def before_command(signum, frame) -> None:
@@ -54,9 +60,12 @@ def before_command(signum, frame) -> None:
 
 def held_in_import(signum: int, frame) -> bool:
     """Whether the main thread is inside an import (an importlib frame on the stack from ``frame``); if so
-    ``signum`` is sent to this process again 20 ms later, from a timer thread, and the caller holds it."""
+    ``signum`` is sent to this process again 20 ms later, from a timer thread (counted in :data:`resending`
+    until it arrives), and the caller holds it."""
+    global resending
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
+            resending += 1
             timer = threading.Timer(0.02, os.kill, (os.getpid(), signum))
             timer.daemon = True
             timer.start()
