@@ -81,6 +81,29 @@ def test_decode_config_names_its_own_keys(kwargs, message):
     assert str(e.value).startswith(message) and "--" not in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda e: DecodeConfig(top_k="5"), "DecodeConfig top_k='5' must be a number, not a string (e.g. top_k=5)"),
+    (lambda e: DecodeConfig(gen_length="32"), "DecodeConfig gen_length='32' must be a number, not a string (e.g. "
+                                              "gen_length=32)"),
+    (lambda e: DecodeConfig(threshold="0.9"), "DecodeConfig threshold='0.9' must be a number, not a string (e.g. "
+                                              "threshold=0.9)"),
+    (lambda e: make_policy("entropy", recent_k="64"), "entropy parameter recent_k='64' must be a number, not a string "
+                                                      "(e.g. recent_k=64)"),
+    (lambda e: e.generate(["x"], CFG, make_policy("none"), seed="1"), "seed '1' must be a number, not a string (e.g. "
+                                                                      "1)"),
+    # a text whose number is out of range or of the wrong kind: the range's words first, as the server's
+    (lambda e: DecodeConfig(top_k="-1"), "DecodeConfig top_k='-1' must be ≥ 1"),
+    (lambda e: DecodeConfig(top_k="0.5"), "DecodeConfig top_k='0.5' must be a whole number ≥ 1"),
+    (lambda e: e.generate(["x"], CFG, make_policy("none"), seed="-1"), "seed '-1' must be ≥ 0 (a 64-bit seed"),
+])
+def test_a_number_given_as_text_is_refused_as_the_server_refuses_it(call, message, llada_lm):
+    """A whole number or a float passed as a string is ``must be a number, not a string``, as the server
+    words ``"top_k": "5"``, after the number itself is checked (its range, its kind)."""
+    with pytest.raises(UsageError) as e:
+        call(Engine.from_loaded(llada_lm))
+    assert str(e.value).startswith(message), str(e.value)
+
+
 @pytest.mark.parametrize("what, call, cli_args, message", CASES, ids=[c[0] for c in CASES])
 def test_api_refuses_what_the_cli_refuses(what, call, cli_args, message, llada_lm, llada_dir, cli):
     with pytest.raises(UsageError) as e:

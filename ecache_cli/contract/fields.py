@@ -148,6 +148,25 @@ def field_types(cls) -> dict:
     return out
 
 
+def text_number(value) -> int | float | None:
+    """The finite number a text writes (``'5'`` → 5, ``' 0.5'`` → 0.5), else None (not a text, or no finite
+    number): a number passed as a string, which the Python API refuses as the server does (``top_k '5' must
+    be a number, not a string (e.g. 5)``) once the number itself is checked."""
+    import math
+
+    if not isinstance(value, str):
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def check_value(kind, value):
     """``value`` as a field of type ``kind`` wants it (an int is a valid float), or ValueError saying
     what it must be. Booleans are not numbers here, and NaN is no number: both would be silently

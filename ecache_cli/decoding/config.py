@@ -73,7 +73,7 @@ class DecodeConfig:
         (a confidence; e.g. 0.9)``; then the names and the pair the command line refuses before any model
         (:meth:`_check_names`)."""
 
-        from ..contract.fields import check_value, fitted_kind, fitting_example
+        from ..contract.fields import check_value, fitted_kind, fitting_example, text_number
         from ..errors import UsageError
 
         given = {k: getattr(self, k) for k in ("gen_length", "block_length", "steps")}  # examples fit them
@@ -84,8 +84,9 @@ class DecodeConfig:
                 if isinstance(value, int if rng.integer else (int, float)) and not isinstance(value, bool):
                     rng.check(value)  # a number: its range alone, as the flag's check (NaN: not finite)
                 else:
-                    typed = check_value(fitted_kind(name, _kinds()[name], given), value)  # the type's message
-                    if isinstance(value, str) and not isinstance(typed, str):  # "0.5": a number as text
+                    number = text_number(value)  # "5", "0.5": a number as text, checked as the number first
+                    typed = check_value(fitted_kind(name, _kinds()[name], given), value if number is None else number)
+                    if number is not None:
                         raise UsageError(f"DecodeConfig {name}={value!r} must be a number, not a string (e.g. "
                                          f"{name}={typed!r})")
             except ValueError as e:

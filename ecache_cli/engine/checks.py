@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..contract.fields import SEED
+from ..contract.fields import SEED, text_number
 from ..contract.text import not_text_words
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
@@ -100,6 +100,12 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_w
         raise UsageError("no prompts to generate from")
     if not isinstance(cfg, DecodeConfig):
         raise UsageError(f"cfg must be a DecodeConfig, not {type(cfg).__name__}")
+    if text_number(seed) is not None:  # a number as text: its range first, as the server checks one
+        try:
+            SEED.check(text_number(seed))
+        except ValueError as e:
+            raise UsageError(f"seed {seed!r} {e}") from None
+        raise UsageError(f"seed {seed!r} must be a number, not a string (e.g. {text_number(seed)!r})")
     if isinstance(seed, bool) or not isinstance(seed, int):  # --seed's range and words
         raise UsageError(f"seed {seed!r} {SEED.not_finite()}")
     try:
