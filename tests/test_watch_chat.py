@@ -284,8 +284,8 @@ def test_chat_commands_check_the_policy_and_tau_against_the_model(profiles_dir):
     s.command("/threshold off")
     errors = [x for x in s.console.file.getvalue().splitlines() if x.startswith("error:")]
     assert errors[0] == ("error: /cache entropy does not apply to the llada2 model family (its attention "
-                         "is block-causal, so the keys and values of finished blocks are cached exactly); /cache "
-                         "takes none or block")
+                         "is block-causal, so the keys and values of finished blocks are cached exactly); use none "
+                         "or block")
     assert errors[1].startswith("error: /cache dual does not apply to the llada2 model family")
     warnings = [x for x in s.console.file.getvalue().splitlines() if x.startswith("warning:")]
     assert warnings == ["warning: /tau is not used by the llada2 model family (τ is EntropyCache's threshold; block "
