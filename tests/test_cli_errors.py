@@ -298,6 +298,9 @@ def test_task_the_model_was_not_trained_on_warns_and_uses_the_settings_without_i
     res = cli("generate", "--task", "gsm8k", "x", *SMALL, "--jsonl")  # the embedded model: arith, code and list only
     assert res.exit_code == 0, res.stderr
     assert "warning: model tiny was trained only on arith, code, list, not gsm8k" in res.stderr
+    # what the suggested model needs before the same command takes it: the download, then its profile
+    assert ("`ecache models pull llada-8b`, then `ecache calibrate --model llada-8b --task gsm8k`"
+            in res.stderr), res.stderr
     plain = cli("generate", "x", *SMALL, "--jsonl")
     assert json.loads(res.stdout)["settings"] == json.loads(plain.stdout)["settings"]
 

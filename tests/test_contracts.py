@@ -1064,6 +1064,11 @@ def test_a_run_file_with_records_is_refused_alone_before_the_first_line(given, c
     assert res.exit_code == 2 and res.stderr.strip() == (f"error: run file {run} already exists; pass --resume to "
                                                          "continue it, or delete it (or pass another --run-file) to "
                                                          "start over"), res.stderr
+    for flag, value, says in (("--dtype", "int7", "--dtype 'int7' is not a dtype"),
+                              ("--device", "tpu", "--device 'tpu' is not a device")):  # a bad flag first, as generate
+        bad = cli("calibrate", "--task", "list", "--limit", "2", "--gen-length", "32", "--out", tmp_path / "cp.yaml",
+                  *(["--run-file", run] if given else []), flag, value)
+        assert bad.exit_code == 2 and bad.stderr.startswith(f"error: {says}"), bad.stderr
 
 
 def test_an_output_path_that_names_a_folder_is_refused_before_anything_is_made(cli, tmp_path):
@@ -1591,10 +1596,10 @@ def test_calibrate_lists_word_each_bad_entry_as_the_one_value_flag(cli):
                                         "commits only; e.g. 4)",
              ("--shots", "-1"): "--shots -1 must be ≥ 0 (e.g. 4)",
              ("--taus", "0.5,0.50"): "--taus 0.5,0.50 lists 0.5 twice; give each value once: --taus 0.5",
-             ("--taus", "0.1,abc,-1,inf"): "--taus abc and inf must be a finite number ≥ 0 (an entropy in nats; e.g. "
-                                           "0.5); --taus -1 must be ≥ 0 (an entropy in nats; e.g. 0.5)",
-             ("--recent-k", "1.5,x,-2,y"): "--recent-k 1.5, x and y must be a whole number ≥ 0 (e.g. 64); --recent-k "
-                                           "-2 must be ≥ 0 (e.g. 64)"}
+             ("--taus", "0.1,abc,-1,inf"): "--taus abc and inf: each must be a finite number ≥ 0 (an entropy in nats; "
+                                           "e.g. 0.5); --taus -1 must be ≥ 0 (an entropy in nats; e.g. 0.5)",
+             ("--recent-k", "1.5,x,-2,y"): "--recent-k 1.5, x and y: each must be a whole number ≥ 0 (e.g. 64); "
+                                           "--recent-k -2 must be ≥ 0 (e.g. 64)"}
     for (flag, value), says in cases.items():
         res = cli("calibrate", "--task", "list", flag, value)
         assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {says}"], (flag, value, res.stderr)

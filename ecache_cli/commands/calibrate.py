@@ -167,6 +167,9 @@ def calibrate_cmd(
     validate(opts)  # option ranges: exit 2 before anything is read
     if sandbox is not None:
         code_sandbox.check_mode(sandbox)
+    from ..runs.models import check_start, task_prompt_lengths
+
+    check_start(model, device, dtype, quantize=quantize)  # the flags' values first, as generate refuses them
     read_alone(task_obj.examples, "test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
     check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
@@ -174,9 +177,6 @@ def calibrate_cmd(
     from ..runs.calibrate import run_file_path
 
     check_new_run_file(run_file_path(model, opts), resume, dry_run)  # refused before the first line, as --output is
-    from ..runs.models import check_start, task_prompt_lengths
-
-    check_start(model, device, dtype, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),

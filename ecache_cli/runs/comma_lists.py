@@ -55,7 +55,7 @@ def parse_list(text: str, flag: str, kind: Callable[[str], T] = str, what: str =
 
 def _check_ranges(given: list[str], flag: str, rng) -> None:
     """UsageError naming every entry outside ``rng`` (or no number of its kind), those with the same reason
-    together: ``--taus abc and -1 must be a finite number ≥ 0 (…)``; one entry alone is worded as the flag that
+    together: ``--taus abc and nan: each must be a finite number ≥ 0 (…)``; one entry alone is worded as the flag that
     takes one value words it (``--tau -1 must be …``)."""
     reasons: dict[str, list[str]] = {}
     for item in given:
@@ -64,7 +64,8 @@ def _check_ranges(given: list[str], flag: str, rng) -> None:
         except ValueError as e:
             reasons.setdefault(str(e), []).append(item)
     if reasons:
-        raise UsageError("; ".join(f"{flag} {_and(items)} {reason}" for reason, items in reasons.items()))
+        raise UsageError("; ".join(f"{flag} {items[0]} {reason}" if len(items) == 1 else
+                                   f"{flag} {_and(items)}: each {reason}" for reason, items in reasons.items()))
 
 
 def _and(items: list[str]) -> str:

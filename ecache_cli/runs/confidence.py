@@ -99,5 +99,7 @@ def warn_untrained(lm, task: str | None) -> bool:
     from ..console import warn
 
     warn(f"model {lm.name} was trained only on {', '.join(tasks)}, not {task}: its answers to {task} mean nothing "
-         "(expect empty or wrong answers, and speedups of no use); use a model trained for it (e.g. --model llada-8b)")
+         "(expect empty or wrong answers, and speedups of no use); use a model trained for it, e.g. llada-8b: "
+         f"`ecache models pull llada-8b`, then `ecache calibrate --model llada-8b --task {task}` (a --task run "
+         "needs the model's calibrated profile)")
     return True
