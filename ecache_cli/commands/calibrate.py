@@ -167,11 +167,11 @@ def calibrate_cmd(
     validate(opts)  # option ranges: exit 2 before anything is read
     if sandbox is not None:
         code_sandbox.check_mode(sandbox)
-    from ..runs.models import check_start, task_prompt_lengths
-
-    check_start(model, device, dtype, quantize=quantize)  # the flags' values first, as generate refuses them
     read_alone(task_obj.examples, "test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
+    from ..runs.models import check_start, task_prompt_lengths
+
+    check_start(model, device, dtype, quantize=quantize)  # the model flags before the outputs, as generate's
     check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
     from ..runs.calib_store import check_new_run_file
     from ..runs.calibrate import run_file_path
