@@ -43,31 +43,29 @@ sys.path.insert(0, str(REPO / "bench"))
 def decode(engine, ids, cfg, policy_spec: str, merge: bool, sync) -> tuple[tuple, list[dict], list[list[int]]]:
     """One decode of ``ids`` as one batch with ``MERGE_REFRESH = merge``: ((wall seconds, the thread's CPU
     seconds), a dict per step, the answers' token ids)."""
+    from serve_sim import forward_counter
     from step_cost import make
 
     from ecache_cli.engine import forward
 
     forward.MERGE_REFRESH = merge
-    calls = [0]
-    handle = engine.model.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    calls = forward_counter(engine.model)
+    counted = calls[0]
     steps = []
-    try:
-        run = engine.start(ids, cfg, make(policy_spec))
+    run = engine.start(ids, cfg, make(policy_spec))
+    sync()
+    t0 = last = time.perf_counter()
+    c0 = cpu_last = time.thread_time()
+    for rec in run:
         sync()
-        t0 = last = time.perf_counter()
-        c0 = cpu_last = time.thread_time()
-        for rec in run:
-            sync()
-            now, cpu = time.perf_counter(), time.thread_time()
-            B, n = len(rec.rows), int(rec.refresh.sum())
-            kind = "full" if n == B else "partial" if n == 0 else "mixed"
-            steps.append(dict(kind=kind, step_s=now - last, cpu_s=cpu - cpu_last, forward_s=rec.forward_s,
-                              forwards=calls[0], rows=B, refresh=n))
-            calls[0] = 0
-            last, cpu_last = time.perf_counter(), time.thread_time()
-        wall = (time.perf_counter() - t0, time.thread_time() - c0)
-    finally:
-        handle.remove()
+        now, cpu = time.perf_counter(), time.thread_time()
+        B, n = len(rec.rows), int(rec.refresh.sum())
+        kind = "full" if n == B else "partial" if n == 0 else "mixed"
+        steps.append(dict(kind=kind, step_s=now - last, cpu_s=cpu - cpu_last, forward_s=rec.forward_s,
+                          forwards=calls[0] - counted, rows=B, refresh=n))
+        counted = calls[0]
+        last, cpu_last = time.perf_counter(), time.thread_time()
+    wall = (time.perf_counter() - t0, time.thread_time() - c0)
     return wall, steps, [r.token_ids for r in run.results()]
 
 

@@ -72,7 +72,6 @@ class DecodeConfig:
         gives ``--threshold 2`` its message): UsageError ``DecodeConfig threshold=2 must be in (0, 1]
         (a confidence; e.g. 0.9)``; then the names and the pair the command line refuses before any model
         (:meth:`_check_names`)."""
-
         from ..contract.fields import check_value, fitted_kind, fitting_example, text_number
         from ..errors import UsageError
 
@@ -122,7 +121,6 @@ class DecodeConfig:
         return asdict(self)
 
 
-@functools.cache
 def _as_keys(message: str) -> str:
     """A command-line check's message with each flag of a DecodeConfig field named as the field: ``--remasking
     'foo'`` → ``remasking='foo'``, ``--schedule dream`` → ``schedule='dream'``, a bare ``--threshold`` →
@@ -147,6 +145,7 @@ def _as_keys(message: str) -> str:
     return re.sub(rf"--([a-z][a-z-]*)(?: ('[^']*'|(?:{names})(?![\w])))?", one, message)
 
 
+@functools.cache
 def _kinds() -> dict:
     """DecodeConfig's field types with their declared ranges (``contract.fields.field_types``), read once."""
     from ..contract.fields import field_types

@@ -100,18 +100,15 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_w
         raise UsageError("no prompts to generate from")
     if not isinstance(cfg, DecodeConfig):
         raise UsageError(f"cfg must be a DecodeConfig, not {type(cfg).__name__}")
-    if text_number(seed) is not None:  # a number as text: its range first, as the server checks one
-        try:
-            SEED.check(text_number(seed))
-        except ValueError as e:
-            raise UsageError(f"seed {seed!r} {e}") from None
-        raise UsageError(f"seed {seed!r} must be a number, not a string (e.g. {text_number(seed)!r})")
-    if isinstance(seed, bool) or not isinstance(seed, int):  # --seed's range and words
+    number = text_number(seed)  # a number as text: its range first, as the server checks one
+    if number is None and (isinstance(seed, bool) or not isinstance(seed, int)):  # --seed's range and words
         raise UsageError(f"seed {seed!r} {SEED.not_finite()}")
     try:
-        SEED.check(seed)
+        SEED.check(seed if number is None else number)
     except ValueError as e:
-        raise UsageError(f"seed {seed} {e}") from None
+        raise UsageError(f"seed {seed!r} {e}") from None
+    if number is not None:
+        raise UsageError(f"seed {seed!r} must be a number, not a string (e.g. {number!r})")
     if not all(callable(getattr(policy, m, None)) for m in ("reset", "plan", "observe")):  # the policy interface
         fix = f"make_policy({policy!r})" if isinstance(policy, str) else "make_policy(name)"
         raise UsageError(f"policy must be a CachePolicy, not {type(policy).__name__}: pass {fix} (ecache_cli.cache)")

@@ -113,9 +113,10 @@ def group(plan, state, tmask: torch.Tensor, policy_name: str, merge: bool = Fals
         return Group(B, None, T, values[0], values[2] if attn is not None else 0, total_targets=values[1])
     refresh = plan.refresh[:, None]  # (B, 1)
     need = state.sources(tmask) if attn is None else state.sources(tmask) | attn  # (B, T)
-    bad = (need > (plan.compute | refresh)).any()  # a needed position neither computed nor refreshed
+    computed = plan.compute | refresh  # (B, T)
+    bad = (need > computed).any()  # a needed position neither computed nor refreshed
     merged = merge and hooks is None  # (with 0 < n_refresh < B; otherwise part is the same either way)
-    part = plan.compute | refresh if merged else torch.where(refresh, need, plan.compute)
+    part = computed if merged else torch.where(refresh, need, plan.compute)
     grow = None if hooks is None else hooks.grow_from_layer
     growing = [] if grow is None else [(grow.clamp(0, L).masked_fill(plan.refresh, L) < L).sum()]
     if B > 1:  # the widest row's positions, and the real query entries (every row at least one)

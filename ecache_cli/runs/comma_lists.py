@@ -65,9 +65,9 @@ def _check_ranges(given: list[str], flag: str, rng) -> None:
             reasons.setdefault(str(e), []).append(item)
     if reasons:
         raise UsageError("; ".join(f"{flag} {items[0]} {reason}" if len(items) == 1 else
-                                   f"{flag} {_and(items)}: each {reason}" for reason, items in reasons.items()))
+                                   f"{flag} {and_list(items)}: each {reason}" for reason, items in reasons.items()))
 
 
-def _and(items: list[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
+def and_list(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``: the entries an error names together."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

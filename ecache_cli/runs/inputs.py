@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from ..contract.lines import bad_lines_summary, parse_json_line
-from ..contract.text import json_text_error, lone_surrogate, not_text_words
+from ..contract.text import json_text_error, not_text_words
 from ..errors import DataError, UsageError
 from ..models.prompting import check_messages, not_token_id
 from ..sources import check_readable, is_stdin, read_lines, split_lines
@@ -210,7 +210,7 @@ def piped_lines(stdin: IO) -> list[str]:
     commands name theirs, before anything is answered."""
     lines = _stdin_lines(stdin)
     items = [Item(index=i, line=n, rec=None, prompt=t, source="stdin",
-                  error=None if lone_surrogate(t) is None else f"stdin:{n}: {not_text_words(t)}; {PIPE_UTF8}")
+                  error=None if (words := not_text_words(t)) is None else f"stdin:{n}: {words}; {PIPE_UTF8}")
              for i, (n, t) in enumerate(lines)]
     error = invalid_error(items, "stdin", what="line", fix=FIX)
     if error is not None:

@@ -97,23 +97,25 @@ def check_policy_specs(specs: Sequence[str], family=None) -> None:
     are no policy together (``--policies 'foo' and 'bar' are not cache policies; use one of …``, the policies
     that fit ``family``), then each other refusal in its own words."""
     from ..cache import POLICIES, unknown_policy
+    from .comma_lists import and_list
 
-    unknown = [spec.split(":")[0] for spec in specs if spec.split(":")[0] not in POLICIES]
-    others = []
+    unknown, others = [], []
     for spec in specs:
-        if spec.split(":")[0] in POLICIES:
-            try:
-                parse_policy_spec(spec, family=family)
-            except UsageError as e:
-                others.append(str(e))
+        name = spec.split(":")[0]
+        if name not in POLICIES:
+            unknown.append(name)
+            continue
+        try:
+            parse_policy_spec(spec, family=family)
+        except UsageError as e:
+            others.append(str(e))
     if not unknown and not others:
         return
     fits = _fitting(getattr(family, "block_causal", None))
-    names = [repr(n) for n in unknown]
     if len(unknown) == 1:
         others.insert(0, str(unknown_policy(unknown[0], "--policies", fits)))
     elif unknown:
-        others.insert(0, f"--policies {', '.join(names[:-1])} and {names[-1]} are not cache policies; use one of "
+        others.insert(0, f"--policies {and_list([repr(n) for n in unknown])} are not cache policies; use one of "
                          f"{', '.join(fits)}")
     raise UsageError("; ".join(others))
 
