@@ -104,6 +104,16 @@ def test_a_number_given_as_text_is_refused_as_the_server_refuses_it(call, messag
     assert str(e.value).startswith(message), str(e.value)
 
 
+def test_a_policy_parameter_that_takes_text_keeps_a_number_written_in_it():
+    """es-dllm's ``proportions`` and ``positions`` are text (a comma list, one number for one stage) and
+    entropy's ``signal`` a name: a number written there is the field's text, not a number given as a string."""
+    policy = make_policy("es-dllm", proportions="1", positions="0")
+    assert (policy.proportions, policy.positions) == ("1", "0")
+    with pytest.raises(UsageError) as e:
+        make_policy("entropy", signal="1")
+    assert str(e.value).startswith("entropy parameter signal='1' is not a signal; use one of max-entropy"), str(e.value)
+
+
 @pytest.mark.parametrize("what, call, cli_args, message", CASES, ids=[c[0] for c in CASES])
 def test_api_refuses_what_the_cli_refuses(what, call, cli_args, message, llada_lm, llada_dir, cli):
     with pytest.raises(UsageError) as e:

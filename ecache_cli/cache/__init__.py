@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from ..contract.fields import check_value, field_types, text_number
+from ..contract.fields import check_value, field_types, takes_text, text_number
 from ..contract.names import policy_modules
 from ..errors import UsageError
 from .base import CachePolicy, ForwardPlan
@@ -86,12 +86,13 @@ def make_policy(name: str, strict: bool = True, **params) -> CachePolicy:
     typed = {}
     for k, v in params.items():
         if k in known and v is not None:
-            number = text_number(v) if strict else None  # tau='0.5': a number as text, checked as the number first
+            # tau='0.5': a number as text, checked as the number first; proportions='1' is a text field's text
+            number = text_number(v) if strict and not takes_text(kinds[k]) else None
             try:
                 typed[k] = check_value(kinds[k], v if number is None else number)
             except ValueError as e:  # e.g. tau='x' from --policies entropy:tau=x, or --tau nan
                 raise UsageError(f"{name} parameter {k}={v!r} {e}") from None
-            if number is not None and not isinstance(typed[k], str):
+            if number is not None:
                 raise UsageError(f"{name} parameter {k}={v!r} must be a number, not a string (e.g. {k}={typed[k]!r})")
     try:
         return POLICIES[name](**typed)

@@ -167,6 +167,17 @@ def text_number(value) -> int | float | None:
     return number if math.isfinite(number) else None
 
 
+def takes_text(kind) -> bool:
+    """Whether a field of type ``kind`` (``field_types``: maybe ``Annotated``) keeps a string as it is: ``str``,
+    ``str | float`` (es-dllm's ``proportions``, a comma list or one number), ``str | None``. A number written
+    in such a field's text is its text, not a number given as a string (:func:`text_number`)."""
+    import typing
+
+    if typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]
+    return kind is str or str in typing.get_args(kind)
+
+
 def check_value(kind, value):
     """``value`` as a field of type ``kind`` wants it (an int is a valid float), or ValueError saying
     what it must be. Booleans are not numbers here, and NaN is no number: both would be silently
