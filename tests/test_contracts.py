@@ -199,8 +199,9 @@ def _data_args(command: str, model, data) -> list[str]:
 @pytest.mark.parametrize("source", ["file", "dash"])
 def test_data_names_every_bad_line_exit_2(command, source, cli, llada_dir, tmp_path):
     """``--data`` lines are checked as ``--input`` records are (one reader, ``sources.py``): a line that
-    is not UTF-8 is named with the others, exit 2, nothing decoded, from a file as from stdin, in the words
-    ``generate --input`` uses for the same lines (``contract.lines``)."""
+    is not UTF-8 is named with the others, exit 2, nothing decoded, from a file as from stdin (whose fix is
+    to pipe UTF-8, not to save a file), in the words ``generate --input`` uses for the same lines
+    (``contract.lines``)."""
     bad = GSM_ROWS.encode() + b'{"question": "\xff", "answer": "#### 2"}\nnot json\n\xfe\n'
     f = tmp_path / "gsm.jsonl"
     f.write_bytes(bad)
@@ -209,9 +210,10 @@ def test_data_names_every_bad_line_exit_2(command, source, cli, llada_dir, tmp_p
     assert res.stdout == ""
     (line,) = res.stderr.strip().splitlines()
     name, src = (f, f) if source == "file" else ("-", "stdin")
-    same = (f"{src}:4: not UTF-8 text (byte 0xff at character 15); save the file as UTF-8 JSONL; {src}:5: not valid "
+    fix = "save the file as UTF-8 JSONL" if source == "file" else "pipe UTF-8 JSONL"  # stdin has no file to save
+    same = (f"{src}:4: not UTF-8 text (byte 0xff at character 15); {fix}; {src}:5: not valid "
             f"JSON (Expecting value); each line must be one JSON object; {src}:6: not UTF-8 text (byte 0xfe at "
-            "character 1); save the file as UTF-8 JSONL")
+            f"character 1); {fix}")
     assert line == (f"error: --data {name}: 3 of 6 line(s) invalid, nothing decoded: {same}; each line must be one "
                     "UTF-8 JSON object with the fields question, answer (the official gsm8k format)"), line
     gen = cli("generate", "--input", f if source == "file" else "-", "--model", llada_dir, *SMALL,

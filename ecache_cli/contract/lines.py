@@ -10,15 +10,20 @@ import json
 
 from .text import not_text_words
 
+#: The fix of a JSONL line that is not UTF-8, read from a file and from stdin (``-``).
+SAVE_UTF8 = "save the file as UTF-8 JSONL"
+PIPE_UTF8 = "pipe UTF-8 JSONL"
 
-def parse_json_line(line: str, where: str) -> tuple[object, str | None]:
+
+def parse_json_line(line: str, where: str, piped: bool = False) -> tuple[object, str | None]:
     """(the JSON value of ``line``, None), or (None, why it is none) in the shared words: ``where: not
-    UTF-8 text (byte 0xe9 at character 4); save the file as UTF-8 JSONL`` for a line holding a byte that
-    is not UTF-8 (read as a lone surrogate: ``sources.split_lines``) and ``where: not valid JSON (Expecting
-    value); each line must be one JSON object`` for one that does not parse. ``where`` is ``FILE:LINE``."""
+    UTF-8 text (byte 0xe9 at character 4); save the file as UTF-8 JSONL`` (``piped``: the line came from
+    stdin, ``pipe UTF-8 JSONL``) for a line holding a byte that is not UTF-8 (read as a lone surrogate:
+    ``sources.split_lines``) and ``where: not valid JSON (Expecting value); each line must be one JSON
+    object`` for one that does not parse. ``where`` is ``FILE:LINE`` (``stdin:LINE``)."""
     words = not_text_words(line)
     if words is not None:
-        return None, f"{where}: {words}; save the file as UTF-8 JSONL"
+        return None, f"{where}: {words}; {PIPE_UTF8 if piped else SAVE_UTF8}"
     try:
         return json.loads(line), None
     except json.JSONDecodeError as e:

@@ -151,13 +151,14 @@ def read_records(input_file: Path) -> list[Item]:
             continue
         item = Item(index=len(items), line=n, rec=None, prompt=None, source=name)
         items.append(item)
-        item.error = _record_error(item, line, f"{name}:{n}")
+        item.error = _record_error(item, line, f"{name}:{n}", is_stdin(input_file))
     return items
 
 
-def _record_error(item: Item, line: str, where: str) -> str | None:
-    """Parse ``line`` into ``item`` (its ``rec`` and ``prompt``); return why it is invalid, else None."""
-    item.rec, error = parse_json_line(line, where)
+def _record_error(item: Item, line: str, where: str, piped: bool) -> str | None:
+    """Parse ``line`` into ``item`` (its ``rec`` and ``prompt``); return why it is invalid, else None
+    (``piped``: the line came from stdin, whose fix is to pipe UTF-8, not to save a file)."""
+    item.rec, error = parse_json_line(line, where, piped)
     if error is not None:
         return error
     try:

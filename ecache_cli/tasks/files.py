@@ -40,7 +40,7 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
     for lineno, line in read_lines(path, "--data"):
         if line.strip():
             total += 1
-            why = _bad_row(line, fields, rows, f"{name}:{lineno}")
+            why = _bad_row(line, fields, rows, f"{name}:{lineno}", is_stdin(path))
             if why:
                 bad.append((lineno, why))
     need = f" with the fields {', '.join(fields)}" if fields else ""
@@ -53,10 +53,10 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
     return rows
 
 
-def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict], where: str) -> str | None:
+def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict], where: str, piped: bool) -> str | None:
     """Append the JSON object of ``line`` to ``rows``; else say why it is not one, or which fields it lacks,
-    in ``--input``'s words (``contract.lines``; ``where``: ``FILE:LINE``)."""
-    row, error = parse_json_line(line, where)
+    in ``--input``'s words (``contract.lines``; ``where``: ``FILE:LINE``; ``piped``: read from stdin)."""
+    row, error = parse_json_line(line, where, piped)
     if error is not None:
         return error
     if not isinstance(row, dict):
