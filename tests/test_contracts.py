@@ -296,6 +296,52 @@ def test_chat_reads_piped_stdin_in_full_first(cli):
     assert prompts.stderr.strip() == line  # one wording: the prompt commands' fix (ecache help input)
 
 
+#: ``inputs._bounded_lines``' refusal of ``< /dev/zero``.
+ENDLESS_NUL = ("stdin: line 1 runs past 1 MiB without a newline and holds only NUL bytes (binary data such as "
+               "/dev/zero, not text); pipe text, one prompt or message of at most 1 MiB per line")
+
+
+def test_an_endless_piped_line_is_refused_at_its_bound():
+    """``ecache chat < /dev/zero``: stdin is read line by line, and a line that runs past ``inputs.MAX_LINE``
+    without a newline is one DataError (exit 1) once that much is read, not memory used until the process is
+    killed; a line of ``MAX_LINE`` bytes is still read."""
+    import io
+
+    from ecache_cli.errors import DataError
+    from ecache_cli.runs import inputs
+
+    class Zeros(io.RawIOBase):  # /dev/zero, failing the test where stdin would be read to an end it lacks
+        read = 0
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            assert self.read < 4 * inputs.MAX_LINE, "stdin was read past the longest line"
+            b[:] = bytes(len(b))
+            self.read += len(b)
+            return len(b)
+
+    zeros = Zeros()
+    with pytest.raises(DataError) as e:
+        inputs.piped_lines(io.TextIOWrapper(io.BufferedReader(zeros)))
+    assert str(e.value) == ENDLESS_NUL
+    assert inputs.MAX_LINE < zeros.read < 2 * inputs.MAX_LINE
+    longest = io.TextIOWrapper(io.BytesIO(b"x" * inputs.MAX_LINE + b"\nok\n"))
+    assert [len(line) for line in inputs.piped_lines(longest)] == [inputs.MAX_LINE, 2]
+
+
+@pytest.mark.parametrize("command", ["chat", "generate"])
+def test_a_piped_line_past_the_bound_is_one_line_exit_1(command, cli):
+    from ecache_cli.runs.inputs import MAX_LINE
+
+    res = cli(command, "-q", "--gen-length", "16", "--block-length", "8", input=b"\0" * (MAX_LINE + 1))
+    assert (res.exit_code, res.stdout, res.stderr) == (1, "", f"error: {ENDLESS_NUL}\n"), res.stderr
+    res = cli(command, "-q", "--gen-length", "16", "--block-length", "8", input=b"hi\n" + b"a" * (MAX_LINE + 1))
+    assert (res.exit_code, res.stderr) == (1, "error: stdin: line 2 runs past 1 MiB without a newline; pipe text, one "
+                                              "prompt or message of at most 1 MiB per line\n"), res.stderr
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "trace-drift"])
 def test_a_cache_flag_the_policy_ignores_is_warned_alike(command, cli):
     """``--tau`` under ``--cache dual``: one warning, naming what the policy takes, in every command."""

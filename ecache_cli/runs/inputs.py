@@ -191,18 +191,41 @@ def stdin_items(stdin: IO) -> list[Item]:
     return items
 
 
+#: The longest piped line (bytes, or characters of a text stream) read: far more than any prompt or chat
+#: message a model's context holds, so that a line with no end (``< /dev/zero``) is refused at this length
+#: instead of filling memory.
+MAX_LINE = 1 << 20
+
+
 def _stdin_lines(stdin: IO) -> list[tuple[int, str]]:
-    """(1-based number, text) of every line of ``stdin``, read to its end (``sources.split_lines``, the
-    reader of every input: a byte that is not UTF-8 reads as a lone surrogate)."""
+    """(1-based number, text) of every line of ``stdin``, read to its end line by line (``sources.split_lines``,
+    the reader of every input: a byte that is not UTF-8 reads as a lone surrogate). DataError (exit 1) for a
+    line longer than :data:`MAX_LINE` (:func:`_bounded_lines`)."""
     raw = getattr(stdin, "buffer", None)
     if raw is not None:
-        return split_lines(raw.read())
+        return split_lines(b"".join(_bounded_lines(raw.readline)))
     try:  # a text stream without bytes underneath (e.g. a test runner's): undecodable bytes arrive as
         # surrogates (surrogateescape), which stdin_items names with their byte (_check_utf8)
-        lines = [(n, t.removeprefix("\ufeff") if n == 1 else t) for n, t in enumerate(stdin.read().split("\n"), 1)]
+        text = "".join(_bounded_lines(stdin.readline))
     except UnicodeDecodeError:
         raise UsageError(f"stdin: not UTF-8 text; {PIPE_UTF8}") from None
+    lines = [(n, t.removeprefix("\ufeff") if n == 1 else t) for n, t in enumerate(text.split("\n"), 1)]
     return [(n, t.removesuffix("\r")) for n, t in lines]
+
+
+def _bounded_lines(readline) -> list:
+    """Every line ``readline(limit)`` gives (bytes or str, each with its newline) until the end; DataError
+    (exit 1) as soon as one runs past :data:`MAX_LINE` without a newline, naming it and whether it is NUL
+    bytes only (binary data such as ``/dev/zero``), so an endless line costs at most that much memory."""
+    lines = []
+    while line := readline(MAX_LINE + 1):
+        newline, nul = ("\n", "\0") if isinstance(line, str) else (b"\n", b"\0")
+        if len(line) > MAX_LINE and not line.endswith(newline):
+            what = " and holds only NUL bytes (binary data such as /dev/zero, not text)" if not line.strip(nul) else ""
+            raise DataError(f"stdin: line {len(lines) + 1} runs past {MAX_LINE >> 20} MiB without a newline{what}; "
+                            f"pipe text, one prompt or message of at most {MAX_LINE >> 20} MiB per line")
+        lines.append(line)
+    return lines
 
 
 def piped_lines(stdin: IO) -> list[str]:
