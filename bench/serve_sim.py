@@ -31,7 +31,11 @@ rotating order over ``--repeats``. Per mode and rate:
 
 With ``--repeats`` > 1 the run also reports, per mode, the slowest over the fastest of its passes' p50
 and p95 (``spread``): the passes of one mode get the same requests on the same schedule, so this is the
-machine's noise, the resolution a comparison of the modes has in this run.
+machine's noise, the resolution a comparison of the modes has in this run. ``--schedules`` K > 1 serves
+K seeded Poisson schedules per rate (each with the prompts rotated on by ``--n``; every mode serves each):
+one schedule of 60 requests is one draw of the arrivals, whose p95 is its 3rd-largest latency, and which
+mode is better on it can be that draw's. The targets read each mode's latencies pooled over all its
+passes, and the run reports the targets of each schedule alone beside them (``by_schedule``).
 
 ``--clock`` (the clock every time is read on: arrivals, latencies, step times, the step-cost model
 ``auto`` fits, timeouts; ``Scheduler(clock=...)``). ``wall`` (default): the engine thread serves as the
@@ -60,14 +64,15 @@ marker. With ``--size`` the run also reports the ratio of continuous (``always``
 batching's p95 at each rate (``gpu_expectation``): on a GPU, whose step time grows sub-linearly with
 its rows, it is expected to be ≤ 0.6 near capacity (``bench/gpu_check.sh`` step 8).
 
-The targets, per rate: ``auto``'s p50 and p95 ≤ 1.05× the better of ``always`` and ``fcfs`` (the
-medians over the repeats), and with several domains the first domain's p95 under ``auto`` ≤ 0.8× its
+The targets, per rate: ``auto``'s p50 and p95 ≤ 1.05× the better of ``always`` and ``fcfs`` (each
+mode's latencies pooled over its passes), and with several domains the first domain's p95 under ``auto`` ≤ 0.8× its
 p95 under ``fcfs``. Prints a table, the targets, then one JSON line.
 
     python bench/serve_sim.py --shots 0 --profile list --rates 8          # 0-shot list
     python bench/serve_sim.py --shots 4 --profile list --rates 4,8        # 4-shot list, ~3 min, one thread
     python bench/serve_sim.py --shots 0 --domains list,arith --max-tokens 128 --rates 3   # mixed lengths
     python bench/serve_sim.py --clock cpu --shots 0 --profile list --rates 8 --n 60 --repeats 3   # no preemption
+    python bench/serve_sim.py --clock cpu --shots 0 --profile list --rates 8 --n 60 --repeats 1 --schedules 6
     python bench/serve_sim.py --size 1b --device cuda --dtype bfloat16 --rates 0.6x,0.9x --n 24 --repeats 1
 """
 
@@ -184,17 +189,18 @@ class Pass:
     (a :class:`CpuClock`, or ``time.monotonic``), each step and each result timed on it; :meth:`result`
     gives its measures (module docstring)."""
 
-    def __init__(self, lm, settings, prompts, args, mode: str, n: int, clock):
+    def __init__(self, lm, settings, prompts, args, mode: str, n: int, clock, offset: int = 0):
         from ecache_cli.serve.metrics import ServeMetrics
         from ecache_cli.serve.protocol import ChatRequest, Limits, Resolver, parse
         from ecache_cli.serve.scheduler import Scheduler
 
-        self.mode, self.n, self.prompts, self.clock = mode, n, prompts, clock
+        self.mode, self.n, self.clock = mode, n, clock
+        self.domains = [prompts[(offset + i) % len(prompts)][0] for i in range(n)]  # request i's domain
         self.sched = sched = Scheduler(lm, ServeMetrics(), args.max_batch, 100000, mode, clock=clock)
         resolver = Resolver(sched.engine, lm, settings, Limits(max_prompt_tokens=4096, model_name=args.model))
 
         def request(i: int):
-            messages = [{"role": "user", "content": prompts[i % len(prompts)][1]}]
+            messages = [{"role": "user", "content": prompts[(offset + i) % len(prompts)][1]}]
             req = parse(ChatRequest, {"model": args.model, "messages": messages, "max_tokens": args.max_tokens,
                                       "temperature": 0, "policy": args.policy, "seed": i})
             return resolver.job(req, "chat", resolver.chat_ids(req))
@@ -236,14 +242,14 @@ class Pass:
 
     def result(self, rate: float) -> dict:
         """The pass's measures at ``rate`` (module docstring)."""
-        sched, jobs, n, prompts = self.sched, self.jobs, self.n, self.prompts
+        sched, jobs, n = self.sched, self.jobs, self.n
         # requests that joined rows already running (fcfs: none; always: most; auto: the joins its model approved)
         joined = sched.metrics.registry.get_sample_value("ecache_admissions_total", {"decision": "joined"}) or 0.0
         lat = [self.done_at[id(j)] - j.arrived for j in jobs]
         span = max(self.done_at.values()) - min(j.arrived for j in jobs)
         busy = sum(s for s, _ in self.steps)
-        by_domain = {d: pct([x for x, (dom, _) in zip(lat, (prompts[i % len(prompts)] for i in range(n)))
-                             if dom == d], 0.95) for d in dict.fromkeys(dom for dom, _ in prompts[:n])}
+        by_domain = {d: pct([x for x, dom in zip(lat, self.domains) if dom == d], 0.95)
+                     for d in dict.fromkeys(self.domains)}
         return {"mode": self.mode, "rate": rate, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95),
                 "p95_by_domain": by_domain, "throughput": n / span, "steps": len(self.steps),
                 "rows_per_step": statistics.mean(r for _, r in self.steps), "busy_s": busy,
@@ -251,7 +257,7 @@ class Pass:
                 "two_forward": sum(f >= 2 for f in self.forwards) / len(self.forwards),
                 "cost": {"base": sched.cost.base, "per_row": sched.cost.per_row,
                          "per_position": sched.cost.per_position},
-                "observed": self.observed}
+                "observed": self.observed, "latencies": list(zip(lat, self.domains))}
 
 
 def drive(passes: list[Pass], times: list[float]) -> None:
@@ -313,28 +319,29 @@ def serve_wall(p: Pass, rate: float, seed: int, burst: bool) -> None:
 
 
 def passes_at(lm, settings, prompts, args, modes: list[str], rate: float, seed: int, n: int,
-              burst: bool = False, times: list[float] | None = None) -> list[dict]:
+              burst: bool = False, times: list[float] | None = None, offset: int = 0) -> list[dict]:
     """One pass per entry of ``modes`` (a mode may repeat), ``n`` requests at ``rate``/s on the seeded
-    Poisson schedule of ``seed`` (``times``: these arrival times instead, seconds after ready); their
-    measures (:meth:`Pass.result`), in order. ``burst``: the ``n`` requests arrive together when the
-    scheduler is ready (its first batch takes ``max_batch`` of them at once; ``rate`` unused).
+    Poisson schedule of ``seed`` (``times``: these arrival times instead, seconds after ready), request
+    ``i`` asking ``prompts[(offset + i) % len(prompts)]``; their measures (:meth:`Pass.result`), in order.
+    ``burst``: the ``n`` requests arrive together when the scheduler is ready (its first batch takes
+    ``max_batch`` of them at once; ``rate`` unused).
     ``args.clock`` ``wall``: the passes one after another, each served by its engine thread as the
     real time passes; ``cpu``: all of them together on this thread, by :func:`drive`."""
     if args.clock == "cpu":
-        passes = [Pass(lm, settings, prompts, args, mode, n, CpuClock()) for mode in modes]
+        passes = [Pass(lm, settings, prompts, args, mode, n, CpuClock(), offset) for mode in modes]
         drive(passes, [0.0] * n if burst else times if times is not None else arrival_times(n, rate, seed))
     else:
         passes = []
         for mode in modes:
-            passes.append(Pass(lm, settings, prompts, args, mode, n, time.monotonic))
+            passes.append(Pass(lm, settings, prompts, args, mode, n, time.monotonic, offset))
             serve_wall(passes[-1], rate, seed, burst)
     return [p.result(rate) for p in passes]
 
 
 def one_pass(lm, settings, prompts, args, mode: str, rate: float, seed: int, n: int, burst: bool = False,
-             times: list[float] | None = None) -> dict:
+             times: list[float] | None = None, offset: int = 0) -> dict:
     """The measures of one pass of ``mode`` (:func:`passes_at`)."""
-    return passes_at(lm, settings, prompts, args, [mode], rate, seed, n, burst, times)[0]
+    return passes_at(lm, settings, prompts, args, [mode], rate, seed, n, burst, times, offset)[0]
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -356,7 +363,11 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--rates", default="4,8", help="arrival rates, requests/s, or <f>x: that fraction of the "
                     "static capacity measured first (default 4,8)")
     ap.add_argument("--n", type=int, default=40, help="requests per pass (default 40)")
-    ap.add_argument("--repeats", type=int, default=2, help="passes per mode and rate, order alternating (default 2)")
+    ap.add_argument("--repeats", type=int, default=2, help="passes per mode, rate and schedule, order alternating "
+                    "(default 2)")
+    ap.add_argument("--schedules", type=int, default=1, help="seeded Poisson arrival schedules per rate, each with "
+                    "the prompts rotated on by --n; every mode serves each, and the targets read the latencies "
+                    "of all its passes pooled (default 1)")
     ap.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch (default 16)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--seed", type=int, default=1, help="prompt sample and arrival schedule (default 1)")
@@ -397,7 +408,7 @@ def parse(argv=None) -> argparse.Namespace:
 
     if args.policy not in POLICIES:
         ap.error(f"--policy {args.policy!r} is not a cache policy; use one of {', '.join(POLICIES)}")
-    check_at_least(ap, args, dict(n=2, repeats=1, max_batch=1, threads=1, max_tokens=1, shots=0))
+    check_at_least(ap, args, dict(n=2, repeats=1, schedules=1, max_batch=1, threads=1, max_tokens=1, shots=0))
     if args.steps_log is not None and not args.steps_log.parent.is_dir():
         ap.error(f"--steps-log {args.steps_log}: no folder {args.steps_log.parent}; create it or name another file")
     if args.clock not in ("wall", "cpu"):
@@ -451,24 +462,33 @@ def main() -> None:
     modes = args.admission
     rows = []
     steps_log = open(args.steps_log, "w", encoding="utf-8") if args.steps_log else None  # noqa: SIM115
+    latencies = {}  # (mode, rate) -> [(seconds, domain)] over every schedule and repeat
+    per_schedule = {}  # schedule -> the same, that schedule's passes only
     for i, rate in enumerate(rates):
-        # rotating order: each mode goes first once (with --clock cpu the passes of a rate run together)
+        # rotating order: each mode goes first once (with --clock cpu the passes of a schedule run together)
         order = [(rep, mode) for rep in range(args.repeats)
                  for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]]
-        if args.clock == "cpu":
-            done = passes_at(lm, settings, prompts, args, [m for _, m in order], rate, args.seed * 1000 + i, args.n)
-        else:
-            done = (one_pass(lm, settings, prompts, args, m, rate, args.seed * 1000 + i, args.n) for _, m in order)
-        for (rep, mode), r in zip(order, done):
-            r["repeat"] = rep
-            observed = r.pop("observed")
-            if steps_log is not None:  # a pass a line, flushed, so a run cut short keeps the passes done
-                steps_log.write(json.dumps({"mode": mode, "rate": rate, "repeat": rep, "steps": observed}) + "\n")
-                steps_log.flush()
-            rows.append(r)
-            print(f"{mode:>6} rate {rate:g}/s pass {rep}: p50 {r['p50']:.3f} s, p95 {r['p95']:.3f} s, "
-                  f"{r['throughput']:.2f} req/s, {r['steps']} steps, {r['rows_per_step']:.2f} rows/step, "
-                  f"{r['ms_per_step']:.2f} ms/step, {r['two_forward']:.2f} two-forward", file=sys.stderr, flush=True)
+        for sch in range(args.schedules):
+            seed, offset = args.seed * 1000 + i + 7919 * sch, sch * args.n  # schedule 0: the one-schedule run's
+            if args.clock == "cpu":
+                done = passes_at(lm, settings, prompts, args, [m for _, m in order], rate, seed, args.n, offset=offset)
+            else:
+                done = (one_pass(lm, settings, prompts, args, m, rate, seed, args.n, offset=offset) for _, m in order)
+            for (rep, mode), r in zip(order, done):
+                r["repeat"], r["schedule"] = rep, sch
+                observed = r.pop("observed")
+                mine = r.pop("latencies")
+                latencies.setdefault((mode, rate), []).extend(mine)
+                per_schedule.setdefault(sch, {}).setdefault((mode, rate), []).extend(mine)
+                if steps_log is not None:  # a pass a line, flushed, so a run cut short keeps the passes done
+                    steps_log.write(json.dumps({"mode": mode, "rate": rate, "repeat": rep, "schedule": sch,
+                                                "steps": observed}) + "\n")
+                    steps_log.flush()
+                rows.append(r)
+                print(f"{mode:>6} rate {rate:g}/s schedule {sch} pass {rep}: p50 {r['p50']:.3f} s, "
+                      f"p95 {r['p95']:.3f} s, {r['throughput']:.2f} req/s, {r['steps']} steps, "
+                      f"{r['rows_per_step']:.2f} rows/step, {r['ms_per_step']:.2f} ms/step, "
+                      f"{r['two_forward']:.2f} two-forward", file=sys.stderr, flush=True)
     domains = list(dict.fromkeys(args.domains))
     extra = "".join(f" {'p95 ' + d:>10}" for d in domains) if len(domains) > 1 else ""
     print(f"\n{'admission':>9} {'rate/s':>6} {'pass':>4} {'p50 s':>6} {'p95 s':>6}{extra} {'req/s':>6} {'steps':>5} "
@@ -481,63 +501,85 @@ def main() -> None:
     spread = {f"{rate:g}": spread_at(rows, rate) for rate in rates}
     if args.repeats > 1:
         print("\npasses of one mode, slowest over fastest (the run's noise):", json.dumps(spread))
-    targets = {f"{rate:g}": targets_at(rows, rate, domains) for rate in rates}
-    print("\ntargets:", json.dumps(targets))
+    targets = {f"{rate:g}": targets_at(latencies, rate, domains) for rate in rates}
+    if args.schedules > 1:
+        about["by_schedule"] = {f"{rate:g}": by_schedule(per_schedule, rate, domains) for rate in rates}
+        print("\neach schedule alone:", json.dumps(about["by_schedule"]))
+    print("\ntargets (every pass pooled):", json.dumps(targets))
     if args.size:
-        about["gpu_expectation"] = {f"{rate:g}": continuous_over_static(rows, rate) for rate in rates}
+        about["gpu_expectation"] = {f"{rate:g}": continuous_over_static(latencies, rate) for rate in rates}
         print("expectation on a GPU, continuous p95 ≤ 0.6× static's:", json.dumps(about["gpu_expectation"]))
     print(json.dumps({"bench": "serve_sim", "date": time.strftime("%Y-%m-%d"), "model": args.model,
                       "clock": args.clock, "profile": args.profile, "policy": args.policy, "domains": args.domains,
                       "shots": args.shots,
                       "max_tokens": args.max_tokens, "n": args.n, "threads": args.threads,
-                      "max_batch": args.max_batch, "wall_s": time.time() - t_start, "rows": rows,
+                      "max_batch": args.max_batch, "schedules": args.schedules, "wall_s": time.time() - t_start,
+                      "rows": rows,
                       "targets": targets, "spread": spread, **about}))
     if steps_log is not None:
         steps_log.close()
 
 
 def spread_at(rows: list[dict], rate: float) -> dict:
-    """Per mode at ``rate``: the slowest over the fastest of its passes' p50 and p95 (1.0 with one pass).
-    Passes of one mode get the same requests on the same schedule, so this is the machine's noise, the
-    resolution a comparison of the modes has in this run."""
+    """Per mode at ``rate``: the slowest over the fastest of its passes' p50 and p95 on one schedule, the
+    largest over the schedules (1.0 with one pass a schedule). Passes of one mode on one schedule get the
+    same requests at the same times, so this is the machine's noise, the resolution a comparison of the
+    modes has in this run."""
     out = {}
     for mode in dict.fromkeys(r["mode"] for r in rows):
         mine = [r for r in rows if r["mode"] == mode and r["rate"] == rate]
-        out[mode] = {k: max(r[k] for r in mine) / min(r[k] for r in mine) for k in ("p50", "p95")}
+        schedules = [[r for r in mine if r.get("schedule", 0) == s]
+                     for s in dict.fromkeys(r.get("schedule", 0) for r in mine)]
+        out[mode] = {k: max(max(r[k] for r in one) / min(r[k] for r in one) for one in schedules)
+                     for k in ("p50", "p95")}
     return out
 
 
-def continuous_over_static(rows: list[dict], rate: float) -> dict:
-    """Continuous (``always``) over static (``fcfs``) batching's p95 at ``rate``, the medians over the
-    repeats, and ``met`` when it is ≤ 0.6 (the expectation on a GPU, issue 53); {} when a mode is missing."""
-    def med(mode: str) -> float | None:
-        xs = [r["p95"] for r in rows if r["mode"] == mode and r["rate"] == rate]
-        return statistics.median(xs) if xs else None
+def pooled(latencies: dict, mode: str, rate: float, q: float, domain: str | None = None) -> float | None:
+    """The ``q`` quantile of every latency of ``mode``'s passes at ``rate`` (all schedules and repeats;
+    ``domain``: its requests only); None when the mode has none. ``latencies``: (mode, rate) ->
+    [(seconds, domain)]. One quantile over the pooled requests (60 × 5 schedules: the p95 is the 15th
+    largest of 300) varies far less between runs than one over a pass (the 3rd largest of 60)."""
+    xs = [t for t, d in latencies.get((mode, rate), []) if domain is None or d == domain]
+    return pct(xs, q) if xs else None
 
-    if med("always") is None or med("fcfs") is None:
+
+def continuous_over_static(latencies: dict, rate: float) -> dict:
+    """Continuous (``always``) over static (``fcfs``) batching's p95 at ``rate``, pooled over their passes
+    (:func:`pooled`), and ``met`` when it is ≤ 0.6 (the expectation on a GPU, issue 53); {} when a mode
+    is missing."""
+    always, fcfs = pooled(latencies, "always", rate, 0.95), pooled(latencies, "fcfs", rate, 0.95)
+    if always is None or fcfs is None:
         return {}
-    ratio = med("always") / med("fcfs")
-    return {"always_p95_over_fcfs": ratio, "met": ratio <= 0.6}
+    return {"always_p95_over_fcfs": always / fcfs, "met": always / fcfs <= 0.6}
 
 
-def targets_at(rows: list[dict], rate: float, domains: list[str]) -> dict:
-    """The admission targets at ``rate`` from the medians over the repeats (module docstring): ratios
-    of ``auto`` to the better of ``always`` and ``fcfs``, and of the first domain's p95 under ``auto``
-    to ``fcfs``'s; ``met`` when every ratio holds. {} when a mode is missing."""
-    def med(mode: str, key, domain: str | None = None) -> float | None:
-        xs = [r["p95_by_domain"][domain] if domain else r[key] for r in rows if r["mode"] == mode and r["rate"] == rate]
-        return statistics.median(xs) if xs else None
-
-    if any(med(m, "p50") is None for m in ("always", "fcfs", "auto")):
+def targets_at(latencies: dict, rate: float, domains: list[str]) -> dict:
+    """The admission targets at ``rate`` from each mode's latencies pooled over its passes (:func:`pooled`;
+    module docstring): ratios of ``auto``'s p50 and p95 to the better of ``always`` and ``fcfs``, and of
+    the first domain's p95 under ``auto`` to ``fcfs``'s; ``met`` when every ratio holds. {} when a mode is
+    missing."""
+    if any(pooled(latencies, m, rate, 0.5) is None for m in ("always", "fcfs", "auto")):
         return {}
-    out = {f"auto_{k}_over_best": med("auto", k) / min(med("always", k), med("fcfs", k)) for k in ("p50", "p95")}
+    out = {}
+    for k, q in (("p50", 0.5), ("p95", 0.95)):
+        best = min(pooled(latencies, "always", rate, q), pooled(latencies, "fcfs", rate, q))
+        out[f"auto_{k}_over_best"] = pooled(latencies, "auto", rate, q) / best
     ok = all(v <= 1.05 for v in out.values())
     if len(domains) > 1:
         short = domains[0]
-        out["auto_short_p95_over_fcfs"] = med("auto", None, short) / med("fcfs", None, short)
+        out["auto_short_p95_over_fcfs"] = (pooled(latencies, "auto", rate, 0.95, short)
+                                           / pooled(latencies, "fcfs", rate, 0.95, short))
         ok = ok and out["auto_short_p95_over_fcfs"] <= 0.8
     out["met"] = ok
     return out
+
+
+def by_schedule(latencies_of: dict, rate: float, domains: list[str]) -> list[dict]:
+    """The targets of each schedule alone (:func:`targets_at` over that schedule's passes):
+    ``latencies_of`` maps a schedule to its (mode, rate) -> [(seconds, domain)]. How far they spread is
+    how much one schedule of ``--n`` requests can say."""
+    return [targets_at(lat, rate, domains) for _, lat in sorted(latencies_of.items())]
 
 
 if __name__ == "__main__":

@@ -413,6 +413,9 @@ def test_a_mid_block_join_is_tried_until_mixed_steps_are_measured():
         for n in (1, 2):
             cost.observe(2e-3 * n, n, 40.0 * n, "g")
     assert not cost.mixed_measured() and joins([Row(20, "g", 5)], "g", [32.0], 0.0, 0, cost)
+    # beside rows already at two phases the comparison decides: a third phase would spread the mixed
+    # steps over more row counts before any count is measured
+    assert not joins([Row(20, "g", 5), Row(24, "g", 12)], "g", [32.0], 0.0, 0, cost)
     for _ in range(10):
         cost.observe(6e-3, 2, 80.0, "g", mixed=True)  # 1.5× a step in step
     assert cost.mixed_measured() and cost.mixed_ratio(2) == pytest.approx(1.5)

@@ -22,6 +22,7 @@ def sim():
     (["--rates", "4,x"], "--rates '4,x' is not a list of numbers; give requests/s, e.g. --rates 4,8"),
     (["--rates", "4,0"], "--rates 4,0: every rate must be > 0 requests/s"),
     (["--n", "1"], "--n 1 must be ≥ 2"),
+    (["--schedules", "0"], "--schedules 0 must be ≥ 1"),
     (["--max-batch", "0"], "--max-batch 0 must be ≥ 1"),
     (["--shots", "-1"], "--shots -1 must be ≥ 0"),
     (["--policy", "fast"], "--policy 'fast' is not a cache policy; use one of none, "),
@@ -116,13 +117,61 @@ def test_random_checkpoint_serves_the_embedded_tokens_and_a_burst_is_one_batch(s
     assert len(seen) == 24 + r["steps"] and all(s > 0 and p > 0 for s, _, p, *_ in seen)
 
 
-def test_continuous_over_static_is_the_ratio_of_the_median_p95s(sim):
-    rows = [{"mode": m, "rate": 5.0, "p95": p} for m, p in
-            [("always", 1.0), ("always", 3.0), ("fcfs", 4.0), ("fcfs", 6.0), ("auto", 9.0)]]
-    assert sim.continuous_over_static(rows, 5.0) == {"always_p95_over_fcfs": 2.0 / 5.0, "met": True}
-    rows[0]["p95"] = 5.0
-    assert sim.continuous_over_static(rows, 5.0) == {"always_p95_over_fcfs": 4.0 / 5.0, "met": False}
-    assert sim.continuous_over_static(rows, 6.0) == {}
+def test_continuous_over_static_is_the_ratio_of_the_pooled_p95s(sim):
+    # 20 latencies a mode: the p95 is the largest
+    lat = {("always", 5.0): [(0.1 * i, "list") for i in range(1, 21)],  # p95 2.0
+           ("fcfs", 5.0): [(0.2 * i, "list") for i in range(1, 21)]}   # p95 4.0
+    assert sim.continuous_over_static(lat, 5.0) == {"always_p95_over_fcfs": pytest.approx(0.5), "met": True}
+    lat[("always", 5.0)] = [(0.19 * i, "list") for i in range(1, 21)]
+    assert sim.continuous_over_static(lat, 5.0) == {"always_p95_over_fcfs": pytest.approx(0.95), "met": False}
+    assert sim.continuous_over_static(lat, 6.0) == {}
+
+
+def test_targets_read_each_modes_latencies_pooled_over_its_passes(sim):
+    """Two passes of `auto` whose own p95s are both above `fcfs`'s meet the target once pooled: the p95 of
+    the pooled requests is not the median of the passes' p95s."""
+    fast = [(0.1 * i, "list") for i in range(1, 20)]  # 19 latencies 0.1 .. 1.9
+    # pooled over two passes (40 latencies): the p95 is the 38th smallest, 1.9 for fcfs, p50 1.0
+    lat = {("fcfs", 8.0): [(0.1 * i, "list") for i in range(1, 21)] * 2,
+           ("always", 8.0): [(0.2 * i, "list") for i in range(1, 21)] * 2,
+           ("auto", 8.0): fast + [(5.0, "list")] + fast + [(4.0, "list")]}
+    # each auto pass alone (20 latencies: the p95 is the largest) is far above fcfs's pass (2.0)
+    assert [sim.pct([t for t, _ in fast + [(x, "list")]], 0.95) for x in (5.0, 4.0)] == [5.0, 4.0]
+    assert sim.pct([0.1 * i for i in range(1, 21)], 0.95) == pytest.approx(2.0)
+    t = sim.targets_at(lat, 8.0, ["list"])
+    assert t["auto_p95_over_best"] == pytest.approx(1.9 / 1.9) and t["auto_p50_over_best"] == pytest.approx(1.0)
+    assert t["met"] is True
+    lat[("auto", 8.0)] = [(x * 1.1, d) for x, d in lat[("fcfs", 8.0)]]
+    t = sim.targets_at(lat, 8.0, ["list"])
+    assert t["auto_p50_over_best"] == pytest.approx(1.1) and t["met"] is False
+    # mixed lengths: the first domain's p95 under auto against fcfs's
+    lat = {(m, 3.0): [(1.0, "list"), (2.0, "arith")] * 10 for m in ("always", "fcfs")}
+    lat[("auto", 3.0)] = [(0.7, "list"), (2.0, "arith")] * 10
+    t = sim.targets_at(lat, 3.0, ["list", "arith"])
+    assert t["auto_short_p95_over_fcfs"] == pytest.approx(0.7) and t["met"] is True
+    assert sim.targets_at({("auto", 3.0): [(1.0, "list")]}, 3.0, ["list"]) == {}  # a mode missing
+
+
+def test_spread_is_taken_within_each_schedule(sim):
+    """Two schedules of one mode differ by their arrivals, not by the machine: the spread compares the
+    passes of one schedule only."""
+    rows = [{"mode": "fcfs", "rate": 8.0, "schedule": 0, "p50": 0.2, "p95": 0.4},
+            {"mode": "fcfs", "rate": 8.0, "schedule": 0, "p50": 0.22, "p95": 0.4},
+            {"mode": "fcfs", "rate": 8.0, "schedule": 1, "p50": 0.6, "p95": 0.9},
+            {"mode": "fcfs", "rate": 8.0, "schedule": 1, "p50": 0.6, "p95": 0.99}]
+    assert sim.spread_at(rows, 8.0)["fcfs"] == pytest.approx({"p50": 1.1, "p95": 1.1})
+
+
+def test_schedules_rotate_the_prompts_and_draw_new_arrivals(sim, tiny_cpu):
+    """Schedule k asks the prompts from k·n on (offset) and draws its own Poisson arrivals."""
+    args, lm, settings, prompts = tiny_cpu
+    assert sim.parse(["--schedules", "3"]).schedules == 3 and sim.parse([]).schedules == 1
+    p0 = sim.Pass(lm, settings, prompts, args, "fcfs", 6, sim.CpuClock())
+    p1 = sim.Pass(lm, settings, prompts, args, "fcfs", 3, sim.CpuClock(), offset=3)
+    assert p1.domains == p0.domains[3:6]
+    assert [p1.request(i).prompt_ids for i in range(3)] == [p0.request(i).prompt_ids for i in range(3, 6)]
+    assert p1.request(0).prompt_ids != p0.request(0).prompt_ids
+    assert sim.arrival_times(5, 8.0, 1) != sim.arrival_times(5, 8.0, 1 + 7919)
 
 
 def test_scheduler_waits_for_a_cuda_steps_kernels_before_timing_it(monkeypatch):

@@ -487,15 +487,18 @@ def joins(running: list[Row], group, sizes: list[float], join_cost: float, behin
     (:meth:`StepHistory.sizes`: its equally likely lengths); ``join_cost``, ``behind``, ``arrivals``
     as :func:`admit`, which decides by ``cost``'s curves. Before that, a head joins that would join its
     group's rows at the start of their blocks (in step) at a width the group has not run
-    (:meth:`StepCost.seen`), or mid-block while no mixed step has been measured
-    (:meth:`StepCost.mixed_measured`), so that the next decision rests on measured steps rather than
-    on the fit's shape or the mixed prior alone; and a head expected to end before the running rows
+    (:meth:`StepCost.seen`), or mid-block beside rows all at one phase while no mixed step has been
+    measured (:meth:`StepCost.mixed_measured`), so that the next decision rests on measured steps rather
+    than on the fit's shape or the mixed prior alone (one such join makes the mixed steps it needs; a
+    third phase would spread them over more row counts, and on one CPU thread up to 10 heads a pass joined
+    so before the first count was measured); and a head expected to end before the running rows
     (:func:`ends_first`) joins."""
     mine = [r for r in running if r.group == group]
     n = len(mine) + 1
     if n > 1 and all(r.phase == 0 for r in mine) and not cost.seen(group, n):
         return True
-    if n > 1 and any(r.phase != 0 for r in mine) and not cost.mixed_measured():
+    phases = {r.phase for r in mine}
+    if len(phases) == 1 and 0 not in phases and not cost.mixed_measured():  # one phase, mid-block
         return True
     if ends_first(running, sizes):
         return True
