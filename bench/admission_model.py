@@ -85,15 +85,22 @@ def simulate(mode: str, arrivals: list[tuple[float, int]], args) -> list[tuple[f
         else:
             running = [Row(history.remaining(GROUP, r[1], args.bound, per_block), GROUP, r[1] % per_block)
                        for r in rows] if mode == "auto" else []
-            idle, held, k = not rows, False, 0
+            idle, held, k = not rows, None, 0
             while k < len(queue) and len(rows) + len(taken) < args.max_batch:
                 if mode == "auto" and not idle:  # the scheduler's _take: a held head, and the requests that pass it
                     sizes = history.sizes(GROUP, args.bound)
                     rate = (len(recent) - 1) / max(t - recent[0], 1e-3) if len(recent) > 1 else 0.0
-                    if not (ends_first(running, sizes) if held else
+                    if not (ends_first(running, sizes) if held is not None else
                             joins(running, GROUP, sizes, join_est(), len(queue) - 1, cost, rate)):
-                        held, k = True, k + 1
+                        held, k = (queue[k] if held is None else held), k + 1
                         continue
+                    if held is not None:  # the held head starts with the request that passes it
+                        running.append(Row(history.remaining(GROUP, 0, args.bound, per_block), GROUP, 0))
+                        taken.append(held)
+                        queue.remove(held)
+                        held, k = None, k - 1
+                        if len(rows) + len(taken) >= args.max_batch:
+                            break
                     running.append(Row(history.remaining(GROUP, 0, args.bound, per_block), GROUP, 0))
                 taken.append(queue[k])
                 del queue[k]

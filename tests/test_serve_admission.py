@@ -228,7 +228,7 @@ def test_a_count_whose_mean_falls_below_a_smaller_ones_is_pooled_so_rows_never_l
         for i in range(10):
             stalled = n == 3 and i in (4, 8)
             cost.observe(cpu_phases("g", n) * (8.0 if stalled else 1.0), n, 40.0 * n, "g")
-    means = {n: t / w for (n, _), (w, t) in cost._groups["g"].items()}
+    means = {n: t / w for (n, _), (w, t, _) in cost._groups["g"].items()}
     assert means[3] > means[4]  # the raw means fall from 3 to 4 rows
     curve = [cost.curve("g", n) for n in (1, 2, 3, 4)]
     assert curve[:2] == pytest.approx([means[1], means[2]])  # counts in order keep their own means
@@ -274,6 +274,46 @@ def test_on_a_cpu_a_request_joins_at_a_block_start_and_waits_mid_block():
         cost.observe(cpu_phases("g", 2, True), 2, 80.0, "g", mixed=True)
     assert admit([Row(32, "g", 0)], head, 0.0, 0, cost.curve)
     assert not admit([Row(32, "g", 10)], head, 0.0, 0, cost.curve)
+
+
+def test_a_mid_block_join_counts_the_requests_expected_before_the_running_rows_end():
+    """Four rows 16 steps into their block; a 32-step head. Joining runs all mixed (1.27× a step); waiting
+    starts the head, with the requests arriving meanwhile, in step once the four have left. On a GPU
+    (20 ms a step, 0.2 ms a row) the head alone would wait (the mixed steps cost the four more than it
+    saves), but with two requests queued behind it joining saves them the wait too; on one CPU thread
+    (a step in proportion to its rows) it waits either way."""
+    def mixed(base, row):
+        return lambda g, n, m=False: (base + row * n) * (1.27 if m and n > 1 else 1.0) if n else 0.0
+
+    running = [Row(16, "g", 16)] * 4
+    on_gpu, on_cpu = mixed(20e-3, 2e-4), mixed(0.0, 2e-3)
+    assert not admit(running, Row(32, "g"), 0.0, 0, on_gpu)
+    assert admit(running, Row(32, "g"), 0.0, 2, on_gpu)
+    assert admit(running, Row(32, "g"), 0.0, 0, on_gpu, arrivals=8.0)  # 8/s over the four's 0.33 s: ~3
+    assert not admit(running, Row(32, "g"), 0.0, 0, on_cpu)
+    assert not admit(running, Row(32, "g"), 0.0, 2, on_cpu)
+
+
+def test_the_mixed_ratio_compares_each_kind_with_the_fits_expectation():
+    """Steps whose time follows their positions (1 ms + 80 µs a position): in-step steps of 2 rows at 50-80
+    positions, mixed steps 1.2× their expectation at 56, as beside a row near its end. Their mean per step
+    is within 6 % of the in-step one's; against the fit's expectation of each kind's rows and positions
+    the ratio is the 1.2 they cost more."""
+    cost = StepCost()
+    for _ in range(10):
+        for n in (1, 3):
+            cost.observe(1e-3 + 80e-6 * 33 * n, n, 33.0 * n, "g")
+        for pos in (50.0, 66.0, 80.0):
+            cost.observe(1e-3 + 80e-6 * pos, 2, pos, "g")
+        cost.observe(1.2 * (1e-3 + 80e-6 * 56), 2, 56.0, "g", mixed=True)
+    (wm, tm, _), (wa, ta, _) = cost._groups["g"][(2, True)], cost._groups["g"][(2, False)]
+    assert (tm / wm) / (ta / wa) < 1.06  # per step: hardly dearer than in step
+    assert cost.mixed_ratio(2, "g") == pytest.approx(1.2, rel=0.02)
+    assert cost.curve("g", 2, True) == pytest.approx(cost.mixed_ratio(2, "g") * cost.curve("g", 2))
+    # a group that has run no mixed step takes every group's ratio at the nearest count
+    for _ in range(10):
+        cost.observe(1e-3 + 80e-6 * 99, 3, 99.0, "h")
+    assert cost.mixed_ratio(3, "h") == pytest.approx(cost.mixed_ratio(2, "g"))
 
 
 def test_the_scheduler_reads_a_rows_phase_and_a_steps_mixedness():

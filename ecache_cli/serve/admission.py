@@ -79,16 +79,16 @@ class StepCost:
     another, and a step of such *mixed* rows costs more than one of as many rows in step (its partial
     forward runs at the widest row's targets, and each row's block start and refreshes run as forwards
     of their own). Mixed steps are kept apart: they do not enter the fit, and :meth:`curve` prices them
-    by their own mean, or by the aligned curve times :meth:`mixed_ratio`."""
+    as the aligned curve times :meth:`mixed_ratio`, measured against the fit's expectation of each step."""
 
     def __init__(self, prior: tuple[float, float, float] = (1e-3, 1e-3, 1e-6)):
         self.prior = [prior[0], prior[1], prior[2] * POSITION_UNIT]
         self._by_rows: dict[int, list] = {}  # rows -> [xx (3×3), xy (3), weight, weighted positions]
         self.steps = 0
         self.coef = list(self.prior)
-        # group -> (rows, mixed) -> [weight, weighted seconds]
+        # group -> (rows, mixed) -> [weight, weighted seconds, weighted positions]
         self._groups: dict[object, dict[tuple[int, bool], list[float]]] = {}
-        self._all: dict[tuple[int, bool], list[float]] = {}  # (rows, mixed) -> [weight, weighted seconds], every group
+        self._all: dict[tuple[int, bool], list[float]] = {}  # the same over every group
         # what :meth:`curve` and :meth:`positions` answered since the last step observed: a decision asks
         # for the same few curves hundreds of times, and on one CPU thread its time delays the next step
         self._memo: dict = {}
@@ -101,10 +101,12 @@ class StepCost:
         the same step of their blocks (kept apart from the fit)."""
         self._memo.clear()
         own = max(seconds - joins, 0.0)
+        # the positions those first forwards computed come out with their seconds (priced per position)
+        left = max(positions - joins / self.per_position, 0.0) if joins and self.per_position > 0 else positions
         for table in ([self._all] + ([self._groups.setdefault(group, {})] if group is not None else [])):
-            w, t = table.get((rows, mixed), (0.0, 0.0))
+            w, t, p = table.get((rows, mixed), (0.0, 0.0, 0.0))
             cut = min(own, CLIP * t / w) if w >= MIN_SEEN else own
-            table[(rows, mixed)] = [FORGET * w + 1.0, FORGET * t + cut]
+            table[(rows, mixed)] = [FORGET * w + 1.0, FORGET * t + cut, FORGET * p + left]
         if mixed:
             return
         x = (1.0, float(rows), positions / POSITION_UNIT)
@@ -174,25 +176,37 @@ class StepCost:
     def mixed_measured(self) -> bool:
         """Whether :meth:`mixed_ratio` rests on measured steps (at some count, :data:`MIN_SEEN` mixed
         steps and as many in step), not on :data:`MIXED_PRIOR`."""
-        return any(m and w >= MIN_SEEN and self._all.get((n, False), (0.0,))[0] >= MIN_SEEN
-                   for (n, m), (w, _) in self._all.items())
+        return any(m and _both_seen(self._all, n) for n, m in self._all)
 
-    def mixed_ratio(self, rows: int) -> float:
-        """A mixed step of ``rows`` rows over one of as many rows in step (≥ 1): the ratio of the two
-        weighted means over every group's steps, at the nearest count where both were seen
-        (:data:`MIN_SEEN` steps each); :data:`MIXED_PRIOR` before."""
-        both = [n for (n, m), (w, _) in self._all.items()
-                if m and w >= MIN_SEEN and self._all.get((n, False), (0.0,))[0] >= MIN_SEEN]
+    def mixed_ratio(self, rows: int, group=None) -> float:
+        """A mixed step of ``rows`` rows over one of as many rows in step (≥ 1), each kind's seconds taken
+        over what the fit expects of its steps' rows and positions: the group's own at that
+        count when it has run both there (:data:`MIN_SEEN` steps each), else every group's at the nearest
+        count where both were seen; :data:`MIXED_PRIOR` before. Against the fit, because the mixed steps a
+        server runs are not a fair sample of its steps: ``auto`` joins mid-block mostly beside a row near
+        its end, whose steps compute fewer positions (2 rows: 56 positions a mixed step against 66 in step,
+        one CPU thread), so their mean per step priced a mixed step at 1.00-1.07× one in step where
+        ``always``'s, which mixes every phase, measured 1.15×."""
+        own = self._groups.get(group, {})
+        if _both_seen(own, rows):
+            return self._over_fit(own, rows)
+        both = [n for (n, m) in self._all if m and _both_seen(self._all, n)]
         if not both:
             return MIXED_PRIOR
-        n = min(both, key=lambda k: (abs(k - rows), k))
-        (wm, tm), (wa, ta) = self._all[(n, True)], self._all[(n, False)]
-        return max((tm / wm) / max(ta / wa, 1e-12), 1.0)
+        return self._over_fit(self._all, min(both, key=lambda k: (abs(k - rows), k)))
+
+    def _over_fit(self, table: dict, rows: int) -> float:
+        """At ``rows`` rows in ``table``: the mixed steps' seconds over what the fit expects of their rows
+        and positions, over the same for the steps in step (≥ 1)."""
+        def over(mixed: bool) -> float:
+            w, t, p = table[(rows, mixed)]
+            return t / max(w * (self.base + self.per_row * rows) + self.per_position * p, 1e-12)
+
+        return max(over(True) / max(over(False), 1e-12), 1.0)
 
     def curve(self, group, rows: int, mixed: bool = False) -> float:
         """The expected seconds of a step of ``rows`` rows of a run of ``group`` (``mixed``: not all
-        at the same step of their blocks): for a mixed step, the group's own mixed steps at that count
-        (weighted mean) when :meth:`seen`, else the step in step times :meth:`mixed_ratio`. In step:
+        at the same step of their blocks): for a mixed step, the step in step times :meth:`mixed_ratio`. In step:
         the group's own steps at that count when :meth:`seen`; else its own at the nearest count seen,
         scaled by the fit's ratio between the two counts (the fit gives the shape, the group its level:
         a long prompt's steps cost more than the positions they compute say); else the fit."""
@@ -205,10 +219,7 @@ class StepCost:
 
     def _curve(self, group, rows: int, mixed: bool) -> float:
         if mixed and rows > 1:
-            if self.seen(group, rows, True):  # never below a step of as many rows in step
-                w, t = self._groups[group][(rows, True)]
-                return max(t / w, self.curve(group, rows))
-            return self.curve(group, rows) * self.mixed_ratio(rows)
+            return self.curve(group, rows) * self.mixed_ratio(rows, group)
         if ("own", group) not in self._memo:
             self._memo[("own", group)] = self._own(group)
         own = self._memo[("own", group)]
@@ -236,7 +247,7 @@ class StepCost:
         each count weighted by its steps), and a pooled run of counts takes the fit's shape at the
         pooled level: its seconds over the fit's for the same steps."""
         blocks: list[list] = []  # [counts, weight, weighted seconds, the fit's weighted seconds]
-        for (n, m), (w, t) in sorted(self._groups.get(group, {}).items()):
+        for (n, m), (w, t, _) in sorted(self._groups.get(group, {}).items()):
             if m or w < MIN_SEEN:
                 continue
             blocks.append([[n], w, t, w * self.step(n)])
@@ -251,6 +262,12 @@ class StepCost:
             for n in counts:
                 own[n] = t / w if len(counts) == 1 else t / max(fit, 1e-12) * self.step(n)
         return own
+
+
+def _both_seen(table: dict, rows: int) -> bool:
+    """Whether ``table`` ((rows, mixed) -> [weight, weighted seconds, weighted positions]) has
+    :data:`MIN_SEEN` steps of ``rows`` rows both mixed and in step."""
+    return all(table.get((rows, m), (0.0,))[0] >= MIN_SEEN for m in (True, False))
 
 
 def _rising(points: list[tuple[int, float, float]]) -> list[tuple[int, float]]:
@@ -439,28 +456,31 @@ def admit(running: list[Row], head: Row | list[Row], join_cost: float, behind: i
     (:meth:`StepCost.curve`). The head joins at phase 0: in step with the running rows of its group
     only when they are at the start of a block, mixed otherwise, for as long as both live.
     Compares the sum of completion times between joining now and starting once the running rows have
-    left: of the running rows, the head, and the requests that start after the last of them ends in
-    either schedule (those queued behind it, and those expected to arrive before the running rows
-    end), each of which counts that end once, so what sharing steps saves in fixed per-step cost
-    counts for them. Joins when the first sum is no larger (always, when nothing runs)."""
+    left, of the running rows, the head, and the requests after it (those queued behind it, and those
+    expected to arrive before the running rows end). For a join in step they start after the last row
+    ends in either schedule, and each counts that end once, so what sharing steps saves in fixed
+    per-step cost counts for them. For a join mid-block, as many rows of the head's length (rounded)
+    either join mixed with it now or start in step with it when the running rows have left: on a GPU
+    the wait they would share decides for joining (four rows mid-block, 20 ms a step: the head alone
+    waits, two behind it join), on one CPU thread the mixed steps decide against it (the modelled
+    engine of ``bench/admission_model.py``: ``auto`` within 0.4 % of the better mode in both).
+    Joins when the first sum is no larger (always, when nothing runs)."""
     if not running:
         return True
     heads = head if isinstance(head, list) else [head]
     alone, end_running = completions(running, step)
-    # A join mid-block runs its group mixed while both live, and the rows that arrive meanwhile join
-    # mixed too: what sharing steps would save the requests after the head (a step's fixed cost) is
-    # spent on mixed steps, so such a join counts only the running rows and the head
-    # (bench/admission_model.py: counting them made auto lose near capacity).
     mixed = bool({r.phase for r in running if r.group == heads[0].group} - {heads[0].phase})
-    later = 0.0 if mixed else behind + arrivals * end_running
+    expected_later = behind + arrivals * end_running
+    later = 0.0 if mixed else expected_later
+    extra = int(round(expected_later)) if mixed else 0
     diff = 0.0
     # equal versions of the head counted once each, times how often they occur: on one CPU thread the
     # decision's own time delays the next step, and a group's lengths repeat
     versions = collections.Counter((h.remaining, h.group, h.phase) for h in heads)
     for (remaining, group, phase), times in versions.items():
-        h = Row(remaining, group, phase)
-        joined, end_joined = completions(running + [h], step, first=join_cost)
-        mine, end_waited = completions([h], step, first=join_cost, start=end_running)
+        new_rows = [Row(remaining, group, phase)] * (1 + extra)
+        joined, end_joined = completions(running + new_rows, step, first=join_cost * len(new_rows))
+        mine, end_waited = completions(new_rows, step, first=join_cost * len(new_rows), start=end_running)
         diff += times * ((joined + later * end_joined) - (alone + mine + later * end_waited))
     return diff <= 0 or not math.isfinite(diff)
 

@@ -438,22 +438,30 @@ class Scheduler:
         else:
             running = self._rows() if self.admission == "auto" and self._queue else []
             idle = not running  # an idle engine starts what waits as one batch, its rows in step
-            held, i = False, 0  # held: auto kept the queue's head waiting; i: the queued job looked at
+            held, i = None, 0  # held: the queue's head auto kept waiting; i: the queued job looked at
             while i < len(self._queue) and self._running + len(taken) < self.max_batch:
                 job = self._queue[i]
                 if self.admission == "auto" and not idle:
-                    key = self._hold_key(job, running) if not (held or taken) else None
+                    key = self._hold_key(job, running) if held is None and not taken else None
                     if key is not None and key == self._held:  # the head: nothing its decision rests on changed
-                        held, i = True, i + 1
+                        held, i = job, i + 1
                         continue
                     sizes = self.history.sizes(job.key, self._bound(job.key), prompt=len(job.prompt_ids))
-                    if held:  # behind a held head: only a request that ends before the running rows passes it
+                    if held is not None:  # behind a held head: a request that ends before the running rows passes it
                         if not ends_first(running, sizes):
                             i += 1
                             continue
+                        # and the head starts with it: the steps it waits for are the ones the passing
+                        # request shares, so a stream of short requests would keep it waiting without end
+                        running.append(self._row(held.key, 0, len(held.prompt_ids)))
+                        taken.append(held)
+                        self._queue.remove(held)
+                        held, i = None, i - 1
+                        if self._running + len(taken) >= self.max_batch:
+                            break
                     elif not joins(running, job.key, sizes, self._join_cost(job.key), len(self._queue) - 1,
                                    self.cost, self._rate()):
-                        self._held, held, i = key, True, i + 1
+                        self._held, held, i = key, job, i + 1
                         if not job.held:
                             job.held = True
                             self.metrics.admissions.labels("held").inc()
