@@ -11,8 +11,8 @@ import json
 from .text import not_text_words
 
 #: The fix of a JSONL line that is not UTF-8, read from a file and from stdin (``-``).
-SAVE_UTF8 = "save the file as UTF-8 JSONL"
-PIPE_UTF8 = "pipe UTF-8 JSONL"
+SAVE_JSONL = "save the file as UTF-8 JSONL"
+PIPE_JSONL = "pipe UTF-8 JSONL"
 
 
 def parse_json_line(line: str, where: str, piped: bool = False) -> tuple[object, str | None]:
@@ -23,7 +23,7 @@ def parse_json_line(line: str, where: str, piped: bool = False) -> tuple[object,
     object`` for one that does not parse. ``where`` is ``FILE:LINE`` (``stdin:LINE``)."""
     words = not_text_words(line)
     if words is not None:
-        return None, f"{where}: {words}; {PIPE_UTF8 if piped else SAVE_UTF8}"
+        return None, f"{where}: {words}; {PIPE_JSONL if piped else SAVE_JSONL}"
     try:
         return json.loads(line), None
     except json.JSONDecodeError as e:

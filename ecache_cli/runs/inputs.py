@@ -144,14 +144,15 @@ def read_records(input_file: Path) -> list[Item]:
     each line checked without the model: UTF-8, one JSON value, a usable prompt field
     (:func:`prompt_of`). Invalid lines get their ``error``; blank lines are skipped. Raises DataError
     only when the file cannot be opened."""
-    name = "stdin" if is_stdin(input_file) else str(input_file)
+    piped = is_stdin(input_file)
+    name = "stdin" if piped else str(input_file)
     items: list[Item] = []
     for n, line in jsonl_lines(input_file):
         if not line.strip():
             continue
         item = Item(index=len(items), line=n, rec=None, prompt=None, source=name)
         items.append(item)
-        item.error = _record_error(item, line, f"{name}:{n}", is_stdin(input_file))
+        item.error = _record_error(item, line, f"{name}:{n}", piped)
     return items
 
 

@@ -35,12 +35,13 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
     or blank; README: empty input is a usage error in every command). Raises ``DataError`` (exit 1)
     only when the source cannot be read at all (missing, unreadable, damaged gzip).
     """
-    name = "stdin" if is_stdin(path) else str(path)
+    piped = is_stdin(path)
+    name = "stdin" if piped else str(path)
     rows, bad, total = [], [], 0
     for lineno, line in read_lines(path, "--data"):
         if line.strip():
             total += 1
-            why = _bad_row(line, fields, rows, f"{name}:{lineno}", is_stdin(path))
+            why = _bad_row(line, fields, rows, f"{name}:{lineno}", piped)
             if why:
                 bad.append((lineno, why))
     need = f" with the fields {', '.join(fields)}" if fields else ""
