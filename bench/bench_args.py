@@ -1,9 +1,12 @@
 """Option parsing shared by the serving benchmarks (``serve_sim.py``, ``prefix_reuse.py``,
-``admission_model.py``): one-line errors with exit 2, and the "at least" checks of their counts."""
+``admission_model.py``): one-line errors with exit 2, the "at least" checks of their counts, and the
+check that the server's extra is installed."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -19,3 +22,12 @@ def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, minimu
     for name, low in minimums.items():
         if getattr(args, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be ≥ {low}")
+
+
+def require_serve_extra(script: str) -> None:
+    """Exit 1 with one line (``serve_sim.py: needs the 'serve' extra (fastapi is missing): pip install -e
+    ".[serve]"``) when a module of the server's extra is not installed: the benches that run the server's
+    scheduler import it, as ``ecache serve`` does."""
+    missing = [m for m in ("fastapi", "prometheus_client", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"{script}: needs the 'serve' extra ({missing[0]} is missing): pip install -e \".[serve]\"")

@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_args import OneLineParser, check_at_least  # noqa: E402  (bench/, the script's folder)
+from bench_args import OneLineParser, check_at_least, require_serve_extra  # noqa: E402  (bench/, the script's folder)
 
 #: The target on the 4-shot workload (docs issue 53, part 5).
 TARGET_SPEEDUP, TARGET_IDENTICAL = 1.3, 0.99
@@ -187,6 +187,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
+    require_serve_extra("prefix_reuse.py")
     import torch
 
     from ecache_cli.errors import EcacheError

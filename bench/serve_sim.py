@@ -92,7 +92,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_args import OneLineParser, check_at_least  # noqa: E402  (bench/, the script's folder)
+from bench_args import OneLineParser, check_at_least, require_serve_extra  # noqa: E402  (bench/, the script's folder)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -424,6 +424,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
+    require_serve_extra("serve_sim.py")
     import torch
 
     from ecache_cli.errors import EcacheError

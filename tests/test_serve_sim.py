@@ -344,3 +344,20 @@ def test_step_fit_reads_a_steps_log_per_count_and_replays_the_fit(tmp_path, caps
     with pytest.raises(SystemExit) as e:
         fit.main([str(tmp_path / "none.jsonl")])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_missing_serve_extra_is_one_line_exit_1(monkeypatch, capsys):
+    """Without the server's extra the serving benches say which module is missing and how to install it."""
+    import importlib.util
+
+    import bench_args
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "prometheus_client" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        bench_args.require_serve_extra("serve_sim.py")
+    assert e.value.code == ("serve_sim.py: needs the 'serve' extra (prometheus_client is missing): "
+                            "pip install -e \".[serve]\"")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    bench_args.require_serve_extra("serve_sim.py")  # installed here: nothing happens
