@@ -64,6 +64,13 @@ marker. With ``--size`` the run also reports the ratio of continuous (``always``
 batching's p95 at each rate (``gpu_expectation``): on a GPU, whose step time grows sub-linearly with
 its rows, it is expected to be ≤ 0.6 near capacity (``bench/gpu_check.sh`` step 8).
 
+``--unloaded`` (``--clock cpu``) first serves schedule 0's requests one at a time and reports, at each
+rate, static batching's pooled p95 over their p50 and p95 (``load``: how loaded the rate is;
+``bench/serve_load.py``'s R* is the lowest rate where the first exceeds 3). A fixed rate is a heavier
+load on a machine that runs slower, and on the CPU clock a core slowed by another process's use of the
+caches and memory it shares runs slower too: static batching's p95 at 3 requests/s of mixed lengths was
+0.43 s on a quiet machine (4.0× the unloaded p50) and 1.22 s in a run beside the test suite.
+
 The targets, per rate: ``auto``'s p50 and p95 ≤ 1.05× the better of ``always`` and ``fcfs`` (each
 mode's latencies pooled over its passes), and with several domains the first domain's p95 under ``auto`` ≤ 0.8× its
 p95 under ``fcfs``. Prints a table, the targets, then one JSON line.
@@ -73,6 +80,8 @@ p95 under ``fcfs``. Prints a table, the targets, then one JSON line.
     python bench/serve_sim.py --shots 0 --domains list,arith --max-tokens 128 --rates 3   # mixed lengths
     python bench/serve_sim.py --clock cpu --shots 0 --profile list --rates 8 --n 60 --repeats 3   # no preemption
     python bench/serve_sim.py --clock cpu --shots 0 --profile list --rates 8 --n 60 --repeats 1 --schedules 6
+    python bench/serve_sim.py --clock cpu --shots 0 --domains list,arith --max-tokens 128 --rates 2,3,4,5,6 --n 60 \
+        --repeats 1 --schedules 6 --unloaded   # a sweep of the load
     python bench/serve_sim.py --size 1b --device cuda --dtype bfloat16 --rates 0.6x,0.9x --n 24 --repeats 1
 """
 
@@ -362,6 +371,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request (default 64)")
     ap.add_argument("--rates", default="4,8", help="arrival rates, requests/s, or <f>x: that fraction of the "
                     "static capacity measured first (default 4,8)")
+    ap.add_argument("--unloaded", action="store_true", help="first serve schedule 0's requests one at a time, and "
+                    "report static batching's p95 at each rate over their latencies (the load; --clock cpu)")
     ap.add_argument("--n", type=int, default=40, help="requests per pass (default 40)")
     ap.add_argument("--repeats", type=int, default=2, help="passes per mode, rate and schedule, order alternating "
                     "(default 2)")
@@ -385,6 +396,9 @@ def parse(argv=None) -> argparse.Namespace:
     except ValueError:
         ap.error(f"--rates {args.rates!r} is not a list of numbers; give requests/s, e.g. --rates 4,8, or "
                  "fractions of the measured capacity, e.g. --rates 0.6x,0.9x")
+    if args.unloaded and args.clock != "cpu":
+        ap.error("--unloaded serves the requests one at a time, long apart, which on the wall clock waits the "
+                 "time between them: use --clock cpu")
     args.domains = args.domains.split(",")
     args.admission = args.admission.split(",")
     bad = [m for m in args.admission if m not in ("always", "fcfs", "auto")]
@@ -460,6 +474,10 @@ def main() -> None:
               f"{c['steps']} steps of {c['ms_per_step']:.1f} ms)", file=sys.stderr, flush=True)
     rates = [round(r * capacity, 2) if frac else r for r, frac in args.rates]
     one_pass(lm, settings, prompts, args, "fcfs", rates[0], args.seed, min(args.n, 8))  # warm-up, not kept
+    if args.unloaded:
+        about["unloaded"] = unloaded_latency(lm, settings, prompts, args)
+        print(f"unloaded latency: p50 {about['unloaded']['p50']:.3f} s, p95 {about['unloaded']['p95']:.3f} s "
+              f"({args.n} requests served one at a time)", file=sys.stderr, flush=True)
     modes = args.admission
     rows = []
     steps_log = open(args.steps_log, "w", encoding="utf-8") if args.steps_log else None  # noqa: SIM115
@@ -503,6 +521,9 @@ def main() -> None:
     if args.repeats > 1:
         print("\npasses of one mode, slowest over fastest (the run's noise):", json.dumps(spread))
     targets = {f"{rate:g}": targets_at(latencies, rate, domains) for rate in rates}
+    if args.unloaded and "fcfs" in modes:
+        about["load"] = {f"{rate:g}": load_at(latencies, rate, about["unloaded"]) for rate in rates}
+        print("static p95 over the unloaded latency (the load):", json.dumps(about["load"]))
     if args.schedules > 1:
         about["by_schedule"] = {f"{rate:g}": by_schedule(per_schedule, rate, domains) for rate in rates}
         print("\neach schedule alone:", json.dumps(about["by_schedule"]))
@@ -534,6 +555,24 @@ def spread_at(rows: list[dict], rate: float) -> dict:
         out[mode] = {k: max(max(r[k] for r in one) / min(r[k] for r in one) for one in schedules)
                      for k in ("p50", "p95")}
     return out
+
+
+def unloaded_latency(lm, settings, prompts, args) -> dict:
+    """The unloaded latency: schedule 0's ``--n`` requests served one at a time, each arriving long after
+    the one before has left (on the CPU clock an idle engine's wait takes no time), as
+    ``bench/serve_load.py --unloaded`` sends them. Returns {"p50", "p95"} (seconds)."""
+    times = [1e4 * i for i in range(args.n)]
+    r = one_pass(lm, settings, prompts, args, "fcfs", 1.0, args.seed, args.n, times=times)
+    return {"p50": r["p50"], "p95": r["p95"]}
+
+
+def load_at(latencies: dict, rate: float, unloaded: dict) -> dict:
+    """How loaded ``rate`` is: static batching's (``fcfs``'s) pooled p95 there over the unloaded p50 and
+    over the unloaded p95 (:func:`unloaded_latency`). ``bench/serve_load.py`` reads its targets at R*,
+    the lowest rate where the first exceeds 3; on mixed lengths the unloaded p50 is a short request's
+    and the p95 a long one's, about 3× apart with no queue at all, so the second says more there."""
+    p95 = pooled(latencies, "fcfs", rate, 0.95)
+    return {"over_unloaded_p50": p95 / unloaded["p50"], "over_unloaded_p95": p95 / unloaded["p95"]}
 
 
 def pooled(latencies: dict, mode: str, rate: float, q: float, domain: str | None = None) -> float | None:

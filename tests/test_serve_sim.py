@@ -34,6 +34,8 @@ def sim():
     (["--dtype", "float8"], "--dtype 'float8' is not a dtype; use one of "),
     (["--clock", "gpu"], "--clock 'gpu' is not a clock; use one of wall, cpu"),
     (["--clock", "cpu", "--threads", "2"], "--clock cpu counts one thread's CPU time; --threads 2 would leave"),
+    (["--unloaded"], "--unloaded serves the requests one at a time, long apart, which on the wall clock waits "
+                     "the time between them: use --clock cpu"),
 ])
 def test_bad_options_exit_2_with_one_line(sim, capsys, argv, words):
     assert words in bench_usage_error(sim.parse, argv, capsys)
@@ -192,6 +194,23 @@ def tiny_cpu(sim):
     args = sim.parse(["--clock", "cpu", "--n", "3", "--shots", "0", "--max-tokens", "32", "--profile", "list",
                       "--max-batch", "4"])
     return (args, *sim.build(args))
+
+
+def test_unloaded_requests_run_one_at_a_time_and_the_load_is_static_p95_over_them(sim, tiny_cpu, monkeypatch):
+    args, lm, settings, prompts = tiny_cpu
+    passes = []
+    one_pass = sim.one_pass
+    monkeypatch.setattr(sim, "one_pass", lambda *a, **k: passes.append(one_pass(*a, **k)) or passes[-1])
+    alone = sim.unloaded_latency(lm, settings, prompts, args)
+    (r,) = passes
+    assert r["mode"] == "fcfs" and r["rows_per_step"] == 1.0 and r["joined_running"] == 0  # never two at once
+    assert (alone["p50"], alone["p95"]) == (r["p50"], r["p95"]) and 0 < alone["p50"] <= alone["p95"]
+    # the same three requests queued together: one batch, whose steps are wider, so each takes longer
+    burst = one_pass(lm, settings, prompts, args, "fcfs", 1.0, 0, args.n, burst=True)
+    assert burst["rows_per_step"] > 1 and burst["p50"] > alone["p50"]
+    lat = {("fcfs", 4.0): [(0.1 * i, "list") for i in range(1, 21)]}  # p95 2.0
+    assert sim.load_at(lat, 4.0, {"p50": 0.5, "p95": 1.0}) == {"over_unloaded_p50": pytest.approx(4.0),
+                                                              "over_unloaded_p95": pytest.approx(2.0)}
 
 
 def test_the_cpu_clock_gives_one_schedule_and_skips_the_idle_engines_wait(sim, tiny_cpu):
