@@ -1,6 +1,6 @@
-"""Option parsing shared by the serving benchmarks (``serve_sim.py``, ``prefix_reuse.py``,
-``admission_model.py``): one-line errors with exit 2, the "at least" checks of their counts, and the
-check that the server's extra is installed."""
+"""Option parsing shared by the benchmarks: one-line errors with exit 2 (the serving benchmarks'
+parser), the "at least" checks of their counts, the task domains of ``--domains``, and the check that
+the server's extra is installed."""
 
 from __future__ import annotations
 
@@ -22,6 +22,20 @@ def check_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, minimu
     for name, low in minimums.items():
         if getattr(args, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be ≥ {low}")
+
+
+def check_domains(ap: argparse.ArgumentParser, domains: str) -> None:
+    """Refuse (``ap.error``: one line, exit 2) the first entry of the comma-separated ``--domains`` that is
+    not a task, in the words every command uses for a task name (``tasks.check_task_name``), before the
+    model loads."""
+    from ecache_cli.errors import UsageError
+    from ecache_cli.tasks import check_task_name
+
+    for name in domains.split(","):
+        try:
+            check_task_name(name, "--domains")
+        except UsageError as e:
+            ap.error(str(e))
 
 
 def require_serve_extra(script: str) -> None:

@@ -120,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the JSON document here")
     args = ap.parse_args(argv)
+    from bench_args import check_domains  # bench/, the script's folder
+
+    check_domains(ap, args.domains)
     torch.set_num_threads(args.threads)
 
     from ecache_cli.engine import Engine

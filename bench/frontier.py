@@ -730,6 +730,9 @@ def main(argv=None) -> int:
 
     ap = parser()
     args = ap.parse_args(argv)
+    from bench_args import check_domains  # bench/, the script's folder
+
+    check_domains(ap, args.domains)
     try:
         args.checked = _check_args(args)
     except UsageError as e:

@@ -102,6 +102,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="decodes per path, alternating which goes first")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    from bench_args import check_domains  # bench/, the script's folder
+
+    check_domains(ap, args.domains)
 
     import torch
     from rich.console import Console

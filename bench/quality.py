@@ -40,7 +40,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="gen lengths whose answers must equal the --gen-length answer (steps = length; '' skips)")
     ap.add_argument("--length-limit", type=int, default=50,
                     help="held-out 0-shot prompts per domain for the length check (default 50)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    from bench_args import check_domains  # bench/, the script's folder
+
+    check_domains(ap, args.domains)
+    return args
 
 
 def main(argv=None) -> None:

@@ -211,6 +211,9 @@ def main() -> None:
     ap.add_argument("--recent-k", type=int, default=None, help="the server's EntropyCache recent_k (default: its "
                     "profile's)")
     args = ap.parse_args()
+    from bench_args import check_domains  # bench/, the script's folder
+
+    check_domains(ap, args.domains)
 
     sys.path.insert(0, str(REPO))
     from ecache_cli.tasks import get_task

@@ -101,7 +101,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_args import OneLineParser, check_at_least, require_serve_extra  # noqa: E402  (bench/, the script's folder)
+from bench_args import OneLineParser, check_at_least, check_domains, require_serve_extra  # noqa: E402  (bench/, the script's folder)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -135,13 +135,17 @@ def build(args, work: Path | None = None):
     """The loaded model, the server's settings and the requests' (domain, prompt), domains interleaved.
     With ``args.size`` the model is :func:`random_checkpoint` written under ``work`` (default: a new
     temporary folder) and ``args.model`` becomes its path (the name the requests give)."""
+    from ecache_cli.errors import EcacheError
     from ecache_cli.models.loader import load_model
     from ecache_cli.runs.settings import resolve_settings
     from ecache_cli.tasks import get_task
 
     if args.size is not None:
         args.model = str(random_checkpoint(args.size, work or Path(tempfile.mkdtemp(prefix="ecache-serve-sim-"))))
-    settings = resolve_settings(args.model, {"gen_length": args.max_tokens}, {}, profile=args.profile)
+    try:  # --max-tokens is the server's --gen-length here: a refusal names it as this script's flag
+        settings = resolve_settings(args.model, {"gen_length": args.max_tokens}, {}, profile=args.profile)
+    except EcacheError as e:
+        raise type(e)(f"--max-tokens {args.max_tokens} (the server's --gen-length): {e}") from None
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     per_domain = []
     for name in args.domains:
@@ -181,6 +185,25 @@ def forward_counter(model) -> list[int]:
         found = model.__dict__["_serve_sim_calls"] = [0]
         model.register_forward_pre_hook(lambda m, a: found.__setitem__(0, found[0] + 1))
     return found
+
+
+def check_requests(lm, settings, prompts, args) -> None:
+    """Resolve the request of every prompt as the passes will (the server's own resolver), so that one the
+    server would refuse (``--policy`` a family does not take, ``--shots`` or ``--max-tokens`` past the
+    model's positions) ends the run with one line, exit 2, before any pass."""
+    from ecache_cli.serve.protocol import ApiError
+
+    i = 0
+    try:
+        p = Pass(lm, settings, prompts, args, "fcfs", len(prompts), time.monotonic)  # its warm-up: the first few
+        for i in range(len(prompts)):
+            p.request(i)
+    except ApiError as e:
+        # the passes' prompt limit is fixed (Pass), not a flag of this script's: its fix is fewer shots
+        why = e.message.replace(" (--max-prompt-tokens)", "; use fewer --shots")
+        print(f"serve_sim.py: a request of --domains {prompts[i][0]} (--shots {args.shots}, --max-tokens "
+              f"{args.max_tokens}, --policy {args.policy}) is one the server refuses: {why}", file=sys.stderr)
+        sys.exit(2)
 
 
 def arrival_times(n: int, rate: float, seed: int) -> list[float]:
@@ -391,6 +414,7 @@ def parse(argv=None) -> argparse.Namespace:
                     "thread's CPU seconds, which other processes' preemption does not move (module docstring; "
                     "--threads 1, --device cpu) (default wall)")
     args = ap.parse_args(argv)
+    check_domains(ap, args.domains)
     try:
         args.rates = [(float(r[:-1]), True) if r.endswith("x") else (float(r), False) for r in args.rates.split(",")]
     except ValueError:
@@ -423,6 +447,8 @@ def parse(argv=None) -> argparse.Namespace:
     if args.policy not in POLICIES:
         ap.error(f"--policy {args.policy!r} is not a cache policy; use one of {', '.join(POLICIES)}")
     check_at_least(ap, args, dict(n=2, repeats=1, schedules=1, max_batch=1, threads=1, max_tokens=1, shots=0))
+    if args.steps_log is not None and args.steps_log.is_dir():
+        ap.error(f"--steps-log {args.steps_log} is a folder; name a file in it, e.g. {args.steps_log / 'steps.jsonl'}")
     if args.steps_log is not None and not args.steps_log.parent.is_dir():
         ap.error(f"--steps-log {args.steps_log}: no folder {args.steps_log.parent}; create it or name another file")
     if args.clock not in ("wall", "cpu"):
@@ -457,6 +483,7 @@ def main() -> None:
     finally:  # the weights are loaded: the random checkpoint (2 GB at 1b) is not needed any more
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
+    check_requests(lm, settings, prompts, args)
     t_start = time.time()
     about = {}  # what the JSON line adds beyond a default run's keys
     if args.merge_refresh:

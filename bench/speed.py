@@ -263,6 +263,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the JSON document to this file")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown to this file")
     args = ap.parse_args(argv)
+    from bench_args import check_domains  # bench/, the script's folder
+
+    check_domains(ap, args.domains)
 
     import torch
     from rich.console import Console

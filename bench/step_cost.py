@@ -146,6 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-length", type=int, default=256)
     ap.add_argument("--block-length", type=int, default=32)
     args = ap.parse_args(argv)
+    from bench_args import check_domains  # bench/, the script's folder
+
+    check_domains(ap, args.domains)
 
     import torch
     from rich.console import Console

@@ -321,6 +321,40 @@ def test_body_too_large_is_413_and_bad_json_400(small):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("depth", [400, 900, 5000])
+def test_deeply_nested_json_is_a_400_in_the_apis_shape(server, depth):
+    """A small body of arrays nested thousands deep (past the JSON parser's recursion limit) or hundreds
+    deep (parsed, then refused by the schema) is a 400 with an OpenAI error, on both APIs."""
+    url, _ = server
+    body = '{"model": "tiny", "messages": ' + "[" * depth + "]" * depth + "}"
+    for path in ("/v1/chat/completions", "/api/chat"):
+        r = httpx.post(f"{url}{path}", content=body.encode(), headers={"authorization": f"Bearer {KEY}",
+                                                                      "content-type": "application/json"})
+        assert r.status_code == 400, (path, depth, r.status_code, r.text[:200])
+        message = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
+        assert "\n" not in message and len(message) < 400, message
+        if depth == 5000:
+            assert "nests arrays or objects too deeply" in message
+    assert httpx.get(f"{url}/health").status_code == 200  # still serving
+
+
+def test_text_that_spells_the_mask_token_is_a_400_as_the_command_line_says(server):
+    """The mask token's literal text in a prompt encodes to the mask id: refused as `ecache generate` and
+    a token-id prompt refuse it, on the chat, completion and Ollama routes."""
+    url, _ = server
+    mask = "<|mdm_mask|>"
+    auth = {"authorization": f"Bearer {KEY}"}
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": f"Sort: 3 1 {mask}"}],
+                                                 "max_tokens": 8}),
+                       ("/v1/completions", {"prompt": f"Sort: 3 1 {mask}", "max_tokens": 8}),
+                       ("/api/generate", {"prompt": f"Sort: 3 1 {mask}", "stream": False,
+                                          "options": {"num_predict": 8}})):
+        r = httpx.post(f"{url}{path}", json={"model": "tiny", **body}, headers=auth, timeout=60)
+        assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        message = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
+        assert "is the mask id; a prompt holds no mask tokens" in message, message
+
+
 def test_full_queue_is_429_with_retry_after_and_timeout_ends_a_request(small):
     url, app = small
     c = client(url, key="unused")

@@ -34,6 +34,8 @@ def sim():
     (["--dtype", "float8"], "--dtype 'float8' is not a dtype; use one of "),
     (["--clock", "gpu"], "--clock 'gpu' is not a clock; use one of wall, cpu"),
     (["--clock", "cpu", "--threads", "2"], "--clock cpu counts one thread's CPU time; --threads 2 would leave"),
+    (["--domains", "list,nope"], "--domains 'nope' is not a task; use one of arith, code, list, "),
+    (["--steps-log", "."], "--steps-log . is a folder; name a file in it, e.g. steps.jsonl"),
     (["--unloaded"], "--unloaded serves the requests one at a time, long apart, which on the wall clock waits "
                      "the time between them: use --clock cpu"),
 ])
@@ -211,6 +213,28 @@ def test_unloaded_requests_run_one_at_a_time_and_the_load_is_static_p95_over_the
     lat = {("fcfs", 4.0): [(0.1 * i, "list") for i in range(1, 21)]}  # p95 2.0
     assert sim.load_at(lat, 4.0, {"p50": 0.5, "p95": 1.0}) == {"over_unloaded_p50": pytest.approx(4.0),
                                                               "over_unloaded_p95": pytest.approx(2.0)}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"policy": "block"}, "(--shots 0, --max-tokens 32, --policy block) is one the server refuses: policy block "
+                          "does not apply to the llada model family"),
+    ({"shots": 400}, "this server takes at most 4096; use fewer --shots"),
+])
+def test_a_request_the_server_refuses_ends_the_run_in_one_line_before_any_pass(sim, tiny_cpu, capsys, change,
+                                                                                  words):
+    args, lm, settings, prompts = tiny_cpu
+    sim.check_requests(lm, settings, prompts, args)  # the fixture's own requests: accepted, nothing printed
+    assert capsys.readouterr().err == ""
+    bad = types.SimpleNamespace(**{**vars(args), **change})
+    if "shots" in change:
+        bad_prompts = sim.build(bad)[2]
+    else:
+        bad_prompts = prompts
+    with pytest.raises(SystemExit) as e:
+        sim.check_requests(lm, settings, bad_prompts, bad)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("serve_sim.py: a request of --domains list")
+    assert words in err, err
 
 
 def test_the_cpu_clock_gives_one_schedule_and_skips_the_idle_engines_wait(sim, tiny_cpu):

@@ -112,6 +112,10 @@ async def read_json(request: Request, endpoint: str):
     except ValueError as e:
         srv.metrics.requests.labels(endpoint, "invalid").inc()
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    except RecursionError:  # arrays or objects nested past the parser's recursion limit (~1000 deep)
+        srv.metrics.requests.labels(endpoint, "invalid").inc()
+        raise ApiError(400, "the request body nests arrays or objects too deeply to parse; send the "
+                            "request's own JSON shape") from None
 
 
 def resolve(request: Request, endpoint: str, body) -> tuple[ChatRequest | CompletionRequest, Job]:
