@@ -915,6 +915,41 @@ def test_a_failed_warm_up_leaves_the_server_unready(tiny, settings, monkeypatch)
         assert not app.state.scheduler.ready.is_set()
 
 
+@pytest.mark.parametrize("stop_during_the_wait", [True, False])
+def test_a_warm_up_failure_the_servers_stop_follows_is_not_reported(tiny, monkeypatch, stop_during_the_wait):
+    """A Ctrl-C to the process group also ends the compiler --compile runs: the warm-up fails at the moment
+    the server stops, and that failure is the stop's, not reported; a failure with no stop after it is."""
+    import threading
+    import types
+
+    from ecache_cli.engine.core import Engine
+    from ecache_cli.serve import scheduler as sched_mod
+    from ecache_cli.serve.metrics import ServeMetrics
+
+    failed = threading.Event()
+
+    def broken(self, *a, **k):
+        failed.set()
+        raise RuntimeError("the compiler was interrupted")
+
+    said = []
+    monkeypatch.setattr(Engine, "start", broken)
+    monkeypatch.setattr(sched_mod.err, "print", lambda text, **k: said.append(text))
+    sched = sched_mod.Scheduler(tiny, ServeMetrics(), 4, 10, "auto")
+    job = types.SimpleNamespace(key=types.SimpleNamespace(cfg=None, prompt_width=0), prompt_ids=[1],
+                                make_policy=lambda: None)
+    warm = threading.Thread(target=sched.prepare, args=([job],))
+    warm.start()
+    assert failed.wait(30)
+    if stop_during_the_wait:
+        sched.stop()
+    warm.join(30)
+    assert sched.warmup_error == "RuntimeError: the compiler was interrupted" and not sched.ready.is_set()
+    assert said == ([] if stop_during_the_wait else
+                    ["ecache serve: the warm-up failed (RuntimeError: the compiler was interrupted); /health/ready "
+                     "stays 503"])
+
+
 @pytest.fixture(scope="module")
 def llada2():
     """A server on the LLaDA2 block-diffusion fixture (cache block, the family's threshold)."""

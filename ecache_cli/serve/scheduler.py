@@ -58,6 +58,10 @@ from ..engine.core import Engine
 from ..runs.final_text import cut_answer, final_lengths, streamable, unsettled
 from .admission import MODES, Row, StepCost, StepHistory, ends_first, joins
 
+#: Seconds a failed warm-up waits for the server's stop before reporting the failure (a Ctrl-C stops
+#: the server within a few tenths of a second; a failure of its own is reported after this wait).
+STOP_RACE = 0.5
+
 #: Prompt widths are rounded up to a multiple of this many tokens, so prompts of similar length share a run.
 PROMPT_BUCKET = 64
 #: Rows one run takes over its life before its group starts a fresh run (bounds the run's ledger).
@@ -393,8 +397,13 @@ class Scheduler:
                         self._observe(*rec)
             except Exception as e:  # the server still answers HTTP, but is never ready (/health/ready 503)
                 self.warmup_error = f"{type(e).__name__}: {e}"
-                err.print(f"ecache serve: the warm-up failed ({self.warmup_error}); /health/ready stays 503",
-                          markup=False, highlight=False)
+                # a Ctrl-C to the process group also ends the C++ compiler that --compile runs: a failure
+                # that the server's stop follows within STOP_RACE seconds is the stop's, not reported
+                with self._cv:
+                    stopped = self._cv.wait_for(lambda: self._stopping, timeout=STOP_RACE)
+                if not stopped:
+                    err.print(f"ecache serve: the warm-up failed ({self.warmup_error}); /health/ready stays 503",
+                              markup=False, highlight=False)
                 return
 
     def _observe(self, seconds: float, rows: int, positions: float, group=None, joins: float = 0.0,
