@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import statistics
@@ -428,9 +429,9 @@ def parse(argv=None) -> argparse.Namespace:
     bad = [m for m in args.admission if m not in ("always", "fcfs", "auto")]
     if bad:
         ap.error(f"--admission {bad[0]!r} is not an admission rule; use one of always, fcfs, auto (comma-separated)")
-    if not all(r > 0 for r, _ in args.rates):
+    if not all(0 < r < math.inf for r, _ in args.rates):  # NaN fails both
         shown = ",".join(f"{r:g}" + "x" * frac for r, frac in args.rates)
-        ap.error(f"--rates {shown}: every rate must be > 0 requests/s")
+        ap.error(f"--rates {shown}: every rate must be a finite number > 0 requests/s")
     from gpu_speed import SIZES
 
     if args.size is not None and args.size not in SIZES:

@@ -20,7 +20,9 @@ def sim():
 
 @pytest.mark.parametrize("argv, words", [
     (["--rates", "4,x"], "--rates '4,x' is not a list of numbers; give requests/s, e.g. --rates 4,8"),
-    (["--rates", "4,0"], "--rates 4,0: every rate must be > 0 requests/s"),
+    (["--rates", "4,0"], "--rates 4,0: every rate must be a finite number > 0 requests/s"),
+    (["--rates", "4,inf"], "--rates 4,inf: every rate must be a finite number > 0 requests/s"),
+    (["--rates", "nan"], "--rates nan: every rate must be a finite number > 0 requests/s"),
     (["--n", "1"], "--n 1 must be ≥ 2"),
     (["--schedules", "0"], "--schedules 0 must be ≥ 1"),
     (["--max-batch", "0"], "--max-batch 0 must be ≥ 1"),
@@ -28,7 +30,7 @@ def sim():
     (["--policy", "fast"], "--policy 'fast' is not a cache policy; use one of none, "),
     (["--admission", "always,static"], "--admission 'static' is not an admission rule; use one of always, fcfs, "
                                        "auto (comma-separated)"),
-    (["--rates", "0.5x,0x"], "--rates 0.5x,0x: every rate must be > 0 requests/s"),
+    (["--rates", "0.5x,0x"], "--rates 0.5x,0x: every rate must be a finite number > 0 requests/s"),
     (["--size", "2b"], "--size '2b' is not a size; use one of 1b, tiny"),
     (["--device", "gpu0"], "--device 'gpu0' is not a device; use one of auto, cpu, cuda, cuda:N"),
     (["--dtype", "float8"], "--dtype 'float8' is not a dtype; use one of "),
