@@ -730,9 +730,6 @@ def main(argv=None) -> int:
 
     ap = parser()
     args = ap.parse_args(argv)
-    from bench_args import check_domains  # bench/, the script's folder
-
-    check_domains(ap, args.domains)
     try:
         args.checked = _check_args(args)
     except UsageError as e:
@@ -837,11 +834,12 @@ def run(args) -> int:
     from ecache_cli.models.loader import load_model
     from ecache_cli.runs.manifest import manifest
     from ecache_cli.runs.profile import parse_policy_spec
-    from ecache_cli.tasks import get_task
+    from ecache_cli.tasks import check_task_name, get_task
 
     data = args.data or next((str(p) for p in GSM8K_CANDIDATES if p.is_file()), str(GSM8K_CANDIDATES[0]))
 
     def task_of(d):
+        check_task_name(d, "--domains")  # named as this script's flag
         return get_task(d, data=data if d == "gsm8k" else None, allow_code_execution=args.allow_code_execution)
 
     tasks = {d: task_of(d) for d in domains}  # unknown domain: UsageError here, before the model loads
