@@ -12,7 +12,18 @@ import threading
 
 def main() -> None:
     """Run the command line; exit 130 (143 after SIGTERM) with one line when interrupted before a command
-    starts (``interrupts.before_command``)."""
+    starts (``interrupts.before_command``). A thread the command could not stop ends the process at once
+    with the command's exit status (``interrupts.exit_now_if_outlived``)."""
+    try:
+        _run()
+    except SystemExit as e:
+        interrupts = sys.modules.get(__package__ + ".interrupts")
+        if interrupts is not None:
+            interrupts.exit_now_if_outlived(e.code)
+        raise
+
+
+def _run() -> None:
     try:
         from . import interrupts
 

@@ -15,6 +15,11 @@ its loop; one that arrives after the loop, while the summary is computed and its
 otherwise end the command with nothing written. :class:`HeldInterrupts` holds it from the loop's end to
 the write and then delivers it to the handlers that were in place (``cli.handle_errors``': Ctrl-C raises
 KeyboardInterrupt, SIGTERM ``errors.Terminated``), so the exit status stays 130 / 143.
+
+A thread that a command asked to stop but that did not end in time (``serve``'s engine thread inside a
+``--compile`` call) is kept in :data:`outliving`: ``__main__`` then ends the process with ``os._exit`` after
+the command's last line (:func:`exit_now_if_outlived`), since the interpreter's normal exit would tear down
+torch's C++ threads under the running call (``terminate called without an active exception``, exit 134).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ early: int | None = None
 #: Signals held in an import and sent again by a timer that have not arrived yet (:func:`held_in_import`):
 #: while one is on its way, it delivers the interrupt, and nothing else acts on the remembered one.
 resending = 0
+#: Threads asked to stop that were still running when their command gave up waiting (:func:`outlived`).
+outliving: list[threading.Thread] = []
 
 
 def raise_interrupt(signum, frame) -> None:
@@ -114,3 +121,25 @@ class HeldInterrupts:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.release(deliver=exc_type is None)
+
+
+def outlived(thread: threading.Thread) -> None:
+    """Record ``thread``, asked to stop and still running after its command's wait: unless it ends before the
+    command does, the process ends with ``os._exit`` (:func:`exit_now_if_outlived`)."""
+    outliving.append(thread)
+
+
+def exit_now_if_outlived(code: object) -> None:
+    """(``__main__``, as the command's SystemExit leaves it.) If a thread of :data:`outliving` still runs,
+    flush stdout and stderr and end the process at once with the exit status of ``code`` (a SystemExit's:
+    None is 0, an int itself, anything else 1); else return."""
+    import sys
+
+    if not any(t.is_alive() for t in outliving):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to write there
+            pass
+    os._exit(0 if code is None else code if isinstance(code, int) else 1)

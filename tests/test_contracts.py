@@ -1206,6 +1206,27 @@ def test_an_interrupt_while_the_command_line_loads_is_one_line_and_130():
     assert res.returncode == 130 and res.stderr == "error: interrupted\n", res.stderr
 
 
+@pytest.mark.parametrize("code", [130, 0])
+def test_a_thread_the_command_could_not_stop_ends_the_process_with_the_commands_status(code):
+    """A thread recorded as outliving its command (``serve``'s engine thread inside a compile call) ends
+    the process at once with the command's exit status and its last lines flushed: the interpreter's normal
+    exit would wait for it here (a non-daemon thread), or tear it down (torch's ``terminate called``, 134)."""
+    script = ("import sys, threading\n"
+              "import ecache_cli.__main__ as m\n"
+              "from ecache_cli import interrupts\n"
+              "stuck = threading.Thread(target=threading.Event().wait)\n"
+              "stuck.start()\n"
+              "interrupts.outlived(stuck)\n"
+              "def command():\n"
+              "    print('the last line')\n"
+              "    sys.stderr.write('error: interrupted')\n"
+              f"    raise SystemExit({code})\n"
+              "m._run = command\n"
+              "m.main()\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (code, "the last line\n", "error: interrupted"), res
+
+
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_an_interrupt_before_the_command_starts_is_one_line_and_its_own_code(sig, code, monkeypatch, capsys):
     """An interrupt while the option parser runs (typer turns it into a silent exit 130) ends with one line

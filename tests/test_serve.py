@@ -950,6 +950,49 @@ def test_a_warm_up_failure_the_servers_stop_follows_is_not_reported(tiny, monkey
                      "stays 503"])
 
 
+def test_an_engine_thread_that_outlives_the_stop_is_recorded(tiny, monkeypatch):
+    """A stop that cannot end the engine thread in time (a ``--compile`` call it cannot leave) records the
+    thread in ``interrupts.outliving``, so ``__main__`` ends the process without tearing it down; a thread
+    that ends within the wait is not recorded."""
+    import threading
+    import types
+
+    from ecache_cli import interrupts
+    from ecache_cli.engine.core import Engine
+    from ecache_cli.serve import scheduler as sched_mod
+    from ecache_cli.serve.metrics import ServeMetrics
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def compiling(self, *a, **k):
+        inside.set()
+        leave.wait(30)
+        raise RuntimeError("the compiler was interrupted")
+
+    monkeypatch.setattr(Engine, "start", compiling)
+    monkeypatch.setattr(interrupts, "outliving", [])
+    monkeypatch.setattr(sched_mod.err, "print", lambda text, **k: None)
+    job = types.SimpleNamespace(key=types.SimpleNamespace(cfg=None, prompt_width=0), prompt_ids=[1],
+                                make_policy=lambda: None)
+    sched = sched_mod.Scheduler(tiny, ServeMetrics(), 4, 10, "auto")
+    sched.start([job])
+    assert inside.wait(30)
+    sched.stop(timeout=0.2)
+    assert interrupts.outliving == [sched._thread] and sched._thread.is_alive()
+    leave.set()
+    sched._thread.join(30)
+    assert not sched._thread.is_alive()
+
+    inside.clear()
+    leave.clear()
+    ended = sched_mod.Scheduler(tiny, ServeMetrics(), 4, 10, "auto")
+    ended.start([job])
+    assert inside.wait(30)
+    threading.Timer(0.1, leave.set).start()
+    ended.stop(timeout=30)
+    assert interrupts.outliving == [sched._thread] and not ended._thread.is_alive()
+
+
 @pytest.fixture(scope="module")
 def llada2():
     """A server on the LLaDA2 block-diffusion fixture (cache block, the family's threshold)."""

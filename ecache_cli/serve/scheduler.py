@@ -50,6 +50,7 @@ from typing import Callable
 
 import torch
 
+from .. import interrupts
 from ..cache.base import ReusedPrefix
 from ..console import err
 from ..decoding.config import DecodeConfig
@@ -329,13 +330,17 @@ class Scheduler:
             self._cv.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """End the engine thread (after :meth:`drain` with no grace left) and wait for it."""
+        """End the engine thread (after :meth:`drain` with no grace left) and wait for it up to ``timeout``
+        seconds; one still running then (inside a step or a ``--compile`` call, which it cannot leave) is
+        recorded with ``interrupts.outlived``, so the command's process ends without tearing it down."""
         self.drain(0.0)
         with self._cv:
             self._stopping = True
             self._cv.notify()
         if self._thread.is_alive():
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                interrupts.outlived(self._thread)
 
     # -- the engine thread --------------------------------------------------------------------------
 
