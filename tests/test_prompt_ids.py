@@ -10,7 +10,7 @@ from cli_helpers import one_line_error, records
 
 from ecache_cli.cache import make_policy
 from ecache_cli.engine import DecodeConfig, Engine
-from ecache_cli.errors import DataError
+from ecache_cli.errors import DataError, UsageError
 
 SMALL = ["--gen-length", "16", "--block-length", "8", "-q", "--cache", "none", "--jsonl"]
 
@@ -61,6 +61,33 @@ def test_bad_prompt_ids_are_one_line_errors_naming_the_record(cli, llada_dir, ll
     res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--jsonl", "--skip-invalid")
     recs = records(res)
     assert recs[0]["prompt_ids"] == [5, 6] and "text" in recs[0] and "in.jsonl:2" in recs[1]["error"]
+
+
+def test_text_that_spells_the_mask_token_is_refused_where_it_is_encoded(cli, llada_dir, llada_lm, tmp_path):
+    """Prompt text that encodes to the mask id (its literal spelling) is refused when it is encoded, as a
+    token-id prompt holding the mask id is: by the Python API (numbered among several prompts), by
+    ``generate`` before anything is decoded, and as its own record with ``--skip-invalid``, the others
+    decoded."""
+    eng = Engine.from_loaded(llada_lm)
+    mask = llada_lm.tokenizer.convert_ids_to_tokens(llada_lm.spec.mask_id)
+    bad = f"Sort: 3 1 {mask}"
+    (ids,) = eng.encode(["Sort: 3 1 "], chat=False)
+    why = (f"the text holds the mask token {mask!r} (id {llada_lm.spec.mask_id}, token {len(ids)}); a prompt holds "
+           "no mask tokens; remove it from the text")
+    with pytest.raises(UsageError) as exc:
+        eng.encode(["Sort: 2 1", bad], chat=False)
+    assert str(exc.value) == f"prompt 2: {why}"
+    with pytest.raises(UsageError) as exc:
+        eng.encode([bad], chat=False)
+    assert str(exc.value) == why
+    f = tmp_path / "in.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Sort: 2 1", bad, "Sort: 4 3")))
+    one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--no-chat"), 2, "in.jsonl:2",
+                   "nothing decoded", why)
+    res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--no-chat", "--skip-invalid")
+    recs = records(res)
+    assert [("text" in r, r.get("error", "").endswith(why)) for r in recs] == [(True, False), (False, True),
+                                                                              (True, False)]
 
 
 def test_engine_checks_ids_given_by_library_callers(llada_lm):

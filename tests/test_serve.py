@@ -352,7 +352,8 @@ def test_text_that_spells_the_mask_token_is_a_400_as_the_command_line_says(serve
         r = httpx.post(f"{url}{path}", json={"model": "tiny", **body}, headers=auth, timeout=60)
         assert r.status_code == 400, (path, r.status_code, r.text[:300])
         message = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
-        assert "is the mask id; a prompt holds no mask tokens" in message, message
+        assert f"the text holds the mask token '{mask}' (id 2, token " in message, message
+        assert message.endswith("a prompt holds no mask tokens; remove it from the text"), message
 
 
 def test_full_queue_is_429_with_retry_after_and_timeout_ends_a_request(small):

@@ -78,7 +78,8 @@ def encode_prompts(tokenizer, spec, prompts: Sequence[str | list], chat: bool) -
 
     With ``chat`` a string prompt is one user message through the chat template, when the tokenizer has
     one. Raises UsageError for an empty prompt, a prompt of another type (None, a number), one string in
-    place of the list, or messages without a template; DataError for bad ids.
+    place of the list, messages without a template, or text that encodes to the mask token (its literal
+    spelling, :func:`mask_in_text`; numbered ``prompt N:`` among several prompts); DataError for bad ids.
     """
     if isinstance(prompts, (str, bytes)):
         raise UsageError("prompts must be a list of prompts, not one string: pass [prompt]")
@@ -108,5 +109,17 @@ def encode_prompts(tokenizer, spec, prompts: Sequence[str | list], chat: bool) -
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise UsageError("a prompt is empty; give at least one token of text")
+        if spec.mask_id in ids:
+            where = f"prompt {len(out) + 1}: " if len(prompts) > 1 else ""
+            raise UsageError(f"{where}{mask_in_text(tokenizer, spec, ids)}")
         out.append(list(ids))
     return out
+
+
+def mask_in_text(tokenizer, spec, ids: Sequence[int]) -> str:
+    """The reason a prompt's text cannot be decoded when it encodes to ``spec.mask_id`` (``ids``: its token
+    ids, holding it): the text spells the mask token, a position the model would generate, not read."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    spelling = f" {convert(spec.mask_id)!r}" if convert is not None else ""
+    return (f"the text holds the mask token{spelling} (id {spec.mask_id}, token {list(ids).index(spec.mask_id)}); "
+            "a prompt holds no mask tokens; remove it from the text")

@@ -464,9 +464,6 @@ class Resolver:
             ids = self.engine.encode([prompt], chat=chat, roles=("system", "user", "assistant", "tool"))[0]
         except EcacheError as e:
             raise ApiError(400, f"{param}: {e}", param) from None
-        # text that encodes to the mask token (its literal spelling) is refused as every path refuses it
-        if (why := self.engine.check_prompt_ids(ids)) is not None:
-            raise ApiError(400, f"{param}: {why}", param)
         if len(ids) > self.limits.max_prompt_tokens:
             raise ApiError(400, f"{param} has {len(ids)} tokens; this server takes at most "
                                 f"{self.limits.max_prompt_tokens} (--max-prompt-tokens)", param,
