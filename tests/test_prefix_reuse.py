@@ -215,6 +215,34 @@ def test_prefix_cache_mb_out_of_range_is_one_line_naming_the_value(cli, mb, what
                                      "no prefixes; e.g. 1024)"], r.stderr
 
 
+def test_prefix_cache_mb_without_reuse_is_warned_as_ignored(monkeypatch):
+    """``--prefix-cache-mb`` does nothing where prefix reuse is off: with ``--no-prefix-cache``, and on a
+    bidirectional model without ``--prefix-cache`` (off by default there); each says so once and the server
+    starts. With reuse on, its budget is the one the start line names."""
+    from typer.testing import CliRunner
+
+    import ecache_cli.serve.app as serve_app
+    from ecache_cli.cli import app
+
+    monkeypatch.setattr(serve_app, "run_server", lambda app, sock, **kw: sock.close())
+    monkeypatch.delenv("ECACHE_API_KEY", raising=False)
+
+    def warnings(*args):
+        res = CliRunner().invoke(app, ["serve", "--gen-length", str(GEN), "--block-length", str(GEN), "--port", "0",
+                                       "-q", *args])
+        assert res.exit_code == 0, res.stderr
+        return [line for line in res.stderr.splitlines() if line.startswith("warning:")], res.stderr
+
+    assert warnings("--no-prefix-cache", "--prefix-cache-mb", "5")[0] == [
+        "warning: --prefix-cache-mb is used only with --prefix-cache; ignored"]
+    assert warnings("--prefix-cache-mb", "5")[0] == [
+        "warning: --prefix-cache-mb is used only with --prefix-cache (off by default on bidirectional models); "
+        "ignored"]
+    said, stderr = warnings("--prefix-cache", "--prefix-cache-mb", "5")
+    assert said == [] and "at most 5 MiB" in stderr
+    assert warnings()[0] == warnings("--prefix-cache")[0] == []
+
+
 def test_the_start_line_names_reuse_and_whether_it_is_exact():
     from ecache_cli.commands.serve import _prefix_line
 

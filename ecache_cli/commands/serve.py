@@ -22,7 +22,7 @@ def serve_cmd(
     batching: Annotated[str, typer.Option(help="continuous: requests join and leave running batches between denoising steps, as --admission decides; static: an idle engine takes up to --max-batch queued requests and runs them to the end (--admission fcfs).", rich_help_panel=S)] = "continuous",
     admission: Annotated[Optional[str], typer.Option(help="When a queued request joins the running rows: always (at the next step while there is room); fcfs (batches in arrival order: --batching static); auto (when the step-cost model fitted to this machine says it lowers the expected completion times; docs/SERVING.md) \\[default: auto].", rich_help_panel=S)] = None,
     prefix_cache: Annotated[Optional[bool], typer.Option("--prefix-cache/--no-prefix-cache", help="Keep prompts' keys and values across requests and reuse them for a prompt that starts with a stored prefix (docs/SERVING.md, 'Prefix reuse'): exact on block-diffusion models, an approximation on bidirectional ones \\[default: on for block diffusion, off otherwise].", rich_help_panel=S)] = None,
-    prefix_cache_mb: Annotated[int, typer.Option("--prefix-cache-mb", help="Most MiB the reused keys and values take (least recently used evicted first).", rich_help_panel=S)] = 1024,
+    prefix_cache_mb: Annotated[Optional[int], typer.Option("--prefix-cache-mb", help="Most MiB the reused keys and values take (least recently used evicted first) \\[default: 1024].", rich_help_panel=S)] = None,
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The model id clients name and /v1/models lists \\[default: --model].", rich_help_panel=S)] = None,
     request_timeout: Annotated[Optional[float], typer.Option("--request-timeout", help="Seconds from arrival after which a request ends with finish_reason 'timeout' (its text so far) \\[default: none].", rich_help_panel=S)] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (413 above).", rich_help_panel=S)] = 1 << 20,
@@ -99,6 +99,10 @@ def serve_cmd(
     say = (lambda *a, **k: None) if quiet else err.print
     say(settings.describe(model), markup=False, highlight=False)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))  # after the "using model" line
+    if prefix_cache is False and prefix_cache_mb is not None:
+        warn("--prefix-cache-mb is used only with --prefix-cache; ignored")
+    mb_given = prefix_cache_mb is not None
+    prefix_cache_mb = ServeOptions.prefix_cache_mb if prefix_cache_mb is None else prefix_cache_mb  # 1024
     name = served_model_name or model
     opts = ServeOptions(model_name=name, api_key=api_key, max_batch=max_batch, max_queue=max_queue, admission=admission,
                         request_timeout=request_timeout, max_body_bytes=max_body_bytes,
@@ -124,6 +128,8 @@ def serve_cmd(
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)
     opts.max_prompt_tokens = prompt_limit(lm, settings, max_prompt_tokens)  # before listening
     warn_model_rules(settings, lm.spec.sampler)  # the flags the model's rules ignore, as every command warns
+    if prefix_cache is None and mb_given and not lm.spec.block_causal:
+        warn("--prefix-cache-mb is used only with --prefix-cache (off by default on bidirectional models); ignored")
     app = create_app(lm, settings, opts)
     where, port_ = sock.getsockname()[:2]
     (err.print if port == 0 else say)(
