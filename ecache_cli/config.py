@@ -25,6 +25,7 @@ Where profiles live (no command ever writes into the package or a checkout's tra
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -39,6 +40,8 @@ from .contract.fields import (  # noqa: F401 (re-exported)
     field_types,
     fitting_example,
     given_float,
+    takes_text,
+    text_number,
 )
 from .errors import ConfigError
 
@@ -371,7 +374,9 @@ def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error (YAML 1.2 §3.2.1.1
-    requires unique keys; PyYAML keeps the last one silently)."""
+    requires unique keys; PyYAML keeps the last one silently), and that a plain scalar in exponent form
+    without a dot (``1e-3``) is a float, as in YAML 1.2 (§10.3.2; YAML 1.1, PyYAML's, reads it as a string).
+    A quoted number stays a string."""
 
     def construct_mapping(self, node, deep=False):
         seen = {}
@@ -387,6 +392,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: PyYAML's own error follows
                 continue
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def read_yaml(path: Path):
@@ -422,8 +432,8 @@ def _yaml_problem(e: Exception) -> str:
 
 
 def validate_profile(data: dict, path: Path | str = "profile") -> None:
-    """Reject unknown sections and keys, and wrongly typed values, with a ConfigError naming them
-    (numbers YAML read as strings, e.g. ``1e-3``, are converted in place)."""
+    """Reject unknown sections and keys, and wrongly typed values (a quoted number too), with a
+    ConfigError naming them."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a profile must be a YAML mapping")
     for k in data:
@@ -479,8 +489,13 @@ def _check_types(data: dict, path, policy: str | None = None) -> None:
     for section in ("decode", "cache"):
         sec = data.get(section) or {}
         for k, v in sec.items():
+            kind = kinds[section].get(k)
+            number = None if kind is None or takes_text(kind) else text_number(v)
+            if number is not None:  # a quoted number, refused as the Python API and the server refuse it
+                raise ConfigError(f"{path}: {section}.{k}: {v!r} must be a number, not a string; write it "
+                                  f"without quotes ({k}: {number})")
             try:
-                sec[k] = check_value(kinds[section].get(k), v)
+                sec[k] = check_value(kind, v)
             except ValueError as e:
                 raise ConfigError(f"{path}: {section}.{k}: {v!r} {e}") from None
 

@@ -105,6 +105,25 @@ def test_profile_yaml_reads_1e_3_as_a_number(cli, llada_dir, tmp_path):
     assert json.loads(res.stdout.splitlines()[0])["settings"]["cache_params"]["tau"] == 0.001
 
 
+@pytest.mark.parametrize("section, key, value, number", [
+    ("cache", "tau", "0.5", "0.5"),
+    ("cache", "recent_k", "8", "8"),
+    ("cache", "tau", "1e-3", "0.001"),
+    ("decode", "gen_length", "32", "32"),
+    ("decode", "temperature", " 0.5", "0.5"),
+])
+def test_a_quoted_number_in_a_profile_is_refused_as_the_api_refuses_it(cli, llada_dir, tmp_path, section, key, value,
+                                                                        number):
+    """A number written as a quoted string is refused with the same words whatever its key's type (the
+    Python API's and the server's: ``must be a number, not a string``), with the unquoted form as the fix."""
+    prof = tmp_path / "q.yaml"
+    prof.write_text(f"{section}: {{{key}: {value!r}}}\n")
+    res = cli("generate", "x", "--profile", prof, "--model", llada_dir, *SMALL)
+    assert res.exit_code == 2 and res.stderr.splitlines() == [
+        f"error: {prof}: {section}.{key}: {value!r} must be a number, not a string; write it without quotes "
+        f"({key}: {number})"], res.stderr
+
+
 def test_output_json_that_is_a_folder_fails_before_loading(cli, tmp_path):
     # a missing model would fail at load: the output check comes first
     res = cli("trace-drift", "x", "--json", tmp_path, "--model", no_model(tmp_path), *SMALL)
