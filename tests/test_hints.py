@@ -221,6 +221,11 @@ def test_a_recalibration_command_carries_the_flags_this_machine_needs():
     assert recalibrate_command("tiny", own, "int8") == "ecache calibrate --task list --threshold 0.9 --quantize int8"
     assert recalibrate_command("llada-8b", {"task": "default"}, "none") == (
         "ecache calibrate --task <tasks> --model llada-8b")
+    # a hand-written profile's file name is no task: the model's trained domains, as for default
+    mine = {"_path": "prof/my-settings.yaml", "cache": {"policy": "dual"}}
+    assert recalibrate_command("tiny", mine, "none") == "ecache calibrate --task arith,code,list --allow-code-execution"
+    assert recalibrate_command("llada-8b", mine, "none") == "ecache calibrate --task <tasks> --model llada-8b"
+    assert recalibrate_command("tiny", {"_path": "p/list-parallel.yaml"}, "none") == "ecache calibrate --task list"
 
 
 @pytest.mark.slow  # a calibration (a few τs on two examples, quantized): .ci/run's slow step

@@ -241,13 +241,15 @@ def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
     """The ``ecache calibrate`` command that writes the profile ``prof`` (a loaded profile: its ``task``, else
     its file's name; ``quantize``, ``decode.threshold`` and ``measured.shots``) again for ``model`` on weights
     in format ``quantize`` (``none``: unquantized), with the flags this machine needs to accept it: ``--task`` (the
-    profile's task without its ``-parallel`` and format suffixes; for ``default``, the domains the model
-    was trained on, from its model card, else a ``<tasks>`` placeholder), ``--model`` unless the embedded
+    profile's task without its ``-parallel`` and format suffixes; for ``default`` or a name that is no task
+    (a hand-written ``my-settings.yaml``), the domains the model was trained on, from its model card, else a
+    ``<tasks>`` placeholder), ``--model`` unless the embedded
     model, ``--allow-code-execution`` for the code domain, ``--threshold`` for a profile calibrated under
     parallel decoding, ``--shots`` when it was calibrated at several, ``--quantize`` and the ``--dtype`` the
     format needs on this machine (``models.quantize.check_supported``: int4 runs in bfloat16 on a CPU)."""
     from ..config import PARALLEL_SUFFIX, quantize_task
     from ..models.loader import EMBEDDED
+    from ..tasks import TASKS
     from .calib_groups import DEFAULT_PROFILE_TASK
 
     stem = Path(prof["_path"]).stem if prof.get("_path") else DEFAULT_PROFILE_TASK
@@ -256,7 +258,7 @@ def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
     task = task[: -len(suffix)] if suffix and task.endswith(suffix) else task
     parallel = task.endswith(PARALLEL_SUFFIX)
     task = task[: -len(PARALLEL_SUFFIX)] if parallel else task
-    if task == DEFAULT_PROFILE_TASK:
+    if task == DEFAULT_PROFILE_TASK or not set(task.split(",")) <= set(TASKS):  # a file's own name is no task
         task = ",".join(_trained_tasks(model) or ["<tasks>"])
     parts = ["ecache calibrate", f"--task {task}"]
     if model is not None and str(model) not in EMBEDDED:
