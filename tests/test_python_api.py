@@ -165,6 +165,9 @@ def test_decode_config_must_be_one(llada_lm):
      "prompt_width 0 must be a whole number ≥ 1"),
     (lambda e: e.start(e.encode(["abc"], chat=False), CFG, make_policy("none"), prompt_width=-1),
      "prompt_width -1 must be a whole number ≥ 1"),
+    (lambda e: e.start([[5] * 28], CFG, make_policy("none"), prompt_width=10**7),  # the width, not the prompt
+     r"^prompt_width 10000000 \+ gen_length 16 exceeds the model's (\d+) positions; use a prompt_width of at most "
+     r"\d+ \(the longest prompt has 28 tokens\) or leave it unset$"),
     (lambda e: e.generate(["Sort: 3 1 2"], CFG, "entropy"),  # a policy's name where the policy belongs
      r"^policy must be a CachePolicy, not str: pass make_policy\('entropy'\) \(ecache_cli.cache\)$"),
     (lambda e: e.start(e.encode(["abc"], chat=False), CFG, None),
@@ -188,6 +191,15 @@ def test_wrong_kinds_of_argument_are_usage_errors(call, message, llada_lm):
     """A value of the wrong kind is refused in one line, never encoded as its text or a TypeError."""
     with pytest.raises(UsageError, match=message):
         call(Engine.from_loaded(llada_lm))
+
+
+def test_the_widest_prompt_width_a_run_takes_is_the_one_its_refusal_names(llada_lm):
+    """``prompt_width`` up to the model's positions less the generation starts a run; one more is refused
+    naming that largest width."""
+    engine, room = Engine.from_loaded(llada_lm), llada_lm.spec.max_positions - CFG.gen_length
+    assert engine.start([[5, 6]], CFG, make_policy("none"), prompt_width=room).P == room
+    with pytest.raises(UsageError, match=f"use a prompt_width of at most {room} "):
+        engine.start([[5, 6]], CFG, make_policy("none"), prompt_width=room + 1)
 
 
 def test_load_model_takes_force_as_a_bool(llada_dir):

@@ -93,8 +93,10 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_w
     ``observe``: ``cache.make_policy``'s, not a policy's name), a ``seed`` in ``--seed``'s range
     (``contract.fields.SEED``: ``seed -1 must be ≥ 0 (a 64-bit seed; e.g. 0)``) and a ``prompt_width`` that
     is None or a whole number ≥ 1 (the canvas's prompt positions; a prompt longer than it is refused by
-    ``Run.add``). With the model's ``spec``, each prompt's ids too (:func:`check_ids`), named by the
-    place it was passed in, counted from 1 as ``Engine.encode`` and the command line count prompts:
+    ``Run.add``) that leaves the model's positions room for ``cfg.gen_length``, unless the longest prompt
+    already does not (then the prompt is named, ``Run``). With the model's ``spec``, each prompt's ids too
+    (:func:`check_ids`), named by the place it was passed in, counted from 1 as ``Engine.encode`` and the
+    command line count prompts:
     ``prompt 2: a prompt is empty; give at least one token id``."""
     if not prompt_ids:
         raise UsageError("no prompts to generate from")
@@ -118,3 +120,10 @@ def check_start(cfg: DecodeConfig, prompt_ids: Sequence[Sequence[int]], prompt_w
                          "positions; leave it unset for the longest prompt's)")
     for n, ids in enumerate(prompt_ids if spec is not None else [], 1):
         check_ids(spec, ids, f"prompt {n}")
+    if spec is not None and prompt_width is not None:
+        longest = max(len(p) for p in prompt_ids)
+        room = spec.max_positions - cfg.gen_length - (cfg.block_length - 1) * spec.block_causal
+        if prompt_width > max(longest, room):  # the width, not a prompt, leaves no room for the generation
+            raise UsageError(f"prompt_width {prompt_width} + gen_length {cfg.gen_length} exceeds the model's "
+                             f"{spec.max_positions} positions; use a prompt_width of at most {room} (the longest "
+                             f"prompt has {longest} tokens) or leave it unset")
