@@ -329,6 +329,24 @@ def test_watch_on_without_a_terminal_warns_as_the_flag_does():
     assert s.watch is False
 
 
+def test_watch_on_under_quiet_is_refused_as_the_flags_are(monkeypatch):
+    """``/watch on`` in a ``-q`` session is refused as ``--watch -q`` is (the live view is stderr, which -q
+    silences), on a terminal too; the session keeps answering without it."""
+    from ecache_cli import console
+    from ecache_cli.runs import watch
+
+    s = _session("tiny", gen_length=32, block_length=8)
+    monkeypatch.setattr(watch, "watch_available", lambda c: True)  # as at a terminal
+    monkeypatch.setattr(console, "quiet", True)
+    s.command("/watch on")
+    assert s.console.file.getvalue().splitlines() == [
+        "error: /watch on draws the canvas on stderr and -q silences stderr; start chat without -q to watch"]
+    assert s.watch is False
+    monkeypatch.setattr(console, "quiet", False)
+    s.command("/watch on")
+    assert s.watch is True
+
+
 def test_chat_refuses_a_policy_the_model_does_not_take_at_start(cli):
     res = cli("chat", "--model", REPO / "tests" / "fixtures" / "sdar", "--cache", "dual", input="hello\n")
     assert res.exit_code == 2, res.stderr

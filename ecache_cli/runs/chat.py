@@ -294,10 +294,14 @@ class ChatSession:
             raise UsageError(f"/gen-length{str(e).removeprefix('--gen-length')}") from None
 
     def _watch(self, arg: str) -> None:
+        from .. import console
         from .watch import watch_available
 
         if arg not in ("on", "off"):
             raise UsageError(f"/watch {arg!r}: say /watch on or /watch off")
+        if arg == "on" and console.quiet:  # as --watch with -q (generate.check_watch)
+            raise UsageError("/watch on draws the canvas on stderr and -q silences stderr; start chat without -q "
+                             "to watch")
         if arg == "on" and not watch_available(self.console):  # as --watch: a warning, the session goes on
             self.warn("/watch needs a terminal (stderr is not one); answering without the live view")
             return
