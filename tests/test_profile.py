@@ -156,6 +156,17 @@ def test_cli_profile_json_last_line(cli, llada_dir, tmp_path):
     assert "tok/s" in r2.stdout and json.loads(out.read_text())["policies"]["dual"]["speedup_vs_none"] is None
 
 
+def test_trace_steps_without_a_trace_dir_is_warned_as_ignored(cli, llada_dir):
+    """``--trace-steps`` sets the steps of the traces ``--trace-dir`` writes: without it, one warning that it
+    is ignored (as every ignored flag gets), the run as without the flag."""
+    r = cli("profile", "--model", llada_dir, "--policies", "none", *SMALL, "--trace-steps", "4", "--json", "-", "Hi")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.splitlines() == ["warning: --trace-steps is used only with --trace-dir; ignored"]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["policies"]["none"]["requests"] == 1
+    r = cli("profile", "--model", llada_dir, "--policies", "none", *SMALL, "--json", "-", "Hi")
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
 def test_cli_profile_reads_stdin_and_input(cli, llada_dir, tmp_path):
     r = cli("profile", "--model", llada_dir, "--policies", "none", *SMALL, "--json", "-", input="Sort: 3 1 2\n\nabc\n")
     assert r.exit_code == 0, r.stderr

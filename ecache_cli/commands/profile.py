@@ -41,7 +41,7 @@ def profile_cmd(
     batch_size: o.BatchSize = 1,
     seed: o.Seed = 0,
     trace_dir: Annotated[Optional[Path], typer.Option("--trace-dir", help="Write torch.profiler traces of one request per policy here.", rich_help_panel=o.O)] = None,
-    trace_steps: Annotated[int, typer.Option("--trace-steps", help="Denoising steps per trace (~0.4 MB a step).", rich_help_panel=o.O)] = 32,
+    trace_steps: Annotated[Optional[int], typer.Option("--trace-steps", help="Denoising steps per trace (~0.4 MB a step; with --trace-dir) \\[default: 32].", rich_help_panel=o.O)] = None,
     wide: o.Wide = False,
     json_out: Annotated[Optional[str], typer.Option("--json", help="Every number and a manifest as JSON to FILE (- = stdout).", rich_help_panel=o.O)] = None,
     quiet: o.Quiet = False,
@@ -73,9 +73,12 @@ def profile_cmd(
     hold_warnings()  # after the "using model" line (console.announce)
     names = policy_names(policies, model)
     opts = ProfileOptions(policies=names, warmup=warmup, repeats=repeats, batch_size=batch_size, seed=seed,
-                          chat=chat, trace_dir=trace_dir, trace_steps=trace_steps, input_file=input_file,
-                          quiet=quiet, family=model_family(model))
+                          chat=chat, trace_dir=trace_dir, input_file=input_file, quiet=quiet, family=model_family(model))
+    if trace_steps is not None:
+        opts.trace_steps = trace_steps
     opts.validate()
+    if trace_steps is not None and trace_dir is None:
+        warn("--trace-steps is used only with --trace-dir; ignored")
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     check_sources(prompts, input_file, task, data, shots, limit)
     check_distinct([(json_out, "--json")], [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
