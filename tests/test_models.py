@@ -76,11 +76,39 @@ def test_misshaped_tensor_is_named(tmp_path):
 def test_missing_shard_and_config_errors(tmp_path):
     d = write_random_checkpoint(tmp_path / "a", "llada", shards=2)
     (d / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match="model-00002-of-00002.safetensors"):
+    with pytest.raises(ModelLoadError) as e:
         load_model(d, device="cpu")
+    assert str(e.value) == (f"{d}: 1 of 2 shards listed in model.safetensors.index.json is missing "
+                            f"(model-00002-of-00002.safetensors); copy or download the missing shards into {d}")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         load_model(tmp_path / "empty", device="cpu")
+
+
+def test_many_missing_shards_are_counted_in_the_index_order(tmp_path):
+    """Past ``SHARDS_SHOWN`` missing shards the error names the first ones, in the index's order, and counts
+    the rest; the weights' own check (``load_weights``) says the same as the load's."""
+    import json
+
+    from ecache_cli.models.loader import _weight_files, missing_weights
+
+    d = write_random_checkpoint(tmp_path / "a", "llada", shards=5)
+    index = d / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"] = dict(reversed(doc["weight_map"].items()))  # the index's order, not the names'
+    index.write_text(json.dumps(doc))
+    for k in (1, 2, 3, 5):
+        (d / f"model-{k:05d}-of-00005.safetensors").unlink()
+    want = (f"{d}: 4 of 5 shards listed in model.safetensors.index.json are missing (model-00005-of-00005.safetensors, "
+            "model-00003-of-00005.safetensors, model-00002-of-00005.safetensors and 1 more); copy or download the "
+            f"missing shards into {d}")
+    with pytest.raises(ModelLoadError) as e:
+        load_model(d, device="cpu")
+    assert str(e.value) == want
+    with pytest.raises(ModelLoadError) as e:
+        _weight_files(d)
+    assert str(e.value) == want
+    assert missing_weights(d) == [f"model-{k:05d}-of-00005.safetensors" for k in (5, 3, 2, 1)]
 
 
 def test_alias_missing_from_cache_names_repo(monkeypatch, tmp_path):

@@ -361,9 +361,47 @@ def test_show_a_partly_downloaded_alias(cli, hub, dream_dir):
     snap = hub_snapshot(hub, "Dream-org/Dream-v0-Instruct-7B", dream_dir)
     (snap / "model-00001-of-00002.safetensors").unlink()
     f = _fields(_show(cli, "dream-7b").stdout)
-    assert f["local"].startswith("partly downloaded (model-00001-of-00002.safetensors missing): run "
-                                 "`ecache models pull dream-7b`")
+    assert f["local"] == (f"partly downloaded: {snap}: 1 of 2 shards listed in model.safetensors.index.json is "
+                          "missing (model-00001-of-00002.safetensors); run `ecache models pull dream-7b` (or "
+                          "`hf download Dream-org/Dream-v0-Instruct-7B` on a connected machine)")
     assert f["architecture"].startswith("2 layers")  # the config is there
+
+
+# One rule for a checkpoint whose index lists shards that are not there (models.loader.missing_weights_error):
+# `ecache generate` (exit 1) and `ecache models show` (its local row, exit 0) name every missing shard in the
+# index's order and end with the fix: `ecache models pull NAME` for an alias, copy them in for a folder.
+ALL_SHARDS = ("2 of 2 shards listed in model.safetensors.index.json are missing (model-00001-of-00002.safetensors, "
+              "model-00002-of-00002.safetensors)")
+
+
+def _generate(cli, model):
+    return cli("generate", "-q", "--model", model, "hi", "--gen-length", "16", "--block-length", "8")
+
+
+def test_a_folder_missing_every_shard_names_them_all(cli, hub, dream_dir, tmp_path):
+    import shutil
+
+    folder = tmp_path / "dshard"
+    shutil.copytree(dream_dir, folder)
+    for f in folder.glob("model-0000*"):
+        f.unlink()
+    want = f"{folder}: {ALL_SHARDS}; copy or download the missing shards into {folder}"
+    assert one_line_error(_generate(cli, folder), 1) == f"error: {want}"
+    res = _show(cli, folder)
+    assert _fields(res.stdout)["local"] == f"incomplete: {want}" and res.exit_code == 0
+    assert json_show(cli, folder)["missing"] == ["model-00001-of-00002.safetensors",
+                                                 "model-00002-of-00002.safetensors"]
+
+
+def test_an_alias_missing_every_shard_gives_the_pull_fix(cli, hub, dream_dir):
+    snap = hub_snapshot(hub, "Dream-org/Dream-v0-Instruct-7B", dream_dir)
+    for f in snap.glob("model-0000*"):
+        f.unlink()
+    want = (f"{snap}: {ALL_SHARDS}; run `ecache models pull dream-7b` (or `hf download Dream-org/Dream-v0-Instruct-7B` "
+            "on a connected machine)")
+    assert one_line_error(_generate(cli, "dream-7b"), 1) == f"error: {want}"
+    res = _show(cli, "dream-7b")
+    assert _fields(res.stdout)["local"] == f"partly downloaded: {want}" and res.exit_code == 0
 
 
 def test_show_rejects_what_is_no_model(cli, hub, tmp_path):
@@ -440,8 +478,10 @@ def test_pull_that_leaves_a_shard_missing_fails(cli, hub, dream_dir, monkeypatch
         return str(snap)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", partial)
-    one_line_error(_pull(cli, "dream-7b-base", 1), 1, "model-00002-of-00002.safetensors missing",
-                   "ecache models pull dream-7b-base")
+    assert one_line_error(_pull(cli, "dream-7b-base", 1), 1) == (
+        "error: Dream-org/Dream-v0-Base-7B: the download is incomplete: 1 of 2 shards listed in "
+        "model.safetensors.index.json is missing (model-00002-of-00002.safetensors); run `ecache models pull "
+        "dream-7b-base` again")
 
 
 def test_pull_of_tiny_a_folder_or_nothing(cli, hub, llada_dir):

@@ -176,18 +176,74 @@ def hub_snapshot(repo: str) -> Path | None:
     return Path(found).parent if isinstance(found, str) else None
 
 
+INDEX = "model.safetensors.index.json"
+#: How many missing shards :func:`missing_weights_text` names before "and N more".
+SHARDS_SHOWN = 3
+
+
+def _index_shards(path: Path) -> list[str] | None:
+    """The shard files ``path``'s :data:`INDEX` lists, each once, in the index's order (that of its
+    ``weight_map``); None when the index cannot be read."""
+    try:
+        return list(dict.fromkeys(json.loads((path / INDEX).read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def missing_weights(path: Path) -> list[str]:
     """The weight files a checkpoint folder lacks: the shards its ``model.safetensors.index.json`` lists
-    that are not there (an interrupted download), ``model.safetensors`` when it has neither; [] when
-    complete. An unreadable index counts as missing."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return [index.name]
+    that are not there (an interrupted download), in the index's order; ``model.safetensors`` when it has
+    neither; [] when complete. An unreadable index counts as missing."""
+    if (path / INDEX).is_file():
+        shards = _index_shards(path)
+        if shards is None:
+            return [INDEX]
         return [f for f in shards if not (path / f).is_file()]
     return [] if (path / "model.safetensors").is_file() else ["model.safetensors"]
+
+
+def missing_weights_text(path: Path) -> str | None:
+    """The one wording of what :func:`missing_weights` finds, None when nothing is missing. Missing shards:
+    ``2 of 2 shards listed in model.safetensors.index.json are missing (model-00001-of-00002.safetensors,
+    model-00002-of-00002.safetensors)``, every missing shard in the index's order, or past
+    :data:`SHARDS_SHOWN` the first ones and ``and N more``. ``ecache generate`` (the load:
+    :func:`missing_weights_error`) and ``ecache models show`` (its local row) both say it."""
+    if (path / INDEX).is_file():
+        shards = _index_shards(path)
+        if shards is None:
+            return f"{INDEX} is unreadable"
+        missing = [f for f in shards if not (path / f).is_file()]
+        if not missing:
+            return None
+        shown = ", ".join(missing[:SHARDS_SHOWN])
+        if len(missing) > SHARDS_SHOWN:
+            shown += f" and {len(missing) - SHARDS_SHOWN} more"
+        return (f"{len(missing)} of {len(shards)} shard{'s' if len(shards) > 1 else ''} listed in {INDEX} "
+                f"{'is' if len(missing) == 1 else 'are'} missing ({shown})")
+    if (path / "model.safetensors").is_file():
+        return None
+    return f"neither model.safetensors nor {INDEX} is there"
+
+
+def pull_fix(name: str, repo: str) -> str:
+    """The fix for a model of the hub cache (an alias or repo id) that is missing or partly there, as
+    ``ecache models show`` and the load give it."""
+    return f"run `ecache models pull {name}` (or `{_download_command()} {repo}` on a connected machine)"
+
+
+def missing_weights_error(path: Path, name: str | None = None) -> str | None:
+    """The error of a checkpoint folder that lacks weight files, None when it lacks none: ``PATH:`` then
+    :func:`missing_weights_text` then the fix. For ``name`` an alias or repo id (the folder is its snapshot
+    in the hub cache): :func:`pull_fix`; for a folder: copy or download the missing files into it."""
+    text = missing_weights_text(path)
+    if text is None:
+        return None
+    if name is not None and local_folder(name) is None:  # an alias or repo id
+        fix = pull_fix(name, ALIASES.get(name, name))
+    else:
+        what = "the missing shards" if "shard" in text else "the checkpoint's weight files"
+        fix = f"copy or download {what} into {path}"
+    return f"{path}: {text}; {fix}"
 
 
 def _from_hub(repo: str, name: str) -> Path:
@@ -237,11 +293,10 @@ def _weight_files(path: Path) -> dict[str, Path]:
             wm = json.loads(index.read_text())["weight_map"]
         except (OSError, json.JSONDecodeError, KeyError) as e:
             raise ModelLoadError(f"{index}: unreadable shard index ({e})") from None
-        files = {k: path / f for k, f in wm.items()}
-        for f in set(files.values()):
-            if not f.exists():
-                raise ModelLoadError(f"{path}: shard {f.name} listed in model.safetensors.index.json is missing")
-        return files
+        error = missing_weights_error(path)  # inspect_model said it first, with the name's fix
+        if error:
+            raise ModelLoadError(error)
+        return {k: path / f for k, f in wm.items()}
     single = path / "model.safetensors"
     if single.exists():
         from safetensors import safe_open
@@ -548,7 +603,8 @@ def inspect_model(name_or_path: str | os.PathLike | None = None, device: str | t
     memory, from the safetensors headers), and what they find (:class:`ModelMeta`). For a check made before
     the model loads elsewhere (``ecache serve --ray``: the replicas load it). Arguments and errors as
     :func:`load_model`'s, less the faults only reading the weights finds (a missing tensor, a shard that
-    cannot be read)."""
+    cannot be read); shards the index lists that are not there are reported here
+    (:func:`missing_weights_error`: every one, and the fix)."""
     from . import quantize as qz
 
     if not isinstance(force, bool):
@@ -560,6 +616,8 @@ def inspect_model(name_or_path: str | os.PathLike | None = None, device: str | t
         qz.check_supported(quant, dev, dt)
     path, name = resolve_path(name_or_path)
     config_path(path)  # a folder without config.json is no checkpoint: say so before its tokenizer
+    if _index_shards(path) is not None and (error := missing_weights_error(path, name)):  # shards not there
+        raise ModelLoadError(error)
     tok = load_tokenizer(path)
     spec, _ = read_spec(path, tok.get_vocab())  # ids only the tokenizer knows: end of turn, stops, LLaDA-MoE's
     if spec.mask_id == spec.pad_id:

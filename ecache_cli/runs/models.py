@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import ModelLoadError, UsageError
 
 #: Whether a model's files are here, one vocabulary for the table, ``--json`` and ``show``: "yes" (the
-#: embedded model, a checkpoint folder, a complete snapshot), "part" (a weight file is missing), "no".
+#: embedded model, a complete checkpoint folder or snapshot), "part" (a weight file is missing), "no".
 LOCAL = ("yes", "part", "no")
 
 
@@ -225,8 +225,11 @@ def resolve(name: str) -> dict:
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ModelLoadError(no_checkpoint(name))
+        from ..models.loader import missing_weights
+
+        missing = missing_weights(local)
         return {"name": name, "source": "folder", "repo": None, "family": None, "alias": None, "path": local,
-                "local": "yes", "missing": []}
+                "local": "part" if missing else "yes", "missing": missing}
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         state, snap, missing = local_state(name)
         return {"name": name, "source": "repo", "repo": name, "family": None, "alias": None, "path": snap,
@@ -470,7 +473,7 @@ def describe(name: str) -> tuple[dict, list[str]]:
     info["chat_template"] = _template(tok) if spec is not None else None
     info["default_profile"] = default_profile(name)
     info["get"] = None
-    if where["local"] in ("no", "part"):
+    if where["local"] in ("no", "part") and where["source"] != "folder":
         info["get"] = {"ecache": f"ecache models pull {name}", "hub": f"{_download_command()} {where['repo']}"}
     return info, notes
 
@@ -480,7 +483,7 @@ def pull(name: str) -> tuple[Path, str]:
     folder and what happened: "embedded" (nothing to fetch), "cached" (already complete: no network) or
     "downloaded". Raises UsageError for a folder, ModelLoadError for an unknown name or (one line with the
     command for a connected machine) when offline, unreachable or left incomplete."""
-    from ..models.loader import EMBEDDED, download, embedded_dir, missing_weights
+    from ..models.loader import EMBEDDED, download, embedded_dir, missing_weights_text
 
     if name in EMBEDDED:
         return embedded_dir(), "embedded"
@@ -491,9 +494,9 @@ def pull(name: str) -> tuple[Path, str]:
     if where["local"] == "yes":
         return Path(where["path"]), "cached"
     path = download(where["repo"], name)
-    missing = missing_weights(path)
+    missing = missing_weights_text(path)
     if missing:
-        raise ModelLoadError(f"{where['repo']}: the download left {missing[0]} missing ({len(missing)} file(s)); "
+        raise ModelLoadError(f"{where['repo']}: the download is incomplete: {missing}; "
                              f"run `ecache models pull {name}` again")
     return path, "downloaded"
 
@@ -554,13 +557,16 @@ def _profile_rows(p: dict | None, family: str | None = None) -> list[tuple[str, 
 
 
 def _local_text(info: dict) -> str:
-    """The local row: where the checkpoint is, or that it is (partly) missing and how to get it."""
-    get = info["get"]
+    """The local row: where the checkpoint is, or that it is (partly) missing and how to get it. A folder or
+    snapshot that lacks weight files: the load's error (``models.loader.missing_weights_error``: every
+    missing shard, then the fix, ``ecache models pull NAME`` for an alias or repo id)."""
+    from ..models.loader import missing_weights_error, pull_fix
+
     if info["local"] == "no":
-        return f"not downloaded: run `{get['ecache']}` (or `{get['hub']}` on a connected machine)"
+        return f"not downloaded: {pull_fix(info['name'], info['repo'])}"
     if info["local"] == "part":
-        return (f"partly downloaded ({info['missing'][0]} missing): run `{get['ecache']}` (or `{get['hub']}` on a "
-                "connected machine)")
+        error = missing_weights_error(Path(info["path"]), info["name"])
+        return f"{'incomplete' if info['source'] == 'folder' else 'partly downloaded'}: {error}"
     what = {"embedded": "embedded in the package", "folder": "checkpoint folder"}.get(info["source"],
                                                                                       "in the Hugging Face cache")
     return f"{what}: {info['path']}"
