@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -319,6 +322,66 @@ def test_plot_writes_a_png(llada_lm, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     img = matplotlib.image.imread(str(path))
     assert img.ndim == 3 and img.shape[0] > 400 and img.shape[1] > 600
+    assert rep.no_drift_reason(report) is None  # drift measured: no panel says otherwise
+    assert not [n for n in _notes(report) if "no KV drift" in n]
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _notes(report, tau=None) -> list[str]:
+    """The texts on the figure's panels, drawn with every warning an error (an empty legend was one)."""
+    import matplotlib.pyplot as plt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = rep.figure(report, "test", tau=tau)
+        fig.savefig(io.BytesIO(), format="png", dpi=40)
+    plt.close(fig)
+    return rep.panel_notes(fig)
+
+
+def _summary_text(report) -> str:
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=100)
+    rep.render_summary(console, report)
+    return " ".join(console.file.getvalue().split())
+
+
+@pytest.mark.parametrize("model", ["sdar", "llada2-mini"])
+def test_block_diffusion_panels_say_why_there_is_no_drift_as_the_summary_does(model):
+    """Block-causal attention serves finished blocks only, exact by construction: the drift panel (empty
+    or float rounding) and the correlation panel say so in the text summary's words."""
+    report = run_trace(load_model(FIXTURES / model, device="cpu", dtype="float32"), "block", prompts=["hi"],
+                       batch=1)
+    reason = rep.no_drift_reason(report)
+    assert report.block_causal and reason.startswith("no KV drift: it is zero by construction")
+    notes = _notes(report)
+    assert any(n.startswith(reason) for n in notes), notes
+    assert f"{reason}, so the signal-vs-drift figures above carry no information" in _summary_text(report)
+
+
+def test_full_refresh_panels_say_nothing_was_served_as_the_summary_does(llada_lm):
+    report = run_trace(llada_lm, "none")
+    reason = rep.no_drift_reason(report)
+    assert reason == "no KV drift measured: every step was a full refresh, so nothing was served from the cache"
+    assert [n for n in _notes(report) if n == reason] == [reason, reason]  # the drift and the correlation panel
+    assert f"({reason})" in _summary_text(report)
+
+
+@pytest.mark.parametrize("model, gen", [("sdar", "16"), ("llada2-mini", "32")])
+def test_cli_plot_of_a_block_diffusion_model_warns_nothing(cli, tmp_path, model, gen):
+    """The new-user run: ``-q --plot`` on a block-diffusion model exits 0 with no matplotlib warning (it
+    used to print "No artists with labels found to put in legend" for the empty drift panel)."""
+    png = tmp_path / "p.png"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = cli("trace-drift", "-q", "--model", FIXTURES / model, "hi", "--gen-length", gen, "--plot", png)
+    assert res.exit_code == 0, res.stderr
+    assert "Warning" not in res.stderr and "legend" not in res.stderr, res.stderr
+    assert not [str(w.message) for w in caught if "matplotlib" in w.filename or "drift_report" in w.filename]
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_table_condenses_to_strided_and_first_refresh_steps():

@@ -198,15 +198,34 @@ def _fmt_signal(v: float | None) -> str:
     return "–" if v is None else f"{v:.3f}"
 
 
+def no_drift_reason(report: TraceReport) -> str | None:
+    """Why ``report`` holds no KV drift to show, in the words of both the text summary and the figure's
+    drift panels; None where it holds some. Either no step served a position from the cache (every step
+    a full refresh, e.g. ``--cache none``), or a block-diffusion model, whose drift is zero by
+    construction (docs/METHOD.md §5): what it measures is at most float rounding."""
+    partial = [r for r in report.records if r["served"] > 0]
+    if not report.records:
+        return "no KV drift measured: no denoising step was traced"
+    if not partial:
+        return ("no KV drift measured: " + ("every step was a full refresh, so nothing was served from the cache"
+                                            if all(r["refresh"] for r in report.records) else
+                                            "no step served a position from the cache"))
+    if report.block_causal:
+        worst = max(max(r["drift_k_max"], default=0.0) for r in partial)
+        rounding = ("every K drift measured is exactly 0" if worst == 0 else
+                    f"the largest K drift measured, {sci(worst)}, is float rounding")
+        return ("no KV drift: it is zero by construction for this block-diffusion model (block-causal attention: "
+                "its queries read from the cache only finished blocks, whose keys and values never change); "
+                + rounding)
+    return None
+
+
 def _exact_note(console, report: TraceReport) -> None:
     """For a block-diffusion model: why its drift is zero (docs/METHOD.md §5), with the largest measured."""
-    if not report.block_causal:
-        return
-    worst = report.summary()["drift_k_max"]
-    _prose(console, "drift: zero by construction for this block-diffusion model: its queries read only finished "
-                    "blocks from the cache, whose keys and values never change (block-causal attention); "
-                    f"the largest K drift measured, {sci(worst) if worst is not None else 'none'}, is float "
-                    "rounding, so the signal-vs-drift figures above carry no information", highlight=False)
+    reason = no_drift_reason(report)
+    if report.block_causal and reason is not None and any(r["served"] > 0 for r in report.records):
+        _prose(console, f"{reason}, so the signal-vs-drift figures above carry no information",
+               highlight=False)
 
 
 def render_summary(console, report: TraceReport) -> None:
@@ -224,8 +243,8 @@ def render_summary(console, report: TraceReport) -> None:
             # one statistic a line: a narrow terminal wraps between them, never inside "ρ = +0.976"
             _prose(console, f"  n = {c['n']}\n  Pearson r = {c['pearson_r']:+.3f} (p = {c['pearson_p']:.2g})\n"
                           f"  Spearman ρ = {c['spearman_rho']:+.3f} (p = {c['spearman_p']:.2g})", highlight=False)
-    if report.records and all(r["refresh"] for r in report.records):
-        _prose(console, "  (every step was a full refresh: nothing is served from the cache, so there is no drift)")
+    if report.records and not any(r["served"] > 0 for r in report.records):
+        _prose(console, f"  ({no_drift_reason(report)})", highlight=False)
     curve = report.volatility.curve()
     settle = report.volatility.settle_steps(report.level)
     t = Table(title="Volatility of committed tokens' K (fresh features, mean over layers)", header_style="bold")
@@ -278,7 +297,25 @@ def _condense_curve(curve: list[dict], level: float, settle: int | None, head: i
 
 def plot(report: TraceReport, path: str | Path, title: str, tau: float | None = None) -> None:
     """Write a 2×2 PNG: signal over steps with refreshes (prompt 0), drift over steps, signal vs
-    next-step drift (all prompts), and the volatility curve."""
+    next-step drift (all prompts), and the volatility curve. matplotlib's own warnings (an empty legend,
+    a log axis without data...) are kept off the user's stderr: the panels say in words what is missing."""
+    import warnings
+
+    from ..outputs import pyplot
+
+    plt = pyplot()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig = figure(report, title, tau)
+        try:
+            fig.savefig(path, dpi=110)
+        finally:
+            plt.close(fig)
+
+
+def figure(report: TraceReport, title: str, tau: float | None = None):
+    """The matplotlib figure :func:`plot` writes (the caller closes it). Where the report has no KV drift to
+    show (:func:`no_drift_reason`), the drift panel and the signal-vs-drift panel say why."""
     from ..outputs import pyplot
 
     plt = pyplot()
@@ -288,17 +325,37 @@ def plot(report: TraceReport, path: str | Path, title: str, tau: float | None = 
     unit = "nats" if "entropy" in sig else "1 − p"
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), constrained_layout=True)
     (a1, a2), (a3, a4) = axes
+    reason = no_drift_reason(report)
     _plot_signal(a1, recs, sig, unit, tau)
-    _plot_drift(a2, recs)
+    _plot_drift(a2, recs, reason)
     steps = [r["step"] for r in recs]
     if steps:
         a1.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
         a2.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-    _plot_next_step(a3, report, sig, unit, tau)
+    _plot_next_step(a3, report, sig, unit, tau, reason)
     _plot_volatility(a4, report)
     fig.suptitle(title, fontsize=11)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def panel_notes(fig) -> list[str]:
+    """The texts written on the figure's panels (the notes of :func:`figure`), panel by panel, each on one
+    line (as wrapped on the panel, joined at spaces)."""
+    return [" ".join(t.get_text().split()) for ax in fig.axes for t in ax.texts]
+
+
+def _legend(ax, **kwargs) -> None:
+    """A legend where the panel has labelled artists (matplotlib warns on an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
+def _note(ax, text: str, width: int = 62) -> None:
+    """``text`` wrapped in the middle of the panel, on a white box over whatever is drawn."""
+    import textwrap
+
+    ax.text(0.5, 0.5, textwrap.fill(text, width, break_on_hyphens=False), transform=ax.transAxes, ha="center",
+            va="center", fontsize=9, color="dimgray", bbox=dict(facecolor="white", edgecolor="lightgray", alpha=0.9))
 
 
 def _mark_refresh(ax, recs: list[dict]) -> None:
@@ -317,38 +374,54 @@ def _plot_signal(ax, recs: list[dict], sig: str, unit: str, tau: float | None) -
         ax.axhline(tau, color="tab:red", ls="--", lw=1, label=f"τ = {tau:g} {unit}")
     ax.set(title=f"Signal that decides each step's refresh (prompt {recs[0]['prompt'] if recs else 0})",
            xlabel="denoising step t", ylabel=f"signal E ({unit})")
-    ax.legend(loc="best", fontsize=8, framealpha=0.9)
+    _legend(ax, loc="best", fontsize=8, framealpha=0.9)
 
 
-def _plot_drift(ax, recs: list[dict]) -> None:
-    """One prompt's K and V drift per step (log scale), broken at refresh steps (nothing served)."""
+def _plot_drift(ax, recs: list[dict], reason: str | None = None) -> None:
+    """One prompt's K and V drift per step (log scale), broken at refresh steps (nothing served); with
+    ``reason`` (:func:`no_drift_reason`) written on the panel where the report has no drift to show."""
     _mark_refresh(ax, recs)
     steps = [r["step"] for r in recs]
     nan = float("nan")
     series = (("K drift, mean over layers", "-o", "tab:green", lambda r: r["drift_k"]),
               ("V drift, mean over layers", "-o", "tab:purple", lambda r: r["drift_v"]),
               ("K drift, max over layers and positions", ":", "tab:green", lambda r: max(r["drift_k_max"])))
+    drawn = False
     for label, style, color, get in series:
         ys = [get(r) if r["served"] > 0 and get(r) > 0 else nan for r in recs]
         if any(y == y for y in ys):
             ax.plot(steps, ys, style, ms=2.5, lw=1, color=color, label=label)
-    ax.set_yscale("log")
-    ax.set(title="KV drift of the cache-served positions (partial steps)", xlabel="denoising step t",
-           ylabel="drift 1 − cos(cached, fresh)")
-    ax.legend(loc="best", fontsize=8, framealpha=0.9)
+            drawn = True
+    title = "KV drift of the cache-served positions (partial steps)"
+    if drawn:
+        ax.set_yscale("log")
+        if reason:  # drift drawn, yet none by construction (block diffusion): the lines leave no room for a note
+            title += "\nno KV drift by construction (block-causal): float rounding only"
+    else:
+        ax.set_yticks([])
+        _note(ax, reason or "no KV drift to draw for this prompt: none of its steps served a position whose drift "
+                            "is above 0")
+    ax.set(title=title, xlabel="denoising step t", ylabel="drift 1 − cos(cached, fresh)")
+    _legend(ax, loc="best", fontsize=8, framealpha=0.9)
 
 
-def _plot_next_step(ax, report: TraceReport, sig: str, unit: str, tau: float | None) -> None:
-    """The signal at step t against the K drift at step t+1, every prompt, with its correlations."""
+def _plot_next_step(ax, report: TraceReport, sig: str, unit: str, tau: float | None,
+                    reason: str | None = None) -> None:
+    """The signal at step t against the K drift at step t+1, every prompt, with its correlations; with
+    ``reason`` (:func:`no_drift_reason`), why there is no drift to correlate."""
     x, y = next_step_pairs(report.records, sig)
     c = report.correlation()["next_step_drift"]
     pos = [(a, b) for a, b in zip(x, y) if b > 0]
     if pos:
         ax.scatter(*zip(*pos), s=10, alpha=0.6, color="tab:green")
         ax.set_yscale("log")
-    stat = ("undefined" if c["pearson_r"] is None else
+    stat = ("undefined (fewer than 3 pairs or a constant series)" if c["pearson_r"] is None else
             f"Pearson r = {c['pearson_r']:+.2f} (p={c['pearson_p']:.1g}), Spearman ρ = {c['spearman_rho']:+.2f} "
             f"(p={c['spearman_p']:.1g}), n = {c['n']}")
+    if reason:
+        _note(ax, reason + ("" if c["pearson_r"] is None else ", so these correlations carry no information"))
+    elif not pos:
+        _note(ax, "no pair to draw: no partial step with a K drift above 0 follows a step with a signal")
     ax.set(title=f"Signal at step t vs K drift at step t+1 (partial steps t+1, all prompts)\n{stat}",
            xlabel=f"E_t: {sig} of step t's commits ({unit})", ylabel="K drift at t+1 (1 − cos, mean over layers)")
     if tau is not None:  # the entropy policy only serves from the cache after E_t ≤ τ
