@@ -329,6 +329,21 @@ def test_watch_on_without_a_terminal_warns_as_the_flag_does():
     assert s.watch is False
 
 
+def test_a_command_without_its_value_says_what_it_needs():
+    """A setting's command given no value names that, with an example (``/threshold`` with its ``off``), as
+    ``/cache`` and ``/save`` do; the settings stay as they were."""
+    s = _session("tiny", gen_length=32, block_length=8)
+    before = s.describe()
+    for line in ("/tau", "/threshold", "/gen-length ", "/watch", "/cache", "/save"):
+        s.command(line)
+    assert s.console.file.getvalue().splitlines() == [
+        "error: /tau needs a value, e.g. /tau 0.5", "error: /threshold needs a value, e.g. /threshold 0.9 or "
+        "/threshold off", "error: /gen-length needs a value, e.g. /gen-length 64", "error: /watch needs on or off, "
+        "e.g. /watch on", "error: /cache needs a policy, e.g. /cache entropy:tau=0.5",
+        "error: /save needs a file name, e.g. /save chat.jsonl"]
+    assert s.describe() == before
+
+
 def test_watch_on_under_quiet_is_refused_as_the_flags_are(monkeypatch):
     """``/watch on`` in a ``-q`` session is refused as ``--watch -q`` is (the live view is stderr, which -q
     silences), on a terminal too; the session keeps answering without it."""

@@ -271,7 +271,7 @@ class ChatSession:
 
     def _threshold(self, arg: str) -> None:
         off = arg.lower() in ("off", "none")
-        x = None if off else _number(arg, float, "/threshold", "0.9", "threshold")
+        x = None if off else _number(arg, float, "/threshold", "0.9 or /threshold off", "threshold")
         if x is not None:
             _check_range("threshold", arg.strip(), "/threshold")
         self.source.decode_flags["threshold"] = x
@@ -297,6 +297,8 @@ class ChatSession:
         from .. import console
         from .watch import watch_available
 
+        if not arg:
+            raise UsageError("/watch needs on or off, e.g. /watch on")
         if arg not in ("on", "off"):
             raise UsageError(f"/watch {arg!r}: say /watch on or /watch off")
         if arg == "on" and console.quiet:  # as --watch with -q (generate.check_watch)
@@ -438,7 +440,10 @@ def _number(arg: str, kind, command: str, example: str, setting: str | None = No
     """``arg`` as an int or float; UsageError naming the command and an example otherwise. A value of
     decode setting or policy parameter ``setting`` that is no finite number (``/tau nan``, ``/tau abc``)
     or no whole number where one is due (``/gen-length abc``) gets the flag's message
-    (``config.check_setting``: ``/tau abc must be a finite number ≥ 0 …``)."""
+    (``config.check_setting``: ``/tau abc must be a finite number ≥ 0 …``); no value at all is named as
+    such (``/tau needs a value, e.g. /tau 0.5``)."""
+    if not arg:  # as /cache and /save name what they need
+        raise UsageError(f"{command} needs a value, e.g. {command} {example}")
     if setting is not None:
         try:
             value = kind(arg)
