@@ -154,6 +154,8 @@ def test_decode_config_must_be_one(llada_lm):
 @pytest.mark.parametrize("call, message", [
     (lambda e: e.encode("Sort: 3 1", chat=False), "prompts must be a list of prompts, not one string"),
     (lambda e: e.encode([None], chat=False), "prompt 1 is None; a prompt is text"),
+    (lambda e: e.encode(["Sort: 3 1"], chat="yes"), r"^chat 'yes' must be True or False$"),
+    (lambda e: e.generate(["Sort: 3 1"], CFG, make_policy("none"), chat=None), r"^chat None must be True or False$"),
     (lambda e: e.generate(["ok", 123], CFG, make_policy("none")), "prompt 2 is 123; a prompt is text"),
     (lambda e: make_policy(None), "None is not a cache policy; use one of"),
     (lambda e: make_policy("entropy", tau="0.5"), r"tau='0.5' must be a number, not a string \(e.g. tau=0.5\)"),

@@ -12,12 +12,15 @@ from ..errors import UsageError
 from ..models.prompting import CHAT_ROLES, check_messages, check_prompt_ids
 
 
-def check_prompts(spec, prompts: Sequence, roles: Sequence[str] = CHAT_ROLES) -> None:
+def check_prompts(spec, prompts: Sequence, roles: Sequence[str] = CHAT_ROLES, chat: bool = False) -> None:
     """UsageError for one string where the list of prompts belongs, a text prompt that is empty or only
     white space (the chat template would make a prompt of it), or chat messages ``--input`` refuses
     (``models.prompting.check_messages``: a role not in ``roles``, by default system, user, assistant as
     for ``--input``; a content that is not a string; the same words as the command line's); token-id
-    prompts and prompts of other types are checked by ``models.prompting.encode_prompts``."""
+    prompts and prompts of other types are checked by ``models.prompting.encode_prompts``; ``chat`` that is
+    not True or False (``chat="yes"``, which would read as True)."""
+    if not isinstance(chat, bool):
+        raise UsageError(f"chat {chat!r} must be True or False")
     if isinstance(prompts, (str, bytes)):
         raise UsageError("prompts must be a list of prompts, not one string: pass [prompt]")
     for n, p in enumerate(prompts, 1):

@@ -61,8 +61,9 @@ class Engine:
     def encode(self, prompts: Sequence[str | list], chat: bool,
                roles: Sequence[str] = CHAT_ROLES) -> list[list[int]]:
         """Token ids of each prompt (``models/prompting.py``); UsageError as ``checks.check_prompts``
-        (chat messages' roles: ``roles``, by default those ``--input`` takes: system, user, assistant)."""
-        check_prompts(self.spec, prompts, roles)
+        (chat messages' roles: ``roles``, by default those ``--input`` takes: system, user, assistant; ``chat``
+        True or False)."""
+        check_prompts(self.spec, prompts, roles, chat)
         return encode_prompts(self.tokenizer, self.spec, prompts, chat)
 
     def check_prompt_ids(self, ids: Sequence[int]) -> str | None:
