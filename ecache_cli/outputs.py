@@ -238,8 +238,11 @@ def pyplot():
 
 def check_plot_name(path, flag: str = "--plot") -> None:
     """A plot file must end in ``.png`` (matplotlib picks the format from the suffix; the plots are
-    PNG only). Checked before any decoding, so a typo never fails after a long run (UsageError).
+    PNG only; ``-``, stdout elsewhere, is refused too). Checked before any decoding, so a typo never fails
+    after a long run (UsageError).
     A folder passes here: :func:`check_file` names the fix for it."""
+    if path is not None and str(path) == "-":  # stdout is for the run's text, not an image
+        raise UsageError(f"{flag} -: a plot is written to a file, not to stdout; give a .png file name (e.g. plot.png)")
     if path is not None and Path(path).suffix.lower() != ".png" and not _names_folder(Path(path)):
         raise UsageError(f"{flag} {path}: give a .png file name (e.g. {Path(path).with_suffix('.png')})")
 

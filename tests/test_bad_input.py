@@ -521,6 +521,8 @@ CAL = ["calibrate", "--task", "list", "--limit", "2", "--taus", "0.1"]
     # a plot name that is not a PNG, checked up front (alone and beside clashing outputs)
     ([*CAL, "--out", "{t}/x.yaml", "--plot", "{t}/p.yaml"], 2, ["--plot {t}/p.yaml", ".png"]),
     ([*CAL, "--out", "{t}/x.yaml", "--json", "{t}/x.yaml", "--plot", "{t}/x.yaml"], 2, ["--plot", ".png"]),
+    (["trace-drift", "x", "--plot", "-"], 2, ["--plot -: a plot is written to a file, not to stdout; give a .png file "
+                                              "name (e.g. plot.png)"]),
     # a shipped profile is never rewritten
     ([*CAL, "--out", "{pkg}/tiny/list.yaml"], 2, ["--out {pkg}/tiny/list.yaml", "never rewrites", "write to"]),
     ([*CAL, "--out", "{pkg}/tiny/x.yaml", "--dry-run"], 2, ["--out {pkg}/tiny/x.yaml", "never rewrites"]),  # as the run
