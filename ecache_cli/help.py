@@ -139,8 +139,9 @@ at least one a step. [bold]--factor f[/]: Fast-dLLM's factor rule (e.g. 1.0).
 [bold]--remasking[/]: which masks a step commits: low_confidence (LLaDA), random, topk_margin, entropy,
 maskgit_plus (Dream's algs) or origin (Dream's: each mask revealed at random; dream schedule only).
 
-[bold]--schedule[/]: tokens committed per step: llada (even split; Fast-dLLM's uncapped threshold rule) or
-dream (Dream's timesteps; Fast-dLLM's Dream threshold quota). Default: the model family's.
+[bold]--schedule[/]: tokens committed per step: llada (even split; Fast-dLLM's uncapped threshold rule),
+dream (Dream's timesteps; Fast-dLLM's Dream threshold quota) or block (block-length / steps a step, the
+block-diffusion families' rule; on LLaDA at fixed steps the same as llada). Default: the model family's.
 
 [bold]--temperature[/] 0 = greedy; > 0 = Gumbel-max sampling in float64, with --top-k / --top-p (Dream's rule).
 [bold]--alg-temp a[/] (Dream's alg_temp; dream schedule, fixed steps): draw each step's positions from
@@ -219,6 +220,8 @@ object a line with one of:
 
 Chat roles: system, user, assistant; any other role is an error naming it.
 
+Stdin is read only when no other source is given (arguments, --input, profile's and trace-drift's
+--task; a lone - argument is stdin); piped data beside --task gets a warning that it is not read.
 --input and --data take any readable path (a file, a named pipe, /dev/stdin, <(...)) or - (stdin).
 Files and stdin must be UTF-8. Every record (and every stdin line, chat's too) is read and checked
 before decoding starts, in every command: invalid ones stop the run (exit 2) naming file:line and

@@ -5,8 +5,10 @@ folder (``--trace-dir``, ``--tensorboard``) is created and named on stderr, exce
 directly under the filesystem root (``--json /resuts/p.json`` is far more often a typo than a wish).
 A path that is a folder where a file is wanted, lies under a file, or cannot be written is a one-line
 error naming it, raised before the model loads, so a long run never fails at its last write.
-Trade-off: the check writes and removes a probe file, so the folders exist even if the run later
-fails; that is cheaper than losing a run's results.
+Every command checks its output paths once its flags and settings are resolved and before it reads
+its input (a run refused on its settings creates no folder, in every command). Trade-off: the check
+writes and removes a probe file, so the folders exist even if the run later fails (its input, the
+model); that is cheaper than losing a run's results.
 
 One writer per file: the check also takes an advisory lock on the output file (:func:`claim`), held
 until the command ends, so a second ecache process given the same output fails at once (exit 1,

@@ -680,3 +680,66 @@ def test_a_canvas_past_the_model_positions_says_how_far_to_cut(cli, llada_dir):
     ok = cli("generate", prompt, "--model", llada_dir, "--gen-length", str(limit), "--block-length", "32",
              "--steps", str(limit // 32), "--no-chat", "-q")
     assert ok.exit_code == 0, ok.stderr
+
+
+# --- --schedule block and --compat fastdllm where they do nothing, or something -----------------------
+
+BLOCK_IGNORED = ("warning: --schedule block does nothing at fixed steps on a model with LLaDA's schedule: its "
+                 "blocks start fully masked, so block's counts (block-length / steps a step) are LLaDA's even "
+                 "split; ignored")
+
+
+@pytest.mark.parametrize("command", [["generate", "--jsonl"], ["profile", "--policies", "none", "--warmup", "0"],
+                                     ["trace-drift", "--rows", "0"]])
+def test_schedule_block_at_fixed_steps_on_llada_is_warned_as_ignored(cli, llada_dir, command):
+    """A LLaDA block starts fully masked, so block's counts are LLaDA's split: one warning, every command."""
+    res = cli(*command, "Sort: 3 1 2", "--model", llada_dir, "--schedule", "block", "--steps", "8",
+              *[a for a in SMALL if a != "-q"])
+    assert res.exit_code == 0, res.stderr
+    assert [ln for ln in res.stderr.splitlines() if "--schedule" in ln] == [BLOCK_IGNORED], res.stderr
+
+
+def test_schedule_block_on_llada_decodes_as_without_it(cli, llada_dir):
+    runs = [cli("generate", "Sort: 3 1 2", "abc", "--model", llada_dir, "--jsonl", "--steps", "8",
+                "--temperature", "0.7", *flags, *SMALL) for flags in ([], ["--schedule", "block"])]
+    assert all(r.exit_code == 0 for r in runs), runs[1].stderr
+    assert [json.loads(ln)["token_ids"] for ln in runs[0].stdout.splitlines()] == \
+        [json.loads(ln)["token_ids"] for ln in runs[1].stdout.splitlines()]
+
+
+@pytest.mark.parametrize("model, flags", [
+    ("dream", ["--steps", "8"]),  # Dream's timesteps replaced by the even split: it counts
+    ("llada", ["--threshold", "0.9", "--steps", "4"]),  # block's per-step minimum: it counts
+])
+def test_schedule_block_that_counts_is_not_warned(cli, llada_dir, dream_dir, model, flags):
+    path = llada_dir if model == "llada" else dream_dir
+    res = cli("generate", "x", "--model", path, "--schedule", "block", *flags, *SMALL)
+    assert res.exit_code == 0, res.stderr
+    assert "--schedule" not in res.stderr, res.stderr
+
+
+def test_the_python_api_warns_schedule_block_on_llada(llada_lm):
+    from ecache_cli.cache import make_policy
+    from ecache_cli.engine import DecodeConfig, Engine
+    from ecache_cli.errors import IgnoredSetting
+
+    with pytest.warns(IgnoredSetting, match=re.escape(BLOCK_IGNORED.removeprefix("warning: "))):
+        Engine.from_loaded(llada_lm).start([[5, 6, 7]], DecodeConfig(gen_length=16, block_length=8, steps=8,
+                                                                      schedule="block"), make_policy("none"))
+
+
+@pytest.mark.parametrize("cache", ["none", "entropy"])
+def test_compat_fastdllm_is_its_commit_rule_under_every_cache(cli, dream_dir, cache):
+    """``--compat fastdllm`` is a commit rule, not a cache: with ``--cache none`` or ``entropy`` it changes
+    the tokens (no "ignored" warning), and under ``none`` it equals prefix refreshed every step (exact
+    forwards), so ``--cache prefix`` differs only by its cache (README "Samplers")."""
+    def run(*flags):
+        res = cli("generate", "Sort: 3 1 2", "--model", dream_dir, "--jsonl", "--steps", "8", "--remasking",
+                  "entropy", *flags, *SMALL)
+        assert res.exit_code == 0 and "warning" not in without_cut_warning(res.stderr), res.stderr
+        return json.loads(res.stdout)["token_ids"]
+
+    compat = run("--cache", cache, "--compat", "fastdllm")
+    assert compat != run("--cache", cache)
+    if cache == "none":
+        assert compat == run("--cache", "prefix", "--refresh-every", "1", "--compat", "fastdllm")

@@ -1749,3 +1749,81 @@ def DecodeConfig_ranges() -> dict:
     from ecache_cli.decoding.config import DecodeConfig
 
     return DecodeConfig.ranges
+
+
+#: Each command with output paths in one new folder (every output flag it has), by the flag that names it.
+NEW_FOLDER_OUTPUTS = {
+    "generate": ["generate", "x", "--output", "{d}/o.jsonl"],
+    "profile": ["profile", "--policies", "none", "x", "--json", "{d}/p.json", "--trace-dir", "{d}/tr"],
+    "trace-drift": ["trace-drift", "x", "--plot", "{d}/p.png", "--jsonl", "{d}/t.jsonl", "--json", "{d}/s.json",
+                    "--tensorboard", "{d}/tb"],
+    "calibrate": ["calibrate", "--task", "list", "--limit", "2", "--json", "{d}/c.json", "--plot", "{d}/c.png",
+                  "--out", "{d}/cp.yaml", "--run-file", "{d}/run.jsonl"],
+}
+
+
+@pytest.mark.parametrize("command", list(NEW_FOLDER_OUTPUTS))
+def test_a_run_refused_on_its_settings_leaves_no_folder_behind(command, cli, tmp_path):
+    """The output paths are checked (their folders created) once the settings stand, in every command: a
+    run refused on them (the tiny model's block length 32 does not divide --gen-length 16) is that one
+    error line, exit 2, and no folder of its outputs exists afterwards."""
+    from ecache_cli.config import packaged_profiles_dir
+
+    d = tmp_path / "new" / "sub"
+    res = cli(*[a.format(d=d) for a in NEW_FOLDER_OUTPUTS[command]], "--gen-length", "16")
+    assert res.exit_code == 2 and res.stderr.strip() == (
+        "error: --gen-length 16 is not a multiple of --block-length 32: use a gen-length that is (e.g. 32) or a "
+        "block length that divides 16 (block_length 32 from profile "
+        f"{packaged_profiles_dir() / 'tiny' / 'default.yaml'}; pass the flag to override)"), res.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def _unread_warning(source: str) -> str:
+    return (f"warning: stdin holds piped data, but the prompts come from {source}, so stdin is not read; drop "
+            f"{source} to decode the piped lines, or pipe nothing")
+
+
+@pytest.mark.parametrize("command", ["profile", "trace-drift"])
+def test_piped_stdin_beside_task_is_warned_unread(command, cli, llada_dir, tmp_path):
+    """Stdin is the prompt source only without another: piped data beside --task (profile's and
+    trace-drift's prompt source) is left unread with one warning naming it (a prompt argument beside --task is
+    refused; data still on its way down a pipe cannot be told from none, so this is no error). Beside
+    prompt arguments or --input nothing is said: a command run per line of a `while read` loop inherits the
+    loop's stdin. With nothing piped, nothing is said."""
+    task = ["--task", "list", "--limit", "1"]
+    loud = cli(*_args(command, llada_dir, *task), input="Reverse: 1 2\n")
+    assert loud.exit_code == 0, loud.stderr
+    said = [ln for ln in loud.stderr.splitlines() if ln.startswith("warning: stdin")]
+    assert said == [_unread_warning("--task list")], loud.stderr
+    f = tmp_path / "in.jsonl"
+    f.write_text('{"prompt": "Sort: 3 1 2"}\n')
+    for given, piped in ((task, None), (task, ""), (["Sort: 3 1 2"], "Reverse: 1 2\n"),
+                         (["--input", f], "Reverse: 1 2\n")):
+        quiet = cli(*_args(command, llada_dir, *given), input=piped)
+        assert quiet.exit_code == 0 and "stdin" not in quiet.stderr, (given, quiet.stderr)
+
+
+def test_stdin_data_is_seen_without_reading_it(monkeypatch, tmp_path):
+    """``inputs.stdin_has_data`` on real descriptors: bytes waiting in a pipe, unread bytes of a redirected
+    file; not an empty pipe, a file read to its end or /dev/null; and the data is still there after."""
+    from ecache_cli.runs.inputs import stdin_has_data
+
+    def check(stream, want):
+        monkeypatch.setattr(sys, "stdin", stream)
+        assert stdin_has_data() is want
+
+    r, w = os.pipe()
+    with os.fdopen(r, "r") as rs, os.fdopen(w, "w") as ws:
+        check(rs, False)  # an empty pipe, its writer still open
+        ws.write("Sort: 1 2\n")
+        ws.flush()
+        check(rs, True)
+        assert rs.readline() == "Sort: 1 2\n"  # not consumed
+    f = tmp_path / "p.txt"
+    f.write_text("abc\n")
+    with open(f) as fs:
+        check(fs, True)
+        fs.read()
+        check(fs, False)
+    with open(os.devnull) as null:
+        check(null, False)

@@ -344,3 +344,35 @@ def test_profile_compares_quantized_with_unquantized_weights(cli, tmp_path):
         assert c["score"] == c["score_unquantized"] and 0 <= c["score"] <= 1
     r = cli("profile", "x", "--compare-quantize")
     assert r.exit_code == 2 and "--compare-quantize compares quantized weights" in r.stderr
+
+
+@pytest.mark.parametrize("command, stdin", [
+    (["generate", "x"], None),
+    (["profile", "x", "--policies", "none"], None),
+    (["trace-drift", "x"], None),
+    (["calibrate", "--task", "list", "--dry-run"], None),
+    (["chat"], "/exit\n"),
+    (["serve", "--port", "0"], None),
+])
+def test_a_profiles_format_this_machine_cannot_run_names_the_profile(cli, tmp_path, command, stdin):
+    """A profile's ``quantize: int4`` on a float32 CPU run: refused before the first line in every command,
+    naming the file as every error about a profile's value does; ``--quantize`` overrides it."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("quantize: int4\ncache: {tau: 0.5}\n")
+    r = cli(*command, "--profile", prof, "--device", "cpu", "--dtype", "float32", *SHORT, input=stdin)
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "error: --quantize int4 runs in bfloat16 only here (float32 asked): add --dtype bfloat16; on CPU torchao "
+        f"runs {qz.supported_here(torch.device('cpu'))} (quantize int4 from profile {prof}; pass the flag to "
+        "override)"], r.stderr
+
+
+def test_a_flags_format_is_not_blamed_on_the_profile_and_the_flag_overrides_it(cli, tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("quantize: int8\ncache: {tau: 0.5}\n")
+    flag = cli("generate", "x", "--profile", prof, "--quantize", "int4", "--dtype", "float32", "-q", *SHORT)
+    assert flag.exit_code == 2 and "from profile" not in flag.stderr, flag.stderr
+    prof.write_text("quantize: int4\ncache: {tau: 0.5}\n")
+    none = cli("generate", "x", "--profile", prof, "--quantize", "none", "--dtype", "float32", "--no-chat", "-q",
+               *SHORT)
+    assert none.exit_code == 0, none.stderr

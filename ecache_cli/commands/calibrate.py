@@ -169,14 +169,9 @@ def calibrate_cmd(
         code_sandbox.check_mode(sandbox)
     read_alone(task_obj.examples, "test", limit, seed)  # a missing dataset fails here, before consent and model loading
     preflight(task_obj, opts)  # consent for code tasks: exit 2 before loading anything
-    from ..runs.models import check_start, task_prompt_lengths
+    from ..runs.models import check_quantize, check_start, task_prompt_lengths
 
     check_start(model, device, dtype, quantize=quantize)  # the model flags before the outputs, as generate's
-    check_outputs(opts)  # output paths before any decoding (--dry-run: the --json and --plot reports only)
-    from ..runs.calib_store import check_new_run_file
-    from ..runs.calibrate import run_file_path
-
-    check_new_run_file(run_file_path(model, opts), resume, dry_run)  # refused before the first line, as --output is
     settings = resolve_settings(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp),
@@ -184,11 +179,19 @@ def calibrate_cmd(
          "recent_steps": one_steps},
         profile=profile, compile=compile_step, quantize=quantize, group_size=group_size, tau_searched=True,
         prompt_tokens=task_prompt_lengths(model, task_obj, limit, opts.shots, seed, chat))  # the sample's prompts
+    check_quantize(settings, device, dtype)  # a profile's format this machine cannot run, named with the file
     settings.tau_source = "search"  # τ is what calibrate searches; a profile's τ is not used
     if block:
         from ..runs.calibrate import sweep_base
 
         settings = sweep_base(settings)
+    # output paths once the settings stand (a run refused on them leaves no folder behind), before any decoding
+    # (--dry-run: the --json and --plot reports only)
+    check_outputs(opts)
+    from ..runs.calib_store import check_new_run_file
+    from ..runs.calibrate import run_file_path
+
+    check_new_run_file(run_file_path(model, opts), resume, dry_run)  # refused before the first line, as --output is
     opts.quantize = settings.quantize  # --profile's quantize key when no flag: the profile written says which
     from ..distributed import from_environment
 

@@ -34,7 +34,7 @@ def chat_cmd(
     from ..runs.chat import ChatSession, SettingsSource, open_readline
     from ..runs.generate import check_watch
     from ..runs.inputs import piped_stdin
-    from ..runs.models import check_start
+    from ..runs.models import check_quantize, check_start
     from ..runs.settings import check_settings_fit, not_used_by, warn_model_rules, warn_unused_cache_flags
     from ..runs.watch import watch_available
     from ..runtime import load_for_command
@@ -48,6 +48,7 @@ def chat_cmd(
                                                   compat, alg_temp, edit_threshold),
                             dict(flags), profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
     settings = source.resolve()
+    check_quantize(settings, device, dtype)  # a profile's format this machine cannot run, named with the file
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     if watch and not watch_available(err):
         warn("--watch needs a terminal (stderr is not one); answering without the live view")

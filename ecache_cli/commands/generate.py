@@ -65,7 +65,7 @@ def generate(
         check_ray_options(opts, ray, ranks)
     check_task(task, profile)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
-    from ..runs.models import check_start, prompt_lengths
+    from ..runs.models import check_quantize, check_start, prompt_lengths
 
     check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
     check_input_file(input_file)  # a folder or a missing file: exit 1, as for an unreadable file (errors.py)
@@ -74,6 +74,7 @@ def generate(
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size,
         prompt_tokens=prompt_lengths(model, prompts, chat))
+    check_quantize(settings, device, dtype)  # a profile's format this machine cannot run, named with the file
     require_task_profile(settings, model, task)
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     if quiet and stream:  # --quiet wins: no output on stderr at all

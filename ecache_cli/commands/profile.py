@@ -82,13 +82,11 @@ def profile_cmd(
     resolve_threads(threads, model)  # a bad --threads fails before anything loads (set before the model loads)
     check_sources(prompts, input_file, task, data, shots, limit)
     check_distinct([(json_out, "--json")], [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
-    check_file(json_out, "--json")  # output paths before any decoding
-    check_dir(trace_dir, "--trace-dir")
     check_input_file(input_file)
     if sandbox is not None:
         code_sandbox.check_mode(sandbox)  # a flag's bad value before the first line (the profile's: when read)
     flags = o.cache_flags(None, tau, recent_k, signal, block_refresh, refresh_every)
-    from ..runs.models import check_start, prompt_lengths, task_prompt_lengths
+    from ..runs.models import check_quantize, check_start, prompt_lengths, task_prompt_lengths
 
     check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
@@ -97,6 +95,7 @@ def profile_cmd(
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size,
         prompt_tokens=prompt_lengths(model, prompts, chat) if task is None else task_prompt_lengths(
             model, task, 8 if limit is None else limit, shots, seed, chat, data))  # task_setup's requests
+    check_quantize(settings, device, dtype)  # a profile's format this machine cannot run, named with the file
     settings.policies = names  # the run's policies: its records report τ when one of them takes it
     warn_unused_cache_flags([parse_policy_spec(n)[0] for n in names], flags,
                             f"used by none of --policies {','.join(names)}")
@@ -105,6 +104,9 @@ def profile_cmd(
 
         raise UsageError("--compare-quantize compares quantized weights with unquantized ones: add --quantize "
                          "int8 (or int4 with --dtype bfloat16)")
+    # output paths once the settings stand (a run refused on them leaves no folder behind), before any decoding
+    check_file(json_out, "--json")
+    check_dir(trace_dir, "--trace-dir")
     task_obj, task_info = None, None  # the input read in full: its error alone, before the load
     if task is not None:
         task_obj, requests, task_info = read_alone(task_setup, task, data, shots, limit, seed, allow_code_execution)

@@ -82,7 +82,7 @@ def serve_cmd(
         raise EcacheError(f"ecache serve needs the 'serve' extra ({e.name} is missing): pip install -e \".[serve]\" "
                           "(or pip install 'ecache[serve]')") from None
     from ..console import err, warn
-    from ..runs.models import check_start
+    from ..runs.models import check_quantize, check_start
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
     from ..runtime import inspect_for_command, load_for_command
     from ..serve.app import ServeOptions, bind, create_app, run_server
@@ -93,6 +93,7 @@ def serve_cmd(
         model, o.decode_flags(gen_length, block_length, steps, temperature, top_k, top_p, remasking, threshold, factor,
                               ban_eos, low_eos_confidence, early_exit, schedule, compat, alg_temp, edit_threshold),
         flags, profile=profile, compile=compile_step, quantize=quantize, group_size=group_size)
+    check_quantize(settings, device, dtype)  # a profile's format this machine cannot run, named with the file
     sock = bind(host, port)  # before the model loads: a busy port fails at once
     # --quiet: no start-up or stop lines; warnings and errors stay, and so does the address when --port 0
     # picked it (printed nowhere else)

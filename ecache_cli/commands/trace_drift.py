@@ -57,7 +57,7 @@ def trace_drift_cmd(
     check_flags(prompts, input_file, task, data, shots, limit, batch_size, signal, plot, jsonl, json_out, volatility_level,
                 rows)
     flags = o.cache_flags(cache, tau, recent_k, signal, block_refresh, refresh_every)
-    from ..runs.models import check_start, prompt_lengths, task_prompt_lengths
+    from ..runs.models import check_quantize, check_start, prompt_lengths, task_prompt_lengths
 
     check_start(model, device, dtype, prompts, quantize=quantize)  # refused alone, before the first line and the settings
     settings = resolve_settings(
@@ -66,6 +66,7 @@ def trace_drift_cmd(
         flags, profile=profile, task=task, compile=compile_step, quantize=quantize, group_size=group_size,
         prompt_tokens=prompt_lengths(model, prompts, chat) if task is None else task_prompt_lengths(
             model, task, limit, shots, seed, chat, data))  # read_first's task prompts
+    check_quantize(settings, device, dtype)  # a profile's format this machine cannot run, named with the file
     warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
     check_distinct([(jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json"), (tensorboard, "--tensorboard")],
                    [(input_file, "--input"), (data, "--data"), (profile, "--profile")])

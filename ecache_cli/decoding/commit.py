@@ -92,8 +92,20 @@ def ignored_schedule(cfg, sampler: str) -> str | None:
     temperature > 0 or with ``--top-k`` / ``--top-p``: :meth:`CommitRule.dream_alg`). When neither the given
     schedule nor the model's own (:func:`family_schedule`) uses any of these, the two decode alike and
     the flag is ignored: the one rule the command line warns with (``runs.settings.warn_model_rules``)
-    and ``Engine.start`` warns with (``IgnoredSetting``)."""
-    if cfg.schedule is None or (cfg.threshold is None and cfg.factor is None):
+    and ``Engine.start`` warns with (``IgnoredSetting``).
+
+    At fixed steps (no threshold or factor) ``--schedule block`` does nothing on a model whose own schedule
+    is LLaDA's (LLaDA, LLaDA-MoE): its blocks start fully masked, so block's counts (block-length / steps a
+    step, :func:`~.schedule.block_num_transfer_tokens`) are LLaDA's even split of the block's masks. On a
+    Dream model it replaces Dream's timesteps by that split, and on the block-diffusion families it is
+    their own schedule: not ignored there."""
+    if cfg.schedule is None:
+        return None
+    if cfg.threshold is None and cfg.factor is None:
+        if cfg.schedule == "block" and family_schedule(sampler, None) == "llada":
+            return ("--schedule block does nothing at fixed steps on a model with LLaDA's schedule: its blocks "
+                    "start fully masked, so block's counts (block-length / steps a step) are LLaDA's even split; "
+                    "ignored")
         return None
     spb = None
     if cfg.steps is not None and cfg.block_length and cfg.gen_length % cfg.block_length == 0:

@@ -10,6 +10,8 @@ at all is a DataError (exit 1), as README's exit-code table says of an unreadabl
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,6 +298,83 @@ def piped_stdin() -> IO | None:
         return None
 
 
+def warn_unread_stdin(prompts: list[str] | None, input_file: Path | str | None, task: str | None = None,
+                      data: Path | str | None = None) -> None:
+    """The rule of every prompt command (generate, profile, trace-drift): stdin is the prompt source only
+    when no other is given (prompt arguments, ``--input``, profile's and trace-drift's ``--task``). Where
+    ``--task`` chose the prompts and stdin holds piped data all the same (:func:`stdin_has_data`), a warning
+    names it and the fix: ``stdin holds piped data, but the prompts come from --task list, so stdin is not
+    read; drop --task list to decode the piped lines, or pipe nothing`` (a prompt argument beside ``--task``
+    is refused; piped data is warned, since data still on its way down a pipe cannot be told from none).
+    Prompt arguments and ``--input`` leave piped stdin unread without a word: a command run for each line of
+    a ``while read`` loop inherits the loop's stdin. Nothing is said when stdin is read after all: ``--data``
+    naming stdin (``-``, ``/dev/stdin``)."""
+    if task is None or prompts or input_file is not None or _names_stdin(data):
+        return
+    if stdin_has_data():
+        from ..console import warn
+
+        source = f"--task {task}"
+        warn(f"stdin holds piped data, but the prompts come from {source}, so stdin is not read; drop {source} "
+             "to decode the piped lines, or pipe nothing")
+
+
+def _names_stdin(path: Path | str | None) -> bool:
+    """Whether input path ``path`` reads this process's stdin: ``-``, or the same file as descriptor 0
+    (``/dev/stdin``, ``/proc/self/fd/0``)."""
+    if path is None:
+        return False
+    if is_stdin(path):
+        return True
+    try:
+        return os.path.samestat(os.stat(Path(path).expanduser()), os.fstat(0))
+    except (OSError, ValueError):
+        return False
+
+
+def stdin_has_data() -> bool:
+    """Whether piped stdin (:func:`piped_stdin`) holds data now, seen without reading it: bytes waiting in
+    a pipe or socket (``FIONREAD``), bytes past the read position of a redirected file, or a seekable
+    stream (an in-process caller's) with a byte to read. A terminal, ``/dev/null``, a closed stdin, an
+    empty pipe and a pipe whose writer has not written yet hold none."""
+    stream = piped_stdin()
+    if stream is None:
+        return False
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, OSError):  # no descriptor (io.UnsupportedOperation): an in-memory stream
+        return _peek(getattr(stream, "buffer", stream))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            return st.st_size > os.lseek(fd, 0, os.SEEK_CUR)
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            import array
+            import fcntl
+            import termios
+
+            waiting = array.array("i", [0])
+            fcntl.ioctl(fd, termios.FIONREAD, waiting, True)
+            return waiting[0] > 0
+    except (OSError, ValueError, ImportError):  # no FIONREAD (Windows): nothing said
+        return False
+    return False
+
+
+def _peek(stream) -> bool:
+    """Whether seekable ``stream`` has a character left, its position unchanged."""
+    try:
+        if not stream.seekable():
+            return False
+        pos = stream.tell()
+        try:
+            return bool(stream.read(1))
+        finally:
+            stream.seek(pos)
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def check_one_source(prompts: list[str] | None, input_file: Path | None) -> None:
     """Prompt arguments or ``--input``, not both: UsageError ``--input a.jsonl and 2 prompt argument(s) given:
     pass prompts one way, as arguments or in the file``."""
@@ -309,7 +388,9 @@ def check_prompt_sources(prompts: list[str] | None, input_file: Path | None, tas
     """The prompts come one way, in every command that takes ``--task``: prompt arguments, ``--input`` (or
     stdin), or ``--task``, whose ``--data`` (its benchmark file) and ``--shots`` (its solved examples) mean
     nothing without it. UsageError (exit 2) naming the mix: ``--data needs --task NAME (the benchmark the
-    file holds)``, ``--task chooses the prompts: pass either --task or prompts/--input, not both``."""
+    file holds)``, ``--task chooses the prompts: pass either --task or prompts/--input, not both``. Stdin
+    is the source only when none of these is given (:func:`warn_unread_stdin`: piped data beside ``--task``
+    is a warning, not this error)."""
     check_one_source(prompts, input_file)
     if task is not None and (prompts or input_file is not None):
         raise UsageError("--task chooses the prompts: pass either --task or prompts/--input, not both")

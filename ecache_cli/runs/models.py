@@ -284,15 +284,40 @@ def check_start(model, device: str | None = None, dtype: str | None = None, prom
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if quantize is not None:
-        from ..models import quantize as qz
-
-        quant = qz.parse_quantize(quantize)
-        if quant is not None:
-            qz.check_supported(quant, dev, dt)
+        _check_supported(quantize, dev, dt)
     if prompts:
         from .inputs import check_arguments
 
         check_arguments(prompts)
+
+
+def _check_supported(quantize: str, dev, dt) -> None:
+    """``models.quantize.check_supported`` for a ``--quantize`` value (``none``: nothing to check)."""
+    from ..models import quantize as qz
+
+    quant = qz.parse_quantize(quantize)
+    if quant is not None:
+        qz.check_supported(quant, dev, dt)
+
+
+def check_quantize(settings, device: str | None = None, dtype: str | None = None) -> None:
+    """A weights format that the run's profile gave (its ``quantize`` key, no ``--quantize``:
+    ``Settings.quantize_from_profile``) and that this ``--device`` and ``--dtype`` cannot run, refused as
+    :func:`check_start` refuses the flag's (UsageError, or EcacheError exit 1 without torchao), before the
+    first line, naming the file as every error about a profile's value does (``runs.settings.from_profile``):
+    ``… add --dtype bfloat16; … (quantize int4 from profile p.yaml; pass the flag to override)``. Every model
+    command calls it right after ``resolve_settings``; a format the flag gave was checked by check_start."""
+    if not settings.quantize_from_profile:
+        return
+    from ..errors import EcacheError
+    from ..models.loader import resolve_device, resolve_dtype
+    from .settings import from_profile
+
+    dev = resolve_device(device)
+    try:
+        _check_supported(settings.quantize, dev, resolve_dtype(dtype, dev))
+    except EcacheError as e:
+        raise type(e)(from_profile(e, f"quantize {settings.profile_quantize}", settings.profile)) from None
 
 
 def prompt_lengths(model, prompts: list[str] | None, chat: bool | None) -> list[int] | None:

@@ -263,7 +263,8 @@ def check_sources(prompts: list[str] | None, input_file: Path | None, task: str 
                   shots: int | None, limit: int | None) -> None:
     """The prompts come one way: ``--task`` (with ``--data``, ``--shots``), prompt arguments, or
     ``--input`` / stdin (``--limit`` takes the first N of those). UsageError otherwise, and for a
-    ``--task`` that is none (``tasks.check_task_name``)."""
+    ``--task`` that is none (``tasks.check_task_name``). Stdin is read only when no other source is given
+    (piped data beside ``--task`` is a warning: ``inputs.warn_unread_stdin``)."""
     from ..tasks import check_task_name
     from .inputs import check_prompt_sources
 
@@ -279,20 +280,23 @@ def task_setup(task: str, data: str | None, shots: int | None, limit: int | None
                allow_code_execution: bool) -> tuple[object, list[Request], dict]:
     """``--task``: the task object, its requests (``limit`` examples, 8 when None; ``shots`` solved
     examples, the task's default when None) and what the JSON says of it (``scored``: False for a
-    code task without ``--allow-code-execution``, whose scorer runs the code)."""
+    code task without ``--allow-code-execution``, whose scorer runs the code). Piped stdin is not read
+    (a warning when it holds data: ``inputs.warn_unread_stdin``)."""
     from ..tasks import get_task
+    from .inputs import warn_unread_stdin
 
     task_obj = get_task(task, data=data, allow_code_execution=allow_code_execution)
     n_shots = task_obj.default_shots if shots is None else shots
     requests = task_requests(task_obj, 8 if limit is None else limit, n_shots, seed)
+    warn_unread_stdin(None, None, task, data)
     info = {"name": task, "data": data, "shots": n_shots, "limit": len(requests), "split": "test",
             "scored": task_obj.can_score}
     return task_obj, requests, info
 
 
 def input_requests(prompts: list[str] | None, input_file: Path | None, limit: int | None) -> list[Request]:
-    """Requests from prompt arguments, ``--input`` or stdin (when piped), at most ``limit``; the
-    error of :func:`inputs.no_prompts` when the source gave none."""
+    """Requests from prompt arguments, ``--input`` or stdin (when piped, and only without the others), at
+    most ``limit``; the error of :func:`inputs.no_prompts` when the source gave none."""
 
     from .inputs import no_prompts
 

@@ -47,6 +47,7 @@ class Settings:
     sampling_flags: tuple[str, ...] = ()  # --top-k / --top-p given with no --schedule: warned once the model is known
     quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
     profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
+    quantize_from_profile: bool = False  # ``quantize`` is the profile's key (no --quantize): its errors name the file
     policies: list[str] | None = None  # the --policies entries a run compares (ecache profile); None: ``cache``
     decode_given: frozenset = frozenset()  # the decode flags given (--schedule, --steps: warn_ignored_schedule)
     parallel_source: str | None = None  # where a threshold / factor no flag gave came from (a family, a profile)
@@ -172,10 +173,10 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _validate_naming_profile(decode, p_dec, decode_flags, path, fam, model_spec(model), prompt_tokens)
     _validate_policy(name, params, p_cache, cache_flags, path, fam, notes)
     decode_cfg = DecodeConfig(**decode)
-    tau_source = "flag" if cache_flags.get("tau") is not None else "profile" if p_cache.get("tau") is not None \
-        else "default"
+    tau_source = _tau_source(cache_flags, p_cache)
     _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
+                    quantize_from_profile=quantize is None and run_q is not None,
                     sampling_flags=_sampling_flags(decode_cfg, decode_flags),
                     decode_given=frozenset(k for k, v in decode_flags.items() if v is not None),
                     parallel_source=_parallel_source(decode, decode_flags, p_dec, path, fam),
@@ -235,6 +236,13 @@ def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_sour
     warn(f"profile {prof['_path']}'s τ was calibrated on {what(prof_q)} weights, this run uses {what(run_q)}: "
          f"quantization changes the entropy signal, so τ may not hold; run "
          f"`{recalibrate_command(prof.get('model'), prof, run_q)}` or pass --tau")
+
+
+def _tau_source(cache_flags: dict, p_cache: dict) -> str:
+    """Where the run's τ comes from: ``flag`` (``--tau``), ``profile`` (its cache section) or ``default``."""
+    if cache_flags.get("tau") is not None:
+        return "flag"
+    return "profile" if p_cache.get("tau") is not None else "default"
 
 
 def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
@@ -441,8 +449,14 @@ def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, pa
     blamed = [k for k in from_file if flags.get(k) is None and values.get(k) is not None
               and (k.replace("_", "-") in msg or k in msg) and str(values[k]) in msg]
     if blamed and path is not None:
-        names = ", ".join(f"{k} {values[k]}" for k in blamed)
-        raise UsageError(f"{e} ({names} from profile {path}; pass the flag to override)") from None
+        raise UsageError(from_profile(e, ", ".join(f"{k} {values[k]}" for k in blamed), path)) from None
+
+
+def from_profile(error, names: str, path: str) -> str:
+    """The message of ``error`` about values a profile file gave, naming them and the file: ``<error>
+    (<names> from profile <path>; pass the flag to override)``, e.g. ``names`` ``steps 3``: one wording for
+    every error whose value came from a profile (:func:`_blame_profile`, ``runs.models.check_quantize``)."""
+    return f"{error} ({names} from profile {path}; pass the flag to override)"
 
 
 def _block_follows_gen_length(decode: dict, p_dec: dict, decode_flags: dict) -> None:
@@ -542,7 +556,8 @@ def warn_model_rules(settings: "Settings", sampler: str) -> None:
     """The warnings that need the loaded model's official sampler (``ModelSpec.sampler``): ``--steps``
     beyond a block's masks under LLaDA's schedule (:func:`warn_idle_steps`) and ``--top-k`` / ``--top-p``
     that greedy decoding drops under LLaDA's rules (:func:`warn_sampling_flags`; a Dream model keeps them),
-    ``--schedule`` that the threshold or factor rule ignores (:func:`warn_ignored_schedule`). Every command
+    ``--schedule`` that the threshold or factor rule ignores, or ``block`` on a model with LLaDA's schedule
+    (:func:`warn_ignored_schedule`). Every command
     (serve too) calls it right after the model loads."""
     warn_idle_steps(settings.decode, sampler)
     warn_sampling_flags(settings.decode, settings.sampling_flags, sampler)
@@ -551,7 +566,8 @@ def warn_model_rules(settings: "Settings", sampler: str) -> None:
 
 def warn_ignored_schedule(settings: "Settings", sampler: str) -> None:
     """One warning on stderr for each of the ``--schedule`` and ``--steps`` flags that does nothing under the
-    run's threshold or factor rule on a model whose official sampler is ``sampler``
+    run's threshold or factor rule (``--schedule block`` at fixed steps too, on a model with LLaDA's schedule)
+    on a model whose official sampler is ``sampler``
     (``decoding.commit.ignored_schedule``, ``ignored_steps``: the rules ``Engine.start`` warns with too),
     naming where a threshold no flag gave came from (the model family's default, a profile)."""
     from ..decoding.commit import ignored_schedule, ignored_steps

@@ -338,10 +338,11 @@ def signal_kind(signal: str | None, settings: Settings) -> str:
 def read_first(opts: TraceOptions) -> list:
     """The trace's input read and checked in full without the model, before it loads (README: an input
     error comes first and alone): ``--task``'s prompts (test split, ``--limit``, ``--shots``; ``--data``
-    read here), else the items of the arguments, ``--input`` JSONL or stdin. UsageError (exit 2) naming
+    read here; piped data beside it is a warning, ``inputs.warn_unread_stdin``), else the items of the
+    arguments, ``--input`` JSONL or stdin (read only without the others). UsageError (exit 2) naming
     every line invalid without the model (``inputs.invalid_error``) or for a source with no prompt;
     DataError (exit 1) for one that cannot be read."""
-    from .inputs import check_prompt_sources
+    from .inputs import check_prompt_sources, warn_unread_stdin
 
     check_prompt_sources(opts.prompts, opts.input_file, opts.task, opts.data, opts.shots)
     if opts.task:
@@ -349,7 +350,9 @@ def read_first(opts: TraceOptions) -> list:
 
         task = get_task(opts.task, opts.data)
         shots = task.default_shots if opts.shots is None else opts.shots
-        return [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
+        prompts = [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
+        warn_unread_stdin(None, None, opts.task, opts.data)
+        return prompts
     from .inputs import FIX, invalid_error, no_prompts, source_head
 
     stdin = piped_stdin() if not opts.prompts and opts.input_file is None else None
