@@ -248,3 +248,21 @@ def check_plot_name(path, flag: str = "--plot") -> None:
     if path is not None and Path(path).suffix.lower() != ".png" and not _names_folder(Path(path)):
         raise UsageError(f"{flag} {path}: give a .png file name (e.g. {Path(path).with_suffix('.png')})")
 
+
+def write_json(doc: dict, path, flag: str = "--json") -> None:
+    """A command's ``--json`` document (profile, calibrate, trace-drift: one rule): to stdout when ``path`` is
+    ``-``, as one line (the last line of stdout, so ``| tail -1 | jq`` reads it), flushed; else to the file,
+    indented by 2, its folder made. Values JSON has no type for are written as their text. Raises DataError
+    (exit 1) naming ``flag`` and the path when the file cannot be written."""
+    import json
+    import sys
+
+    if str(path) == "-":
+        sys.stdout.write(json.dumps(doc, ensure_ascii=False, default=str) + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"{flag} {path}: cannot write ({e.strerror or e})") from None

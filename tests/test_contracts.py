@@ -1827,3 +1827,21 @@ def test_stdin_data_is_seen_without_reading_it(monkeypatch, tmp_path):
         check(fs, False)
     with open(os.devnull) as null:
         check(null, False)
+
+
+@pytest.mark.parametrize("command", ["profile", "trace-drift", "calibrate"])
+def test_every_json_document_is_written_by_one_rule(command, cli, llada_dir, profiles_dir, tmp_path):
+    """``--json`` in every command that has it (``outputs.write_json``): the document names its command
+    first; to stdout (``-``) one line, the last; to a file indented by 2, the same document."""
+    base = [a for a in _args(command, llada_dir) if a not in ("--json", "-")]
+    prompts = [] if command == "calibrate" else ["Sort: 3 1 2"]
+    res = cli(*base, "--json", "-", *prompts)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert next(iter(doc)) == "command" and doc["command"] == command and doc["manifest"]["command"] == command
+    out = tmp_path / "doc.json"
+    res = cli(*base, "--json", out, *prompts)
+    assert res.exit_code == 0, res.stderr
+    text = out.read_text()
+    assert text.startswith(f'{{\n  "command": "{command}",\n') and text.endswith("}\n")
+    assert set(json.loads(text)) == set(doc)

@@ -102,6 +102,7 @@ def calibrate_cmd(
     from ..console import announce, err, hold_warnings, read_alone
     from ..console import out as out_console
     from ..errors import EcacheError
+    from ..outputs import write_json
     from ..runs.calib_groups import TaskGroups, parse_list, parse_shots
     from ..runs.calib_report import (
         calibrate_document,
@@ -109,7 +110,6 @@ def calibrate_cmd(
         plot_frontier,
         sweep_table,
         wall_warnings,
-        write_json,
     )
     from ..runs.calib_store import JOINT_BLOCK_REFRESHES, JOINT_RECENT_KS, JOINT_STEP_ARMS
     from ..runs.calibrate import (

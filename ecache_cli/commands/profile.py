@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -51,7 +50,7 @@ def profile_cmd(
     Example: [cyan]ecache profile --task arith --limit 8 --policies none,dual,entropy[/]
     """
     from ..console import announce, err, hold_warnings, info, note, out, read_alone, warn
-    from ..outputs import check_dir, check_distinct, check_file
+    from ..outputs import check_dir, check_distinct, check_file, write_json
     from ..runs.inputs import check_input_file
     from ..runs.profile import (
         ProfileOptions,
@@ -165,7 +164,7 @@ def profile_cmd(
         doc = profile_document(report, lm, settings, opts, use_chat, task_info, len(requests))
         if comparison is not None:
             doc["quantize_comparison"] = comparison
-        _write_json(doc, json_out)
+        write_json(doc, json_out)
     held = False
     if hold is not None:
         try:
@@ -193,23 +192,6 @@ def _compare_quantized(report, lm, settings, requests, opts, console) -> dict:
     comparison = compare_with_unquantized(report, lm, settings, requests, opts)
     console.print(render_comparison(comparison, str(lm.model.quantization)), soft_wrap=False)
     return comparison
-
-
-def _write_json(doc: dict, json_out: str) -> None:
-    """The ``--json`` document as one line to stdout (``-``) or to the file (DataError when it cannot
-    be written)."""
-    from ..errors import DataError
-    from ..runs.profile import json_line
-
-    if json_out == "-":
-        sys.stdout.write(json_line(doc) + "\n")
-        sys.stdout.flush()
-        return
-    try:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json_line(doc) + "\n")
-    except OSError as e:
-        raise DataError(f"--json {json_out}: cannot write ({e.strerror})") from None
 
 
 def _progress(line, opts, n_requests: int):

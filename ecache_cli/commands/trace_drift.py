@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -46,7 +44,7 @@ def trace_drift_cmd(
     Example: [cyan]ecache trace-drift "Sort: 9 3 7 1" --plot drift.png[/] (tables on stderr; same tokens as generate)
     """
     from ..console import announce, err, hold_warnings, info, read_alone
-    from ..outputs import check_dir, check_distinct, check_file
+    from ..outputs import check_dir, check_distinct, check_file, write_json
     from ..runs import drift_report as rep
     from ..runs.confidence import warn_untrained
     from ..runs.settings import not_used_by, resolve_settings, warn_model_rules, warn_unused_cache_flags
@@ -94,12 +92,7 @@ def trace_drift_cmd(
                 report = trace(lm, settings, opts, sinks, hold=hold, progress=None if not line.active else
                                lambda done, total, now: count.update(done, now, total=total))
             if json_out is not None:  # the summary first: an interrupt while drawing the tables or the plot keeps it
-                doc = json.dumps(summary_document(lm, settings, opts, report), ensure_ascii=False)
-                if json_out == "-":
-                    sys.stdout.write(doc + "\n")
-                    sys.stdout.flush()
-                else:
-                    Path(json_out).write_text(doc + "\n", encoding="utf-8")
+                write_json(summary_document(lm, settings, opts, report), json_out)
         # -q leaves stderr to warnings and errors; the tables stay when they are the run's only result
         if not quiet or all(p is None for p in (jsonl, json_out, plot, tensorboard)):
             rep.render_steps(o.table_console(err, wide), report, rows, wide=wide)

@@ -4,8 +4,6 @@ JSON document and the profile's content. Scores are 0–1 fractions inside, perc
 from __future__ import annotations
 
 import datetime
-import json
-import sys
 from pathlib import Path
 
 from ..cache.entropy import EntropyCache
@@ -248,19 +246,9 @@ def calibrate_document(outcome, lm, settings, opts, incomplete: bool) -> dict:
     ``runs/manifest.py``); ``incomplete``: Ctrl-C ended the search (``none`` and the finished τs)."""
     from .manifest import manifest
 
-    return {**json_document(outcome, manifest(lm, settings, opts.seed, {"command": "calibrate"}), opts),
+    return {"command": "calibrate",
+            **json_document(outcome, manifest(lm, settings, opts.seed, {"command": "calibrate"}), opts),
             "incomplete": incomplete}
-
-
-def write_json(doc: dict, path: Path) -> None:
-    """Write ``doc`` as indented JSON to ``path``, or to stdout when ``path`` is ``-``: there one line, as
-    ``profile --json -`` prints it, so ``| tail -1 | jq`` reads it."""
-    if str(path) == "-":
-        sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
-        sys.stdout.flush()
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _profile_cache(params: dict, chosen: Point) -> dict:

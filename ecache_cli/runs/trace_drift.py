@@ -462,8 +462,10 @@ def _renumber(results: list[GenerationResult], offset: int) -> list[GenerationRe
 
 
 def summary_document(lm, settings: Settings, opts: TraceOptions, report: TraceReport) -> dict:
-    """The ``--json`` document: the summary, the settings and the reproducibility manifest."""
-    return {**report.summary(), "manifest": manifest(lm, settings, opts.seed, {"command": "trace-drift"})}
+    """The ``--json`` document: ``command`` (as every command's ``--json`` starts), the summary, the settings
+    and the reproducibility manifest."""
+    return {"command": "trace-drift", **report.summary(),
+            "manifest": manifest(lm, settings, opts.seed, {"command": "trace-drift"})}
 
 
 def _clock(device: torch.device) -> float:
