@@ -721,16 +721,31 @@ def test_a_folder_without_config_is_refused_as_models_show_and_load_model_refuse
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-@pytest.mark.parametrize("name", ["no/such/folder", "./nonexist", "~/nonexist-ecache"])
-def test_a_mistyped_model_folder_is_refused_before_the_decode_settings(command, name, cli):
-    """A path-like ``--model`` that is no folder is refused as an unknown model (exit 1) even when the
-    decode settings are bad too (17 is no multiple of any block length here): the model comes first."""
+@pytest.mark.parametrize("name", ["no/such/folder", "./nonexist", "~/nonexist-ecache", "FILE"])
+def test_a_mistyped_model_folder_is_refused_before_the_decode_settings(command, name, cli, tmp_path):
+    """A path-like ``--model`` that is no folder is refused as no such folder, and a file as no checkpoint
+    folder (exit 1), in ``models show``'s and ``load_model``'s words, even when the decode settings are bad
+    too (17 is no multiple of any block length here): the model comes first."""
+    from ecache_cli.errors import ModelLoadError
+    from ecache_cli.models.loader import load_model
+
+    if name == "FILE":
+        name = str(tmp_path / "questions.jsonl")
+        (tmp_path / "questions.jsonl").write_text('{"prompt": "x"}\n')
+        want = (f"{name!r} is a file, not a checkpoint folder (a folder with config.json and the weights); pass its "
+                "folder, or run `ecache models` for the known models")
+    else:
+        want = (f"{name!r}: no such folder; pass a checkpoint folder that exists, or run `ecache models` for the "
+                "known models")
     args = [a for a in _args(command, name, "--gen-length", 17) if a != "-q"]
     res = cli(*args, *([] if command == "calibrate" else ["x"]))
     assert res.exit_code == 1, res.stderr
-    assert res.stderr.strip().splitlines() == [f"error: --model {name!r} is neither a model ecache knows, a "
-                                               "checkpoint folder nor a Hugging Face repo id (org/name); run "
-                                               "`ecache models` for the known models"], res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: --model {want}"], res.stderr
+    shown = cli("models", "show", name)
+    assert shown.exit_code == 1 and shown.stderr.strip().splitlines() == [f"error: {want}"], shown.stderr
+    with pytest.raises(ModelLoadError) as e:
+        load_model(name)
+    assert str(e.value) == f"--model {want}"
 
 
 def _settings_doc(command: str, stdout: str) -> dict:

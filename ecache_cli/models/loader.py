@@ -117,16 +117,26 @@ def resolve_path(name_or_path: str | os.PathLike | None) -> tuple[Path, str]:
     path = Path(name).expanduser()
     if path.is_dir() and name.strip():  # '' would be the current folder
         return path, name
-    if "/" in name and not path.exists() and name.count("/") == 1 and not name.startswith((".", "/")):
+    if "/" in name and not path.exists() and name.count("/") == 1 and not name.startswith((".", "/", "~")):
         return _from_hub(name, name), name
     raise ModelLoadError(unknown_model(name, "--model"))
 
 
 def unknown_model(name: str, flag: str = "") -> str:
     """The one wording of an unknown model name: ``load_model``'s, ``ecache models show NAME``'s and every
-    command's ``--model``."""
-    return (f"{flag + ' ' if flag else ''}{name!r} is neither a model ecache knows, a checkpoint folder nor a "
-            "Hugging Face repo id (org/name); run `ecache models` for the known models")
+    command's ``--model``. A name that is a file, or written as a path (``/``, ``./``, ``~`` first, or more
+    than one ``/``: no repo id) that does not exist, is named as such; any other name gets the three kinds
+    of model it is none of."""
+    head = f"{flag + ' ' if flag else ''}{name!r}"
+    path = Path(name).expanduser()
+    if name.strip() and path.is_file():
+        return (f"{head} is a file, not a checkpoint folder (a folder with config.json and the weights); pass "
+                "its folder, or run `ecache models` for the known models")
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        return (f"{head}: no such folder; pass a checkpoint folder that exists, or run `ecache models` for the "
+                "known models")
+    return (f"{head} is neither a model ecache knows, a checkpoint folder nor a Hugging Face repo id (org/name); "
+            "run `ecache models` for the known models")
 
 
 def _download_command() -> str:
