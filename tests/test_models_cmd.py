@@ -526,6 +526,15 @@ def test_a_repo_id_is_shown_and_pulled_like_an_alias(cli, hub, llada_dir):
     assert _pull(cli, "someone/llada-finetune", 0).stdout == f"{snap}\n"
 
 
+def test_the_repo_of_a_known_alias_is_shown_with_the_aliases_facts(cli, hub):
+    """``models show ORG/NAME`` of an alias's repository shows what the alias does (family, parameters),
+    with the repo id as the name to pull."""
+    by_alias, by_repo = json_show(cli, "dream-7b"), json_show(cli, "Dream-org/Dream-v0-Instruct-7B")
+    assert by_repo["source"] == "repo" and by_repo["family"] == by_alias["family"] == "dream"
+    assert by_repo["params"] == by_alias["params"] is not None
+    assert by_repo["get"]["ecache"] == "ecache models pull Dream-org/Dream-v0-Instruct-7B"
+
+
 def test_quantized_sizes_keep_embeddings_and_head_in_the_compute_dtype():
     """``models show``'s int8 / int4 estimates (and the memory check under --quantize): LLaDA-8B's
     1.04B embedding and head parameters stay bfloat16, the other 6.98B take 1 byte (int8) or 0.53 (int4)."""

@@ -232,7 +232,9 @@ def resolve(name: str) -> dict:
                 "local": "part" if missing else "yes", "missing": missing}
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         state, snap, missing = local_state(name)
-        return {"name": name, "source": "repo", "repo": name, "family": None, "alias": None, "path": snap,
+        # the repo of a known alias: its family and facts, as the alias shows them
+        fam, info = next((alias(a) for a, repo in ALIASES.items() if repo == name), (None, None))
+        return {"name": name, "source": "repo", "repo": name, "family": fam, "alias": info, "path": snap,
                 "local": state, "missing": missing}
     from ..models.loader import unknown_model
 
