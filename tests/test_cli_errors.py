@@ -75,6 +75,7 @@ def test_non_utf8_stdin_bytes(cli, llada_dir):
     ("entropy:recent_k=abc", "recent_k='abc' must be a whole number"),
     ("elastic:gamma=abc", "gamma='abc' must be a finite number in [0, 1] (a cosine similarity; e.g. 0.9)"),
     ("entropy:block_refresh=maybe", "block_refresh='maybe' must be true or false"),
+    ("entropy:tau", "write parameters as name:key=value (e.g. entropy:tau=2.5)"),  # every refusal: --policies 'spec':
 ])
 def test_policy_variant_with_a_wrongly_typed_value(cli, llada_dir, spec, needle):
     res = cli("profile", "x", "--policies", f"none,{spec}", "--model", llada_dir, *SMALL)

@@ -169,7 +169,7 @@ def parse_policy_spec(spec: str, where: str = "--policies", family=None) -> tupl
     for pair in pairs:
         key, eq, value = pair.partition("=")
         if not eq or not key:
-            raise UsageError(f"{where}: {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
+            raise UsageError(f"{where} {spec!r}: write parameters as name:key=value (e.g. entropy:tau=2.5)")
         param = key.replace("-", "_")
         if param in params:  # as a profile refuses a key given twice: no silent "last wins"
             raise UsageError(f"{where} {spec!r}: parameter {key} given twice; keep one {key}=value")
