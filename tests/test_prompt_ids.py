@@ -72,8 +72,8 @@ def test_text_that_spells_the_mask_token_is_refused_where_it_is_encoded(cli, lla
     mask = llada_lm.tokenizer.convert_ids_to_tokens(llada_lm.spec.mask_id)
     bad = f"Sort: 3 1 {mask}"
     (ids,) = eng.encode(["Sort: 3 1 "], chat=False)
-    why = (f"the text holds the mask token {mask!r} (id {llada_lm.spec.mask_id}, token {len(ids)}); a prompt holds "
-           "no mask tokens; remove it from the text")
+    why = (f"the text holds the mask token {mask!r} (token id {llada_lm.spec.mask_id}, at position {len(ids)} of the "
+           "encoded prompt); a prompt holds no mask tokens; remove it from the text")
     with pytest.raises(UsageError) as exc:
         eng.encode(["Sort: 2 1", bad], chat=False)
     assert str(exc.value) == f"prompt 2: {why}"
@@ -84,6 +84,11 @@ def test_text_that_spells_the_mask_token_is_refused_where_it_is_encoded(cli, lla
     f.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Sort: 2 1", bad, "Sort: 4 3")))
     one_line_error(cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--no-chat"), 2, "in.jsonl:2",
                    "nothing decoded", why)
+    for given, stdin, head in ((["Sort: 2 1", bad], None, "prompt arguments: 1 of 2 argument(s) invalid"),
+                               ([], f"Sort: 2 1\n{bad}\n", "stdin: 1 of 2 line(s) invalid")):
+        res = cli("generate", "--model", llada_dir, *SMALL, "--no-chat", *given, input=stdin)
+        one_line_error(res, 2, head, "nothing decoded", why)  # checked before the first prompt is decoded
+        assert res.stdout == ""
     res = cli("generate", "--model", llada_dir, *SMALL, "--input", f, "--no-chat", "--skip-invalid")
     recs = records(res)
     assert [("text" in r, r.get("error", "").endswith(why)) for r in recs] == [(True, False), (False, True),

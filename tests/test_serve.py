@@ -352,7 +352,7 @@ def test_text_that_spells_the_mask_token_is_a_400_as_the_command_line_says(serve
         r = httpx.post(f"{url}{path}", json={"model": "tiny", **body}, headers=auth, timeout=60)
         assert r.status_code == 400, (path, r.status_code, r.text[:300])
         message = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["error"]
-        assert f"the text holds the mask token '{mask}' (id 2, token " in message, message
+        assert f"the text holds the mask token '{mask}' (token id 2, at position " in message, message
         assert message.endswith("a prompt holds no mask tokens; remove it from the text"), message
 
 

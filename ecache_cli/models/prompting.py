@@ -121,5 +121,6 @@ def mask_in_text(tokenizer, spec, ids: Sequence[int]) -> str:
     ids, holding it): the text spells the mask token, a position the model would generate, not read."""
     convert = getattr(tokenizer, "convert_ids_to_tokens", None)
     spelling = f" {convert(spec.mask_id)!r}" if convert is not None else ""
-    return (f"the text holds the mask token{spelling} (id {spec.mask_id}, token {list(ids).index(spec.mask_id)}); "
-            "a prompt holds no mask tokens; remove it from the text")
+    return (f"the text holds the mask token{spelling} (token id {spec.mask_id}, at position "
+            f"{list(ids).index(spec.mask_id)} of the encoded prompt); a prompt holds no mask tokens; remove it "
+            "from the text")

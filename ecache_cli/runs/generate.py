@@ -230,27 +230,27 @@ class _Job:
         self.results: dict[int, dict] = {}
         self.watched, self.watched_index = False, None  # --watch: the one batch shown, by its first index
 
-    def read_items(self) -> tuple[list[Item] | object, list[Item]]:
-        """The items and the invalid ones: ``--input`` records, all read and checked first (a list);
-        else arguments or stdin lines (a generator, a list when ``--output`` or arguments are given)."""
-        from .gen_input import check_items, invalid_error
+    def read_items(self) -> tuple[list[Item], list[Item]]:
+        """The items and the invalid ones, every one checked by the model before any is decoded
+        (``gen_input.check_items``: token ids, template, canvas): ``--input`` records (the invalid ones
+        refused, or with ``--skip-invalid`` returned to get their error records); arguments or stdin lines
+        (an invalid one refused as profile and trace-drift refuse it, ``gen_input.check_prompts``)."""
+        from .gen_input import check_items, check_prompts, invalid_error
         from .inputs import no_prompts
 
         opts = self.opts
         read = opts.items if opts.items is not None else read_first(opts)
+        gen_length, block_length = self.settings.decode.gen_length, self.settings.decode.block_length
         if opts.input_file is not None:
-            items = check_items(read, self.engine, self.chat, self.settings.decode.gen_length,
-                                    self.settings.decode.block_length)
+            items = check_items(read, self.engine, self.chat, gen_length, block_length)
             if not items:
                 raise no_prompts(opts.input_file)
             bad = [it for it in items if it.error is not None]
             if bad and not opts.skip_invalid:
                 raise invalid_error(items, opts.input_file)
             return items, bad
-        items = (Item(index=i, line=it.line, rec=it.rec, prompt=it.prompt) for i, it in enumerate(read))
-        if opts.output is not None or opts.prompts:  # a file to resume needs the whole input first
-            items = list(items)
-        return items, []
+        check_prompts(read, self.engine, self.chat, gen_length, block_length, None)
+        return [Item(index=i, line=it.line, rec=it.rec, prompt=it.prompt) for i, it in enumerate(read)], []
 
     def plan_output(self, items) -> None:
         """Rank 0 opens the plan of ``--output``: which records it already holds; every rank then
