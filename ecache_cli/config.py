@@ -444,7 +444,8 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
     if "sandbox" in data and data["sandbox"] not in SANDBOX_MODES:
         raise ConfigError(f"{path}: sandbox: {data['sandbox']!r} must be one of {', '.join(SANDBOX_MODES)}")
     if "compile" in data and not isinstance(data["compile"], bool):
-        raise ConfigError(f"{path}: compile: {data['compile']!r} must be true or false")
+        fix = _quoted_bool("compile", data["compile"])
+        raise ConfigError(f"{path}: compile: {data['compile']!r} must be true or false{fix}")
     if "quantize" in data and not _quantize_value(data["quantize"]):
         raise ConfigError(f"{path}: quantize: {data['quantize']!r} must be one of {', '.join(QUANTIZE_FORMATS)} "
                           "(int4:64 for int4 in groups of 64)")
@@ -494,10 +495,20 @@ def _check_types(data: dict, path, policy: str | None = None) -> None:
             if number is not None:  # a quoted number, refused as the Python API and the server refuse it
                 raise ConfigError(f"{path}: {section}.{k}: {v!r} must be a number, not a string; write it "
                                   f"without quotes ({k}: {number})")
+            if _quoted_bool(k, v) and kind in (bool, bool | None):
+                raise ConfigError(f"{path}: {section}.{k}: {v!r} must be true or false{_quoted_bool(k, v)}")
             try:
                 sec[k] = check_value(kind, v)
             except ValueError as e:
                 raise ConfigError(f"{path}: {section}.{k}: {v!r} {e}") from None
+
+
+def _quoted_bool(key: str, value) -> str:
+    """The fix for a profile's true or false written as a quoted string (``compile: "false"``): ``, not a
+    string; write it without quotes (compile: false)``; else ""."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return f", not a string; write it without quotes ({key}: {value.strip().lower()})"
+    return ""
 
 
 def value_kinds() -> dict[str, dict]:

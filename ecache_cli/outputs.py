@@ -6,9 +6,10 @@ directly under the filesystem root (``--json /resuts/p.json`` is far more often 
 A path that is a folder where a file is wanted, lies under a file, or cannot be written is a one-line
 error naming it, raised before the model loads, so a long run never fails at its last write.
 Every command checks its output paths once its flags and settings are resolved and before it reads
-its input (a run refused on its settings creates no folder, in every command). Trade-off: the check
-writes and removes a probe file, so the folders exist even if the run later fails (its input, the
-model); that is cheaper than losing a run's results.
+its input (a run refused on its settings creates no folder, in every command). The check writes and
+removes a probe file, so the folders exist while the run goes on; a folder it created that is still
+empty when the command ends (the run failed on its input or the model before writing) is removed then,
+as an output file it created and left empty is (:func:`release_all`).
 
 One writer per file: the check also takes an advisory lock on the output file (:func:`claim`), held
 until the command ends, so a second ecache process given the same output fails at once (exit 1,
@@ -30,10 +31,15 @@ def _make_folder(folder: Path, flag: str, path, announce: bool = True) -> None:
     if folder.is_dir():
         return
     _check_creatable(folder, flag, path)
+    new, level = [], folder
+    while not level.exists() and level.parent != level:
+        new.append(level)
+        level = level.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"{flag} {path}: cannot create folder {folder} ({e.strerror}); choose another path") from None
+    _NEW_FOLDERS.extend(os.path.abspath(f) for f in new)  # deepest first
     if announce:
         from .console import note
 
@@ -156,10 +162,13 @@ def claim(path, flag: str) -> None:
 
 
 _CREATED: set[str] = set()
+#: The folders :func:`_make_folder` created for this command's outputs, each new level, deepest first.
+_NEW_FOLDERS: list[str] = []
 
 
 def release_all() -> None:
-    """Release every lock :func:`claim` took (and remove the files it created that are still empty)."""
+    """Release every lock :func:`claim` took, remove the files it created that are still empty, then the
+    folders the output checks created that are still empty (a run that failed before writing leaves none)."""
     for key, fd in list(_LOCKS.items()):
         try:
             if key in _CREATED and os.fstat(fd).st_size == 0 and os.path.exists(key):
@@ -169,6 +178,12 @@ def release_all() -> None:
         os.close(fd)  # closing the descriptor drops the flock
         del _LOCKS[key]
         _CREATED.discard(key)
+    for folder in sorted(_NEW_FOLDERS, key=lambda f: f.count(os.sep), reverse=True):
+        try:
+            os.rmdir(folder)  # only an empty folder goes
+        except OSError:
+            pass
+    _NEW_FOLDERS.clear()
 
 
 def _lock_holder(fd: int) -> str:

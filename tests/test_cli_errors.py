@@ -106,6 +106,19 @@ def test_profile_yaml_reads_1e_3_as_a_number(cli, llada_dir, tmp_path):
     assert json.loads(res.stdout.splitlines()[0])["settings"]["cache_params"]["tau"] == 0.001
 
 
+@pytest.mark.parametrize("doc, message", [
+    ('compile: "false"\ncache: {policy: entropy}\n', "compile: 'false' must be true or false, not a string; write it "
+                                                       "without quotes (compile: false)"),
+    ('cache: {policy: entropy, block_refresh: "True"}\n', "cache.block_refresh: 'True' must be true or false, not a "
+                                                          "string; write it without quotes (block_refresh: true)"),
+])
+def test_a_quoted_true_or_false_in_a_profile_names_the_quotes(cli, llada_dir, tmp_path, doc, message):
+    prof = tmp_path / "b.yaml"
+    prof.write_text(doc)
+    res = cli("generate", "x", "--profile", prof, "--model", llada_dir, *SMALL)
+    assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {prof}: {message}"], res.stderr
+
+
 @pytest.mark.parametrize("section, key, value, number", [
     ("cache", "tau", "0.5", "0.5"),
     ("cache", "recent_k", "8", "8"),

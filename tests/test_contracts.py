@@ -1793,6 +1793,27 @@ def test_a_run_refused_on_its_settings_leaves_no_folder_behind(command, cli, tmp
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("command", ["generate", "profile", "trace-drift"])
+@pytest.mark.parametrize("failure", ["input", "model"])
+def test_a_run_that_fails_before_writing_leaves_no_folder_it_made(command, failure, cli, tmp_path):
+    """A folder made for an output (and its new parents) that is still empty when the command ends is
+    removed, in every command: a run refused on its input (a record without a prompt) or on the model's
+    check of a prompt (text spelling the mask token) leaves none; a run that wrote its outputs keeps them."""
+    d = tmp_path / "new" / "sub"
+    args = [a.format(d=d) for a in NEW_FOLDER_OUTPUTS[command] if a != "x"]
+    if failure == "input":
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"prompt": 5}\n')
+        res = cli(*args, "--gen-length", "32", "--input", bad)
+    else:
+        res = cli(*args, "--gen-length", "32", "Sort: 3 1 <|mdm_mask|>")
+    assert res.exit_code == 2 and "nothing decoded" in res.stderr, res.stderr
+    assert not (tmp_path / "new").exists()
+    res = cli(*args, "--gen-length", "32", "-q", "Sort: 3 1")
+    assert res.exit_code == 0, res.stderr
+    assert d.is_dir() and any(d.iterdir())
+
+
 def _unread_warning(source: str) -> str:
     return (f"warning: stdin holds piped data, but the prompts come from {source}, so stdin is not read; drop "
             f"{source} to decode the piped lines, or pipe nothing")
