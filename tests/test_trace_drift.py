@@ -554,3 +554,16 @@ def test_an_interrupt_after_the_last_step_still_writes_the_json(when, signal_nam
         assert doc["incomplete"] is False and doc["prompts"] == 2 and doc["records"] == len(steps) > 2, doc
         assert errors == [f"error: interrupted; --json {js} holds the whole trace's summary "
                           "(tables and plot not drawn)"]
+
+
+def test_a_refused_prompt_leaves_an_existing_jsonl_file_as_it_was(cli, llada_dir, tmp_path):
+    """``--jsonl`` opens its file at the first record: a run refused on a prompt after the model loads
+    (text spelling the mask token) leaves an existing file as it was; a run that traces replaces it."""
+    out = tmp_path / "keep.jsonl"
+    out.write_text("precious\n")
+    res = cli("trace-drift", "--model", llada_dir, *SMALL, "--jsonl", out, "Sort: 3 1 <|mdm_mask|>")
+    assert res.exit_code == 2 and "nothing decoded" in res.stderr, res.stderr
+    assert out.read_text() == "precious\n"
+    res = cli("trace-drift", "--model", llada_dir, *SMALL, "--jsonl", out, "Sort: 3 1")
+    assert res.exit_code == 0, res.stderr
+    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()][:1] == [0]

@@ -108,8 +108,9 @@ def trace_drift_cmd(
         error(_interrupted_line(report, json_out) if report.incomplete else
               f"interrupted; --json {json_out} holds the whole trace's summary (tables and plot not drawn)")
         raise typer.Exit(code=interrupted_exit_code()) from None
-    written = [f"{label} {p}" for label, p in (("JSONL", jsonl), ("TensorBoard", tensorboard), ("plot", plot),
-                                                ("summary", json_out)) if p is not None and str(p) != "-"]
+    records = sum(getattr(s, "records", 0) for s in sinks)  # a --jsonl file is opened at its first record
+    written = [f"{label} {p}" for label, p in (("JSONL", jsonl if records else None), ("TensorBoard", tensorboard),
+                                                ("plot", plot), ("summary", json_out)) if p is not None and str(p) != "-"]
     if written:
         info("wrote " + ", ".join(written), style="dim")
     if (line := compile_line(lm.model)) and not quiet:  # --compile: graphs and compile seconds, apart

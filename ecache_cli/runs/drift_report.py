@@ -44,18 +44,24 @@ def plot_tau(settings) -> float | None:
 
 
 class JsonlSink:
-    """One JSON record per (prompt, step), written and flushed as it is measured; ``-`` = stdout."""
+    """One JSON record per (prompt, step), written and flushed as it is measured; ``-`` = stdout. A file is
+    opened (and an existing one replaced) at the first record, so a run refused on its prompts after the
+    model loads, or interrupted before its first step, leaves the file as it was (:attr:`records`: 0)."""
 
     def __init__(self, path: str | Path):
         import sys
 
-        self.fh = sys.stdout if str(path) == "-" else open(path, "w", encoding="utf-8")
+        self.path, self.records = path, 0
+        self.fh = sys.stdout if str(path) == "-" else None
 
     def step(self, record: dict, hist) -> None:
+        if self.fh is None:
+            self.fh = open(self.path, "w", encoding="utf-8")
         write_jsonl(self.fh, record)
+        self.records += 1
 
     def close(self, report: TraceReport) -> None:
-        if self.fh.name != "<stdout>":
+        if self.fh is not None and self.fh.name != "<stdout>":
             self.fh.close()
 
 
