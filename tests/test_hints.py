@@ -169,6 +169,19 @@ def test_the_gen_length_a_canvas_too_long_suggests_is_one_the_run_takes(cli, tmp
         engine.start(ids, DecodeConfig(gen_length=fit + block, block_length=block), make_policy("none"))
 
 
+@pytest.mark.parametrize("command", ["generate", "profile", "trace-drift"])
+def test_a_prompt_too_long_among_several_is_named_by_its_number(cli, command):
+    """The room check before the load names the prompt that is too long when there are several (``prompt 2
+    (N tokens)``), counted from 1 as the other prompt refusals count; one prompt is ``prompt (N tokens)``."""
+    long = " ".join(["word"] * 5000)
+    extra = ["--policies", "none"] if command == "profile" else []
+    for prompts, which in ((["Sort: 3 1 2", long], "prompt 2 ("), ([long], "prompt (")):
+        res = cli(command, *extra, "--gen-length", "32", *prompts)
+        assert res.exit_code == 2, res.stderr
+        (line,) = res.stderr.strip().splitlines()
+        assert line.startswith(f"error: {which}") and "tokens) + --gen-length 32 exceeds the model's" in line, line
+
+
 @pytest.mark.parametrize("command", [("calibrate", "--limit", "2"), ("profile", "--limit", "2"),
                                      ("trace-drift", "--limit", "1")], ids=lambda c: c[0])
 def test_a_task_runs_gen_length_hint_counts_its_own_prompts(cli, tmp_path, command):
@@ -189,7 +202,8 @@ def test_a_task_runs_gen_length_hint_counts_its_own_prompts(cli, tmp_path, comma
     outs = {"calibrate": ["--run-file", tmp_path / "r.jsonl", "--out", tmp_path / "p.yaml"]}.get(command[0], [])
     first = cli(*command, "--task", "list", *outs, "--gen-length", "8192")
     assert first.exit_code == 2 and len(first.stderr.strip().splitlines()) == 1, first.stderr
-    size = int(re.search(r"^error: prompt \((\d+) tokens\) \+ --gen-length 8192 exceeds", first.stderr).group(1))
+    named = re.search(r"^error: prompt (?:\d+ )?\((\d+) tokens\) \+ --gen-length 8192 exceeds", first.stderr)
+    size = int(named.group(1))  # the longest prompt, numbered among several
     fit = int(re.search(r"lower --gen-length to at most (\d+)", first.stderr).group(1))
     lm = load_model("tiny", device="cpu", dtype="float32")
     engine = Engine.from_loaded(lm)

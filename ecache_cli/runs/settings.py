@@ -639,7 +639,8 @@ def _check_room(gen_length: int, block_length: int, steps, parallel: bool, spec,
     most = gen_length_fit(spec, longest, block_length) if known else None
     plan_blocks(gen_length, block_length, steps, parallel, most)
     if known and prompt_tokens and gen_length > most:  # the engine's check on the longest prompt, done early
-        raise UsageError(prompt_too_long(spec, longest, gen_length, block_length))
+        which = f"prompt {prompt_tokens.index(longest) + 1}" if len(prompt_tokens) > 1 else "prompt"
+        raise UsageError(prompt_too_long(spec, longest, gen_length, block_length, which))
     if known and gen_length > gen_length_fit(spec, 1, block_length):  # too long for any prompt
         raise UsageError(no_room(spec, gen_length, block_length))
 
