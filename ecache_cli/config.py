@@ -532,16 +532,30 @@ def resolve(defaults: dict, profile: dict | None, flags: dict) -> dict:
     return out
 
 
+def profile_target_error(path: Path, model, task, overwrite_same: bool = True) -> str | None:
+    """Why ``path`` cannot take the profile of ``model`` and ``task`` (None: it can): the one rule of
+    ``calibrate --out`` before the run (``runs.calibrate.check_profile_target``) and of :func:`write_profile`.
+    A missing or empty file (this run's output lock made it) takes it; a profile of the same model and task
+    is replaced (unless not ``overwrite_same``); another model's or task's profile, or a file that is no
+    profile (no ``model`` and ``task`` keys), is refused."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        old = read_yaml(path) or {}
+    except ConfigError:
+        old = None
+    fix = "move it away or choose another --out"
+    if not isinstance(old, dict) or old.get("model") is None or old.get("task") is None:
+        return f"{path} exists and is not a profile ecache wrote (no model: and task:); {fix}"
+    if old["model"] != model or old["task"] != task or not overwrite_same:
+        return f"{path} already holds a profile for model {old['model']!r} task {old['task']!r}; {fix}"
+    return None
+
+
 def write_profile(path: Path, data: dict, overwrite_same: bool = True) -> None:
-    """Write a profile YAML; refuses to overwrite a file that belongs to a different model or task."""
-    if path.exists() and path.stat().st_size > 0:  # an empty file: made by this run's output lock
-        try:
-            old = read_yaml(path) or {}
-        except ConfigError:
-            old = {}
-        old = old if isinstance(old, dict) else {}
-        if old.get("model") != data.get("model") or old.get("task") != data.get("task") or not overwrite_same:
-            raise ConfigError(f"{path} already holds a profile for model {old.get('model')!r} "
-                              f"task {old.get('task')!r}; move it away or choose another --out")
+    """Write a profile YAML; refuses to overwrite a file that is not a profile of the same model and task
+    (:func:`profile_target_error`)."""
+    if error := profile_target_error(path, data.get("model"), data.get("task"), overwrite_same):
+        raise ConfigError(error)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({k: v for k, v in data.items() if not k.startswith("_")}, sort_keys=False))

@@ -350,6 +350,13 @@ def test_calibrate_writes_a_profile_that_generate_uses(cli, llada_dir, profiles_
     other.write_text(yaml.safe_dump({"model": "someone-else", "task": "arith"}))
     res = cli("calibrate", "--model", llada_dir, "--task", "arith", "--limit", 2, "--metric", "fidelity", *SMALL)
     assert res.exit_code == 2 and "already holds a profile for model 'someone-else'" in res.stderr
+    for text in ("precious\n", "{}\n"):  # a file that is no profile is named as such, not as model None
+        other.write_text(text)
+        res = cli("calibrate", "--model", llada_dir, "--task", "arith", "--limit", 2, "--metric", "fidelity", *SMALL)
+        assert res.exit_code == 2 and res.stderr.strip().splitlines()[-1] == (
+            f"error: {other} exists and is not a profile ecache wrote (no model: and task:); move it away or "
+            "choose another --out"), res.stderr
+        assert other.read_text() == text
 
 
 def test_dry_run_writes_no_profile_and_no_run_file_but_the_reports_asked_for(cli, llada_dir, profiles_dir, tmp_path):

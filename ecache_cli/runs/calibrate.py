@@ -286,19 +286,11 @@ def run_file_path(model: str | None, opts: "CalibrateOptions") -> Path:
 
 def check_profile_target(path: Path, model: str, task: str) -> None:
     """Fail early (before any decoding) when ``path`` holds another model's or task's profile; the same
-    rule ``config.write_profile`` enforces when writing."""
-    from ..config import read_yaml
+    rule ``config.write_profile`` enforces when writing (``config.profile_target_error``)."""
+    from ..config import profile_target_error
 
-    if not path.exists() or path.stat().st_size == 0:  # empty: this run's own output lock made it
-        return
-    try:
-        old = read_yaml(path) or {}
-    except ConfigError:  # not a profile at all: refused below like another model's
-        old = {}
-    if not isinstance(old, dict) or old.get("model") != model or old.get("task") != task:
-        got = (old.get("model"), old.get("task")) if isinstance(old, dict) else (None, None)
-        raise ConfigError(f"{path} already holds a profile for model {got[0]!r} task {got[1]!r}; "
-                          "move it away or choose another --out")
+    if error := profile_target_error(path, model, task):
+        raise ConfigError(error)
 
 
 def weights_fingerprint(path: Path) -> str:
