@@ -284,10 +284,10 @@ def canonical_model_name(name: str) -> str:
     if name in ("tiny", "llada-tiny", None):
         return "tiny"
     p = Path(str(name))
-    if not p.exists() and str(name).count("/") == 1 and not str(name).startswith((".", "/", "~")):
-        from .models.registry import ALIASES
+    from .models.registry import alias_of_repo, repo_id_form
 
-        alias = next((a for a, repo in ALIASES.items() if repo.lower() == str(name).lower()), None)
+    if not p.exists() and repo_id_form(str(name)):
+        alias = alias_of_repo(str(name))
         if alias is not None:
             return alias
     return p.name if p.exists() or "/" in str(name) else str(name)
@@ -495,8 +495,8 @@ def _check_types(data: dict, path, policy: str | None = None) -> None:
             if number is not None:  # a quoted number, refused as the Python API and the server refuse it
                 raise ConfigError(f"{path}: {section}.{k}: {v!r} must be a number, not a string; write it "
                                   f"without quotes ({k}: {number})")
-            if _quoted_bool(k, v) and kind in (bool, bool | None):
-                raise ConfigError(f"{path}: {section}.{k}: {v!r} must be true or false{_quoted_bool(k, v)}")
+            if kind in (bool, bool | None) and (fix := _quoted_bool(k, v)):
+                raise ConfigError(f"{path}: {section}.{k}: {v!r} must be true or false{fix}")
             try:
                 sec[k] = check_value(kind, v)
             except ValueError as e:

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ModelLoadError, UsageError
 from .base import DiffusionLM
-from .registry import ALIASES, FAMILIES, config_path, read_spec
+from .registry import ALIASES, FAMILIES, config_path, read_spec, repo_id_form
 from .spec import ModelSpec
 
 #: Names of the embedded default model shipped inside the package.
@@ -117,7 +117,7 @@ def resolve_path(name_or_path: str | os.PathLike | None) -> tuple[Path, str]:
     path = Path(name).expanduser()
     if path.is_dir() and name.strip():  # '' would be the current folder
         return path, name
-    if "/" in name and not path.exists() and name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    if not path.exists() and repo_id_form(name):
         return _from_hub(name, name), name
     raise ModelLoadError(unknown_model(name, "--model"))
 
@@ -132,7 +132,7 @@ def unknown_model(name: str, flag: str = "") -> str:
     if name.strip() and path.is_file():
         return (f"{head} is a file, not a checkpoint folder (a folder with config.json and the weights); pass "
                 "its folder, or run `ecache models` for the known models")
-    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+    if ("/" in name or name.startswith("~")) and not repo_id_form(name):
         return (f"{head}: no such folder; pass a checkpoint folder that exists, or run `ecache models` for the "
                 "known models")
     return (f"{head} is neither a model ecache knows, a checkpoint folder nor a Hugging Face repo id (org/name); "
@@ -218,21 +218,19 @@ def missing_weights_text(path: Path) -> str | None:
     model-00002-of-00002.safetensors)``, every missing shard in the index's order, or past
     :data:`SHARDS_SHOWN` the first ones and ``and N more``. ``ecache generate`` (the load:
     :func:`missing_weights_error`) and ``ecache models show`` (its local row) both say it."""
-    if (path / INDEX).is_file():
-        shards = _index_shards(path)
-        if shards is None:
-            return f"{INDEX} is unreadable"
-        missing = [f for f in shards if not (path / f).is_file()]
-        if not missing:
-            return None
-        shown = ", ".join(missing[:SHARDS_SHOWN])
-        if len(missing) > SHARDS_SHOWN:
-            shown += f" and {len(missing) - SHARDS_SHOWN} more"
-        return (f"{len(missing)} of {len(shards)} shard{'s' if len(shards) > 1 else ''} listed in {INDEX} "
-                f"{'is' if len(missing) == 1 else 'are'} missing ({shown})")
-    if (path / "model.safetensors").is_file():
+    missing = missing_weights(path)
+    if not missing:
         return None
-    return f"neither model.safetensors nor {INDEX} is there"
+    if missing == [INDEX]:
+        return f"{INDEX} is unreadable"
+    if missing == ["model.safetensors"] and not (path / INDEX).is_file():
+        return f"neither model.safetensors nor {INDEX} is there"
+    shards = _index_shards(path)
+    shown = ", ".join(missing[:SHARDS_SHOWN])
+    if len(missing) > SHARDS_SHOWN:
+        shown += f" and {len(missing) - SHARDS_SHOWN} more"
+    return (f"{len(missing)} of {len(shards)} shard{'s' if len(shards) > 1 else ''} listed in {INDEX} "
+            f"{'is' if len(missing) == 1 else 'are'} missing ({shown})")
 
 
 def pull_fix(name: str, repo: str) -> str:

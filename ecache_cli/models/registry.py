@@ -43,6 +43,18 @@ FAMILIES: dict[str, type[Family]] = _discover()
 ALIASES: dict[str, str] = {a: info.repo for fam in FAMILIES.values() for a, info in fam.aliases.items()}
 
 
+def repo_id_form(name: str) -> bool:
+    """Whether ``name`` is written as a Hugging Face repo id (``org/name``: one ``/``, not a path that starts
+    with ``.``, ``/`` or ``~``); the caller checks that no local path of that name exists."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+def alias_of_repo(repo: str) -> str | None:
+    """The first alias (in registry order) whose repository is ``repo``, compared without case as the hub
+    does, or None."""
+    return next((a for a, r in ALIASES.items() if r.lower() == repo.lower()), None)
+
+
 def alias(name: str) -> tuple[type[Family], Alias] | None:
     """The family and facts of alias ``name``, or None when it is not one."""
     for fam in FAMILIES.values():

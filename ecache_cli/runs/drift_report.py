@@ -228,9 +228,8 @@ def no_drift_reason(report: TraceReport) -> str | None:
 
 def _exact_note(console, report: TraceReport) -> None:
     """For a block-diffusion model: why its drift is zero (docs/METHOD.md §5), with the largest measured."""
-    reason = no_drift_reason(report)
-    if report.block_causal and reason is not None and any(r["served"] > 0 for r in report.records):
-        _prose(console, f"{reason}, so the signal-vs-drift figures above carry no information",
+    if report.block_causal and any(r["served"] > 0 for r in report.records):  # a reason is then always given
+        _prose(console, f"{no_drift_reason(report)}, so the signal-vs-drift figures above carry no information",
                highlight=False)
 
 

@@ -250,7 +250,7 @@ class _Job:
                 raise invalid_error(items, opts.input_file)
             return items, bad
         check_prompts(read, self.engine, self.chat, gen_length, block_length, None)
-        return [Item(index=i, line=it.line, rec=it.rec, prompt=it.prompt) for i, it in enumerate(read)], []
+        return [Item(index=i, line=it.line, rec=it.rec, prompt=it.prompt, ids=it.ids) for i, it in enumerate(read)], []
 
     def plan_output(self, items) -> None:
         """Rank 0 opens the plan of ``--output``: which records it already holds; every rank then

@@ -206,7 +206,7 @@ def resolve(name: str) -> dict:
     Raises ModelLoadError for a name that is none of them (naming ``ecache models``:
     ``models.loader.unknown_model``)."""
     from ..models.loader import EMBEDDED, embedded_dir
-    from ..models.registry import ALIASES, alias, no_checkpoint
+    from ..models.registry import ALIASES, alias, alias_of_repo, no_checkpoint, repo_id_form
 
     local = Path(name).expanduser()
     known = name in EMBEDDED or name in ALIASES
@@ -230,10 +230,10 @@ def resolve(name: str) -> dict:
         missing = missing_weights(local)
         return {"name": name, "source": "folder", "repo": None, "family": None, "alias": None, "path": local,
                 "local": "part" if missing else "yes", "missing": missing}
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
+    if repo_id_form(name) and not local.exists():
         state, snap, missing = local_state(name)
-        # the repo of a known alias: its family and facts, as the alias shows them
-        fam, info = next((alias(a) for a, repo in ALIASES.items() if repo == name), (None, None))
+        of_alias = alias_of_repo(name)  # the repo of a known alias: its family and facts, as the alias shows them
+        fam, info = alias(of_alias) if of_alias is not None else (None, None)
         return {"name": name, "source": "repo", "repo": name, "family": fam, "alias": info, "path": snap,
                 "local": state, "missing": missing}
     from ..models.loader import unknown_model
@@ -249,7 +249,7 @@ def check_model_name(name: str) -> None:
     damaged one (``models.spec.read_json_object``). A name of the right shape whose other files are
     missing is the loader's to report."""
     from ..models.loader import EMBEDDED
-    from ..models.registry import ALIASES
+    from ..models.registry import ALIASES, repo_id_form
 
     name = str(name)
     local = Path(name).expanduser()
@@ -264,7 +264,7 @@ def check_model_name(name: str) -> None:
 
         read_json_object(local / "config.json")  # a damaged one in `models show`'s words
         return  # the rest of a folder's files are the load's to check
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
+    if repo_id_form(name) and not local.exists():
         return
     from ..models.loader import unknown_model
 
