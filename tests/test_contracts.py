@@ -221,6 +221,29 @@ def test_data_names_every_bad_line_exit_2(command, source, cli, llada_dir, tmp_p
     assert gen.exit_code == 2 and same in gen.stderr, gen.stderr
 
 
+@pytest.mark.parametrize("shots", [0, 1])
+def test_a_data_record_spelling_the_mask_token_is_named_by_its_line_in_every_command(shots, cli, llada_dir, tmp_path):
+    """A ``--data`` record whose text spells the mask token is refused before anything is decoded, naming its
+    ``FILE:LINE`` (blank lines counted) in the same words in calibrate, profile and trace-drift, whether it
+    is a prompt's question or (with shots) a solved shot placed before another question; a record that
+    spells it only in its own answer, which no prompt holds without shots, is no error."""
+    f = tmp_path / "gsm.jsonl"
+    rows = [{"question": "What is 1 + 1?", "answer": "#### 2"}, {"question": "What is 2 + <|mdm_mask|>?",
+                                                                  "answer": "#### 3"}]
+    f.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
+    said = {}
+    for command in DATA_COMMANDS:
+        res = cli(*_data_args(command, llada_dir, f), "--shots", str(shots))  # the last --shots counts
+        assert res.exit_code == 2 and res.stdout == "", (command, res.stderr)
+        said[command] = res.stderr.strip().splitlines()[-1]
+    assert set(said.values()) == {
+        f"error: {f}:3: the text holds the mask token '<|mdm_mask|>' (token id 2, at position 12 of the encoded "
+        "record); a prompt holds no mask tokens; remove it from that record"}, said
+    f.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[0], "answer": "<|mdm_mask|> #### 2"}) + "\n")
+    res = cli(*_data_args("trace-drift", llada_dir, f))
+    assert res.exit_code == 0, res.stderr
+
+
 @pytest.mark.parametrize("flag", ["--input", "--data"])
 @pytest.mark.parametrize("how", ["dev-stdin", "fifo"])
 def test_input_and_data_take_any_readable_path(flag, how, llada_dir, tmp_path):

@@ -116,11 +116,12 @@ def encode_prompts(tokenizer, spec, prompts: Sequence[str | list], chat: bool) -
     return out
 
 
-def mask_in_text(tokenizer, spec, ids: Sequence[int]) -> str:
-    """The reason a prompt's text cannot be decoded when it encodes to ``spec.mask_id`` (``ids``: its token
-    ids, holding it): the text spells the mask token, a position the model would generate, not read."""
+def mask_in_text(tokenizer, spec, ids: Sequence[int], encoded: str = "prompt", remove_from: str = "the text") -> str:
+    """The reason a prompt's text cannot be decoded when it encodes to ``spec.mask_id`` (``ids``: the token
+    ids of the ``encoded`` text, holding it): the text spells the mask token, a position the model would
+    generate, not read. ``remove_from``: what the fix tells the user to edit."""
     convert = getattr(tokenizer, "convert_ids_to_tokens", None)
     spelling = f" {convert(spec.mask_id)!r}" if convert is not None else ""
     return (f"the text holds the mask token{spelling} (token id {spec.mask_id}, at position "
-            f"{list(ids).index(spec.mask_id)} of the encoded prompt); a prompt holds no mask tokens; remove it "
-            "from the text")
+            f"{list(ids).index(spec.mask_id)} of the encoded {encoded}); a prompt holds no mask tokens; remove it "
+            f"from {remove_from}")

@@ -73,6 +73,7 @@ from ..engine.core import Engine
 from ..errors import ConfigError, EcacheError, UsageError
 from .calib_store import Arm, RunFile
 from .calib_sweep import SWEEPS, ReferenceClock, ReferenceGuard, check_thresholds
+from .gen_input import encode_task_prompts
 from .settings import Settings
 from .speed_guard import DEFAULT_LIMIT, DEFAULT_TRIES, SpeedGuard, Verdict, WallClock, mode_threshold, spread
 from .tau_search import (
@@ -614,7 +615,8 @@ class _Sample:
         shots = task.default_shots if opts.shots is None else opts.shots
         chat = lm.chat if opts.chat is None else (opts.chat and lm.chat)
         engine = Engine.from_loaded(lm)
-        prompt_ids = engine.encode([task.prompt(ex, shots, opts.seed) for ex in examples], chat)
+        prompt_ids = encode_task_prompts(engine, [task.prompt(ex, shots, opts.seed) for ex in examples],
+                                         [task.prompt_examples(ex, shots, opts.seed) for ex in examples], chat)
         can_score = task.can_score
         groups = task.groups(examples) if hasattr(task, "groups") else None
         return cls(examples, shots, chat, engine, prompt_ids, can_score, groups)

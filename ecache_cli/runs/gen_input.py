@@ -6,6 +6,9 @@ A record is invalid when its line is not UTF-8, not JSON, has no usable prompt f
 the canvas: its token count after the chat template plus ``--gen-length`` must not exceed the
 model's positions (``ModelSpec.max_positions``; the engine's own rule, ``engine/core.py`` ``Run``).
 Without ``--skip-invalid`` one error names every invalid line with its fix and nothing is decoded.
+
+A ``--task`` run's prompts are built from benchmark records (``tasks``); :func:`encode_task_prompts`
+encodes them and names the ``--data`` line whose text the model cannot take.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..engine.checks import gen_length_fit, room_fix
-from ..errors import EcacheError
+from ..errors import EcacheError, UsageError
 from .inputs import FIX, SKIP_FIX, Item, invalid_error, read_records, source_head
 
-__all__ = ["FIX", "SKIP_FIX", "Item", "check_items", "check_prompts", "invalid_error", "read_input"]
+__all__ = ["FIX", "SKIP_FIX", "Item", "check_items", "check_prompts", "encode_task_prompts", "invalid_error",
+           "read_input"]
 
 
 def read_input(input_file: Path, engine, chat: bool, gen_length: int, block_length: int) -> list[Item]:
@@ -77,4 +81,36 @@ def _model_error(item: Item, prompt, engine, chat: bool, canvas: tuple[int, int]
         return (f"{where}: the prompt ({len(ids)} tokens{templ}) + --gen-length {gen_length} exceeds the "
                 f"model's {limit} positions; {fix}")
     item.prompt, item.ids = prompt, ids
+    return None
+
+
+def encode_task_prompts(engine, prompts: list, records: list[list], chat: bool) -> list[list[int]]:
+    """Token ids of each ``--task`` prompt (``prompts``: ``task.prompt``'s texts; ``records[i]``: the
+    benchmark examples whose text prompt i holds, ``Task.prompt_examples``), as ``engine.encode`` gives
+    them, before anything is decoded.
+
+    Raises UsageError as ``engine.encode`` does, except that a prompt whose text spells the mask token
+    names the record it comes from (the question's, or a shot's placed before it): its ``--data`` line
+    (``FILE:LINE``), else ``example <id>``, so every command (profile, calibrate, trace-drift) points at
+    the same line."""
+    out = []
+    for prompt, examples in zip(prompts, records):
+        try:
+            (ids,) = engine.encode([prompt], chat)
+        except UsageError as e:
+            raise UsageError(_record_with_mask(engine, examples) or str(e)) from None
+        out.append(ids)
+    return out
+
+
+def _record_with_mask(engine, examples: list) -> str | None:
+    """The mask-token error naming the first of ``examples`` (shots, then the question) whose text in the
+    prompt spells it, or None."""
+    from ..models.prompting import mask_in_text
+
+    for ex in examples:
+        for text in (ex.question, ex.answer) if ex is not examples[-1] else (ex.question,):  # shots are solved
+            ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if engine.spec.mask_id in ids:
+                return f"{ex.named()}: {mask_in_text(engine.tokenizer, engine.spec, ids, 'record', 'that record')}"
     return None

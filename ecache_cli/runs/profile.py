@@ -46,6 +46,7 @@ class Request:
     example: object | None = None
     task: object | None = None
     item: object | None = None  # the inputs.Item it came from (prompt arguments, --input, stdin)
+    records: list = field(default_factory=list)  # with a task: the examples whose text the prompt holds
 
 
 @dataclass
@@ -227,7 +228,8 @@ def task_requests(task, limit: int, shots: int, seed: int, split: str = "test") 
     if shots < 0:
         raise UsageError(f"--shots {shots} must be ≥ 0")
     examples = task.examples(split, limit, seed)
-    return [Request(task.prompt(ex, shots, seed), ex, task) for ex in examples]
+    return [Request(task.prompt(ex, shots, seed), ex, task, records=task.prompt_examples(ex, shots, seed))
+            for ex in examples]
 
 
 def prompt_requests(args: list[str] | None, input_file: Path | None, stdin, limit: int | None = None) -> list[Request]:
@@ -378,9 +380,12 @@ def render_comparison(comparison: dict[str, dict], fmt: str):
 
 def _check_requests(requests: Sequence[Request], engine, chat: bool, decode, input_file) -> None:
     """Every request read from the input checked by the model before any is decoded
-    (``gen_input.check_prompts``: UsageError naming each prompt it cannot decode)."""
-    from .gen_input import check_prompts
+    (``gen_input.check_prompts``: UsageError naming each prompt it cannot decode); a task's prompts the
+    same way, each naming its record (``gen_input.encode_task_prompts``)."""
+    from .gen_input import check_prompts, encode_task_prompts
 
+    tasked = [r for r in requests if r.records]
+    encode_task_prompts(engine, [r.prompt for r in tasked], [r.records for r in tasked], chat)
     items = [r.item for r in requests if r.item is not None]
     if items:
         check_prompts(items, engine, chat, decode.gen_length, decode.block_length, input_file)

@@ -338,7 +338,8 @@ def signal_kind(signal: str | None, settings: Settings) -> str:
 def read_first(opts: TraceOptions) -> list:
     """The trace's input read and checked in full without the model, before it loads (README: an input
     error comes first and alone): ``--task``'s prompts (test split, ``--limit``, ``--shots``; ``--data``
-    read here; piped data beside it is a warning, ``inputs.warn_unread_stdin``), else the items of the
+    read here; piped data beside it is a warning, ``inputs.warn_unread_stdin``), each as (prompt, the
+    examples whose text it holds: ``Task.prompt_examples``), else the items of the
     arguments, ``--input`` JSONL or stdin (read only without the others). UsageError (exit 2) naming
     every line invalid without the model (``inputs.invalid_error``) or for a source with no prompt;
     DataError (exit 1) for one that cannot be read."""
@@ -350,9 +351,9 @@ def read_first(opts: TraceOptions) -> list:
 
         task = get_task(opts.task, opts.data)
         shots = task.default_shots if opts.shots is None else opts.shots
-        prompts = [task.prompt(ex, shots=shots, seed=opts.seed) for ex in task.examples("test", opts.limit, opts.seed)]
+        examples = task.examples("test", opts.limit, opts.seed)
         warn_unread_stdin(None, None, opts.task, opts.data)
-        return prompts
+        return [(task.prompt(ex, shots, opts.seed), task.prompt_examples(ex, shots, opts.seed)) for ex in examples]
     from .inputs import FIX, invalid_error, no_prompts, source_head
 
     stdin = piped_stdin() if not opts.prompts and opts.input_file is None else None
@@ -367,13 +368,16 @@ def read_first(opts: TraceOptions) -> list:
 
 
 def load_prompts(engine: Engine, opts: TraceOptions, chat: bool, decode) -> list[str | list]:
-    """Prompts of :func:`read_first` (``opts.read`` when already read); every one read from the input is
-    checked by the model too before any is decoded (UsageError naming each bad line:
-    ``gen_input.check_prompts``)."""
+    """Prompts of :func:`read_first` (``opts.read`` when already read); every one is checked by the model
+    too before any is decoded (UsageError naming each bad input line, ``gen_input.check_prompts``, or the
+    task record at fault, ``gen_input.encode_task_prompts``)."""
+    from .gen_input import check_prompts, encode_task_prompts
+
     read = opts.read if opts.read is not None else read_first(opts)
     if opts.task:
-        return read
-    from .gen_input import check_prompts
+        prompts = [prompt for prompt, _ in read]
+        encode_task_prompts(engine, prompts, [records for _, records in read], chat)
+        return prompts
 
     check_prompts(read, engine, chat, decode.gen_length, decode.block_length, opts.input_file)
     return [it.prompt for it in read]

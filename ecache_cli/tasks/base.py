@@ -34,12 +34,19 @@ class Example:
 
     ``meta`` carries what the scorer needs (e.g. the tests of a code problem, the partition key of a
     synthetic problem); it is excluded from hashing so examples stay usable in sets and dict keys.
+    ``source``: where a file-backed example was read (``FILE:LINE``, ``stdin:LINE``), so an error about its
+    text can name the line; empty for generated examples. It takes no part in equality.
     """
 
     id: str
     question: str
     answer: str
     meta: dict = field(default_factory=dict, hash=False)
+    source: str = field(default="", compare=False)
+
+    def named(self) -> str:
+        """How an error names the example: its ``source`` line, else ``example <id>``."""
+        return self.source or f"example {self.id}"
 
 
 class Task:
@@ -80,6 +87,10 @@ class Task:
         if shots < 0:
             raise UsageError(f"shots must be >= 0, got {shots}")
         return []
+
+    def prompt_examples(self, ex: Example, shots: int, seed: int) -> list[Example]:
+        """The examples whose text :meth:`prompt` puts in ``ex``'s prompt: its shots, then ``ex``."""
+        return [*self.shot_examples(ex, shots, seed), ex]
 
     def target(self, ex: Example) -> str:
         """Return the answer text to train on (the reference solution)."""

@@ -13,6 +13,7 @@ source.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 from ecache_cli.contract.lines import bad_lines_summary, parse_json_line
@@ -24,9 +25,10 @@ from ecache_cli.tasks.base import Example, Task, sample_indices
 DEFAULT_DATA_DIR = Path.home() / ".cache" / "ecache" / "data"
 
 
-def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task") -> list[dict]:
+def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task") -> list[tuple[str, dict]]:
     """Return the JSON objects of a ``--data`` source (``-``: stdin; any readable path: a file, a named
-    pipe, ``/dev/stdin``, ``<(...)``; gzip data decompressed), each checked to hold ``fields``.
+    pipe, ``/dev/stdin``, ``<(...)``; gzip data decompressed), each checked to hold ``fields``, each with
+    where it was read (``FILE:LINE``, ``stdin:LINE``), in file order.
 
     The source is read in full by the reader ``--input`` uses (``sources.read_lines``) and every line
     checked before any is used: a line that is not UTF-8, not a JSON object or lacks a field is named,
@@ -55,8 +57,8 @@ def read_jsonl(path: Path, fields: tuple[str, ...] = (), task: str = "the task")
 
 
 def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict], where: str, piped: bool) -> str | None:
-    """Append the JSON object of ``line`` to ``rows``; else say why it is not one, or which fields it lacks,
-    in ``--input``'s words (``contract.lines``; ``where``: ``FILE:LINE``; ``piped``: read from stdin)."""
+    """Append ``(where, the JSON object of line)`` to ``rows``; else say why it is not one, or which fields
+    it lacks, in ``--input``'s words (``contract.lines``; ``where``: ``FILE:LINE``; ``piped``: read from stdin)."""
     row, error = parse_json_line(line, where, piped)
     if error is not None:
         return error
@@ -69,7 +71,7 @@ def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict], where: str, p
         why = json_text_error(str(value), f"{where}: {key!r}")
         if why:
             return why
-    rows.append(row)
+    rows.append((where, row))
     return None
 
 
@@ -115,7 +117,7 @@ class FileTask(Task):
                                 f"there or pass --data PATH")
             check_readable(path, "--data", f"give the official {self.name} JSONL file (or - for stdin)")
             rows = read_jsonl(path, self.fields, self.name)
-            self._items = [self.to_example(i, row) for i, row in enumerate(rows)]
+            self._items = [replace(self.to_example(i, row), source=where) for i, (where, row) in enumerate(rows)]
         return self._items
 
     def to_example(self, index: int, row: dict) -> Example:
