@@ -1,8 +1,8 @@
 """One pair of rich consoles: ``out`` for results (stdout), ``err`` for progress, tables and errors (stderr).
 
-Every console of the command line is a :class:`PipeConsole` (``make``): a closed pipe raises
+Every console of the command line is a :class:`PipeConsole` (``make``): a closed stdout pipe raises
 :class:`BrokenPipeError`, which ``cli.handle_errors`` turns into a quiet exit 0 in every subcommand
-(rich's own console exits 1 there). On a terminal a line longer than the terminal wraps at words within
+(rich's own console exits 1 there); a closed stderr only silences stderr, and the run goes on. On a terminal a line longer than the terminal wraps at words within
 its width; in a pipe or a file every message stays one line (``soft_wrap`` left to :class:`PipeConsole`)."""
 
 from __future__ import annotations
@@ -26,8 +26,26 @@ class PipeConsole(Console):
         self._soft_wrap = value
 
     def on_broken_pipe(self) -> None:
+        """A closed stdout ends the command (the reader has what it wanted: BrokenPipeError, exit 0); a
+        closed stderr does not: the run's records may go to a file (``--output out.jsonl 2>&1 | head -2``),
+        which must still be written in full, so stderr goes quiet (fd 2 to /dev/null, for every other writer
+        too) and the run carries on."""
         self.quiet = True  # nothing more is written to the closed stream
-        raise BrokenPipeError(32, "Broken pipe")
+        if not self.stderr:
+            raise BrokenPipeError(32, "Broken pipe")
+        _silence_fd(2)
+
+
+def _silence_fd(fd: int) -> None:
+    """Point file descriptor ``fd`` at /dev/null (a closed pipe's later writes then go nowhere)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass
 
 
 def make(**kwargs) -> Console:

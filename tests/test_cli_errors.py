@@ -277,6 +277,23 @@ def test_closed_stdout_pipe_ends_quietly(llada_dir, profiles_dir):
     assert err == ""  # no BrokenPipeError, no "Exception ignored"
 
 
+def test_a_closed_stderr_pipe_does_not_cut_the_output_file_short(llada_dir, profiles_dir, tmp_path):
+    """``generate --input in.jsonl --output out.jsonl 2>&1 | head -2``: the reader of stderr leaves after two
+    lines, but the records go to a file, so the run goes on to write every one of them, quietly, exit 0
+    (a closed stdout ends a run whose records it carries: the test above)."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Sort: {i % 9} 3 1"}) + "\n" for i in range(24)))
+    p = subprocess.Popen([sys.executable, "-m", "ecache_cli", "generate", "--input", str(src), "--output", str(out),
+                          "--model", str(llada_dir), "--gen-length", "8", "--block-length", "8", "--no-chat", "-b", "2"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "ECACHE_PROGRESS_INTERVAL": "0"})
+    first = p.stderr.readline()
+    p.stderr.close()  # like `2>&1 | head -1`
+    assert p.wait(timeout=120) == 0
+    assert first.startswith(b"using model")
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [f"q{i}" for i in range(24)]
+
+
 def test_help_topic_into_a_closed_pipe_ends_quietly():
     """``ecache help decoding | head -1``: the reader is gone before the text is written (exit 0, as generate)."""
     p = subprocess.Popen([sys.executable, "-m", "ecache_cli", "help", "decoding"], stdout=subprocess.PIPE,

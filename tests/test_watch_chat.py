@@ -394,6 +394,26 @@ def test_chat_names_the_chat_command_to_use_and_goes_on(tmp_path):
     assert len([x for x in res.stdout.decode().splitlines() if x.strip()]) == 2  # both messages answered
 
 
+def test_a_command_that_switches_to_a_policy_without_tau_warns_the_session_tau_ignored(profiles_dir):
+    """``/tau`` then ``/threshold`` (which takes the embedded model's parallel profile, whose policy is none):
+    the session's τ is named as ignored in one warning, in the words ``--tau 0.5 --threshold 0.9`` get
+    (``runs.settings.not_used_by``), once; back on a policy that takes τ, the answer uses it again."""
+    from ecache_cli.runs.settings import not_used_by
+
+    s = _session("tiny", gen_length=32, block_length=8)
+    s.command("/tau 0.5")
+    s.command("/threshold 0.9")
+    s.command("/gen-length 16")
+    warnings = [x for x in s.console.file.getvalue().splitlines() if x.startswith("warning:")]
+    assert s.settings.cache == "none" and s.settings.policy_from_profile
+    assert warnings == [f"warning: /tau is {not_used_by(s.settings).replace('--cache', '/cache')}; ignored"]
+    assert "(the policy of profile " in warnings[0] and "pass /cache to choose another; it takes no parameter" \
+        in warnings[0]
+    s.command("/threshold off")
+    assert s.settings.cache == "entropy" and s.settings.cache_params["tau"] == 0.5
+    assert len([x for x in s.console.file.getvalue().splitlines() if x.startswith("warning:")]) == 1
+
+
 def test_chat_stats_and_help_answer_on_stdout_under_q_and_tau_under_dual_warns_as_the_flag(cli):
     """``/stats`` and ``/help`` are asked-for output: on stdout beside the answers, kept under ``-q``
     (which drops status lines); ``/tau`` under a policy without τ is one warning and ignored, as ``--tau``

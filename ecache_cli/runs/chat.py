@@ -39,7 +39,15 @@ from ..engine.core import Engine
 from ..errors import EcacheError, UsageError
 from .confidence import EntropyMeter
 from .final_text import FinalText, unsettled
-from .settings import Settings, check_settings_fit, policies_for, policy_takes, resolve_settings
+from .settings import (
+    Settings,
+    check_settings_fit,
+    not_used_by,
+    policies_for,
+    policy_takes,
+    resolve_settings,
+    unused_cache_flags,
+)
 
 HELP = """commands:
   /cache POLICY[:k=v...]  cache policy and its parameters (e.g. /cache entropy:tau=0.5:recent_k=16)
@@ -227,8 +235,14 @@ class ChatSession:
         after ``lead`` where the line names the change only among others (τ among the policy's parameters)."""
         settings = self.source.resolve()
         check_settings_fit(settings, self.lm.spec)
+        was_unused = unused_cache_flags([self.settings.cache], self.source.cache_flags)
         self.settings = settings
         self.status(f"{lead} · {self.describe()}" if lead else self.describe())
+        dropped = [f"/{f[2:]}" for f in unused_cache_flags([settings.cache], self.source.cache_flags)
+                   if f not in was_unused]  # a setting the new policy does not take: as the flags, one warning
+        if dropped:
+            self.warn(f"{', '.join(dropped)} {'is' if len(dropped) == 1 else 'are'} "
+                      f"{not_used_by(settings).replace('--cache', '/cache')}; ignored")
 
     def describe(self) -> str:
         """The settings an answer uses, in one line."""
