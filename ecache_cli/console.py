@@ -2,8 +2,9 @@
 
 Every console of the command line is a :class:`PipeConsole` (``make``): a closed stdout pipe raises
 :class:`BrokenPipeError`, which ``cli.handle_errors`` turns into a quiet exit 0 in every subcommand
-(rich's own console exits 1 there); a closed stderr only silences stderr, and the run goes on. On a terminal a line longer than the terminal wraps at words within
-its width; in a pipe or a file every message stays one line (``soft_wrap`` left to :class:`PipeConsole`)."""
+(rich's own console exits 1 there); a closed stderr only silences stderr, and the run goes on. On a
+terminal a line longer than the terminal wraps at words within its width; in a pipe or a file every
+message stays one line (``soft_wrap`` left to :class:`PipeConsole`)."""
 
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ def _edit_config(llada_dir: Path, tmp_path: Path, edit) -> Path:
     (lambda c: {**c, "eos_token_id": c.get("vocab_size", c.get("embedding_size"))}, ["eos_token_id", "outside"]),
     (lambda c: {**c, "d_model": "abc"}, ["'d_model' is 'abc'", "whole number"]),
     (lambda c: b'{"model_type": "llada", "d_model": 64\xff}', ["not UTF-8 text", "0xff"]),
-    (lambda c: b"[1, 2]", ["holds a JSON list, not an object"]),
+    (lambda c: b"[1, 2]", ["holds a JSON array, not an object"]),
     (lambda c: b"{", ["not valid JSON"]),
 ])
 def test_damaged_checkpoint_config_is_one_line(cli, llada_dir, tmp_path, edit, needles):

@@ -284,7 +284,8 @@ def test_a_closed_stderr_pipe_does_not_cut_the_output_file_short(llada_dir, prof
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Sort: {i % 9} 3 1"}) + "\n" for i in range(24)))
     p = subprocess.Popen([sys.executable, "-m", "ecache_cli", "generate", "--input", str(src), "--output", str(out),
-                          "--model", str(llada_dir), "--gen-length", "8", "--block-length", "8", "--no-chat", "-b", "2"],
+                          "--model", str(llada_dir), "--gen-length", "8", "--block-length", "8", "--no-chat",
+                          "-b", "2"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "ECACHE_PROGRESS_INTERVAL": "0"})
     first = p.stderr.readline()

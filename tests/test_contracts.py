@@ -66,6 +66,10 @@ def test_invalid_records_name_every_line_exit_2(command, cli, llada_dir, tmp_pat
     assert line.startswith(f"error: --input {f}: 5 of 6 record(s) invalid, nothing decoded: ")
     assert f"{f}:2: not valid JSON" in line and f"{f} lines 3-4: a record needs a string 'prompt'" in line
     assert f"{f}:6: 'prompt' is empty" in line and f"{f}:7: not UTF-8 text" in line
+    f.write_text('[1, 2]\n"Sort: 3 1"\n{"prompt": "Sort: 3 1"}\n')  # no objects: named as --data names them
+    res = cli(*_args(command, llada_dir, "--input", f))
+    assert res.exit_code == 2 and f"{f}:1: a JSON array, not an object; a record needs a string 'prompt'" in res.stderr
+    assert f"{f}:2: a JSON string, not an object; a record needs" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("command", PROMPTED)
@@ -152,7 +156,7 @@ def test_dash_is_stdin(command, cli, llada_dir):
         assert len(out) == 1 and out[0]["manifest"]  # the summary document of one run
     bad = cli(*_args(command, llada_dir, "--input", "-"), input='{"prompt": "Sort: 3 1 2"}\n[1, 2]\n')
     assert bad.exit_code == 2 and "error: --input -: 1 of 2 record(s) invalid" in bad.stderr, bad.stderr
-    assert "stdin:2: a record needs a string 'prompt'" in bad.stderr
+    assert "stdin:2: a JSON array, not an object; a record needs a string 'prompt'" in bad.stderr
     # a lone `-` prompt argument reads stdin's lines as prompts, as piping them with no argument does
     piped = cli(*_args(command, llada_dir), input="Sort: 3 1 2\n")
     dash = cli(*_args(command, llada_dir), "-", input="Sort: 3 1 2\n")

@@ -112,6 +112,7 @@ def test_resume_decodes_only_what_the_file_lacks_and_ends_with_the_full_file(cli
     res = cli(*args, "--output", part, "--resume")
     assert res.exit_code == 0, res.stderr
     assert f"resuming {part}: 2 record(s) kept (a torn last line dropped), 3 to decode" in res.stderr
+    assert res.stderr.splitlines()[-1] == f"wrote {part} (5 record(s))"  # the file's records, kept ones too
     got = [json.loads(line) for line in part.read_text().splitlines()]
     assert answers(got) == answers(want)
     assert [r["stats"] for r in got[:2]] == [r["stats"] for r in want[:2]]  # kept, not decoded again

@@ -192,7 +192,9 @@ def test_the_list_fits_the_terminal_and_names_every_model(cli, hub, columns):
 def test_the_list_as_json_has_one_object_per_model(cli, hub):
     import json
 
-    rows = json.loads(_listing(cli, "--json").stdout)
+    out = _listing(cli, "--json").stdout
+    assert out.count("\n") == 1  # one line, as every command's --json on stdout
+    rows = json.loads(out)
     assert [r["alias"] for r in rows] == _aliases()
     by = {r["alias"]: r for r in rows}
     assert by["tiny"]["local"] == "yes" and by["tiny"]["repo"] is None
@@ -343,7 +345,9 @@ def test_show_a_downloaded_alias_reads_its_checkpoint(cli, hub, moe_dir):
 def json_show(cli, name):
     import json
 
-    return json.loads(_show(cli, name, "--json").stdout)
+    out = _show(cli, name, "--json").stdout
+    assert out.count("\n") == 1
+    return json.loads(out)
 
 
 @pytest.mark.parametrize("family,shift", [("llada", "0"), ("dream", "1")])

@@ -212,7 +212,7 @@ def test_malformed_dataset_lines_are_all_named_with_the_fix(tmp_path, cli):
         get_task("gsm8k", data=str(bad)).examples("test", 1, 0)
     msg = str(e.value)
     assert msg == (f"--data {bad}: 3 of 4 line(s) invalid, nothing decoded: {bad}:2: not valid JSON (Expecting "
-                   f"value); each line must be one JSON object; {bad}:3: a JSON list, not an object; {bad}:4: lacks "
+                   f"value); each line must be one JSON object; {bad}:3: a JSON array, not an object; {bad}:4: lacks "
                    "answer; each line must be one UTF-8 JSON object with the fields question, answer (the official "
                    "gsm8k format)")
     r = cli("profile", "--task", "gsm8k", "--data", str(bad), "--limit", "1", "--policies", "none")

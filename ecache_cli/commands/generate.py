@@ -44,7 +44,7 @@ def generate(
 
     Examples: [cyan]ecache generate "Sort: 9 3 7 1"[/] · [cyan]echo "Reverse: 1 2 3" | ecache generate --jsonl[/]
     """
-    from ..console import announce, err, hold_warnings, read_alone, warn
+    from ..console import announce, err, hold_warnings, info, read_alone, warn
     from ..outputs import check_file
     from ..runs.confidence import warn_untrained
     from ..runs.generate import GenerateOptions, check_options, check_task, read_first, require_task_profile, run
@@ -111,6 +111,9 @@ def generate(
             ray_batch.run(lm, settings, opts, sys.stdout, err, load, ray, ray_batch.resources(device, threads or 1))
         if (line := compile_line(lm.model)) and not quiet and dist.is_main:
             err.print(line, markup=False, highlight=False)
+        if output is not None and dist.is_main:  # the status line every command ends with when it wrote a file
+            with open(output, "rb") as fh:
+                info(f"wrote {output} ({sum(1 for _ in fh)} record(s))", style="dim")
     except KeyboardInterrupt:
         if output is None:
             raise

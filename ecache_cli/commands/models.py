@@ -38,7 +38,8 @@ def _write(renderable, console=None) -> None:
 
 
 def _json(data) -> None:
-    sys.stdout.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    """``--json``: the document on stdout as one line, as every command's ``--json -`` (``outputs.write_json``)."""
+    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
     sys.stdout.flush()
 
 

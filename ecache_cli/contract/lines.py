@@ -15,6 +15,20 @@ SAVE_JSONL = "save the file as UTF-8 JSONL"
 PIPE_JSONL = "pipe UTF-8 JSONL"
 
 
+def json_kind(value) -> str:
+    """The JSON name of a parsed value's type, as an error names what a line holds instead of an object:
+    ``array``, ``string``, ``number``, ``true``/``false``, ``null`` (``object`` for a dict)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def not_an_object(value) -> str:
+    """``a JSON array, not an object``: what a JSONL line or a JSON file holds where an object was wanted."""
+    return f"a JSON {json_kind(value)}, not an object"
+
+
 def parse_json_line(line: str, where: str, piped: bool = False) -> tuple[object, str | None]:
     """(the JSON value of ``line``, None), or (None, why it is none) in the shared words: ``where: not
     UTF-8 text (byte 0xe9 at character 4); save the file as UTF-8 JSONL`` (``piped``: the line came from

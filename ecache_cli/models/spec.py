@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract.lines import not_an_object
 from ..errors import ModelLoadError
 
 
@@ -248,6 +249,6 @@ def read_json_object(path: Path) -> dict:
         raise ModelLoadError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); the file is damaged: download "
                              "or copy the checkpoint again") from None
     if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: holds a JSON {type(data).__name__}, not an object; is this a checkpoint's "
+        raise ModelLoadError(f"{path}: holds {not_an_object(data)}; is this a checkpoint's "
                              f"{path.name}?")
     return data

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator
 
-from ..contract.lines import bad_lines_summary, parse_json_line
+from ..contract.lines import bad_lines_summary, not_an_object, parse_json_line
 from ..contract.text import json_text_error, not_text_words
 from ..errors import DataError, UsageError
 from ..models.prompting import check_messages, not_token_id
@@ -488,5 +488,6 @@ def prompt_of(rec, where: str) -> str | list:
         for i, m in enumerate(rec["messages"]):
             _json_utf8(m["content"], f"{where}: messages[{i}] 'content'")
         return rec["messages"]
-    raise DataError(f"{where}: a record needs a string 'prompt', a 'messages' list of {{role, content}} "
+    held = "" if isinstance(rec, dict) else f"{not_an_object(rec)}; "
+    raise DataError(f"{where}: {held}a record needs a string 'prompt', a 'messages' list of {{role, content}} "
                     "or a 'prompt_ids' list of token ids")

@@ -16,7 +16,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from ecache_cli.contract.lines import bad_lines_summary, parse_json_line
+from ecache_cli.contract.lines import bad_lines_summary, not_an_object, parse_json_line
 from ecache_cli.contract.text import json_text_error
 from ecache_cli.errors import DataError, UsageError
 from ecache_cli.sources import check_readable, is_stdin, read_lines
@@ -63,7 +63,7 @@ def _bad_row(line: str, fields: tuple[str, ...], rows: list[dict], where: str, p
     if error is not None:
         return error
     if not isinstance(row, dict):
-        return f"{where}: a JSON {type(row).__name__}, not an object"
+        return f"{where}: {not_an_object(row)}"
     missing = [k for k in fields if k not in row]
     if missing:
         return f"{where}: lacks {', '.join(missing)}"
