@@ -49,7 +49,7 @@ Profile = Annotated[Optional[str], typer.Option("--profile", help="Settings from
 Chat = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="Apply the chat template \\[default: if the model has one].", rich_help_panel=D)]
 BatchSize = Annotated[int, typer.Option("--batch-size", "-b", help="Prompts decoded together (left padded).", rich_help_panel=D)]
 Seed = Annotated[int, typer.Option(help="Random seed (sampling, remasking, task samples).", rich_help_panel=D)]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings, notes and errors on stderr: no first line, progress or status lines.", rich_help_panel=O)]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Stderr: only warnings, notes, errors.", rich_help_panel=O)]
 Watch = Annotated[bool, typer.Option("--watch", help="Live view: the canvas, each refresh, the signal vs τ (a terminal).", rich_help_panel=O)]
 WatchDelay = Annotated[float, typer.Option("--watch-delay", help="Seconds to wait after each --watch step (demos).", rich_help_panel=O)]
 #: ``readable=False``: the parser does not check the file (its error would be a usage error, exit 2);

@@ -437,11 +437,11 @@ def no_prompts(input_file: Path | None, fix: str = "pipe prompts one per line, p
                "--input FILE.jsonl") -> UsageError:
     """The error for a prompt source that gave nothing (README: empty input is a usage error, exit 2,
     in every command, as ``--data`` is: ``tasks.files.read_jsonl``): an empty or blank ``--input``
-    source, naming it, or empty stdin (``fix``: what the command takes instead; chat has no arguments)."""
+    source, naming it, or empty or blank stdin (``fix``: what the command takes instead; chat has no arguments)."""
     if input_file is not None:
         return UsageError(f"--input {input_file} holds no record (it is empty or blank); write one JSON "
                           "object with a 'prompt' field per line")
-    return UsageError(f"no prompt given: stdin was empty; {fix}")
+    return UsageError(f"no prompt given: stdin was empty or blank; {fix}")
 
 
 def _check_utf8(text: str, where: str, error: type, fix: str) -> None:
