@@ -258,6 +258,21 @@ def test_the_command_line_runs_a_block_diffusion_folder_with_its_defaults(cli):
     assert r.exit_code == 2 and "does not apply to the sdar model family" in r.stderr
 
 
+def test_a_profile_policy_that_does_not_apply_to_the_family_names_the_profile(cli, tmp_path):
+    """A profile's ``cache.policy`` the family does not take is refused before the load, as ``--cache`` is, and
+    the error names the profile that set it (no ``--cache`` was given); ``--cache`` over it overrides it."""
+    prof = tmp_path / "pe.yaml"
+    prof.write_text("cache:\n  policy: entropy\n  tau: 0.5\n")
+    r = cli("generate", "--model", str(FIXTURES / "sdar"), "--profile", str(prof), "--gen-length", "16", "hi")
+    assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: --cache entropy does not apply to the sdar model family (its attention is block-causal, so the "
+        "keys and values of finished blocks are cached exactly); use none or block (cache entropy from profile "
+        f"{prof}; pass the flag to override)"), r.stderr
+    r = cli("generate", "--model", str(FIXTURES / "sdar"), "--profile", str(prof), "--gen-length", "16", "--cache",
+            "block", "-q", "hi")
+    assert r.exit_code == 0, r.stderr
+
+
 def test_profile_compares_the_policies_that_apply_and_records_tokens_per_forward(cli):
     """Without --policies, profile on a block-diffusion folder runs none and block (the others do not apply);
     both decode the same answers, block computing far less; the records carry TPF."""

@@ -121,6 +121,20 @@ def test_the_choice_takes_the_lowest_qualifying_threshold_and_ties_go_to_the_hig
     assert "τ" not in hint("threshold", none.cause) and "--thresholds" in hint("threshold", "speed")
 
 
+def test_the_hint_suggests_only_thresholds_beyond_the_swept_ones():
+    """The advice after a failed sweep names thresholds the sweep did not reach (below its lowest when the
+    ones that keep the score save nothing, above its highest when those that save lose the score), or says
+    none is left; never one the table just showed."""
+    assert hint("threshold", "speed", [0.9, 0.3, 0.1]).endswith("try lower thresholds (--thresholds 0.08,0.06,0.04)")
+    assert hint("threshold", "speed", [0.9, 0.05]).endswith(
+        "no lower threshold is left to try (the sweep went down to 0.05): on this model and task the threshold "
+        "rule gains nothing over the reference")
+    assert hint("threshold", "score", [0.9, 0.95]).endswith(
+        ", or try higher thresholds (--thresholds 0.975,0.9875,0.995)")
+    assert hint("threshold", "score", [0.5, 0.999]).endswith(
+        "(no higher threshold is left to try: the sweep went up to 0.999)")
+
+
 def test_refinement_bisects_between_the_choice_and_the_next_lower_threshold():
     sweep = [pt(0.9, 1.0, 1.1), pt(0.5, 0.99, 1.5), pt(0.3, 0.8, 2.0)]
     assert refine_threshold(sweep, REF, "fidelity", 0.02) == 0.4  # (0.3 fails, 0.5 chosen)

@@ -224,6 +224,18 @@ def test_mismatch_warns_once(profiles_dir, capsys):
     assert "calibrated on" not in capsys.readouterr().err
 
 
+def test_mismatch_suggests_calibrating_the_model_as_the_run_was_given_it(llada_dir, tmp_path, capsys):
+    """The warning's command names ``--model`` as the run has it (a checkpoint folder's path), not the
+    profile's ``model:`` key (the folder's name, which no command takes)."""
+    from ecache_cli.runs.settings import resolve_settings
+
+    prof = tmp_path / "list-int8.yaml"
+    prof.write_text(f"model: {llada_dir.name}\ntask: list\nquantize: int8\ncache: {{policy: entropy, tau: 0.25}}\n")
+    resolve_settings(str(llada_dir), {"gen_length": 16, "block_length": 8}, {}, profile=str(prof), quantize="none")
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "τ was calibrated on" in ln]
+    assert line.endswith(f"run `ecache calibrate --task list --model {llada_dir}` or pass --tau"), line
+
+
 def test_generate_records_carry_memory(cli):
     r = cli("generate", "Sort: 9 3 7 1", "--quantize", "int8", "--jsonl", "-q", *SHORT)
     assert r.exit_code == 0, r.output

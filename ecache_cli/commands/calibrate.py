@@ -258,7 +258,8 @@ def calibrate_cmd(
         from ..runs.tau_search import hint
 
         # the hint names what the run measured as the cause: speed (the proxy or the wall clock) or score
-        raise EcacheError(f"{choice.reason}; no profile written ({hint(outcome.sweep, choice.cause)})")
+        tried = [p.tau for p in outcome.points]  # the swept values (thresholds in a threshold sweep)
+        raise EcacheError(f"{choice.reason}; no profile written ({hint(outcome.sweep, choice.cause, tried)})")
     where = "dry run: no profile written" if dry_run else f"wrote {outcome.profile}"
     if not (quiet and out_console is err):  # -q: nothing on stderr when the JSON on stdout holds the choice
         out_console.print(f"chosen {choice.reason}; {where}", markup=False, highlight=False)

@@ -124,6 +124,8 @@ def ignored_schedule(cfg, sampler: str) -> str | None:
     own = family_schedule(sampler, None)
     if effect(cfg.schedule) != ("plain", False) or effect(own) != ("plain", False):
         return None
+    if cfg.schedule == "block" and _idle_block_minimum(cfg, sampler):  # the --steps warning names both flags
+        return None
     rule = f"--threshold {cfg.threshold:g}" if cfg.threshold is not None else f"--factor {cfg.factor:g}"
     return (f"--schedule {cfg.schedule} does nothing with {rule}: that rule commits by confidence, not by a "
             "schedule's counts (which count there only with --steps, as block's minimum or dream's quota, or "
@@ -146,8 +148,27 @@ def ignored_steps(cfg, sampler: str) -> str | None:
                                                                 and spb > 1):
             return None
     rule = f"--threshold {cfg.threshold:g}" if cfg.factor is None else f"--factor {cfg.factor:g}"
+    if _idle_block_minimum(cfg, sampler):
+        blocks = cfg.gen_length // cfg.block_length
+        flags = f"--steps {cfg.steps}" + (" with --schedule block" if cfg.schedule == "block" else "")
+        fewer = (f" (fewer steps than positions a block raise it, e.g. --steps {blocks * (cfg.block_length // 2)})"
+                 if cfg.block_length > 1 else "")
+        return (f"{flags} does nothing with {rule}: {cfg.steps // blocks} steps a block for its {cfg.block_length} "
+                f"positions make block's per-step minimum one token, which the rule commits anyway; ignored{fewer}")
     return (f"--steps {cfg.steps} does nothing with {rule}: a block runs until no mask is left (steps count there "
             "only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored")
+
+
+def _idle_block_minimum(cfg, sampler: str) -> bool:
+    """Whether the run's schedule is block's (``cfg.schedule``, else the model's) under the threshold rule
+    with ``--steps`` giving each block at least as many steps as its length: block's per-step minimum is
+    then one token (``schedule.block_num_transfer_tokens``), which the threshold rule commits at every step
+    anyway, so steps and schedule both do nothing."""
+    if cfg.steps is None or cfg.threshold is None or cfg.factor is not None or not cfg.block_length:
+        return False
+    if cfg.gen_length % cfg.block_length or family_schedule(sampler, cfg.schedule) != "block":
+        return False
+    return cfg.steps // max(cfg.gen_length // cfg.block_length, 1) >= cfg.block_length
 
 
 def idle_steps(cfg, sampler: str) -> str | None:

@@ -3,6 +3,7 @@ settings range-checked before the model loads, and one warning for flags the run
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     _validate_policy(name, params, p_cache, cache_flags, path, fam, notes)
     decode_cfg = DecodeConfig(**decode)
     tau_source = _tau_source(cache_flags, p_cache)
-    _warn_quantize_mismatch(prof, prof_q, run_q or "none", "search" if tau_searched else tau_source, name)
+    _warn_quantize_mismatch(model, prof, (prof_q, run_q or "none"), "search" if tau_searched else tau_source, name)
     return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
                     quantize_from_profile=quantize is None and run_q is not None,
                     sampling_flags=_sampling_flags(decode_cfg, decode_flags),
@@ -223,9 +224,12 @@ def _quantize_of(prof: dict | None, quantize: str | None, asked: str | None,
     return prof_q, quantize_flag(prof_q.split(":")[0] if group_size is not None else prof_q, group_size)
 
 
-def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_source: str, policy: str) -> None:
+def _warn_quantize_mismatch(model: str, prof: dict | None, formats: tuple[str, str], tau_source: str,
+                            policy: str) -> None:
     """Warn once when the run's τ comes from a profile calibrated on other weights than the run's
-    (``quantize`` key; a profile without it was calibrated on unquantized weights)."""
+    (``formats``: the profile's ``quantize`` key, the run's; a profile without it was calibrated on
+    unquantized weights), with the command that calibrates ``model`` (as the run was given it) anew."""
+    prof_q, run_q = formats
     if prof is None or prof_q == run_q or tau_source != "profile" or policy != "entropy":
         return
     from ..console import warn
@@ -235,7 +239,7 @@ def _warn_quantize_mismatch(prof: dict | None, prof_q: str, run_q: str, tau_sour
 
     warn(f"profile {prof['_path']}'s τ was calibrated on {what(prof_q)} weights, this run uses {what(run_q)}: "
          f"quantization changes the entropy signal, so τ may not hold; run "
-         f"`{recalibrate_command(prof.get('model'), prof, run_q)}` or pass --tau")
+         f"`{recalibrate_command(model, prof, run_q)}` or pass --tau")
 
 
 def _tau_source(cache_flags: dict, p_cache: dict) -> str:
@@ -270,7 +274,7 @@ def recalibrate_command(model: str | None, prof: dict, quantize: str) -> str:
         task = ",".join(_trained_tasks(model) or ["<tasks>"])
     parts = ["ecache calibrate", f"--task {task}"]
     if model is not None and str(model) not in EMBEDDED:
-        parts.append(f"--model {model}")
+        parts.append(f"--model {shlex.quote(str(model))}")
     if "code" in task.split(","):
         parts.append("--allow-code-execution")
     threshold = (prof.get("decode") or {}).get("threshold")
@@ -324,15 +328,23 @@ def _sampling_flags(decode: DecodeConfig, decode_flags: dict) -> tuple[str, ...]
     return ()
 
 
-def _fits_family(name: str, fam, cache_flags: dict, notes: list[str]) -> None:
-    """The last checks of :func:`resolve_settings`, before the first line: a ``--cache`` that does not apply
-    to the model family ``fam`` (when known before loading) is refused as the engine would refuse it
-    (``CachePolicy.check_model``); then the ``notes`` of a dropped threshold are printed, for settings
-    that are valid only."""
-    if fam is not None and cache_flags.get("policy") is not None:
+def _fits_family(name: str, fam, cache_flags: dict, notes: list[str], profile_path: str | None = None) -> None:
+    """The last checks of :func:`resolve_settings`, before the first line: a cache policy that does not
+    apply to the model family ``fam`` (when known before loading) is refused as the engine would refuse it
+    (``CachePolicy.check_model``), naming the profile at ``profile_path`` when no ``--cache`` overrode the
+    policy it set (:func:`from_profile`); then the ``notes`` of a dropped threshold are printed, for
+    settings that are valid only."""
+    flagged = cache_flags.get("policy") is not None
+    if fam is not None and (flagged or profile_path is not None):
         from types import SimpleNamespace
 
-        make_policy(name, strict=False).check_model(SimpleNamespace(block_causal=fam.block_causal, family=fam.name))
+        try:
+            make_policy(name, strict=False).check_model(SimpleNamespace(block_causal=fam.block_causal,
+                                                                        family=fam.name))
+        except UsageError as e:
+            if flagged:
+                raise
+            raise UsageError(from_profile(e, f"cache {name}", profile_path)) from None
     from ..console import note
 
     for text in notes:
@@ -438,7 +450,7 @@ def _validate_policy(name: str, params: dict, p_cache: dict, cache_flags: dict, 
                 raise UsageError(f"--{k.replace('_', '-')} {v} {msg.removeprefix(head)}") from None
         _blame_profile(e, params, p_cache, cache_flags, path)
         raise
-    _fits_family(name, fam, cache_flags, list(notes))
+    _fits_family(name, fam, cache_flags, list(notes), path if p_cache.get("policy") is not None else None)
 
 
 def _blame_profile(e: UsageError, values: dict, from_file: dict, flags: dict, path: str | None) -> None:

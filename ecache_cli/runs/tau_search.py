@@ -451,23 +451,36 @@ HINTS = {
 }
 
 
-#: :data:`HINTS` for a threshold sweep (block diffusion, ``KNOBS["threshold"]``).
+#: :data:`HINTS` for a threshold sweep (block diffusion, ``KNOBS["threshold"]``); ``{lower}`` and
+#: ``{higher}``: thresholds beyond the swept ones (:func:`hint`).
 THRESHOLD_HINTS = {
-    "speed": "every threshold that keeps the score commits no more tokens per forward than the reference: try "
-             "lower thresholds (--thresholds 0.7,0.5,0.3)",
-    "score": "every threshold that commits more tokens per forward loses too much: raise --max-drop, lower "
-             "--min-fidelity if given, or try higher thresholds (--thresholds 0.99,0.98,0.97)",
+    "speed": "every threshold that keeps the score commits no more tokens per forward than the reference: "
+             "{lower}",
+    "score": "every threshold that commits more tokens per forward loses too much: raise --max-drop or lower "
+             "--min-fidelity if given{higher}",
     "both": "the thresholds that keep the score commit no more tokens per forward and those that do lose too much: "
             "try thresholds between them (--thresholds) or raise --max-drop",
     "wall": "rerun on an idle machine, or pass --no-speed-check to keep the cost proxy's choice",
 }
 
 
-def hint(knob: str, cause: str | None) -> str:
+def hint(knob: str, cause: str | None, tried: Sequence[float] = ()) -> str:
     """What to change when nothing qualified, by ``cause`` (a key of :data:`HINTS`; None: ``both``) and
-    the swept ``knob`` (a key of :data:`KNOBS`)."""
+    the swept ``knob`` (a key of :data:`KNOBS`). ``tried``: the values the sweep evaluated, so a threshold
+    sweep suggests only values beyond them (or says none is left: a threshold lies in (0, 1))."""
     table = THRESHOLD_HINTS if knob == "threshold" else HINTS
-    return table.get(cause or "both", table["both"])
+    text = table.get(cause or "both", table["both"])
+    if knob != "threshold":
+        return text
+    low, high = min(tried, default=1.0), max(tried, default=0.96)
+    lower = [round_sig(low * f, 2) for f in (0.8, 0.6, 0.4)] if tried else [0.7, 0.5, 0.3]
+    higher = [round_sig(1 - (1 - high) * f, 4) for f in (0.5, 0.25, 0.1)] if tried else [0.97, 0.98, 0.99]
+    return text.format(
+        lower=f"try lower thresholds (--thresholds {','.join(f'{t:g}' for t in lower)})" if low > 0.05 else
+        f"no lower threshold is left to try (the sweep went down to {low:g}): on this model and task the "
+        "threshold rule gains nothing over the reference",
+        higher=f", or try higher thresholds (--thresholds {','.join(f'{t:g}' for t in higher)})" if high < 0.999
+        else f" (no higher threshold is left to try: the sweep went up to {high:g})")
 
 
 def refine_threshold(points: Sequence[Point], base: Point, metric: str, max_drop: float,
