@@ -61,7 +61,8 @@ def set_threads(threads: int | None, model: str | None) -> int:
 
 
 def load_for_command(model: str, device: str | None, dtype: str | None, threads: int | None, ranks: bool = False,
-                     compile: bool = False, force: bool = False, quantize: str | None = None):
+                     compile: bool = False, force: bool = False, quantize: str | None = None,
+                     chat: bool | None = False):
     """A subcommand's set-up before its runs: :func:`set_threads` (before the model loads; ``$ECACHE_THREADS``
     too), then with ``ranks`` this process's rank (``distributed.setup()``: torchrun / accelerate launch;
     the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype, force=force,
@@ -69,7 +70,10 @@ def load_for_command(model: str, device: str | None, dtype: str | None, threads:
     memory is refused before any weight is read; ``quantize``: ``Settings.quantize``, e.g. ``int8``, None
     loads the weights as stored); with
     ``compile`` the model's forward is the static-shape compiled step (``models/compiled.py``
-    ``StaticStep``: ``lm.model`` wraps the loaded model).
+    ``StaticStep``: ``lm.model`` wraps the loaded model). ``chat``: the command's ``--chat/--no-chat`` (None:
+    the template when the model has one; False: the command applies none), so a checkpoint folder without
+    the file that holds its chat template gets one note saying its prompts go in without it
+    (``models.loader.no_chat_template_note``), from rank 0 only.
 
     Returns ``(lm, dist)``: the ``LoadedModel`` and the ``DistEnv``, None without ``ranks`` (one process).
     Raises UsageError for a bad thread count, device or dtype (``cuda:N`` under several ranks too),
@@ -90,6 +94,12 @@ def load_for_command(model: str, device: str | None, dtype: str | None, threads:
 
         check_compiler(_device_kind(device))
     lm = load_model(model, device, dtype, force=force, quantize=quantize)
+    if chat is not False and (dist is None or dist.is_main):
+        from .console import note
+        from .models.loader import no_chat_template_note
+
+        if why := no_chat_template_note(lm):
+            note(why)
     if compile:
         from .models.compiled import StaticStep
 

@@ -273,6 +273,53 @@ def test_a_profile_policy_that_does_not_apply_to_the_family_names_the_profile(cl
     assert r.exit_code == 0, r.stderr
 
 
+@pytest.mark.parametrize("quiet", [[], ["-q"]])
+def test_a_folder_without_tokenizer_config_runs_without_library_noise(tmp_path, profiles_dir, quiet):
+    """Without tokenizer_config.json the tokenizer loads through transformers' AutoTokenizer, which reads
+    config.json and warns that its ``rope_scaling`` is deprecated (a FutureWarning): that never reaches
+    stderr, with or without -q; one note says the prompts go in without the chat template. A subprocess:
+    in-process, pytest records the warnings instead of printing them."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    folder = tmp_path / "sdar-noconf"
+    shutil.copytree(FIXTURES / "sdar", folder)
+    (folder / "tokenizer_config.json").unlink()
+    cmd = [sys.executable, "-m", "ecache_cli", "generate", *quiet, "--model", str(folder), "--gen-length", "16", "hi"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"})
+    assert p.returncode == 0, p.stderr
+    assert "Warning" not in p.stderr and "warnings.warn" not in p.stderr and "rope_scaling" not in p.stderr, p.stderr
+    notes = [ln for ln in p.stderr.splitlines() if ln.startswith("note: ")]
+    assert notes == [f"note: {folder} has no tokenizer_config.json, so prompts go in without the chat template; copy "
+                     "the checkpoint's tokenizer_config.json into it, or pass --no-chat for plain prompts"], p.stderr
+    lines = p.stderr.splitlines()
+    assert all(ln.startswith(("note: ", "warning: ", "using model")) for ln in lines), p.stderr
+    assert any(ln.startswith("using model") for ln in lines) != bool(quiet)
+
+
+def test_a_folder_without_tokenizer_config_under_no_chat_has_no_note(cli, tmp_path):
+    """The note comes from every command that templates its prompts (the load's, ``runtime.load_for_command``),
+    and from none under ``--no-chat`` or for a folder that has its template."""
+    import shutil
+
+    folder = tmp_path / "sdar-noconf"
+    shutil.copytree(FIXTURES / "sdar", folder)
+    (folder / "tokenizer_config.json").unlink()
+    note = f"note: {folder} has no tokenizer_config.json, so prompts go in without the chat template"
+    for command in (["profile", "--policies", "none", "--warmup", "0"], ["trace-drift", "--rows", "0"]):
+        r = cli(*command, "-q", "--model", folder, "--gen-length", "16", "hi")
+        assert r.exit_code == 0 and r.stderr.count(note) == 1, (command, r.stderr)
+        r = cli(*command, "-q", "--no-chat", "--model", folder, "--gen-length", "16", "hi")
+        assert r.exit_code == 0 and "note:" not in r.stderr, (command, r.stderr)
+    r = cli("generate", "-q", "--no-chat", "--model", folder, "--gen-length", "16", "hi")
+    assert r.exit_code == 0 and "note:" not in r.stderr, r.stderr
+    r = cli("generate", "-q", "--model", FIXTURES / "sdar", "--gen-length", "16", "hi")  # its template is there
+    assert r.exit_code == 0 and "note:" not in r.stderr, r.stderr
+
+
 def test_profile_compares_the_policies_that_apply_and_records_tokens_per_forward(cli):
     """Without --policies, profile on a block-diffusion folder runs none and block (the others do not apply);
     both decode the same answers, block computing far less; the records carry TPF."""

@@ -401,7 +401,8 @@ GSM_BAD = '{"question": "What is 1 + 1?"}\n'
 #: (case, the commands that have it) -> (extra args, stdin, the error line's start). FILE: a file with the
 #: case's records.
 INPUT_ERRORS = {
-    "empty-stdin": (["generate", "profile", "trace-drift", "chat"], [], "", "no prompt given: stdin was empty; "),
+    "empty-stdin": (["generate", "profile", "trace-drift", "chat"], [], "",
+                    "no prompt given: stdin was empty or blank; "),
     "non-utf8-stdin": (["generate", "profile", "trace-drift", "chat"], [], b"Sort: 3 1\n\xff\n",
                        "stdin: 1 of 2 line(s) invalid, nothing decoded: stdin:2: not UTF-8 text"),
     "invalid-input": (["generate", "profile", "trace-drift"], ["--input", "FILE"], None,

@@ -414,6 +414,45 @@ def test_show_rejects_what_is_no_model(cli, hub, tmp_path):
     one_line_error(_show(cli, tmp_path / "empty", code=1), 1, "no config.json", str(tmp_path / "empty"))
 
 
+# One rule for a tokenizer file that does not load (models.loader.load_tokenizer): `ecache models show` fails with
+# `ecache generate`'s error, naming the tokenizer, not config.json (without the tokenizer LLaDA-MoE and LLaDA2
+# would read their default mask id, outside the tiny vocabulary). A folder with no tokenizer file at all stays
+# a note: the config reads without it.
+def _broken_tokenizer(tmp_path, family: str, file: str, text: str):
+    from ecache_cli.models.synthetic import write_random_checkpoint
+
+    folder = write_random_checkpoint(tmp_path / family, family, shards=1, seed=0)
+    (folder / file).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize("family,file,text,words", [
+    ("llada-moe", "tokenizer.json", "{garbage", "cannot load tokenizer.json (Exception: "),
+    ("llada2", "tokenizer_config.json", "[1,2", "cannot load the tokenizer (JSONDecodeError: "),
+])
+def test_show_a_broken_tokenizer_says_what_generate_says(cli, hub, tmp_path, family, file, text, words):
+    folder = _broken_tokenizer(tmp_path, family, file, text)
+    line = one_line_error(_generate(cli, folder), 1, f"{folder}: {words}")
+    assert one_line_error(_show(cli, folder, code=1), 1) == line
+    assert one_line_error(_show(cli, folder, "--json", code=1), 1) == line
+    assert "config.json" not in line
+
+
+def test_show_a_folder_without_tokenizer_files_notes_it(cli, hub, llada_dir, tmp_path):
+    import shutil
+
+    from ecache_cli.models.loader import TOKENIZER_FILES
+
+    folder = tmp_path / "notok"
+    shutil.copytree(llada_dir, folder)
+    for name in TOKENIZER_FILES:
+        (folder / name).unlink(missing_ok=True)
+    res = _show(cli, folder)
+    assert res.stderr.startswith("note: no tokenizer, so no token strings or chat template (") and \
+        "no tokenizer files" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert _fields(res.stdout)["architecture"].startswith("2 layers")
+
+
 # --- ecache models pull -----------------------------------------------------------------------------------------
 
 

@@ -200,7 +200,8 @@ def calibrate_cmd(
     announce(settings.describe(model, tau=searched, searched="threshold" if block else "τ")
              if not quiet and from_environment().is_main else None)  # what this run uses, before the load
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # the ranks share the batches
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize,
+                                chat=chat)  # the ranks share the batches
     if dist.is_main:
         from ..runs.confidence import warn_untrained
         from ..runs.settings import warn_model_rules

@@ -93,7 +93,8 @@ def generate(
         check_new_output(output, resume)  # an existing file without --resume: before the first line
     opts.items = read_alone(read_first, opts)  # the input in full: its error alone, before the load
     announce(settings.describe(model) if not quiet and ranks.is_main else None)  # before the (maybe long) load
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize)  # torchrun: this rank's share
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize,
+                                chat=chat)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
     if dist.is_main:

@@ -161,8 +161,11 @@ class FastTokenizer:
         if self._hf_tok is None:
             import transformers
 
+            from .loader import quiet_transformers
+
             transformers.utils.logging.set_verbosity_error()
-            self._hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(self._path))
+            with quiet_transformers():
+                self._hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(self._path))
         return self._hf_tok
 
     def __getattr__(self, name):

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -515,6 +516,26 @@ def check_fits(path: Path, name: str, spec: ModelSpec, device: torch.device, dty
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
 
 
+def has_tokenizer_files(path: Path) -> bool:
+    """Whether the checkpoint folder holds any of :data:`TOKENIZER_FILES`: a folder without one has no
+    tokenizer at all (``ecache models show`` notes it and reads the config alone); one with a file that does
+    not load has a broken tokenizer (:func:`load_tokenizer`'s error, for every command alike)."""
+    return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Drop the ``FutureWarning`` and ``DeprecationWarning`` that transformers raises while it loads a
+    checkpoint's tokenizer (AutoTokenizer reads config.json, and transformers' config class warns that
+    its ``rope_scaling`` key, null in these checkpoints, is deprecated): library noise, not something the
+    user can act on. Only warnings from transformers' own modules, only inside the block
+    (``warnings.catch_warnings``); ecache's warnings and any other library's are untouched."""
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"transformers(\.|$)")
+        yield
+
+
 def load_tokenizer(path: Path):
     """The checkpoint directory's tokenizer, without trust_remote_code.
 
@@ -537,26 +558,42 @@ def load_tokenizer(path: Path):
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for a bad file
             raise ModelLoadError(f"{path}: cannot load tokenizer.json "
                                  f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    if path.is_dir() and not any((path / f).is_file() for f in TOKENIZER_FILES):
+    if path.is_dir() and not has_tokenizer_files(path):
         raise ModelLoadError(f"{path} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy the "
                              "tokenizer files of the checkpoint into it")
     import transformers
 
     transformers.utils.logging.set_verbosity_error()  # config.json's model_type is unknown to transformers
     try:
-        if _tokenizer_class(path) == "PreTrainedTokenizerFast" and (path / "tokenizer.json").is_file():
-            return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
-        return transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        with quiet_transformers():  # AutoTokenizer reads config.json too: rope_scaling's FutureWarning
+            if _tokenizer_class(path) == "PreTrainedTokenizerFast" and (path / "tokenizer.json").is_file():
+                return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
+            return transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as first:  # noqa: BLE001
         if (path / "vocab.json").exists() and (path / "merges.txt").exists():
             try:
-                return transformers.Qwen2TokenizerFast.from_pretrained(str(path))
+                with quiet_transformers():
+                    return transformers.Qwen2TokenizerFast.from_pretrained(str(path))
             except Exception:  # noqa: BLE001
                 pass
         missing = "" if (path / "tokenizer.json").is_file() else \
             "; it has no tokenizer.json: copy the checkpoint's tokenizer files into it"
         raise ModelLoadError(f"{path}: cannot load the tokenizer "
                              f"({type(first).__name__}: {str(first).splitlines()[0]}){missing}") from None
+
+
+def no_chat_template_note(loaded) -> str | None:
+    """The note ``ecache generate`` prints for a checkpoint folder without tokenizer_config.json, where the
+    chat template lives, of a family whose checkpoints have a chat format (an end-of-turn token): prompts go
+    in as plain text, not through the template they would get with the checkpoint's file. None when the
+    tokenizer has a chat template, the folder has the file, or the family has no chat format."""
+    path = getattr(loaded, "path", None)
+    if path is None or loaded.chat or (Path(path) / "tokenizer_config.json").is_file():
+        return None
+    if not FAMILIES[loaded.spec.family].eot_token:
+        return None
+    return (f"{path} has no tokenizer_config.json, so prompts go in without the chat template; copy the "
+            "checkpoint's tokenizer_config.json into it, or pass --no-chat for plain prompts")
 
 
 def _tokenizer_class(path: Path) -> str | None:

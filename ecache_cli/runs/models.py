@@ -412,15 +412,20 @@ def config_summary(spec, cfg: dict) -> dict:
 
 
 def _read_checkpoint(path: Path, notes: list[str]) -> tuple:
-    """(spec, raw config, tokenizer or None) of a local checkpoint folder; a tokenizer that does not load
-    is a note (the config still reads without it where the family allows). Raises ModelLoadError."""
-    from ..models.loader import load_tokenizer
+    """(spec, raw config, tokenizer or None) of a local checkpoint folder. A folder without any tokenizer
+    file is a note (the config still reads without it where the family allows); a tokenizer file that does
+    not load is the load's error, in ``ecache generate``'s words (read with no vocabulary instead, a family
+    that takes its mask id from the tokenizer, LLaDA-MoE or LLaDA2, would get its default id, outside a small
+    vocabulary, and the error would blame config.json). Raises ModelLoadError."""
+    from ..models.loader import has_tokenizer_files, load_tokenizer
     from ..models.registry import read_spec
 
     tok = None
     try:
         tok = load_tokenizer(path)
     except ModelLoadError as e:
+        if has_tokenizer_files(path):
+            raise
         notes.append(f"no tokenizer, so no token strings or chat template ({e})")
     spec, cfg = read_spec(path, tok.get_vocab() if tok is not None else None)
     return spec, cfg, tok
