@@ -209,6 +209,9 @@ def test_profile_key_validated_and_used(tmp_path, profiles_dir):
     assert (s.tau, s.quantize) == (0.5, None)
     s = resolve_settings("tiny", {}, {}, profile=str(profiles_dir / "tiny" / "list-int8.yaml"))
     assert s.quantize == "int8"  # the profile's key quantizes the run
+    s = resolve_settings("tiny", {}, {"tau": 1.0}, task="list", quantize="int8")  # τ from the flag, not the profile
+    want = f"τ 1 from --tau; other settings from profile {profiles_dir / 'tiny' / 'list-int8.yaml'}"
+    assert s.describe("tiny").endswith(want), s.describe("tiny")
 
 
 def test_mismatch_warns_once(profiles_dir, capsys):
@@ -234,6 +237,16 @@ def test_mismatch_suggests_calibrating_the_model_as_the_run_was_given_it(llada_d
     resolve_settings(str(llada_dir), {"gen_length": 16, "block_length": 8}, {}, profile=str(prof), quantize="none")
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "τ was calibrated on" in ln]
     assert line.endswith(f"run `ecache calibrate --task list --model {llada_dir}` or pass --tau"), line
+
+
+def test_a_quantized_task_run_without_a_profile_names_the_formats_profile_and_its_calibrate(cli, llada_dir):
+    """``--task`` with ``--quantize`` and no calibrated profile: the error lists the format's own profile
+    names first (they are read first), then the unquantized ones, and its fix calibrates on that format."""
+    res = cli("generate", "x", "--model", llada_dir, "--task", "list", "--quantize", "int8", *SHORT)
+    assert res.exit_code == 2, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.index("list-int8.yaml") < line.index("list.yaml"), line
+    assert line.endswith(f"run `ecache calibrate --task list --model {llada_dir} --quantize int8` or drop --task")
 
 
 def test_generate_records_carry_memory(cli):

@@ -162,9 +162,14 @@ def require_task_profile(settings: Settings, model: str, task: str | None) -> No
     tasks = trained_tasks(local) if local is not None else None
     if tasks is not None and task not in tasks:  # one rule in every command: a warning after the load
         return  # (confidence.warn_untrained), and the settings without --task
+    from .settings import recalibrate_command
+
+    q = settings.quantize or "none"
+    looked = [*(profile_candidates(model, quantize_task(task, q)) if q != "none" else []),
+              *profile_candidates(model, task)]  # the format's own profile comes first (_find_profile)
     raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
-                      f"{', '.join(map(str, profile_candidates(model, task)))}); run `ecache calibrate --task "
-                      f"{task} --model {model}` or drop --task")
+                      f"{', '.join(map(str, looked))}); run `{recalibrate_command(model, {'task': task}, q)}` "
+                      "or drop --task")
 
 
 class _Sink:

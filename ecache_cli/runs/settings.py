@@ -108,7 +108,7 @@ class Settings:
             pass
         if self.profile_note:
             notes.append(self.profile_note)
-        if self.quantize or self.profile_quantize != "none":  # which weights its τ came from
+        if self.tau_source == "profile" and (self.quantize or self.profile_quantize != "none"):  # τ's weights
             notes.append(f"τ from {self.profile_quantize} weights" if self.profile_quantize != "none"
                          else "τ from unquantized weights")
         return f"profile {self.profile}" + (f" ({'; '.join(notes)})" if notes else "")
