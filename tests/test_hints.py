@@ -212,7 +212,7 @@ def test_a_task_runs_gen_length_hint_counts_its_own_prompts(cli, tmp_path, comma
     elif command[0] == "profile":
         ids = engine.encode([r.prompt for r in task_setup("list", None, None, 2, 0, False)[1]], lm.chat)
     else:
-        ids = engine.encode(read_first(TraceOptions(prompts=[], task="list", limit=1)), lm.chat)
+        ids = engine.encode([p for p, _ in read_first(TraceOptions(prompts=[], task="list", limit=1))], lm.chat)
     assert size == max(len(i) for i in ids)
     cfg = DecodeConfig(gen_length=fit, block_length=32)
     engine.start([[5] * size], cfg, make_policy("none"))  # the run's check passes

@@ -106,14 +106,25 @@ def test_a_task_the_embedded_model_was_not_trained_on_warns(cli, tmp_path):
     assert ok.exit_code == 0 and "trained only on" not in ok.stderr
 
 
+def test_an_empty_answer_is_told_apart_from_one_that_ended_at_once():
+    """Every answer empty: why depends on whether each ended (an end marker) or wrote tokens that decode to no
+    text (special or reserved tokens: the answer did not end at once)."""
+    from ecache_cli.runs.final_text import empty_reason
+
+    assert empty_reason([True, True]) == "the model ended each answer at once"
+    assert empty_reason([False]) == "their tokens decode to no text (special or reserved tokens)"
+    assert "ended some at once" in empty_reason([True, False])
+
+
 def test_all_empty_answers_warn(cli):
     # the embedded model answers a prompt without its chat template with an end token at once
     res = cli("generate", "Sort: 3 1 2", "hello", "--no-chat", "--gen-length", "32", "-q", "--jsonl")
     assert res.exit_code == 0
     assert [r["text"] for r in records(res)] == ["", ""]
-    assert "warning: all 2 answer(s) are empty" in res.stderr
+    assert "warning: all 2 answer(s) are empty: the model ended each answer at once;" in res.stderr
     prof = cli("profile", "hello", "--no-chat", "--gen-length", "32", "--policies", "none", "--warmup", "0", "-q")
-    assert prof.exit_code == 0 and "warning: every answer is empty" in prof.stderr
+    assert prof.exit_code == 0 and "warning: every answer is empty (1 runs of 1 prompts): the model ended each " \
+        "answer at once, so" in prof.stderr, prof.stderr
     fine = cli("generate", "Sort: 3 1 2", "-q")
     assert "empty" not in fine.stderr
 

@@ -154,9 +154,10 @@ def profile_cmd(
         err.print(line, markup=False, highlight=False)
     for line in timing_warnings(report):
         err.print(line, markup=False, highlight=False)
-    if n_empty := empty_answers(report):
-        warn(f"every answer is empty ({n_empty} runs of {report.prompts_done} prompts): the model ended each answer "
-             "at once, so the scores and speedups measure nothing useful; check --model, --task and --chat")
+    n_empty, why = empty_answers(report)
+    if n_empty:
+        warn(f"every answer is empty ({n_empty} runs of {report.prompts_done} prompts): {why}, so the scores and "
+             "speedups measure nothing useful; check --model, --task and --chat")
     if report.trace:
         info(f"traces in {report.trace['dir']}: tensorboard --logdir {report.trace['dir']} (PyTorch Profiler tab), "
              f"or open *.chrome_trace.json in ui.perfetto.dev / chrome://tracing")  # a status line: not under -q

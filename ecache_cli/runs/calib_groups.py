@@ -97,6 +97,12 @@ class TaskGroups:
         _, task, orig, k = self._where[ex.id]
         return task.prompt(orig, k, seed)
 
+    def prompt_examples(self, ex: Example, shots=None, seed: int = 0) -> list[Example]:
+        """The examples whose text :meth:`prompt` puts in ``ex``'s prompt (its group's task's, at the
+        group's shot count): ``Task.prompt_examples``."""
+        _, task, orig, k = self._where[ex.id]
+        return task.prompt_examples(orig, k, seed)
+
     def score(self, ex: Example, completion: str) -> float:
         _, task, orig, _ = self._where[ex.id]
         return task.score(orig, completion)

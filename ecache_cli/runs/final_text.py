@@ -119,3 +119,14 @@ class FinalText:
             new, self.sent = text[len(self.sent):], text
             return new
         return ""
+
+
+def empty_reason(ended: Sequence[bool]) -> str:
+    """Why every answer of a run is empty text, by whether each ``ended`` (an end marker within the
+    canvas): the model ended them at once, or (none ended) their tokens decode to no text, as special or
+    reserved tokens do, or both. One wording for generate's and profile's warnings."""
+    if all(ended):
+        return "the model ended each answer at once"
+    if not any(ended):
+        return "their tokens decode to no text (special or reserved tokens)"
+    return "the model ended some at once and wrote tokens that decode to no text in the others"

@@ -437,8 +437,10 @@ def _warnings(lm, settings: Settings, opts: GenerateOptions, decoded: list[dict]
     if cut:
         warn_cut(cut, len(decoded), settings.decode.gen_length, where)
     if all(not r["text"].strip() for r in decoded):
-        warn(f"all {len(decoded)} answer(s) are empty: the model ended each answer at once; it may not know this "
-             "kind of prompt (check --model, --chat/--no-chat, the prompt format)")
+        from .final_text import empty_reason
+
+        warn(f"all {len(decoded)} answer(s) are empty: {empty_reason([r['ended'] for r in decoded])}; it may not "
+             "know this kind of prompt (check --model, --chat/--no-chat, the prompt format)")
     p99 = threshold_for(lm)
     if p99 is not None:
         unsure = [r["line"] for r in decoded if r["mean_entropy"] is not None and r["mean_entropy"] > p99]

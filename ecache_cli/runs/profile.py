@@ -394,10 +394,15 @@ def _check_requests(requests: Sequence[Request], engine, chat: bool, decode, inp
                 r.prompt = r.item.prompt
 
 
-def empty_answers(report: ProfileReport) -> int:
-    """The number of runs' answers when every one is empty (the model ended each at once), else 0."""
-    texts = [row.text for p in report.policies for run in report.runs[p] for row in run.rows]
-    return len(texts) if texts and all(not t.strip() for t in texts) else 0
+def empty_answers(report: ProfileReport) -> tuple[int, str]:
+    """The number of runs' answers when every one is empty text, else 0, and why (``final_text.empty_reason``:
+    an answer with no token before its end marker ended at once)."""
+    from .final_text import empty_reason
+
+    rows = [row for p in report.policies for run in report.runs[p] for row in run.rows]
+    if not rows or any(row.text.strip() for row in rows):
+        return 0, ""
+    return len(rows), empty_reason([not row.answer_ids for row in rows])
 
 
 def profile_document(report: ProfileReport, lm, settings: Settings, opts: ProfileOptions, chat: bool,
