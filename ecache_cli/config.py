@@ -52,7 +52,8 @@ CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_e
 SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox", "compile", "quantize"}
 SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model-written code is isolated
 #: ``--quantize`` formats (models/quantize.py FORMATS; tests/test_quantize.py checks they agree). A profile's
-#: ``quantize`` key: one of them, int4 optionally with its group size (``int4:64``).
+#: ``quantize`` key: one of them, int4 optionally with its group size (``int4:64``), parsed and refused as the
+#: flag is (``models.quantize.parse_quantize``, :func:`validate_profile`).
 QUANTIZE_FORMATS = ("none", "int8", "int4", "fp8")
 
 #: The largest ``serve --max-body-bytes`` (1 GiB: a body is read into memory whole) and ``--prefix-cache-mb`` (1 TiB).
@@ -433,7 +434,13 @@ def _yaml_problem(e: Exception) -> str:
 
 def validate_profile(data: dict, path: Path | str = "profile") -> None:
     """Reject unknown sections and keys, and wrongly typed values (a quoted number too), with a
-    ConfigError naming them."""
+    ConfigError naming them (values written as YAML writes them: :func:`yaml_text`).
+
+    ``quantize`` is parsed as ``--quantize`` and ``load_model``'s ``quantize`` are
+    (``models.quantize.parse_quantize``: any case; null, like their None, means none), its refusals
+    prefixed ``<path>: quantize: <value>``; ``data["quantize"]`` becomes the canonical name (``int8``,
+    ``int4:64``, ``none``) and ``data["_quantization"]`` the parsed value (a ``Quantization`` naming this
+    file, or None)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a profile must be a YAML mapping")
     for k in data:
@@ -442,19 +449,27 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
     from .cache import POLICIES, policy_params
 
     if "sandbox" in data and data["sandbox"] not in SANDBOX_MODES:
-        raise ConfigError(f"{path}: sandbox: {data['sandbox']!r} must be one of {', '.join(SANDBOX_MODES)}")
+        raise ConfigError(f"{path}: sandbox: {yaml_text(data['sandbox'])} must be one of {', '.join(SANDBOX_MODES)}")
     if "compile" in data and not isinstance(data["compile"], bool):
         fix = _quoted_bool("compile", data["compile"])
-        raise ConfigError(f"{path}: compile: {data['compile']!r} must be true or false{fix}")
-    if "quantize" in data and not _quantize_value(data["quantize"]):
-        raise ConfigError(f"{path}: quantize: {data['quantize']!r} must be one of {', '.join(QUANTIZE_FORMATS)} "
-                          "(int4:64 for int4 in groups of 64)")
+        raise ConfigError(f"{path}: compile: {yaml_text(data['compile'])} must be true or false{fix}")
+    if "quantize" in data:  # the one parse of --quantize and load_model's quantize, its errors naming the file
+        from .errors import UsageError
+        from .models.quantize import parse_quantize, profile_source
+
+        try:
+            q = parse_quantize(data["quantize"], source=profile_source(path))
+        except UsageError as e:
+            raise ConfigError(str(e)) from None
+        data["quantize"] = "none" if q is None else str(q)  # null: none, as the flag's and load_model's None
+        data["_quantization"] = q  # with where it was written, for the refusals once the model's shapes are known
     for section in ("decode", "cache"):
         if not isinstance(data.get(section) or {}, dict):
             raise ConfigError(f"{path}: '{section}' must be a mapping")
     policy = (data.get("cache") or {}).get("policy", "entropy")
     if policy not in POLICIES:
-        raise ConfigError(f"{path}: cache.policy {policy!r} is not a cache policy; use one of {', '.join(POLICIES)}")
+        raise ConfigError(f"{path}: cache.policy {yaml_text(policy)} is not a cache policy; use one of "
+                          f"{', '.join(POLICIES)}")
     # cache keys: the ones the profile's own policy reads (a key of another policy would be ignored)
     for section, allowed in (("decode", DECODE_KEYS), ("cache", {"policy"} | policy_params(policy))):
         for k in data.get(section) or {}:
@@ -468,14 +483,6 @@ def validate_profile(data: dict, path: Path | str = "profile") -> None:
         raise ConfigError(f"{path}: the profile holds no settings; write them under decode: and cache: (e.g. "
                           "cache: {policy: entropy, tau: 0.5})")
     _check_types(data, path, policy)
-
-
-def _quantize_value(value) -> bool:
-    """Whether a profile's ``quantize`` value names a format (``int4:N``: N one of int4's group sizes)."""
-    if not isinstance(value, str):
-        return False
-    fmt, sep, size = value.partition(":")
-    return fmt in QUANTIZE_FORMATS and (not sep or (fmt == "int4" and size in ("32", "64", "128", "256")))
 
 
 def _check_types(data: dict, path, policy: str | None = None) -> None:
@@ -493,14 +500,24 @@ def _check_types(data: dict, path, policy: str | None = None) -> None:
             kind = kinds[section].get(k)
             number = None if kind is None or takes_text(kind) else text_number(v)
             if number is not None:  # a quoted number, refused as the Python API and the server refuse it
-                raise ConfigError(f"{path}: {section}.{k}: {v!r} must be a number, not a string; write it "
+                raise ConfigError(f"{path}: {section}.{k}: {yaml_text(v)} must be a number, not a string; write it "
                                   f"without quotes ({k}: {number})")
             if kind in (bool, bool | None) and (fix := _quoted_bool(k, v)):
-                raise ConfigError(f"{path}: {section}.{k}: {v!r} must be true or false{fix}")
+                raise ConfigError(f"{path}: {section}.{k}: {yaml_text(v)} must be true or false{fix}")
             try:
                 sec[k] = check_value(kind, v)
             except ValueError as e:
-                raise ConfigError(f"{path}: {section}.{k}: {v!r} {e}") from None
+                raise ConfigError(f"{path}: {section}.{k}: {yaml_text(v)} {e}") from None
+
+
+def yaml_text(value) -> str:
+    """``value`` written as YAML, for a message about a profile's value: a text in single quotes
+    (``'int2'``; a quote inside doubled, as YAML writes it), anything else in YAML's flow style (``null``,
+    ``true``, ``5``, ``[int8]``, ``{a: 1}``), never a Python repr (``None``, ``['int8']``)."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
+    return text.removesuffix("\n...")  # the end-of-document mark after a scalar
 
 
 def _quoted_bool(key: str, value) -> str:

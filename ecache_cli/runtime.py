@@ -61,14 +61,15 @@ def set_threads(threads: int | None, model: str | None) -> int:
 
 
 def load_for_command(model: str, device: str | None, dtype: str | None, threads: int | None, ranks: bool = False,
-                     compile: bool = False, force: bool = False, quantize: str | None = None,
+                     compile: bool = False, force: bool = False, quantize=None,
                      chat: bool | None = False):
     """A subcommand's set-up before its runs: :func:`set_threads` (before the model loads; ``$ECACHE_THREADS``
     too), then with ``ranks`` this process's rank (``distributed.setup()``: torchrun / accelerate launch;
     the rank's device is ``dist.device(device)``), then ``load_model(model, device, dtype, force=force,
     quantize=quantize)`` (without ``force`` (``--force``) a model whose weights exceed the device's free
-    memory is refused before any weight is read; ``quantize``: ``Settings.quantize``, e.g. ``int8``, None
-    loads the weights as stored); with
+    memory is refused before any weight is read; ``quantize``: ``Settings.quantization``, the parsed format
+    naming where it was written, so that a refusal at the load names the flag or the profile, or a name such
+    as ``int8``; None loads the weights as stored); with
     ``compile`` the model's forward is the static-shape compiled step (``models/compiled.py``
     ``StaticStep``: ``lm.model`` wraps the loaded model). ``chat``: the command's ``--chat/--no-chat`` (None:
     the template when the model has one; False: the command applies none), so a checkpoint folder without
@@ -108,7 +109,7 @@ def load_for_command(model: str, device: str | None, dtype: str | None, threads:
 
 
 def inspect_for_command(model: str, device: str | None, dtype: str | None, compile: bool = False,
-                        force: bool = False, quantize: str | None = None):
+                        force: bool = False, quantize=None):
     """:func:`load_for_command`'s checks without the weights: ``compile``'s compiler, then
     ``models.loader.inspect_model`` (device, dtype, quantize, the checkpoint's config, tokenizer and spec,
     and without ``force`` whether the weights fit the free memory). Returns its ``ModelMeta`` (``.spec``);

@@ -133,7 +133,7 @@ def test_every_policy_parameter_and_decode_setting_has_a_declared_range():
     (b"cache: {policy: elastic, gamma: 2}\n", ["cache.gamma: 2", "in [0, 1]"]),
     (b"cache: {policy: entropy, recent_k: " + BIG.encode() + b"}\n", ["cache.recent_k", "≤ 2147483647"]),
     (b"decode: {gen_length: -5}\n", ["decode.gen_length: -5", "≥ 1"]),
-    (b"decode: {top_p: .nan}\n", ["decode.top_p: nan", "a finite number in (0, 1]"]),
+    (b"decode: {top_p: .nan}\n", ["decode.top_p: .nan", "a finite number in (0, 1]"]),
     (b"cache: [1, 2]\n", ["'cache' must be a mapping"]),
     (b"cache: {tau: [0.5\n", ["not valid YAML"]),
     (b"cache:\n  policy: entropy\n  policy: dual\n", ["not valid YAML (key 'policy' given twice (lines 2 and 3); "

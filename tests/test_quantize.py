@@ -86,6 +86,97 @@ def test_parse():
     assert str(qz.parse_quantize("int4", 32)) == "int4:32"
 
 
+# One parse of a quantize value (models.quantize.parse_quantize) for --quantize, a profile's quantize key and
+# load_model's quantize: the same rule and words, the message naming where the value was written.
+FORMAT_HINT = "use one of none, int8, int4, fp8 (int4:64 sets int4's group size)"
+SAME_RULE = [  # value, then the message after "<where>"; "{v}" is the value as each source writes it
+    ("int2", "{v} is not a format; " + FORMAT_HINT),
+    ("int8:64", "{v} names a group size, which only int4 takes; use int8 or int4:64"),
+    ("int4:16", "{v} names a group size int4's kernels do not take; use one of 32, 64, 128, 256"),
+    ("int4:x", "{v}: the group size after ':' must be a number, e.g. int4:64"),
+    ("int4:256", "{v} names a group size that does not divide layer 0's q projection's 128 input columns; use "
+                 "int4:128 or int4:64 or int4:32"),  # the tiny model's 128 columns: known once the model is built
+]
+QUOTED = {"int2", "int4:x"}  # a value that is no format is quoted (it may be empty or hold spaces)
+
+
+@pytest.mark.parametrize("value,message", SAME_RULE, ids=[v for v, _ in SAME_RULE])
+def test_a_quantize_value_gets_one_rule_and_wording_from_the_flag_the_profile_and_load_model(cli, tmp_path, value,
+                                                                                             message):
+    """``--quantize V``, a profile's ``quantize: V`` and ``load_model(quantize=V)`` are refused alike, each
+    message naming what was written: the flag, the file and its key, the argument (never ``--group-size``,
+    which was not given)."""
+    shown = f"'{value}'" if value in QUOTED else value
+    prof = tmp_path / "q.yaml"
+    prof.write_text(f'quantize: "{value}"\ncache: {{tau: 0.5}}\n')
+    flag = cli("generate", *SHORT, "--dtype", "bfloat16", "-q", "--tau", "0.5", "--quantize", value, "x")
+    from_file = cli("generate", *SHORT, "--dtype", "bfloat16", "-q", "--profile", prof, "x")
+    with pytest.raises(UsageError) as api:
+        load_model("tiny", "cpu", "bfloat16", quantize=value)
+    assert (flag.exit_code, from_file.exit_code) == (2, 2), (flag.stderr, from_file.stderr)
+    assert flag.stderr.splitlines() == ["error: " + message.format(v=f"--quantize {shown}")]
+    assert from_file.stderr.splitlines() == ["error: " + message.format(v=f"{prof}: quantize: {shown}")]
+    assert str(api.value) == message.format(v=f"load_model(quantize={value!r})")
+
+
+def test_an_explicit_group_size_is_named_as_the_flag(cli, tmp_path):
+    """``--group-size`` keeps its own name, beside a format from the flag or from a profile; a profile's
+    format that takes no group size is named with the file."""
+    want = ("error: --group-size 256 does not divide layer 0's q projection's 128 input columns; use 128 or 64 "
+            "or 32")
+    flag = cli("generate", *SHORT, "--dtype", "bfloat16", "-q", "--tau", "0.5", "--quantize", "int4", "--group-size",
+               "256", "x")  # --tau: no warning on the shipped profile's τ from unquantized weights
+    assert flag.exit_code == 2 and flag.stderr.splitlines() == [want], flag.stderr
+    prof = tmp_path / "q.yaml"
+    prof.write_text("quantize: int4\n")  # no τ: no warning on a τ from int4 weights in an int4:256 run
+    over = cli("generate", *SHORT, "--dtype", "bfloat16", "-q", "--profile", prof, "--group-size", "256", "x")
+    assert over.exit_code == 2 and over.stderr.splitlines() == [want], over.stderr
+    prof.write_text("quantize: int8\ncache: {tau: 0.5}\n")
+    other = cli("generate", *SHORT, "-q", "--profile", prof, "--group-size", "64", "x")
+    assert other.exit_code == 2 and other.stderr.splitlines() == [
+        f"error: --group-size 64 applies to --quantize int4 only, not int8; drop it (quantize int8 from profile "
+        f"{prof}; pass the flag to override)"], other.stderr
+
+
+@pytest.mark.parametrize("written,canonical", [("INT8", "int8"), (" Int4:64 ", "int4:64"), ("NONE", "none")])
+def test_a_format_in_any_case_is_accepted_everywhere(written, canonical):
+    """Case does not matter, as ``--quantize`` (test_parse) and ``load_model`` take it; a profile's value
+    reads as its canonical name (so its profile names and mismatch warnings agree with the flag's)."""
+    data = {"quantize": written, "cache": {"tau": 0.5}}
+    validate_profile(data, "p.yaml")
+    assert data["quantize"] == canonical
+    assert str(qz.parse_quantize(written) or "none") == canonical
+    assert str(qz.parse_quantize(written, source=qz.API) or "none") == canonical
+
+
+def test_a_profiles_null_quantize_means_none(profiles_dir):
+    """``quantize: null`` is the key unset, as None is for ``--quantize`` and ``load_model`` (and as null is
+    for every profile key whose value may be None, e.g. ``decode.steps``): unquantized weights."""
+    data = {"quantize": None, "cache": {"tau": 0.5}}
+    validate_profile(data, "p.yaml")
+    assert data["quantize"] == "none"
+    from ecache_cli.runs.settings import resolve_settings
+
+    prof = profiles_dir / "p.yaml"
+    prof.write_text("quantize: null\ncache: {tau: 0.5}\n")
+    s = resolve_settings("tiny", {}, {}, profile=str(prof))
+    assert (s.quantize, s.quantization, s.profile_quantize, s.quantize_from_profile) == (None, None, "none", False)
+
+
+@pytest.mark.parametrize("yaml_value,shown", [("5", "5"), ("true", "true"), ("[int8]", "[int8]"),
+                                              ("{int8: 1}", "{int8: 1}"), ("''", "''")])
+def test_a_profiles_quantize_of_another_type_is_named_in_yaml(tmp_path, yaml_value, shown):
+    """A value that is no text is refused in the flag's words, written as YAML writes it, never as a
+    Python repr (``True``, ``['int8']``)."""
+    from ecache_cli.config import load_profile
+
+    prof = tmp_path / "q.yaml"
+    prof.write_text(f"quantize: {yaml_value}\ncache: {{tau: 0.5}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_profile(str(prof))
+    assert str(e.value) == f"{prof}: quantize: {shown} is not a format; {FORMAT_HINT}"
+
+
 @pytest.mark.parametrize("fmt,dtype,message", [
     ("fp8", "bfloat16", "--quantize fp8 needs a CUDA GPU of compute capability ≥ 8.9; on CPU use int8"),
     ("int4", "float32", "--quantize int4 runs in bfloat16 only here (float32 asked): add --dtype bfloat16"),
@@ -97,9 +188,11 @@ def test_unsupported_combinations_are_refused(fmt, dtype, message):
 
 
 def test_int4_group_that_does_not_divide_is_refused():
-    with pytest.raises(UsageError, match="--group-size 256 does not divide layer 0's q projection's 128 input "
-                                         "columns; use 128 or 64 or 32"):
+    """Named as the argument gave it (``int4:256``), with the sizes that fit in that form."""
+    with pytest.raises(UsageError) as e:
         load_model("tiny", "cpu", "bfloat16", quantize="int4:256")
+    assert str(e.value) == ("load_model(quantize='int4:256') names a group size that does not divide layer 0's q "
+                            "projection's 128 input columns; use int4:128 or int4:64 or int4:32")
 
 
 def test_without_torchao_one_line_names_the_extra(monkeypatch):
@@ -194,7 +287,8 @@ def test_loading_quantizes_layer_by_layer(monkeypatch):
 def test_profile_key_validated_and_used(tmp_path, profiles_dir):
     validate_profile({"quantize": "int8", "cache": {"tau": 0.5}}, "p.yaml")
     validate_profile({"quantize": "int4:64", "cache": {"tau": 0.5}}, "p.yaml")
-    with pytest.raises(ConfigError, match="quantize: 'int9' must be one of none, int8, int4, fp8"):
+    with pytest.raises(ConfigError, match="^p.yaml: quantize: 'int9' is not a format; use one of none, int8, int4, "
+                                          "fp8"):
         validate_profile({"quantize": "int9", "cache": {"tau": 0.5}}, "p.yaml")
     from ecache_cli.runs.settings import resolve_settings
 

@@ -200,7 +200,7 @@ def calibrate_cmd(
     announce(settings.describe(model, tau=searched, searched="threshold" if block else "τ")
              if not quiet and from_environment().is_main else None)  # what this run uses, before the load
     code_sandbox.configure(sandbox, settings.sandbox, metric == "task" and task_obj.needs_code_execution)
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize,
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantization,
                                 chat=chat)  # the ranks share the batches
     if dist.is_main:
         from ..runs.confidence import warn_untrained

@@ -57,7 +57,7 @@ def chat_cmd(
     lines = read_alone(_piped, piped) if piped is not None else None
     announce(None if quiet else settings.describe(model))  # before the (maybe long) load
     lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force,
-                             quantize=settings.quantize)
+                             quantize=settings.quantization)
     check_settings_fit(settings, lm.spec)  # what every answer's run would refuse: exit 2 before the session
     warn_model_rules(settings, lm.spec.sampler)
     session = ChatSession(lm, source, sys.stdout, err, seed=seed, watch=watch, watch_delay=watch_delay,

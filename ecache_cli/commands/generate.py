@@ -93,7 +93,7 @@ def generate(
         check_new_output(output, resume)  # an existing file without --resume: before the first line
     opts.items = read_alone(read_first, opts)  # the input in full: its error alone, before the load
     announce(settings.describe(model) if not quiet and ranks.is_main else None)  # before the (maybe long) load
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize,
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantization,
                                 chat=chat)  # torchrun: this rank's share
     if task is not None and dist.is_main:
         warn_untrained(lm, task)
@@ -108,7 +108,7 @@ def generate(
             from ..runs import ray_batch
 
             load = partial(load_for_command, model, ray_batch.replica_device(device), dtype, threads,
-                           compile=settings.compile, force=force, quantize=settings.quantize)
+                           compile=settings.compile, force=force, quantize=settings.quantization)
             ray_batch.run(lm, settings, opts, sys.stdout, err, load, ray, ray_batch.resources(device, threads or 1))
         if (line := compile_line(lm.model)) and not quiet and dist.is_main:
             err.print(line, markup=False, highlight=False)

@@ -119,7 +119,7 @@ def profile_cmd(
     announce(settings.describe(model, policies=names) if not quiet and from_environment().is_main else None)
     code_sandbox.configure(sandbox, settings.sandbox,  # its warning after the line above, before the load
                            bool(task_info and task_info["scored"] and task_obj.needs_code_execution))
-    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantize,
+    lm, dist = load_for_command(model, device, dtype, threads, ranks=True, compile=settings.compile, force=force, quantize=settings.quantization,
                                 chat=chat)  # this rank's share, rank 0 reports
     if dist.is_main:
         from ..runs.confidence import warn_untrained

@@ -118,15 +118,15 @@ def serve_cmd(
         port_ = sock.getsockname()[1]  # a free one under --port 0; Ray Serve's proxy binds it
         sock.close()
         load = partial(load_for_command, model, replica_device(device), dtype, threads or cores_per_replica,
-                       compile=settings.compile, force=force, quantize=settings.quantize)
+                       compile=settings.compile, force=force, quantize=settings.quantization)
         # the pre-deploy check reads the checkpoint's config and tokenizer, never its weights
         inspect = partial(inspect_for_command, model, replica_device(device), dtype, compile=settings.compile,
-                          force=force, quantize=settings.quantize)
+                          force=force, quantize=settings.quantization)
         check = partial(prompt_limit, settings=settings, max_prompt_tokens=max_prompt_tokens)
         serve_ray(load, inspect, check, settings, opts, replicas, resources(device, cores_per_replica), host, port_,
                   say=say, say_url=err.print if port == 0 else say)
         return
-    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize)
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantization)
     opts.max_prompt_tokens = prompt_limit(lm, settings, max_prompt_tokens)  # before listening
     warn_model_rules(settings, lm.spec.sampler)  # the flags the model's rules ignore, as every command warns
     if prefix_cache is None and mb_given and not lm.spec.block_causal:

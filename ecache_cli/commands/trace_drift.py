@@ -76,7 +76,7 @@ def trace_drift_cmd(
                         volatility_level=volatility_level)
     opts.read = read_alone(read_first, opts)  # the input in full: its error alone, before the load
     announce(None if quiet else settings.describe(model))  # what this run uses, before the (maybe long) load
-    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantize,
+    lm, _ = load_for_command(model, device, dtype, threads, compile=settings.compile, force=force, quantize=settings.quantization,
                              chat=chat)  # one process: no ranks
     warn_untrained(lm, task)
     warn_model_rules(settings, lm.spec.sampler)

@@ -642,7 +642,7 @@ class ModelMeta:
 
 def inspect_model(name_or_path: str | os.PathLike | None = None, device: str | torch.device | None = None,
                   dtype: str | torch.dtype | None = None, force: bool = False,
-                  quantize: str | None = None) -> ModelMeta:
+                  quantize=None) -> ModelMeta:
     """The checks of :func:`load_model` that read no weight (the device, dtype and quantize values, the
     folder, config.json, the tokenizer, the spec, and without ``force`` whether the weights fit the free
     memory, from the safetensors headers), and what they find (:class:`ModelMeta`). For a check made before
@@ -656,7 +656,7 @@ def inspect_model(name_or_path: str | os.PathLike | None = None, device: str | t
         raise UsageError(f"load_model(force={force!r}): force is True or False")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    quant = qz.parse_quantize(quantize)
+    quant = qz.parse_quantize(quantize, source=qz.API)
     if quant is not None:
         qz.check_supported(quant, dev, dt)
     path, name = resolve_path(name_or_path)
@@ -678,7 +678,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     force: bool = False,
-    quantize: str | None = None,
+    quantize=None,
 ) -> LoadedModel:
     """Load a model by alias (``llada-8b``, ``dream-7b``, ...), the embedded ``tiny``, or a directory.
 
@@ -687,12 +687,17 @@ def load_model(
         dtype: "auto" / None (bfloat16 on CUDA, float32 on CPU), or a dtype name.
         force: load even when the weights need more than the device's free memory (otherwise refused
             before any weight is read: :func:`check_fits`).
-        quantize: None / "none", "int8", "int4" (``"int4:64"``: group size 64) or "fp8": the blocks'
-            projection weights quantized with torchao as each layer loads (``models/quantize.py``).
+        quantize: None / "none", "int8", "int4" (``"int4:64"``: group size 64) or "fp8", any case: the
+            blocks' projection weights quantized with torchao as each layer loads (``models/quantize.py``);
+            or a ``quantize.Quantization`` already parsed (``quantize.parse_quantize``: the CLI's, naming
+            the flag or profile that wrote it).
     Raises:
         ModelLoadError: missing model, config, shard or tensor, an unsupported architecture, or weights
             that do not fit the device's free memory (without ``force``).
-        UsageError: a bad device, dtype or quantize value, or a format this device and dtype cannot run.
+        UsageError: a bad device, dtype or quantize value (named as the argument, e.g.
+            ``load_model(quantize='int4:16') names a group size int4's kernels do not take; use one of 32,
+            64, 128, 256``), a format this device and dtype cannot run, or an int4 group size that does not
+            divide a layer's input columns.
         EcacheError: ``quantize`` without torchao installed (the ``quant`` extra).
     """
     from . import quantize as qz

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -47,57 +47,130 @@ INSTALL = 'pip install -e ".[quant]" (or pip install "torchao>=0.18")'
 
 
 @dataclass(frozen=True)
+class QuantizeSource:
+    """Where a quantize value was written, so that every refusal of it names it as the person wrote it.
+
+    ``kind``: ``flag`` (``--quantize``: ``--quantize int4:16``), ``profile`` (a profile's ``quantize``
+    key, ``path`` the file: ``p.yaml: quantize: int4:16``) or ``api`` (``load_model(..., quantize=...)``:
+    ``load_model(quantize='int4:16')``). :data:`FLAG` and :data:`API` are the two without a path;
+    :func:`profile_source` makes a profile's."""
+
+    kind: str
+    path: str | None = None
+
+    def name(self, value, quoted: bool = False) -> str:
+        """``value`` named as written here: ``--quantize int4:16``, ``p.yaml: quantize: int4:16``,
+        ``load_model(quantize='int4:16')``. ``quoted``: the value in quotes (a text that is no format may
+        be empty or hold spaces): ``--quantize 'int2'``, ``p.yaml: quantize: 'int2'``. A profile's value
+        is written as YAML (``null``, ``5``, ``[int8]``), never as a Python repr."""
+        if self.kind == "api":
+            return f"load_model(quantize={value!r})"
+        if self.kind == "profile":
+            from ..config import yaml_text
+
+            shown = yaml_text(value) if quoted or not isinstance(value, str) else value
+            return f"{self.path}: quantize: {shown}"
+        return f"--quantize {value!r}" if quoted else f"--quantize {value}"
+
+
+#: ``--quantize``'s source (the flag: its value, and ``--group-size`` beside it).
+FLAG = QuantizeSource("flag")
+#: ``load_model(..., quantize=...)``'s source.
+API = QuantizeSource("api")
+
+
+def profile_source(path) -> QuantizeSource:
+    """The source of the ``quantize`` key of the profile at ``path`` (a path or its text)."""
+    return QuantizeSource("profile", str(path))
+
+
+@dataclass(frozen=True)
 class Quantization:
     """A parsed ``--quantize`` value: ``fmt`` one of int8, int4, fp8; ``group_size`` the int4 group
     (input columns sharing a scale; None = :data:`DEFAULT_GROUP_SIZE`, lowered per layer to the largest
-    of :data:`GROUP_SIZES` dividing a layer's input width)."""
+    of :data:`GROUP_SIZES` dividing a layer's input width).
+
+    ``source``, ``written`` and ``group_flag`` say where the value came from, for the refusals that come
+    later (:func:`group_for`, once the model's shapes are known); they do not take part in equality:
+    ``source`` a :class:`QuantizeSource`, ``written`` the value as given (None: as ``str(self)``),
+    ``group_flag`` whether ``--group-size`` gave the group size (else the value did: ``int4:64``)."""
 
     fmt: str
     group_size: int | None = None
+    source: QuantizeSource = field(default=API, compare=False, repr=False)
+    written: str | None = field(default=None, compare=False, repr=False)
+    group_flag: bool = field(default=False, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.fmt if self.group_size is None else f"{self.fmt}:{self.group_size}"
 
+    def group_label(self) -> str:
+        """What set the int4 group size, as a refusal names it: ``--group-size 256``, or the value as
+        written at its source (``--quantize int4:256``, ``p.yaml: quantize: int4:256``,
+        ``load_model(quantize='int4:256')``)."""
+        if self.group_flag:
+            return f"--group-size {self.group_size}"
+        return self.source.name(self.written if self.written is not None else str(self))
 
-def parse_quantize(value: str | None, group_size: int | None = None) -> Quantization | None:
-    """``--quantize`` (and ``--group-size``) as a :class:`Quantization`, None for ``none`` / None.
 
-    ``value`` may carry the group size itself (``"int4:64"``, the form ``load_model`` and the records
-    use). Raises UsageError (one line naming the value and the choices) for an unknown format, a group
-    size that is not one of :data:`GROUP_SIZES`, or a group size with a format other than int4."""
+def parse_quantize(value, group_size: int | None = None, source: QuantizeSource = FLAG) -> Quantization | None:
+    """A quantize value as a :class:`Quantization`, None for ``none`` / None: the one parse and check of
+    ``--quantize`` (and ``--group-size``), a profile's ``quantize`` key and ``load_model``'s ``quantize``.
+
+    ``value``: a format name, any case, around spaces ignored (``"int8"``, ``"INT8"``), int4 optionally
+    with its group size (``"int4:64"``, the form the records use); None means none; a
+    :class:`Quantization` is returned as it is. ``group_size``: ``--group-size`` (input columns per
+    scale). ``source``: where ``value`` was written (:data:`FLAG`, :data:`API`, :func:`profile_source`),
+    which every message names (``--quantize int8:64 …``, ``p.yaml: quantize: int8:64 …``,
+    ``load_model(quantize='int8:64') …``); ``--group-size`` is named as itself.
+
+    Raises UsageError, one line: a value that is no format (``--quantize 'int2' is not a format; use one
+    of none, int8, int4, fp8 (int4:64 sets int4's group size)``), a group size after ``:`` that is no
+    number, two group sizes (``int4:64`` and ``--group-size 32``), a group size that is not one of
+    :data:`GROUP_SIZES` (:func:`check_group_size`), or one on a format other than int4 (``--quantize
+    int8:64 names a group size, which only int4 takes; use int8 or int4:64``)."""
+    if isinstance(value, Quantization):
+        return value if group_size is None else parse_quantize(value.fmt, group_size, value.source)
     if value is None:
         if group_size is not None:
             raise UsageError(f"--group-size {group_size} needs --quantize int4 (it sets int4's group size)")
         return None
-    text = str(value).strip().lower()
-    fmt, _, size = text.partition(":")
-    if fmt not in FORMATS:
-        raise UsageError(f"--quantize {value!r} is not a format; use one of {', '.join(FORMATS)} "
+    if not isinstance(value, str):
+        raise UsageError(f"{source.name(value, quoted=True)} is not a format; use one of {', '.join(FORMATS)} "
                          "(int4:64 sets int4's group size)")
-    if size:
+    fmt, sep, size = value.strip().lower().partition(":")
+    if fmt not in FORMATS:
+        raise UsageError(f"{source.name(value, quoted=True)} is not a format; use one of {', '.join(FORMATS)} "
+                         "(int4:64 sets int4's group size)")
+    inline = None
+    if sep:
         try:
             inline = int(size)
         except ValueError:
-            raise UsageError(f"--quantize {value!r}: the group size after ':' must be a number, e.g. int4:64") from None
+            raise UsageError(f"{source.name(value, quoted=True)}: the group size after ':' must be a number, "
+                             "e.g. int4:64") from None
+        if fmt != "int4":
+            raise UsageError(f"{source.name(value)} names a group size, which only int4 takes; use {fmt} or "
+                             f"int4:{inline}")
         if group_size is not None and group_size != inline:
-            raise UsageError(f"--quantize {value} and --group-size {group_size} name two group sizes; keep one")
-        if fmt == "int4":
-            check_group_size(inline, f"--quantize {value}")
-        group_size = inline
+            raise UsageError(f"{source.name(value)} and --group-size {group_size} name two group sizes; keep one")
+        check_group_size(inline, source.name(value))
     if fmt == "none":
         if group_size is not None:
             raise UsageError(f"--group-size {group_size} needs --quantize int4 (it sets int4's group size)")
         return None
-    if group_size is not None:
+    if group_size is not None and inline is None:
         if fmt != "int4":
             raise UsageError(f"--group-size {group_size} applies to --quantize int4 only, not {fmt}; drop it")
         check_group_size(group_size)
-    return Quantization(fmt, group_size)
+    return Quantization(fmt, inline if inline is not None else group_size, source=source, written=value.strip(),
+                        group_flag=inline is None and group_size is not None)
 
 
 def check_group_size(group_size: int, label: str | None = None, quantize_given: bool = True) -> None:
     """UsageError unless ``group_size`` is one of :data:`GROUP_SIZES` (torchao's int4 kernels), one
-    wording wherever it is given: ``--group-size 7`` (``label`` default) or ``--quantize int4:7``;
+    wording wherever it is given: ``--group-size 7`` (``label`` default) or the value that wrote it as
+    its source names it (``--quantize int4:7``, ``p.yaml: quantize: int4:7``: :meth:`QuantizeSource.name`);
     ``quantize_given=False`` (``--group-size`` without ``--quantize``) names the flag it needs."""
     if group_size not in GROUP_SIZES:
         sizes = ", ".join(map(str, sorted(GROUP_SIZES)))
@@ -197,14 +270,20 @@ def block_linears(model, i: int) -> list[tuple[str, nn.Linear]]:
 
 
 def group_for(q: Quantization, in_features: int, where: str) -> int:
-    """The int4 group size of a layer with ``in_features`` input columns: the asked one (UsageError
-    when it does not divide them), else :data:`DEFAULT_GROUP_SIZE` or the largest smaller one of
-    :data:`GROUP_SIZES` that divides them."""
+    """The int4 group size of a layer with ``in_features`` input columns (``where`` names the layer:
+    ``layer 0's q projection``): the asked one, else :data:`DEFAULT_GROUP_SIZE` or the largest smaller one
+    of :data:`GROUP_SIZES` that divides them. Raises UsageError when the asked one does not divide them,
+    naming what set it (:meth:`Quantization.group_label`) and the sizes that do, in its form:
+    ``--group-size 256 does not divide layer 0's q projection's 128 input columns; use 128 or 64 or 32``,
+    ``--quantize int4:256 names a group size that does not divide …; use int4:128 or int4:64 or int4:32``."""
     if q.group_size is not None:
         if in_features % q.group_size:
             fits = [g for g in GROUP_SIZES if in_features % g == 0]
-            raise UsageError(f"--group-size {q.group_size} does not divide {where}'s {in_features} input columns; "
-                             f"use {' or '.join(map(str, fits)) if fits else 'int8'}")
+            if q.group_flag:
+                raise UsageError(f"--group-size {q.group_size} does not divide {where}'s {in_features} input "
+                                 f"columns; use {' or '.join(map(str, fits)) if fits else '--quantize int8'}")
+            raise UsageError(f"{q.group_label()} names a group size that does not divide {where}'s {in_features} "
+                             f"input columns; use {' or '.join(f'int4:{g}' for g in fits) if fits else 'int8'}")
         return q.group_size
     for g in GROUP_SIZES:
         if g <= DEFAULT_GROUP_SIZE and in_features % g == 0:

@@ -24,6 +24,7 @@ from ..config import (  # noqa: F401 (GivenFloat, given_float: re-exported for t
 )
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
+from ..models.quantize import parse_quantize, profile_source
 
 
 @dataclass
@@ -46,12 +47,23 @@ class Settings:
     compile: bool = False  # the static-shape compiled step (--compile, profile key ``compile``)
     policy_from_profile: bool = False  # the cache policy is the profile's (cache.policy), not --cache's
     sampling_flags: tuple[str, ...] = ()  # --top-k / --top-p given with no --schedule: warned once the model is known
-    quantize: str | None = None  # the weights' format (--quantize, profile key ``quantize``): int8, int4[:N], fp8
+    # the weights' format (--quantize / --group-size, else the profile's key ``quantize``): a
+    # ``models.quantize.Quantization`` naming where it was written (what the load takes), None: unquantized
+    quantization: object = None
     profile_quantize: str = "none"  # the format the profile read was calibrated on (its ``quantize`` key)
-    quantize_from_profile: bool = False  # ``quantize`` is the profile's key (no --quantize): its errors name the file
     policies: list[str] | None = None  # the --policies entries a run compares (ecache profile); None: ``cache``
     decode_given: frozenset = frozenset()  # the decode flags given (--schedule, --steps: warn_ignored_schedule)
     parallel_source: str | None = None  # where a threshold / factor no flag gave came from (a family, a profile)
+
+    @property
+    def quantize(self) -> str | None:
+        """The weights' format as the records and profiles name it (``int8``, ``int4:64``), None: unquantized."""
+        return None if self.quantization is None else str(self.quantization)
+
+    @property
+    def quantize_from_profile(self) -> bool:
+        """Whether the format is the profile's ``quantize`` key (no ``--quantize``): its errors name the file."""
+        return self.quantization is not None and self.quantization.source.kind == "profile"
 
     def policy(self, name: str | None = None, **override):
         """A fresh policy object (``name`` defaults to the resolved cache)."""
@@ -153,9 +165,10 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     ``decode_flags`` at temperature 0 under ``--schedule llada`` (:func:`warn_sampling_flags`; without
     ``--schedule`` the model's sampler decides, :func:`warn_model_rules`), so every caller warns alike."""
     parallel = decode_flags.get("threshold") is not None or decode_flags.get("factor") is not None
-    asked = quantize_flag(quantize, group_size) if quantize is not None else None  # fails before any profile
-    prof = _find_profile(model, profile, task, parallel, asked)
-    prof_q, run_q = _quantize_of(prof, quantize, asked, group_size)
+    asked = parse_quantize(quantize, group_size) if quantize is not None else None  # fails before any profile
+    prof = _find_profile(model, profile, task, parallel, None if asked is None else str(asked))
+    prof_q, quant = _quantize_of(prof, asked, quantize is not None, group_size)
+    run_q = None if quant is None else str(quant)
     if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
         from ..console import warn
 
@@ -176,8 +189,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     decode_cfg = DecodeConfig(**decode)
     tau_source = _tau_source(cache_flags, p_cache)
     _warn_quantize_mismatch(model, prof, (prof_q, run_q or "none"), "search" if tau_searched else tau_source, name)
-    return Settings(quantize=run_q, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
-                    quantize_from_profile=quantize is None and run_q is not None,
+    return Settings(quantization=quant, profile_quantize=prof_q, decode=decode_cfg, cache=name, cache_params=params,
                     sampling_flags=_sampling_flags(decode_cfg, decode_flags),
                     decode_given=frozenset(k for k, v in decode_flags.items() if v is not None),
                     parallel_source=_parallel_source(decode, decode_flags, p_dec, path, fam),
@@ -197,8 +209,6 @@ def _measured_note(prof: dict | None) -> str | None:
 def quantize_flag(quantize: str | None, group_size: int | None) -> str | None:
     """``--quantize`` / ``--group-size`` as the records and profiles name the format (``int8``, ``int4:64``),
     None for none; raises UsageError for a bad value (``models/quantize.parse_quantize``)."""
-    from ..models.quantize import parse_quantize
-
     q = parse_quantize(quantize, group_size)
     return None if q is None else str(q)
 
@@ -214,14 +224,23 @@ def _find_profile(model: str, profile: str | None, task: str | None, parallel: b
     return None
 
 
-def _quantize_of(prof: dict | None, quantize: str | None, asked: str | None,
-                 group_size: int | None) -> tuple[str, str | None]:
-    """(the profile's format, ``none`` without a ``quantize`` key; the run's format or None): the flag's
-    (``asked``) when ``--quantize`` is given, else the profile's (``--group-size`` may set its int4 group)."""
+def _quantize_of(prof: dict | None, asked, flag_given: bool, group_size: int | None) -> tuple[str, object]:
+    """(the profile's format, ``none`` without a ``quantize`` key; the run's ``Quantization`` or None): the
+    flag's (``asked``, parsed) when ``--quantize`` is given, else the profile's (``config.validate_profile``
+    parsed it, naming the file), whose int4 group ``--group-size`` may set. A ``--group-size`` the profile's
+    format does not take is refused in the flag's words, naming the profile (``from_profile``)."""
     prof_q = str((prof or {}).get("quantize") or "none")
-    if quantize is not None:
+    if flag_given:
         return prof_q, asked
-    return prof_q, quantize_flag(prof_q.split(":")[0] if group_size is not None else prof_q, group_size)
+    own = (prof or {}).get("_quantization")
+    if own is None and prof_q != "none":  # a profile dict not read by config.load_profile
+        own = parse_quantize(prof_q, source=profile_source((prof or {}).get("_path") or "profile"))
+    try:
+        return prof_q, parse_quantize(own, group_size)
+    except UsageError as e:
+        if own is None or prof is None or prof.get("_path") is None:
+            raise
+        raise UsageError(from_profile(e, f"quantize {own}", prof["_path"])) from None
 
 
 def _warn_quantize_mismatch(model: str, prof: dict | None, formats: tuple[str, str], tau_source: str,
