@@ -43,6 +43,7 @@ from .contract.fields import (  # noqa: F401 (re-exported)
     takes_text,
     text_number,
 )
+from .contract.text import yaml_text
 from .errors import ConfigError
 
 DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "top_p", "remasking", "threshold",
@@ -508,16 +509,6 @@ def _check_types(data: dict, path, policy: str | None = None) -> None:
                 sec[k] = check_value(kind, v)
             except ValueError as e:
                 raise ConfigError(f"{path}: {section}.{k}: {yaml_text(v)} {e}") from None
-
-
-def yaml_text(value) -> str:
-    """``value`` written as YAML, for a message about a profile's value: a text in single quotes
-    (``'int2'``; a quote inside doubled, as YAML writes it), anything else in YAML's flow style (``null``,
-    ``true``, ``5``, ``[int8]``, ``{a: 1}``), never a Python repr (``None``, ``['int8']``)."""
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
-    return text.removesuffix("\n...")  # the end-of-document mark after a scalar
 
 
 def _quoted_bool(key: str, value) -> str:

@@ -116,6 +116,12 @@ def test_resume_decodes_only_what_the_file_lacks_and_ends_with_the_full_file(cli
     got = [json.loads(line) for line in part.read_text().splitlines()]
     assert answers(got) == answers(want)
     assert [r["stats"] for r in got[:2]] == [r["stats"] for r in want[:2]]  # kept, not decoded again
+    # a whole last record that lost only its newline (an editor's doing) is kept, not decoded again
+    part.write_text("".join(lines[:3]) + lines[3].rstrip("\n"))  # the last one decodes alone, as before
+    res = cli(*args, "--output", part, "--resume")
+    assert res.exit_code == 0 and f"resuming {part}: 4 record(s) kept, 1 to decode" in res.stderr, res.stderr
+    got = [json.loads(line) for line in part.read_text().splitlines()]
+    assert answers(got) == answers(want) and [r["stats"] for r in got[:4]] == [r["stats"] for r in want[:4]]
     # nothing left: resuming again decodes nothing and leaves the file as it is
     before = part.read_bytes()
     res = cli(*args, "--output", part, "--resume")

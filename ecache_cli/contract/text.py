@@ -41,3 +41,15 @@ def json_text_error(text: str, where: str) -> str | None:
     record's field, a ``--data`` line's and a server request's."""
     words = not_text_words(text, from_bytes=False)
     return None if words is None else f"{where} is {words}; write the text itself, not a surrogate escape"
+
+
+def yaml_text(value) -> str:
+    """``value`` written as YAML, for a message about a profile's value: a text in single quotes
+    (``'int2'``; a quote inside doubled, as YAML writes it), anything else in YAML's flow style (``null``,
+    ``true``, ``5``, ``[int8]``, ``{a: 1}``), never a Python repr (``None``, ``['int8']``)."""
+    import yaml
+
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
+    return text.removesuffix("\n...")  # the end-of-document mark after a scalar

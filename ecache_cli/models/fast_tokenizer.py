@@ -23,7 +23,9 @@ decode rule of transformers, not of the backend) are not served by this class (s
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 from pathlib import Path
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -161,8 +163,6 @@ class FastTokenizer:
         if self._hf_tok is None:
             import transformers
 
-            from .loader import quiet_transformers
-
             transformers.utils.logging.set_verbosity_error()
             with quiet_transformers():
                 self._hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(self._path))
@@ -172,3 +172,16 @@ class FastTokenizer:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._hf(), name)
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Drop the ``FutureWarning`` and ``DeprecationWarning`` that transformers raises while it loads a
+    checkpoint's tokenizer (AutoTokenizer reads config.json, and transformers' config class warns that
+    its ``rope_scaling`` key, null in these checkpoints, is deprecated): library noise, not something the
+    user can act on. Only warnings from transformers' own modules, only inside the block
+    (``warnings.catch_warnings``); ecache's warnings and any other library's are untouched."""
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"transformers(\.|$)")
+        yield

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -523,19 +522,6 @@ def has_tokenizer_files(path: Path) -> bool:
     return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
-@contextlib.contextmanager
-def quiet_transformers():
-    """Drop the ``FutureWarning`` and ``DeprecationWarning`` that transformers raises while it loads a
-    checkpoint's tokenizer (AutoTokenizer reads config.json, and transformers' config class warns that
-    its ``rope_scaling`` key, null in these checkpoints, is deprecated): library noise, not something the
-    user can act on. Only warnings from transformers' own modules, only inside the block
-    (``warnings.catch_warnings``); ecache's warnings and any other library's are untouched."""
-    with warnings.catch_warnings():
-        for category in (FutureWarning, DeprecationWarning):
-            warnings.filterwarnings("ignore", category=category, module=r"transformers(\.|$)")
-        yield
-
-
 def load_tokenizer(path: Path):
     """The checkpoint directory's tokenizer, without trust_remote_code.
 
@@ -550,7 +536,7 @@ def load_tokenizer(path: Path):
     :class:`~ecache_cli.models.fast_tokenizer.FastTokenizer`: the same ids and texts straight from the
     ``tokenizers`` library, without importing transformers (0.4-1.3 s of a cold start).
     """
-    from .fast_tokenizer import FastTokenizer, usable
+    from .fast_tokenizer import FastTokenizer, quiet_transformers, usable
 
     if usable(path):
         try:

@@ -66,7 +66,7 @@ class QuantizeSource:
         if self.kind == "api":
             return f"load_model(quantize={value!r})"
         if self.kind == "profile":
-            from ..config import yaml_text
+            from ..contract.text import yaml_text
 
             shown = yaml_text(value) if quoted or not isinstance(value, str) else value
             return f"{self.path}: quantize: {shown}"

@@ -3,7 +3,8 @@
 The file holds one JSON record per input record, in input order (``index`` 0, 1, 2, ...), each
 written and flushed as soon as it is known, so a killed run leaves a prefix of the final file,
 at worst followed by one partly written line. ``--resume`` reads the file back, drops that torn
-last line (a line without its newline; truncated away before anything is written), checks that
+last line (a line without its newline that is no whole record; truncated away before anything is
+written; a whole record that lost only its newline is kept and the newline put back), checks that
 every record was written by the same model, settings and seed for the same input (the record's
 ``line`` and prompt fields against the input's; else a one-line error and nothing is touched), and
 decodes only the records the file lacks. A record that lies after a gap (a file not written by one
@@ -77,9 +78,11 @@ class OutputFile:
         while pos < len(data):
             end = data.find(b"\n", pos)
             n += 1
-            if end == -1:  # a last line without its newline: the run was killed while writing it
-                self.torn = True
-                break
+            if end == -1:  # a last line without its newline: the run was killed while writing it, unless
+                if _whole_record(data[pos:]) is None:  # it is a whole record (an editor dropped the newline)
+                    self.torn = True
+                    break
+                end = len(data)  # kept; open() puts the newline back before the next record
             raw = data[pos:end]
             if raw.strip():
                 try:
@@ -89,7 +92,7 @@ class OutputFile:
                 if not isinstance(rec, dict) or not isinstance(rec.get("index"), int):
                     raise DataError(f"--output {self.path}:{n}: not an ecache generate record; resume only a file "
                                     "that generate --output wrote, or choose another --output")
-                self.records.append((end + 1, rec))
+                self.records.append((min(end + 1, len(data)), rec))
             pos = end + 1
         for _, rec in self.records:
             d = _differs({k: rec.get(k) for k in self.expect}, self.expect)
@@ -139,6 +142,11 @@ class OutputFile:
             if self.resume and self.path.is_file():
                 self.fh = open(self.path, "r+b")
                 self.fh.truncate(self.cut)
+                if self.cut:
+                    self.fh.seek(self.cut - 1)
+                    if self.fh.read(1) != b"\n":  # a kept last record without its newline
+                        self.fh.write(b"\n")
+                        self.cut += 1
                 self.fh.seek(self.cut)
             else:
                 self.fh = open(self.path, "wb")
@@ -154,3 +162,13 @@ class OutputFile:
         if self.fh is not None:
             self.fh.close()
             self.fh = None
+
+
+def _whole_record(raw: bytes) -> dict | None:
+    """The record of a last line that lacks only its newline (a JSON object with an int ``index``), else
+    None: a line cut while it was written does not parse."""
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("index"), int) else None
