@@ -370,6 +370,14 @@ def test_chat_refuses_a_policy_the_model_does_not_take_at_start(cli):
     assert "ecache chat: type a message" not in res.stderr
 
 
+def test_piped_chat_prints_no_keyboard_prompt(cli):
+    """Piped lines are a script: the start line and the answers, no "type a message" prompt for a person."""
+    res = cli("chat", "--gen-length", "16", "--block-length", "8", input="Sort: 3 1 2\n")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.startswith("using model") and "type a message" not in res.stderr, res.stderr
+    assert res.stdout.strip() == "1 2 3"
+
+
 def test_chat_names_the_chat_command_to_use_and_goes_on(tmp_path):
     """Piped input: a /gen-length that is not whole blocks is one error line naming the /gen-length that
     is, and the session goes on; at the end a last error line names the failed line and the script exits 2

@@ -65,7 +65,7 @@ def chat_cmd(
     open_readline()
     if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reaches the session (one error line) intact
         sys.stdin.reconfigure(errors="surrogateescape")
-    if not quiet:
+    if not quiet and lines is None:  # a person at the keyboard; piped lines are a script and need no prompt
         err.print("ecache chat: type a message; /help lists the commands, Ctrl-D ends", markup=False, highlight=False)
     if lines is None:
         session.loop()
