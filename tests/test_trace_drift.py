@@ -384,6 +384,15 @@ def test_cli_plot_of_a_block_diffusion_model_warns_nothing(cli, tmp_path, model,
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_summary_step_counts_add_up_to_the_records_on_block_diffusion(cli):
+    """Refresh, partial and uncached steps (a block's first step reads nothing and refreshes nothing) add up
+    to the records, on a block-diffusion model as on the others."""
+    res = cli("trace-drift", "-q", "--model", FIXTURES / "sdar", "hi", "--gen-length", "16", "--json", "-")
+    assert res.exit_code == 0, res.stderr
+    s = json.loads(res.stdout)
+    assert s["uncached_steps"] > 0 and s["refresh_steps"] + s["partial_steps"] + s["uncached_steps"] == s["records"]
+
+
 def test_table_condenses_to_strided_and_first_refresh_steps():
     recs = [{"prompt": 0, "step": i, "refresh": i in (0, 5, 6)} for i in range(12)]
     shown, stride = rep.shown_records(recs, rows=4)
@@ -412,7 +421,7 @@ def test_cli_writes_jsonl_tensorboard_plot_and_summary(cli, llada_dir, tmp_path)
     summary = json.loads(res.stdout)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert summary["records"] == len(lines) == 32 and {r["prompt"] for r in lines} == {0, 1}
-    assert summary["partial_steps"] == 30 and summary["refresh_steps"] == 2
+    assert summary["partial_steps"] == 30 and summary["refresh_steps"] == 2 and summary["uncached_steps"] == 0
     corr = summary["correlation"]["next_step_drift"]
     xs = [r["signal"]["max-entropy"] for r in lines if r["served"] > 0]
     ys = [r["drift_k"] for r in lines if r["served"] > 0]

@@ -107,7 +107,11 @@ class TraceReport:
         return {
             "incomplete": self.incomplete,  # interrupted: prompts counts the finished ones, records every step measured
             "prompts": len(self.results), "records": len(self.records), "partial_steps": len(partial),
-            "refresh_steps": sum(r["refresh"] for r in self.records), "signal": self.signal,
+            "refresh_steps": sum(r["refresh"] for r in self.records),
+            # neither: a step that read nothing from the cache and refreshed none (a row's first forward,
+            # or a block-diffusion block's first step); the three add up to records
+            "uncached_steps": sum(not r["refresh"] and r["served"] == 0 for r in self.records),
+            "signal": self.signal,
             "correlation": self.correlation(),
             "drift_k_mean_by_layer": by_layer("drift_k_mean"), "drift_v_mean_by_layer": by_layer("drift_v_mean"),
             "fidelity": {"committed": self.committed, "mismatched": sum(r["fidelity_mismatch"] for r in self.records)},
