@@ -924,6 +924,26 @@ def test_steps_the_threshold_rule_ignores_are_warned(command, model, flags, why,
     assert warned == ([] if why is None else [f"warning: {why}"]), res.stderr
 
 
+@pytest.mark.parametrize("flag,value", [("--gen-length", "0"), ("--gen-length", "-5"), ("--steps", "0"),
+                                        ("--block-length", "0"), ("--tau", "-1"), ("--tau", "abc")])
+def test_resolve_settings_refuses_a_bad_value_in_the_flags_words(flag, value, cli):
+    """The library's ``resolve_settings`` (README, Python API) checks the values it is given as the command
+    line checks its flags: the same one line, never a Python exception from deeper down (``gen_length`` 0
+    divided by zero); a number sent as text is refused as such."""
+    from ecache_cli.errors import UsageError
+    from ecache_cli.runs.settings import resolve_settings
+
+    line = cli("generate", flag, value, "Sort: 3 1").stderr.strip().splitlines()[-1]
+    key = flag[2:].replace("-", "_")
+    parsed = int(value) if value.lstrip("-").isdigit() else value  # as a caller passes them: -1, "abc"
+    decode, cache = ({}, {key: parsed}) if key == "tau" else ({key: parsed}, {})
+    with pytest.raises(UsageError) as api:
+        resolve_settings("tiny", decode, cache)
+    assert line == f"error: {api.value}", (line, str(api.value))
+    with pytest.raises(UsageError, match=r"^--gen-length '32' must be a number, not a string$"):
+        resolve_settings("tiny", {"gen_length": "32"}, {})
+
+
 def test_the_python_api_warns_the_same_ignored_schedule(llada_lm):
     """``Engine.start`` warns (``IgnoredSetting``) on the rule the command line warns with."""
     import warnings

@@ -825,7 +825,7 @@ def test_ollama_chat_streams_the_answer_and_names_ignored_options(named):
     ("generate", {"options": {"temperature": -7.0}}, 400, "temperature -7.0 must be ≥ 0 (0 = greedy; e.g. 0.7)"),
     ("chat", {"frobnicate": 1}, 400, "unrecognized request argument 'frobnicate'"),
     ("chat", {"options": {"num_predict": 0}}, 400, "num_predict 0 must be ≥ 1"),
-    ("generate", {"options": {"num_predict": 100000}}, 400, "num_predict 100000 (a canvas of"),
+    ("generate", {"options": {"num_predict": 100000}}, 400, "+ num_predict 100000 exceeds the model's 4096 positions"),
     ("generate", {"model": None}, 400, "'model' is required"),  # as the OpenAI routes word it
     ("chat", {"model": None}, 400, "'model' is required"),
     ("generate", {"prompt": "9 " * 3000}, 400, "prompt has 60"),  # the field sent, not the messages it became
@@ -840,6 +840,20 @@ def test_ollama_refusals_are_ollama_errors(named, route, extra, status, needle):
     r = httpx.post(f"{url}/api/{route}", json=body)
     assert r.status_code == status and needle in r.json()["error"], r.text
     assert "max_tokens" not in r.json()["error"] and "messages" not in r.json()["error"]
+
+
+def test_a_canvas_past_the_models_positions_is_worded_as_generate_words_it(named, cli):
+    """``max_tokens`` that leaves the prompt no room: the command line's sentence (``engine.checks
+    .prompt_too_long``) with the field for the flag, and the rounding up to whole blocks said where it
+    matters; Ollama's ``num_predict`` the same."""
+    url, _ = named
+    said = cli("generate", "--no-chat", "--gen-length", "100000", "Sort: 9 3 7 1").stderr.strip().splitlines()[-1]
+    r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": "Sort: 9 3 7 1", "max_tokens": 100000})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert said == "error: " + r.json()["error"]["message"].replace("max_tokens", "--gen-length"), (said, r.text)
+    r = httpx.post(f"{url}/v1/completions", json={"model": "my-model", "prompt": "9 " * 100, "max_tokens": 3900})
+    assert r.status_code == 400 and "+ max_tokens 3900 (in whole blocks of 32: 3904) exceeds the model's 4096 " \
+        "positions; lower max_tokens to at most" in r.json()["error"]["message"], r.text
 
 
 def test_top_p_greedy_decoding_drops_is_named_on_every_route(named, llada2):

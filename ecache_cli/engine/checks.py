@@ -67,10 +67,11 @@ def room_fix(spec, prompt_len: int, block_length: int) -> str:
     return ""
 
 
-def prompt_too_long(spec, prompt_len: int, gen_length: int, block_length: int, which: str = "prompt") -> str:
+def prompt_too_long(spec, prompt_len: int, gen_length: int | str, block_length: int, which: str = "prompt") -> str:
     """The one wording of a prompt of ``prompt_len`` tokens (a batch's longest) that leaves no room for
     ``gen_length`` in ``spec.max_positions``, with a gen-length the same run accepts (:func:`room_fix`);
-    ``which``: how the prompt is named (``prompt 2`` among several)."""
+    ``which``: how the prompt is named (``prompt 2`` among several). ``gen_length`` may be given as the
+    text to show (the server's ``max_tokens 50 (in whole blocks of 32: 64)``)."""
     fix = room_fix(spec, prompt_len, block_length)
     fix = f"{fix} or shorten the prompt" if fix else "shorten the prompt (fewer shots or less context)"
     return f"{which} ({prompt_len} tokens) + --gen-length {gen_length} exceeds the model's {spec.max_positions} " \

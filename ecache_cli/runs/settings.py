@@ -164,6 +164,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     Warns once on stderr for a profile calibrated for another model and for ``top_k`` / ``top_p`` in
     ``decode_flags`` at temperature 0 under ``--schedule llada`` (:func:`warn_sampling_flags`; without
     ``--schedule`` the model's sampler decides, :func:`warn_model_rules`), so every caller warns alike."""
+    _check_flag_values(decode_flags, cache_flags)
     parallel = decode_flags.get("threshold") is not None or decode_flags.get("factor") is not None
     asked = parse_quantize(quantize, group_size) if quantize is not None else None  # fails before any profile
     prof = _find_profile(model, profile, task, parallel, None if asked is None else str(asked))
@@ -241,6 +242,30 @@ def _quantize_of(prof: dict | None, asked, flag_given: bool, group_size: int | N
         if own is None or prof is None or prof.get("_path") is None:
             raise
         raise UsageError(from_profile(e, f"quantize {own}", prof["_path"])) from None
+
+
+def _check_flag_values(decode_flags: dict, cache_flags: dict) -> None:
+    """Every numeric setting :func:`resolve_settings` is given, checked by its declared range in its flag's
+    words (``config.check_setting``: ``--gen-length 0 must be ≥ 1 (e.g. 256)``, ``--tau abc must be a
+    finite number …``), as the command line checks its flags before it calls it, so a library caller gets
+    the same one-line UsageError; a number written as text (``"32"``) is refused as one."""
+    from ..config import setting_ranges
+
+    given = {k: v for flags in (decode_flags, cache_flags) for k, v in flags.items() if k != "policy" and v is not None}
+    ranges = setting_ranges()
+    for key, value in given.items():
+        label = f"--{key.replace('_', '-')}"
+        if key in ranges and isinstance(value, str) and _is_number(value):
+            raise UsageError(f"{label} {value!r} must be a number, not a string")
+        check_setting(key, value, label, fit=given)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _warn_quantize_mismatch(model: str, prof: dict | None, formats: tuple[str, str], tau_source: str,

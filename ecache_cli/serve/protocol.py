@@ -501,11 +501,12 @@ class Resolver:
             raise ApiError(400, f"block_length {block}: one block and the prompt's {len(prompt_ids)} tokens exceed "
                                 f"the model's {self.lm.spec.max_positions} positions; use at most {max(room, 0)} "
                                 f"(e.g. 32)", "block_length", code="context_length_exceeded")
-        if gen > room:
-            raise ApiError(400, f"{field} {max_tokens} (a canvas of {gen} positions, whole blocks of {block}) and the "
-                                f"prompt's {len(prompt_ids)} tokens exceed the model's {self.lm.spec.max_positions} "
-                                f"positions; ask for at most {room // block * block} tokens", field,
-                           code="context_length_exceeded")
+        if gen > room:  # the command line's words (engine.checks.prompt_too_long), the field for the flag
+            from ..engine.checks import prompt_too_long
+
+            asked = max_tokens if gen == max_tokens else f"{max_tokens} (in whole blocks of {block}: {gen})"
+            why = prompt_too_long(self.lm.spec, len(prompt_ids), asked, block).replace("--gen-length", field)
+            raise ApiError(400, api_words(why), field, code="context_length_exceeded")
         temperature = base.temperature if req.temperature is None else req.temperature
         in_range("temperature", temperature)  # ecache generate's range (≥ 0), which holds OpenAI's 0-2
         top_p = base.top_p if req.top_p is None else req.top_p
