@@ -45,9 +45,9 @@ def serve_cmd(
     """Serve the model over an OpenAI-compatible HTTP API (needs the extra: pip install -e ".\\[serve]").
 
     The decode and cache flags are the server's defaults; a request may override policy, tau, threshold,
-    block_length and steps in its body, and max_tokens sets its canvas. Endpoints: /v1/models,
-    /v1/completions, /v1/chat/completions; Ollama's /api/tags, /api/generate, /api/chat; /health,
-    /health/live, /health/ready, /metrics.
+    block_length and steps in its body, and max_tokens sets its canvas (docs/SERVING.md lists every
+    field). Endpoints: /v1/models, /v1/completions, /v1/chat/completions; Ollama's /api/tags,
+    /api/version, /api/generate, /api/chat; /health, /health/live, /health/ready, /metrics.
 
     Examples: [cyan]ecache serve[/] · [cyan]ecache serve --model llada-8b --device cuda:0 --host 0.0.0.0 --api-key $KEY[/]
     """
