@@ -39,10 +39,12 @@ def _run() -> None:
         if e.code == 130 and isinstance(getattr(e.__context__, "__cause__", None), KeyboardInterrupt):
             _interrupted()
         raise
-    finally:  # the interpreter's shutdown (atexit callbacks) runs under the signals' default actions
+    finally:  # the interpreter's shutdown (atexit callbacks): an interrupt ends it at once, with its one line
         if threading.current_thread() is threading.main_thread():
+            from . import interrupts
+
             for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, signal.SIG_DFL)
+                signal.signal(signum, interrupts.at_shutdown)
 
 
 def _interrupted() -> None:

@@ -657,6 +657,23 @@ def test_profile_folder_lookup_lists_each_place_once(cli, tmp_path):
     assert len(places) == len(set(places)), places
 
 
+def test_an_interrupt_after_the_command_ended_is_one_line_and_130(tmp_path):
+    """Once the command has ended, while the interpreter shuts down (torch and its atexit callbacks take a
+    few hundred ms), Ctrl-C or SIGTERM ends the process at once with one line, 130 or 143
+    (``interrupts.at_shutdown``, which ``__main__`` installs last), not silently by the default action."""
+    code = ("import os, signal, sys, time\n"
+            "sys.argv = ['ecache', '--version']\n"
+            "from ecache_cli import __main__ as m, interrupts\n"
+            "try:\n    m._run()\nexcept SystemExit:\n    pass\n"
+            "assert signal.getsignal(signal.SIGINT) is interrupts.at_shutdown\n"
+            "os.kill(os.getpid(), signal.SIG{}); time.sleep(5)\n")
+    for sig, status in (("INT", 130), ("TERM", 143)):
+        p = subprocess.run([sys.executable, "-c", code.format(sig)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert p.returncode == status and p.stderr == "error: interrupted\n", (sig, p.returncode, p.stderr)
+        assert p.stdout.startswith("ecache ")
+
+
 def test_interrupted_profile_does_not_claim_records_were_kept(cli, llada_dir, monkeypatch):
     import ecache_cli.runs.profile as prof
 

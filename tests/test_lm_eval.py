@@ -187,6 +187,21 @@ def test_unwritable_stats_out_fails_before_decoding(tmp_path, profiles_dir):
         EcacheLM.create_from_arg_string(f"model=tiny,device=cpu,stats_out={tmp_path / 'file' / 'speed.json'}")
 
 
+def test_an_output_path_that_is_a_file_fails_before_decoding(tmp_path, profiles_dir, monkeypatch):
+    """lm-eval's ``--output_path`` (the speed JSON goes beside its results) that is a file, or lies under
+    one, is refused when the model is made, naming the flag: not with a traceback after the evaluation."""
+    from ecache_cli.errors import UsageError
+
+    (tmp_path / "file").write_text("x")
+    for path, said in ((tmp_path / "file", f"--output_path {tmp_path / 'file'} is a file; give a folder name"),
+                       (tmp_path / "file" / "sub", f"--output_path {tmp_path / 'file' / 'sub'}: {tmp_path / 'file'} "
+                                                  "is a file, not a folder; choose another path")):
+        monkeypatch.setattr("sys.argv", ["lm_eval", "--model", "ecache", "--output_path", str(path)])
+        with pytest.raises(UsageError) as e:
+            EcacheLM.create_from_arg_string("model=tiny,device=cpu")
+        assert str(e.value) == said
+
+
 def test_bad_model_args_are_one_line_errors(profiles_dir):
     with pytest.raises(UsageError, match=r"model_args: taux=0\.5 is not an ecache setting"):
         EcacheLM.create_from_arg_string("model=tiny,device=cpu,taux=0.5")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -382,6 +383,25 @@ def test_cli_plot_of_a_block_diffusion_model_warns_nothing(cli, tmp_path, model,
     assert "Warning" not in res.stderr and "legend" not in res.stderr, res.stderr
     assert not [str(w.message) for w in caught if "matplotlib" in w.filename or "drift_report" in w.filename]
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_signal_under_a_policy_without_it_is_traced_not_warned_ignored(cli):
+    """``--signal`` is what the trace plots beside the drift, whatever the policy: under ``dual`` (which takes
+    no signal) it is used, so it is not named among the ignored cache flags (``--tau`` still is)."""
+    res = cli("trace-drift", "-q", "Sort: 9 3 7 1", "--gen-length", "32", "--cache", "dual", "--signal",
+              "sum-entropy", "--tau", "1", "--json", "-")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["signal"] == "sum-entropy"
+    assert res.stderr.splitlines() == ["warning: --tau is not used by --cache dual (it takes refresh_every); ignored"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/version"), reason="needs /proc")
+def test_a_jsonl_that_cannot_be_written_is_named_with_its_flag(cli):
+    """A ``--jsonl`` file the first record cannot be written to (``/proc/version``: it opens, and the write
+    fails) is one line naming ``--jsonl`` and its path, exit 1, as ``--json`` names its own."""
+    res = cli("trace-drift", "--gen-length", "32", "Sort: 1 2", "--jsonl", "/proc/version")
+    assert res.exit_code == 1 and res.stderr.strip().splitlines()[-1].startswith(
+        "error: --jsonl /proc/version: cannot write ("), res.stderr
 
 
 def test_the_summary_step_counts_add_up_to_the_records_on_block_diffusion(cli):

@@ -65,7 +65,8 @@ def trace_drift_cmd(
         prompt_tokens=prompt_lengths(model, prompts, chat) if task is None else task_prompt_lengths(
             model, task, limit, shots, seed, chat, data))  # read_first's task prompts
     check_quantize(settings, device, dtype)  # a profile's format this machine cannot run, named with the file
-    warn_unused_cache_flags([settings.cache], flags, not_used_by(settings))
+    traced = {k: v for k, v in flags.items() if k != "signal"}  # --signal is also what the trace plots: used
+    warn_unused_cache_flags([settings.cache], traced, not_used_by(settings))
     check_distinct([(jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json"), (tensorboard, "--tensorboard")],
                    [(input_file, "--input"), (data, "--data"), (profile, "--profile")])
     for path, flag in ((jsonl, "--jsonl"), (plot, "--plot"), (json_out, "--json")):  # before any decoding

@@ -61,7 +61,7 @@ from ..contract.fields import fitted_kind
 from ..decoding.config import DecodeConfig
 from ..engine.core import Engine
 from ..errors import UsageError
-from ..outputs import check_file
+from ..outputs import check_dir, check_file
 from ..tasks import TASKS
 from .likelihood import check_mc, default_mc_batch, mc_loglikelihood
 
@@ -92,9 +92,10 @@ class EcacheLM(LM):
         try:
             with rewriting(model_args_message):  # the warnings of the checks name model_args keys too
                 self._setup(**kwargs)
-        except EcacheError as e:  # every refusal of the setup names what it refuses as model_args (one prefix)
-            message = model_args_message(str(e))
-            raise type(e)(message if message.startswith("model_args") else f"model_args: {message}") from None
+        except EcacheError as e:  # every refusal of the setup names what it refuses as model_args (one prefix),
+            message = model_args_message(str(e))  # but lm-eval's own --output_path, checked here too
+            own = message.startswith(("model_args", "--output_path"))
+            raise type(e)(message if own else f"model_args: {message}") from None
 
     def _setup(self, model: str = "tiny", device: str | None = "auto", dtype: str = "auto",
                profile: str | None = None, task: str | None = None, chat: bool | None = None, batch_size=1,
@@ -135,6 +136,8 @@ class EcacheLM(LM):
             raise UsageError(f"model_args: task={task!r} is not a task; use one of {', '.join(TASKS)}")
         if stats_out is not None:
             check_file(stats_out, "model_args stats_out=")  # before any decoding, not after the evaluation
+        elif (beside := _beside_output_path()) is not None:  # the speed JSON goes beside lm-eval's results:
+            check_dir(Path(beside).parent, "--output_path")  # a file there fails now, not after the evaluation
         self.mc_num, self.mc_batch_size, self.mc_seed = mc_num, int(mc_batch_size), mc_seed
         self.greedy_check, self.seed, self.stats_out = greedy_check, seed, stats_out
         self.settings = resolve_settings(str(model), decode, {"policy": policy, **extra_cache},

@@ -55,9 +55,19 @@ class JsonlSink:
         self.fh = sys.stdout if str(path) == "-" else None
 
     def step(self, record: dict, hist) -> None:
-        if self.fh is None:
-            self.fh = open(self.path, "w", encoding="utf-8")
-        write_jsonl(self.fh, record)
+        """Write ``record`` as one line. A file that cannot be opened or written raises DataError naming
+        ``--jsonl`` and its path (stdout's errors are the command's: a closed pipe, a full device)."""
+        try:
+            if self.fh is None:
+                self.fh = open(self.path, "w", encoding="utf-8")
+            write_jsonl(self.fh, record)
+        except OSError as e:
+            if str(self.path) == "-":
+                raise
+            from ..errors import DataError
+
+            raise DataError(f"--jsonl {self.path}: cannot write ({e.strerror or e}); free space on the device or "
+                            "write elsewhere") from None
         self.records += 1
 
     def close(self, report: TraceReport) -> None:
