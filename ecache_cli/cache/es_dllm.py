@@ -128,8 +128,8 @@ class ESDLLM(CachePolicy):
     forced_refresh = {"refresh_every": 1}  # our option (the paper refreshes in full only at its first step)
     test_params = {"proportions": "1,0.5", "positions": "0,0", "block_update_freq": 4}  # skips after layer 0
     ranges = {"alpha": Range(0, 1, example="0.5", why="the confidence's weight"),
-              "proportions": Range(0, 1, lo_open=True, example="1,0.5,0.25", why="kept shares, one per stage"),
-              "positions": Range(0, 1, example="0,0.125,0.25", why="depth fractions, one per stage"),
+              "proportions": Range(0, 1, lo_open=True, example="1/0.5/0.25", why="kept shares, one per stage"),
+              "positions": Range(0, 1, example="0/0.125/0.25", why="depth fractions, one per stage"),
               "prompt_update_freq": count(0, "64", "0 = the block length"),
               "block_update_freq": count(0, "16", "0 = never"), "refresh_every": count(0, "8", "0 = never")}
 
@@ -144,13 +144,14 @@ class ESDLLM(CachePolicy):
         self.depths = parse_shares(str(self.positions), "positions")
         if len(self.shares) != len(self.depths) or not self.shares:
             raise UsageError(f"es-dllm proportions {self.proportions!r} and positions {self.positions!r} must "
-                             "list as many numbers (e.g. 1,0.5,0.25 and 0,0.125,0.25)")
+                             "list as many numbers (e.g. 1/0.5/0.25 and 0/0.125/0.25: slashes, which a --policies "
+                             "list also takes)")
         if not all(0.0 < p <= 1.0 for p in self.shares) or not all(0.0 <= s <= 1.0 for s in self.depths):
             raise UsageError(f"es-dllm proportions {self.proportions!r} must lie in (0, 1] and positions "
                              f"{self.positions!r} in [0, 1]")
         if self.depths != sorted(self.depths):
             raise UsageError(f"es-dllm positions {self.positions!r} must not decrease "
-                             "(depth fractions, e.g. 0,0.125,0.25)")
+                             "(depth fractions, e.g. 0/0.125/0.25)")
         for key in ("prompt_update_freq", "block_update_freq", "refresh_every"):
             if getattr(self, key) < 0:
                 raise UsageError(f"es-dllm {key} {getattr(self, key)} must be ≥ 0 steps (0 = "
