@@ -170,11 +170,7 @@ def resolve_settings(model: str, decode_flags: dict, cache_flags: dict, profile:
     prof = _find_profile(model, profile, task, parallel, None if asked is None else str(asked))
     prof_q, quant = _quantize_of(prof, asked, quantize is not None, group_size)
     run_q = None if quant is None else str(quant)
-    if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
-        from ..console import warn
-
-        warn(f"profile {prof['_path']} was calibrated for model {prof['model']!r}, not {model!r}; its settings "
-             f"are used anyway (run `{recalibrate_command(model, prof, run_q or 'none')}` for this model)")
+    _warn_other_model(model, prof, run_q)
     p_dec, path = (prof or {}).get("decode") or {}, (prof or {}).get("_path")
     p_cache = dict((prof or {}).get("cache") or {})
     fam = model_family(model)
@@ -242,6 +238,16 @@ def _quantize_of(prof: dict | None, asked, flag_given: bool, group_size: int | N
         if own is None or prof is None or prof.get("_path") is None:
             raise
         raise UsageError(from_profile(e, f"quantize {own}", prof["_path"])) from None
+
+
+def _warn_other_model(model: str, prof: dict | None, run_q: str | None) -> None:
+    """Warn once when the profile read was calibrated for another model than ``model`` (its ``model:`` key,
+    aliases and case aside: :func:`_model_key`), with the command that calibrates this one."""
+    if prof and prof.get("model") is not None and _model_key(prof["model"]) != _model_key(model):
+        from ..console import warn
+
+        warn(f"profile {prof['_path']} was calibrated for model {prof['model']!r}, not {model!r}; its settings "
+             f"are used anyway (run `{recalibrate_command(model, prof, run_q or 'none')}` for this model)")
 
 
 def _check_flag_values(decode_flags: dict, cache_flags: dict) -> None:
