@@ -462,6 +462,9 @@ def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
 
     loud = stderr()
     assert loud[0].startswith("using model tiny, cache entropy") and f"listening on http://127.0.0.1:{port} " in loud[1]
+    assert loud[1].startswith("ecache serve: model tiny on cpu, ")
+    named = stderr("--served-model-name", "mytiny")  # the name clients use, beside the model it serves
+    assert named[1].startswith("ecache serve: model mytiny (--model tiny) on cpu, "), named
     assert loud[2].startswith("no --api-key: listening on loopback only") and loud[3:] == ["ecache serve: stopped"]
     assert stderr("-q") == [] and stderr("--quiet") == []
     opened = stderr("-q", "--host", "0.0.0.0")  # a warning is not progress: it stays
@@ -472,7 +475,7 @@ def test_serve_quiet_drops_the_start_up_lines_and_keeps_warnings(monkeypatch):
     unused = stderr("--refresh-every", "0")  # a flag the policy ignores: warned after the first line, as elsewhere
     assert unused[0].startswith("using model tiny, cache entropy"), unused
     assert unused[1].startswith("warning: --refresh-every is not used by --cache entropy"), unused
-    assert len(served) == 6  # every run reached the server loop
+    assert len(served) == 7  # every run reached the server loop
 
 
 @pytest.mark.parametrize("host", ["bogus..host", "a" * 64 + ".example"])  # an empty label, one over 63 letters

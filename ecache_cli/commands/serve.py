@@ -134,7 +134,8 @@ def serve_cmd(
     app = create_app(lm, settings, opts)
     where, port_ = sock.getsockname()[:2]
     (err.print if port == 0 else say)(
-        f"ecache serve: model {name} on {lm.device}, --admission {admission}, --max-batch {max_batch}, "
+        f"ecache serve: model {name if name == model else f'{name} (--model {model})'} on {lm.device}, "
+        f"--admission {admission}, --max-batch {max_batch}, "
         f"{_prefix_line(prefix_cache, lm.spec.block_causal, prefix_cache_mb)}; listening "
         f"on http://{_url_host(where)}:{port_} (OpenAI API under /v1)", markup=False, highlight=False)
     loopback = _is_loopback(where)
