@@ -524,6 +524,10 @@ def test_an_interrupted_trace_reports_and_writes_what_it_measured(signal_name, c
     steps = [json.loads(line) for line in jl.read_text().splitlines()]
     measured = tracers.count(tracers[0]) + 2  # the first prompt's steps and two of the second's
     assert doc["incomplete"] is True and doc["prompts"] == 1 and doc["records"] == len(steps) == measured, doc
+    # the step counts, the fidelity and the volatility describe the same steps: every one measured
+    assert doc["fidelity"]["committed"] == sum(r["committed"] for r in steps)
+    assert doc["refresh_steps"] + doc["partial_steps"] + doc["uncached_steps"] == measured
+    assert doc["volatility"]["tokens_per_step"] == pytest.approx(doc["fidelity"]["committed"] / measured)
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("error:")] == [
         f"error: interrupted; the report covers 1 finished prompt(s) and {measured} measured step(s); --json {js} "
         "holds them (\"incomplete\": true)"]

@@ -83,7 +83,6 @@ class TraceReport:
     n_layers: int = 0
     live_s: float = 0.0
     shadow_s: float = 0.0
-    committed: int = 0
     block_causal: bool = False  # block diffusion: the served keys are finished blocks', exact by construction
     incomplete: bool = False  # Ctrl-C or SIGTERM ended the trace: it covers the steps measured before
 
@@ -95,6 +94,12 @@ class TraceReport:
         inc = {**correlation(xi, yi), "x": X_LABEL.format(kind=self.signal), "y": Y_INC_LABEL}
         return {"next_step_drift": main, "next_step_increment": inc}
 
+    @property
+    def committed(self) -> int:
+        """Tokens committed over the measured steps (every record, an interrupted prompt's too, so that the
+        counts of an incomplete trace describe one set of steps)."""
+        return sum(r["committed"] for r in self.records)
+
     def tokens_per_step(self) -> float:
         return self.committed / max(len(self.records), 1)
 
@@ -105,7 +110,8 @@ class TraceReport:
         by_layer = lambda key: [sum(r[key][i] for r in partial) / len(partial) for i in range(L)] if partial else None  # noqa: E731
         settle = self.volatility.settle_steps(self.level)
         return {
-            "incomplete": self.incomplete,  # interrupted: prompts counts the finished ones, records every step measured
+            "incomplete": self.incomplete,  # interrupted: prompts counts the finished ones; the step counts,
+            # the fidelity and the correlation cover every step measured (the --jsonl records)
             "prompts": len(self.results), "records": len(self.records), "partial_steps": len(partial),
             "refresh_steps": sum(r["refresh"] for r in self.records),
             # neither: a step that read nothing from the cache and refreshed none (a row's first forward,
@@ -141,7 +147,6 @@ class DriftTracer:
         self.last_signal: dict[int, dict] = {}
         self.bins: dict[int, VolatilityBins] = {}
         self.shadow_s = 0.0
-        self.committed = 0
         self._cap = None
         self.routers = self.model.routers() if hasattr(self.model, "routers") else []
         self._full_routes: list[torch.Tensor] = []
@@ -268,7 +273,6 @@ class DriftTracer:
             }
             self.last_signal[prompt] = {k: (v[b] if math.isfinite(v[b]) else None) for k, v in signals.items()}
             out.append((rec_d, d["k_pos"][b][served[0][b]].cpu()))
-            self.committed += int(n_commit[b])
         self._cap = None
         return out
 
@@ -436,7 +440,6 @@ def _trace_batches(engine, settings: Settings, opts: TraceOptions, chat: bool, p
             if progress is not None:
                 progress(done, len(prompts_all), f"prompts {done + 1}-{done + len(prompts)} · step {rec.step + 1}")
         report.shadow_s += tracer.shadow_s
-        report.committed += tracer.committed
         for prompt, bins in tracer.bins.items():
             report.per_prompt[prompt] = bins
             report.volatility.merge(bins)
