@@ -519,10 +519,11 @@ class _Bench:
                           batch_size=len(idx), peak_growth_bytes=growth)
 
     def _row(self, run, res, idx: list[int], repeat: int) -> RowMeasure:
-        """One row's measures; scored when its request has a task whose scorer may run."""
+        """One row's measures; scored when its request has a task whose scorer may run, except in a warm-up
+        (``repeat`` -1: its rows are dropped, so a code task's model-written program is not run for them)."""
         req, s = self.requests[idx[res.index]], res.stats
         score = None
-        if req.task is not None and req.task.can_score:
+        if req.task is not None and req.task.can_score and repeat >= 0:
             score = float(req.task.score(req.example, res.text))
         return RowMeasure(prompt=idx[res.index], repeat=repeat, generated_tokens=s["generated_tokens"],
                           latency_s=s["wall_s"], nfe=s["nfe"], full_forwards=s["full_forwards"],
