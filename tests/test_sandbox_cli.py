@@ -55,3 +55,15 @@ def test_bad_modes_are_usage_errors(cli, llada_dir, profiles_dir, tmp_path):
     prof.write_text("sandbox: maybe\n")
     res = _profile(cli, llada_dir, "--profile", prof)
     assert res.exit_code == 2 and "sandbox: 'maybe' must be one of strict, auto, guard" in res.stderr, res.stderr
+
+
+def test_sandbox_on_a_run_that_executes_no_code_is_warned_ignored(cli, llada_dir, profiles_dir):
+    """``--sandbox`` isolates model-written code; a run that executes none (no code task, or one not scored
+    without --allow-code-execution) gets one warning that it is ignored, as an unused cache flag does."""
+    said = "warning: --sandbox guard is used only when model-written code runs (a code task scored with " \
+           "--allow-code-execution); ignored"
+    for args in (["Sort: 3 1"], ["--task", "code", "--limit", "1"]):
+        res = cli("profile", "--model", llada_dir, "--policies", "none", "--sandbox", "guard", *SMALL, *args)
+        assert res.exit_code == 0 and res.stderr.count(said) == 1, res.stderr
+    res = _profile(cli, llada_dir, "--sandbox", "guard")  # code runs: no such warning
+    assert res.exit_code == 0 and "is used only when" not in res.stderr, res.stderr

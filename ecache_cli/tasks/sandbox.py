@@ -115,12 +115,19 @@ def check(mode: str | None = None) -> str:
 def configure(flag: str | None, profile_value: str | None = None, runs_code: bool = False) -> str:
     """The CLI's ``--sandbox``: flag > profile key ``sandbox`` > ``auto``; sets the process default and,
     when the command will run model-written code, checks it now (:func:`check`: strict fails, auto
-    warns, before any model loads). Returns the mode; ``UsageError`` for an unknown one."""
+    warns, before any model loads); a ``--sandbox`` given to a run that executes no code is warned as
+    ignored, as a cache flag the policy does not take is. Returns the mode; ``UsageError`` for an unknown
+    one."""
     mode = check_mode(flag or profile_value or "auto")
     set_mode(mode)
     _state["isolation"] = {}  # a new command: its manifest counts its own programs
     if runs_code:
         check(mode)
+    elif flag is not None:
+        from ..console import warn
+
+        warn(f"--sandbox {flag} is used only when model-written code runs (a code task scored with "
+             "--allow-code-execution); ignored")
     return mode
 
 
