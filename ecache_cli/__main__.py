@@ -49,8 +49,10 @@ def _run() -> None:
 
 def _interrupted() -> None:
     """One line, and exit 143 after SIGTERM (``errors.terminated``), else 130."""
+    from .interrupts import INTERRUPTED_LINE
+
     errors = sys.modules.get(__package__ + ".errors")
-    sys.stderr.write("error: interrupted\n")
+    sys.stderr.write(INTERRUPTED_LINE)
     raise SystemExit(errors.interrupted_exit_code() if errors is not None else 130) from None
 
 

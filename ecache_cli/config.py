@@ -52,11 +52,6 @@ DECODE_KEYS = {"gen_length", "block_length", "steps", "temperature", "top_k", "t
 CACHE_KEYS = {"policy", "tau", "recent_k", "signal", "block_refresh", "refresh_every"}
 SECTIONS = {"model", "task", "decode", "cache", "measured", "note", "sandbox", "compile", "quantize"}
 SANDBOX_MODES = ("strict", "auto", "guard")  # tasks/sandbox.py MODES: how model-written code is isolated
-#: ``--quantize`` formats (models/quantize.py FORMATS; tests/test_quantize.py checks they agree). A profile's
-#: ``quantize`` key: one of them, int4 optionally with its group size (``int4:64``), parsed and refused as the
-#: flag is (``models.quantize.parse_quantize``, :func:`validate_profile`).
-QUANTIZE_FORMATS = ("none", "int8", "int4", "fp8")
-
 #: The largest ``serve --max-body-bytes`` (1 GiB: a body is read into memory whole) and ``--prefix-cache-mb`` (1 TiB).
 MAX_BODY_LIMIT = 1 << 30
 MAX_PREFIX_MB = 1 << 20
@@ -335,10 +330,17 @@ def find_mode_profile(model: str, task: str, parallel: bool, quantize: str | Non
     order (:func:`find_profile`), or None. With quantized weights (``quantize``, e.g. ``int8``) the
     profiles calibrated on that format (:func:`quantize_task`: ``<task>-parallel-int8``, ``<task>-int8``)
     come first."""
+    return next((found for name in mode_profile_names(task, parallel, quantize)
+                 if (found := find_profile(model, name)) is not None), None)
+
+
+def mode_profile_names(task: str, parallel: bool, quantize: str | None = None) -> list[str]:
+    """The profile names :func:`find_mode_profile` tries for ``task``, in its order (the format's own and the
+    parallel ones first), so an error can list every place looked in."""
     names = [mode_task(task, True), task] if parallel else [task]
     if quantize not in (None, "none"):
         names = [quantize_task(n, quantize) for n in names] + names
-    return next((found for name in names if (found := find_profile(model, name)) is not None), None)
+    return names
 
 
 def load_profile(name_or_path: str | Path, model: str | None = None) -> dict:

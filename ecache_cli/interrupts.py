@@ -145,13 +145,17 @@ def exit_now_if_outlived(code: object) -> None:
     os._exit(0 if code is None else code if isinstance(code, int) else 1)
 
 
+#: The one line an interrupt ends ``ecache`` with where no command says more (``__main__``, :func:`at_shutdown`).
+INTERRUPTED_LINE = "error: interrupted\n"
+
+
 def at_shutdown(signum, frame) -> None:
     """The handler of SIGINT and SIGTERM once the command has ended, while the interpreter shuts down
     (``__main__``): the command's outputs are written and closed, so the process ends at once, as an
     interrupt does everywhere else: one line on stderr, exit 130 (143 for SIGTERM), without running
     what shutdown had left (a library's atexit callback could otherwise print a traceback, or hang)."""
     try:
-        os.write(2, b"error: interrupted\n")
+        os.write(2, INTERRUPTED_LINE.encode())
     except OSError:  # stderr closed: the exit status still says it
         pass
     os._exit(143 if signum == signal.SIGTERM else 130)

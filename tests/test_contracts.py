@@ -897,6 +897,19 @@ def test_a_schedule_the_threshold_rule_ignores_is_warned(command, flags, ignored
                           "minimum or dream's quota, or as dream's confidences when sampling); ignored"], res.stderr
 
 
+def test_schedule_block_over_a_profiles_steps_is_warned_with_the_reason(cli, tmp_path):
+    """``--schedule block`` alone, over a profile whose steps give a block as many steps as positions: its
+    warning says why it does nothing (block's minimum is one token), naming the profile's threshold."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("decode:\n  steps: 16\n  threshold: 0.85\n  gen_length: 16\n  block_length: 8\n")
+    res = cli("generate", "--model", SDAR, "--profile", prof, "--schedule", "block", "--no-chat", "Sort: 3 1 2")
+    assert res.exit_code == 0, res.stderr
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("warning: --s")] == [
+        f"warning: --schedule block at --steps 16 does nothing with --threshold 0.85 (profile {prof}): 8 steps a "
+        "block for its 8 positions make block's per-step minimum one token, which the rule commits anyway; "
+        "ignored (fewer steps than positions a block raise it, e.g. --steps 8)"], res.stderr
+
+
 SDAR_MINIMUM = ("--threshold 0.85 (the sdar family's default): 8 steps a block for its 8 positions make block's "
                 "per-step minimum one token, which the rule commits anyway; ignored (fewer steps than positions a "
                 "block raise it, e.g. --steps 8)")
@@ -942,6 +955,8 @@ def test_resolve_settings_refuses_a_bad_value_in_the_flags_words(flag, value, cl
     assert line == f"error: {api.value}", (line, str(api.value))
     with pytest.raises(UsageError, match=r"^--gen-length '32' must be a number, not a string$"):
         resolve_settings("tiny", {"gen_length": "32"}, {})
+    es = resolve_settings("tiny", {}, {"policy": "es-dllm", "proportions": "1/0.5", "positions": "0/0.1"})
+    assert es.cache_params["proportions"] == "1/0.5"  # a text setting: its policy reads and checks it
 
 
 def test_the_python_api_warns_the_same_ignored_schedule(llada_lm):

@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("torchao")
 
 from ecache_cli.cache import POLICIES, make_policy  # noqa: E402
-from ecache_cli.config import QUANTIZE_FORMATS, validate_profile  # noqa: E402
+from ecache_cli.config import validate_profile  # noqa: E402
 from ecache_cli.decoding.config import DecodeConfig  # noqa: E402
 from ecache_cli.engine.core import Engine  # noqa: E402
 from ecache_cli.errors import ConfigError, EcacheError, UsageError  # noqa: E402
@@ -45,10 +45,6 @@ def tiny_ref():
 @pytest.fixture(scope="module")
 def tiny_int8():
     return load_model("tiny", "cpu", "float32", quantize="int8")
-
-
-def test_format_names_agree():
-    assert QUANTIZE_FORMATS == qz.FORMATS
 
 
 @pytest.mark.parametrize("value,group,message", [
@@ -495,3 +491,17 @@ def test_a_flags_format_is_not_blamed_on_the_profile_and_the_flag_overrides_it(c
     none = cli("generate", "x", "--profile", prof, "--quantize", "none", "--dtype", "float32", "--no-chat", "-q",
                *SHORT)
     assert none.exit_code == 0, none.stderr
+
+
+def test_a_bad_group_size_flag_over_a_profiles_int4_is_the_flags_fault(tmp_path):
+    """``--group-size 7`` over a profile's ``quantize: int4:64``: refused in the flag's words, without naming
+    the profile (only a size the profile's format cannot take at all is its fault too)."""
+    from ecache_cli.errors import UsageError
+    from ecache_cli.runs.settings import resolve_settings
+
+    prof = tmp_path / "q4.yaml"
+    prof.write_text('quantize: "int4:64"\n')
+    with pytest.raises(UsageError) as e:
+        resolve_settings("tiny", {}, {}, profile=str(prof), group_size=7)
+    assert str(e.value) == "--group-size 7 names a group size int4's kernels do not take; use one of 32, 64, 128, 256"
+    assert resolve_settings("tiny", {}, {}, profile=str(prof), group_size=128).quantize == "int4:128"

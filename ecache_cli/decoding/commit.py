@@ -124,9 +124,9 @@ def ignored_schedule(cfg, sampler: str) -> str | None:
     own = family_schedule(sampler, None)
     if effect(cfg.schedule) != ("plain", False) or effect(own) != ("plain", False):
         return None
-    if cfg.schedule == "block" and _idle_block_minimum(cfg, sampler):  # the --steps warning names both flags
-        return None
     rule = f"--threshold {cfg.threshold:g}" if cfg.threshold is not None else f"--factor {cfg.factor:g}"
+    if cfg.schedule == "block" and _idle_block_minimum(cfg, sampler):  # --steps given, yet no minimum above one
+        return f"--schedule block at --steps {cfg.steps} does nothing with {rule}: {_idle_minimum_why(cfg)}"
     return (f"--schedule {cfg.schedule} does nothing with {rule}: that rule commits by confidence, not by a "
             "schedule's counts (which count there only with --steps, as block's minimum or dream's quota, or "
             "as dream's confidences when sampling); ignored")
@@ -149,14 +149,30 @@ def ignored_steps(cfg, sampler: str) -> str | None:
             return None
     rule = f"--threshold {cfg.threshold:g}" if cfg.factor is None else f"--factor {cfg.factor:g}"
     if _idle_block_minimum(cfg, sampler):
-        blocks = cfg.gen_length // cfg.block_length
-        flags = f"--steps {cfg.steps}" + (" with --schedule block" if cfg.schedule == "block" else "")
-        fewer = (f" (fewer steps than positions a block raise it, e.g. --steps {blocks * (cfg.block_length // 2)})"
-                 if cfg.block_length > 1 else "")
-        return (f"{flags} does nothing with {rule}: {cfg.steps // blocks} steps a block for its {cfg.block_length} "
-                f"positions make block's per-step minimum one token, which the rule commits anyway; ignored{fewer}")
+        return f"--steps {cfg.steps} does nothing with {rule}: {_idle_minimum_why(cfg)}"
     return (f"--steps {cfg.steps} does nothing with {rule}: a block runs until no mask is left (steps count there "
             "only as block's per-step minimum or Dream's quota: --schedule block or dream); ignored")
+
+
+def _idle_minimum_why(cfg) -> str:
+    """Why block's per-step minimum does nothing under the threshold rule (:func:`_idle_block_minimum`), with
+    the steps that would raise it."""
+    blocks = cfg.gen_length // cfg.block_length
+    fewer = (f" (fewer steps than positions a block raise it, e.g. --steps {blocks * (cfg.block_length // 2)})"
+             if cfg.block_length > 1 else "")
+    return (f"{cfg.steps // blocks} steps a block for its {cfg.block_length} positions make block's per-step "
+            f"minimum one token, which the rule commits anyway; ignored{fewer}")
+
+
+def ignored_schedule_and_steps(cfg, sampler: str, given: tuple[str, ...] = ("schedule", "steps")) -> list[str]:
+    """The warnings of :func:`ignored_schedule` and :func:`ignored_steps` for the flags in ``given``, as one
+    when both are given and do nothing for the same reason (block's per-step minimum of one token): the
+    command line's (``runs.settings.warn_ignored_schedule``) and ``Engine.start``'s."""
+    whys = {flag: rule(cfg, sampler) for flag, rule in (("schedule", ignored_schedule), ("steps", ignored_steps))
+            if flag in given}
+    if whys.get("schedule") and whys.get("steps") and cfg.schedule == "block" and _idle_block_minimum(cfg, sampler):
+        return [whys["steps"].replace(f"--steps {cfg.steps} ", f"--steps {cfg.steps} with --schedule block ", 1)]
+    return [why for why in whys.values() if why]
 
 
 def _idle_block_minimum(cfg, sampler: str) -> bool:
@@ -214,8 +230,7 @@ def warn_ignored_settings(cfg, sampler: str) -> None:
 
     from ..errors import IgnoredSetting
 
-    for why in (ignored_schedule(cfg, sampler), ignored_steps(cfg, sampler), idle_steps(cfg, sampler),
-                ignored_sampling(cfg, sampler)):
+    for why in (*ignored_schedule_and_steps(cfg, sampler), idle_steps(cfg, sampler), ignored_sampling(cfg, sampler)):
         if why:
             warnings.warn(why, IgnoredSetting, stacklevel=4)
 

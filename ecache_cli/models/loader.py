@@ -569,7 +569,8 @@ def load_tokenizer(path: Path):
 
 
 def no_chat_template_note(loaded) -> str | None:
-    """The note ``ecache generate`` prints for a checkpoint folder without tokenizer_config.json, where the
+    """The note ``runtime.load_for_command`` prints (for generate, profile, trace-drift and calibrate: the
+    commands with ``--chat/--no-chat``) for a checkpoint folder without tokenizer_config.json, where the
     chat template lives, of a family whose checkpoints have a chat format (an end-of-turn token): prompts go
     in as plain text, not through the template they would get with the checkpoint's file. None when the
     tokenizer has a chat template, the folder has the file, or the family has no chat format."""

@@ -47,6 +47,7 @@ from .settings import (
     policy_takes,
     resolve_settings,
     unused_cache_flags,
+    unused_flags_message,
 )
 
 HELP = """commands:
@@ -241,8 +242,7 @@ class ChatSession:
         dropped = [f"/{f[2:]}" for f in unused_cache_flags([settings.cache], self.source.cache_flags)
                    if f not in was_unused]  # a setting the new policy does not take: as the flags, one warning
         if dropped:
-            self.warn(f"{', '.join(dropped)} {'is' if len(dropped) == 1 else 'are'} "
-                      f"{not_used_by(settings).replace('--cache', '/cache')}; ignored")
+            self.warn(unused_flags_message(dropped, not_used_by(settings).replace("--cache", "/cache")))
 
     def describe(self) -> str:
         """The settings an answer uses, in one line."""

@@ -122,9 +122,9 @@ class FinalText:
 
 
 def empty_reason(ended: Sequence[bool]) -> str:
-    """Why every answer of a run is empty text, by whether each ``ended`` (an end marker within the
-    canvas): the model ended them at once, or (none ended) their tokens decode to no text, as special or
-    reserved tokens do, or both. One wording for generate's and profile's warnings."""
+    """Why every answer of a run is empty text, by whether each ``ended`` at once (no answer token before
+    its end marker): the model ended them at once, or (none did) their tokens decode to no text, as special
+    or reserved tokens do, or both. One wording for generate's and profile's warnings."""
     if all(ended):
         return "the model ended each answer at once"
     if not any(ended):

@@ -149,7 +149,7 @@ def require_task_profile(settings: Settings, model: str, task: str | None) -> No
     model's card says it was not trained on (the embedded model: arith, code, list) is not refused: as in
     every command (README), the run warns after the load (``confidence.warn_untrained``) and uses the
     settings without ``--task`` (a calibrated profile of that task, if one exists, still comes first)."""
-    from ..config import mode_task, profile_candidates, quantize_task
+    from ..config import mode_profile_names, mode_task, profile_candidates, quantize_task
 
     names = [n for t in (task, mode_task(task, True)) for n in (t, quantize_task(t, settings.quantize))] if task else []
     if task is None or (settings.profile is not None and Path(settings.profile).stem in names):
@@ -165,11 +165,12 @@ def require_task_profile(settings: Settings, model: str, task: str | None) -> No
     from .settings import recalibrate_command
 
     q = settings.quantize or "none"
-    looked = [*(profile_candidates(model, quantize_task(task, q)) if q != "none" else []),
-              *profile_candidates(model, task)]  # the format's own profile comes first (_find_profile)
+    parallel = bool({"threshold", "factor"} & settings.decode_given)  # as resolve_settings looked: by the flags
+    looked = [c for name in mode_profile_names(task, parallel, q) for c in profile_candidates(model, name)]
+    wanted = {"task": mode_task(task, True), "decode": {"threshold": settings.decode.threshold}} if parallel \
+        else {"task": task}  # the profile calibrate would write for this run
     raise ConfigError(f"--task {task}: no calibrated profile for model {model!r} (looked for "
-                      f"{', '.join(map(str, looked))}); run `{recalibrate_command(model, {'task': task}, q)}` "
-                      "or drop --task")
+                      f"{', '.join(map(str, looked))}); run `{recalibrate_command(model, wanted, q)}` or drop --task")
 
 
 class _Sink:
@@ -439,8 +440,9 @@ def _warnings(lm, settings: Settings, opts: GenerateOptions, decoded: list[dict]
     if all(not r["text"].strip() for r in decoded):
         from .final_text import empty_reason
 
-        warn(f"all {len(decoded)} answer(s) are empty: {empty_reason([r['ended'] for r in decoded])}; it may not "
-             "know this kind of prompt (check --model, --chat/--no-chat, the prompt format)")
+        why = empty_reason([not r["token_ids"] for r in decoded])  # token_ids: the answer's, up to its end
+        warn(f"all {len(decoded)} answer(s) are empty: {why}; it may not know this kind of prompt (check --model, "
+             "--chat/--no-chat, the prompt format)")
     p99 = threshold_for(lm)
     if p99 is not None:
         unsure = [r["line"] for r in decoded if r["mean_entropy"] is not None and r["mean_entropy"] > p99]

@@ -24,7 +24,7 @@ from ..config import (  # noqa: F401 (GivenFloat, given_float: re-exported for t
 )
 from ..decoding.config import DecodeConfig
 from ..errors import UsageError
-from ..models.quantize import parse_quantize, profile_source
+from ..models.quantize import check_group_size, parse_quantize, profile_source
 
 
 @dataclass
@@ -232,6 +232,8 @@ def _quantize_of(prof: dict | None, asked, flag_given: bool, group_size: int | N
     own = (prof or {}).get("_quantization")
     if own is None and prof_q != "none":  # a profile dict not read by config.load_profile
         own = parse_quantize(prof_q, source=profile_source((prof or {}).get("_path") or "profile"))
+    if group_size is not None and own is not None:  # a size no int4 kernel takes: the flag's fault alone
+        check_group_size(group_size)
     try:
         return prof_q, parse_quantize(own, group_size)
     except UsageError as e:
@@ -254,24 +256,22 @@ def _check_flag_values(decode_flags: dict, cache_flags: dict) -> None:
     """Every numeric setting :func:`resolve_settings` is given, checked by its declared range in its flag's
     words (``config.check_setting``: ``--gen-length 0 must be ≥ 1 (e.g. 256)``, ``--tau abc must be a
     finite number …``), as the command line checks its flags before it calls it, so a library caller gets
-    the same one-line UsageError; a number written as text (``"32"``) is refused as one."""
-    from ..config import setting_ranges
+    the same one-line UsageError; a number written as text (``"32"``) is refused as one, as a profile's
+    and a request's are. A setting whose type keeps text (es-dllm's ``proportions`` ``"1/0.5"``:
+    ``config.value_kinds``) is its policy's to check."""
+    from ..config import value_kinds
+    from ..contract.fields import takes_text, text_number
 
+    kinds = value_kinds()
     given = {k: v for flags in (decode_flags, cache_flags) for k, v in flags.items() if k != "policy" and v is not None}
-    ranges = setting_ranges()
     for key, value in given.items():
+        kind = kinds["decode"].get(key, kinds["cache"].get(key))
+        if kind is None or (isinstance(value, str) and takes_text(kind)):
+            continue
         label = f"--{key.replace('_', '-')}"
-        if key in ranges and isinstance(value, str) and _is_number(value):
+        if text_number(value) is not None:
             raise UsageError(f"{label} {value!r} must be a number, not a string")
         check_setting(key, value, label, fit=given)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _warn_quantize_mismatch(model: str, prof: dict | None, formats: tuple[str, str], tau_source: str,
@@ -579,7 +579,13 @@ def warn_unused_cache_flags(policies: list[str], cache_flags: dict, used_by: str
     if unused:
         from ..console import warn
 
-        warn(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} {used_by}; ignored")
+        warn(unused_flags_message(unused, used_by))
+
+
+def unused_flags_message(unused: list[str], used_by: str) -> str:
+    """``--tau is not used by --cache dual (…); ignored``: the one sentence for settings a policy does not
+    take, with ``unused`` the settings as named where they were given (``--tau``, chat's ``/tau``)."""
+    return f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} {used_by}; ignored"
 
 
 def not_used_by(settings: "Settings") -> str:
@@ -632,10 +638,10 @@ def warn_ignored_schedule(settings: "Settings", sampler: str) -> None:
     on a model whose official sampler is ``sampler``
     (``decoding.commit.ignored_schedule``, ``ignored_steps``: the rules ``Engine.start`` warns with too),
     naming where a threshold no flag gave came from (the model family's default, a profile)."""
-    from ..decoding.commit import ignored_schedule, ignored_steps
+    from ..decoding.commit import ignored_schedule_and_steps
 
-    for flag, rule in (("schedule", ignored_schedule), ("steps", ignored_steps)):
-        why = rule(settings.decode, sampler) if flag in settings.decode_given else None
+    given = tuple(f for f in ("schedule", "steps") if f in settings.decode_given)
+    for why in ignored_schedule_and_steps(settings.decode, sampler, given):
         if why:
             import re
 

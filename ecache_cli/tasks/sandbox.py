@@ -123,11 +123,9 @@ def configure(flag: str | None, profile_value: str | None = None, runs_code: boo
     _state["isolation"] = {}  # a new command: its manifest counts its own programs
     if runs_code:
         check(mode)
-    elif flag is not None:
-        from ..console import warn
-
-        warn(f"--sandbox {flag} is used only when model-written code runs (a code task scored with "
-             "--allow-code-execution); ignored")
+    elif flag is not None:  # plain stderr, as console.warn prints (the tasks package imports nothing but errors)
+        print(f"warning: --sandbox {flag} is used only when model-written code runs (a code task scored with "
+              "--allow-code-execution); ignored", file=sys.stderr, flush=True)
     return mode
 
 
