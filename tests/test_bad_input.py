@@ -187,6 +187,9 @@ def _edit_config(llada_dir: Path, tmp_path: Path, edit) -> Path:
     (lambda c: {**c, "mask_token_id": 10**6}, ["mask_token_id 1000000 (the mask token) is outside the vocabulary",
                                                 "ids 0..", "fix config.json"]),
     (lambda c: {**c, "mask_token_id": -1}, ["mask_token_id -1", "outside the vocabulary"]),
+    (lambda c: {k: v for k, v in c.items() if k != "mask_token_id"},  # absent: the family's default, said so
+     ["mask_token_id 126336 (the mask token, the llada family's default: config.json has no mask_token_id) is "
+      "outside the vocabulary"]),
     (lambda c: {**c, "eos_token_id": c.get("vocab_size", c.get("embedding_size"))}, ["eos_token_id", "outside"]),
     (lambda c: {**c, "d_model": "abc"}, ["'d_model' is 'abc'", "whole number"]),
     (lambda c: b'{"model_type": "llada", "d_model": 64\xff}', ["not UTF-8 text", "0xff"]),

@@ -88,7 +88,7 @@ def spec_from_config(cfg: dict, path: Path | str = "config.json", vocab: dict[st
     except (TypeError, ValueError) as e:  # e.g. "d_model": "abc" or null
         raise ModelLoadError(f"{path}: a config.json field has a wrong type ({e}); fix config.json or use the "
                              "checkpoint's original one") from None
-    check_token_ids(spec, path)
+    check_token_ids(spec, path, cfg)
     check_spec(spec, path)
     return spec
 

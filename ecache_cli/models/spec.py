@@ -214,10 +214,11 @@ def check_spec(spec: ModelSpec, path: Path | str = "config.json") -> None:
             raise bad(f"{name('moe_layers')} lists {len(spec.moe_layers)} layers; the model has {spec.n_layers}")
 
 
-def check_token_ids(spec: ModelSpec, path: Path | str = "config.json") -> ModelSpec:
+def check_token_ids(spec: ModelSpec, path: Path | str = "config.json", config: dict | None = None) -> ModelSpec:
     """Check that the special token ids of ``spec`` (mask, EOS, pad, BOS) are rows of the model's
     vocabulary, ``0 ≤ id < vocab_size``: an id outside would fail deep inside the embedding lookup.
-    Returns ``spec``; raises ModelLoadError naming the config field, its value and the vocabulary size."""
+    Returns ``spec``; raises ModelLoadError naming the config field, its value and the vocabulary size, and,
+    where ``config`` (the parsed config.json) lacks the field, that the value is the family's default."""
     fields = {"mask": ("mask_token_id", spec.mask_id), "eos": ("eos_token_id", spec.eos_id),
               "pad": ("pad_token_id", spec.pad_id), "bos": ("bos_token_id", spec.bos_id)}
     if spec.vocab_size < 1:
@@ -227,7 +228,9 @@ def check_token_ids(spec: ModelSpec, path: Path | str = "config.json") -> ModelS
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < spec.vocab_size:
-            raise ModelLoadError(f"{path}: {key} {value!r} (the {what} token) is outside the vocabulary of "
+            default = f", the {spec.family} family's default: config.json has no {key}" \
+                if config is not None and key not in config else ""
+            raise ModelLoadError(f"{path}: {key} {value!r} (the {what} token{default}) is outside the vocabulary of "
                                  f"{spec.vocab_size} tokens (ids 0..{spec.vocab_size - 1}); fix config.json or use "
                                  "the checkpoint's original one")
     return spec
