@@ -39,6 +39,21 @@ def test_a_checkpoint_with_non_finite_weights_is_refused(cli, llada_dir, tmp_pat
     one_line_error(cli("generate", "hi", "--model", d, *SMALL, "-q"), 1, name, "non-finite", "another checkpoint")
 
 
+def test_a_checkpoint_of_integer_tensors_is_refused(cli, llada_dir, tmp_path):
+    """Weights stored as integers (a quantized export ecache does not read) would be cast to floats and decode
+    garbage with exit 0: refused at load, naming the tensor, its dtype and the fix."""
+    import torch
+
+    d = _copy(llada_dir, tmp_path / "int8")
+    w = load_file(d / "model.safetensors")
+    name = sorted(w)[0]
+    w[name] = w[name].to(torch.int8)
+    save_file(w, d / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=f"tensor {name} is stored as int8, not as floating-point weights"):
+        load_model(d, device="cpu", dtype="float32")
+    one_line_error(cli("generate", "hi", "--model", d, *SMALL, "-q"), 1, name, "int8", "--quantize")
+
+
 def test_a_weight_that_overflows_the_dtype_names_the_fix(llada_dir, tmp_path):
     d = _copy(llada_dir, tmp_path / "big")
     w = load_file(d / "model.safetensors")

@@ -379,6 +379,11 @@ def _load_group(model, path, files, expected, group, device, dtype, own: bool = 
                     raise ModelLoadError(
                         f"{path}: tensor {k} has shape {tuple(t.shape)} but config.json implies {expected[k]}"
                     )
+                if not t.is_floating_point():  # cast to floats, its integers would decode garbage with exit 0
+                    raise ModelLoadError(
+                        f"{path}: tensor {k} is stored as {str(t.dtype).replace('torch.', '')}, not as floating-point "
+                        "weights; ecache loads float32, bfloat16 or float16 checkpoints and quantizes them itself "
+                        "(--quantize): use the checkpoint's original weights")
                 state[k] = t.to(device=device, dtype=dtype)
                 if own and state[k].data_ptr() == t.data_ptr():
                     state[k] = state[k].clone()
