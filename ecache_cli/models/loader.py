@@ -204,12 +204,17 @@ def missing_weights(path: Path) -> list[str]:
     """The weight files a checkpoint folder lacks: the shards its ``model.safetensors.index.json`` lists
     that are not there (an interrupted download), in the index's order; ``model.safetensors`` when it has
     neither; [] when complete. An unreadable index counts as missing."""
+    return _missing_and_listed(path)[0]
+
+
+def _missing_and_listed(path: Path) -> tuple[list[str], list[str] | None]:
+    """:func:`missing_weights` and the shards the index lists (None without a readable index), from one read."""
     if (path / INDEX).is_file():
         shards = _index_shards(path)
         if shards is None:
-            return [INDEX]
-        return [f for f in shards if not (path / f).is_file()]
-    return [] if (path / "model.safetensors").is_file() else ["model.safetensors"]
+            return [INDEX], None
+        return [f for f in shards if not (path / f).is_file()], shards
+    return ([] if (path / "model.safetensors").is_file() else ["model.safetensors"]), None
 
 
 def missing_weights_text(path: Path) -> str | None:
@@ -218,14 +223,13 @@ def missing_weights_text(path: Path) -> str | None:
     model-00002-of-00002.safetensors)``, every missing shard in the index's order, or past
     :data:`SHARDS_SHOWN` the first ones and ``and N more``. ``ecache generate`` (the load:
     :func:`missing_weights_error`) and ``ecache models show`` (its local row) both say it."""
-    missing = missing_weights(path)
+    missing, shards = _missing_and_listed(path)
     if not missing:
         return None
     if missing == [INDEX]:
         return f"{INDEX} is unreadable"
-    if missing == ["model.safetensors"] and not (path / INDEX).is_file():
+    if shards is None:
         return f"neither model.safetensors nor {INDEX} is there"
-    shards = _index_shards(path)
     shown = ", ".join(missing[:SHARDS_SHOWN])
     if len(missing) > SHARDS_SHOWN:
         shown += f" and {len(missing) - SHARDS_SHOWN} more"

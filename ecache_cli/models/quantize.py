@@ -105,11 +105,9 @@ class Quantization:
         return self.fmt if self.group_size is None else f"{self.fmt}:{self.group_size}"
 
     def group_label(self) -> str:
-        """What set the int4 group size, as a refusal names it: ``--group-size 256``, or the value as
-        written at its source (``--quantize int4:256``, ``p.yaml: quantize: int4:256``,
-        ``load_model(quantize='int4:256')``)."""
-        if self.group_flag:
-            return f"--group-size {self.group_size}"
+        """The value that set the int4 group size, as written at its source (``--quantize int4:256``,
+        ``p.yaml: quantize: int4:256``, ``load_model(quantize='int4:256')``); a ``--group-size`` flag is named
+        as itself by :func:`group_for`."""
         return self.source.name(self.written if self.written is not None else str(self))
 
 

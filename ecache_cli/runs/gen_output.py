@@ -79,10 +79,12 @@ class OutputFile:
             end = data.find(b"\n", pos)
             n += 1
             if end == -1:  # a last line without its newline: the run was killed while writing it, unless
-                if _whole_record(data[pos:]) is None:  # it is a whole record (an editor dropped the newline)
+                rec = _whole_record(data[pos:])  # it is a whole record (an editor dropped the newline)
+                if rec is None:
                     self.torn = True
-                    break
-                end = len(data)  # kept; open() puts the newline back before the next record
+                else:  # kept; open() puts the newline back before the next record
+                    self.records.append((len(data), rec))
+                break
             raw = data[pos:end]
             if raw.strip():
                 try:
@@ -92,7 +94,7 @@ class OutputFile:
                 if not isinstance(rec, dict) or not isinstance(rec.get("index"), int):
                     raise DataError(f"--output {self.path}:{n}: not an ecache generate record; resume only a file "
                                     "that generate --output wrote, or choose another --output")
-                self.records.append((min(end + 1, len(data)), rec))
+                self.records.append((end + 1, rec))
             pos = end + 1
         for _, rec in self.records:
             d = _differs({k: rec.get(k) for k in self.expect}, self.expect)
